@@ -1,0 +1,1 @@
+// keeps the test-common library non-empty
