@@ -1,0 +1,387 @@
+// ggml-oomb: a small ggml-style tensor library with training support.
+//
+// Public C API of the core: tensors (up to 4-D; f32, f16, bf16, i32), contexts that hold tensor
+// metadata, lazy ops that build a computation graph, automatic differentiation, the arena graph
+// allocator (oomb-alloc.h) and backends (oomb-backend.h).
+//
+// Conventions (as in ggml):
+//   - ne[i] is the number of elements in dimension i, dimension 0 is the innermost (contiguous) one;
+//     nb[i] is the stride of dimension i in bytes. A tensor [K, M] in this API has ne0 = K, ne1 = M:
+//     M rows of K elements each (a PyTorch tensor of shape (M, K)).
+//   - Ops are lazy: oomb_add(ctx, a, b) records a node and returns its (not yet computed) result.
+//     oomb_build_forward_expand() collects the nodes into a graph; a backend computes the graph.
+//   - Misuse (mismatched shapes or types, out-of-range views, a full context) is reported through
+//     the error handler: by default it prints "oomb error: <op>: <message>" to stderr and calls
+//     abort(). oomb_set_error_handler() replaces it (the handler must not return: abort, exit or
+//     throw a C++ exception). The message always names the op and the shapes involved.
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OOMB_MAX_DIMS      4
+#define OOMB_MAX_SRC       8
+#define OOMB_MAX_OP_PARAMS 16
+#define OOMB_MAX_NAME      64
+#define OOMB_DEFAULT_GRAPH_SIZE 16384
+
+// ---------------------------------------------------------------------------------------------
+// Types
+// ---------------------------------------------------------------------------------------------
+
+enum oomb_type {
+    OOMB_TYPE_F32  = 0,
+    OOMB_TYPE_F16  = 1,
+    OOMB_TYPE_BF16 = 2,
+    OOMB_TYPE_I32  = 3,
+    OOMB_TYPE_COUNT,
+};
+
+/// Size in bytes of one element of `type`.
+size_t oomb_type_size(enum oomb_type type);
+/// Name of `type` ("f32", "f16", "bf16", "i32").
+const char * oomb_type_name(enum oomb_type type);
+
+/// Scalar conversions (round to nearest even; NaN and infinities preserved).
+uint16_t oomb_fp32_to_bf16(float x);
+float    oomb_bf16_to_fp32(uint16_t x);
+uint16_t oomb_fp32_to_fp16(float x);
+float    oomb_fp16_to_fp32(uint16_t x);
+
+enum oomb_op {
+    OOMB_OP_NONE = 0,   // leaf: data comes from outside the graph (parameter, input, constant)
+
+    // layout (no compute for the first four: the result is a view of src[0])
+    OOMB_OP_VIEW,
+    OOMB_OP_RESHAPE,
+    OOMB_OP_PERMUTE,
+    OOMB_OP_TRANSPOSE,
+    OOMB_OP_CONT,       // contiguous copy, same type
+    OOMB_OP_CPY,        // copy src[0] into src[1] (converting type); the result is a view of src[1]
+    OOMB_OP_CAST,       // new contiguous tensor of another type
+
+    // element-wise and broadcasting
+    OOMB_OP_FILL,       // constant
+    OOMB_OP_ADD,
+    OOMB_OP_SUB,
+    OOMB_OP_MUL,
+    OOMB_OP_SCALE,
+    OOMB_OP_ADD_INPLACE, // src[0] += src[1] (broadcast); result is a view of src[0]
+    OOMB_OP_REPEAT,      // broadcast src[0] to the shape of src[1]
+    OOMB_OP_REPEAT_BACK, // sum src[0] down to the shape of src[1]
+    OOMB_OP_SILU,
+    OOMB_OP_SILU_BACK,
+    OOMB_OP_SWIGLU,
+
+    // reductions
+    OOMB_OP_SUM,
+    OOMB_OP_MEAN,
+    OOMB_OP_SUM_SQ,
+
+    // neural-network ops
+    OOMB_OP_GET_ROWS,
+    OOMB_OP_GET_ROWS_BACK,
+    OOMB_OP_MUL_MAT,
+    OOMB_OP_RMS_NORM,
+    OOMB_OP_RMS_NORM_BACK,
+    OOMB_OP_ROPE,
+    OOMB_OP_ROPE_BACK,
+    OOMB_OP_SOFT_MAX,
+    OOMB_OP_SOFT_MAX_BACK,
+    OOMB_OP_ATTN,
+    OOMB_OP_ATTN_BACK,
+    OOMB_OP_CROSS_ENTROPY,
+    OOMB_OP_CROSS_ENTROPY_BACK,
+
+    // optimizers (update src[0] in place; result is a view of src[0])
+    OOMB_OP_ADAMW_STEP,
+    OOMB_OP_SGD_STEP,
+
+    // extension ops (registered by other modules: paged KV, chunked training, ...)
+    OOMB_OP_CUSTOM,
+
+    OOMB_OP_COUNT,
+};
+
+/// Name of `op` ("add", "mul_mat", ...).
+const char * oomb_op_name(enum oomb_op op);
+
+enum oomb_tensor_flag {
+    OOMB_TENSOR_FLAG_PARAM  = 1 << 0, // trainable parameter: the backward pass computes its gradient
+    OOMB_TENSOR_FLAG_INPUT  = 1 << 1, // set by the caller before compute; the allocator never reuses it
+    OOMB_TENSOR_FLAG_OUTPUT = 1 << 2, // read by the caller after compute; the allocator never reuses it
+    OOMB_TENSOR_FLAG_LOSS   = 1 << 3, // the value the backward pass differentiates
+};
+
+struct oomb_context;
+struct oomb_cgraph;
+struct oomb_buffer;
+
+/// A tensor: metadata, the op that produces it, and a pointer to its data (host or device
+/// memory, depending on the buffer it lives in). Created only through a context.
+struct oomb_tensor {
+    enum oomb_type type;
+    int64_t ne[OOMB_MAX_DIMS];   // number of elements per dimension
+    size_t  nb[OOMB_MAX_DIMS];   // stride in bytes per dimension
+
+    enum oomb_op op;
+    int32_t op_params[OOMB_MAX_OP_PARAMS]; // op settings (floats stored bitwise)
+    int32_t flags;               // enum oomb_tensor_flag
+
+    struct oomb_tensor * src[OOMB_MAX_SRC];
+
+    struct oomb_tensor * view_src;  // for views: the tensor whose memory this one aliases
+    size_t               view_offs; // byte offset into view_src's data
+
+    struct oomb_tensor * grad;   // for parameters: the persistent gradient accumulator (or NULL)
+
+    void * data;                 // NULL until allocated
+    struct oomb_buffer * buffer; // the buffer holding data (NULL for context-owned host memory)
+
+    char name[OOMB_MAX_NAME];
+    void * extra;                // backend / extension data
+};
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+typedef void (*oomb_error_handler_t)(const char * msg, void * user_data);
+
+/// Replaces the error handler (NULL restores the default: print to stderr, abort()).
+/// The handler receives the full message and must not return.
+void oomb_set_error_handler(oomb_error_handler_t handler, void * user_data);
+
+/// Reports an error through the handler; never returns. printf-style.
+void oomb_error(const char * fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 1, 2), noreturn))
+#endif
+    ;
+
+// ---------------------------------------------------------------------------------------------
+// Contexts and tensors
+// ---------------------------------------------------------------------------------------------
+
+struct oomb_init_params {
+    size_t max_tensors; // 0: unlimited (metadata grows as needed)
+    bool   no_alloc;    // true: tensors get no data (a graph allocator or a backend buffer provides it)
+};
+
+/// Creates a context. Without no_alloc, each new tensor gets zero-initialised, 64-byte aligned
+/// host memory owned by the context.
+struct oomb_context * oomb_init(struct oomb_init_params params);
+void oomb_free(struct oomb_context * ctx);
+/// Number of tensors created in ctx.
+int64_t oomb_ctx_n_tensors(const struct oomb_context * ctx);
+/// i-th tensor created in ctx (creation order); NULL past the end.
+struct oomb_tensor * oomb_ctx_tensor(struct oomb_context * ctx, int64_t i);
+/// Tensor of ctx with this name (first one), or NULL.
+struct oomb_tensor * oomb_get_tensor(struct oomb_context * ctx, const char * name);
+bool oomb_ctx_no_alloc(const struct oomb_context * ctx);
+
+/// New tensor of `type` with n_dims dimensions (1..4) of sizes ne[0..n_dims-1] (the rest are 1).
+/// Errors: n_dims out of range, a negative size, a total byte size overflowing int64.
+struct oomb_tensor * oomb_new_tensor(struct oomb_context * ctx, enum oomb_type type, int n_dims, const int64_t * ne);
+struct oomb_tensor * oomb_new_tensor_1d(struct oomb_context * ctx, enum oomb_type type, int64_t ne0);
+struct oomb_tensor * oomb_new_tensor_2d(struct oomb_context * ctx, enum oomb_type type, int64_t ne0, int64_t ne1);
+struct oomb_tensor * oomb_new_tensor_3d(struct oomb_context * ctx, enum oomb_type type, int64_t ne0, int64_t ne1, int64_t ne2);
+struct oomb_tensor * oomb_new_tensor_4d(struct oomb_context * ctx, enum oomb_type type, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
+/// New tensor with the type and shape of a (contiguous strides).
+struct oomb_tensor * oomb_dup_tensor(struct oomb_context * ctx, const struct oomb_tensor * a);
+
+struct oomb_tensor * oomb_set_name(struct oomb_tensor * t, const char * name);
+struct oomb_tensor * oomb_format_name(struct oomb_tensor * t, const char * fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+const char * oomb_get_name(const struct oomb_tensor * t);
+
+/// Marks t as a trainable parameter / graph input / graph output / loss.
+void oomb_set_param(struct oomb_tensor * t);
+void oomb_set_input(struct oomb_tensor * t);
+void oomb_set_output(struct oomb_tensor * t);
+void oomb_set_loss(struct oomb_tensor * t);
+
+int64_t oomb_nelements(const struct oomb_tensor * t);
+int64_t oomb_nrows(const struct oomb_tensor * t);    // ne1*ne2*ne3
+size_t  oomb_nbytes(const struct oomb_tensor * t);   // bytes spanned by the tensor's elements
+int     oomb_n_dims(const struct oomb_tensor * t);   // index of the last dimension > 1, plus one (at least 1)
+bool    oomb_is_contiguous(const struct oomb_tensor * t);
+bool    oomb_are_same_shape(const struct oomb_tensor * a, const struct oomb_tensor * b);
+/// true when b can be broadcast to a (each a->ne[i] is a multiple of b->ne[i]).
+bool    oomb_can_repeat(const struct oomb_tensor * b, const struct oomb_tensor * a);
+/// "[4096, 128, 1, 1] f32" style description, into buf (returns buf).
+const char * oomb_shape_str(const struct oomb_tensor * t, char * buf, size_t size);
+
+/// Host access for tensors whose data is in host memory (context memory or a CPU buffer).
+/// Index i is the flat index of a contiguous tensor; *_nd take 4 indices and follow nb strides.
+float   oomb_get_f32_1d(const struct oomb_tensor * t, int64_t i);
+void    oomb_set_f32_1d(struct oomb_tensor * t, int64_t i, float v);
+float   oomb_get_f32_nd(const struct oomb_tensor * t, int64_t i0, int64_t i1, int64_t i2, int64_t i3);
+void    oomb_set_f32_nd(struct oomb_tensor * t, int64_t i0, int64_t i1, int64_t i2, int64_t i3, float v);
+int32_t oomb_get_i32_1d(const struct oomb_tensor * t, int64_t i);
+void    oomb_set_i32_1d(struct oomb_tensor * t, int64_t i, int32_t v);
+
+// op_params helpers
+float   oomb_get_op_param_f32(const struct oomb_tensor * t, int i);
+int32_t oomb_get_op_param_i32(const struct oomb_tensor * t, int i);
+
+// ---------------------------------------------------------------------------------------------
+// Views and layout. The result aliases a's memory; errors when the view exceeds a.
+// ---------------------------------------------------------------------------------------------
+
+/// View of a with the given sizes, strides nb1..nb3 (bytes) and byte offset.
+struct oomb_tensor * oomb_view_1d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, size_t offset);
+struct oomb_tensor * oomb_view_2d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1, size_t nb1, size_t offset);
+struct oomb_tensor * oomb_view_3d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, size_t nb1, size_t nb2, size_t offset);
+struct oomb_tensor * oomb_view_4d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, size_t nb1, size_t nb2, size_t nb3, size_t offset);
+/// Same elements, new shape. a must be contiguous; the element count must match.
+struct oomb_tensor * oomb_reshape_1d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0);
+struct oomb_tensor * oomb_reshape_2d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1);
+struct oomb_tensor * oomb_reshape_3d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2);
+struct oomb_tensor * oomb_reshape_4d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
+/// ggml semantics: dimension i of a becomes dimension axis_i of the result.
+struct oomb_tensor * oomb_permute(struct oomb_context * ctx, struct oomb_tensor * a, int axis0, int axis1, int axis2, int axis3);
+/// Swaps dimensions 0 and 1.
+struct oomb_tensor * oomb_transpose(struct oomb_context * ctx, struct oomb_tensor * a);
+/// Contiguous copy of a (same type), optionally with a new shape of the same element count.
+struct oomb_tensor * oomb_cont(struct oomb_context * ctx, struct oomb_tensor * a);
+struct oomb_tensor * oomb_cont_4d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
+
+// ---------------------------------------------------------------------------------------------
+// Ops. Unless stated otherwise: float inputs are f32 and the result is a new contiguous f32 tensor.
+// ---------------------------------------------------------------------------------------------
+
+/// Copies a's values into b (same element count; any float types, or i32 to i32), converting the
+/// type. The result is a view of b; computing it writes b.
+struct oomb_tensor * oomb_cpy(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
+/// New contiguous tensor holding a converted to `type` (f32 <-> f16/bf16).
+struct oomb_tensor * oomb_cast(struct oomb_context * ctx, struct oomb_tensor * a, enum oomb_type type);
+/// Constant tensor of the given f32 shape, every element `value`.
+struct oomb_tensor * oomb_fill(struct oomb_context * ctx, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, float value);
+
+/// a + b, a - b, a * b (element-wise), b broadcast to a (oomb_can_repeat(b, a)). Result: a's shape.
+struct oomb_tensor * oomb_add(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
+struct oomb_tensor * oomb_sub(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
+struct oomb_tensor * oomb_mul(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
+/// a * s.
+struct oomb_tensor * oomb_scale(struct oomb_context * ctx, struct oomb_tensor * a, float s);
+/// a += b in place (b broadcast to a); the result is a view of a. a may be f32 only.
+struct oomb_tensor * oomb_add_inplace(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
+/// a repeated (tiled) to the shape of b; b's ne must be multiples of a's.
+struct oomb_tensor * oomb_repeat(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
+/// a summed down to the shape of b (the adjoint of repeat); a's ne must be multiples of b's.
+struct oomb_tensor * oomb_repeat_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
+/// silu(x) = x * sigmoid(x).
+struct oomb_tensor * oomb_silu(struct oomb_context * ctx, struct oomb_tensor * a);
+/// dx = dy * silu'(x), for x = a, dy = b (same shape).
+struct oomb_tensor * oomb_silu_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
+/// swiglu(gate, up) = silu(gate) * up (same shapes), as in the Qwen2 / LLaMA MLP.
+struct oomb_tensor * oomb_swiglu(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up);
+
+/// Sum / mean / sum of squares of all elements: result f32 [1].
+struct oomb_tensor * oomb_sum(struct oomb_context * ctx, struct oomb_tensor * a);
+struct oomb_tensor * oomb_mean(struct oomb_context * ctx, struct oomb_tensor * a);
+struct oomb_tensor * oomb_sum_sq(struct oomb_context * ctx, struct oomb_tensor * a);
+
+/// Embedding lookup. a: [n_embd, n_rows] (f32, f16 or bf16); ids: i32 [n] or [n, m].
+/// Result f32 [n_embd, n] or [n_embd, n, m]: row ids[i] of a. Ids out of range are an error at compute.
+struct oomb_tensor * oomb_get_rows(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * ids);
+/// Adjoint of get_rows: scatter-add the rows of dy [n_embd, n(, m)] into a zero f32 [n_embd, n_rows].
+struct oomb_tensor * oomb_get_rows_back(struct oomb_context * ctx, struct oomb_tensor * dy, struct oomb_tensor * ids, int64_t n_rows);
+
+/// Matrix product with ggml semantics: a [K, M, A2, A3] (f32, f16 or bf16), b [K, N, B2, B3] f32,
+/// B2 % A2 == 0 and B3 % A3 == 0 (a is broadcast over the batch dims).
+/// Result f32 [M, N, B2, B3] with res[n][m] = sum_k a[m][k] * b[n][k], i.e. in PyTorch terms
+/// res = b @ a^T: with a = W (a Linear weight [out, in] = ne [in, out]) and b = x [in, tokens],
+/// mul_mat(W, x) = x W^T of shape [out, tokens]. Either operand may be a transposed view.
+struct oomb_tensor * oomb_mul_mat(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
+
+/// RMSNorm over dimension 0: y = x / sqrt(mean(x^2) + eps) (no weight; multiply by it with oomb_mul).
+/// Source: Zhang & Sennrich 2019; as in HF Qwen2RMSNorm (computed in f32).
+struct oomb_tensor * oomb_rms_norm(struct oomb_context * ctx, struct oomb_tensor * a, float eps);
+/// dx for y = rms_norm(x, eps), given x = a and dy = b.
+struct oomb_tensor * oomb_rms_norm_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b, float eps);
+
+/// Rotary position embedding, NEOX layout (rotate_half: dimension i pairs with i + n_dims/2),
+/// as HF Qwen2 applies it. a: [head_dim, n_head, n_tokens, B] f32; pos: i32 [n_tokens] (positions);
+/// the first n_dims (even, <= head_dim) dimensions are rotated, angle = pos * theta^(-2i/n_dims).
+/// Source: Su et al. 2021 (RoFormer); HF apply_rotary_pos_emb.
+struct oomb_tensor * oomb_rope(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * pos, int n_dims, float theta);
+/// Adjoint of rope (rotation by the opposite angle).
+struct oomb_tensor * oomb_rope_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * pos, int n_dims, float theta);
+
+/// Softmax over dimension 0 of a*scale. causal >= 0: element (i0, i1) is masked (-inf) when
+/// i0 > i1 + causal (row i1 is query i1; causal = number of keys before the first query).
+/// causal < 0: no mask.
+struct oomb_tensor * oomb_soft_max(struct oomb_context * ctx, struct oomb_tensor * a, float scale, int causal);
+/// dx for y = soft_max(x, scale, ...), given y = a and dy = b: dx = scale * y * (dy - sum(y*dy)).
+struct oomb_tensor * oomb_soft_max_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b, float scale);
+
+/// Reference causal attention with grouped-query heads (not tiled; memory O(T*S) per head).
+/// q: [D, H, T, B], k and v: [D, Hkv, S, B] f32, H % Hkv == 0 (query head h uses kv head h / (H/Hkv)).
+/// Query t sits at key position t + (S - T) and attends keys 0 .. t + (S - T) (causal), each score
+/// scaled by `scale` (usually 1/sqrt(D)). Result: [D, H, T, B].
+struct oomb_tensor * oomb_attn(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k, struct oomb_tensor * v, float scale);
+/// Backward of oomb_attn given dout [D, H, T, B]: one f32 tensor of nelements(q)+nelements(k)+nelements(v)
+/// elements holding dq, dk, dv one after the other (each contiguous, in the shape of q, k, v).
+struct oomb_tensor * oomb_attn_back(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k, struct oomb_tensor * v, struct oomb_tensor * dout, float scale);
+
+/// Cross-entropy fused with log-softmax. logits: [V, N] f32; labels: i32 [N] (a label equal to
+/// ignore_index contributes nothing; other labels must be in [0, V), else an error at compute).
+/// Result: f32 [2] = { sum over counted rows of -log softmax(logits)[label], number of counted rows },
+/// so a loss split over several evaluations is normalised by the total count.
+struct oomb_tensor * oomb_cross_entropy_loss(struct oomb_context * ctx, struct oomb_tensor * logits, struct oomb_tensor * labels, int32_t ignore_index);
+/// d(logits) given dloss: f32 [2] (only dloss[0], the gradient of the sum, is used):
+/// (softmax(logits) - onehot(label)) * dloss[0] for counted rows, 0 for ignored rows.
+struct oomb_tensor * oomb_cross_entropy_loss_back(struct oomb_context * ctx, struct oomb_tensor * logits, struct oomb_tensor * labels, struct oomb_tensor * dloss, int32_t ignore_index);
+
+/// AdamW step (Loshchilov & Hutter 2019, decoupled weight decay, bias-corrected moments), in place:
+/// g = grad * hp[5]; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
+/// param -= lr * ( (m / hp[6]) / (sqrt(v / hp[7]) + eps) + wd * param )
+/// hp: f32 [8] = { lr, beta1, beta2, eps, weight_decay, grad_scale, 1-beta1^t, 1-beta2^t }.
+/// param f32 (or bf16: updated through f32); grad, m, v f32 of param's shape. Result: view of param.
+struct oomb_tensor * oomb_adamw_step(struct oomb_context * ctx, struct oomb_tensor * param, struct oomb_tensor * grad,
+                                     struct oomb_tensor * m, struct oomb_tensor * v, struct oomb_tensor * hp);
+/// SGD step in place: param -= lr * (grad * grad_scale + wd * param). hp: f32 [3] = { lr, weight_decay, grad_scale }.
+struct oomb_tensor * oomb_sgd_step(struct oomb_context * ctx, struct oomb_tensor * param, struct oomb_tensor * grad, struct oomb_tensor * hp);
+
+// ---------------------------------------------------------------------------------------------
+// Graphs and automatic differentiation
+// ---------------------------------------------------------------------------------------------
+
+/// New empty graph with room for `size` nodes (OOMB_DEFAULT_GRAPH_SIZE by default).
+struct oomb_cgraph * oomb_new_graph(struct oomb_context * ctx);
+struct oomb_cgraph * oomb_new_graph_custom(struct oomb_context * ctx, size_t size);
+/// Appends t and every node it depends on (not yet in the graph) in dependency order.
+void oomb_build_forward_expand(struct oomb_cgraph * g, struct oomb_tensor * t);
+/// Appends to g the backward pass of `loss` (a node of g): for every tensor flagged PARAM on which
+/// loss depends, the nodes computing d(loss)/d(param) and an in-place accumulation into
+/// param->grad (created earlier by oomb_new_grad or set by the caller; params without one get an
+/// error). `seed` holds d(final objective)/d(loss) (loss's shape); NULL means ones.
+/// Accumulation across evaluations (chunked training) follows: zero the gradients with
+/// oomb_graph_zero_grads / oomb_tensor_memset before the first evaluation.
+void oomb_build_backward_expand(struct oomb_context * ctx, struct oomb_cgraph * g, struct oomb_tensor * loss, struct oomb_tensor * seed);
+/// Creates (in ctx) the gradient accumulator of param: an f32 tensor of param's shape, named
+/// "<name>.grad", stored in param->grad. Returns it.
+struct oomb_tensor * oomb_new_grad(struct oomb_context * ctx, struct oomb_tensor * param);
+
+int oomb_graph_n_nodes(const struct oomb_cgraph * g);
+struct oomb_tensor * oomb_graph_node(struct oomb_cgraph * g, int i);  // i < 0 counts from the end
+int oomb_graph_n_leafs(const struct oomb_cgraph * g);
+struct oomb_tensor * oomb_graph_leaf(struct oomb_cgraph * g, int i);
+/// Drops all nodes and leafs.
+void oomb_graph_clear(struct oomb_cgraph * g);
+/// Prints the graph (one node a line) to stderr.
+void oomb_graph_print(const struct oomb_cgraph * g);
+
+#ifdef __cplusplus
+}
+#endif

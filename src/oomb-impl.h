@@ -1,0 +1,82 @@
+// Internal structures shared by the core, the allocator and the backends.
+#pragma once
+
+#include "oomb.h"
+#include "oomb-backend.h"
+
+#include <cstring>
+#include <deque>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+struct oomb_context {
+    std::deque<oomb_tensor> tensors;   // stable addresses
+    std::vector<void *>     host_allocs; // context-owned tensor data (when !no_alloc)
+    std::deque<oomb_cgraph> graphs;
+    size_t max_tensors = 0;
+    bool   no_alloc    = false;
+};
+
+struct oomb_cgraph {
+    size_t size = OOMB_DEFAULT_GRAPH_SIZE;
+    std::vector<oomb_tensor *> nodes;  // computed, in execution order
+    std::vector<oomb_tensor *> leafs;  // op == NONE
+    std::unordered_set<const oomb_tensor *> visited;
+    uint64_t version = 0;              // bumped on every change (the allocator keys its plan on it)
+};
+
+// Backend interface (one implementation per backend).
+struct oomb_backend_i {
+    const char * (*name)(oomb_backend_t b);
+    bool   (*is_host)(oomb_backend_t b);
+    void * (*alloc)(oomb_backend_t b, size_t size);           // returns base or NULL
+    void   (*free_mem)(oomb_backend_t b, void * base);
+    void   (*set)(oomb_backend_t b, void * dst, const void * src, size_t size);   // host -> backend memory
+    void   (*get)(oomb_backend_t b, void * dst, const void * src, size_t size);   // backend memory -> host
+    void   (*memset_mem)(oomb_backend_t b, void * dst, uint8_t value, size_t size);
+    void   (*graph_compute)(oomb_backend_t b, oomb_cgraph * g);
+    void   (*synchronize)(oomb_backend_t b);
+    void   (*free_backend)(oomb_backend_t b);
+};
+
+struct oomb_backend {
+    const oomb_backend_i * iface;
+    void * ctx;
+};
+
+struct oomb_buffer {
+    oomb_backend_t backend;
+    void * base;
+    size_t size;
+};
+
+namespace oomb {
+
+// Shape string "[a, b, c, d] type" for error messages.
+std::string shape_str(const oomb_tensor * t);
+
+// Data pointer of element (i0, i1, i2, i3).
+static inline void * elem_ptr(const oomb_tensor * t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+    return (char *) t->data + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+}
+
+static inline float get_op_f32(const oomb_tensor * t, int i) { float f; std::memcpy(&f, &t->op_params[i], 4); return f; }
+static inline void  set_op_f32(oomb_tensor * t, int i, float f) { std::memcpy(&t->op_params[i], &f, 4); }
+
+// true when t's data lives in host memory (context memory or a host backend's buffer).
+bool tensor_is_host(const oomb_tensor * t);
+
+// The tensor whose memory t uses (follows view_src).
+static inline oomb_tensor * mem_owner(oomb_tensor * t) { return t->view_src ? t->view_src : t; }
+
+// Ops whose kernels may write their result over src[0] (same size and type, each output element
+// depending only on reads of its own row done before that row is written).
+bool op_can_inplace(enum oomb_op op);
+// Ops whose result aliases a source's memory (view_src is set; some of them still compute: cpy, add_inplace, optimizer steps).
+static inline bool op_aliases_src(enum oomb_op op) {
+    return op == OOMB_OP_VIEW || op == OOMB_OP_RESHAPE || op == OOMB_OP_PERMUTE || op == OOMB_OP_TRANSPOSE ||
+           op == OOMB_OP_CPY || op == OOMB_OP_ADD_INPLACE || op == OOMB_OP_ADAMW_STEP || op == OOMB_OP_SGD_STEP;
+}
+
+} // namespace oomb

@@ -1,0 +1,841 @@
+// Core of ggml-oomb: types, errors, contexts, tensors, views, op constructors and graphs.
+// The backward pass is in backward.cpp, the allocator in alloc.cpp, backends in backend*.cpp.
+
+#include "oomb-impl.h"
+#include "fp16.h"
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+
+// ---------------------------------------------------------------------------------------------
+// Types
+// ---------------------------------------------------------------------------------------------
+
+static const size_t k_type_size[OOMB_TYPE_COUNT] = {4, 2, 2, 4};
+static const char * k_type_name[OOMB_TYPE_COUNT] = {"f32", "f16", "bf16", "i32"};
+
+size_t oomb_type_size(enum oomb_type type) {
+    if ((unsigned) type >= OOMB_TYPE_COUNT) oomb_error("type_size: unknown tensor type %d", (int) type);
+    return k_type_size[type];
+}
+const char * oomb_type_name(enum oomb_type type) {
+    return (unsigned) type < OOMB_TYPE_COUNT ? k_type_name[type] : "unknown";
+}
+
+uint16_t oomb_fp32_to_bf16(float x) { return oomb::fp32_to_bf16(x); }
+float    oomb_bf16_to_fp32(uint16_t x) { return oomb::bf16_to_fp32(x); }
+uint16_t oomb_fp32_to_fp16(float x) { return oomb::fp32_to_fp16(x); }
+float    oomb_fp16_to_fp32(uint16_t x) { return oomb::fp16_to_fp32(x); }
+
+static const char * k_op_name[OOMB_OP_COUNT] = {
+    "none", "view", "reshape", "permute", "transpose", "cont", "cpy", "cast",
+    "fill", "add", "sub", "mul", "scale", "add_inplace", "repeat", "repeat_back", "silu", "silu_back", "swiglu",
+    "sum", "mean", "sum_sq",
+    "get_rows", "get_rows_back", "mul_mat", "rms_norm", "rms_norm_back", "rope", "rope_back",
+    "soft_max", "soft_max_back", "attn", "attn_back", "cross_entropy_loss", "cross_entropy_loss_back",
+    "adamw_step", "sgd_step", "custom",
+};
+
+const char * oomb_op_name(enum oomb_op op) {
+    return (unsigned) op < OOMB_OP_COUNT ? k_op_name[op] : "unknown";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+static oomb_error_handler_t g_error_handler = nullptr;
+static void *               g_error_user    = nullptr;
+
+void oomb_set_error_handler(oomb_error_handler_t handler, void * user_data) {
+    g_error_handler = handler;
+    g_error_user    = user_data;
+}
+
+void oomb_error(const char * fmt, ...) {
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (g_error_handler) {
+        g_error_handler(msg, g_error_user);
+    }
+    fprintf(stderr, "oomb error: %s\n", msg);
+    fflush(stderr);
+    abort();
+}
+
+namespace oomb {
+
+std::string shape_str(const oomb_tensor * t) {
+    if (!t) return "(null)";
+    char buf[160];
+    snprintf(buf, sizeof(buf), "'%s' [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] %s", t->name, t->ne[0], t->ne[1],
+             t->ne[2], t->ne[3], oomb_type_name(t->type));
+    return buf;
+}
+
+bool tensor_is_host(const oomb_tensor * t) {
+    const oomb_tensor * o = t->view_src ? t->view_src : t;
+    if (!o->buffer) return true;
+    return oomb_backend_is_host(o->buffer->backend);
+}
+
+bool op_can_inplace(enum oomb_op op) {
+    switch (op) {
+        case OOMB_OP_ADD: case OOMB_OP_SUB: case OOMB_OP_MUL: case OOMB_OP_SCALE:
+        case OOMB_OP_SILU: case OOMB_OP_SILU_BACK: case OOMB_OP_SWIGLU:
+        case OOMB_OP_RMS_NORM: case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK:
+        case OOMB_OP_SOFT_MAX: case OOMB_OP_CROSS_ENTROPY_BACK:
+            return true;
+        default:
+            return false;
+    }
+}
+
+} // namespace oomb
+
+using oomb::shape_str;
+
+#define OOMB_CHECK(cond, op, ...)                                                   \
+    do {                                                                            \
+        if (!(cond)) {                                                              \
+            char _m[1024];                                                          \
+            snprintf(_m, sizeof(_m), __VA_ARGS__);                                  \
+            oomb_error("%s: %s", op, _m);                                           \
+        }                                                                           \
+    } while (0)
+
+// ---------------------------------------------------------------------------------------------
+// Contexts and tensors
+// ---------------------------------------------------------------------------------------------
+
+struct oomb_context * oomb_init(struct oomb_init_params params) {
+    auto * ctx = new oomb_context();
+    ctx->max_tensors = params.max_tensors;
+    ctx->no_alloc    = params.no_alloc;
+    return ctx;
+}
+
+void oomb_free(struct oomb_context * ctx) {
+    if (!ctx) return;
+    for (void * p : ctx->host_allocs) free(p);
+    delete ctx;
+}
+
+int64_t oomb_ctx_n_tensors(const struct oomb_context * ctx) { return (int64_t) ctx->tensors.size(); }
+struct oomb_tensor * oomb_ctx_tensor(struct oomb_context * ctx, int64_t i) {
+    return (i >= 0 && i < (int64_t) ctx->tensors.size()) ? &ctx->tensors[i] : nullptr;
+}
+struct oomb_tensor * oomb_get_tensor(struct oomb_context * ctx, const char * name) {
+    for (auto & t : ctx->tensors) if (strcmp(t.name, name) == 0) return &t;
+    return nullptr;
+}
+bool oomb_ctx_no_alloc(const struct oomb_context * ctx) { return ctx->no_alloc; }
+
+static oomb_tensor * new_tensor_impl(oomb_context * ctx, enum oomb_type type, int n_dims, const int64_t * ne,
+                                     oomb_tensor * view_src, size_t view_offs, const char * op) {
+    OOMB_CHECK((unsigned) type < OOMB_TYPE_COUNT, op, "unknown tensor type %d", (int) type);
+    OOMB_CHECK(n_dims >= 1 && n_dims <= OOMB_MAX_DIMS, op, "n_dims = %d, must be 1..4", n_dims);
+    OOMB_CHECK(ctx->max_tensors == 0 || ctx->tensors.size() < ctx->max_tensors, op,
+               "context is full (%zu tensors); raise max_tensors", ctx->max_tensors);
+    int64_t shape[4] = {1, 1, 1, 1};
+    for (int i = 0; i < n_dims; i++) {
+        OOMB_CHECK(ne[i] >= 0, op, "negative size ne[%d] = %" PRId64, i, ne[i]);
+        shape[i] = ne[i];
+    }
+    // overflow check on the total byte size
+    const size_t ts = k_type_size[type];
+    __int128 total = ts;
+    for (int i = 0; i < 4; i++) {
+        total *= shape[i];
+        OOMB_CHECK(total <= (__int128) std::numeric_limits<int64_t>::max(), op,
+                   "tensor size overflows: [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] %s", shape[0], shape[1],
+                   shape[2], shape[3], k_type_name[type]);
+    }
+    ctx->tensors.emplace_back();
+    oomb_tensor * t = &ctx->tensors.back();
+    memset(t, 0, sizeof(*t));
+    t->type = type;
+    for (int i = 0; i < 4; i++) t->ne[i] = shape[i];
+    t->nb[0] = ts;
+    for (int i = 1; i < 4; i++) t->nb[i] = t->nb[i - 1] * (size_t) t->ne[i - 1];
+    t->op = OOMB_OP_NONE;
+    if (view_src) {
+        if (view_src->view_src) { view_offs += view_src->view_offs; view_src = view_src->view_src; }
+        t->view_src  = view_src;
+        t->view_offs = view_offs;
+        if (view_src->data) { t->data = (char *) view_src->data + view_offs; t->buffer = view_src->buffer; }
+    } else if (!ctx->no_alloc) {
+        size_t bytes = (size_t) total;
+        size_t sz = (bytes + 63) & ~(size_t) 63;
+        if (sz == 0) sz = 64;
+        void * p = aligned_alloc(64, sz);
+        OOMB_CHECK(p, op, "out of host memory allocating %zu bytes", sz);
+        memset(p, 0, sz);
+        ctx->host_allocs.push_back(p);
+        t->data = p;
+    }
+    return t;
+}
+
+struct oomb_tensor * oomb_new_tensor(struct oomb_context * ctx, enum oomb_type type, int n_dims, const int64_t * ne) {
+    return new_tensor_impl(ctx, type, n_dims, ne, nullptr, 0, "new_tensor");
+}
+struct oomb_tensor * oomb_new_tensor_1d(struct oomb_context * ctx, enum oomb_type type, int64_t ne0) {
+    return oomb_new_tensor(ctx, type, 1, &ne0);
+}
+struct oomb_tensor * oomb_new_tensor_2d(struct oomb_context * ctx, enum oomb_type type, int64_t ne0, int64_t ne1) {
+    const int64_t ne[2] = {ne0, ne1};
+    return oomb_new_tensor(ctx, type, 2, ne);
+}
+struct oomb_tensor * oomb_new_tensor_3d(struct oomb_context * ctx, enum oomb_type type, int64_t ne0, int64_t ne1, int64_t ne2) {
+    const int64_t ne[3] = {ne0, ne1, ne2};
+    return oomb_new_tensor(ctx, type, 3, ne);
+}
+struct oomb_tensor * oomb_new_tensor_4d(struct oomb_context * ctx, enum oomb_type type, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
+    const int64_t ne[4] = {ne0, ne1, ne2, ne3};
+    return oomb_new_tensor(ctx, type, 4, ne);
+}
+struct oomb_tensor * oomb_dup_tensor(struct oomb_context * ctx, const struct oomb_tensor * a) {
+    return oomb_new_tensor(ctx, a->type, 4, a->ne);
+}
+
+struct oomb_tensor * oomb_set_name(struct oomb_tensor * t, const char * name) {
+    snprintf(t->name, sizeof(t->name), "%s", name ? name : "");
+    return t;
+}
+struct oomb_tensor * oomb_format_name(struct oomb_tensor * t, const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->name, sizeof(t->name), fmt, ap);
+    va_end(ap);
+    return t;
+}
+const char * oomb_get_name(const struct oomb_tensor * t) { return t->name; }
+
+void oomb_set_param(struct oomb_tensor * t) {
+    OOMB_CHECK(t->op == OOMB_OP_NONE, "set_param", "%s is the result of op %s; only leaf tensors can be parameters",
+               shape_str(t).c_str(), oomb_op_name(t->op));
+    OOMB_CHECK(t->type != OOMB_TYPE_I32, "set_param", "%s: an i32 tensor cannot be trainable", shape_str(t).c_str());
+    t->flags |= OOMB_TENSOR_FLAG_PARAM;
+}
+void oomb_set_input(struct oomb_tensor * t) { t->flags |= OOMB_TENSOR_FLAG_INPUT; }
+void oomb_set_output(struct oomb_tensor * t) { t->flags |= OOMB_TENSOR_FLAG_OUTPUT; }
+void oomb_set_loss(struct oomb_tensor * t) {
+    OOMB_CHECK(t->type == OOMB_TYPE_F32, "set_loss", "%s: the loss must be f32", shape_str(t).c_str());
+    t->flags |= OOMB_TENSOR_FLAG_LOSS;
+}
+
+int64_t oomb_nelements(const struct oomb_tensor * t) { return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; }
+int64_t oomb_nrows(const struct oomb_tensor * t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
+size_t oomb_nbytes(const struct oomb_tensor * t) {
+    if (oomb_nelements(t) == 0) return 0;
+    size_t n = k_type_size[t->type];
+    for (int i = 0; i < 4; i++) n += (size_t) (t->ne[i] - 1) * t->nb[i];
+    return n;
+}
+int oomb_n_dims(const struct oomb_tensor * t) {
+    for (int i = 3; i >= 1; i--) if (t->ne[i] > 1) return i + 1;
+    return 1;
+}
+bool oomb_is_contiguous(const struct oomb_tensor * t) {
+    size_t expect = k_type_size[t->type];
+    for (int i = 0; i < 4; i++) {
+        if (t->ne[i] != 1 && t->nb[i] != expect) return false;
+        expect *= (size_t) t->ne[i];
+    }
+    return true;
+}
+bool oomb_are_same_shape(const struct oomb_tensor * a, const struct oomb_tensor * b) {
+    for (int i = 0; i < 4; i++) if (a->ne[i] != b->ne[i]) return false;
+    return true;
+}
+bool oomb_can_repeat(const struct oomb_tensor * b, const struct oomb_tensor * a) {
+    for (int i = 0; i < 4; i++) {
+        if (b->ne[i] == 0) { if (a->ne[i] != 0) return false; continue; }
+        if (a->ne[i] % b->ne[i] != 0) return false;
+    }
+    return true;
+}
+const char * oomb_shape_str(const struct oomb_tensor * t, char * buf, size_t size) {
+    snprintf(buf, size, "%s", shape_str(t).c_str());
+    return buf;
+}
+
+static void check_host_data(const oomb_tensor * t, const char * fn) {
+    OOMB_CHECK(t->data, fn, "%s has no data", shape_str(t).c_str());
+    OOMB_CHECK(oomb::tensor_is_host(t), fn, "%s is in device memory; use oomb_tensor_get/set", shape_str(t).c_str());
+}
+
+static float load_f32(const void * p, enum oomb_type type) {
+    switch (type) {
+        case OOMB_TYPE_F32: return *(const float *) p;
+        case OOMB_TYPE_F16: return oomb::fp16_to_fp32(*(const uint16_t *) p);
+        case OOMB_TYPE_BF16: return oomb::bf16_to_fp32(*(const uint16_t *) p);
+        case OOMB_TYPE_I32: return (float) *(const int32_t *) p;
+        default: oomb_error("get_f32: unknown type %d", (int) type);
+    }
+}
+static void store_f32(void * p, enum oomb_type type, float v) {
+    switch (type) {
+        case OOMB_TYPE_F32: *(float *) p = v; break;
+        case OOMB_TYPE_F16: *(uint16_t *) p = oomb::fp32_to_fp16(v); break;
+        case OOMB_TYPE_BF16: *(uint16_t *) p = oomb::fp32_to_bf16(v); break;
+        case OOMB_TYPE_I32: *(int32_t *) p = (int32_t) v; break;
+        default: oomb_error("set_f32: unknown type %d", (int) type);
+    }
+}
+
+static void unravel(const oomb_tensor * t, int64_t i, int64_t idx[4]) {
+    idx[0] = i % t->ne[0]; i /= t->ne[0];
+    idx[1] = i % t->ne[1]; i /= t->ne[1];
+    idx[2] = i % t->ne[2]; i /= t->ne[2];
+    idx[3] = i;
+}
+
+float oomb_get_f32_1d(const struct oomb_tensor * t, int64_t i) {
+    check_host_data(t, "get_f32_1d");
+    OOMB_CHECK(i >= 0 && i < oomb_nelements(t), "get_f32_1d", "index %" PRId64 " out of range for %s", i, shape_str(t).c_str());
+    int64_t idx[4];
+    unravel(t, i, idx);
+    return load_f32(oomb::elem_ptr(t, idx[0], idx[1], idx[2], idx[3]), t->type);
+}
+void oomb_set_f32_1d(struct oomb_tensor * t, int64_t i, float v) {
+    check_host_data(t, "set_f32_1d");
+    OOMB_CHECK(i >= 0 && i < oomb_nelements(t), "set_f32_1d", "index %" PRId64 " out of range for %s", i, shape_str(t).c_str());
+    int64_t idx[4];
+    unravel(t, i, idx);
+    store_f32(oomb::elem_ptr(t, idx[0], idx[1], idx[2], idx[3]), t->type, v);
+}
+static void check_nd(const oomb_tensor * t, int64_t i0, int64_t i1, int64_t i2, int64_t i3, const char * fn) {
+    OOMB_CHECK(i0 >= 0 && i0 < t->ne[0] && i1 >= 0 && i1 < t->ne[1] && i2 >= 0 && i2 < t->ne[2] && i3 >= 0 && i3 < t->ne[3],
+               fn, "index (%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ") out of range for %s", i0, i1, i2, i3,
+               shape_str(t).c_str());
+}
+float oomb_get_f32_nd(const struct oomb_tensor * t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+    check_host_data(t, "get_f32_nd");
+    check_nd(t, i0, i1, i2, i3, "get_f32_nd");
+    return load_f32(oomb::elem_ptr(t, i0, i1, i2, i3), t->type);
+}
+void oomb_set_f32_nd(struct oomb_tensor * t, int64_t i0, int64_t i1, int64_t i2, int64_t i3, float v) {
+    check_host_data(t, "set_f32_nd");
+    check_nd(t, i0, i1, i2, i3, "set_f32_nd");
+    store_f32(oomb::elem_ptr(t, i0, i1, i2, i3), t->type, v);
+}
+int32_t oomb_get_i32_1d(const struct oomb_tensor * t, int64_t i) {
+    check_host_data(t, "get_i32_1d");
+    OOMB_CHECK(t->type == OOMB_TYPE_I32, "get_i32_1d", "%s is not i32", shape_str(t).c_str());
+    OOMB_CHECK(i >= 0 && i < oomb_nelements(t), "get_i32_1d", "index %" PRId64 " out of range for %s", i, shape_str(t).c_str());
+    int64_t idx[4];
+    unravel(t, i, idx);
+    return *(const int32_t *) oomb::elem_ptr(t, idx[0], idx[1], idx[2], idx[3]);
+}
+void oomb_set_i32_1d(struct oomb_tensor * t, int64_t i, int32_t v) {
+    check_host_data(t, "set_i32_1d");
+    OOMB_CHECK(t->type == OOMB_TYPE_I32, "set_i32_1d", "%s is not i32", shape_str(t).c_str());
+    OOMB_CHECK(i >= 0 && i < oomb_nelements(t), "set_i32_1d", "index %" PRId64 " out of range for %s", i, shape_str(t).c_str());
+    int64_t idx[4];
+    unravel(t, i, idx);
+    *(int32_t *) oomb::elem_ptr(t, idx[0], idx[1], idx[2], idx[3]) = v;
+}
+
+float oomb_get_op_param_f32(const struct oomb_tensor * t, int i) { return oomb::get_op_f32(t, i); }
+int32_t oomb_get_op_param_i32(const struct oomb_tensor * t, int i) { return t->op_params[i]; }
+
+// ---------------------------------------------------------------------------------------------
+// Op construction helpers
+// ---------------------------------------------------------------------------------------------
+
+static oomb_tensor * new_op(oomb_context * ctx, enum oomb_op op, enum oomb_type type, const int64_t ne[4],
+                            oomb_tensor * a, oomb_tensor * b = nullptr, oomb_tensor * c = nullptr,
+                            oomb_tensor * d = nullptr, oomb_tensor * e = nullptr) {
+    oomb_tensor * t = new_tensor_impl(ctx, type, 4, ne, nullptr, 0, oomb_op_name(op));
+    t->op = op;
+    t->src[0] = a; t->src[1] = b; t->src[2] = c; t->src[3] = d; t->src[4] = e;
+    return t;
+}
+
+static void require_f32(const oomb_tensor * t, const char * op, const char * what) {
+    OOMB_CHECK(t, op, "%s is NULL", what);
+    OOMB_CHECK(t->type == OOMB_TYPE_F32, op, "%s must be f32, got %s", what, shape_str(t).c_str());
+}
+static void require_float(const oomb_tensor * t, const char * op, const char * what) {
+    OOMB_CHECK(t, op, "%s is NULL", what);
+    OOMB_CHECK(t->type != OOMB_TYPE_I32, op, "%s must be a float type, got %s", what, shape_str(t).c_str());
+}
+static void require_same_shape(const oomb_tensor * a, const oomb_tensor * b, const char * op) {
+    OOMB_CHECK(oomb_are_same_shape(a, b), op, "shapes differ: %s vs %s", shape_str(a).c_str(), shape_str(b).c_str());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Views and layout
+// ---------------------------------------------------------------------------------------------
+
+static oomb_tensor * view_impl(oomb_context * ctx, oomb_tensor * a, int n_dims, const int64_t * ne, const size_t * nb,
+                               size_t offset, enum oomb_op op) {
+    const char * opn = oomb_op_name(op);
+    OOMB_CHECK(a, opn, "source is NULL");
+    // the view must lie inside a's memory
+    oomb_tensor tmp;
+    memset(&tmp, 0, sizeof(tmp));
+    tmp.type = a->type;
+    for (int i = 0; i < 4; i++) tmp.ne[i] = i < n_dims ? ne[i] : 1;
+    tmp.nb[0] = k_type_size[a->type];
+    for (int i = 1; i < 4; i++) tmp.nb[i] = i < n_dims ? nb[i] : tmp.nb[i - 1] * (size_t) tmp.ne[i - 1];
+    if (nb && n_dims >= 1 && nb[0]) tmp.nb[0] = nb[0];
+    const size_t need = offset + oomb_nbytes(&tmp);
+    // the memory of a spans [0, nbytes(a)) relative to a->data
+    OOMB_CHECK(need <= oomb_nbytes(a) || oomb_nelements(&tmp) == 0, opn,
+               "view [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] at offset %zu needs %zu bytes, source %s has %zu",
+               tmp.ne[0], tmp.ne[1], tmp.ne[2], tmp.ne[3], offset, need, shape_str(a).c_str(), oomb_nbytes(a));
+    oomb_tensor * t = new_tensor_impl(ctx, a->type, 4, tmp.ne, a, offset, opn);
+    for (int i = 0; i < 4; i++) t->nb[i] = tmp.nb[i];
+    t->op = op;
+    t->src[0] = a;
+    if (a->name[0]) oomb_format_name(t, "%.50s (%s)", a->name, opn);
+    return t;
+}
+
+struct oomb_tensor * oomb_view_1d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, size_t offset) {
+    const int64_t ne[1] = {ne0};
+    return view_impl(ctx, a, 1, ne, nullptr, offset, OOMB_OP_VIEW);
+}
+struct oomb_tensor * oomb_view_2d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1, size_t nb1, size_t offset) {
+    const int64_t ne[2] = {ne0, ne1};
+    const size_t nb[2] = {0, nb1};
+    return view_impl(ctx, a, 2, ne, nb, offset, OOMB_OP_VIEW);
+}
+struct oomb_tensor * oomb_view_3d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, size_t nb1, size_t nb2, size_t offset) {
+    const int64_t ne[3] = {ne0, ne1, ne2};
+    const size_t nb[3] = {0, nb1, nb2};
+    return view_impl(ctx, a, 3, ne, nb, offset, OOMB_OP_VIEW);
+}
+struct oomb_tensor * oomb_view_4d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, size_t nb1, size_t nb2, size_t nb3, size_t offset) {
+    const int64_t ne[4] = {ne0, ne1, ne2, ne3};
+    const size_t nb[4] = {0, nb1, nb2, nb3};
+    return view_impl(ctx, a, 4, ne, nb, offset, OOMB_OP_VIEW);
+}
+
+static oomb_tensor * reshape_impl(oomb_context * ctx, oomb_tensor * a, int n_dims, const int64_t * ne) {
+    OOMB_CHECK(a, "reshape", "source is NULL");
+    OOMB_CHECK(oomb_is_contiguous(a), "reshape", "source %s is not contiguous (use oomb_cont first)", shape_str(a).c_str());
+    int64_t n = 1;
+    for (int i = 0; i < n_dims; i++) n *= ne[i];
+    OOMB_CHECK(n == oomb_nelements(a), "reshape", "cannot reshape %s (%" PRId64 " elements) to %" PRId64 " elements",
+               shape_str(a).c_str(), oomb_nelements(a), n);
+    return view_impl(ctx, a, n_dims, ne, nullptr, 0, OOMB_OP_RESHAPE);
+}
+struct oomb_tensor * oomb_reshape_1d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0) {
+    const int64_t ne[1] = {ne0};
+    return reshape_impl(ctx, a, 1, ne);
+}
+struct oomb_tensor * oomb_reshape_2d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1) {
+    const int64_t ne[2] = {ne0, ne1};
+    return reshape_impl(ctx, a, 2, ne);
+}
+struct oomb_tensor * oomb_reshape_3d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2) {
+    const int64_t ne[3] = {ne0, ne1, ne2};
+    return reshape_impl(ctx, a, 3, ne);
+}
+struct oomb_tensor * oomb_reshape_4d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
+    const int64_t ne[4] = {ne0, ne1, ne2, ne3};
+    return reshape_impl(ctx, a, 4, ne);
+}
+
+struct oomb_tensor * oomb_permute(struct oomb_context * ctx, struct oomb_tensor * a, int axis0, int axis1, int axis2, int axis3) {
+    OOMB_CHECK(a, "permute", "source is NULL");
+    const int ax[4] = {axis0, axis1, axis2, axis3};
+    bool seen[4] = {false, false, false, false};
+    for (int i = 0; i < 4; i++) {
+        OOMB_CHECK(ax[i] >= 0 && ax[i] < 4 && !seen[ax[i]], "permute", "axes (%d, %d, %d, %d) are not a permutation of 0..3",
+                   axis0, axis1, axis2, axis3);
+        seen[ax[i]] = true;
+    }
+    oomb_tensor * t = view_impl(ctx, a, 4, a->ne, a->nb, 0, OOMB_OP_PERMUTE);
+    for (int i = 0; i < 4; i++) {
+        t->ne[ax[i]] = a->ne[i];
+        t->nb[ax[i]] = a->nb[i];
+    }
+    for (int i = 0; i < 4; i++) t->op_params[i] = ax[i];
+    return t;
+}
+
+struct oomb_tensor * oomb_transpose(struct oomb_context * ctx, struct oomb_tensor * a) {
+    oomb_tensor * t = oomb_permute(ctx, a, 1, 0, 2, 3);
+    t->op = OOMB_OP_TRANSPOSE;
+    return t;
+}
+
+struct oomb_tensor * oomb_cont(struct oomb_context * ctx, struct oomb_tensor * a) {
+    OOMB_CHECK(a, "cont", "source is NULL");
+    return oomb_cont_4d(ctx, a, a->ne[0], a->ne[1], a->ne[2], a->ne[3]);
+}
+struct oomb_tensor * oomb_cont_4d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3) {
+    OOMB_CHECK(a, "cont", "source is NULL");
+    OOMB_CHECK(ne0 * ne1 * ne2 * ne3 == oomb_nelements(a), "cont",
+               "cannot make %s contiguous as [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "]: element counts differ",
+               shape_str(a).c_str(), ne0, ne1, ne2, ne3);
+    const int64_t ne[4] = {ne0, ne1, ne2, ne3};
+    return new_op(ctx, OOMB_OP_CONT, a->type, ne, a);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ops
+// ---------------------------------------------------------------------------------------------
+
+struct oomb_tensor * oomb_cpy(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) {
+    OOMB_CHECK(a && b, "cpy", "source or destination is NULL");
+    OOMB_CHECK(oomb_nelements(a) == oomb_nelements(b), "cpy", "element counts differ: %s vs %s", shape_str(a).c_str(),
+               shape_str(b).c_str());
+    OOMB_CHECK((a->type == OOMB_TYPE_I32) == (b->type == OOMB_TYPE_I32), "cpy",
+               "cannot convert between i32 and float: %s -> %s", shape_str(a).c_str(), shape_str(b).c_str());
+    oomb_tensor * t = view_impl(ctx, b, 4, b->ne, b->nb, 0, OOMB_OP_CPY);
+    t->src[0] = a;
+    t->src[1] = b;
+    return t;
+}
+
+struct oomb_tensor * oomb_cast(struct oomb_context * ctx, struct oomb_tensor * a, enum oomb_type type) {
+    OOMB_CHECK(a, "cast", "source is NULL");
+    OOMB_CHECK((unsigned) type < OOMB_TYPE_COUNT, "cast", "unknown type %d", (int) type);
+    OOMB_CHECK((a->type == OOMB_TYPE_I32) == (type == OOMB_TYPE_I32), "cast", "cannot convert %s to %s",
+               shape_str(a).c_str(), oomb_type_name(type));
+    return new_op(ctx, OOMB_OP_CAST, type, a->ne, a);
+}
+
+struct oomb_tensor * oomb_fill(struct oomb_context * ctx, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, float value) {
+    const int64_t ne[4] = {ne0, ne1, ne2, ne3};
+    oomb_tensor * t = new_op(ctx, OOMB_OP_FILL, OOMB_TYPE_F32, ne, nullptr);
+    oomb::set_op_f32(t, 0, value);
+    return t;
+}
+
+static oomb_tensor * binary_op(oomb_context * ctx, enum oomb_op op, oomb_tensor * a, oomb_tensor * b) {
+    const char * opn = oomb_op_name(op);
+    require_f32(a, opn, "a");
+    require_f32(b, opn, "b");
+    OOMB_CHECK(oomb_can_repeat(b, a), opn, "b %s cannot be broadcast to a %s", shape_str(b).c_str(), shape_str(a).c_str());
+    return new_op(ctx, op, OOMB_TYPE_F32, a->ne, a, b);
+}
+struct oomb_tensor * oomb_add(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) { return binary_op(ctx, OOMB_OP_ADD, a, b); }
+struct oomb_tensor * oomb_sub(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) { return binary_op(ctx, OOMB_OP_SUB, a, b); }
+struct oomb_tensor * oomb_mul(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) { return binary_op(ctx, OOMB_OP_MUL, a, b); }
+
+struct oomb_tensor * oomb_scale(struct oomb_context * ctx, struct oomb_tensor * a, float s) {
+    require_f32(a, "scale", "a");
+    oomb_tensor * t = new_op(ctx, OOMB_OP_SCALE, OOMB_TYPE_F32, a->ne, a);
+    oomb::set_op_f32(t, 0, s);
+    return t;
+}
+
+struct oomb_tensor * oomb_add_inplace(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) {
+    require_f32(a, "add_inplace", "a");
+    require_f32(b, "add_inplace", "b");
+    OOMB_CHECK(oomb_can_repeat(b, a), "add_inplace", "b %s cannot be broadcast to a %s", shape_str(b).c_str(), shape_str(a).c_str());
+    oomb_tensor * t = view_impl(ctx, a, 4, a->ne, a->nb, 0, OOMB_OP_ADD_INPLACE);
+    t->src[0] = a;
+    t->src[1] = b;
+    return t;
+}
+
+struct oomb_tensor * oomb_repeat(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) {
+    require_f32(a, "repeat", "a");
+    OOMB_CHECK(b, "repeat", "b is NULL");
+    OOMB_CHECK(oomb_can_repeat(a, b), "repeat", "a %s cannot be repeated to the shape of b %s", shape_str(a).c_str(), shape_str(b).c_str());
+    return new_op(ctx, OOMB_OP_REPEAT, OOMB_TYPE_F32, b->ne, a, b);
+}
+
+struct oomb_tensor * oomb_repeat_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) {
+    require_f32(a, "repeat_back", "a");
+    OOMB_CHECK(b, "repeat_back", "b is NULL");
+    OOMB_CHECK(oomb_can_repeat(b, a), "repeat_back", "a %s cannot be summed down to the shape of b %s", shape_str(a).c_str(), shape_str(b).c_str());
+    return new_op(ctx, OOMB_OP_REPEAT_BACK, OOMB_TYPE_F32, b->ne, a, b);
+}
+
+struct oomb_tensor * oomb_silu(struct oomb_context * ctx, struct oomb_tensor * a) {
+    require_f32(a, "silu", "a");
+    return new_op(ctx, OOMB_OP_SILU, OOMB_TYPE_F32, a->ne, a);
+}
+struct oomb_tensor * oomb_silu_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) {
+    require_f32(a, "silu_back", "x");
+    require_f32(b, "silu_back", "dy");
+    require_same_shape(a, b, "silu_back");
+    return new_op(ctx, OOMB_OP_SILU_BACK, OOMB_TYPE_F32, a->ne, a, b);
+}
+struct oomb_tensor * oomb_swiglu(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up) {
+    require_f32(gate, "swiglu", "gate");
+    require_f32(up, "swiglu", "up");
+    require_same_shape(gate, up, "swiglu");
+    return new_op(ctx, OOMB_OP_SWIGLU, OOMB_TYPE_F32, gate->ne, gate, up);
+}
+
+static const int64_t k_scalar_ne[4] = {1, 1, 1, 1};
+struct oomb_tensor * oomb_sum(struct oomb_context * ctx, struct oomb_tensor * a) {
+    require_f32(a, "sum", "a");
+    return new_op(ctx, OOMB_OP_SUM, OOMB_TYPE_F32, k_scalar_ne, a);
+}
+struct oomb_tensor * oomb_mean(struct oomb_context * ctx, struct oomb_tensor * a) {
+    require_f32(a, "mean", "a");
+    return new_op(ctx, OOMB_OP_MEAN, OOMB_TYPE_F32, k_scalar_ne, a);
+}
+struct oomb_tensor * oomb_sum_sq(struct oomb_context * ctx, struct oomb_tensor * a) {
+    require_f32(a, "sum_sq", "a");
+    return new_op(ctx, OOMB_OP_SUM_SQ, OOMB_TYPE_F32, k_scalar_ne, a);
+}
+
+struct oomb_tensor * oomb_get_rows(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * ids) {
+    require_float(a, "get_rows", "a");
+    OOMB_CHECK(ids && ids->type == OOMB_TYPE_I32, "get_rows", "ids must be i32, got %s", shape_str(ids).c_str());
+    OOMB_CHECK(a->ne[2] == 1 && a->ne[3] == 1, "get_rows", "a must be 2-D [n_embd, n_rows], got %s", shape_str(a).c_str());
+    OOMB_CHECK(ids->ne[2] == 1 && ids->ne[3] == 1, "get_rows", "ids must be 1-D or 2-D, got %s", shape_str(ids).c_str());
+    const int64_t ne[4] = {a->ne[0], ids->ne[0], ids->ne[1], 1};
+    return new_op(ctx, OOMB_OP_GET_ROWS, OOMB_TYPE_F32, ne, a, ids);
+}
+struct oomb_tensor * oomb_get_rows_back(struct oomb_context * ctx, struct oomb_tensor * dy, struct oomb_tensor * ids, int64_t n_rows) {
+    require_f32(dy, "get_rows_back", "dy");
+    OOMB_CHECK(ids && ids->type == OOMB_TYPE_I32, "get_rows_back", "ids must be i32, got %s", shape_str(ids).c_str());
+    OOMB_CHECK(dy->ne[1] == ids->ne[0] && dy->ne[2] == ids->ne[1] && dy->ne[3] == 1 && ids->ne[2] == 1 && ids->ne[3] == 1,
+               "get_rows_back", "dy %s does not match ids %s", shape_str(dy).c_str(), shape_str(ids).c_str());
+    OOMB_CHECK(n_rows > 0, "get_rows_back", "n_rows = %" PRId64 " must be positive", n_rows);
+    const int64_t ne[4] = {dy->ne[0], n_rows, 1, 1};
+    return new_op(ctx, OOMB_OP_GET_ROWS_BACK, OOMB_TYPE_F32, ne, dy, ids);
+}
+
+struct oomb_tensor * oomb_mul_mat(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) {
+    require_float(a, "mul_mat", "a");
+    require_f32(b, "mul_mat", "b");
+    OOMB_CHECK(a->ne[0] == b->ne[0], "mul_mat", "inner dimensions differ (ne0): a %s, b %s", shape_str(a).c_str(), shape_str(b).c_str());
+    OOMB_CHECK(a->ne[2] > 0 && a->ne[3] > 0 && b->ne[2] % a->ne[2] == 0 && b->ne[3] % a->ne[3] == 0, "mul_mat",
+               "batch dims of a %s cannot be broadcast to b %s", shape_str(a).c_str(), shape_str(b).c_str());
+    OOMB_CHECK(a->nb[0] == oomb_type_size(a->type) || a->nb[1] == oomb_type_size(a->type), "mul_mat",
+               "a %s must have unit stride in dim 0 or dim 1", shape_str(a).c_str());
+    const int64_t ne[4] = {a->ne[1], b->ne[1], b->ne[2], b->ne[3]};
+    return new_op(ctx, OOMB_OP_MUL_MAT, OOMB_TYPE_F32, ne, a, b);
+}
+
+struct oomb_tensor * oomb_rms_norm(struct oomb_context * ctx, struct oomb_tensor * a, float eps) {
+    require_f32(a, "rms_norm", "a");
+    OOMB_CHECK(eps >= 0.0f, "rms_norm", "eps = %g must be >= 0", eps);
+    oomb_tensor * t = new_op(ctx, OOMB_OP_RMS_NORM, OOMB_TYPE_F32, a->ne, a);
+    oomb::set_op_f32(t, 0, eps);
+    return t;
+}
+struct oomb_tensor * oomb_rms_norm_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b, float eps) {
+    require_f32(a, "rms_norm_back", "x");
+    require_f32(b, "rms_norm_back", "dy");
+    require_same_shape(a, b, "rms_norm_back");
+    oomb_tensor * t = new_op(ctx, OOMB_OP_RMS_NORM_BACK, OOMB_TYPE_F32, a->ne, a, b);
+    oomb::set_op_f32(t, 0, eps);
+    return t;
+}
+
+static oomb_tensor * rope_impl(oomb_context * ctx, oomb_tensor * a, oomb_tensor * pos, int n_dims, float theta, enum oomb_op op) {
+    const char * opn = oomb_op_name(op);
+    require_f32(a, opn, "a");
+    OOMB_CHECK(pos && pos->type == OOMB_TYPE_I32, opn, "pos must be i32, got %s", shape_str(pos).c_str());
+    OOMB_CHECK(oomb_nelements(pos) == a->ne[2], opn, "pos %s must have one entry per token (a->ne[2] = %" PRId64 "), a %s",
+               shape_str(pos).c_str(), a->ne[2], shape_str(a).c_str());
+    OOMB_CHECK(n_dims > 0 && n_dims % 2 == 0 && n_dims <= a->ne[0], opn, "n_dims = %d must be even and in (0, head_dim = %" PRId64 "]",
+               n_dims, a->ne[0]);
+    OOMB_CHECK(theta > 0.0f, opn, "theta = %g must be positive", theta);
+    oomb_tensor * t = new_op(ctx, op, OOMB_TYPE_F32, a->ne, a, pos);
+    t->op_params[0] = n_dims;
+    oomb::set_op_f32(t, 1, theta);
+    return t;
+}
+struct oomb_tensor * oomb_rope(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * pos, int n_dims, float theta) {
+    return rope_impl(ctx, a, pos, n_dims, theta, OOMB_OP_ROPE);
+}
+struct oomb_tensor * oomb_rope_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * pos, int n_dims, float theta) {
+    return rope_impl(ctx, a, pos, n_dims, theta, OOMB_OP_ROPE_BACK);
+}
+
+struct oomb_tensor * oomb_soft_max(struct oomb_context * ctx, struct oomb_tensor * a, float scale, int causal) {
+    require_f32(a, "soft_max", "a");
+    oomb_tensor * t = new_op(ctx, OOMB_OP_SOFT_MAX, OOMB_TYPE_F32, a->ne, a);
+    oomb::set_op_f32(t, 0, scale);
+    t->op_params[1] = causal;
+    return t;
+}
+struct oomb_tensor * oomb_soft_max_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b, float scale) {
+    require_f32(a, "soft_max_back", "y");
+    require_f32(b, "soft_max_back", "dy");
+    require_same_shape(a, b, "soft_max_back");
+    oomb_tensor * t = new_op(ctx, OOMB_OP_SOFT_MAX_BACK, OOMB_TYPE_F32, a->ne, a, b);
+    oomb::set_op_f32(t, 0, scale);
+    return t;
+}
+
+static void check_attn(const oomb_tensor * q, const oomb_tensor * k, const oomb_tensor * v, const char * op) {
+    require_f32(q, op, "q");
+    require_f32(k, op, "k");
+    require_f32(v, op, "v");
+    OOMB_CHECK(q->ne[0] == k->ne[0] && q->ne[0] == v->ne[0], op, "head dims differ: q %s, k %s, v %s", shape_str(q).c_str(),
+               shape_str(k).c_str(), shape_str(v).c_str());
+    OOMB_CHECK(oomb_are_same_shape(k, v), op, "k %s and v %s differ", shape_str(k).c_str(), shape_str(v).c_str());
+    OOMB_CHECK(k->ne[1] > 0 && q->ne[1] % k->ne[1] == 0, op, "query heads (%" PRId64 ") must be a multiple of kv heads (%" PRId64 ")",
+               q->ne[1], k->ne[1]);
+    OOMB_CHECK(q->ne[3] == k->ne[3], op, "batch sizes differ: q %s, k %s", shape_str(q).c_str(), shape_str(k).c_str());
+    OOMB_CHECK(k->ne[2] >= q->ne[2], op, "fewer keys (%" PRId64 ") than queries (%" PRId64 ")", k->ne[2], q->ne[2]);
+}
+struct oomb_tensor * oomb_attn(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k, struct oomb_tensor * v, float scale) {
+    check_attn(q, k, v, "attn");
+    oomb_tensor * t = new_op(ctx, OOMB_OP_ATTN, OOMB_TYPE_F32, q->ne, q, k, v);
+    oomb::set_op_f32(t, 0, scale);
+    return t;
+}
+struct oomb_tensor * oomb_attn_back(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k, struct oomb_tensor * v,
+                                    struct oomb_tensor * dout, float scale) {
+    check_attn(q, k, v, "attn_back");
+    require_f32(dout, "attn_back", "dout");
+    require_same_shape(q, dout, "attn_back");
+    const int64_t ne[4] = {oomb_nelements(q) + oomb_nelements(k) + oomb_nelements(v), 1, 1, 1};
+    oomb_tensor * t = new_op(ctx, OOMB_OP_ATTN_BACK, OOMB_TYPE_F32, ne, q, k, v, dout);
+    oomb::set_op_f32(t, 0, scale);
+    return t;
+}
+
+struct oomb_tensor * oomb_cross_entropy_loss(struct oomb_context * ctx, struct oomb_tensor * logits, struct oomb_tensor * labels, int32_t ignore_index) {
+    require_f32(logits, "cross_entropy_loss", "logits");
+    OOMB_CHECK(labels && labels->type == OOMB_TYPE_I32, "cross_entropy_loss", "labels must be i32, got %s", shape_str(labels).c_str());
+    OOMB_CHECK(oomb_nelements(labels) == oomb_nrows(logits), "cross_entropy_loss", "labels %s must have one entry per row of logits %s",
+               shape_str(labels).c_str(), shape_str(logits).c_str());
+    const int64_t ne[4] = {2, 1, 1, 1};
+    oomb_tensor * t = new_op(ctx, OOMB_OP_CROSS_ENTROPY, OOMB_TYPE_F32, ne, logits, labels);
+    t->op_params[0] = ignore_index;
+    return t;
+}
+struct oomb_tensor * oomb_cross_entropy_loss_back(struct oomb_context * ctx, struct oomb_tensor * logits, struct oomb_tensor * labels,
+                                                  struct oomb_tensor * dloss, int32_t ignore_index) {
+    require_f32(logits, "cross_entropy_loss_back", "logits");
+    OOMB_CHECK(labels && labels->type == OOMB_TYPE_I32, "cross_entropy_loss_back", "labels must be i32, got %s", shape_str(labels).c_str());
+    OOMB_CHECK(oomb_nelements(labels) == oomb_nrows(logits), "cross_entropy_loss_back", "labels %s must have one entry per row of logits %s",
+               shape_str(labels).c_str(), shape_str(logits).c_str());
+    require_f32(dloss, "cross_entropy_loss_back", "dloss");
+    OOMB_CHECK(oomb_nelements(dloss) == 2, "cross_entropy_loss_back", "dloss must have 2 elements, got %s", shape_str(dloss).c_str());
+    oomb_tensor * t = new_op(ctx, OOMB_OP_CROSS_ENTROPY_BACK, OOMB_TYPE_F32, logits->ne, logits, labels, dloss);
+    t->op_params[0] = ignore_index;
+    return t;
+}
+
+struct oomb_tensor * oomb_adamw_step(struct oomb_context * ctx, struct oomb_tensor * param, struct oomb_tensor * grad,
+                                     struct oomb_tensor * m, struct oomb_tensor * v, struct oomb_tensor * hp) {
+    OOMB_CHECK(param && (param->type == OOMB_TYPE_F32 || param->type == OOMB_TYPE_BF16), "adamw_step",
+               "param must be f32 or bf16, got %s", shape_str(param).c_str());
+    require_f32(grad, "adamw_step", "grad");
+    require_f32(m, "adamw_step", "m");
+    require_f32(v, "adamw_step", "v");
+    require_f32(hp, "adamw_step", "hp");
+    require_same_shape(param, grad, "adamw_step");
+    require_same_shape(param, m, "adamw_step");
+    require_same_shape(param, v, "adamw_step");
+    OOMB_CHECK(oomb_nelements(hp) == 8, "adamw_step", "hp must have 8 elements, got %s", shape_str(hp).c_str());
+    OOMB_CHECK(oomb_is_contiguous(param) && oomb_is_contiguous(grad) && oomb_is_contiguous(m) && oomb_is_contiguous(v),
+               "adamw_step", "param, grad, m and v must be contiguous");
+    oomb_tensor * t = view_impl(ctx, param, 4, param->ne, param->nb, 0, OOMB_OP_ADAMW_STEP);
+    t->src[0] = param; t->src[1] = grad; t->src[2] = m; t->src[3] = v; t->src[4] = hp;
+    return t;
+}
+
+struct oomb_tensor * oomb_sgd_step(struct oomb_context * ctx, struct oomb_tensor * param, struct oomb_tensor * grad, struct oomb_tensor * hp) {
+    OOMB_CHECK(param && (param->type == OOMB_TYPE_F32 || param->type == OOMB_TYPE_BF16), "sgd_step",
+               "param must be f32 or bf16, got %s", shape_str(param).c_str());
+    require_f32(grad, "sgd_step", "grad");
+    require_f32(hp, "sgd_step", "hp");
+    require_same_shape(param, grad, "sgd_step");
+    OOMB_CHECK(oomb_nelements(hp) == 3, "sgd_step", "hp must have 3 elements, got %s", shape_str(hp).c_str());
+    OOMB_CHECK(oomb_is_contiguous(param) && oomb_is_contiguous(grad), "sgd_step", "param and grad must be contiguous");
+    oomb_tensor * t = view_impl(ctx, param, 4, param->ne, param->nb, 0, OOMB_OP_SGD_STEP);
+    t->src[0] = param; t->src[1] = grad; t->src[2] = hp;
+    return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graphs
+// ---------------------------------------------------------------------------------------------
+
+struct oomb_cgraph * oomb_new_graph(struct oomb_context * ctx) { return oomb_new_graph_custom(ctx, OOMB_DEFAULT_GRAPH_SIZE); }
+struct oomb_cgraph * oomb_new_graph_custom(struct oomb_context * ctx, size_t size) {
+    ctx->graphs.emplace_back();
+    oomb_cgraph * g = &ctx->graphs.back();
+    g->size = size ? size : OOMB_DEFAULT_GRAPH_SIZE;
+    return g;
+}
+
+static void visit(oomb_cgraph * g, oomb_tensor * t) {
+    // iterative post-order DFS (graphs of long models are deep)
+    struct frame { oomb_tensor * t; int next; };
+    std::vector<frame> stack;
+    if (g->visited.count(t)) return;
+    g->visited.insert(t);
+    stack.push_back({t, 0});
+    while (!stack.empty()) {
+        frame & f = stack.back();
+        if (f.next < OOMB_MAX_SRC) {
+            oomb_tensor * s = f.t->src[f.next++];
+            if (s && !g->visited.count(s)) {
+                g->visited.insert(s);
+                stack.push_back({s, 0});
+            }
+            continue;
+        }
+        oomb_tensor * n = f.t;
+        stack.pop_back();
+        if (n->op == OOMB_OP_NONE) {
+            g->leafs.push_back(n);
+        } else {
+            OOMB_CHECK(g->nodes.size() < g->size, "build_forward_expand", "graph is full (%zu nodes); use oomb_new_graph_custom",
+                       g->size);
+            g->nodes.push_back(n);
+        }
+    }
+}
+
+void oomb_build_forward_expand(struct oomb_cgraph * g, struct oomb_tensor * t) {
+    OOMB_CHECK(t, "build_forward_expand", "tensor is NULL");
+    const size_t n0 = g->nodes.size(), l0 = g->leafs.size();
+    visit(g, t);
+    if (g->nodes.size() != n0 || g->leafs.size() != l0) g->version++;
+}
+
+struct oomb_tensor * oomb_new_grad(struct oomb_context * ctx, struct oomb_tensor * param) {
+    OOMB_CHECK(param, "new_grad", "param is NULL");
+    oomb_tensor * g = oomb_new_tensor(ctx, OOMB_TYPE_F32, 4, param->ne);
+    oomb_format_name(g, "%.56s.grad", param->name);
+    param->grad = g;
+    return g;
+}
+
+int oomb_graph_n_nodes(const struct oomb_cgraph * g) { return (int) g->nodes.size(); }
+struct oomb_tensor * oomb_graph_node(struct oomb_cgraph * g, int i) {
+    const int n = (int) g->nodes.size();
+    if (i < 0) i += n;
+    OOMB_CHECK(i >= 0 && i < n, "graph_node", "index %d out of range (%d nodes)", i, n);
+    return g->nodes[i];
+}
+int oomb_graph_n_leafs(const struct oomb_cgraph * g) { return (int) g->leafs.size(); }
+struct oomb_tensor * oomb_graph_leaf(struct oomb_cgraph * g, int i) {
+    const int n = (int) g->leafs.size();
+    if (i < 0) i += n;
+    OOMB_CHECK(i >= 0 && i < n, "graph_leaf", "index %d out of range (%d leafs)", i, n);
+    return g->leafs[i];
+}
+void oomb_graph_clear(struct oomb_cgraph * g) {
+    g->nodes.clear();
+    g->leafs.clear();
+    g->visited.clear();
+    g->version++;
+}
+void oomb_graph_print(const struct oomb_cgraph * g) {
+    fprintf(stderr, "graph: %zu nodes, %zu leafs\n", g->nodes.size(), g->leafs.size());
+    for (size_t i = 0; i < g->nodes.size(); i++) {
+        const oomb_tensor * t = g->nodes[i];
+        fprintf(stderr, "  %4zu %-24s %s\n", i, oomb_op_name(t->op), shape_str(t).c_str());
+    }
+}

@@ -1,1 +1,0 @@
-// keeps the test-common library non-empty

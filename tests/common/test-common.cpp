@@ -1,0 +1,43 @@
+#include "test-common.h"
+
+#include <cstdlib>
+
+namespace oombtest {
+
+static std::string env_or(const char * name, const char * fallback) {
+    const char * v = getenv(name);
+    return (v && *v) ? std::string(v) : std::string(fallback);
+}
+
+std::string fixtures_dir() {
+    const char * v = getenv("OOMB_FIXTURES");
+    if (v && *v) return v;
+    return env_or("OOMB_FIXTURES_DEFAULT", "../shared/fixtures");
+}
+std::string source_dir() { return env_or("OOMB_SOURCE_DIR", "."); }
+std::string bin_dir() { return env_or("OOMB_BIN_DIR", "build/bin"); }
+
+static void throwing_handler(const char * msg, void *) { throw OombError(msg); }
+
+ErrorCapture::ErrorCapture() { oomb_set_error_handler(throwing_handler, nullptr); }
+ErrorCapture::~ErrorCapture() { oomb_set_error_handler(nullptr, nullptr); }
+
+void fill_uniform(oomb_tensor * t, std::mt19937 & rng, float lo, float hi) {
+    std::uniform_real_distribution<float> dist(lo, hi);
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
+    for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
+    for (int64_t i1 = 0; i1 < t->ne[1]; i1++)
+    for (int64_t i0 = 0; i0 < t->ne[0]; i0++) oomb_set_f32_nd(t, i0, i1, i2, i3, dist(rng));
+}
+
+std::vector<double> to_vector(const oomb_tensor * t) {
+    std::vector<double> out;
+    out.reserve((size_t) oomb_nelements(t));
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
+    for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
+    for (int64_t i1 = 0; i1 < t->ne[1]; i1++)
+    for (int64_t i0 = 0; i0 < t->ne[0]; i0++) out.push_back(oomb_get_f32_nd(t, i0, i1, i2, i3));
+    return out;
+}
+
+} // namespace oombtest

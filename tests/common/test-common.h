@@ -1,0 +1,50 @@
+// Helpers shared by the tests: fixtures location, random data, error capture.
+#pragma once
+
+#include "oomb.h"
+#include "oomb-backend.h"
+
+#include <cstdint>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace oombtest {
+
+/// Fixtures folder: $OOMB_FIXTURES, else $OOMB_FIXTURES_DEFAULT (set by CMake), else ../shared/fixtures.
+std::string fixtures_dir();
+/// Source tree root ($OOMB_SOURCE_DIR) and build bin folder ($OOMB_BIN_DIR).
+std::string source_dir();
+std::string bin_dir();
+
+/// Thrown by the error handler that ErrorCapture installs.
+struct OombError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+/// While alive, library errors throw OombError(message) instead of aborting.
+struct ErrorCapture {
+    ErrorCapture();
+    ~ErrorCapture();
+};
+
+/// Fills a host f32/f16/bf16 tensor (any strides) with uniform values in [lo, hi).
+void fill_uniform(oomb_tensor * t, std::mt19937 & rng, float lo = -1.0f, float hi = 1.0f);
+/// Reads any host float tensor (any strides) into a flat vector in logical order.
+std::vector<double> to_vector(const oomb_tensor * t);
+
+} // namespace oombtest
+
+/// EXPECT that `stmt` reports a library error whose message contains `substr`.
+#define EXPECT_OOMB_ERROR(stmt, substr)                                                        \
+    do {                                                                                       \
+        oombtest::ErrorCapture _cap;                                                           \
+        bool _thrown = false;                                                                  \
+        try { stmt; } catch (const oombtest::OombError & e) {                                  \
+            _thrown = true;                                                                    \
+            EXPECT_NE(std::string(e.what()).find(substr), std::string::npos)                   \
+                << "message was: " << e.what();                                                \
+        }                                                                                      \
+        EXPECT_TRUE(_thrown) << "expected an oomb error containing '" << substr << "'";        \
+    } while (0)
