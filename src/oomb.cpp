@@ -387,7 +387,7 @@ static oomb_tensor * view_impl(oomb_context * ctx, oomb_tensor * a, int n_dims, 
     tmp.type = a->type;
     for (int i = 0; i < 4; i++) tmp.ne[i] = i < n_dims ? ne[i] : 1;
     tmp.nb[0] = k_type_size[a->type];
-    for (int i = 1; i < 4; i++) tmp.nb[i] = i < n_dims ? nb[i] : tmp.nb[i - 1] * (size_t) tmp.ne[i - 1];
+    for (int i = 1; i < 4; i++) tmp.nb[i] = (nb && i < n_dims) ? nb[i] : tmp.nb[i - 1] * (size_t) tmp.ne[i - 1];
     if (nb && n_dims >= 1 && nb[0]) tmp.nb[0] = nb[0];
     const size_t need = offset + oomb_nbytes(&tmp);
     // the memory of a spans [0, nbytes(a)) relative to a->data
