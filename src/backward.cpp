@@ -1,0 +1,384 @@
+// Automatic differentiation: oomb_build_backward_expand appends the backward pass of a loss to a graph.
+//
+// Reverse-mode AD over the graph's nodes in reverse execution order. Gradients are f32 tensors in the
+// logical shape of the tensor they belong to (also for f16/bf16 tensors). Only tensors that depend on
+// a PARAM leaf through a differentiable input get gradients; the rest of the graph (ids, labels,
+// positions, constants) costs nothing. For every parameter reached, an in-place accumulation
+// param->grad += d(loss)/d(param) is appended, so gradients accumulate across evaluations.
+//
+// Gradients of views (VIEW with any offset / strides) are scattered into a zero tensor: an
+// add_inplace into a view of a FILL(0) tensor. Those add_inplace nodes are appended to the graph at
+// once, so they run before every later consumer of the zero tensor (which are appended afterwards).
+
+#include "oomb-impl.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+using oomb::shape_str;
+
+namespace {
+
+// How mul_mat broadcasts a over the batch dims of b: true when b's batch i2 uses a's batch
+// i2 / (B2/A2) (ggml convention; groups of consecutive b batches share one a batch), false when it
+// uses i2 % A2 (tiling, as oomb_repeat does).
+constexpr bool k_mul_mat_bcast_div = true;
+
+const char * tname(const oomb_tensor * t) { return t->name[0] ? t->name : oomb_op_name(t->op); }
+
+// Source slots through which gradients flow (mask of bits over src[]); -1: not differentiable.
+int diff_srcs(const oomb_tensor * t) {
+    switch (t->op) {
+        case OOMB_OP_NONE: return 0;
+        case OOMB_OP_FILL: return 0;
+        case OOMB_OP_VIEW: case OOMB_OP_RESHAPE: case OOMB_OP_PERMUTE: case OOMB_OP_TRANSPOSE:
+        case OOMB_OP_CONT: case OOMB_OP_CPY: case OOMB_OP_CAST:
+        case OOMB_OP_SCALE: case OOMB_OP_REPEAT: case OOMB_OP_REPEAT_BACK: case OOMB_OP_SILU:
+        case OOMB_OP_SUM: case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ:
+        case OOMB_OP_GET_ROWS: case OOMB_OP_RMS_NORM: case OOMB_OP_ROPE: case OOMB_OP_SOFT_MAX:
+        case OOMB_OP_CROSS_ENTROPY:
+            return 1;
+        case OOMB_OP_ADD: case OOMB_OP_SUB: case OOMB_OP_MUL: case OOMB_OP_ADD_INPLACE:
+        case OOMB_OP_SWIGLU: case OOMB_OP_MUL_MAT:
+            return 3;
+        case OOMB_OP_ATTN:
+            return 7;
+        default:
+            return -1; // *_BACK ops, optimizer steps, custom ops
+    }
+}
+
+struct Acc {
+    oomb_tensor * g = nullptr;   // sum of the dense contributions (logical shape)
+    oomb_tensor * z = nullptr;   // scatter buffer for view contributions (owned exclusively)
+    bool z_root = false;         // z spans the memory of t's view_src (t is a view) instead of t's shape
+};
+
+struct Builder {
+    oomb_context * ctx;
+    oomb_cgraph * g;
+    std::unordered_set<const oomb_tensor *> needs;
+    std::unordered_map<oomb_tensor *, Acc> acc;
+
+    bool need(const oomb_tensor * t) const { return t && needs.count(t); }
+
+    oomb_tensor * named(oomb_tensor * x, const oomb_tensor * of) {
+        oomb_format_name(x, "grad of %.52s", tname(of));
+        return x;
+    }
+
+    oomb_tensor * contig(oomb_tensor * x) { return oomb_is_contiguous(x) ? x : oomb_cont(ctx, x); }
+
+    // x (same element count as ref) in ref's shape.
+    oomb_tensor * as_shape(oomb_tensor * x, const oomb_tensor * ref) {
+        if (oomb_are_same_shape(x, ref)) return x;
+        return oomb_reshape_4d(ctx, contig(x), ref->ne[0], ref->ne[1], ref->ne[2], ref->ne[3]);
+    }
+
+    // A view of the f32 tensor base with arbitrary element strides (bytes) and offset (bytes).
+    oomb_tensor * strided_view(oomb_tensor * base, const int64_t ne[4], const size_t nb[4], size_t offs) {
+        if (nb[0] == sizeof(float)) {
+            return oomb_view_4d(ctx, base, ne[0], ne[1], ne[2], ne[3], nb[1], nb[2], nb[3], offs);
+        }
+        // strides with nb[0] != 4 (permuted layouts): check the bounds here, then set the strides
+        size_t last = offs;
+        for (int i = 0; i < 4; i++) last += (size_t) (ne[i] - 1) * nb[i];
+        if (last + sizeof(float) > oomb_nbytes(base)) {
+            oomb_error("build_backward_expand: internal error: strided view out of range of %s", shape_str(base).c_str());
+        }
+        oomb_tensor * v = oomb_view_1d(ctx, base, 1, offs);
+        for (int i = 0; i < 4; i++) { v->ne[i] = ne[i]; v->nb[i] = nb[i]; }
+        return v;
+    }
+
+    void add_grad(oomb_tensor * t, oomb_tensor * c) {
+        if (!need(t)) return;
+        if (c->type != OOMB_TYPE_F32 || !oomb_are_same_shape(c, t)) {
+            oomb_error("build_backward_expand: internal error: gradient %s does not match %s (op %s)", shape_str(c).c_str(),
+                       shape_str(t).c_str(), oomb_op_name(t->op));
+        }
+        if (!c->name[0]) named(c, t);
+        Acc & a = acc[t];
+        a.g = a.g ? named(oomb_add(ctx, a.g, c), t) : c;
+    }
+
+    // Adds dy (the gradient of the view v) into the gradient of v->src[0] at v's place in memory.
+    void add_grad_view(oomb_tensor * v, oomb_tensor * dy) {
+        oomb_tensor * src = v->src[0];
+        if (!need(src)) return;
+        oomb_tensor * root = src->view_src ? src->view_src : src;
+        if (v->view_src != root) {
+            oomb_error("build_backward_expand: internal error: view %s does not alias the memory of %s", shape_str(v).c_str(),
+                       shape_str(src).c_str());
+        }
+        const size_t es = oomb_type_size(root->type);
+        auto scaled = [&](size_t bytes) -> size_t {
+            if (bytes % es != 0) {
+                oomb_error("build_backward_expand: view %s: offset or stride %zu is not a multiple of the element size %zu",
+                           shape_str(v).c_str(), bytes, es);
+            }
+            return bytes / es * sizeof(float);
+        };
+        Acc & a = acc[src];
+        if (!a.z) {
+            if (src->view_src) {
+                a.z = oomb_fill(ctx, oomb_nelements(root), 1, 1, 1, 0.0f);
+                a.z_root = true;
+            } else {
+                a.z = oomb_fill(ctx, src->ne[0], src->ne[1], src->ne[2], src->ne[3], 0.0f);
+                a.z_root = false;
+            }
+            oomb_format_name(a.z, "grad of %.52s", tname(src));
+        }
+        size_t nb[4];
+        for (int i = 0; i < 4; i++) nb[i] = scaled(v->nb[i]);
+        oomb_tensor * dst = strided_view(a.z, v->ne, nb, scaled(v->view_offs));
+        oomb_tensor * upd = oomb_add_inplace(ctx, dst, dy);
+        oomb_format_name(upd, "grad of %.40s (scatter)", tname(src));
+        // run it now: every consumer of a.z is appended to the graph later
+        oomb_build_forward_expand(g, upd);
+    }
+
+    oomb_tensor * get_grad(oomb_tensor * t) {
+        auto it = acc.find(t);
+        if (it == acc.end()) return nullptr;
+        Acc & a = it->second;
+        oomb_tensor * zg = nullptr;
+        if (a.z) {
+            if (!a.z_root) {
+                zg = a.z;
+            } else {
+                const size_t es = oomb_type_size(t->type);
+                size_t nb[4];
+                for (int i = 0; i < 4; i++) nb[i] = t->nb[i] / es * sizeof(float);
+                zg = named(oomb_cont(ctx, strided_view(a.z, t->ne, nb, t->view_offs / es * sizeof(float))), t);
+            }
+        }
+        if (a.g && zg) return named(oomb_add(ctx, a.g, zg), t);
+        return a.g ? a.g : zg;
+    }
+
+    // Sums a mul_mat gradient [K, M, B2, B3] down to a's batch dims [.., A2, A3].
+    oomb_tensor * reduce_batches(oomb_tensor * d, const oomb_tensor * a) {
+        if (d->ne[2] == a->ne[2] && d->ne[3] == a->ne[3]) return d;
+        if (!k_mul_mat_bcast_div) return oomb_repeat_back(ctx, d, const_cast<oomb_tensor *>(a));
+        const int64_t K = d->ne[0], M = d->ne[1], A2 = a->ne[2], A3 = a->ne[3];
+        const int64_t B2 = d->ne[2], B3 = d->ne[3];
+        if (B3 != A3) {
+            const int64_t r3 = B3 / A3;
+            oomb_tensor * x = oomb_reshape_3d(ctx, contig(d), K * M * B2, r3, A3);
+            oomb_tensor * shp = oomb_view_3d(ctx, x, K * M * B2, 1, A3, x->nb[1], x->nb[1], 0);
+            d = oomb_reshape_4d(ctx, oomb_repeat_back(ctx, x, shp), K, M, B2, A3);
+        }
+        if (B2 != A2) {
+            const int64_t r2 = B2 / A2;
+            oomb_tensor * x = oomb_reshape_4d(ctx, contig(d), K * M, r2, A2, A3);
+            oomb_tensor * shp = oomb_view_4d(ctx, x, K * M, 1, A2, A3, x->nb[1], x->nb[1], x->nb[1] * A2, 0);
+            d = oomb_reshape_4d(ctx, oomb_repeat_back(ctx, x, shp), K, M, A2, A3);
+        }
+        return d;
+    }
+
+    // Appends the gradient contributions of node t (whose gradient is dy) to its sources.
+    void backward(oomb_tensor * t, oomb_tensor * dy) {
+        oomb_tensor * a = t->src[0];
+        oomb_tensor * b = t->src[1];
+        switch (t->op) {
+            case OOMB_OP_VIEW:
+                add_grad_view(t, dy);
+                break;
+            case OOMB_OP_RESHAPE:
+            case OOMB_OP_CONT:
+            case OOMB_OP_CPY:   // src[1] is overwritten: no gradient
+            case OOMB_OP_CAST:  // gradients are f32 whatever the types
+                if (need(a)) add_grad(a, as_shape(dy, a));
+                break;
+            case OOMB_OP_PERMUTE:
+            case OOMB_OP_TRANSPOSE: {
+                if (!need(a)) break;
+                int inv[4];
+                for (int i = 0; i < 4; i++) inv[t->op_params[i]] = i;
+                add_grad(a, oomb_cont(ctx, oomb_permute(ctx, dy, inv[0], inv[1], inv[2], inv[3])));
+                break;
+            }
+            case OOMB_OP_ADD:
+            case OOMB_OP_ADD_INPLACE:
+            case OOMB_OP_SUB: {
+                if (need(a)) add_grad(a, dy);
+                if (need(b)) {
+                    oomb_tensor * db = oomb_are_same_shape(a, b) ? dy : oomb_repeat_back(ctx, dy, b);
+                    if (t->op == OOMB_OP_SUB) db = oomb_scale(ctx, db, -1.0f);
+                    add_grad(b, db);
+                }
+                break;
+            }
+            case OOMB_OP_MUL:
+                if (need(a)) add_grad(a, oomb_mul(ctx, dy, b));
+                if (need(b)) {
+                    oomb_tensor * p = oomb_mul(ctx, dy, a);
+                    add_grad(b, oomb_are_same_shape(a, b) ? p : oomb_repeat_back(ctx, p, b));
+                }
+                break;
+            case OOMB_OP_SCALE:
+                if (need(a)) add_grad(a, oomb_scale(ctx, dy, oomb::get_op_f32(t, 0)));
+                break;
+            case OOMB_OP_REPEAT:
+                if (need(a)) add_grad(a, oomb_repeat_back(ctx, dy, a));
+                break;
+            case OOMB_OP_REPEAT_BACK:
+                if (need(a)) add_grad(a, oomb_repeat(ctx, dy, a));
+                break;
+            case OOMB_OP_SILU:
+                if (need(a)) add_grad(a, oomb_silu_back(ctx, a, dy));
+                break;
+            case OOMB_OP_SWIGLU:
+                // y = silu(gate) * up
+                if (need(b)) add_grad(b, oomb_mul(ctx, dy, oomb_silu(ctx, a)));
+                if (need(a)) add_grad(a, oomb_silu_back(ctx, a, oomb_mul(ctx, dy, b)));
+                break;
+            case OOMB_OP_SUM:
+                if (need(a)) add_grad(a, oomb_repeat(ctx, dy, a));
+                break;
+            case OOMB_OP_MEAN:
+                if (need(a)) add_grad(a, oomb_repeat(ctx, oomb_scale(ctx, dy, 1.0f / (float) oomb_nelements(a)), a));
+                break;
+            case OOMB_OP_SUM_SQ:
+                if (need(a)) add_grad(a, oomb_mul(ctx, a, oomb_scale(ctx, dy, 2.0f)));
+                break;
+            case OOMB_OP_GET_ROWS:
+                if (need(a)) add_grad(a, oomb_get_rows_back(ctx, dy, b, a->ne[1]));
+                break;
+            case OOMB_OP_MUL_MAT: {
+                // res[n][m] = sum_k a[m][k] b[n][k]  =>  da[m][k] = sum_n dy[n][m] b[n][k],  db[n][k] = sum_m dy[n][m] a[m][k]
+                if (need(a)) {
+                    oomb_tensor * bt = oomb_transpose(ctx, b);
+                    if (bt->nb[0] != sizeof(float) && bt->nb[1] != sizeof(float)) bt = oomb_transpose(ctx, oomb_cont(ctx, b));
+                    oomb_tensor * da = oomb_mul_mat(ctx, bt, oomb_transpose(ctx, dy)); // [K, M, B2, B3]
+                    add_grad(a, reduce_batches(da, a));
+                }
+                if (need(b)) {
+                    add_grad(b, oomb_mul_mat(ctx, oomb_transpose(ctx, a), dy)); // [K, N, B2, B3]
+                }
+                break;
+            }
+            case OOMB_OP_RMS_NORM:
+                if (need(a)) add_grad(a, oomb_rms_norm_back(ctx, a, dy, oomb::get_op_f32(t, 0)));
+                break;
+            case OOMB_OP_ROPE:
+                if (need(a)) add_grad(a, oomb_rope_back(ctx, dy, b, t->op_params[0], oomb::get_op_f32(t, 1)));
+                break;
+            case OOMB_OP_SOFT_MAX:
+                if (need(a)) add_grad(a, oomb_soft_max_back(ctx, t, dy, oomb::get_op_f32(t, 0)));
+                break;
+            case OOMB_OP_ATTN: {
+                oomb_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2];
+                oomb_tensor * packed = oomb_attn_back(ctx, q, k, v, dy, oomb::get_op_f32(t, 0));
+                oomb_format_name(packed, "grad of %.44s (q, k, v)", tname(t));
+                size_t off = 0;
+                for (oomb_tensor * s : {q, k, v}) {
+                    if (need(s)) {
+                        const size_t nb1 = sizeof(float) * s->ne[0], nb2 = nb1 * s->ne[1], nb3 = nb2 * s->ne[2];
+                        oomb_tensor * ds = oomb_view_4d(ctx, packed, s->ne[0], s->ne[1], s->ne[2], s->ne[3], nb1, nb2, nb3, off);
+                        add_grad(s, named(ds, s));
+                    }
+                    off += sizeof(float) * (size_t) oomb_nelements(s);
+                }
+                break;
+            }
+            case OOMB_OP_CROSS_ENTROPY:
+                if (need(a)) add_grad(a, oomb_cross_entropy_loss_back(ctx, a, b, dy, t->op_params[0]));
+                break;
+            case OOMB_OP_NONE:
+            case OOMB_OP_FILL:
+                break;
+            default:
+                oomb_error("build_backward_expand: op %s (%s) is not differentiable, but a parameter gradient flows through it",
+                           oomb_op_name(t->op), shape_str(t).c_str());
+        }
+    }
+};
+
+} // namespace
+
+void oomb_build_backward_expand(struct oomb_context * ctx, struct oomb_cgraph * g, struct oomb_tensor * loss, struct oomb_tensor * seed) {
+    if (!ctx || !g || !loss) oomb_error("build_backward_expand: ctx, graph and loss must not be NULL");
+    if (!g->visited.count(loss)) {
+        oomb_error("build_backward_expand: loss %s is not a node of the graph (call oomb_build_forward_expand first)",
+                   shape_str(loss).c_str());
+    }
+    if (loss->type != OOMB_TYPE_F32) oomb_error("build_backward_expand: loss %s must be f32", shape_str(loss).c_str());
+    if (seed && (seed->type != OOMB_TYPE_F32 || !oomb_are_same_shape(seed, loss))) {
+        oomb_error("build_backward_expand: seed %s must be f32 of the loss's shape %s", shape_str(seed).c_str(),
+                   shape_str(loss).c_str());
+    }
+
+    Builder B{ctx, g, {}, {}};
+
+    // 1. tensors that depend on a parameter (through differentiable inputs)
+    for (oomb_tensor * l : g->leafs) {
+        if (l->flags & OOMB_TENSOR_FLAG_PARAM) B.needs.insert(l);
+    }
+    const std::vector<oomb_tensor *> nodes = g->nodes; // the forward part (the backward appends to g->nodes)
+    for (oomb_tensor * t : nodes) {
+        if (t->flags & OOMB_TENSOR_FLAG_PARAM) { B.needs.insert(t); continue; }
+        const int m = diff_srcs(t);
+        for (int i = 0; i < OOMB_MAX_SRC; i++) {
+            if (t->src[i] && (m < 0 || (m >> i) & 1) && B.needs.count(t->src[i])) { B.needs.insert(t); break; }
+        }
+    }
+    if (!B.needs.count(loss)) return; // the loss does not depend on any parameter
+
+    // 2. dry run: which tensors receive a gradient; report every error before changing the graph
+    std::unordered_set<const oomb_tensor *> reach{loss};
+    for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+        oomb_tensor * t = *it;
+        if (!reach.count(t) || !B.needs.count(t)) continue;
+        const int m = diff_srcs(t);
+        if (m < 0) {
+            oomb_error("build_backward_expand: op %s (%s) is not differentiable, but the loss depends on a parameter through it",
+                       oomb_op_name(t->op), shape_str(t).c_str());
+        }
+        for (int i = 0; i < OOMB_MAX_SRC; i++) {
+            if (t->src[i] && ((m >> i) & 1) && B.needs.count(t->src[i])) reach.insert(t->src[i]);
+        }
+    }
+    std::vector<oomb_tensor *> params;
+    for (oomb_tensor * l : g->leafs) {
+        if (!(l->flags & OOMB_TENSOR_FLAG_PARAM) || !reach.count(l)) continue;
+        if (!l->grad) {
+            oomb_error("build_backward_expand: parameter '%s' has no gradient tensor; call oomb_new_grad", l->name);
+        }
+        if (l->grad->type != OOMB_TYPE_F32 || !oomb_are_same_shape(l->grad, l)) {
+            oomb_error("build_backward_expand: gradient tensor %s of parameter %s must be f32 of the parameter's shape",
+                       shape_str(l->grad).c_str(), shape_str(l).c_str());
+        }
+        params.push_back(l);
+    }
+
+    // 3. the backward pass
+    if (!seed) {
+        seed = oomb_fill(ctx, loss->ne[0], loss->ne[1], loss->ne[2], loss->ne[3], 1.0f);
+        oomb_format_name(seed, "grad of %.52s (seed)", tname(loss));
+    }
+    B.acc[loss].g = seed;
+    for (auto it = nodes.rbegin(); it != nodes.rend(); ++it) {
+        oomb_tensor * t = *it;
+        if (!B.needs.count(t)) continue;
+        oomb_tensor * dy = B.get_grad(t);
+        if (!dy) continue;
+        B.backward(t, dy);
+        B.acc.erase(t);
+    }
+
+    // 4. param->grad += gradient, appended to the graph
+    for (oomb_tensor * p : params) {
+        oomb_tensor * gp = B.get_grad(p);
+        if (!gp) continue;
+        oomb_tensor * upd = oomb_add_inplace(ctx, p->grad, gp);
+        oomb_format_name(upd, "%.50s (accumulate)", p->grad->name);
+        oomb_build_forward_expand(g, upd);
+    }
+}
