@@ -102,7 +102,10 @@ enum oomb_op {
     OOMB_OP_ADAMW_STEP,
     OOMB_OP_SGD_STEP,
 
-    // extension ops (registered by other modules: paged KV, chunked training, ...)
+    // paged KV cache (oomb-paged.h)
+    OOMB_OP_PAGED_ATTN,
+    OOMB_OP_PAGED_ATTN_BACK,
+
     OOMB_OP_CUSTOM,
 
     OOMB_OP_COUNT,
@@ -352,6 +355,28 @@ struct oomb_tensor * oomb_adamw_step(struct oomb_context * ctx, struct oomb_tens
                                      struct oomb_tensor * m, struct oomb_tensor * v, struct oomb_tensor * hp);
 /// SGD step in place: param -= lr * (grad * grad_scale + wd * param). hp: f32 [3] = { lr, weight_decay, grad_scale }.
 struct oomb_tensor * oomb_sgd_step(struct oomb_context * ctx, struct oomb_tensor * param, struct oomb_tensor * grad, struct oomb_tensor * hp);
+
+/// Causal attention of a chunk of queries over a paged KV cache (OOMB mechanism 2), tiled with an
+/// online softmax so its memory does not grow with the history.
+/// q: [D, H, T] f32 (after RoPE); k_cur, v_cur: [D, Hkv, T] f32, the chunk's own keys/values;
+/// k_pages, v_pages: the layer's page pools [D, Hkv, page_size, n_pages] (f32, f16 or bf16);
+/// page_table: i32 [n_logical_pages] (logical page -> physical page); pos: i32 [T], the position
+/// of each query/key of the chunk. Query t attends every position 0..pos[t]: position p lives in
+/// slot p % page_size of physical page page_table[p / page_size].
+/// store != 0: first writes k_cur/v_cur into the pages at pos (stage 1); store == 0: the chunk's
+/// K/V are read from the pages (stage 2 recompute), k_cur/v_cur are sources only for gradients.
+/// Result: [D, H, T]. Source: OOMB (arXiv 2602.02108), FlashAttention's online softmax.
+struct oomb_tensor * oomb_paged_attn(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_cur,
+                                     struct oomb_tensor * v_cur, struct oomb_tensor * k_pages, struct oomb_tensor * v_pages,
+                                     struct oomb_tensor * page_table, struct oomb_tensor * pos, float scale, int store);
+/// Backward of oomb_paged_attn: accumulates dK/dV of every attended position into the f32 gradient
+/// pages dk_pages/dv_pages (in place; shaped like the K/V pools) and returns one f32 tensor holding
+/// dq [D, H, T], then dk_cur and dv_cur [D, Hkv, T] read back from the gradient pages at pos (complete
+/// once every later chunk has run its backward).
+struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_pages,
+                                          struct oomb_tensor * v_pages, struct oomb_tensor * dk_pages,
+                                          struct oomb_tensor * dv_pages, struct oomb_tensor * page_table,
+                                          struct oomb_tensor * pos, struct oomb_tensor * dout, float scale);
 
 // ---------------------------------------------------------------------------------------------
 // Graphs and automatic differentiation

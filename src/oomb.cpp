@@ -37,7 +37,7 @@ static const char * k_op_name[OOMB_OP_COUNT] = {
     "sum", "mean", "sum_sq",
     "get_rows", "get_rows_back", "mul_mat", "rms_norm", "rms_norm_back", "rope", "rope_back",
     "soft_max", "soft_max_back", "attn", "attn_back", "cross_entropy_loss", "cross_entropy_loss_back",
-    "adamw_step", "sgd_step", "custom",
+    "adamw_step", "sgd_step", "paged_attn", "paged_attn_back", "custom",
 };
 
 const char * oomb_op_name(enum oomb_op op) {
@@ -753,6 +753,64 @@ struct oomb_tensor * oomb_sgd_step(struct oomb_context * ctx, struct oomb_tensor
     OOMB_CHECK(oomb_is_contiguous(param) && oomb_is_contiguous(grad), "sgd_step", "param and grad must be contiguous");
     oomb_tensor * t = view_impl(ctx, param, 4, param->ne, param->nb, 0, OOMB_OP_SGD_STEP);
     t->src[0] = param; t->src[1] = grad; t->src[2] = hp;
+    return t;
+}
+
+static void check_paged(const oomb_tensor * q, const oomb_tensor * k_pages, const oomb_tensor * v_pages,
+                        const oomb_tensor * page_table, const oomb_tensor * pos, const char * op) {
+    require_f32(q, op, "q");
+    require_float(k_pages, op, "k_pages");
+    require_float(v_pages, op, "v_pages");
+    OOMB_CHECK(oomb_are_same_shape(k_pages, v_pages) && k_pages->type == v_pages->type, op, "k_pages %s and v_pages %s differ",
+               shape_str(k_pages).c_str(), shape_str(v_pages).c_str());
+    OOMB_CHECK(oomb_is_contiguous(k_pages) && oomb_is_contiguous(v_pages), op, "page pools must be contiguous");
+    OOMB_CHECK(q->ne[0] == k_pages->ne[0], op, "head dims differ: q %s, k_pages %s", shape_str(q).c_str(), shape_str(k_pages).c_str());
+    OOMB_CHECK(k_pages->ne[1] > 0 && q->ne[1] % k_pages->ne[1] == 0, op,
+               "query heads (%" PRId64 ") must be a multiple of kv heads (%" PRId64 ")", q->ne[1], k_pages->ne[1]);
+    OOMB_CHECK(q->ne[3] == 1, op, "q %s: one sequence at a time (ne3 must be 1)", shape_str(q).c_str());
+    OOMB_CHECK(page_table && page_table->type == OOMB_TYPE_I32 && oomb_is_contiguous(page_table), op,
+               "page_table must be a contiguous i32 tensor, got %s", shape_str(page_table).c_str());
+    OOMB_CHECK(pos && pos->type == OOMB_TYPE_I32 && oomb_nelements(pos) == q->ne[2] && oomb_is_contiguous(pos), op,
+               "pos %s must be contiguous i32 with one entry per query (T = %" PRId64 ")", shape_str(pos).c_str(), q->ne[2]);
+}
+
+struct oomb_tensor * oomb_paged_attn(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_cur,
+                                     struct oomb_tensor * v_cur, struct oomb_tensor * k_pages, struct oomb_tensor * v_pages,
+                                     struct oomb_tensor * page_table, struct oomb_tensor * pos, float scale, int store) {
+    check_paged(q, k_pages, v_pages, page_table, pos, "paged_attn");
+    require_f32(k_cur, "paged_attn", "k_cur");
+    require_f32(v_cur, "paged_attn", "v_cur");
+    OOMB_CHECK(k_cur->ne[0] == k_pages->ne[0] && k_cur->ne[1] == k_pages->ne[1] && k_cur->ne[2] == q->ne[2] && k_cur->ne[3] == 1,
+               "paged_attn", "k_cur %s must be [D, Hkv, T] = [%" PRId64 ", %" PRId64 ", %" PRId64 "]", shape_str(k_cur).c_str(),
+               k_pages->ne[0], k_pages->ne[1], q->ne[2]);
+    require_same_shape(k_cur, v_cur, "paged_attn");
+    oomb_tensor * t = new_op(ctx, OOMB_OP_PAGED_ATTN, OOMB_TYPE_F32, q->ne, q, k_cur, v_cur, k_pages, v_pages);
+    t->src[5] = page_table;
+    t->src[6] = pos;
+    oomb::set_op_f32(t, 0, scale);
+    t->op_params[1] = store;
+    return t;
+}
+
+struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_pages,
+                                          struct oomb_tensor * v_pages, struct oomb_tensor * dk_pages,
+                                          struct oomb_tensor * dv_pages, struct oomb_tensor * page_table,
+                                          struct oomb_tensor * pos, struct oomb_tensor * dout, float scale) {
+    check_paged(q, k_pages, v_pages, page_table, pos, "paged_attn_back");
+    require_f32(dk_pages, "paged_attn_back", "dk_pages");
+    require_f32(dv_pages, "paged_attn_back", "dv_pages");
+    OOMB_CHECK(oomb_are_same_shape(dk_pages, k_pages) && oomb_are_same_shape(dv_pages, k_pages), "paged_attn_back",
+               "gradient pages %s / %s must be shaped like the pools %s", shape_str(dk_pages).c_str(), shape_str(dv_pages).c_str(),
+               shape_str(k_pages).c_str());
+    require_f32(dout, "paged_attn_back", "dout");
+    require_same_shape(q, dout, "paged_attn_back");
+    const int64_t n_kv = k_pages->ne[0] * k_pages->ne[1] * q->ne[2];
+    const int64_t ne[4] = {oomb_nelements(q) + 2 * n_kv, 1, 1, 1};
+    oomb_tensor * t = new_op(ctx, OOMB_OP_PAGED_ATTN_BACK, OOMB_TYPE_F32, ne, q, k_pages, v_pages, dk_pages, dv_pages);
+    t->src[5] = page_table;
+    t->src[6] = pos;
+    t->src[7] = dout;
+    oomb::set_op_f32(t, 0, scale);
     return t;
 }
 
