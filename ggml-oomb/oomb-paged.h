@@ -1,0 +1,57 @@
+// ggml-oomb paged KV cache: the K/V cache and the KV-gradient cache of every layer in fixed-size
+// pages drawn from a pool, with one page table (logical page -> physical page) shared by the
+// layers (OOMB mechanism 2). Appending a chunk takes free pages; nothing is ever moved.
+//
+// Pools are tensors [head_dim, n_head_kv, page_size, n_pages] in the backend's memory: K and V in
+// `type` (f32 on the CPU, bf16 on the GPU), gradient pages in f32. Graph ops read and write them
+// through oomb_paged_attn / oomb_paged_attn_back with the page table as an input tensor.
+#pragma once
+
+#include "oomb.h"
+#include "oomb-backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct oomb_kv_cache * oomb_kv_cache_t;
+
+struct oomb_kv_cache_params {
+    int     n_layer;
+    int     n_head_kv;
+    int     head_dim;
+    int     page_size;   // tokens per page (OOMB reference: 128 on H100/H200, 64 on A100)
+    int64_t max_tokens;  // capacity: the pool holds ceil(max_tokens / page_size) pages per layer
+    enum oomb_type type; // K/V element type: f32, f16 or bf16
+    bool    with_grad;   // also allocate the f32 KV-gradient pages (training)
+};
+
+/// Allocates the pools and the page table in `backend`'s memory. Errors: bad sizes; returns NULL
+/// (with a message on stderr) when the memory cannot be allocated.
+oomb_kv_cache_t oomb_kv_cache_init(oomb_backend_t backend, struct oomb_kv_cache_params p);
+void oomb_kv_cache_free(oomb_kv_cache_t c);
+
+/// Forgets every position: all pages return to the free list (a new sequence).
+void oomb_kv_cache_clear(oomb_kv_cache_t c);
+/// Maps logical pages so that positions [0, n_tokens) have a physical page, taking pages from the
+/// free list (already mapped pages stay where they are) and uploads the page table.
+/// Errors: n_tokens beyond the capacity.
+void oomb_kv_cache_reserve(oomb_kv_cache_t c, int64_t n_tokens);
+/// Number of positions mapped so far.
+int64_t oomb_kv_cache_n_tokens(oomb_kv_cache_t c);
+/// Sets every gradient page to zero.
+void oomb_kv_cache_zero_grad(oomb_kv_cache_t c);
+
+struct oomb_tensor * oomb_kv_cache_k(oomb_kv_cache_t c, int layer);
+struct oomb_tensor * oomb_kv_cache_v(oomb_kv_cache_t c, int layer);
+struct oomb_tensor * oomb_kv_cache_dk(oomb_kv_cache_t c, int layer);  // NULL without with_grad
+struct oomb_tensor * oomb_kv_cache_dv(oomb_kv_cache_t c, int layer);
+/// i32 [n_pages]: logical page -> physical page (-1 while unmapped).
+struct oomb_tensor * oomb_kv_cache_page_table(oomb_kv_cache_t c);
+struct oomb_kv_cache_params oomb_kv_cache_get_params(oomb_kv_cache_t c);
+/// Bytes of the pools (K, V and gradients) and the page table.
+size_t oomb_kv_cache_nbytes(oomb_kv_cache_t c);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,126 @@
+// Paged KV cache: pools of fixed-size pages and the page table (see oomb-paged.h).
+
+#include "oomb-paged.h"
+#include "oomb-impl.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <vector>
+
+struct oomb_kv_cache {
+    oomb_kv_cache_params p{};
+    oomb_backend_t backend = nullptr;
+    oomb_context * ctx = nullptr;
+    oomb_buffer_t  buf = nullptr;
+    std::vector<oomb_tensor *> k, v, dk, dv;
+    oomb_tensor * page_table = nullptr;
+    std::vector<int32_t> table;      // host copy
+    std::vector<int32_t> free_pages; // stack of free physical pages
+    int64_t n_pages = 0;
+    int64_t n_tokens = 0;
+};
+
+oomb_kv_cache_t oomb_kv_cache_init(oomb_backend_t backend, struct oomb_kv_cache_params p) {
+    if (p.n_layer <= 0 || p.n_head_kv <= 0 || p.head_dim <= 0 || p.page_size <= 0 || p.max_tokens <= 0) {
+        oomb_error("kv_cache_init: bad sizes (n_layer %d, n_head_kv %d, head_dim %d, page_size %d, max_tokens %" PRId64 ")",
+                   p.n_layer, p.n_head_kv, p.head_dim, p.page_size, p.max_tokens);
+    }
+    if (p.type != OOMB_TYPE_F32 && p.type != OOMB_TYPE_F16 && p.type != OOMB_TYPE_BF16) {
+        oomb_error("kv_cache_init: K/V type must be f32, f16 or bf16, got %s", oomb_type_name(p.type));
+    }
+    auto * c = new oomb_kv_cache();
+    c->p = p;
+    c->backend = backend;
+    c->n_pages = (p.max_tokens + p.page_size - 1) / p.page_size;
+    c->ctx = oomb_init({0, true});
+    for (int l = 0; l < p.n_layer; l++) {
+        auto mk = [&](oomb_type type, const char * what) {
+            oomb_tensor * t = oomb_new_tensor_4d(c->ctx, type, p.head_dim, p.n_head_kv, p.page_size, c->n_pages);
+            return oomb_format_name(t, "kv.%d.%s", l, what);
+        };
+        c->k.push_back(mk(p.type, "k_pages"));
+        c->v.push_back(mk(p.type, "v_pages"));
+        if (p.with_grad) {
+            c->dk.push_back(mk(OOMB_TYPE_F32, "dk_pages"));
+            c->dv.push_back(mk(OOMB_TYPE_F32, "dv_pages"));
+        }
+    }
+    c->page_table = oomb_set_name(oomb_new_tensor_1d(c->ctx, OOMB_TYPE_I32, c->n_pages), "kv.page_table");
+    oomb_set_input(c->page_table);
+    size_t total = 0;
+    for (int64_t i = 0; i < oomb_ctx_n_tensors(c->ctx); i++) total += oomb_nbytes(oomb_ctx_tensor(c->ctx, i));
+    c->buf = oomb_backend_alloc_buffer(backend, total + 256 * (size_t) oomb_ctx_n_tensors(c->ctx));
+    if (!c->buf) {
+        fprintf(stderr, "oomb: kv_cache_init: cannot allocate %.2f GiB for the KV cache on %s\n", total / 1073741824.0,
+                oomb_backend_name(backend));
+        oomb_free(c->ctx);
+        delete c;
+        return nullptr;
+    }
+    size_t off = 0;
+    for (int64_t i = 0; i < oomb_ctx_n_tensors(c->ctx); i++) {
+        oomb_tensor * t = oomb_ctx_tensor(c->ctx, i);
+        oomb_tensor_alloc(c->buf, t, off);
+        off += (oomb_nbytes(t) + 255) / 256 * 256;
+    }
+    oomb_kv_cache_clear(c);
+    return c;
+}
+
+void oomb_kv_cache_free(oomb_kv_cache_t c) {
+    if (!c) return;
+    oomb_buffer_free(c->buf);
+    oomb_free(c->ctx);
+    delete c;
+}
+
+void oomb_kv_cache_clear(oomb_kv_cache_t c) {
+    c->table.assign((size_t) c->n_pages, -1);
+    c->free_pages.clear();
+    for (int64_t i = c->n_pages - 1; i >= 0; i--) c->free_pages.push_back((int32_t) i);
+    c->n_tokens = 0;
+    oomb_tensor_set(c->page_table, c->table.data(), 0, c->table.size() * sizeof(int32_t));
+}
+
+void oomb_kv_cache_reserve(oomb_kv_cache_t c, int64_t n_tokens) {
+    const int64_t cap = c->n_pages * c->p.page_size;
+    if (n_tokens < 0 || n_tokens > cap) {
+        oomb_error("kv_cache_reserve: %" PRId64 " tokens exceed the cache capacity of %" PRId64 " (%" PRId64 " pages of %d)", n_tokens,
+                   cap, c->n_pages, c->p.page_size);
+    }
+    if (n_tokens <= c->n_tokens) return;
+    const int64_t need = (n_tokens + c->p.page_size - 1) / c->p.page_size;
+    bool changed = false;
+    for (int64_t lp = 0; lp < need; lp++) {
+        if (c->table[lp] >= 0) continue;
+        c->table[lp] = c->free_pages.back();
+        c->free_pages.pop_back();
+        changed = true;
+    }
+    c->n_tokens = n_tokens;
+    if (changed) oomb_tensor_set(c->page_table, c->table.data(), 0, c->table.size() * sizeof(int32_t));
+}
+
+int64_t oomb_kv_cache_n_tokens(oomb_kv_cache_t c) { return c->n_tokens; }
+
+void oomb_kv_cache_zero_grad(oomb_kv_cache_t c) {
+    for (oomb_tensor * t : c->dk) oomb_tensor_memset(t, 0);
+    for (oomb_tensor * t : c->dv) oomb_tensor_memset(t, 0);
+}
+
+static void check_layer(oomb_kv_cache_t c, int layer, const char * fn) {
+    if (layer < 0 || layer >= c->p.n_layer) oomb_error("%s: layer %d out of range (%d layers)", fn, layer, c->p.n_layer);
+}
+struct oomb_tensor * oomb_kv_cache_k(oomb_kv_cache_t c, int layer) { check_layer(c, layer, "kv_cache_k"); return c->k[layer]; }
+struct oomb_tensor * oomb_kv_cache_v(oomb_kv_cache_t c, int layer) { check_layer(c, layer, "kv_cache_v"); return c->v[layer]; }
+struct oomb_tensor * oomb_kv_cache_dk(oomb_kv_cache_t c, int layer) {
+    check_layer(c, layer, "kv_cache_dk");
+    return c->p.with_grad ? c->dk[layer] : nullptr;
+}
+struct oomb_tensor * oomb_kv_cache_dv(oomb_kv_cache_t c, int layer) {
+    check_layer(c, layer, "kv_cache_dv");
+    return c->p.with_grad ? c->dv[layer] : nullptr;
+}
+struct oomb_tensor * oomb_kv_cache_page_table(oomb_kv_cache_t c) { return c->page_table; }
+struct oomb_kv_cache_params oomb_kv_cache_get_params(oomb_kv_cache_t c) { return c->p; }
+size_t oomb_kv_cache_nbytes(oomb_kv_cache_t c) { return oomb_buffer_size(c->buf); }
