@@ -1,0 +1,478 @@
+// Qwen2 on ggml-oomb: weights, GGUF load/save, and OOMB chunk-recurrent training (see qwen2.h).
+
+#include "qwen2.h"
+
+#include "gguf.h"
+#include "../src/fp16.h"
+
+#include <cinttypes>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+namespace oomb {
+
+// ---------------------------------------------------------------------------------------------
+// Configuration
+// ---------------------------------------------------------------------------------------------
+
+bool qwen2_preset(const std::string & name, Qwen2Config * cfg) {
+    Qwen2Config c;
+    c.rope_theta = 1e6f;
+    c.rms_eps = 1e-6f;
+    c.n_ctx_train = 32768;
+    if (name == "tiny") {
+        c.n_vocab = 151936; c.n_embd = 64; c.n_ff = 192; c.n_layer = 2; c.n_head = 4; c.n_head_kv = 2; c.tied = true;
+    } else if (name == "qwen2.5-0.5b") {
+        c.n_vocab = 151936; c.n_embd = 896; c.n_ff = 4864; c.n_layer = 24; c.n_head = 14; c.n_head_kv = 2; c.tied = true;
+    } else if (name == "qwen2.5-1.5b") {
+        c.n_vocab = 151936; c.n_embd = 1536; c.n_ff = 8960; c.n_layer = 28; c.n_head = 12; c.n_head_kv = 2; c.tied = true;
+    } else if (name == "qwen2.5-3b") {
+        c.n_vocab = 151936; c.n_embd = 2048; c.n_ff = 11008; c.n_layer = 36; c.n_head = 16; c.n_head_kv = 2; c.tied = true;
+    } else if (name == "qwen2.5-7b") {
+        c.n_vocab = 152064; c.n_embd = 3584; c.n_ff = 18944; c.n_layer = 28; c.n_head = 28; c.n_head_kv = 4; c.tied = false;
+        c.n_ctx_train = 131072;
+    } else {
+        return false;
+    }
+    c.head_dim = c.n_embd / c.n_head;
+    *cfg = c;
+    return true;
+}
+
+bool qwen2_config_valid(const Qwen2Config & c, std::string * err) {
+    auto bad = [&](const char * what) { if (err) *err = std::string("bad model configuration: ") + what; return false; };
+    if (c.n_vocab <= 0) return bad("n_vocab must be positive");
+    if (c.n_embd <= 0 || c.n_ff <= 0 || c.n_layer <= 0) return bad("n_embd, n_ff and n_layer must be positive");
+    if (c.n_head <= 0 || c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0) return bad("n_head must be a positive multiple of n_head_kv");
+    if (c.head_dim <= 0 || c.head_dim % 2 != 0) return bad("head_dim must be positive and even");
+    if (!(c.rope_theta > 0.0f)) return bad("rope theta must be positive");
+    if (!(c.rms_eps >= 0.0f)) return bad("rms eps must be >= 0");
+    return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weights
+// ---------------------------------------------------------------------------------------------
+
+Qwen2Model::~Qwen2Model() {
+    oomb_buffer_free(grad_buf);
+    oomb_buffer_free(buf);
+    oomb_free(ctx);
+}
+
+oomb_tensor * Qwen2Model::find(const std::string & gguf_name) const {
+    for (oomb_tensor * t : params) if (gguf_name == t->name) return t;
+    return nullptr;
+}
+
+int64_t Qwen2Model::n_params() const {
+    int64_t n = 0;
+    for (oomb_tensor * t : params) n += oomb_nelements(t);
+    return n;
+}
+
+std::unique_ptr<Qwen2Model> qwen2_create(const Qwen2Config & cfg, oomb_backend_t backend, oomb_type wtype) {
+    std::string err;
+    if (!qwen2_config_valid(cfg, &err)) oomb_error("qwen2_create: %s", err.c_str());
+    if (wtype != OOMB_TYPE_F32 && wtype != OOMB_TYPE_BF16) oomb_error("qwen2_create: weight type must be f32 or bf16");
+    auto m = std::make_unique<Qwen2Model>();
+    m->cfg = cfg;
+    m->backend = backend;
+    m->ctx = oomb_init({0, true});
+    oomb_context * ctx = m->ctx;
+    const int64_t E = cfg.n_embd, Dq = cfg.n_head * cfg.head_dim, Dkv = cfg.n_head_kv * cfg.head_dim;
+    auto w2 = [&](int64_t in, int64_t out, const std::string & name) {
+        oomb_tensor * t = oomb_set_name(oomb_new_tensor_2d(ctx, wtype, in, out), name.c_str());
+        m->params.push_back(t);
+        return t;
+    };
+    auto w1 = [&](int64_t n, const std::string & name) {
+        oomb_tensor * t = oomb_set_name(oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, n), name.c_str());
+        m->params.push_back(t);
+        return t;
+    };
+    m->tok_embd = w2(E, cfg.n_vocab, "token_embd.weight");
+    for (int64_t l = 0; l < cfg.n_layer; l++) {
+        const std::string p = "blk." + std::to_string(l) + ".";
+        Qwen2Layer L;
+        L.attn_norm = w1(E, p + "attn_norm.weight");
+        L.wq = w2(E, Dq, p + "attn_q.weight");
+        L.bq = w1(Dq, p + "attn_q.bias");
+        L.wk = w2(E, Dkv, p + "attn_k.weight");
+        L.bk = w1(Dkv, p + "attn_k.bias");
+        L.wv = w2(E, Dkv, p + "attn_v.weight");
+        L.bv = w1(Dkv, p + "attn_v.bias");
+        L.wo = w2(Dq, E, p + "attn_output.weight");
+        L.ffn_norm = w1(E, p + "ffn_norm.weight");
+        L.w_gate = w2(E, cfg.n_ff, p + "ffn_gate.weight");
+        L.w_up = w2(E, cfg.n_ff, p + "ffn_up.weight");
+        L.w_down = w2(cfg.n_ff, E, p + "ffn_down.weight");
+        m->layers.push_back(L);
+    }
+    m->output_norm = w1(E, "output_norm.weight");
+    if (!cfg.tied) m->output = w2(E, cfg.n_vocab, "output.weight");
+    m->buf = oomb_backend_alloc_ctx_tensors(ctx, backend);
+    if (!m->buf) oomb_error("qwen2_create: cannot allocate the weights");
+    return m;
+}
+
+namespace {
+
+// Writes n f32 values into t (converting to t's type), through a host staging vector.
+void upload(oomb_tensor * t, const float * v) {
+    const int64_t n = oomb_nelements(t);
+    if (t->type == OOMB_TYPE_F32) { oomb_tensor_set(t, v, 0, (size_t) n * 4); return; }
+    std::vector<uint16_t> h((size_t) n);
+    for (int64_t i = 0; i < n; i++) h[i] = t->type == OOMB_TYPE_BF16 ? fp32_to_bf16(v[i]) : fp32_to_fp16(v[i]);
+    oomb_tensor_set(t, h.data(), 0, (size_t) n * 2);
+}
+
+// Reads t as f32 values.
+std::vector<float> download(const oomb_tensor * t) {
+    const int64_t n = oomb_nelements(t);
+    std::vector<float> v((size_t) n);
+    if (t->type == OOMB_TYPE_F32) { oomb_tensor_get(t, v.data(), 0, (size_t) n * 4); return v; }
+    std::vector<uint16_t> h((size_t) n);
+    oomb_tensor_get(t, h.data(), 0, (size_t) n * 2);
+    for (int64_t i = 0; i < n; i++) v[i] = t->type == OOMB_TYPE_BF16 ? bf16_to_fp32(h[i]) : fp16_to_fp32(h[i]);
+    return v;
+}
+
+bool is_norm_or_bias(const std::string & name) {
+    return name.find("norm") != std::string::npos || name.find(".bias") != std::string::npos;
+}
+
+} // namespace
+
+void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    for (oomb_tensor * t : m.params) {
+        const std::string name = t->name;
+        std::vector<float> v((size_t) oomb_nelements(t));
+        if (name.find("norm") != std::string::npos) std::fill(v.begin(), v.end(), 1.0f);
+        else if (name.find(".bias") != std::string::npos) std::fill(v.begin(), v.end(), 0.0f);
+        else for (auto & x : v) x = normal(rng);
+        upload(t, v.data());
+    }
+}
+
+std::unique_ptr<Qwen2Model> qwen2_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err) {
+    GGUFReader r;
+    if (r.open(path, err) != GGUF_OK) return nullptr;
+    GGUFQwen2Hparams hp;
+    if (gguf_read_qwen2_hparams(r, &hp, err) != GGUF_OK) return nullptr;
+    Qwen2Config c;
+    c.n_vocab = hp.n_vocab; c.n_embd = hp.n_embd; c.n_ff = hp.n_ff; c.n_layer = hp.n_layer;
+    c.n_head = hp.n_head; c.n_head_kv = hp.n_head_kv; c.rope_theta = hp.rope_freq_base; c.rms_eps = hp.rms_norm_eps;
+    c.tied = hp.tied_embeddings; c.n_ctx_train = hp.n_ctx_train ? hp.n_ctx_train : 32768;
+    c.head_dim = c.n_head > 0 ? c.n_embd / c.n_head : 0;
+    int64_t key_len = 0;
+    std::string ignore;
+    if (r.get_i64("qwen2.attention.key_length", &key_len, &ignore) == GGUF_OK && key_len > 0) c.head_dim = key_len;
+    if (!qwen2_config_valid(c, err)) { if (err) *err = path + ": " + *err; return nullptr; }
+    auto m = qwen2_create(c, backend, wtype);
+    for (oomb_tensor * t : m->params) {
+        const GGUFTensorInfo * ti = r.find_tensor(t->name);
+        if (!ti) {
+            if (err) *err = path + ": tensor '" + t->name + "' is missing";
+            return nullptr;
+        }
+        for (int i = 0; i < 4; i++) {
+            if (ti->ne[i] != t->ne[i]) {
+                char buf[256];
+                snprintf(buf, sizeof(buf), "%s: tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
+                         "], expected [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "]", path.c_str(), t->name, ti->ne[0],
+                         ti->ne[1], ti->ne[2], ti->ne[3], t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
+                if (err) *err = buf;
+                return nullptr;
+            }
+        }
+        std::vector<float> v;
+        if (r.read_tensor_f32(t->name, &v, err) != GGUF_OK) return nullptr;
+        if (t->type == OOMB_TYPE_BF16 && ti->type == GGUF_TENSOR_BF16) {
+            // bit-exact: copy the bf16 payload
+            std::vector<uint16_t> h(v.size());
+            if (r.read_tensor(*ti, GGUF_TENSOR_BF16, h.data(), h.size() * 2, err) != GGUF_OK) return nullptr;
+            oomb_tensor_set(t, h.data(), 0, h.size() * 2);
+        } else {
+            upload(t, v.data());
+        }
+    }
+    return m;
+}
+
+bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & vocab_gguf, oomb_type out_type,
+                     const std::string & name, std::string * err) {
+    GGUFWriter w;
+    const Qwen2Config & c = m.cfg;
+    w.set_string("general.architecture", "qwen2");
+    w.set_string("general.name", name);
+    w.set_u32("general.file_type", out_type == OOMB_TYPE_BF16 ? 32 : 0);  // llama_ftype: ALL_F32 = 0, MOSTLY_BF16 = 32
+    w.set_u32("qwen2.context_length", (uint32_t) c.n_ctx_train);
+    w.set_u32("qwen2.embedding_length", (uint32_t) c.n_embd);
+    w.set_u32("qwen2.block_count", (uint32_t) c.n_layer);
+    w.set_u32("qwen2.feed_forward_length", (uint32_t) c.n_ff);
+    w.set_u32("qwen2.attention.head_count", (uint32_t) c.n_head);
+    w.set_u32("qwen2.attention.head_count_kv", (uint32_t) c.n_head_kv);
+    w.set_f32("qwen2.rope.freq_base", c.rope_theta);
+    w.set_f32("qwen2.attention.layer_norm_rms_epsilon", c.rms_eps);
+    if (c.head_dim != c.n_embd / c.n_head) {
+        w.set_u32("qwen2.attention.key_length", (uint32_t) c.head_dim);
+        w.set_u32("qwen2.attention.value_length", (uint32_t) c.head_dim);
+    }
+    if (!vocab_gguf.empty()) {
+        GGUFReader v;
+        if (v.open(vocab_gguf, err) != GGUF_OK) return false;
+        for (const auto & kv : v.metadata()) {
+            if (kv.first.rfind("tokenizer.", 0) != 0) continue;
+            if (kv.first == "tokenizer.ggml.tokens" || kv.first == "tokenizer.ggml.token_type") continue;
+            w.set(kv.first, kv.second);
+        }
+        std::vector<std::string> tokens;
+        if (v.get_string_array("tokenizer.ggml.tokens", &tokens, err) != GGUF_OK) return false;
+        std::vector<int32_t> types;
+        if (v.get_i32_array("tokenizer.ggml.token_type", &types, err) != GGUF_OK) return false;
+        if ((int64_t) tokens.size() > c.n_vocab) {
+            if (err) *err = vocab_gguf + ": " + std::to_string(tokens.size()) + " tokens exceed the model's " +
+                            std::to_string(c.n_vocab) + " embedding rows";
+            return false;
+        }
+        for (int64_t i = (int64_t) tokens.size(); i < c.n_vocab; i++) {
+            tokens.push_back("[PAD" + std::to_string(i) + "]");
+            types.push_back(5);
+        }
+        w.set("tokenizer.ggml.tokens", GGUFValue::string_array(tokens));
+        w.set("tokenizer.ggml.token_type", GGUFValue::array(types));
+    }
+    for (oomb_tensor * t : m.params) {
+        const uint32_t type = (is_norm_or_bias(t->name) || out_type == OOMB_TYPE_F32) ? GGUF_TENSOR_F32 : GGUF_TENSOR_BF16;
+        std::vector<int64_t> ne;
+        for (int i = 0; i < oomb_n_dims(t); i++) ne.push_back(t->ne[i]);
+        if (w.add_tensor(t->name, type, ne, err) != GGUF_OK) return false;
+    }
+    if (w.open(path, err) != GGUF_OK) return false;
+    for (oomb_tensor * t : m.params) {
+        const bool f32 = is_norm_or_bias(t->name) || out_type == OOMB_TYPE_F32;
+        if (t->type == OOMB_TYPE_BF16 && !f32) {
+            std::vector<uint16_t> h((size_t) oomb_nelements(t));
+            oomb_tensor_get(t, h.data(), 0, h.size() * 2);
+            if (w.write_tensor(t->name, h.data(), h.size() * 2, err) != GGUF_OK) return false;
+            continue;
+        }
+        std::vector<float> v = download(t);
+        if (f32) {
+            if (w.write_tensor(t->name, v.data(), v.size() * 4, err) != GGUF_OK) return false;
+        } else {
+            std::vector<uint16_t> h(v.size());
+            for (size_t i = 0; i < v.size(); i++) h[i] = fp32_to_bf16(v[i]);
+            if (w.write_tensor(t->name, h.data(), h.size() * 2, err) != GGUF_OK) return false;
+        }
+    }
+    return w.finish(err) == GGUF_OK;
+}
+
+std::vector<oomb_tensor *> qwen2_set_trainable(Qwen2Model & m, Qwen2Trainable which) {
+    std::vector<oomb_tensor *> out;
+    for (oomb_tensor * t : m.params) {
+        const std::string n = t->name;
+        bool train = true;
+        if (which == Qwen2Trainable::Linear) {
+            const bool linear = n.find(".weight") != std::string::npos && n.find("norm") == std::string::npos &&
+                                (n.rfind("blk.", 0) == 0 || n == "output.weight" || (m.cfg.tied && n == "token_embd.weight"));
+            train = linear;
+        }
+        if (!train) continue;
+        oomb_set_param(t);
+        oomb_new_grad(m.ctx, t);
+        out.push_back(t);
+    }
+    oomb_buffer_free(m.grad_buf);
+    m.grad_buf = oomb_backend_alloc_ctx_tensors(m.ctx, m.backend);
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunk-recurrent training
+// ---------------------------------------------------------------------------------------------
+
+struct ChunkTrainer::Graph {
+    int64_t T = 0;
+    bool backward = false;
+    oomb_context * ctx = nullptr;
+    oomb_cgraph * g = nullptr;
+    oomb_gallocr_t galloc = nullptr;
+    oomb_tensor * tokens = nullptr;  // i32 [T]
+    oomb_tensor * labels = nullptr;  // i32 [T]
+    oomb_tensor * pos = nullptr;     // i32 [T]
+    oomb_tensor * loss = nullptr;    // f32 [2]: sum, count
+    std::vector<oomb_tensor *> hidden;
+    ~Graph() {
+        oomb_gallocr_free(galloc);
+        oomb_free(ctx);
+    }
+};
+
+ChunkTrainer::ChunkTrainer(Qwen2Model & model, const ChunkTrainerParams & p) : m_(model), p_(p) {
+    if (p.chunk <= 0) oomb_error("ChunkTrainer: chunk = %" PRId64 " must be positive", p.chunk);
+    if (p.page <= 0) oomb_error("ChunkTrainer: page = %d must be positive", p.page);
+    if (p.max_tokens <= 0) oomb_error("ChunkTrainer: max_tokens = %" PRId64 " must be positive", p.max_tokens);
+    oomb_kv_cache_params kp;
+    kp.n_layer = (int) m_.cfg.n_layer;
+    kp.n_head_kv = (int) m_.cfg.n_head_kv;
+    kp.head_dim = (int) m_.cfg.head_dim;
+    kp.page_size = p.page;
+    kp.max_tokens = p.max_tokens;
+    kp.type = p.kv_type;
+    kp.with_grad = true;
+    kv_ = oomb_kv_cache_init(m_.backend, kp);
+    if (!kv_) oomb_error("ChunkTrainer: cannot allocate the KV cache for %" PRId64 " tokens", p.max_tokens);
+}
+
+ChunkTrainer::~ChunkTrainer() {
+    graphs_.clear();
+    oomb_kv_cache_free(kv_);
+}
+
+ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, bool backward) {
+    auto key = std::make_pair(T, backward);
+    auto it = graphs_.find(key);
+    if (it != graphs_.end()) return *it->second;
+    auto G = std::make_unique<Graph>();
+    G->T = T;
+    G->backward = backward;
+    G->ctx = oomb_init({0, true});
+    oomb_context * ctx = G->ctx;
+    const Qwen2Config & c = m_.cfg;
+    const int64_t hd = c.head_dim;
+    G->tokens = oomb_set_name(oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T), "tokens");
+    G->labels = oomb_set_name(oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T), "labels");
+    G->pos = oomb_set_name(oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T), "pos");
+    oomb_set_input(G->tokens);
+    oomb_set_input(G->labels);
+    oomb_set_input(G->pos);
+    const float scale = 1.0f / std::sqrt((float) hd);
+    oomb_tensor * pt = oomb_kv_cache_page_table(kv_);
+
+    auto capture = [&](oomb_tensor * t) {
+        if (!capture_hidden_ || backward) return;
+        oomb_set_output(t);
+        G->hidden.push_back(t);
+    };
+
+    oomb_tensor * x = oomb_set_name(oomb_get_rows(ctx, m_.tok_embd, G->tokens), "inp_embd");
+    capture(x);
+    for (int64_t l = 0; l < c.n_layer; l++) {
+        const Qwen2Layer & L = m_.layers[l];
+        oomb_tensor * h = oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.attn_norm);
+        oomb_tensor * q = oomb_add(ctx, oomb_mul_mat(ctx, L.wq, h), L.bq);
+        oomb_tensor * k = oomb_add(ctx, oomb_mul_mat(ctx, L.wk, h), L.bk);
+        oomb_tensor * v = oomb_add(ctx, oomb_mul_mat(ctx, L.wv, h), L.bv);
+        q = oomb_rope(ctx, oomb_reshape_3d(ctx, q, hd, c.n_head, T), G->pos, (int) hd, c.rope_theta);
+        k = oomb_rope(ctx, oomb_reshape_3d(ctx, k, hd, c.n_head_kv, T), G->pos, (int) hd, c.rope_theta);
+        v = oomb_reshape_3d(ctx, v, hd, c.n_head_kv, T);
+        oomb_format_name(q, "q.%" PRId64, l);
+        oomb_format_name(k, "k.%" PRId64, l);
+        oomb_tensor * a = oomb_paged_attn(ctx, q, k, v, oomb_kv_cache_k(kv_, (int) l), oomb_kv_cache_v(kv_, (int) l), pt, G->pos,
+                                          scale, backward ? 0 : 1);
+        oomb_format_name(a, "attn.%" PRId64, l);
+        a = oomb_reshape_2d(ctx, a, c.n_head * hd, T);
+        x = oomb_add(ctx, x, oomb_mul_mat(ctx, L.wo, a));
+        oomb_tensor * h2 = oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.ffn_norm);
+        oomb_tensor * f = oomb_mul_mat(ctx, L.w_down, oomb_swiglu(ctx, oomb_mul_mat(ctx, L.w_gate, h2), oomb_mul_mat(ctx, L.w_up, h2)));
+        x = oomb_format_name(oomb_add(ctx, x, f), "l_out.%" PRId64, l);
+        if (l + 1 < c.n_layer) capture(x);
+    }
+    x = oomb_set_name(oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), m_.output_norm), "result_norm");
+    capture(x);
+    oomb_tensor * logits = oomb_set_name(oomb_mul_mat(ctx, m_.lm_head(), x), "logits");
+    G->loss = oomb_set_name(oomb_cross_entropy_loss(ctx, logits, G->labels, p_.ignore_index), "loss");
+    oomb_set_output(G->loss);
+    oomb_set_loss(G->loss);
+    G->g = oomb_new_graph_custom(ctx, 65536);
+    oomb_build_forward_expand(G->g, G->loss);
+    if (backward) oomb_build_backward_expand(ctx, G->g, G->loss, nullptr);
+    G->galloc = oomb_gallocr_new(m_.backend);
+    if (!oomb_gallocr_alloc_graph(G->galloc, G->g)) {
+        oomb_error("ChunkTrainer: cannot allocate the chunk graph (T = %" PRId64 ", %zu bytes)", T,
+                   oomb_gallocr_planned_size(G->galloc));
+    }
+    Graph & ref = *G;
+    graphs_[key] = std::move(G);
+    return ref;
+}
+
+size_t ChunkTrainer::planned_bytes(int64_t T, bool backward) { return oomb_gallocr_planned_size(graph(T, backward).galloc); }
+
+size_t ChunkTrainer::arena_bytes() const {
+    size_t mx = 0;
+    for (const auto & kv : graphs_) mx = std::max(mx, oomb_gallocr_buffer_size(kv.second->galloc));
+    return mx;
+}
+
+void ChunkTrainer::run_chunk(Graph & G, const int32_t * ids, int64_t n, int64_t p0, int64_t T, ChunkStats & st) {
+    std::vector<int32_t> tok((size_t) T), lab((size_t) T), pos((size_t) T);
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t i = p0 + t;
+        tok[t] = ids[i];
+        lab[t] = i + 1 < n ? ids[i + 1] : p_.ignore_index;
+        pos[t] = (int32_t) i;
+    }
+    oomb_gallocr_alloc_graph(G.galloc, G.g);
+    oomb_tensor_set(G.tokens, tok.data(), 0, tok.size() * 4);
+    oomb_tensor_set(G.labels, lab.data(), 0, lab.size() * 4);
+    oomb_tensor_set(G.pos, pos.data(), 0, pos.size() * 4);
+    oomb_backend_graph_compute(m_.backend, G.g);
+    float loss[2];
+    oomb_tensor_get(G.loss, loss, 0, sizeof(loss));
+    st.loss_sum += loss[0];
+    st.n_targets += (int64_t) loss[1];
+    last_ = &G;
+}
+
+static void check_ids(const int32_t * ids, int64_t n, int64_t n_vocab) {
+    if (n < 2) oomb_error("ChunkTrainer: a sequence needs at least 2 tokens, got %" PRId64, n);
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= n_vocab) {
+            oomb_error("ChunkTrainer: token id %d at position %" PRId64 " is outside the vocabulary (%" PRId64 " entries)", ids[i], i,
+                       n_vocab);
+        }
+    }
+}
+
+ChunkStats ChunkTrainer::forward(const int32_t * ids, int64_t n) {
+    check_ids(ids, n, m_.cfg.n_vocab);
+    if (n > p_.max_tokens) oomb_error("ChunkTrainer: sequence of %" PRId64 " tokens exceeds max_tokens %" PRId64, n, p_.max_tokens);
+    ChunkStats st;
+    oomb_kv_cache_clear(kv_);
+    for (int64_t p0 = 0; p0 < n; p0 += p_.chunk) {
+        const int64_t T = std::min(p_.chunk, n - p0);
+        oomb_kv_cache_reserve(kv_, p0 + T);
+        run_chunk(graph(T, false), ids, n, p0, T, st);
+    }
+    return st;
+}
+
+ChunkStats ChunkTrainer::forward_backward(const int32_t * ids, int64_t n) {
+    ChunkStats st = forward(ids, n);   // stage 1: fills the KV cache
+    oomb_kv_cache_zero_grad(kv_);
+    ChunkStats st2;
+    const int64_t n_chunks = (n + p_.chunk - 1) / p_.chunk;
+    for (int64_t ci = n_chunks - 1; ci >= 0; ci--) {   // stage 2: reverse order
+        const int64_t p0 = ci * p_.chunk;
+        const int64_t T = std::min(p_.chunk, n - p0);
+        run_chunk(graph(T, true), ids, n, p0, T, st2);
+    }
+    return st;
+}
+
+std::vector<float> ChunkTrainer::hidden(int k) const {
+    if (!last_ || k < 0 || k >= (int) last_->hidden.size()) oomb_error("ChunkTrainer::hidden: no captured hidden state %d", k);
+    const oomb_tensor * t = last_->hidden[k];
+    std::vector<float> v((size_t) oomb_nelements(t));
+    oomb_tensor_get(t, v.data(), 0, v.size() * 4);
+    return v;
+}
+
+} // namespace oomb

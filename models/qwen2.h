@@ -1,0 +1,158 @@
+// Qwen2 / Qwen2.5 defined on ggml-oomb, and OOMB chunk-recurrent training of it.
+//
+// The model follows HF transformers' Qwen2ForCausalLM: token embedding, per layer RMSNorm ->
+// q/k/v projections with biases -> RoPE (NEOX layout) -> grouped-query causal attention -> o_proj
+// -> residual, RMSNorm -> SwiGLU MLP -> residual; final RMSNorm; LM head (tied to the embedding or
+// separate). Weights use llama.cpp's GGUF names and layouts (a Linear weight [out, in] is a tensor
+// with ne = {in, out}), so mul_mat(W, x) = x W^T.
+//
+// Training (OOMB, arXiv 2602.02108, mechanisms 1 and 2): a sequence is split into chunks. One
+// chunk's graph is built and planned once (per chunk length) and re-run for every chunk; the
+// history enters only through the paged KV cache's page table. Stage 1 runs the chunks forward in
+// order (filling the KV cache, summing the loss); stage 2 runs them in reverse, recomputing each
+// chunk's forward with gradients and its backward, whose attention accumulates dK/dV into the
+// KV-gradient pages; parameter gradients accumulate over chunks and sequences.
+#pragma once
+
+#include "oomb.h"
+#include "oomb-alloc.h"
+#include "oomb-backend.h"
+#include "oomb-paged.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace oomb {
+
+struct Qwen2Config {
+    int64_t n_vocab = 0;
+    int64_t n_embd = 0;
+    int64_t n_ff = 0;
+    int64_t n_layer = 0;
+    int64_t n_head = 0;
+    int64_t n_head_kv = 0;
+    int64_t head_dim = 0;      // n_embd / n_head for Qwen2
+    int64_t n_ctx_train = 32768;
+    float   rope_theta = 1e6f;
+    float   rms_eps = 1e-6f;
+    bool    tied = false;      // LM head shares token_embd.weight
+};
+
+/// Shapes of the Qwen2.5 family ("qwen2.5-0.5b", "-1.5b", "-3b", "-7b") and "tiny" (a small model
+/// with the real 151,936-token vocabulary, for the default CPU run). Returns false for other names.
+bool qwen2_preset(const std::string & name, Qwen2Config * cfg);
+/// Checks a configuration; false with a message naming the bad field.
+bool qwen2_config_valid(const Qwen2Config & cfg, std::string * err);
+
+struct Qwen2Layer {
+    oomb_tensor *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo;
+    oomb_tensor *ffn_norm, *w_gate, *w_up, *w_down;
+};
+
+/// The weights, in one buffer of the backend. `params` lists every weight in GGUF order under its
+/// GGUF name.
+struct Qwen2Model {
+    Qwen2Config cfg;
+    oomb_backend_t backend = nullptr;
+    oomb_context * ctx = nullptr;     // weights and gradients (metadata)
+    oomb_buffer_t  buf = nullptr;     // weight memory
+    oomb_buffer_t  grad_buf = nullptr;
+    oomb_tensor * tok_embd = nullptr;
+    oomb_tensor * output_norm = nullptr;
+    oomb_tensor * output = nullptr;   // NULL when tied
+    std::vector<Qwen2Layer> layers;
+    std::vector<oomb_tensor *> params;
+
+    Qwen2Model() = default;
+    Qwen2Model(const Qwen2Model &) = delete;
+    Qwen2Model & operator=(const Qwen2Model &) = delete;
+    ~Qwen2Model();
+
+    oomb_tensor * lm_head() const { return output ? output : tok_embd; }
+    oomb_tensor * find(const std::string & gguf_name) const;
+    int64_t n_params() const;
+};
+
+/// Creates the weight tensors (zero) of cfg in `backend`'s memory with type `wtype` (f32 or bf16;
+/// norms stay f32).
+std::unique_ptr<Qwen2Model> qwen2_create(const Qwen2Config & cfg, oomb_backend_t backend, oomb_type wtype);
+/// HF's initialisation: normal(0, 0.02) for linear and embedding weights, ones for RMSNorm
+/// weights, zeros for biases. Deterministic for a seed.
+void qwen2_init_random(Qwen2Model & m, uint64_t seed);
+/// Loads a Qwen2 GGUF (llama.cpp's names and keys; F32/F16/BF16/Q8_0/Q4_0/Q4_1 tensors are
+/// converted to wtype). Errors (missing file, other architecture, missing or misshapen tensor):
+/// nullptr and a message in *err.
+std::unique_ptr<Qwen2Model> qwen2_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err);
+/// Writes the model as a GGUF llama.cpp can load (weights in `out_type`: f32 or bf16; norms f32),
+/// with the qwen2.* keys and, when vocab_gguf is not empty, the tokenizer.* keys copied from that
+/// file (the token list padded to n_vocab with [PAD<id>] entries). Atomic. false + *err on error.
+bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & vocab_gguf, oomb_type out_type,
+                     const std::string & name, std::string * err);
+
+/// Which weights train: every one, or the reference's choice ("linear": the linear projections of
+/// the blocks and the LM head; with tied embeddings that is the shared embedding).
+enum class Qwen2Trainable { All, Linear };
+/// Flags the chosen weights as parameters and gives each an f32 gradient tensor (one buffer).
+/// Returns them in GGUF order.
+std::vector<oomb_tensor *> qwen2_set_trainable(Qwen2Model & m, Qwen2Trainable which);
+
+struct ChunkTrainerParams {
+    int64_t chunk = 4096;     // tokens per chunk
+    int     page = 128;       // tokens per KV page
+    int64_t max_tokens = 0;   // longest sequence (the KV cache capacity)
+    oomb_type kv_type = OOMB_TYPE_F32;
+    int32_t ignore_index = -100;
+};
+
+/// Statistics of one forward(/backward) over a sequence.
+struct ChunkStats {
+    double  loss_sum = 0.0;  // sum of the per-target cross-entropies
+    int64_t n_targets = 0;   // number of targets counted
+};
+
+/// OOMB chunk-recurrent training of a Qwen2 model over paged KV caches. Graphs are built and
+/// planned once per (chunk length, with/without backward) and re-run.
+class ChunkTrainer {
+public:
+    ChunkTrainer(Qwen2Model & model, const ChunkTrainerParams & p);
+    ~ChunkTrainer();
+    ChunkTrainer(const ChunkTrainer &) = delete;
+    ChunkTrainer & operator=(const ChunkTrainer &) = delete;
+
+    /// Stage 1 only (no gradients): the loss of one sequence of n tokens (targets ids[1..n)).
+    ChunkStats forward(const int32_t * ids, int64_t n);
+    /// Stage 1 then stage 2: the loss, and the gradient of the loss SUM accumulated into the
+    /// parameters' gradient tensors (divide by the total target count, e.g. through the
+    /// optimizer's grad_scale).
+    ChunkStats forward_backward(const int32_t * ids, int64_t n);
+
+    /// Arena bytes planned for the chunk graph of length T (with backward or not); plans it if needed.
+    size_t planned_bytes(int64_t T, bool backward);
+    oomb_kv_cache_t kv_cache() const { return kv_; }
+    /// Peak arena bytes over the graphs used so far.
+    size_t arena_bytes() const;
+
+    /// Optional hook: hidden state outputs (for parity tests): when set before the first call,
+    /// the forward graphs expose the embedding output, each layer's output and the final norm.
+    void set_capture_hidden(bool on) { capture_hidden_ = on; }
+    /// After forward(): hidden state k (0 = embeddings, 1..L-1 = layer outputs, L = final norm)
+    /// of the last chunk run, [n_embd, T] f32 copied to host; and its logits when captured.
+    std::vector<float> hidden(int k) const;
+
+private:
+    struct Graph;
+    Graph & graph(int64_t T, bool backward);
+    void run_chunk(Graph & g, const int32_t * ids, int64_t n, int64_t p0, int64_t T, ChunkStats & st);
+
+    Qwen2Model & m_;
+    ChunkTrainerParams p_;
+    oomb_kv_cache_t kv_ = nullptr;
+    std::map<std::pair<int64_t, bool>, std::unique_ptr<Graph>> graphs_;
+    bool capture_hidden_ = false;
+    Graph * last_ = nullptr;
+};
+
+} // namespace oomb
