@@ -1,0 +1,203 @@
+// CPU backend: host memory buffers, a persistent thread pool and graph execution.
+// The op kernels are in ops-cpu.cpp; matrix products go through OpenBLAS (ops-cpu.cpp).
+
+#include "ops-cpu.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+using oomb::shape_str;
+
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+// Barrier-style pool: run() publishes a task by bumping a generation counter; workers spin briefly
+// on it (ops follow each other closely), then sleep on a condition variable (so they do not compete
+// with OpenBLAS threads during matrix products). The caller works as thread 0 and then waits for
+// the others.
+class cpu_thread_pool final : public oomb::cpu::thread_pool {
+public:
+    explicit cpu_thread_pool(int n) : n_(std::max(1, n)) {
+        for (int i = 1; i < n_; i++) threads_.emplace_back([this, i] { worker(i); });
+    }
+    ~cpu_thread_pool() override {
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            stop_.store(true);
+            gen_.fetch_add(1);
+        }
+        cv_.notify_all();
+        for (auto & t : threads_) t.join();
+    }
+    int size() const override { return n_; }
+
+    void run(oomb::cpu::task_fn fn, void * arg) override {
+        if (n_ == 1) { fn(arg, 0, 1); return; }
+        fn_ = fn;
+        arg_ = arg;
+        pending_.store(n_ - 1, std::memory_order_relaxed);
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            gen_.fetch_add(1, std::memory_order_release);
+        }
+        cv_.notify_all();
+        fn(arg, 0, n_);
+        for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; spins++) {
+            if (spins < k_spin) cpu_relax();
+            else std::this_thread::yield();
+        }
+    }
+
+private:
+    static constexpr int k_spin = 2000;
+
+    void worker(int ith) {
+        uint64_t seen = 0;
+        for (;;) {
+            uint64_t g = gen_.load(std::memory_order_acquire);
+            for (int spins = 0; g == seen && spins < k_spin; spins++) {
+                cpu_relax();
+                g = gen_.load(std::memory_order_acquire);
+            }
+            if (g == seen) {
+                std::unique_lock<std::mutex> lk(mu_);
+                cv_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen; });
+                g = gen_.load(std::memory_order_acquire);
+            }
+            if (stop_.load()) return;
+            seen = g;
+            fn_(arg_, ith, n_);
+            pending_.fetch_sub(1, std::memory_order_release);
+        }
+    }
+
+    const int n_;
+    std::vector<std::thread> threads_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::atomic<uint64_t> gen_{0};
+    std::atomic<int> pending_{0};
+    std::atomic<bool> stop_{false};
+    oomb::cpu::task_fn fn_ = nullptr;
+    void * arg_ = nullptr;
+};
+
+struct cpu_backend_ctx {
+    int n_threads = 1;
+    std::unique_ptr<cpu_thread_pool> pool;
+    oomb::cpu::exec_ctx exec;
+};
+
+int resolve_threads(int n) {
+    if (n > 0) return n;
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw > 0 ? (int) hw : 1;
+}
+
+void set_threads(cpu_backend_ctx * c, int n) {
+    n = resolve_threads(n);
+    if (c->pool && c->n_threads == n) return;
+    c->pool.reset();
+    c->pool.reset(new cpu_thread_pool(n));
+    c->n_threads = n;
+    c->exec.pool = c->pool.get();
+    c->exec.n_threads = n;
+    c->exec.reserve_thread_scratch(256);
+    oomb::cpu::set_blas_threads(n);
+}
+
+cpu_backend_ctx * ctx_of(oomb_backend_t b) { return (cpu_backend_ctx *) b->ctx; }
+
+const char * cpu_name(oomb_backend_t) { return "CPU"; }
+bool cpu_is_host(oomb_backend_t) { return true; }
+
+void * cpu_alloc(oomb_backend_t, size_t size) {
+    const size_t align = 256;
+    const size_t sz = (std::max<size_t>(size, 1) + align - 1) / align * align;
+    return aligned_alloc(align, sz);
+}
+void cpu_free_mem(oomb_backend_t, void * base) { free(base); }
+void cpu_set(oomb_backend_t, void * dst, const void * src, size_t size) { memcpy(dst, src, size); }
+void cpu_get(oomb_backend_t, void * dst, const void * src, size_t size) { memcpy(dst, src, size); }
+void cpu_memset(oomb_backend_t, void * dst, uint8_t value, size_t size) { memset(dst, value, size); }
+void cpu_synchronize(oomb_backend_t) {}
+
+void check_data(const oomb_tensor * node, const oomb_tensor * t, int src_index) {
+    if (oomb_nelements(t) == 0) return;
+    char what[64];
+    if (src_index < 0) snprintf(what, sizeof(what), "node");
+    else snprintf(what, sizeof(what), "src[%d]", src_index);
+    if (!t->data) {
+        if (src_index < 0) {
+            oomb_error("graph_compute: node %s (op %s) has no data (allocate the graph first)", shape_str(t).c_str(), oomb_op_name(t->op));
+        }
+        oomb_error("graph_compute: %s %s of node %s (op %s) has no data (allocate the graph first)", what, shape_str(t).c_str(),
+                   shape_str(node).c_str(), oomb_op_name(node->op));
+    }
+    if (!oomb::tensor_is_host(t)) {
+        oomb_error("graph_compute: %s %s of node %s (op %s) is in device memory; the CPU backend needs host memory", what,
+                   shape_str(t).c_str(), shape_str(node).c_str(), oomb_op_name(node->op));
+    }
+}
+
+void cpu_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
+    cpu_backend_ctx * c = ctx_of(b);
+    for (oomb_tensor * node : g->nodes) {
+        check_data(node, node, -1);
+        for (int i = 0; i < OOMB_MAX_SRC; i++) {
+            const oomb_tensor * s = node->src[i];
+            if (!s) continue;
+            // repeat / repeat_back only take a shape from src[1]
+            if (i == 1 && (node->op == OOMB_OP_REPEAT || node->op == OOMB_OP_REPEAT_BACK)) continue;
+            check_data(node, s, i);
+        }
+        oomb::cpu::compute_forward(c->exec, node);
+    }
+}
+
+void cpu_free_backend(oomb_backend_t b) {
+    delete ctx_of(b);
+    delete b;
+}
+
+const oomb_backend_i k_cpu_iface = {
+    /* name          */ cpu_name,
+    /* is_host       */ cpu_is_host,
+    /* alloc         */ cpu_alloc,
+    /* free_mem      */ cpu_free_mem,
+    /* set           */ cpu_set,
+    /* get           */ cpu_get,
+    /* memset_mem    */ cpu_memset,
+    /* graph_compute */ cpu_graph_compute,
+    /* synchronize   */ cpu_synchronize,
+    /* free_backend  */ cpu_free_backend,
+};
+
+} // namespace
+
+oomb_backend_t oomb_backend_cpu_init(int n_threads) {
+    auto * c = new cpu_backend_ctx();
+    set_threads(c, n_threads);
+    auto * b = new oomb_backend();
+    b->iface = &k_cpu_iface;
+    b->ctx = c;
+    return b;
+}
+
+void oomb_backend_cpu_set_n_threads(oomb_backend_t backend, int n_threads) {
+    if (!backend || backend->iface != &k_cpu_iface) oomb_error("backend_cpu_set_n_threads: not a CPU backend");
+    set_threads(ctx_of(backend), n_threads);
+}
