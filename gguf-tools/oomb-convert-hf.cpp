@@ -1,0 +1,195 @@
+// oomb-convert-hf: converts a Hugging Face Qwen2 checkpoint folder to GGUF with llama.cpp's
+// tensor names and metadata keys (what llama.cpp's convert_hf_to_gguf.py writes for Qwen2).
+//
+//   oomb-convert-hf HF_DIR -o OUT.gguf [--outtype f32|f16|bf16] [--vocab-only]
+//
+// HF_DIR holds config.json (transformers 4 or 5 style), model.safetensors or sharded
+// *.safetensors with model.safetensors.index.json, and optionally tokenizer.json /
+// tokenizer_config.json. Linear weights keep their bytes: a PyTorch [out, in] tensor becomes a
+// GGUF tensor with ne = {in, out}. 2-D tensors get the output type (default: the checkpoint's own,
+// so the default conversion is bit-exact); 1-D tensors (norms, biases) are F32, as llama.cpp does.
+#include "qwen2-gguf.h"
+
+#include "gguf.h"
+#include "safetensors.h"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <set>
+
+using namespace oomb;
+using namespace oomb::tools;
+
+namespace {
+
+uint32_t ggml_type_of(SafetensorsDtype t) {
+    switch (t) {
+    case SafetensorsDtype::F16: return GGUF_TENSOR_F16;
+    case SafetensorsDtype::BF16: return GGUF_TENSOR_BF16;
+    default: return GGUF_TENSOR_F32;
+    }
+}
+
+// Streams one tensor's values, converted to `out_type`, into the writer.
+bool write_converted(GGUFWriter& w, const SafetensorsTensor& t, uint32_t out_type, std::string* err) {
+    const int64_t n = t.numel();
+    constexpr int64_t kChunk = 1 << 20;
+    const size_t out_size = gguf_tensor_type_block_bytes(out_type);
+    std::vector<uint8_t> buf((size_t)std::min(n, kChunk) * out_size);
+    std::vector<float> f32;
+    for (int64_t i = 0; i < n; i += kChunk) {
+        const int64_t m = std::min(kChunk, n - i);
+        const uint8_t* src = t.data + (size_t)i * safetensors_dtype_size(t.dtype);
+        if (t.dtype == SafetensorsDtype::F64) {
+            f32.resize((size_t)m);
+            for (int64_t j = 0; j < m; j++) {
+                double d;
+                memcpy(&d, src + 8 * j, 8);
+                f32[(size_t)j] = (float)d;
+            }
+            if (gguf_convert(GGUF_TENSOR_F32, f32.data(), out_type, buf.data(), m, err)) return false;
+        } else {
+            if (gguf_convert(ggml_type_of(t.dtype), src, out_type, buf.data(), m, err)) return false;
+        }
+        if (w.write_data(buf.data(), (size_t)m * out_size, err)) return false;
+    }
+    return true;
+}
+
+std::string basename_of(std::string p) {
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    size_t k = p.rfind('/');
+    return k == std::string::npos ? p : p.substr(k + 1);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"Convert a Hugging Face Qwen2 checkpoint (safetensors) to GGUF, with llama.cpp's names and keys."};
+    std::string dir, out, outtype;
+    bool vocab_only = false;
+    app.add_option("HF_DIR", dir, "Hugging Face model folder (config.json, *.safetensors, tokenizer.json)")->required();
+    app.add_option("-o,--output", out, "output GGUF file (written atomically)")->required();
+    app.add_option("--outtype", outtype, "type of 2-D tensors: f32, f16 or bf16 (default: the checkpoint's own type)")
+        ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+    app.add_flag("--vocab-only", vocab_only, "write only the tokenizer (needs only tokenizer.json), no tensors");
+    CLI11_PARSE(app, argc, argv);
+
+    std::string err;
+    auto fail = [&](const std::string& m) {
+        fprintf(stderr, "oomb-convert-hf: error: %s\n", m.c_str());
+        return 1;
+    };
+    if (!is_dir(dir)) return fail(dir + ": not a directory");
+    const bool has_tok = is_file(dir + "/tokenizer.json");
+    const bool has_config = is_file(dir + "/config.json");
+
+    GGUFWriter w;
+    w.set_string("general.architecture", "qwen2");
+    w.set_string("general.type", "model");
+
+    Qwen2Dims dims;
+    std::string name_or_path;
+    if (has_config) {
+        if (!read_hf_config(dir + "/config.json", &dims, &name_or_path, &err)) return fail(err);
+    } else if (!vocab_only) {
+        return fail(dir + ": no config.json (needed unless --vocab-only)");
+    }
+    std::string name = basename_of(name_or_path.empty() ? dir : name_or_path);
+    w.set_string("general.name", name);
+
+    if (vocab_only) {
+        if (!has_tok) return fail(dir + ": --vocab-only needs tokenizer.json");
+        if (has_config) write_qwen2_hparams(w, dims);
+        int64_t n_tok = 0;
+        if (!write_hf_tokenizer(dir, 0, w, &n_tok, &err)) return fail(err);
+        if (w.open(out, &err) || w.finish(&err)) return fail(err);
+        fprintf(stderr, "oomb-convert-hf: wrote %s: vocab only, %lld tokens\n", out.c_str(), (long long)n_tok);
+        return 0;
+    }
+
+    SafetensorsModel st;
+    if (st.open(dir, &err)) return fail(err);
+
+    // Map every checkpoint tensor to its GGUF name.
+    std::map<std::string, const SafetensorsTensor*> by_gguf;
+    for (const SafetensorsTensor* t : st.tensors()) {
+        if (t->name.find("rotary_emb.inv_freq") != std::string::npos) continue; // recomputed at load
+        const std::string g = qwen2_gguf_name(t->name);
+        if (g.empty()) return fail("cannot map tensor '" + t->name + "' to a llama.cpp Qwen2 name");
+        if (g == "output.weight" && dims.tied) {
+            fprintf(stderr, "oomb-convert-hf: note: tie_word_embeddings is set; skipping lm_head.weight\n");
+            continue;
+        }
+        by_gguf[g] = t;
+    }
+    if (!dims.tied && !by_gguf.count("output.weight")) {
+        fprintf(stderr, "oomb-convert-hf: note: no lm_head.weight; the output layer reuses token_embd.weight\n");
+        dims.tied = true;
+    }
+    std::vector<Qwen2Tensor> plan = qwen2_tensors(dims);
+    std::set<std::string> planned;
+    for (auto& p : plan) planned.insert(p.gguf_name);
+    for (auto& kv : by_gguf) // optional tensors llama.cpp also accepts (attn_output.bias)
+        if (!planned.count(kv.first)) {
+            std::vector<int64_t> ne(kv.second->shape.rbegin(), kv.second->shape.rend());
+            plan.push_back({kv.first, kv.second->name, ne});
+        }
+
+    // Output type: default is the checkpoint's own (that of token_embd).
+    for (auto& p : plan)
+        if (!by_gguf.count(p.gguf_name)) return fail("checkpoint has no tensor '" + p.hf_name + "' (" + p.gguf_name + ")");
+    const SafetensorsTensor* emb = by_gguf["token_embd.weight"];
+    uint32_t out_type = ggml_type_of(emb->dtype);
+    if (outtype == "f32") out_type = GGUF_TENSOR_F32;
+    else if (outtype == "f16") out_type = GGUF_TENSOR_F16;
+    else if (outtype == "bf16") out_type = GGUF_TENSOR_BF16;
+
+    bool warned = false;
+    for (auto& p : plan) {
+        const SafetensorsTensor* t = by_gguf[p.gguf_name];
+        std::vector<int64_t> ne(t->shape.rbegin(), t->shape.rend());
+        if (ne != p.ne) {
+            std::string want, got;
+            for (auto v : p.ne) want += std::to_string(v) + " ";
+            for (auto v : ne) got += std::to_string(v) + " ";
+            return fail("tensor '" + t->name + "' has ne [" + got + "], config.json implies [" + want + "]");
+        }
+        if (t->dtype == SafetensorsDtype::I32 || t->dtype == SafetensorsDtype::I64)
+            return fail("tensor '" + t->name + "' has integer dtype " + safetensors_dtype_name(t->dtype));
+        const uint32_t tt = p.is_1d() ? GGUF_TENSOR_F32 : out_type;
+        const uint32_t src = ggml_type_of(t->dtype);
+        const bool lossy = t->dtype == SafetensorsDtype::F64 ||
+                           (tt == GGUF_TENSOR_F16 && src != GGUF_TENSOR_F16) ||
+                           (tt == GGUF_TENSOR_BF16 && src != GGUF_TENSOR_BF16);
+        if (lossy && !warned) {
+            fprintf(stderr, "oomb-convert-hf: warning: converting %s to %s is lossy (first: %s)\n",
+                    safetensors_dtype_name(t->dtype), gguf_tensor_type_name(tt), t->name.c_str());
+            warned = true;
+        }
+        if (w.add_tensor(p.gguf_name, tt, ne, &err)) return fail(err);
+    }
+
+    write_qwen2_hparams(w, dims);
+    w.set_u32("general.file_type", llama_file_type(out_type));
+    w.set_u32("general.quantization_version", 2);
+    if (has_tok) {
+        int64_t n_tok = 0;
+        if (!write_hf_tokenizer(dir, dims.n_vocab, w, &n_tok, &err)) return fail(err);
+    } else {
+        fprintf(stderr, "oomb-convert-hf: note: no tokenizer.json in %s; writing a weights-only file\n", dir.c_str());
+    }
+
+    if (w.open(out, &err)) return fail(err);
+    for (size_t i = 0; i < w.tensors().size(); i++) {
+        const GGUFTensorInfo& ti = w.tensors()[i];
+        if (!write_converted(w, *by_gguf[ti.name], ti.type, &err)) return fail(err);
+    }
+    if (w.finish(&err)) return fail(err);
+    fprintf(stderr, "oomb-convert-hf: wrote %s: %zu tensors, %s, %.1f MB\n", out.c_str(), w.tensors().size(),
+            gguf_tensor_type_name(out_type), w.bytes_written() / 1e6);
+    return 0;
+}

@@ -1,0 +1,205 @@
+// oomb-gguf-init: writes a randomly initialised Qwen2 model of real shapes as GGUF (llama.cpp
+// layout), for benchmarks and pre-training from scratch.
+//
+//   oomb-gguf-init --preset qwen2.5-0.5b --vocab models/qwen2.5-vocab.gguf -o OUT.gguf --seed 1
+//   oomb-gguf-init --vocab-size 4096 --hidden 128 --ffn 352 --layers 2 --heads 2 --kv-heads 1 -o OUT.gguf
+//
+// Initialisation follows HF Qwen2 (_init_weights): Linear weights and the embedding ~ N(0, std)
+// with std = initializer_range (0.02), biases 0, RMSNorm weights 1. Values depend only on the seed
+// and the tensor name (not on threads). Tensors are generated in chunks and streamed to disk, so
+// memory stays at a few MB whatever the model size.
+#include "qwen2-gguf.h"
+
+#include "gguf.h"
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+using namespace oomb;
+using namespace oomb::tools;
+
+namespace {
+
+uint64_t splitmix64(uint64_t& x) {
+    uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+uint64_t fnv1a(const std::string& s) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    return h;
+}
+
+// xoshiro256+ seeded from (seed, tensor, chunk); Box-Muller normals.
+struct Rng {
+    uint64_t s[4];
+    explicit Rng(uint64_t seed) { for (auto& v : s) v = splitmix64(seed); }
+    uint64_t next() {
+        const uint64_t r = s[0] + s[3], t = s[1] << 17;
+        s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t;
+        s[3] = (s[3] << 45) | (s[3] >> 19);
+        return r;
+    }
+    double uniform() { return ((next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); } // (0, 1)
+};
+
+void fill_normal(uint64_t seed, float std, float* out, int64_t n) {
+    Rng g(seed);
+    for (int64_t i = 0; i < n; i += 2) {
+        const double u1 = g.uniform(), u2 = g.uniform();
+        const double r = std::sqrt(-2.0 * std::log(u1)) * std;
+        out[i] = (float)(r * std::cos(6.283185307179586 * u2));
+        if (i + 1 < n) out[i + 1] = (float)(r * std::sin(6.283185307179586 * u2));
+    }
+}
+
+struct Preset {
+    const char* name;
+    Qwen2Dims d;
+};
+
+Qwen2Dims dims(int64_t v, int64_t e, int64_t f, int64_t l, int64_t h, int64_t kv, bool tied) {
+    Qwen2Dims d;
+    d.n_vocab = v; d.n_embd = e; d.n_ff = f; d.n_layer = l; d.n_head = h; d.n_head_kv = kv; d.tied = tied;
+    d.n_ctx = 32768; d.rope_theta = 1e6; d.rms_eps = 1e-6;
+    return d;
+}
+
+// Published Qwen2.5 configs (Qwen/Qwen2.5-*-Instruct config.json).
+const Preset kPresets[] = {
+    {"qwen2.5-0.5b", dims(151936, 896, 4864, 24, 14, 2, true)},
+    {"qwen2.5-1.5b", dims(151936, 1536, 8960, 28, 12, 2, true)},
+    {"qwen2.5-3b", dims(151936, 2048, 11008, 36, 16, 2, true)},
+    {"qwen2.5-7b", dims(152064, 3584, 18944, 28, 28, 4, false)},
+};
+
+} // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"Write a randomly initialised Qwen2 model (llama.cpp GGUF layout), streamed to disk."};
+    std::string preset, vocab, out, outtype = "bf16";
+    uint64_t seed = 42;
+    float init_std = 0.02f;
+    int threads = (int)std::max(1u, std::thread::hardware_concurrency());
+    Qwen2Dims d;
+    d.n_vocab = d.n_embd = d.n_ff = d.n_layer = d.n_head = d.n_head_kv = 0;
+    bool tied = false, untied = false;
+    std::vector<std::string> names;
+    for (auto& p : kPresets) names.push_back(p.name);
+    app.add_option("--preset", preset, "model shape: qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b or qwen2.5-7b")
+        ->check(CLI::IsMember(names));
+    app.add_option("--vocab-size", d.n_vocab, "embedding rows (explicit dimensions; override the preset)");
+    app.add_option("--hidden", d.n_embd, "hidden size");
+    app.add_option("--ffn", d.n_ff, "feed-forward (intermediate) size");
+    app.add_option("--layers", d.n_layer, "number of layers");
+    app.add_option("--heads", d.n_head, "attention heads");
+    app.add_option("--kv-heads", d.n_head_kv, "key/value heads (default: heads)");
+    app.add_option("--ctx", d.n_ctx, "context length (default 32768)");
+    app.add_option("--rope-theta", d.rope_theta, "RoPE base (default 1e6)");
+    app.add_option("--rms-eps", d.rms_eps, "RMSNorm epsilon (default 1e-6)");
+    app.add_flag("--tied", tied, "tie the LM head to the embedding (no output.weight)");
+    app.add_flag("--untied", untied, "write a separate output.weight");
+    app.add_option("--vocab", vocab, "GGUF file whose tokenizer is copied in (e.g. models/qwen2.5-vocab.gguf)");
+    app.add_option("-o,--output", out, "output GGUF file (written atomically)")->required();
+    app.add_option("--seed", seed, "random seed (default 42)");
+    app.add_option("--init-std", init_std, "standard deviation of weights (default 0.02, HF initializer_range)");
+    app.add_option("--outtype", outtype, "tensor type of 2-D weights: f32, f16 or bf16 (default bf16)")
+        ->check(CLI::IsMember({"f32", "f16", "bf16"}));
+    app.add_option("-t,--threads", threads, "generator threads");
+    CLI11_PARSE(app, argc, argv);
+
+    auto fail = [](const std::string& m) {
+        fprintf(stderr, "oomb-gguf-init: error: %s\n", m.c_str());
+        return 1;
+    };
+    Qwen2Dims m = dims(0, 0, 0, 0, 0, 0, false);
+    std::string name = "qwen2-random";
+    if (!preset.empty()) {
+        for (auto& p : kPresets) if (preset == p.name) m = p.d;
+        name = preset + "-random";
+    }
+    if (d.n_vocab) m.n_vocab = d.n_vocab;
+    if (d.n_embd) m.n_embd = d.n_embd;
+    if (d.n_ff) m.n_ff = d.n_ff;
+    if (d.n_layer) m.n_layer = d.n_layer;
+    if (d.n_head) m.n_head = d.n_head;
+    if (d.n_head_kv) m.n_head_kv = d.n_head_kv;
+    else if (!m.n_head_kv) m.n_head_kv = m.n_head;
+    if (app.count("--ctx")) m.n_ctx = d.n_ctx;
+    if (app.count("--rope-theta")) m.rope_theta = d.rope_theta;
+    if (app.count("--rms-eps")) m.rms_eps = d.rms_eps;
+    if (tied && untied) return fail("--tied and --untied are exclusive");
+    if (tied) m.tied = true;
+    if (untied) m.tied = false;
+    std::string err;
+    if (!m.valid(&err)) return fail(err + " (give --preset or all of --vocab-size --hidden --ffn --layers --heads)");
+    if (threads < 1) threads = 1;
+
+    const uint32_t wtype = outtype == "f32" ? GGUF_TENSOR_F32 : outtype == "f16" ? GGUF_TENSOR_F16 : GGUF_TENSOR_BF16;
+    GGUFWriter w;
+    w.set_string("general.architecture", "qwen2");
+    w.set_string("general.type", "model");
+    w.set_string("general.name", name);
+    write_qwen2_hparams(w, m);
+    w.set_u32("general.file_type", llama_file_type(wtype));
+    w.set_u32("general.quantization_version", 2);
+    if (!vocab.empty()) {
+        GGUFReader vr;
+        if (vr.open(vocab, &err, GGUFReadOptions{true})) return fail(err);
+        if (!copy_tokenizer(vr, m.n_vocab, w, &err)) return fail(err);
+    }
+    const std::vector<Qwen2Tensor> plan = qwen2_tensors(m);
+    for (auto& t : plan)
+        if (w.add_tensor(t.gguf_name, t.is_1d() ? GGUF_TENSOR_F32 : wtype, t.ne, &err)) return fail(err);
+
+    uint64_t total = 0;
+    for (auto& t : w.tensors()) total += t.nbytes;
+    fprintf(stderr, "oomb-gguf-init: %s: %zu tensors, %.2f GB, %s, seed %llu\n", out.c_str(), plan.size(), total / 1e9,
+            outtype.c_str(), (unsigned long long)seed);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (w.open(out, &err)) return fail(err);
+
+    constexpr int64_t kChunk = 1 << 18;
+    std::vector<std::vector<float>> f32((size_t)threads, std::vector<float>(kChunk));
+    std::vector<std::vector<uint8_t>> conv((size_t)threads, std::vector<uint8_t>(kChunk * 4));
+    for (size_t ti = 0; ti < plan.size(); ti++) {
+        const Qwen2Tensor& p = plan[ti];
+        const GGUFTensorInfo& info = w.tensors()[ti];
+        const int64_t n = info.nelements();
+        const size_t esz = gguf_tensor_type_block_bytes(info.type);
+        const bool is_norm = p.gguf_name.find("_norm.") != std::string::npos;
+        const bool is_bias = p.gguf_name.size() > 5 && p.gguf_name.compare(p.gguf_name.size() - 5, 5, ".bias") == 0;
+        const uint64_t tseed = seed * 0x9E3779B97F4A7C15ull ^ fnv1a(p.gguf_name);
+        const int64_t n_chunks = (n + kChunk - 1) / kChunk;
+        for (int64_t c0 = 0; c0 < n_chunks; c0 += threads) {
+            const int nt = (int)std::min<int64_t>(threads, n_chunks - c0);
+            auto work = [&](int k) {
+                const int64_t c = c0 + k, off = c * kChunk, len = std::min(kChunk, n - off);
+                float* v = f32[(size_t)k].data();
+                if (is_norm) std::fill(v, v + len, 1.0f);
+                else if (is_bias) std::fill(v, v + len, 0.0f);
+                else fill_normal(tseed + (uint64_t)c * 0xD1B54A32D192ED03ull, init_std, v, len);
+                gguf_convert(GGUF_TENSOR_F32, v, info.type, conv[(size_t)k].data(), len, nullptr);
+            };
+            std::vector<std::thread> pool;
+            for (int k = 1; k < nt; k++) pool.emplace_back(work, k);
+            work(0);
+            for (auto& th : pool) th.join();
+            for (int k = 0; k < nt; k++) {
+                const int64_t len = std::min(kChunk, n - (c0 + k) * kChunk);
+                if (w.write_data(conv[(size_t)k].data(), (size_t)len * esz, &err)) return fail(err);
+            }
+        }
+    }
+    if (w.finish(&err)) return fail(err);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    fprintf(stderr, "oomb-gguf-init: wrote %s (%.2f GB in %.1f s)\n", out.c_str(), w.bytes_written() / 1e9, s);
+    return 0;
+}
