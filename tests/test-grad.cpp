@@ -1,0 +1,796 @@
+// Automatic differentiation: finite-difference checks of oomb_build_backward_expand for every
+// differentiable op (broadcasts, non-contiguous views, bf16 weights, GQA attention, masks, ignored
+// labels), gradient accumulation across evaluations, zeroing, and the documented errors.
+//
+// Each check: random inputs flagged PARAM (host context), loss = sum(out * R) with fixed random
+// weights R, forward + backward computed by the CPU backend; the analytic gradient of every
+// parameter is compared with a 4-point central difference of sum(out * R) (evaluated on the host in
+// double from the re-computed forward output): ||g - fd|| / ||fd|| < 1e-2 (typically ~1e-5).
+#include "test-common.h"
+
+#include "oomb-alloc.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr double kTol = 1e-2;
+
+oomb_backend_t cpu() {
+    static oomb_backend_t b = oomb_backend_cpu_init(2);
+    return b;
+}
+
+double dot_host(const oomb_tensor * out, const std::vector<double> & r) {
+    const std::vector<double> y = oombtest::to_vector(out);
+    double s = 0.0;
+    for (size_t i = 0; i < y.size(); i++) s += y[i] * r[i];
+    return s;
+}
+
+double rel_err(const std::vector<double> & g, const std::vector<double> & fd) {
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < g.size(); i++) {
+        num += (g[i] - fd[i]) * (g[i] - fd[i]);
+        den += fd[i] * fd[i];
+    }
+    if (den < 1e-20) return std::sqrt(num) < 1e-6 ? 0.0 : INFINITY;
+    return std::sqrt(num / den);
+}
+
+struct ParamResult {
+    std::string name;
+    std::vector<double> g, fd;
+    double err;
+};
+
+struct Harness {
+    oomb_context * ctx;
+    std::mt19937 rng;
+    std::vector<oomb_tensor *> params;
+    bool grid = false;   // values on a 1/64 grid and step 1/64: exact in bf16 / f16
+    double h = 1e-2;     // finite-difference step
+
+    explicit Harness(uint32_t seed = 1234) : rng(seed) { ctx = oomb_init({0, false}); }
+    ~Harness() { oomb_free(ctx); }
+
+    void fill(oomb_tensor * t, float lo = -1.0f, float hi = 1.0f) {
+        oombtest::fill_uniform(t, rng, lo, hi);
+        if (grid) {
+            for (int64_t i = 0; i < oomb_nelements(t); i++) {
+                float v = std::round(oomb_get_f32_1d(t, i) * 64.0f) / 64.0f;
+                if (v == 0.0f) v = 1.0f / 64.0f;
+                oomb_set_f32_1d(t, i, v);
+            }
+        }
+    }
+    oomb_tensor * tensor(const char * name, std::vector<int64_t> ne, oomb_type type = OOMB_TYPE_F32) {
+        oomb_tensor * t = oomb_new_tensor(ctx, type, (int) ne.size(), ne.data());
+        oomb_set_name(t, name);
+        return t;
+    }
+    oomb_tensor * param(const char * name, std::vector<int64_t> ne, oomb_type type = OOMB_TYPE_F32, float lo = -1.0f, float hi = 1.0f) {
+        oomb_tensor * t = tensor(name, ne, type);
+        fill(t, lo, hi);
+        oomb_set_param(t);
+        oomb_new_grad(ctx, t);
+        params.push_back(t);
+        return t;
+    }
+    oomb_tensor * input(const char * name, std::vector<int64_t> ne, float lo = -1.0f, float hi = 1.0f) {
+        oomb_tensor * t = tensor(name, ne);
+        fill(t, lo, hi);
+        return t;
+    }
+    oomb_tensor * ids(const char * name, const std::vector<int32_t> & v, int64_t ne0, int64_t ne1 = 1) {
+        oomb_tensor * t = oomb_new_tensor_2d(ctx, OOMB_TYPE_I32, ne0, ne1);
+        oomb_set_name(t, name);
+        for (int64_t i = 0; i < ne0 * ne1; i++) oomb_set_i32_1d(t, i, v[(size_t) i]);
+        return t;
+    }
+
+    void zero_grads() {
+        for (oomb_tensor * p : params) oomb_tensor_memset(p->grad, 0);
+    }
+
+    // Builds loss = sum(out * R), forward + backward, and compares every parameter's gradient with
+    // finite differences. Returns the per-parameter results (and EXPECTs err < tol).
+    std::vector<ParamResult> check(oomb_tensor * out, double tol = kTol) {
+        oomb_tensor * y = out->type == OOMB_TYPE_F32 ? out : oomb_cast(ctx, out, OOMB_TYPE_F32);
+        oomb_tensor * R = tensor("R", {out->ne[0], out->ne[1], out->ne[2], out->ne[3]});
+        oombtest::fill_uniform(R, rng, -1.0f, 1.0f);
+        const std::vector<double> r = oombtest::to_vector(R);
+        oomb_tensor * loss = oomb_set_name(oomb_sum(ctx, oomb_mul(ctx, y, R)), "loss");
+
+        oomb_cgraph * g = oomb_new_graph(ctx);
+        oomb_build_forward_expand(g, loss);
+        oomb_build_backward_expand(ctx, g, loss, nullptr);
+        oomb_cgraph * gy = oomb_new_graph(ctx);
+        oomb_build_forward_expand(gy, y);
+
+        zero_grads();
+        oomb_backend_graph_compute(cpu(), g);
+        const double l0 = dot_host(y, r);
+        EXPECT_NEAR(oomb_get_f32_1d(loss, 0), l0, 1e-4 * (1.0 + std::fabs(l0))) << "loss value";
+
+        std::vector<ParamResult> res;
+        for (oomb_tensor * p : params) {
+            ParamResult pr;
+            pr.name = p->name;
+            pr.g = oombtest::to_vector(p->grad);
+            const int64_t n = oomb_nelements(p);
+            pr.fd.resize((size_t) n);
+            const double step = grid ? 1.0 / 64.0 : h;
+            for (int64_t i = 0; i < n; i++) {
+                const float v = oomb_get_f32_1d(p, i);
+                auto f = [&](double d) {
+                    oomb_set_f32_1d(p, i, (float) (v + d));
+                    oomb_backend_graph_compute(cpu(), gy);
+                    return dot_host(y, r);
+                };
+                const double f1 = f(step), fm1 = f(-step), f2 = f(2 * step), fm2 = f(-2 * step);
+                oomb_set_f32_1d(p, i, v);
+                pr.fd[(size_t) i] = (8.0 * (f1 - fm1) - (f2 - fm2)) / (12.0 * step);
+            }
+            pr.err = rel_err(pr.g, pr.fd);
+            EXPECT_LT(pr.err, tol) << "gradient of '" << p->name << "' (" << n << " elements) differs from finite differences";
+            res.push_back(pr);
+        }
+        oomb_backend_graph_compute(cpu(), gy); // restore the forward values
+        return res;
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// element-wise and broadcasting
+// ---------------------------------------------------------------------------------------------
+
+TEST(Grad, Add) {
+    { Harness H; H.check(oomb_add(H.ctx, H.param("a", {5, 4, 3}), H.param("b", {5, 4, 3}))); }
+    { Harness H; H.check(oomb_add(H.ctx, H.param("a", {5, 4, 3}), H.param("b", {5, 1, 3}))); }
+    { Harness H; H.check(oomb_add(H.ctx, H.param("a", {5, 4, 3}), H.param("b", {1, 4, 1}))); }
+    { Harness H; H.check(oomb_add(H.ctx, H.param("a", {4, 3, 2, 2}), H.param("b", {4, 3, 1, 2}))); }
+    { // only b is a parameter; a is a constant input
+        Harness H;
+        H.check(oomb_add(H.ctx, H.input("a", {6, 3}), H.param("b", {6, 1})));
+    }
+    { // non-contiguous operands: transposed a, permuted b
+        Harness H;
+        oomb_tensor * a = oomb_transpose(H.ctx, H.param("a", {3, 5}));
+        oomb_tensor * bb = H.param("bb", {10, 3});
+        oomb_tensor * b = oomb_view_2d(H.ctx, bb, 5, 3, bb->nb[1], 2 * sizeof(float)); // rows of stride 10
+        H.check(oomb_add(H.ctx, a, b));
+    }
+}
+
+TEST(Grad, Sub) {
+    { Harness H; H.check(oomb_sub(H.ctx, H.param("a", {5, 4, 3}), H.param("b", {5, 4, 3}))); }
+    { Harness H; H.check(oomb_sub(H.ctx, H.param("a", {5, 4, 3}), H.param("b", {5, 1, 1}))); }
+    { Harness H; H.check(oomb_sub(H.ctx, H.param("a", {6, 4}), H.param("b", {1, 4}))); }
+}
+
+TEST(Grad, Mul) {
+    { Harness H; H.check(oomb_mul(H.ctx, H.param("a", {5, 4, 3}), H.param("b", {5, 4, 3}))); }
+    { Harness H; H.check(oomb_mul(H.ctx, H.param("a", {5, 4, 3}), H.param("b", {5, 1, 3}))); }
+    { Harness H; H.check(oomb_mul(H.ctx, H.param("a", {5, 4, 3}), H.param("b", {1, 4, 1}))); }
+    { Harness H; H.check(oomb_mul(H.ctx, H.param("a", {4, 3, 2, 3}), H.param("b", {4, 1, 2, 1}))); }
+    { // the same tensor on both sides: x * x (two contributions to one gradient)
+        Harness H;
+        oomb_tensor * x = H.param("x", {7, 3});
+        H.check(oomb_mul(H.ctx, x, x));
+    }
+    { // non-contiguous a: a permuted 3-D tensor, broadcast b
+        Harness H;
+        oomb_tensor * a = oomb_permute(H.ctx, H.param("a", {3, 4, 2}), 2, 0, 1, 3); // [4, 2, 3]
+        H.check(oomb_mul(H.ctx, a, H.param("b", {4, 1, 3})));
+    }
+}
+
+TEST(Grad, Scale) {
+    Harness H;
+    H.check(oomb_scale(H.ctx, H.param("a", {6, 5}), -1.75f));
+}
+
+TEST(Grad, AddInplace) {
+    { // into an intermediate result, b broadcast
+        Harness H;
+        oomb_tensor * x = H.param("x", {5, 4});
+        oomb_tensor * a = oomb_mul(H.ctx, x, H.input("c", {5, 4}));
+        H.check(oomb_add_inplace(H.ctx, a, H.param("b", {5, 1})));
+    }
+    { // same shapes, then used by a following op
+        Harness H;
+        oomb_tensor * x = H.param("x", {6, 3});
+        oomb_tensor * a = oomb_silu(H.ctx, x);
+        oomb_tensor * s = oomb_add_inplace(H.ctx, a, H.param("b", {6, 3}));
+        H.check(oomb_mul(H.ctx, s, H.param("w", {6, 3})));
+    }
+}
+
+TEST(Grad, Repeat) {
+    { Harness H; H.check(oomb_repeat(H.ctx, H.param("a", {3, 1, 2}), H.tensor("shape", {6, 4, 2}))); }
+    { Harness H; H.check(oomb_repeat(H.ctx, H.param("a", {1, 4}), H.tensor("shape", {5, 4, 3}))); }
+    { Harness H; H.check(oomb_repeat(H.ctx, H.param("a", {2, 3, 1, 2}), H.tensor("shape", {4, 3, 2, 4}))); }
+}
+
+TEST(Grad, RepeatBack) {
+    { Harness H; H.check(oomb_repeat_back(H.ctx, H.param("a", {6, 4, 2}), H.tensor("shape", {3, 2, 2}))); }
+    { Harness H; H.check(oomb_repeat_back(H.ctx, H.param("a", {5, 4, 3}), H.tensor("shape", {1, 4, 1}))); }
+    { Harness H; H.check(oomb_repeat_back(H.ctx, H.param("a", {4, 3, 2, 4}), H.tensor("shape", {2, 3, 1, 2}))); }
+}
+
+TEST(Grad, Silu) {
+    { Harness H; H.check(oomb_silu(H.ctx, H.param("a", {7, 3, 2}, OOMB_TYPE_F32, -3.0f, 3.0f))); }
+    { // transposed input
+        Harness H;
+        H.check(oomb_silu(H.ctx, oomb_transpose(H.ctx, H.param("a", {4, 6}, OOMB_TYPE_F32, -3.0f, 3.0f))));
+    }
+}
+
+TEST(Grad, Swiglu) {
+    { Harness H; H.check(oomb_swiglu(H.ctx, H.param("gate", {8, 3}, OOMB_TYPE_F32, -3, 3), H.param("up", {8, 3}))); }
+    { // gate only
+        Harness H;
+        H.check(oomb_swiglu(H.ctx, H.param("gate", {5, 2, 2}, OOMB_TYPE_F32, -3, 3), H.input("up", {5, 2, 2})));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// reductions
+// ---------------------------------------------------------------------------------------------
+
+TEST(Grad, Reductions) {
+    { Harness H; H.check(oomb_sum(H.ctx, H.param("a", {5, 4, 3}))); }
+    { Harness H; H.check(oomb_mean(H.ctx, H.param("a", {5, 4, 3}))); }
+    { Harness H; H.check(oomb_sum_sq(H.ctx, H.param("a", {5, 4, 3}))); }
+    { // non-contiguous inputs
+        Harness H;
+        oomb_tensor * a = H.param("a", {4, 6});
+        oomb_tensor * at = oomb_transpose(H.ctx, a);
+        oomb_tensor * s = oomb_add(H.ctx, oomb_sum_sq(H.ctx, at), oomb_mean(H.ctx, at));
+        H.check(oomb_add(H.ctx, s, oomb_sum(H.ctx, oomb_permute(H.ctx, H.param("b", {2, 3, 4}), 1, 2, 0, 3))));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// layout ops: views, reshape, permute, transpose, cont, cpy, cast
+// ---------------------------------------------------------------------------------------------
+
+TEST(Grad, ViewWithOffsetAndStrides) {
+    { // 2-D block with an offset
+        Harness H;
+        oomb_tensor * x = H.param("x", {6, 5});
+        oomb_tensor * v = oomb_view_2d(H.ctx, x, 3, 4, x->nb[1], 1 * x->nb[0] + 1 * x->nb[1]);
+        H.check(oomb_mul(H.ctx, v, H.param("w", {3, 4})));
+    }
+    { // 1-D view with an offset, 3-D view with gaps between rows, overlapping views
+        Harness H;
+        oomb_tensor * x = H.param("x", {24});
+        oomb_tensor * v1 = oomb_view_1d(H.ctx, x, 7, 5 * sizeof(float));
+        oomb_tensor * v2 = oomb_view_3d(H.ctx, x, 2, 3, 2, 3 * sizeof(float), 10 * sizeof(float), 2 * sizeof(float));
+        oomb_tensor * v3 = oomb_view_2d(H.ctx, x, 4, 2, 4 * sizeof(float), 8 * sizeof(float)); // overlaps v1
+        oomb_tensor * s = oomb_add(H.ctx, oomb_sum_sq(H.ctx, v1), oomb_sum(H.ctx, oomb_mul(H.ctx, v2, v2)));
+        H.check(oomb_add(H.ctx, s, oomb_sum(H.ctx, oomb_silu(H.ctx, v3))));
+    }
+    { // q, k, v split from one fused tensor by views (the usual fused-projection pattern)
+        Harness H;
+        oomb_tensor * qkv = oomb_mul_mat(H.ctx, H.param("w_qkv", {4, 9}), H.param("x", {4, 3})); // [9, 3]
+        oomb_tensor * q = oomb_view_2d(H.ctx, qkv, 3, 3, qkv->nb[1], 0);
+        oomb_tensor * k = oomb_view_2d(H.ctx, qkv, 3, 3, qkv->nb[1], 3 * sizeof(float));
+        oomb_tensor * v = oomb_view_2d(H.ctx, qkv, 3, 3, qkv->nb[1], 6 * sizeof(float));
+        H.check(oomb_add(H.ctx, oomb_mul(H.ctx, q, k), v));
+    }
+    { // a view of a transposed tensor (the view's source is itself a view with permuted strides)
+        Harness H;
+        oomb_tensor * x = H.param("x", {4, 3});
+        oomb_tensor * xt = oomb_transpose(H.ctx, x); // [3, 4], nb0 = 16
+        oomb_tensor * v = oomb_view_2d(H.ctx, xt, 2, 3, 4 * sizeof(float), sizeof(float)); // elements x(1 + i0, i1)
+        oomb_tensor * s1 = oomb_sum(H.ctx, oomb_mul(H.ctx, v, H.input("c", {2, 3})));
+        oomb_tensor * s2 = oomb_sum(H.ctx, oomb_mul(H.ctx, oomb_cont(H.ctx, xt), H.input("c2", {3, 4})));
+        H.check(oomb_add(H.ctx, s1, s2));
+    }
+    { // view of a view: a row block of a column block
+        Harness H;
+        oomb_tensor * x = H.param("x", {6, 6});
+        oomb_tensor * v1 = oomb_view_2d(H.ctx, x, 6, 4, x->nb[1], 2 * x->nb[1]);
+        oomb_tensor * v2 = oomb_view_2d(H.ctx, v1, 3, 2, v1->nb[1], 2 * sizeof(float) + v1->nb[1]);
+        H.check(oomb_add(H.ctx, oomb_mul(H.ctx, v2, v2), oomb_view_2d(H.ctx, v1, 3, 2, v1->nb[1], 0)));
+    }
+}
+
+TEST(Grad, ViewOfBf16Param) {
+    Harness H;
+    H.grid = true;
+    oomb_tensor * x = H.param("x", {6, 5}, OOMB_TYPE_BF16);
+    oomb_tensor * v = oomb_view_2d(H.ctx, x, 4, 3, x->nb[1], 2 * x->nb[0] + x->nb[1]);
+    H.check(oomb_mul(H.ctx, oomb_cast(H.ctx, v, OOMB_TYPE_F32), H.input("c", {4, 3})));
+}
+
+TEST(Grad, Reshape) {
+    { Harness H; H.check(oomb_mul(H.ctx, oomb_reshape_3d(H.ctx, H.param("x", {6, 4}), 3, 2, 4), H.param("w", {3, 2, 1}))); }
+    { // reshape of an op result
+        Harness H;
+        oomb_tensor * s = oomb_silu(H.ctx, H.param("x", {4, 6}));
+        H.check(oomb_reshape_2d(H.ctx, s, 8, 3));
+    }
+}
+
+TEST(Grad, Permute) {
+    { // as a (non-contiguous) input to mul
+        Harness H;
+        oomb_tensor * p = oomb_permute(H.ctx, H.param("x", {2, 3, 4, 5}), 2, 0, 3, 1); // [3, 5, 2, 4]
+        H.check(oomb_mul(H.ctx, p, H.param("w", {3, 5, 1, 4})));
+    }
+    { // permute then cont (the attention head-split pattern)
+        Harness H;
+        oomb_tensor * p = oomb_permute(H.ctx, H.param("x", {3, 4, 5}), 0, 2, 1, 3); // [3, 5, 4]
+        H.check(oomb_cont(H.ctx, p));
+    }
+    { // the permute's gradient flows into an op result
+        Harness H;
+        oomb_tensor * m = oomb_mul(H.ctx, H.param("a", {2, 3, 4}), H.param("b", {2, 3, 4}));
+        H.check(oomb_silu(H.ctx, oomb_cont(H.ctx, oomb_permute(H.ctx, m, 1, 2, 0, 3))));
+    }
+}
+
+TEST(Grad, TransposeAndCont) {
+    { Harness H; H.check(oomb_cont(H.ctx, oomb_transpose(H.ctx, H.param("x", {5, 3})))); }
+    { // cont_4d with a new shape from a transposed source
+        Harness H;
+        H.check(oomb_cont_4d(H.ctx, oomb_transpose(H.ctx, H.param("x", {4, 6})), 3, 2, 4, 1));
+    }
+    { // cont of a bf16 parameter (the gradient is f32)
+        Harness H;
+        H.grid = true;
+        oomb_tensor * c = oomb_cont(H.ctx, oomb_transpose(H.ctx, H.param("x", {4, 3}, OOMB_TYPE_BF16)));
+        H.check(oomb_cast(H.ctx, c, OOMB_TYPE_F32));
+    }
+}
+
+TEST(Grad, CpyAndCast) {
+    { // f32 -> f32 buffer of another shape
+        Harness H;
+        oomb_tensor * buf = H.tensor("buf", {6, 4});
+        H.check(oomb_cpy(H.ctx, oomb_silu(H.ctx, H.param("x", {4, 6})), buf));
+    }
+    { // f32 -> bf16 buffer (on the 1/64 grid the copy is exact), back to f32
+        Harness H;
+        H.grid = true;
+        oomb_tensor * buf = H.tensor("buf", {24}, OOMB_TYPE_BF16);
+        H.check(oomb_cast(H.ctx, oomb_cpy(H.ctx, H.param("x", {4, 6}), buf), OOMB_TYPE_F32));
+    }
+    { // bf16 parameter copied into an f32 buffer (a transposed view of it)
+        Harness H;
+        H.grid = true;
+        oomb_tensor * buf = H.tensor("buf", {5, 3});
+        oomb_tensor * c = oomb_cpy(H.ctx, H.param("x", {3, 5}, OOMB_TYPE_BF16), oomb_transpose(H.ctx, buf));
+        H.check(oomb_mul(H.ctx, c, H.input("w", {3, 5})));
+    }
+    { // casts both ways, f16 too
+        Harness H;
+        H.grid = true;
+        oomb_tensor * x = H.param("x", {5, 4});
+        oomb_tensor * h16 = oomb_cast(H.ctx, x, OOMB_TYPE_F16);
+        oomb_tensor * w = H.param("w", {5, 4}, OOMB_TYPE_BF16);
+        H.check(oomb_mul(H.ctx, oomb_cast(H.ctx, h16, OOMB_TYPE_F32), oomb_cast(H.ctx, w, OOMB_TYPE_F32)));
+    }
+}
+
+TEST(Grad, FillHasNoGradient) {
+    Harness H;
+    oomb_tensor * x = H.param("x", {4, 3});
+    H.check(oomb_add(H.ctx, oomb_mul(H.ctx, x, oomb_fill(H.ctx, 4, 3, 1, 1, 2.5f)), oomb_fill(H.ctx, 4, 1, 1, 1, -1.0f)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// neural-network ops
+// ---------------------------------------------------------------------------------------------
+
+TEST(Grad, GetRows) {
+    { Harness H; H.check(oomb_get_rows(H.ctx, H.param("table", {5, 8}), H.ids("ids", {3, 0, 7, 3, 3, 1}, 6))); }
+    { // 2-D ids
+        Harness H;
+        H.check(oomb_get_rows(H.ctx, H.param("table", {4, 6}), H.ids("ids", {5, 1, 1, 0, 2, 5, 4, 4, 3, 0, 2, 2}, 4, 3)));
+    }
+    { // bf16 table: the gradient is f32
+        Harness H;
+        H.grid = true;
+        oomb_tensor * r = oomb_get_rows(H.ctx, H.param("table", {6, 5}, OOMB_TYPE_BF16), H.ids("ids", {4, 4, 0, 2}, 4));
+        H.check(oomb_mul(H.ctx, r, H.param("w", {6, 4})));
+    }
+}
+
+TEST(Grad, MulMat) {
+    { Harness H; H.check(oomb_mul_mat(H.ctx, H.param("a", {6, 5}), H.param("b", {6, 7}))); }
+    { Harness H; H.check(oomb_mul_mat(H.ctx, H.param("a", {4, 3, 2, 3}), H.param("b", {4, 5, 2, 3}))); }
+    { // a broadcast over b's batch dims
+        Harness H;
+        H.check(oomb_mul_mat(H.ctx, H.param("a", {4, 3, 2, 1}), H.param("b", {4, 2, 4, 3})));
+    }
+    { Harness H; H.check(oomb_mul_mat(H.ctx, H.param("a", {3, 2, 1, 2}), H.param("b", {3, 4, 3, 4}))); }
+    { // transposed a
+        Harness H;
+        H.check(oomb_mul_mat(H.ctx, oomb_transpose(H.ctx, H.param("at", {5, 6})), H.param("b", {6, 4})));
+    }
+    { // transposed b
+        Harness H;
+        H.check(oomb_mul_mat(H.ctx, H.param("a", {6, 5}), oomb_transpose(H.ctx, H.param("bt", {4, 6}))));
+    }
+    { // both transposed, batched
+        Harness H;
+        oomb_tensor * a = oomb_transpose(H.ctx, H.param("at", {3, 4, 2}));
+        oomb_tensor * b = oomb_transpose(H.ctx, H.param("bt", {5, 4, 2}));
+        H.check(oomb_mul_mat(H.ctx, a, b));
+    }
+    { // b a permuted view (the attention K^T Q pattern)
+        Harness H;
+        oomb_tensor * b = oomb_permute(H.ctx, H.param("x", {4, 3, 5}), 0, 2, 1, 3); // [4, 5, 3]
+        H.check(oomb_mul_mat(H.ctx, H.param("a", {4, 6, 3}), b));
+    }
+    { // bf16 weight
+        Harness H;
+        H.grid = true;
+        H.check(oomb_mul_mat(H.ctx, H.param("w", {6, 4}, OOMB_TYPE_BF16), H.param("x", {6, 3})));
+    }
+    { // a product of two op results
+        Harness H;
+        oomb_tensor * a = oomb_silu(H.ctx, H.param("a", {5, 4}));
+        oomb_tensor * b = oomb_mul(H.ctx, H.param("b", {5, 3}), H.param("c", {5, 1}));
+        H.check(oomb_mul_mat(H.ctx, a, b));
+    }
+}
+
+TEST(Grad, RmsNorm) {
+    { Harness H; H.check(oomb_rms_norm(H.ctx, H.param("x", {8, 5, 2}), 1e-6f)); }
+    { // with a weight, like a model's norm layer; eps matters for small rows
+        Harness H;
+        oomb_tensor * n = oomb_rms_norm(H.ctx, H.param("x", {6, 4}, OOMB_TYPE_F32, -0.2f, 0.2f), 1e-2f);
+        H.check(oomb_mul(H.ctx, n, H.param("w", {6, 1})));
+    }
+    { // non-contiguous input (a view with an offset)
+        Harness H;
+        oomb_tensor * x = H.param("x", {9, 4});
+        H.check(oomb_rms_norm(H.ctx, oomb_view_2d(H.ctx, x, 7, 3, x->nb[1], 2 * sizeof(float) + x->nb[1]), 1e-5f));
+    }
+}
+
+TEST(Grad, Rope) {
+    { // full rotation
+        Harness H;
+        H.check(oomb_rope(H.ctx, H.param("x", {8, 3, 5, 2}), H.ids("pos", {3, 0, 7, 2, 11}, 5), 8, 10000.0f));
+    }
+    { // n_dims < head_dim: the last dimensions pass through
+        Harness H;
+        H.check(oomb_rope(H.ctx, H.param("x", {8, 2, 4}), H.ids("pos", {5, 1, 2, 9}, 4), 4, 100.0f));
+    }
+    { // on a permuted (non-contiguous) input
+        Harness H;
+        oomb_tensor * x = oomb_permute(H.ctx, H.param("x", {6, 4, 2}), 0, 2, 1, 3); // [6, 2, 4]
+        H.check(oomb_rope(H.ctx, x, H.ids("pos", {4, 0, 2, 1}, 4), 4, 10000.0f));
+    }
+    { // on a projection reshaped to heads
+        Harness H;
+        oomb_tensor * x = oomb_mul_mat(H.ctx, H.param("w", {3, 12}), H.param("h", {3, 4})); // [12, 4]
+        oomb_tensor * xh = oomb_reshape_3d(H.ctx, x, 6, 2, 4);
+        H.check(oomb_rope(H.ctx, xh, H.ids("pos", {0, 1, 2, 3}, 4), 6, 10000.0f));
+    }
+}
+
+TEST(Grad, SoftMax) {
+    { Harness H; H.check(oomb_soft_max(H.ctx, H.param("x", {7, 5, 2}, OOMB_TYPE_F32, -2, 2), 0.7f, -1)); }
+    { // causal mask, more keys than queries
+        Harness H;
+        H.check(oomb_soft_max(H.ctx, H.param("x", {7, 5, 2}, OOMB_TYPE_F32, -2, 2), 1.3f, 2));
+    }
+    { // causal square
+        Harness H;
+        H.check(oomb_soft_max(H.ctx, H.param("x", {5, 5}, OOMB_TYPE_F32, -2, 2), 1.0f, 0));
+    }
+    { // permuted input
+        Harness H;
+        oomb_tensor * x = oomb_permute(H.ctx, H.param("x", {4, 6, 2}, OOMB_TYPE_F32, -2, 2), 1, 0, 2, 3); // [6, 4, 2]
+        H.check(oomb_soft_max(H.ctx, x, 0.5f, 2));
+    }
+}
+
+TEST(Grad, Attn) {
+    struct Cfg { int64_t D, H, Hkv, T, S, B; };
+    for (Cfg c : {Cfg{4, 4, 2, 3, 5, 2}, Cfg{4, 4, 2, 4, 4, 1}, Cfg{3, 2, 2, 2, 3, 1}, Cfg{4, 4, 1, 1, 3, 1}}) {
+        SCOPED_TRACE("D=" + std::to_string(c.D) + " H=" + std::to_string(c.H) + " Hkv=" + std::to_string(c.Hkv) +
+                     " T=" + std::to_string(c.T) + " S=" + std::to_string(c.S) + " B=" + std::to_string(c.B));
+        Harness H;
+        oomb_tensor * q = H.param("q", {c.D, c.H, c.T, c.B}, OOMB_TYPE_F32, -1.5f, 1.5f);
+        oomb_tensor * k = H.param("k", {c.D, c.Hkv, c.S, c.B}, OOMB_TYPE_F32, -1.5f, 1.5f);
+        oomb_tensor * v = H.param("v", {c.D, c.Hkv, c.S, c.B});
+        H.check(oomb_attn(H.ctx, q, k, v, 1.0f / std::sqrt((float) c.D)));
+    }
+    { // q from a projection, k / v from views of one fused tensor
+        Harness H;
+        oomb_tensor * q = oomb_reshape_3d(H.ctx, oomb_mul_mat(H.ctx, H.param("wq", {3, 8}), H.param("x", {3, 3})), 4, 2, 3);
+        oomb_tensor * kv = H.param("kv", {4, 2, 3});
+        oomb_tensor * k = oomb_view_3d(H.ctx, kv, 4, 1, 3, kv->nb[1], kv->nb[2], 0);
+        oomb_tensor * v = oomb_view_3d(H.ctx, kv, 4, 1, 3, kv->nb[1], kv->nb[2], kv->nb[1]);
+        H.check(oomb_attn(H.ctx, q, k, v, 0.5f));
+    }
+}
+
+TEST(Grad, CrossEntropy) {
+    { // one ignored label
+        Harness H;
+        H.check(oomb_cross_entropy_loss(H.ctx, H.param("logits", {6, 5}, OOMB_TYPE_F32, -2, 2), H.ids("labels", {2, -100, 5, 0, 2}, 5), -100));
+    }
+    { // 3-D logits, ignore index inside the vocabulary range
+        Harness H;
+        H.check(oomb_cross_entropy_loss(H.ctx, H.param("logits", {5, 4, 2}, OOMB_TYPE_F32, -2, 2),
+                                        H.ids("labels", {1, 4, 3, 3, 0, 1, 2, 4}, 8), 3));
+    }
+    { // logits from a tied-embedding head (get_rows + mul_mat share the table)
+        Harness H;
+        oomb_tensor * emb = H.param("emb", {4, 7});
+        oomb_tensor * h = oomb_get_rows(H.ctx, emb, H.ids("tok", {1, 6, 3}, 3));
+        oomb_tensor * logits = oomb_mul_mat(H.ctx, emb, oomb_rms_norm(H.ctx, h, 1e-5f));
+        H.check(oomb_cross_entropy_loss(H.ctx, logits, H.ids("labels", {6, 3, 0}, 3), -1));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// a whole block: embedding, norm, attention with RoPE and GQA, SwiGLU MLP, residuals, loss
+// ---------------------------------------------------------------------------------------------
+
+// Builds a tiny transformer block over ctx; params are created through H.
+static oomb_tensor * build_block(Harness & H, oomb_context * gctx) {
+    const int64_t E = 8, V = 11, T = 5, D = 4, NH = 2, NKV = 1, F = 6;
+    oomb_tensor * emb = H.param("emb", {E, V}, OOMB_TYPE_F32, -0.5f, 0.5f);
+    oomb_tensor * wn = H.param("norm", {E}, OOMB_TYPE_F32, 0.5f, 1.5f);
+    oomb_tensor * wq = H.param("wq", {E, D * NH}, OOMB_TYPE_F32, -0.5f, 0.5f);
+    oomb_tensor * wkv = H.param("wkv", {E, 2 * D * NKV}, OOMB_TYPE_F32, -0.5f, 0.5f);
+    oomb_tensor * wo = H.param("wo", {D * NH, E}, OOMB_TYPE_F32, -0.5f, 0.5f);
+    oomb_tensor * wg = H.param("wg", {E, F}, OOMB_TYPE_F32, -0.5f, 0.5f);
+    oomb_tensor * wu = H.param("wu", {E, F}, OOMB_TYPE_F32, -0.5f, 0.5f);
+    oomb_tensor * wd = H.param("wd", {F, E}, OOMB_TYPE_F32, -0.5f, 0.5f);
+    oomb_tensor * tok = H.ids("tok", {1, 4, 4, 9, 0}, T);
+    oomb_tensor * pos = H.ids("pos", {0, 1, 2, 3, 4}, T);
+    oomb_tensor * lab = H.ids("lab", {4, 4, 9, -1, 2}, T);
+    oomb_context * c = gctx;
+    oomb_tensor * x = oomb_get_rows(c, emb, tok);                                         // [E, T]
+    oomb_tensor * hn = oomb_mul(c, oomb_rms_norm(c, x, 1e-5f), wn);
+    oomb_tensor * q = oomb_reshape_3d(c, oomb_mul_mat(c, wq, hn), D, NH, T);
+    oomb_tensor * kv = oomb_mul_mat(c, wkv, hn);                                          // [2*D*NKV, T]
+    oomb_tensor * k = oomb_view_3d(c, kv, D, NKV, T, D * sizeof(float), kv->nb[1], 0);
+    oomb_tensor * v = oomb_cont(c, oomb_view_3d(c, kv, D, NKV, T, D * sizeof(float), kv->nb[1], D * NKV * sizeof(float)));
+    q = oomb_rope(c, q, pos, D, 10000.0f);
+    k = oomb_rope(c, oomb_cont(c, k), pos, D, 10000.0f);
+    oomb_tensor * a = oomb_reshape_2d(c, oomb_attn(c, q, k, v, 0.5f), D * NH, T);
+    x = oomb_add(c, x, oomb_mul_mat(c, wo, a));
+    oomb_tensor * h2 = oomb_rms_norm(c, x, 1e-5f);
+    oomb_tensor * m = oomb_swiglu(c, oomb_mul_mat(c, wg, h2), oomb_mul_mat(c, wu, h2));
+    x = oomb_add(c, x, oomb_mul_mat(c, wd, m));
+    oomb_tensor * logits = oomb_mul_mat(c, emb, x);                                       // tied head [V, T]
+    return oomb_cross_entropy_loss(c, logits, lab, -1);
+}
+
+TEST(Grad, TransformerBlock) {
+    Harness H(77);
+    H.check(build_block(H, H.ctx));
+}
+
+// The same block with its graph in a no_alloc context planned by the graph allocator: the gradients
+// match the host-context ones (in-place reuse and lifetimes respect the backward's scatter nodes).
+TEST(Grad, TransformerBlockWithGraphAllocator) {
+    Harness H(77);
+    oomb_tensor * loss_ref = build_block(H, H.ctx);
+    oomb_cgraph * g_ref = oomb_new_graph(H.ctx);
+    oomb_build_forward_expand(g_ref, loss_ref);
+    oomb_build_backward_expand(H.ctx, g_ref, loss_ref, nullptr);
+    H.zero_grads();
+    oomb_backend_graph_compute(cpu(), g_ref);
+    std::vector<std::vector<double>> ref;
+    for (oomb_tensor * p : H.params) ref.push_back(oombtest::to_vector(p->grad));
+
+    // second copy of the graph over the same parameters
+    Harness H2(77);
+    oomb_context * gctx = oomb_init({0, true});
+    oomb_tensor * loss = build_block(H2, gctx);
+    oomb_set_loss(loss);
+    oomb_set_output(loss);
+    oomb_cgraph * g = oomb_new_graph(gctx);
+    oomb_build_forward_expand(g, loss);
+    oomb_build_backward_expand(gctx, g, loss, nullptr);
+    oomb_gallocr_t ga = oomb_gallocr_new(cpu());
+    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+    for (int rep = 0; rep < 2; rep++) {
+        H2.zero_grads();
+        oomb_backend_graph_compute(cpu(), g);
+        for (size_t i = 0; i < H2.params.size(); i++) {
+            const std::vector<double> gi = oombtest::to_vector(H2.params[i]->grad);
+            EXPECT_LT(rel_err(gi, ref[i]), 1e-5) << H2.params[i]->name << " rep " << rep;
+        }
+    }
+    oomb_gallocr_free(ga);
+    oomb_free(gctx);
+}
+
+// ---------------------------------------------------------------------------------------------
+// seeds, accumulation, zeroing, errors, negative control
+// ---------------------------------------------------------------------------------------------
+
+TEST(Grad, ExplicitSeed) {
+    // d/dx of sum(y * S) through a seed S on the multi-element "loss" y equals the gradient of the
+    // scalar loss sum(y * S).
+    Harness H;
+    oomb_tensor * x = H.param("x", {5, 3});
+    oomb_tensor * w = H.param("w", {5, 1});
+    oomb_tensor * y = oomb_silu(H.ctx, oomb_mul(H.ctx, x, w));
+    oomb_tensor * S = H.input("seed", {5, 3});
+    oomb_cgraph * g = oomb_new_graph(H.ctx);
+    oomb_build_forward_expand(g, y);
+    oomb_build_backward_expand(H.ctx, g, y, S);
+    H.zero_grads();
+    oomb_backend_graph_compute(cpu(), g);
+    const std::vector<double> gx = oombtest::to_vector(x->grad), gw = oombtest::to_vector(w->grad);
+
+    oomb_tensor * loss = oomb_sum(H.ctx, oomb_mul(H.ctx, y, S));
+    oomb_cgraph * g2 = oomb_new_graph(H.ctx);
+    oomb_build_forward_expand(g2, loss);
+    oomb_build_backward_expand(H.ctx, g2, loss, nullptr);
+    H.zero_grads();
+    oomb_backend_graph_compute(cpu(), g2);
+    EXPECT_LT(rel_err(gx, oombtest::to_vector(x->grad)), 1e-6);
+    EXPECT_LT(rel_err(gw, oombtest::to_vector(w->grad)), 1e-6);
+
+    // a scalar seed of 0.5 on a scalar loss halves the gradient
+    oomb_tensor * half = H.input("half", {1});
+    oomb_set_f32_1d(half, 0, 0.5f);
+    oomb_cgraph * g3 = oomb_new_graph(H.ctx);
+    oomb_build_forward_expand(g3, loss);
+    oomb_build_backward_expand(H.ctx, g3, loss, half);
+    H.zero_grads();
+    oomb_backend_graph_compute(cpu(), g3);
+    const std::vector<double> gx3 = oombtest::to_vector(x->grad);
+    for (size_t i = 0; i < gx.size(); i++) EXPECT_NEAR(gx3[i], 0.5 * gx[i], 1e-6);
+}
+
+TEST(Grad, AccumulatesAcrossEvaluationsAndZeroingResets) {
+    Harness H;
+    oomb_tensor * a = H.param("a", {6, 4});
+    oomb_tensor * b = H.param("b", {6, 3}, OOMB_TYPE_BF16);
+    oomb_tensor * loss = oomb_sum_sq(H.ctx, oomb_mul_mat(H.ctx, oomb_transpose(H.ctx, oomb_cont(H.ctx, oomb_transpose(H.ctx, a))),
+                                                         oomb_cast(H.ctx, b, OOMB_TYPE_F32)));
+    oomb_cgraph * g = oomb_new_graph(H.ctx);
+    oomb_build_forward_expand(g, loss);
+    oomb_build_backward_expand(H.ctx, g, loss, nullptr);
+    H.zero_grads();
+    oomb_backend_graph_compute(cpu(), g);
+    const std::vector<double> ga1 = oombtest::to_vector(a->grad), gb1 = oombtest::to_vector(b->grad);
+    double na = 0;
+    for (double v : ga1) na += v * v;
+    ASSERT_GT(na, 1e-6);
+    oomb_backend_graph_compute(cpu(), g);
+    const std::vector<double> ga2 = oombtest::to_vector(a->grad), gb2 = oombtest::to_vector(b->grad);
+    for (size_t i = 0; i < ga1.size(); i++) EXPECT_NEAR(ga2[i], 2 * ga1[i], 1e-5 * (1 + std::fabs(ga1[i])));
+    for (size_t i = 0; i < gb1.size(); i++) EXPECT_NEAR(gb2[i], 2 * gb1[i], 1e-5 * (1 + std::fabs(gb1[i])));
+    H.zero_grads();
+    for (double v : oombtest::to_vector(a->grad)) ASSERT_EQ(v, 0.0);
+    oomb_backend_graph_compute(cpu(), g);
+    const std::vector<double> ga3 = oombtest::to_vector(a->grad);
+    for (size_t i = 0; i < ga1.size(); i++) EXPECT_EQ(ga3[i], ga1[i]);
+}
+
+TEST(Grad, OnlyNeededBranchesAreDifferentiated) {
+    // The backward adds nothing for a branch that does not depend on a parameter.
+    Harness H;
+    oomb_tensor * x = H.param("x", {4, 3});
+    oomb_tensor * c = H.input("c", {4, 3});
+    oomb_tensor * cc = oomb_silu(H.ctx, oomb_mul(H.ctx, c, c));    // constant branch
+    oomb_tensor * loss = oomb_sum(H.ctx, oomb_mul(H.ctx, x, cc));
+    oomb_cgraph * g = oomb_new_graph(H.ctx);
+    oomb_build_forward_expand(g, loss);
+    const int n_fwd = oomb_graph_n_nodes(g);
+    oomb_build_backward_expand(H.ctx, g, loss, nullptr);
+    for (int i = n_fwd; i < oomb_graph_n_nodes(g); i++) {
+        const oomb_tensor * t = oomb_graph_node(g, i);
+        EXPECT_NE(t->op, OOMB_OP_SILU_BACK) << "backward of the constant branch was built";
+    }
+    // seed fill, repeat of the seed, mul by cc, accumulation
+    EXPECT_LE(oomb_graph_n_nodes(g) - n_fwd, 5);
+    EXPECT_EQ(oomb_graph_node(g, -1)->op, OOMB_OP_ADD_INPLACE);
+    EXPECT_EQ(oomb_graph_node(g, -1)->src[0], x->grad);
+
+    // a loss without parameters: nothing is appended
+    oomb_tensor * l2 = oomb_sum(H.ctx, cc);
+    oomb_cgraph * g2 = oomb_new_graph(H.ctx);
+    oomb_build_forward_expand(g2, l2);
+    const int n2 = oomb_graph_n_nodes(g2);
+    oomb_build_backward_expand(H.ctx, g2, l2, nullptr);
+    EXPECT_EQ(oomb_graph_n_nodes(g2), n2);
+}
+
+TEST(Grad, GradientTensorsAreNamed) {
+    Harness H;
+    oomb_tensor * x = H.param("x", {4, 3});
+    oomb_tensor * h = oomb_set_name(oomb_silu(H.ctx, x), "h");
+    oomb_tensor * loss = oomb_set_name(oomb_sum(H.ctx, h), "loss");
+    oomb_cgraph * g = oomb_new_graph(H.ctx);
+    oomb_build_forward_expand(g, loss);
+    oomb_build_backward_expand(H.ctx, g, loss, nullptr);
+    bool found = false;
+    for (int i = 0; i < oomb_graph_n_nodes(g); i++) {
+        if (std::string(oomb_graph_node(g, i)->name) == "grad of x") found = true;
+    }
+    EXPECT_TRUE(found);
+    EXPECT_NE(oomb_get_tensor(H.ctx, "grad of h"), nullptr);
+}
+
+TEST(Grad, Errors) {
+    {
+        Harness H;
+        oomb_tensor * x = H.tensor("weight_without_grad", {4, 3});
+        oomb_set_param(x);
+        oomb_tensor * loss = oomb_sum(H.ctx, x);
+        oomb_cgraph * g = oomb_new_graph(H.ctx);
+        oomb_build_forward_expand(g, loss);
+        EXPECT_OOMB_ERROR(oomb_build_backward_expand(H.ctx, g, loss, nullptr),
+                          "build_backward_expand: parameter 'weight_without_grad' has no gradient tensor; call oomb_new_grad");
+    }
+    { // a gradient path through a non-differentiable op
+        Harness H;
+        oomb_tensor * x = H.param("x", {4, 3});
+        oomb_tensor * loss = oomb_sum(H.ctx, oomb_silu_back(H.ctx, x, H.input("dy", {4, 3})));
+        oomb_cgraph * g = oomb_new_graph(H.ctx);
+        oomb_build_forward_expand(g, loss);
+        const int n = oomb_graph_n_nodes(g);
+        EXPECT_OOMB_ERROR(oomb_build_backward_expand(H.ctx, g, loss, nullptr), "silu_back");
+        EXPECT_EQ(oomb_graph_n_nodes(g), n) << "the graph changed before the error";
+    }
+    { // through an optimizer step
+        Harness H;
+        oomb_tensor * x = H.param("x", {4});
+        oomb_tensor * hp = H.input("hp", {3});
+        oomb_tensor * loss = oomb_sum(H.ctx, oomb_sgd_step(H.ctx, x, x->grad, hp));
+        oomb_cgraph * g = oomb_new_graph(H.ctx);
+        oomb_build_forward_expand(g, loss);
+        EXPECT_OOMB_ERROR(oomb_build_backward_expand(H.ctx, g, loss, nullptr), "sgd_step");
+    }
+    { // the loss is not in the graph
+        Harness H;
+        oomb_tensor * x = H.param("x", {4});
+        oomb_tensor * loss = oomb_sum(H.ctx, x);
+        oomb_cgraph * g = oomb_new_graph(H.ctx);
+        EXPECT_OOMB_ERROR(oomb_build_backward_expand(H.ctx, g, loss, nullptr), "not a node of the graph");
+    }
+    { // a seed of the wrong shape
+        Harness H;
+        oomb_tensor * x = H.param("x", {4});
+        oomb_tensor * loss = oomb_sum(H.ctx, x);
+        oomb_cgraph * g = oomb_new_graph(H.ctx);
+        oomb_build_forward_expand(g, loss);
+        EXPECT_OOMB_ERROR(oomb_build_backward_expand(H.ctx, g, loss, H.input("s", {2})), "seed");
+    }
+}
+
+TEST(Grad, NegativeControl) {
+    // The criterion rejects wrong gradients: a 10% scale error, a sign error in one row, and the
+    // gradient of a wrongly-oriented mul_mat rule (dA^T for a square A) all fail it.
+    Harness H;
+    oomb_tensor * a = H.param("a", {5, 5});
+    std::vector<ParamResult> r = H.check(oomb_mul_mat(H.ctx, a, H.input("b", {5, 4})));
+    ASSERT_EQ(r.size(), 1u);
+    const std::vector<double> & g = r[0].g, & fd = r[0].fd;
+    std::vector<double> scaled = g, flipped = g, transposed = g;
+    for (double & v : scaled) v *= 1.1;
+    for (int i = 0; i < 5; i++) flipped[(size_t) i] = -flipped[(size_t) i];
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 5; j++) transposed[(size_t) (i * 5 + j)] = g[(size_t) (j * 5 + i)];
+    EXPECT_LT(rel_err(g, fd), kTol);
+    EXPECT_GT(rel_err(scaled, fd), kTol);
+    EXPECT_GT(rel_err(flipped, fd), kTol);
+    EXPECT_GT(rel_err(transposed, fd), kTol);
+}
+
+} // namespace
