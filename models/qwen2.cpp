@@ -308,6 +308,7 @@ struct ChunkTrainer::Graph {
     oomb_tensor * pos = nullptr;     // i32 [T]
     oomb_tensor * loss = nullptr;    // f32 [2]: sum, count
     std::vector<oomb_tensor *> hidden;
+    oomb_tensor * logits = nullptr;  // captured logits (capture mode only)
     ~Graph() {
         oomb_gallocr_free(galloc);
         oomb_free(ctx);
@@ -387,6 +388,10 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, bool backward) {
     x = oomb_set_name(oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), m_.output_norm), "result_norm");
     capture(x);
     oomb_tensor * logits = oomb_set_name(oomb_mul_mat(ctx, m_.lm_head(), x), "logits");
+    if (capture_hidden_ && !backward) {
+        oomb_set_output(logits);
+        G->logits = logits;
+    }
     G->loss = oomb_set_name(oomb_cross_entropy_loss(ctx, logits, G->labels, p_.ignore_index), "loss");
     oomb_set_output(G->loss);
     oomb_set_loss(G->loss);
@@ -472,6 +477,13 @@ std::vector<float> ChunkTrainer::hidden(int k) const {
     const oomb_tensor * t = last_->hidden[k];
     std::vector<float> v((size_t) oomb_nelements(t));
     oomb_tensor_get(t, v.data(), 0, v.size() * 4);
+    return v;
+}
+
+std::vector<float> ChunkTrainer::logits() const {
+    if (!last_ || !last_->logits) oomb_error("ChunkTrainer::logits: logits were not captured (set_capture_hidden before forward)");
+    std::vector<float> v((size_t) oomb_nelements(last_->logits));
+    oomb_tensor_get(last_->logits, v.data(), 0, v.size() * 4);
     return v;
 }
 

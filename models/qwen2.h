@@ -141,6 +141,8 @@ public:
     /// After forward(): hidden state k (0 = embeddings, 1..L-1 = layer outputs, L = final norm)
     /// of the last chunk run, [n_embd, T] f32 copied to host; and its logits when captured.
     std::vector<float> hidden(int k) const;
+    /// After forward() with capture on: the last chunk's logits, [n_vocab, T] f32.
+    std::vector<float> logits() const;
 
 private:
     struct Graph;
