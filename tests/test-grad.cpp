@@ -14,6 +14,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -139,6 +140,11 @@ struct Harness {
                 pr.fd[(size_t) i] = (8.0 * (f1 - fm1) - (f2 - fm2)) / (12.0 * step);
             }
             pr.err = rel_err(pr.g, pr.fd);
+            if (getenv("OOMB_GRAD_VERBOSE")) {
+                double ng = 0;
+                for (double v : pr.g) ng += v * v;
+                fprintf(stderr, "  %-12s n=%-4lld |g|=%-10.4g rel.err=%.3g\n", p->name, (long long) n, std::sqrt(ng), pr.err);
+            }
             EXPECT_LT(pr.err, tol) << "gradient of '" << p->name << "' (" << n << " elements) differs from finite differences";
             res.push_back(pr);
         }
