@@ -6,6 +6,9 @@
 // positions, constants) costs nothing. For every parameter reached, an in-place accumulation
 // param->grad += d(loss)/d(param) is appended, so gradients accumulate across evaluations.
 //
+// paged_attn (chunk-recurrent training over a paged KV cache): its backward accumulates dK/dV into the
+// gradient pages found in k_pages->grad / v_pages->grad and reads dk_cur / dv_cur back from them.
+//
 // Gradients of views (VIEW with any offset / strides) are scattered into a zero tensor: an
 // add_inplace into a view of a FILL(0) tensor. Those add_inplace nodes are appended to the graph at
 // once, so they run before every later consumer of the zero tensor (which are appended afterwards).
@@ -45,6 +48,7 @@ int diff_srcs(const oomb_tensor * t) {
         case OOMB_OP_SWIGLU: case OOMB_OP_MUL_MAT:
             return 3;
         case OOMB_OP_ATTN:
+        case OOMB_OP_PAGED_ATTN: // q, k_cur, v_cur (the pools, page table and positions get none)
             return 7;
         default:
             return -1; // *_BACK ops, optimizer steps, custom ops
@@ -288,6 +292,24 @@ struct Builder {
                 }
                 break;
             }
+            case OOMB_OP_PAGED_ATTN: {
+                // dK/dV of every attended position accumulate into the gradient pages (k_pages->grad,
+                // v_pages->grad); dk_cur / dv_cur are read back from them at pos
+                oomb_tensor * q = t->src[0], * kc = t->src[1], * vc = t->src[2], * kp = t->src[3], * vp = t->src[4];
+                oomb_tensor * packed = oomb_paged_attn_back(ctx, q, kp, vp, kp->grad, vp->grad, t->src[5], t->src[6], dy,
+                                                            oomb::get_op_f32(t, 0));
+                oomb_format_name(packed, "grad of %.44s (q, k, v)", tname(t));
+                size_t off = 0;
+                for (oomb_tensor * s : {q, kc, vc}) {
+                    if (need(s)) {
+                        const size_t nb1 = sizeof(float) * s->ne[0], nb2 = nb1 * s->ne[1], nb3 = nb2 * s->ne[2];
+                        oomb_tensor * ds = oomb_view_4d(ctx, packed, s->ne[0], s->ne[1], s->ne[2], s->ne[3], nb1, nb2, nb3, off);
+                        add_grad(s, named(ds, s));
+                    }
+                    off += sizeof(float) * (size_t) oomb_nelements(s);
+                }
+                break;
+            }
             case OOMB_OP_CROSS_ENTROPY:
                 if (need(a)) add_grad(a, oomb_cross_entropy_loss_back(ctx, a, b, dy, t->op_params[0]));
                 break;
@@ -340,6 +362,16 @@ void oomb_build_backward_expand(struct oomb_context * ctx, struct oomb_cgraph * 
         if (m < 0) {
             oomb_error("build_backward_expand: op %s (%s) is not differentiable, but the loss depends on a parameter through it",
                        oomb_op_name(t->op), shape_str(t).c_str());
+        }
+        if (t->op == OOMB_OP_PAGED_ATTN) {
+            for (int i = 3; i <= 4; i++) {
+                const oomb_tensor * pool = t->src[i], * gp = pool->grad;
+                if (!gp || gp->type != OOMB_TYPE_F32 || !oomb_are_same_shape(gp, pool)) {
+                    oomb_error("build_backward_expand: paged_attn %s: the pool %s needs its f32 gradient pages in ->grad "
+                               "(a KV cache created with with_grad), got %s",
+                               shape_str(t).c_str(), shape_str(pool).c_str(), gp ? shape_str(gp).c_str() : "none");
+                }
+            }
         }
         for (int i = 0; i < OOMB_MAX_SRC; i++) {
             if (t->src[i] && ((m >> i) & 1) && B.needs.count(t->src[i])) reach.insert(t->src[i]);

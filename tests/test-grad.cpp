@@ -9,6 +9,7 @@
 #include "test-common.h"
 
 #include "oomb-alloc.h"
+#include "oomb-paged.h"
 
 #include <gtest/gtest.h>
 
@@ -57,6 +58,7 @@ struct Harness {
     std::vector<oomb_tensor *> params;
     bool grid = false;   // values on a 1/64 grid and step 1/64: exact in bf16 / f16
     double h = 1e-2;     // finite-difference step
+    std::vector<oomb_tensor *> extra_zero; // other accumulators zeroed with the gradients (KV-gradient pages)
 
     explicit Harness(uint32_t seed = 1234) : rng(seed) { ctx = oomb_init({0, false}); }
     ~Harness() { oomb_free(ctx); }
@@ -98,6 +100,7 @@ struct Harness {
 
     void zero_grads() {
         for (oomb_tensor * p : params) oomb_tensor_memset(p->grad, 0);
+        for (oomb_tensor * t : extra_zero) oomb_tensor_memset(t, 0);
     }
 
     // Builds loss = sum(out * R), forward + backward, and compares every parameter's gradient with
@@ -523,6 +526,44 @@ TEST(Grad, Attn) {
         oomb_tensor * k = oomb_view_3d(H.ctx, kv, 4, 1, 3, kv->nb[1], kv->nb[2], 0);
         oomb_tensor * v = oomb_view_3d(H.ctx, kv, 4, 1, 3, kv->nb[1], kv->nb[2], kv->nb[1]);
         H.check(oomb_attn(H.ctx, q, k, v, 0.5f));
+    }
+}
+
+// Attention over a paged KV cache: the chunk's K/V are stored at pos (after a history of earlier
+// positions already in the pages), dq / dk_cur / dv_cur come back through the gradient pages.
+// DISABLED until the CPU backend dispatches paged_attn / paged_attn_back.
+TEST(Grad, DISABLED_PagedAttn) {
+    for (oomb_type kv_type : {OOMB_TYPE_F32, OOMB_TYPE_BF16}) {
+        SCOPED_TRACE(oomb_type_name(kv_type));
+        Harness H;
+        H.grid = kv_type != OOMB_TYPE_F32; // K/V stored in bf16 exactly
+        const int64_t D = 4, NH = 4, NKV = 2, T = 3;
+        oomb_kv_cache_params kp{};
+        kp.n_layer = 1; kp.n_head_kv = (int) NKV; kp.head_dim = (int) D; kp.page_size = 2; kp.max_tokens = 8;
+        kp.type = kv_type; kp.with_grad = true;
+        oomb_kv_cache_t kv = oomb_kv_cache_init(cpu(), kp);
+        ASSERT_NE(kv, nullptr);
+        oomb_kv_cache_reserve(kv, 6);
+        oomb_tensor * k_pages = oomb_kv_cache_k(kv, 0), * v_pages = oomb_kv_cache_v(kv, 0);
+        H.fill(k_pages); // the history (positions 0..2) and whatever else
+        H.fill(v_pages);
+        k_pages->grad = oomb_kv_cache_dk(kv, 0);
+        v_pages->grad = oomb_kv_cache_dv(kv, 0);
+        H.extra_zero = {k_pages->grad, v_pages->grad};
+        oomb_tensor * q = H.param("q", {D, NH, T}, OOMB_TYPE_F32, -1.5f, 1.5f);
+        oomb_tensor * kc = H.param("k_cur", {D, NKV, T}, OOMB_TYPE_F32, -1.5f, 1.5f);
+        oomb_tensor * vc = H.param("v_cur", {D, NKV, T});
+        oomb_tensor * pos = H.ids("pos", {3, 4, 5}, T);
+        H.check(oomb_paged_attn(H.ctx, q, kc, vc, k_pages, v_pages, oomb_kv_cache_page_table(kv), pos, 0.5f, 1));
+
+        // without gradient pages on the pools: the documented error
+        k_pages->grad = nullptr;
+        oomb_tensor * out = oomb_paged_attn(H.ctx, q, kc, vc, k_pages, v_pages, oomb_kv_cache_page_table(kv), pos, 0.5f, 1);
+        oomb_tensor * loss = oomb_sum(H.ctx, out);
+        oomb_cgraph * g = oomb_new_graph(H.ctx);
+        oomb_build_forward_expand(g, loss);
+        EXPECT_OOMB_ERROR(oomb_build_backward_expand(H.ctx, g, loss, nullptr), "gradient pages");
+        oomb_kv_cache_free(kv);
     }
 }
 
