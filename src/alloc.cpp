@@ -3,7 +3,8 @@
 // Algorithm (one pass over the graph in execution order, like ggml-alloc's gallocr):
 //   - Memory owners are tensors without view_src; a view (view_src set, always the root owner) uses
 //     its owner's memory at view_offs. The allocator places only owners that have no data yet, or
-//     whose data it placed itself in an earlier plan (t->buffer == the arena); everything else
+//     whose data it placed itself in an earlier plan (t->buffer == the arena: placed again, their
+//     old values are not kept; use a context buffer for values that must outlive a plan); everything else
 //     (parameters in a context buffer, context-owned host memory, another arena) is left alone.
 //   - Consumers are counted per owner: every src slot of every node counts one reference to
 //     mem_owner(src), and every view node counts one to its view_src (a view node reads/writes its
