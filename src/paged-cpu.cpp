@@ -226,6 +226,9 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
     });
 
     // pass 3: dK, dV, each worker owning a range of (position, kv head) pairs
+    // (offsets are computed in the K/V pools; the f32 gradient pages have the same shape, contiguous,
+    // so an element's byte offset there is its K/V offset / element size * 4)
+    const size_t kv_es = oomb_type_size(kp->type);
     int64_t max_pos = 0;
     for (int64_t t = 0; t < T; t++) max_pos = std::max<int64_t>(max_pos, G.pos[t]);
     const int64_t n_keys = max_pos + 1;
@@ -254,8 +257,9 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
                 }
             }
             if (!any) continue;
-            float * dkr = (float *) ((char *) dkp->data + off);
-            float * dvr = (float *) ((char *) dvp->data + off);
+            const size_t goff = off / kv_es * sizeof(float); // same element in the f32 gradient pages
+            float * dkr = (float *) ((char *) dkp->data + goff);
+            float * dvr = (float *) ((char *) dvp->data + goff);
             for (int64_t d = 0; d < D; d++) { dkr[d] += dk[d]; dvr[d] += dv[d]; }
         }
     });
@@ -266,8 +270,9 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
     for (int64_t t = 0; t < T; t++)
         for (int64_t g = 0; g < G.Hkv; g++) {
             const size_t off = G.offset(G.pos[t], g, "paged_attn_back");
-            const float * dkr = (const float *) ((const char *) dkp->data + off);
-            const float * dvr = (const float *) ((const char *) dvp->data + off);
+            const size_t goff = off / kv_es * sizeof(float);
+            const float * dkr = (const float *) ((const char *) dkp->data + goff);
+            const float * dvr = (const float *) ((const char *) dvp->data + goff);
             std::copy(dkr, dkr + D, dkc + (t * G.Hkv + g) * D);
             std::copy(dvr, dvr + D, dvc + (t * G.Hkv + g) * D);
         }
