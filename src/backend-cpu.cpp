@@ -190,6 +190,12 @@ const oomb_backend_i k_cpu_iface = {
 
 oomb_backend_t oomb_backend_cpu_init(int n_threads) {
     auto * c = new cpu_backend_ctx();
+    // OOMB_CPU_MIN_PARALLEL_WORK: ops touching fewer elements run on one thread (tests set 1 to
+    // exercise the threaded paths on small data).
+    if (const char * e = getenv("OOMB_CPU_MIN_PARALLEL_WORK")) {
+        const long long v = atoll(e);
+        if (v > 0) c->exec.min_parallel_work = v;
+    }
     set_threads(c, n_threads);
     auto * b = new oomb_backend();
     b->iface = &k_cpu_iface;

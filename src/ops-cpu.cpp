@@ -65,15 +65,13 @@ namespace {
 
 const int N_PREP_SLOTS_END = OOMB_MAX_SRC; // slots [0, OOMB_MAX_SRC) hold prepared sources; kernels use the next ones
 
-const int64_t k_min_parallel_work = 32 * 1024; // below this many "element operations", stay on one thread
-
 // Calls f(begin, end, ith) over a split of [0, n) into contiguous chunks, one per thread.
 // cost: rough work per item (elements touched), to keep tiny ops on the main thread.
 template <class F>
 void parallel_for(exec_ctx & c, int64_t n, int64_t cost, F && f) {
     if (n <= 0) return;
     const int nth = c.n_threads;
-    if (nth <= 1 || n == 1 || n * std::max<int64_t>(cost, 1) < k_min_parallel_work) {
+    if (nth <= 1 || n == 1 || n * std::max<int64_t>(cost, 1) < c.min_parallel_work) {
         f((int64_t) 0, n, 0);
         return;
     }

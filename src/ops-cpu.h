@@ -40,6 +40,7 @@ struct scratch_buf {
 struct exec_ctx {
     thread_pool * pool = nullptr;
     int n_threads = 1;
+    int64_t min_parallel_work = 32 * 1024; // ops with less work (elements touched) stay on one thread
     enum { N_SLOTS = 16 };
     scratch_buf slots[N_SLOTS];         // main-thread scratch (prepared sources, conversions)
     std::vector<scratch_buf> tscratch;  // one per thread, sized on the main thread before dispatch

@@ -1,0 +1,909 @@
+// CPU backend ops against naive double-precision references on random data: odd and broadcast
+// shapes, non-contiguous sources (permute / transpose / offset views), f16 / bf16 sources,
+// 1 vs 3 threads, in-place execution (result memory == src[0] memory), and compute-time errors.
+// Backward kernels are also checked against central differences of the double reference forward.
+#include "test-common.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+namespace {
+
+using oombtest::fill_uniform;
+using oombtest::to_vector;
+using vec = std::vector<double>;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+oomb_backend_t g_cpu  = nullptr; // 3 threads
+oomb_backend_t g_cpu1 = nullptr; // 1 thread
+
+class Ops : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        // split even tiny ops over the 3 threads, so every kernel's threaded path runs
+        setenv("OOMB_CPU_MIN_PARALLEL_WORK", "1", 1);
+        if (!g_cpu) g_cpu = oomb_backend_cpu_init(3);
+        unsetenv("OOMB_CPU_MIN_PARALLEL_WORK");
+        if (!g_cpu1) g_cpu1 = oomb_backend_cpu_init(1);
+    }
+    void SetUp() override { ctx = oomb_init({0, false}); }
+    void TearDown() override { oomb_free(ctx); }
+
+    oomb_tensor * rnd(oomb_type type, int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1, int64_t ne3 = 1, float lo = -1.0f, float hi = 1.0f) {
+        oomb_tensor * t = oomb_new_tensor_4d(ctx, type, ne0, ne1, ne2, ne3);
+        fill_uniform(t, rng, lo, hi);
+        return t;
+    }
+    oomb_tensor * ids(const std::vector<int32_t> & v, int64_t ne0, int64_t ne1 = 1) {
+        oomb_tensor * t = oomb_new_tensor_2d(ctx, OOMB_TYPE_I32, ne0, ne1);
+        for (size_t i = 0; i < v.size(); i++) oomb_set_i32_1d(t, (int64_t) i, v[i]);
+        return t;
+    }
+    void compute(oomb_tensor * t, oomb_backend_t be = nullptr) {
+        oomb_cgraph * g = oomb_new_graph(ctx);
+        oomb_build_forward_expand(g, t);
+        oomb_backend_graph_compute(be ? be : g_cpu, g);
+    }
+
+    oomb_context * ctx = nullptr;
+    std::mt19937 rng{1234};
+};
+
+double rel_err(const vec & out, const vec & ref) {
+    EXPECT_EQ(out.size(), ref.size());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < out.size() && i < ref.size(); i++) {
+        num += (out[i] - ref[i]) * (out[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    if (den == 0) return std::sqrt(num);
+    return std::sqrt(num / den);
+}
+
+// Logical-order values of t with 4-D indexing.
+struct A4 {
+    vec v;
+    int64_t ne[4];
+    explicit A4(const oomb_tensor * t) : v(to_vector(t)) { for (int i = 0; i < 4; i++) ne[i] = t->ne[i]; }
+    A4(int64_t n0, int64_t n1, int64_t n2, int64_t n3) : v((size_t) (n0 * n1 * n2 * n3), 0.0), ne{n0, n1, n2, n3} {}
+    double & operator()(int64_t i0, int64_t i1 = 0, int64_t i2 = 0, int64_t i3 = 0) {
+        return v[(size_t) (((i3 * ne[2] + i2) * ne[1] + i1) * ne[0] + i0)];
+    }
+};
+
+#define EXPECT_REL(out, ref, tol) EXPECT_LT(rel_err(out, ref), tol)
+
+// ---------------------------------------------------------------------------------------------
+// Layout and copies
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(Ops, ContOfPermutedAndReshaped) {
+    oomb_tensor * a = rnd(OOMB_TYPE_F32, 3, 17, 5, 2);
+    oomb_tensor * p = oomb_permute(ctx, a, 2, 0, 3, 1); // result ne = [17, 2, 3, 5]
+    oomb_tensor * c = oomb_cont(ctx, p);
+    compute(c);
+    EXPECT_TRUE(oomb_is_contiguous(c));
+    EXPECT_EQ(to_vector(c), to_vector(p));
+    // cont_4d with a new shape keeps the logical order
+    oomb_tensor * c2 = oomb_cont_4d(ctx, oomb_transpose(ctx, a), 17 * 3, 5, 2, 1);
+    compute(c2);
+    EXPECT_EQ(to_vector(c2), to_vector(oomb_transpose(ctx, a)));
+    // same type f16, view with an offset
+    oomb_tensor * h = rnd(OOMB_TYPE_F16, 7, 9);
+    oomb_tensor * hv = oomb_view_2d(ctx, h, 4, 5, h->nb[1], 2 * h->nb[1] + 3 * 2);
+    oomb_tensor * hc = oomb_cont(ctx, hv);
+    compute(hc);
+    EXPECT_EQ(hc->type, OOMB_TYPE_F16);
+    EXPECT_EQ(to_vector(hc), to_vector(hv));
+}
+
+TEST_F(Ops, CpyConvertsTypesAnyStrides) {
+    const oomb_type types[3] = {OOMB_TYPE_F32, OOMB_TYPE_F16, OOMB_TYPE_BF16};
+    for (oomb_type st : types) {
+        for (oomb_type dt : types) {
+            oomb_tensor * a = rnd(st, 33, 3, 2);
+            oomb_tensor * b = oomb_new_tensor_3d(ctx, dt, 3, 33, 2);
+            oomb_tensor * bt = oomb_transpose(ctx, b); // [33, 3, 2] view, non-contiguous
+            oomb_tensor * r = oomb_cpy(ctx, a, bt);
+            compute(r);
+            const vec av = to_vector(a), bv = to_vector(bt);
+            for (size_t i = 0; i < av.size(); i++) {
+                const float x = (float) av[i];
+                float expect = x;
+                if (dt == OOMB_TYPE_F16) expect = oomb_fp16_to_fp32(oomb_fp32_to_fp16(x));
+                if (dt == OOMB_TYPE_BF16) expect = oomb_bf16_to_fp32(oomb_fp32_to_bf16(x));
+                ASSERT_EQ((float) bv[i], expect) << oomb_type_name(st) << " -> " << oomb_type_name(dt) << " at " << i;
+            }
+        }
+    }
+    // different shapes, same count: logical order of both
+    oomb_tensor * a = rnd(OOMB_TYPE_F32, 12, 5);
+    oomb_tensor * b = oomb_new_tensor_2d(ctx, OOMB_TYPE_F32, 6, 10);
+    compute(oomb_cpy(ctx, oomb_transpose(ctx, a), b));
+    EXPECT_EQ(to_vector(b), to_vector(oomb_transpose(ctx, a)));
+    // i32 -> i32 into a permuted destination
+    oomb_tensor * ia = oomb_new_tensor_2d(ctx, OOMB_TYPE_I32, 4, 3);
+    for (int i = 0; i < 12; i++) oomb_set_i32_1d(ia, i, i * 7 - 20);
+    oomb_tensor * ib = oomb_new_tensor_2d(ctx, OOMB_TYPE_I32, 3, 4);
+    compute(oomb_cpy(ctx, ia, oomb_transpose(ctx, ib)));
+    for (int i0 = 0; i0 < 4; i0++)
+        for (int i1 = 0; i1 < 3; i1++) EXPECT_EQ(oomb_get_i32_1d(ib, i1 + 3 * i0), (i0 + 4 * i1) * 7 - 20);
+}
+
+TEST_F(Ops, CastAndFill) {
+    oomb_tensor * a = rnd(OOMB_TYPE_F32, 17, 3, 2);
+    oomb_tensor * h = oomb_cast(ctx, oomb_permute(ctx, a, 1, 0, 2, 3), OOMB_TYPE_F16);
+    oomb_tensor * b = oomb_cast(ctx, h, OOMB_TYPE_BF16);
+    oomb_tensor * f = oomb_cast(ctx, b, OOMB_TYPE_F32);
+    compute(f);
+    const vec av = to_vector(oomb_permute(ctx, a, 1, 0, 2, 3)), hv = to_vector(h), fv = to_vector(f);
+    for (size_t i = 0; i < av.size(); i++) {
+        ASSERT_EQ((float) hv[i], oomb_fp16_to_fp32(oomb_fp32_to_fp16((float) av[i])));
+        ASSERT_EQ((float) fv[i], oomb_bf16_to_fp32(oomb_fp32_to_bf16((float) hv[i])));
+    }
+    oomb_tensor * fl = oomb_fill(ctx, 5, 3, 1, 2, -2.5f);
+    compute(fl);
+    for (double x : to_vector(fl)) ASSERT_EQ(x, -2.5);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element-wise
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(Ops, BinaryBroadcastAndStrides) {
+    const int64_t shapes_b[][4] = {{17, 3, 5, 2}, {17, 1, 1, 1}, {1, 3, 1, 2}, {1, 1, 1, 1}, {17, 3, 1, 1}, {1, 1, 5, 1}};
+    for (int op = 0; op < 3; op++) {
+        for (auto & sb : shapes_b) {
+            for (int strided = 0; strided < 2; strided++) {
+                oomb_tensor * a;
+                if (strided) a = oomb_permute(ctx, rnd(OOMB_TYPE_F32, 3, 17, 2, 5), 1, 0, 3, 2); // [17, 3, 5, 2] view
+                else a = rnd(OOMB_TYPE_F32, 17, 3, 5, 2);
+                oomb_tensor * b = rnd(OOMB_TYPE_F32, sb[0], sb[1], sb[2], sb[3]);
+                if (strided && sb[0] > 1 && sb[1] > 1) {
+                    b = oomb_transpose(ctx, rnd(OOMB_TYPE_F32, sb[1], sb[0], sb[2], sb[3]));
+                }
+                oomb_tensor * r = op == 0 ? oomb_add(ctx, a, b) : op == 1 ? oomb_sub(ctx, a, b) : oomb_mul(ctx, a, b);
+                compute(r);
+                A4 A(a), B(b), R(r);
+                A4 ref(17, 3, 5, 2);
+                for (int64_t i3 = 0; i3 < 2; i3++)
+                for (int64_t i2 = 0; i2 < 5; i2++)
+                for (int64_t i1 = 0; i1 < 3; i1++)
+                for (int64_t i0 = 0; i0 < 17; i0++) {
+                    const double x = A(i0, i1, i2, i3), y = B(i0 % sb[0], i1 % sb[1], i2 % sb[2], i3 % sb[3]);
+                    ref(i0, i1, i2, i3) = op == 0 ? x + y : op == 1 ? x - y : x * y;
+                }
+                EXPECT_REL(R.v, ref.v, 1e-6) << "op " << op << " b [" << sb[0] << "," << sb[1] << "," << sb[2] << "," << sb[3] << "] strided " << strided;
+            }
+        }
+    }
+}
+
+TEST_F(Ops, UnaryOps) {
+    oomb_tensor * x = oomb_transpose(ctx, rnd(OOMB_TYPE_F32, 33, 17, 2, 1, -6.0f, 6.0f)); // [17, 33, 2]
+    oomb_tensor * y = rnd(OOMB_TYPE_F32, 17, 33, 2);
+    oomb_tensor * sc = oomb_scale(ctx, x, -0.37f);
+    oomb_tensor * si = oomb_silu(ctx, x);
+    oomb_tensor * sb = oomb_silu_back(ctx, x, y);
+    oomb_tensor * sw = oomb_swiglu(ctx, x, y);
+    for (oomb_tensor * t : {sc, si, sb, sw}) compute(t);
+    const vec X = to_vector(x), Y = to_vector(y);
+    vec rsc, rsi, rsb, rsw;
+    for (size_t i = 0; i < X.size(); i++) {
+        const double s = 1.0 / (1.0 + std::exp(-X[i]));
+        rsc.push_back(X[i] * (double) -0.37f);
+        rsi.push_back(X[i] * s);
+        rsb.push_back(Y[i] * s * (1.0 + X[i] * (1.0 - s)));
+        rsw.push_back(X[i] * s * Y[i]);
+    }
+    EXPECT_REL(to_vector(sc), rsc, 1e-6);
+    EXPECT_REL(to_vector(si), rsi, 1e-6);
+    EXPECT_REL(to_vector(sb), rsb, 1e-6);
+    EXPECT_REL(to_vector(sw), rsw, 1e-6);
+    // silu_back against a central difference of silu
+    vec fd;
+    for (size_t i = 0; i < X.size(); i++) {
+        auto f = [](double v) { return v / (1.0 + std::exp(-v)); };
+        fd.push_back(Y[i] * (f(X[i] + 1e-6) - f(X[i] - 1e-6)) / 2e-6);
+    }
+    EXPECT_REL(to_vector(sb), fd, 1e-6);
+}
+
+TEST_F(Ops, AddInplaceWritesFirstSource) {
+    oomb_tensor * a = rnd(OOMB_TYPE_F32, 17, 3, 4);
+    oomb_tensor * b = rnd(OOMB_TYPE_F32, 17, 1, 4);
+    const A4 A0(a), B(b);
+    oomb_tensor * r = oomb_add_inplace(ctx, a, b);
+    compute(r);
+    EXPECT_EQ(r->data, a->data);
+    A4 A(a);
+    for (int64_t i2 = 0; i2 < 4; i2++)
+    for (int64_t i1 = 0; i1 < 3; i1++)
+    for (int64_t i0 = 0; i0 < 17; i0++) {
+        ASSERT_FLOAT_EQ((float) A(i0, i1, i2), (float) (A0.v[(size_t) ((i2 * 3 + i1) * 17 + i0)] + B.v[(size_t) (i2 * 17 + i0)]));
+    }
+    // into a strided view of a (column 2 of each matrix)
+    oomb_tensor * m = rnd(OOMB_TYPE_F32, 5, 7);
+    const A4 M0(m);
+    oomb_tensor * col = oomb_view_2d(ctx, m, 1, 7, m->nb[1], 2 * 4);
+    oomb_tensor * one = oomb_fill(ctx, 1, 1, 1, 1, 1.5f);
+    compute(oomb_add_inplace(ctx, col, one));
+    A4 M(m);
+    for (int64_t i1 = 0; i1 < 7; i1++)
+        for (int64_t i0 = 0; i0 < 5; i0++) ASSERT_FLOAT_EQ((float) M(i0, i1), (float) (M0.v[(size_t) (i1 * 5 + i0)] + (i0 == 2 ? 1.5 : 0.0)));
+}
+
+TEST_F(Ops, RepeatAndRepeatBack) {
+    oomb_tensor * a = oomb_transpose(ctx, rnd(OOMB_TYPE_F32, 3, 5, 1, 2)); // [5, 3, 1, 2] view
+    oomb_tensor * shape = oomb_new_tensor_4d(ctx, OOMB_TYPE_F32, 10, 6, 4, 2);
+    oomb_tensor * r = oomb_repeat(ctx, a, shape);
+    compute(r);
+    A4 A(a), R(r), ref(10, 6, 4, 2);
+    for (int64_t i3 = 0; i3 < 2; i3++)
+    for (int64_t i2 = 0; i2 < 4; i2++)
+    for (int64_t i1 = 0; i1 < 6; i1++)
+    for (int64_t i0 = 0; i0 < 10; i0++) ref(i0, i1, i2, i3) = A(i0 % 5, i1 % 3, 0, i3);
+    EXPECT_EQ(R.v, ref.v);
+
+    oomb_tensor * big = oomb_permute(ctx, rnd(OOMB_TYPE_F32, 6, 10, 4, 2), 1, 0, 2, 3); // [10, 6, 4, 2] view
+    oomb_tensor * small = oomb_new_tensor_4d(ctx, OOMB_TYPE_F32, 5, 3, 1, 2);
+    oomb_tensor * rb = oomb_repeat_back(ctx, big, small);
+    compute(rb);
+    A4 BG(big), RB(rb), ref2(5, 3, 1, 2);
+    for (int64_t i3 = 0; i3 < 2; i3++)
+    for (int64_t i2 = 0; i2 < 4; i2++)
+    for (int64_t i1 = 0; i1 < 6; i1++)
+    for (int64_t i0 = 0; i0 < 10; i0++) ref2(i0 % 5, i1 % 3, 0, i3) += BG(i0, i1, i2, i3);
+    EXPECT_REL(RB.v, ref2.v, 1e-6);
+}
+
+TEST_F(Ops, Reductions) {
+    for (int strided = 0; strided < 2; strided++) {
+        oomb_tensor * a = strided ? oomb_permute(ctx, rnd(OOMB_TYPE_F32, 33, 17, 3, 2), 2, 0, 1, 3) : rnd(OOMB_TYPE_F32, 1001, 3, 2);
+        oomb_tensor * s = oomb_sum(ctx, a), * m = oomb_mean(ctx, a), * q = oomb_sum_sq(ctx, a);
+        for (oomb_tensor * t : {s, m, q}) compute(t);
+        double rs = 0, rq = 0;
+        const vec A = to_vector(a);
+        for (double x : A) { rs += x; rq += x * x; }
+        EXPECT_NEAR(oomb_get_f32_1d(s, 0), rs, 1e-5 * std::max(1.0, std::fabs(rs)));
+        EXPECT_NEAR(oomb_get_f32_1d(m, 0), rs / (double) A.size(), 1e-6);
+        EXPECT_NEAR(oomb_get_f32_1d(q, 0), rq, 1e-5 * rq);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embeddings
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(Ops, GetRowsAllTypes) {
+    for (oomb_type type : {OOMB_TYPE_F32, OOMB_TYPE_F16, OOMB_TYPE_BF16}) {
+        oomb_tensor * a = rnd(type, 33, 17);
+        std::vector<int32_t> v = {0, 16, 3, 3, 9, 1};
+        oomb_tensor * id = ids(v, 3, 2);
+        oomb_tensor * r = oomb_get_rows(ctx, a, id);
+        compute(r);
+        ASSERT_EQ(r->ne[0], 33); ASSERT_EQ(r->ne[1], 3); ASSERT_EQ(r->ne[2], 2);
+        A4 A(a), R(r);
+        for (int64_t j = 0; j < 2; j++)
+        for (int64_t i = 0; i < 3; i++)
+        for (int64_t k = 0; k < 33; k++) ASSERT_EQ(R(k, i, j), A(k, v[(size_t) (i + 3 * j)])) << oomb_type_name(type);
+    }
+    // a transposed (non-contiguous) table
+    oomb_tensor * a = oomb_transpose(ctx, rnd(OOMB_TYPE_F32, 5, 8)); // [8, 5]
+    oomb_tensor * r = oomb_get_rows(ctx, a, ids({4, 0}, 2));
+    compute(r);
+    A4 A(a), R(r);
+    for (int64_t k = 0; k < 8; k++) { EXPECT_EQ(R(k, 0), A(k, 4)); EXPECT_EQ(R(k, 1), A(k, 0)); }
+}
+
+TEST_F(Ops, GetRowsBackScatterAddsDuplicates) {
+    const int64_t E = 130, R = 11;
+    std::vector<int32_t> v;
+    std::uniform_int_distribution<int> d(0, R - 1);
+    for (int i = 0; i < 40; i++) v.push_back(i % 4 == 0 ? 5 : d(rng)); // many duplicates of 5
+    oomb_tensor * id = ids(v, 20, 2);
+    oomb_tensor * dy = rnd(OOMB_TYPE_F32, E, 20, 2);
+    oomb_tensor * r = oomb_get_rows_back(ctx, dy, id, R);
+    compute(r);
+    A4 DY(dy), ref(E, R, 1, 1);
+    for (int64_t j = 0; j < 2; j++)
+    for (int64_t i = 0; i < 20; i++)
+    for (int64_t k = 0; k < E; k++) ref(k, v[(size_t) (i + 20 * j)]) += DY(k, i, j);
+    EXPECT_REL(to_vector(r), ref.v, 1e-6);
+    oomb_tensor * r1 = oomb_get_rows_back(ctx, dy, id, R);
+    compute(r1, g_cpu1);
+    EXPECT_EQ(to_vector(r1), to_vector(r));
+}
+
+TEST_F(Ops, GetRowsErrors) {
+    oomb_tensor * a = rnd(OOMB_TYPE_F32, 4, 6);
+    oomb_tensor * r = oomb_get_rows(ctx, a, ids({1, 6}, 2));
+    EXPECT_OOMB_ERROR(compute(r), "id 6");
+    EXPECT_OOMB_ERROR(compute(oomb_get_rows(ctx, a, ids({-1}, 1))), "6 rows");
+    oomb_tensor * dy = rnd(OOMB_TYPE_F32, 4, 2);
+    EXPECT_OOMB_ERROR(compute(oomb_get_rows_back(ctx, dy, ids({0, 9}, 2), 3)), "id 9");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matrix product
+// ---------------------------------------------------------------------------------------------
+
+vec mul_mat_ref(const oomb_tensor * a, const oomb_tensor * b) {
+    A4 A(a), B(b);
+    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1], B2 = b->ne[2], B3 = b->ne[3];
+    const int64_t r2 = B2 / a->ne[2], r3 = B3 / a->ne[3];
+    A4 R(M, N, B2, B3);
+    for (int64_t i3 = 0; i3 < B3; i3++)
+    for (int64_t i2 = 0; i2 < B2; i2++)
+    for (int64_t n = 0; n < N; n++)
+    for (int64_t m = 0; m < M; m++) {
+        double s = 0;
+        for (int64_t k = 0; k < K; k++) s += A(k, m, i2 / r2, i3 / r3) * B(k, n, i2, i3);
+        R(m, n, i2, i3) = s;
+    }
+    return R.v;
+}
+
+TEST_F(Ops, MulMatShapesAndBroadcast) {
+    const int64_t sizes[][7] = {
+        // K, M, N, A2, A3, B2, B3
+        {1, 1, 1, 1, 1, 1, 1}, {3, 17, 33, 1, 1, 1, 1}, {33, 1, 17, 1, 1, 1, 1}, {17, 33, 1, 1, 1, 1, 1},
+        {300, 257, 129, 1, 1, 1, 1}, {64, 17, 3, 1, 1, 5, 2}, {17, 5, 7, 2, 1, 6, 1}, {9, 4, 3, 2, 3, 4, 3},
+    };
+    for (auto & s : sizes) {
+        oomb_tensor * a = rnd(OOMB_TYPE_F32, s[0], s[1], s[3], s[4]);
+        oomb_tensor * b = rnd(OOMB_TYPE_F32, s[0], s[2], s[5], s[6]);
+        oomb_tensor * r = oomb_mul_mat(ctx, a, b);
+        compute(r);
+        EXPECT_REL(to_vector(r), mul_mat_ref(a, b), 1e-5) << "K " << s[0] << " M " << s[1] << " N " << s[2];
+    }
+}
+
+TEST_F(Ops, MulMatHalfTypesAndNonContiguous) {
+    const int64_t K = 67, M = 33, N = 19;
+    for (oomb_type type : {OOMB_TYPE_F16, OOMB_TYPE_BF16}) {
+        for (int64_t B2 : {1, 3}) {
+            oomb_tensor * a = rnd(type, K, M, B2 > 1 ? 1 : 1);
+            oomb_tensor * b = rnd(OOMB_TYPE_F32, K, N, B2);
+            oomb_tensor * r = oomb_mul_mat(ctx, a, b);
+            compute(r);
+            EXPECT_REL(to_vector(r), mul_mat_ref(a, b), 1e-5) << oomb_type_name(type);
+        }
+    }
+    // a transposed view (unit stride in dim 1), b transposed view
+    {
+        oomb_tensor * a = oomb_transpose(ctx, rnd(OOMB_TYPE_F32, M, K)); // [K, M], nb1 == 4
+        oomb_tensor * b = oomb_transpose(ctx, rnd(OOMB_TYPE_F32, N, K)); // [K, N], nb1 == 4
+        oomb_tensor * r = oomb_mul_mat(ctx, a, b);
+        compute(r);
+        EXPECT_REL(to_vector(r), mul_mat_ref(a, b), 1e-5);
+    }
+    // views with offsets and padded rows; batched with permuted b
+    {
+        oomb_tensor * base = rnd(OOMB_TYPE_F32, K + 5, M + 3);
+        oomb_tensor * a = oomb_view_2d(ctx, base, K, M, base->nb[1], 2 * base->nb[1] + 3 * 4);
+        oomb_tensor * bb = rnd(OOMB_TYPE_F32, K, 4, N);
+        oomb_tensor * b = oomb_permute(ctx, bb, 0, 2, 1, 3); // [K, N, 4]: batches interleaved
+        oomb_tensor * r = oomb_mul_mat(ctx, a, b);
+        compute(r);
+        EXPECT_REL(to_vector(r), mul_mat_ref(a, b), 1e-5);
+    }
+    // f16 transposed view of a, batched a
+    {
+        oomb_tensor * a = oomb_transpose(ctx, rnd(OOMB_TYPE_F16, M, K, 2)); // [K, M, 2]
+        oomb_tensor * b = oomb_permute(ctx, rnd(OOMB_TYPE_F32, N, K, 4), 1, 0, 2, 3); // [K, N, 4], nb0 != 4
+        oomb_tensor * r = oomb_mul_mat(ctx, a, b);
+        compute(r);
+        EXPECT_REL(to_vector(r), mul_mat_ref(a, b), 1e-5);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Normalization, rope, softmax
+// ---------------------------------------------------------------------------------------------
+
+vec rms_norm_ref(const vec & x, int64_t n, double eps) {
+    vec y(x.size());
+    for (size_t r = 0; r < x.size() / (size_t) n; r++) {
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += x[r * n + i] * x[r * n + i];
+        const double s = 1.0 / std::sqrt(ss / (double) n + eps);
+        for (int64_t i = 0; i < n; i++) y[r * n + i] = x[r * n + i] * s;
+    }
+    return y;
+}
+
+// dx = J^T dy of f at x by central differences, f applied row by row (rows of length n).
+vec row_vjp(const std::function<vec(const vec &)> & f, const vec & x, const vec & dy, int64_t n, double h = 1e-6) {
+    vec dx(x.size());
+    for (size_t r = 0; r < x.size() / (size_t) n; r++) {
+        vec row(x.begin() + (long) (r * n), x.begin() + (long) ((r + 1) * n));
+        for (int64_t i = 0; i < n; i++) {
+            vec xp = row, xm = row;
+            xp[(size_t) i] += h;
+            xm[(size_t) i] -= h;
+            const vec fp = f(xp), fm = f(xm);
+            double s = 0;
+            for (int64_t j = 0; j < n; j++) s += dy[r * n + j] * (fp[(size_t) j] - fm[(size_t) j]) / (2 * h);
+            dx[r * n + i] = s;
+        }
+    }
+    return dx;
+}
+
+TEST_F(Ops, RmsNormAndBack) {
+    for (int64_t n : {1, 3, 17, 896}) {
+        const float eps = 1e-6f;
+        oomb_tensor * x = rnd(OOMB_TYPE_F32, n, 5, 3);
+        oomb_tensor * dy = rnd(OOMB_TYPE_F32, n, 5, 3);
+        oomb_tensor * y = oomb_rms_norm(ctx, x, eps);
+        oomb_tensor * dx = oomb_rms_norm_back(ctx, x, dy, eps);
+        compute(y);
+        compute(dx);
+        const vec X = to_vector(x), DY = to_vector(dy);
+        EXPECT_REL(to_vector(y), rms_norm_ref(X, n, eps), 1e-6) << n;
+        if (n <= 17) {
+            const vec fd = row_vjp([&](const vec & r) { return rms_norm_ref(r, n, eps); }, X, DY, n);
+            EXPECT_REL(to_vector(dx), fd, 1e-5) << n;
+        }
+        // formula reference
+        vec ref(X.size());
+        for (size_t r = 0; r < X.size() / (size_t) n; r++) {
+            double ss = 0, xg = 0;
+            for (int64_t i = 0; i < n; i++) { ss += X[r * n + i] * X[r * n + i]; xg += X[r * n + i] * DY[r * n + i]; }
+            const double s = 1.0 / std::sqrt(ss / n + eps);
+            for (int64_t i = 0; i < n; i++) ref[r * n + i] = s * DY[r * n + i] - s * s * s / n * X[r * n + i] * xg;
+        }
+        EXPECT_REL(to_vector(dx), ref, 1e-5) << n;
+    }
+    // non-contiguous source: permuted (nb0 != 4) and a view with padded rows
+    oomb_tensor * base = rnd(OOMB_TYPE_F32, 7, 33, 2);
+    oomb_tensor * xp = oomb_permute(ctx, base, 1, 0, 2, 3); // [33, 7, 2]
+    oomb_tensor * y = oomb_rms_norm(ctx, xp, 1e-5f);
+    compute(y);
+    EXPECT_REL(to_vector(y), rms_norm_ref(to_vector(xp), 33, 1e-5f), 1e-6);
+    oomb_tensor * xv = oomb_view_3d(ctx, base, 5, 33, 2, base->nb[1], base->nb[2], 4);
+    oomb_tensor * yv = oomb_rms_norm(ctx, xv, 1e-5f);
+    compute(yv);
+    EXPECT_REL(to_vector(yv), rms_norm_ref(to_vector(xv), 5, 1e-5f), 1e-6);
+}
+
+// NEOX rope in double on [D, H, T, B] logical values.
+vec rope_ref(const oomb_tensor * a, const std::vector<int32_t> & pos, int n_dims, double theta, bool back) {
+    A4 A(a), R = A;
+    const int64_t half = n_dims / 2;
+    for (int64_t b = 0; b < A.ne[3]; b++)
+    for (int64_t t = 0; t < A.ne[2]; t++)
+    for (int64_t h = 0; h < A.ne[1]; h++)
+    for (int64_t i = 0; i < half; i++) {
+        const double ang = pos[(size_t) t] * std::pow(theta, -2.0 * (double) i / n_dims);
+        const double c = std::cos(ang), s = back ? -std::sin(ang) : std::sin(ang);
+        const double x0 = A(i, h, t, b), x1 = A(i + half, h, t, b);
+        R(i, h, t, b) = x0 * c - x1 * s;
+        R(i + half, h, t, b) = x0 * s + x1 * c;
+    }
+    return R.v;
+}
+
+TEST_F(Ops, RopeAndBack) {
+    const int64_t cases[][5] = {{64, 3, 7, 2, 64}, {16, 2, 5, 1, 8}, {2, 1, 3, 1, 2}, {128, 2, 4, 1, 128}};
+    for (auto & cs : cases) {
+        const int64_t D = cs[0], H = cs[1], T = cs[2], B = cs[3];
+        const int n_dims = (int) cs[4];
+        const float theta = 1000000.0f;
+        std::vector<int32_t> p;
+        std::uniform_int_distribution<int> d(0, 32767);
+        for (int64_t t = 0; t < T; t++) p.push_back(t == 0 ? 0 : d(rng));
+        oomb_tensor * pos = ids(p, T);
+        oomb_tensor * a = rnd(OOMB_TYPE_F32, D, H, T, B);
+        oomb_tensor * y = oomb_rope(ctx, a, pos, n_dims, theta);
+        oomb_tensor * yb = oomb_rope_back(ctx, a, pos, n_dims, theta);
+        compute(y);
+        compute(yb);
+        EXPECT_REL(to_vector(y), rope_ref(a, p, n_dims, theta, false), 1e-6) << D;
+        EXPECT_REL(to_vector(yb), rope_ref(a, p, n_dims, theta, true), 1e-6) << D;
+        // rope_back is the inverse of rope
+        oomb_tensor * rt = oomb_rope_back(ctx, y, pos, n_dims, theta);
+        compute(rt);
+        EXPECT_REL(to_vector(rt), to_vector(a), 1e-6);
+    }
+    // non-contiguous source: q as a permuted view of [D, T, H]
+    oomb_tensor * base = rnd(OOMB_TYPE_F32, 16, 5, 3);
+    oomb_tensor * a = oomb_permute(ctx, base, 0, 2, 1, 3); // [16, 3, 5]
+    std::vector<int32_t> p = {3, 4, 5, 6, 7};
+    oomb_tensor * y = oomb_rope(ctx, a, ids(p, 5), 16, 10000.0f);
+    compute(y);
+    EXPECT_REL(to_vector(y), rope_ref(a, p, 16, 10000.0, false), 1e-6);
+}
+
+vec softmax_row(const vec & x, double scale, int64_t n_valid) {
+    vec y(x.size(), 0.0);
+    if (n_valid <= 0) return y;
+    double mx = -INFINITY;
+    for (int64_t i = 0; i < n_valid; i++) mx = std::max(mx, x[(size_t) i] * scale);
+    double s = 0;
+    for (int64_t i = 0; i < n_valid; i++) s += std::exp(x[(size_t) i] * scale - mx);
+    for (int64_t i = 0; i < n_valid; i++) y[(size_t) i] = std::exp(x[(size_t) i] * scale - mx) / s;
+    return y;
+}
+
+TEST_F(Ops, SoftMaxMaskedAndBack) {
+    for (int causal : {-1, 0, 2}) {
+        for (int64_t n : {1, 3, 33}) {
+            const float scale = 0.7f;
+            oomb_tensor * x = rnd(OOMB_TYPE_F32, n, 6, 2, 1, -4.0f, 4.0f);
+            oomb_tensor * y = oomb_soft_max(ctx, x, scale, causal);
+            compute(y);
+            const vec X = to_vector(x);
+            vec ref;
+            for (int64_t r = 0; r < 12; r++) {
+                const int64_t i1 = r % 6;
+                const int64_t nv = causal < 0 ? n : std::min<int64_t>(n, i1 + causal + 1);
+                const vec row(X.begin() + r * n, X.begin() + (r + 1) * n);
+                const vec yr = softmax_row(row, scale, nv);
+                ref.insert(ref.end(), yr.begin(), yr.end());
+            }
+            const vec Y = to_vector(y);
+            EXPECT_REL(Y, ref, 1e-6) << "causal " << causal << " n " << n;
+            for (double v : Y) ASSERT_FALSE(std::isnan(v));
+        }
+    }
+    // a row of -inf gives zeros, not NaN
+    oomb_tensor * x = oomb_new_tensor_2d(ctx, OOMB_TYPE_F32, 4, 2);
+    for (int i = 0; i < 8; i++) oomb_set_f32_1d(x, i, i < 4 ? -INFINITY : (float) i);
+    oomb_tensor * y = oomb_soft_max(ctx, x, 1.0f, -1);
+    compute(y);
+    for (int i = 0; i < 4; i++) EXPECT_EQ(oomb_get_f32_1d(y, i), 0.0f);
+    // backward vs central differences of the reference softmax
+    const int64_t n = 17;
+    const double scale = 0.5;
+    oomb_tensor * xs = rnd(OOMB_TYPE_F32, n, 4, 3, 1, -3.0f, 3.0f);
+    oomb_tensor * ys = oomb_soft_max(ctx, xs, (float) scale, -1);
+    compute(ys);
+    oomb_tensor * dy = rnd(OOMB_TYPE_F32, n, 4, 3);
+    oomb_tensor * dx = oomb_soft_max_back(ctx, ys, dy, (float) scale);
+    compute(dx);
+    const vec fd = row_vjp([&](const vec & r) { return softmax_row(r, scale, n); }, to_vector(xs), to_vector(dy), n);
+    EXPECT_REL(to_vector(dx), fd, 1e-5);
+    // the formula on non-contiguous y and dy
+    oomb_tensor * yt = oomb_transpose(ctx, rnd(OOMB_TYPE_F32, 5, 9));
+    oomb_tensor * gt = oomb_transpose(ctx, rnd(OOMB_TYPE_F32, 5, 9));
+    oomb_tensor * dxt = oomb_soft_max_back(ctx, yt, gt, 1.3f);
+    compute(dxt);
+    const vec Yt = to_vector(yt), Gt = to_vector(gt);
+    vec ref(Yt.size());
+    for (int64_t r = 0; r < 5; r++) {
+        double dot = 0;
+        for (int64_t i = 0; i < 9; i++) dot += Yt[r * 9 + i] * Gt[r * 9 + i];
+        for (int64_t i = 0; i < 9; i++) ref[r * 9 + i] = (double) 1.3f * Yt[r * 9 + i] * (Gt[r * 9 + i] - dot);
+    }
+    EXPECT_REL(to_vector(dxt), ref, 1e-6);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention
+// ---------------------------------------------------------------------------------------------
+
+struct AttnShape { int64_t D, H, Hkv, T, S, B; };
+
+// Reference GQA causal attention on flat logical q [D,H,T,B], k, v [D,Hkv,S,B].
+vec attn_ref(const vec & q, const vec & k, const vec & v, const AttnShape & s, double scale) {
+    vec out(q.size(), 0.0);
+    const int64_t G = s.H / s.Hkv;
+    auto Q = [&](int64_t d, int64_t h, int64_t t, int64_t b) { return q[(size_t) (((b * s.T + t) * s.H + h) * s.D + d)]; };
+    auto K = [&](int64_t d, int64_t g, int64_t j, int64_t b) { return k[(size_t) (((b * s.S + j) * s.Hkv + g) * s.D + d)]; };
+    auto V = [&](int64_t d, int64_t g, int64_t j, int64_t b) { return v[(size_t) (((b * s.S + j) * s.Hkv + g) * s.D + d)]; };
+    for (int64_t b = 0; b < s.B; b++)
+    for (int64_t t = 0; t < s.T; t++)
+    for (int64_t h = 0; h < s.H; h++) {
+        const int64_t g = h / G, n = t + (s.S - s.T) + 1;
+        vec sc((size_t) n);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++) {
+            double d = 0;
+            for (int64_t i = 0; i < s.D; i++) d += Q(i, h, t, b) * K(i, g, j, b);
+            sc[(size_t) j] = d * scale;
+            mx = std::max(mx, sc[(size_t) j]);
+        }
+        double l = 0;
+        for (auto & x : sc) { x = std::exp(x - mx); l += x; }
+        for (int64_t i = 0; i < s.D; i++) {
+            double o = 0;
+            for (int64_t j = 0; j < n; j++) o += sc[(size_t) j] * V(i, g, j, b);
+            out[(size_t) (((b * s.T + t) * s.H + h) * s.D + i)] = o / l;
+        }
+    }
+    return out;
+}
+
+TEST_F(Ops, AttnForwardAndBack) {
+    const AttnShape shapes[] = {{16, 4, 2, 5, 7, 2}, {8, 3, 3, 4, 4, 1}, {5, 2, 1, 1, 3, 1}};
+    for (const AttnShape & s : shapes) {
+        const float scale = 1.0f / std::sqrt((float) s.D);
+        // q as a permuted view of [D, T, H, B] (non-contiguous source)
+        oomb_tensor * qb = rnd(OOMB_TYPE_F32, s.D, s.T, s.H, s.B);
+        oomb_tensor * q = oomb_permute(ctx, qb, 0, 2, 1, 3);
+        oomb_tensor * k = rnd(OOMB_TYPE_F32, s.D, s.Hkv, s.S, s.B);
+        oomb_tensor * v = rnd(OOMB_TYPE_F32, s.D, s.Hkv, s.S, s.B);
+        oomb_tensor * dout = rnd(OOMB_TYPE_F32, s.D, s.H, s.T, s.B);
+        oomb_tensor * o = oomb_attn(ctx, q, k, v, scale);
+        oomb_tensor * gb = oomb_attn_back(ctx, q, k, v, dout, scale);
+        compute(o);
+        compute(gb);
+        const vec Q = to_vector(q), K = to_vector(k), V = to_vector(v), DO = to_vector(dout);
+        EXPECT_REL(to_vector(o), attn_ref(Q, K, V, s, scale), 1e-6) << s.D;
+        // backward: central differences of L = sum(dout * attn(q, k, v))
+        auto L = [&](const vec & q_, const vec & k_, const vec & v_) {
+            const vec out = attn_ref(q_, k_, v_, s, scale);
+            double acc = 0;
+            for (size_t i = 0; i < out.size(); i++) acc += out[i] * DO[i];
+            return acc;
+        };
+        vec ref;
+        const double h = 1e-6;
+        for (int which = 0; which < 3; which++) {
+            const vec & base = which == 0 ? Q : which == 1 ? K : V;
+            for (size_t i = 0; i < base.size(); i++) {
+                vec p = base, m = base;
+                p[i] += h;
+                m[i] -= h;
+                const double lp = which == 0 ? L(p, K, V) : which == 1 ? L(Q, p, V) : L(Q, K, p);
+                const double lm = which == 0 ? L(m, K, V) : which == 1 ? L(Q, m, V) : L(Q, K, m);
+                ref.push_back((lp - lm) / (2 * h));
+            }
+        }
+        EXPECT_REL(to_vector(gb), ref, 1e-5) << s.D;
+        // one thread gives the same bits
+        oomb_tensor * gb1 = oomb_attn_back(ctx, q, k, v, dout, scale);
+        compute(gb1, g_cpu1);
+        EXPECT_EQ(to_vector(gb1), to_vector(gb));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(Ops, CrossEntropyAndBack) {
+    const int64_t V = 33, N = 7;
+    const int32_t ignore = -100;
+    oomb_tensor * x = rnd(OOMB_TYPE_F32, V, N, 1, 1, -5.0f, 5.0f);
+    std::vector<int32_t> lab = {0, 32, ignore, 5, 5, ignore, 17};
+    oomb_tensor * labels = ids(lab, N);
+    oomb_tensor * loss = oomb_cross_entropy_loss(ctx, x, labels, ignore);
+    compute(loss);
+    const vec X = to_vector(x);
+    double ref = 0;
+    int count = 0;
+    for (int64_t r = 0; r < N; r++) {
+        if (lab[(size_t) r] == ignore) continue;
+        double mx = -INFINITY, s = 0;
+        for (int64_t i = 0; i < V; i++) mx = std::max(mx, X[r * V + i]);
+        for (int64_t i = 0; i < V; i++) s += std::exp(X[r * V + i] - mx);
+        ref += mx + std::log(s) - X[r * V + lab[(size_t) r]];
+        count++;
+    }
+    EXPECT_NEAR(oomb_get_f32_1d(loss, 0), ref, 1e-5 * std::fabs(ref));
+    EXPECT_EQ(oomb_get_f32_1d(loss, 1), (float) count);
+
+    oomb_tensor * dl = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, 2);
+    oomb_set_f32_1d(dl, 0, 0.37f);
+    oomb_set_f32_1d(dl, 1, 123.0f);
+    oomb_tensor * dx = oomb_cross_entropy_loss_back(ctx, x, labels, dl, ignore);
+    compute(dx);
+    vec rd(X.size(), 0.0);
+    for (int64_t r = 0; r < N; r++) {
+        if (lab[(size_t) r] == ignore) continue;
+        double mx = -INFINITY, s = 0;
+        for (int64_t i = 0; i < V; i++) mx = std::max(mx, X[r * V + i]);
+        for (int64_t i = 0; i < V; i++) s += std::exp(X[r * V + i] - mx);
+        for (int64_t i = 0; i < V; i++) rd[r * V + i] = (double) 0.37f * (std::exp(X[r * V + i] - mx) / s - (i == lab[(size_t) r]));
+    }
+    EXPECT_REL(to_vector(dx), rd, 1e-6);
+
+    // non-contiguous logits (a view with padded rows) with large values
+    oomb_tensor * base = rnd(OOMB_TYPE_F32, V + 4, N, 1, 1, 50.0f, 90.0f);
+    oomb_tensor * xv = oomb_view_2d(ctx, base, V, N, base->nb[1], 2 * 4);
+    oomb_tensor * lv = oomb_cross_entropy_loss(ctx, xv, labels, ignore);
+    compute(lv);
+    const vec XV = to_vector(xv);
+    double refv = 0;
+    for (int64_t r = 0; r < N; r++) {
+        if (lab[(size_t) r] == ignore) continue;
+        double mx = -INFINITY, s = 0;
+        for (int64_t i = 0; i < V; i++) mx = std::max(mx, XV[r * V + i]);
+        for (int64_t i = 0; i < V; i++) s += std::exp(XV[r * V + i] - mx);
+        refv += mx + std::log(s) - XV[r * V + lab[(size_t) r]];
+    }
+    EXPECT_NEAR(oomb_get_f32_1d(lv, 0), refv, 1e-5 * std::fabs(refv) + 1e-5);
+}
+
+TEST_F(Ops, CrossEntropyLabelErrors) {
+    oomb_tensor * x = rnd(OOMB_TYPE_F32, 5, 3);
+    EXPECT_OOMB_ERROR(compute(oomb_cross_entropy_loss(ctx, x, ids({0, 5, 1}, 3), -100)), "label 5");
+    EXPECT_OOMB_ERROR(compute(oomb_cross_entropy_loss(ctx, x, ids({0, -3, 1}, 3), -100)), "label -3");
+    oomb_tensor * dl = oomb_fill(ctx, 2, 1, 1, 1, 1.0f);
+    EXPECT_OOMB_ERROR(compute(oomb_cross_entropy_loss_back(ctx, x, ids({7, 0, 1}, 3), dl, -100)), "label 7");
+    // the ignore index itself is fine even when out of range
+    oomb_tensor * ok = oomb_cross_entropy_loss(ctx, x, ids({-100, 4, 1}, 3), -100);
+    compute(ok);
+    EXPECT_EQ(oomb_get_f32_1d(ok, 1), 2.0f);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizers
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(Ops, AdamWAndSgdSteps) {
+    for (oomb_type ptype : {OOMB_TYPE_F32, OOMB_TYPE_BF16}) {
+        const int64_t n0 = 33, n1 = 17;
+        oomb_tensor * p = rnd(ptype, n0, n1);
+        oomb_tensor * g = rnd(OOMB_TYPE_F32, n0, n1);
+        oomb_tensor * m = rnd(OOMB_TYPE_F32, n0, n1, 1, 1, -0.1f, 0.1f);
+        oomb_tensor * v = rnd(OOMB_TYPE_F32, n0, n1, 1, 1, 0.0f, 0.01f);
+        const float h[8] = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.9f * 0.9f * 0.9f, 1.0f - 0.95f * 0.95f * 0.95f};
+        oomb_tensor * hp = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, 8);
+        for (int i = 0; i < 8; i++) oomb_set_f32_1d(hp, i, h[i]);
+        const vec P = to_vector(p), G = to_vector(g), M = to_vector(m), Vv = to_vector(v);
+        oomb_tensor * st = oomb_adamw_step(ctx, p, g, m, v, hp);
+        compute(st);
+        const vec P1 = to_vector(p), M1 = to_vector(m), V1 = to_vector(v);
+        for (size_t i = 0; i < P.size(); i++) {
+            const double gg = G[i] * h[5];
+            const double mi = h[1] * M[i] + (1 - (double) h[1]) * gg;
+            const double vi = h[2] * Vv[i] + (1 - (double) h[2]) * gg * gg;
+            const double w = P[i] - h[0] * ((mi / h[6]) / (std::sqrt(vi / h[7]) + h[3]) + h[4] * P[i]);
+            ASSERT_NEAR(M1[i], mi, 1e-6);
+            ASSERT_NEAR(V1[i], vi, 1e-7);
+            const double tol = ptype == OOMB_TYPE_BF16 ? std::fabs(w) * (1.0 / 128) : 1e-6;
+            ASSERT_NEAR(P1[i], w, tol) << i;
+        }
+        // sgd
+        const float hs[3] = {0.05f, 0.01f, 2.0f};
+        oomb_tensor * hps = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, 3);
+        for (int i = 0; i < 3; i++) oomb_set_f32_1d(hps, i, hs[i]);
+        compute(oomb_sgd_step(ctx, p, g, hps));
+        const vec P2 = to_vector(p);
+        for (size_t i = 0; i < P.size(); i++) {
+            const double w = P1[i] - hs[0] * (G[i] * hs[2] + hs[1] * P1[i]);
+            const double tol = ptype == OOMB_TYPE_BF16 ? std::fabs(w) * (1.0 / 128) : 1e-6;
+            ASSERT_NEAR(P2[i], w, tol);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// In-place execution, threads, errors
+// ---------------------------------------------------------------------------------------------
+
+// Builds op(src...) twice: once normally, once with the result's memory set to src[0]'s memory.
+// Both must agree bit for bit.
+TEST_F(Ops, InPlaceMatchesOutOfPlace) {
+    const int64_t V = 37, R = 6;
+    oomb_tensor * pos = ids({0, 7, 300, 12345, 2, 9}, R);
+    std::vector<int32_t> lab = {1, 36, -100, 0, 5, 2};
+    oomb_tensor * labels = ids(lab, R);
+    oomb_tensor * dl = oomb_fill(ctx, 2, 1, 1, 1, 0.25f);
+    using builder = std::function<oomb_tensor *(oomb_tensor *)>;
+    std::vector<std::pair<const char *, builder>> ops;
+    oomb_tensor * other = rnd(OOMB_TYPE_F32, V, 1, R);
+    oomb_tensor * bcast = rnd(OOMB_TYPE_F32, V, 1, 1);
+    ops.push_back({"add", [&](oomb_tensor * a) { return oomb_add(ctx, a, bcast); }});
+    ops.push_back({"sub", [&](oomb_tensor * a) { return oomb_sub(ctx, a, other); }});
+    ops.push_back({"mul", [&](oomb_tensor * a) { return oomb_mul(ctx, a, bcast); }});
+    ops.push_back({"scale", [&](oomb_tensor * a) { return oomb_scale(ctx, a, 3.0f); }});
+    ops.push_back({"silu", [&](oomb_tensor * a) { return oomb_silu(ctx, a); }});
+    ops.push_back({"silu_back", [&](oomb_tensor * a) { return oomb_silu_back(ctx, a, other); }});
+    ops.push_back({"swiglu", [&](oomb_tensor * a) { return oomb_swiglu(ctx, a, other); }});
+    ops.push_back({"rms_norm", [&](oomb_tensor * a) { return oomb_rms_norm(ctx, a, 1e-6f); }});
+    ops.push_back({"rope", [&](oomb_tensor * a) { return oomb_rope(ctx, a, pos, 36, 10000.0f); }});
+    ops.push_back({"rope_back", [&](oomb_tensor * a) { return oomb_rope_back(ctx, a, pos, 20, 10000.0f); }});
+    ops.push_back({"soft_max", [&](oomb_tensor * a) { return oomb_soft_max(ctx, a, 0.5f, 1); }});
+    ops.push_back({"cross_entropy_back", [&](oomb_tensor * a) {
+        return oomb_cross_entropy_loss_back(ctx, oomb_reshape_2d(ctx, a, V, R), labels, dl, -100); }});
+    for (auto & [name, build] : ops) {
+        oomb_tensor * a = rnd(OOMB_TYPE_F32, V, 1, R); // [37, 1, 6]: rope sees 6 tokens of one head
+        oomb_tensor * a2 = oomb_dup_tensor(ctx, a);
+        memcpy(a2->data, a->data, oomb_nbytes(a));
+        oomb_tensor * ref = build(a);
+        compute(ref);
+        oomb_tensor * t = build(a2);
+        // construct the in-place graph by hand: the result shares src[0]'s memory
+        oomb_tensor * s0 = t->src[0];
+        ASSERT_EQ(oomb_nbytes(t), oomb_nbytes(s0)) << name;
+        t->data = s0->data;
+        compute(t);
+        EXPECT_EQ(to_vector(t), to_vector(ref)) << name;
+    }
+    // src[0] overlapping the result with another layout (a transposed view) is still correct
+    oomb_tensor * sq = rnd(OOMB_TYPE_F32, 9, 9);
+    oomb_tensor * st = oomb_transpose(ctx, sq);
+    const vec expect = [&] { vec e = to_vector(st); for (auto & x : e) x *= 2.0; return e; }();
+    oomb_tensor * sc = oomb_scale(ctx, st, 2.0f);
+    sc->data = sq->data;
+    compute(sc);
+    EXPECT_EQ(to_vector(sc), expect);
+}
+
+TEST_F(Ops, OneAndThreeThreadsAgree) {
+    // sizes large enough for the kernels to split work over threads
+    oomb_tensor * x = rnd(OOMB_TYPE_F32, 256, 64, 4);
+    oomb_tensor * w = rnd(OOMB_TYPE_F32, 256, 96);
+    oomb_tensor * wb = rnd(OOMB_TYPE_BF16, 96, 128);
+    oomb_tensor * pos = ids({0, 1, 2, 3}, 4);
+    std::vector<int32_t> lab(64 * 4);
+    for (size_t i = 0; i < lab.size(); i++) lab[i] = (int32_t) ((i * 37) % 128);
+    oomb_tensor * labels = ids(lab, 64 * 4);
+    oomb_tensor * n = oomb_rms_norm(ctx, x, 1e-6f);
+    oomb_tensor * h = oomb_mul_mat(ctx, w, n);                                   // [96, 64, 4]
+    oomb_tensor * s = oomb_swiglu(ctx, h, oomb_silu(ctx, h));
+    oomb_tensor * r = oomb_rope(ctx, oomb_reshape_4d(ctx, s, 32, 3 * 64, 4, 1), pos, 32, 10000.0f);
+    oomb_tensor * sm = oomb_soft_max(ctx, oomb_reshape_3d(ctx, r, 96, 64, 4), 0.3f, 0);
+    oomb_tensor * lg = oomb_mul_mat(ctx, wb, sm);                                  // [128, 64, 4]
+    oomb_tensor * ce = oomb_cross_entropy_loss(ctx, lg, labels, -1);
+    oomb_tensor * dce = oomb_cross_entropy_loss_back(ctx, lg, labels, oomb_fill(ctx, 2, 1, 1, 1, 1.0f), -1);
+    oomb_tensor * rb = oomb_repeat_back(ctx, oomb_transpose(ctx, dce), oomb_new_tensor_2d(ctx, OOMB_TYPE_F32, 64, 1));
+    oomb_tensor * tot = oomb_add(ctx, oomb_sum_sq(ctx, rb), oomb_sum(ctx, ce));
+    std::vector<oomb_tensor *> outs = {n, h, s, r, sm, lg, ce, dce, rb, tot};
+    std::vector<vec> v3, v1;
+    compute(tot, g_cpu);
+    for (auto * t : outs) v3.push_back(to_vector(t));
+    compute(tot, g_cpu1);
+    for (auto * t : outs) v1.push_back(to_vector(t));
+    for (size_t i = 0; i < outs.size(); i++) {
+        if (outs[i]->op == OOMB_OP_MUL_MAT) EXPECT_REL(v1[i], v3[i], 1e-6) << i;
+        else if (i < 5) EXPECT_EQ(v1[i], v3[i]) << oomb_op_name(outs[i]->op);
+        else EXPECT_REL(v1[i], v3[i], 1e-6) << oomb_op_name(outs[i]->op); // downstream of mul_mat
+    }
+    // set_n_threads rebuilds the pool and keeps results
+    oomb_backend_t be = oomb_backend_cpu_init(2);
+    oomb_backend_cpu_set_n_threads(be, 4);
+    compute(tot, be);
+    EXPECT_REL(to_vector(tot), v3.back(), 1e-6);
+    oomb_backend_free(be);
+}
+
+TEST_F(Ops, GraphWithoutDataIsAnError) {
+    oomb_context * c2 = oomb_init({0, true});
+    oomb_tensor * a = oomb_new_tensor_1d(c2, OOMB_TYPE_F32, 4);
+    oomb_set_name(a, "x");
+    oomb_tensor * b = oomb_scale(c2, a, 2.0f);
+    oomb_cgraph * g = oomb_new_graph(c2);
+    oomb_build_forward_expand(g, b);
+    EXPECT_OOMB_ERROR(oomb_backend_graph_compute(g_cpu, g), "has no data");
+    oomb_free(c2);
+}
+
+TEST_F(Ops, BackendBasics) {
+    EXPECT_TRUE(oomb_backend_is_host(g_cpu));
+    oomb_buffer_t buf = oomb_backend_alloc_buffer(g_cpu, 1000);
+    ASSERT_NE(buf, nullptr);
+    EXPECT_EQ((uintptr_t) oomb_buffer_base(buf) % 256, 0u);
+    oomb_context * c2 = oomb_init({0, true});
+    oomb_tensor * a = oomb_new_tensor_1d(c2, OOMB_TYPE_F32, 10);
+    oomb_tensor_alloc(buf, a, 256);
+    std::vector<float> in(10), out(10);
+    for (int i = 0; i < 10; i++) in[(size_t) i] = (float) i * 0.5f;
+    oomb_tensor_set_f32(a, in.data(), 10);
+    oomb_tensor * b = oomb_scale(c2, a, 2.0f);
+    oomb_tensor_alloc(buf, b, 512);
+    oomb_cgraph * g = oomb_new_graph(c2);
+    oomb_build_forward_expand(g, b);
+    oomb_backend_graph_compute(g_cpu, g);
+    oomb_backend_synchronize(g_cpu);
+    oomb_tensor_get_f32(b, out.data(), 10);
+    for (int i = 0; i < 10; i++) EXPECT_EQ(out[(size_t) i], (float) i);
+    oomb_free(c2);
+    oomb_buffer_free(buf);
+}
+
+} // namespace
