@@ -567,6 +567,68 @@ TEST(Grad, DISABLED_PagedAttn) {
     }
 }
 
+// Chunk-recurrent use of paged_attn: the sequence in two chunks, each chunk's K/V stored by a forward
+// pass, then the chunks' backward graphs (recomputing with store = 0) run in reverse order; the
+// gradient pages carry the later chunk's dK/dV into the earlier one. The accumulated parameter
+// gradients equal those of dense attention over the whole sequence.
+// DISABLED until the CPU backend dispatches paged_attn / paged_attn_back.
+TEST(Grad, DISABLED_PagedAttnChunkedMatchesDense) {
+    Harness H;
+    const int64_t D = 4, NH = 4, NKV = 2, S = 6, C = 3;
+    const float scale = 0.5f;
+    oomb_tensor * q = H.param("q", {D, NH, S}, OOMB_TYPE_F32, -1.5f, 1.5f);
+    oomb_tensor * k = H.param("k", {D, NKV, S}, OOMB_TYPE_F32, -1.5f, 1.5f);
+    oomb_tensor * v = H.param("v", {D, NKV, S});
+    oomb_tensor * R = H.input("R", {D, NH, S});
+
+    // dense reference
+    oomb_tensor * loss = oomb_sum(H.ctx, oomb_mul(H.ctx, oomb_attn(H.ctx, q, k, v, scale), R));
+    oomb_cgraph * g = oomb_new_graph(H.ctx);
+    oomb_build_forward_expand(g, loss);
+    oomb_build_backward_expand(H.ctx, g, loss, nullptr);
+    H.zero_grads();
+    oomb_backend_graph_compute(cpu(), g);
+    std::vector<std::vector<double>> ref;
+    for (oomb_tensor * p : H.params) ref.push_back(oombtest::to_vector(p->grad));
+
+    oomb_kv_cache_params kp{};
+    kp.n_layer = 1; kp.n_head_kv = (int) NKV; kp.head_dim = (int) D; kp.page_size = 2; kp.max_tokens = S;
+    kp.type = OOMB_TYPE_F32; kp.with_grad = true;
+    oomb_kv_cache_t kv = oomb_kv_cache_init(cpu(), kp);
+    ASSERT_NE(kv, nullptr);
+    oomb_kv_cache_reserve(kv, S);
+    oomb_tensor * k_pages = oomb_kv_cache_k(kv, 0), * v_pages = oomb_kv_cache_v(kv, 0);
+    k_pages->grad = oomb_kv_cache_dk(kv, 0);
+    v_pages->grad = oomb_kv_cache_dv(kv, 0);
+    oomb_tensor * pt = oomb_kv_cache_page_table(kv);
+
+    std::vector<oomb_cgraph *> fwd, bwd;
+    for (int64_t c = 0; c < S / C; c++) {
+        auto chunk = [&](oomb_tensor * t) {
+            return oomb_view_3d(H.ctx, t, t->ne[0], t->ne[1], C, t->nb[1], t->nb[2], (size_t) (c * C) * t->nb[2]);
+        };
+        std::vector<int32_t> pv;
+        for (int64_t i = 0; i < C; i++) pv.push_back((int32_t) (c * C + i));
+        oomb_tensor * pos = H.ids("pos", pv, C);
+        oomb_tensor * o1 = oomb_paged_attn(H.ctx, chunk(q), chunk(k), chunk(v), k_pages, v_pages, pt, pos, scale, 1);
+        fwd.push_back(oomb_new_graph(H.ctx));
+        oomb_build_forward_expand(fwd.back(), o1);
+        oomb_tensor * o2 = oomb_paged_attn(H.ctx, chunk(q), chunk(k), chunk(v), k_pages, v_pages, pt, pos, scale, 0);
+        oomb_tensor * l2 = oomb_sum(H.ctx, oomb_mul(H.ctx, o2, chunk(R)));
+        bwd.push_back(oomb_new_graph(H.ctx));
+        oomb_build_forward_expand(bwd.back(), l2);
+        oomb_build_backward_expand(H.ctx, bwd.back(), l2, nullptr);
+    }
+    H.zero_grads();
+    oomb_kv_cache_zero_grad(kv);
+    for (oomb_cgraph * f : fwd) oomb_backend_graph_compute(cpu(), f);
+    for (auto it = bwd.rbegin(); it != bwd.rend(); ++it) oomb_backend_graph_compute(cpu(), *it);
+    for (size_t i = 0; i < H.params.size(); i++) {
+        EXPECT_LT(rel_err(oombtest::to_vector(H.params[i]->grad), ref[i]), 1e-5) << H.params[i]->name;
+    }
+    oomb_kv_cache_free(kv);
+}
+
 TEST(Grad, CrossEntropy) {
     { // one ignored label
         Harness H;
