@@ -114,6 +114,12 @@ struct Builder {
         oomb_tensor * src = v->src[0];
         if (!need(src)) return;
         oomb_tensor * root = src->view_src ? src->view_src : src;
+        // a contiguous view of all of a contiguous source at its start: element i is element i
+        if (oomb_nelements(v) == oomb_nelements(src) && oomb_is_contiguous(v) && oomb_is_contiguous(src) &&
+            v->view_offs == (src->view_src ? src->view_offs : 0)) {
+            add_grad(src, as_shape(dy, src));
+            return;
+        }
         if (v->view_src != root) {
             oomb_error("build_backward_expand: internal error: view %s does not alias the memory of %s", shape_str(v).c_str(),
                        shape_str(src).c_str());

@@ -1,6 +1,7 @@
 // Automatic differentiation: finite-difference checks of oomb_build_backward_expand for every
 // differentiable op (broadcasts, non-contiguous views, bf16 weights, GQA attention, masks, ignored
-// labels), gradient accumulation across evaluations, zeroing, and the documented errors.
+// labels, paged attention), gradient accumulation across evaluations, zeroing, the documented errors,
+// and the same gradients from a graph planned by the graph allocator.
 //
 // Each check: random inputs flagged PARAM (host context), loss = sum(out * R) with fixed random
 // weights R, forward + backward computed by the CPU backend; the analytic gradient of every
@@ -303,6 +304,13 @@ TEST(Grad, ViewWithOffsetAndStrides) {
         oomb_tensor * s1 = oomb_sum(H.ctx, oomb_mul(H.ctx, v, H.input("c", {2, 3})));
         oomb_tensor * s2 = oomb_sum(H.ctx, oomb_mul(H.ctx, oomb_cont(H.ctx, xt), H.input("c2", {3, 4})));
         H.check(oomb_add(H.ctx, s1, s2));
+    }
+    { // a view of the whole tensor (reshaping it), next to a partial one
+        Harness H;
+        oomb_tensor * x = H.param("x", {4, 6});
+        oomb_tensor * all = oomb_view_3d(H.ctx, x, 4, 3, 2, x->nb[1], 3 * x->nb[1], 0);
+        oomb_tensor * part = oomb_view_1d(H.ctx, x, 5, 3 * sizeof(float));
+        H.check(oomb_add(H.ctx, oomb_sum_sq(H.ctx, all), oomb_sum(H.ctx, oomb_silu(H.ctx, part))));
     }
     { // view of a view: a row block of a column block
         Harness H;
