@@ -41,8 +41,11 @@ oomb_kv_cache_t oomb_kv_cache_init(oomb_backend_t backend, struct oomb_kv_cache_
         c->k.push_back(mk(p.type, "k_pages"));
         c->v.push_back(mk(p.type, "v_pages"));
         if (p.with_grad) {
+            // the gradient pages are the pools' gradients: the backward of paged_attn accumulates into them
             c->dk.push_back(mk(OOMB_TYPE_F32, "dk_pages"));
             c->dv.push_back(mk(OOMB_TYPE_F32, "dv_pages"));
+            c->k.back()->grad = c->dk.back();
+            c->v.back()->grad = c->dv.back();
         }
     }
     c->page_table = oomb_set_name(oomb_new_tensor_1d(c->ctx, OOMB_TYPE_I32, c->n_pages), "kv.page_table");
