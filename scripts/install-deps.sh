@@ -6,7 +6,7 @@
 set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config git
-      libopenblas-dev libpcre2-dev libutf8proc-dev nlohmann-json3-dev libcli11-dev libstb-dev
+      libopenblas-dev libpcre2-dev libutf8proc-dev nlohmann-json3-dev libcli11-dev libstb-dev zlib1g-dev
       libgtest-dev python3 python3-pip)
 if [ "${1:-}" != "--build" ]; then
   pkgs+=(python3.11-doc)   # real English text for the tokenizer benchmark / default training data

@@ -1,0 +1,851 @@
+// oomb-train: trains or fine-tunes a Qwen2 / Qwen2.5 model with OOMB chunk-recurrent training over
+// paged KV caches (models/qwen2.h ChunkTrainer), AdamW, a warmup + cosine learning-rate schedule,
+// held-out evaluation, a JSONL log, a loss-curve PNG and exactly resumable checkpoints.
+//
+//   oomb-train                                       the built-in default run: pre-train the tiny
+//                                                    preset on data/python-docs.txt.gz
+//   oomb-train -m MODEL.gguf --data TEXT... --ctx 8192 --steps 500 --lr 5e-5 --trainable linear
+//   oomb-train --preset qwen2.5-0.5b --data-bin IDS.bin --ctx 65536 --chunk 4096
+//   oomb-train ... --resume                         continue from OUT/model.gguf + OUT/state.safetensors
+//   oomb-train -m M.gguf --tokens IDS.safetensors --chunk C --page P --dump-grads G.safetensors
+//                                                    (verification: loss and d(mean loss)/d(param))
+//
+// Checkpoints (every --save-every steps and at the end) are OUT/model.gguf (f32 weights,
+// llama.cpp-loadable, tokenizer keys from the vocabulary) and OUT/state.safetensors (AdamW moments
+// and metadata: step, data position, RNG state, configuration, hashes of the data and the
+// weights). Both are first written completely under temporary names and then renamed, so an
+// interrupted save never damages the previous checkpoint.
+#include "train-common.h"
+
+#include "oomb-opt.h"
+#include "qwen2.h"
+#include "safetensors.h"
+#include "tokenizer.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <unistd.h>
+
+using namespace oomb;
+using namespace oomb::train;
+using json = nlohmann::json;
+
+namespace {
+
+const char * PROG = "oomb-train";
+constexpr const char * STATE_FORMAT = "oomb-train-state-1";
+const char * PRESETS[] = {"tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"};
+
+// Settings of the built-in default run (no model and no data given); each applies only when the
+// option is not given on the command line. Measured on a 2-core CPU: see README "Training".
+struct DefaultRun {
+    int64_t ctx = 256, chunk = 128;
+    int steps = 300, warmup = 30, eval_every = 50, save_every = 100, eval_seqs = 8;
+    double lr = 3e-3, min_lr = 3e-4;
+};
+
+struct Options {
+    std::string model, preset, vocab;
+    std::vector<std::string> data;
+    std::string data_bin;
+    std::vector<std::string> eval_data;
+    double eval_split = 5.0;
+    int eval_every = 100;
+    int eval_seqs = 8;
+    int64_t ctx = 4096;
+    int64_t chunk = 4096;
+    int page = 128;
+    int steps = 1000;
+    int seqs_per_step = 1;
+    double lr = 3e-4;
+    double min_lr = -1;   // < 0: lr / 10
+    int warmup = 100;
+    double weight_decay = 0.1;
+    double beta1 = 0.9, beta2 = 0.98, adam_eps = 1e-8;
+    double grad_clip = 1.0;
+    std::string trainable = "all";
+    int threads = 0;
+    std::string device = "cpu";
+    double rope_theta = 0;
+    std::string out = "out";
+    int save_every = 100;
+    bool resume = false;
+    uint64_t seed = 42;
+    int log_every = 1;
+    int stop_after = 0;
+    int max_bad_steps = 3;
+    // verification
+    std::string tokens, dump_grads;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+std::vector<int64_t> torch_shape(const oomb_tensor * t) {
+    std::vector<int64_t> s;
+    for (int i = oomb_n_dims(t) - 1; i >= 0; i--) s.push_back(t->ne[i]);
+    return s;
+}
+
+std::vector<float> get_f32(const oomb_tensor * t) {
+    std::vector<float> v((size_t) oomb_nelements(t));
+    oomb_tensor_get_f32(t, v.data(), (int64_t) v.size());
+    return v;
+}
+
+// Hash of every weight's bytes, in GGUF order (weights are f32).
+uint64_t weights_hash(const Qwen2Model & m) {
+    uint64_t h = hash64("qwen2", 5);
+    std::vector<uint8_t> buf;
+    for (const oomb_tensor * t : m.params) {
+        buf.resize(oomb_nbytes(t));
+        oomb_tensor_get(t, buf.data(), 0, buf.size());
+        h = hash64(t->name, strlen(t->name), h);
+        h = hash64(buf.data(), buf.size(), h);
+    }
+    return h;
+}
+
+bool file_has_tokenizer(const std::string & path) {
+    Tokenizer t;
+    std::string e;
+    return t.load_file(path, &e) == GGUF_OK;
+}
+
+int threads_default(int n) {
+    if (n > 0) return n;
+    const unsigned h = std::thread::hardware_concurrency();
+    return h ? (int) h : 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// --dump-grads: one forward/backward over input_ids [B, T], every weight trainable, no update.
+// ---------------------------------------------------------------------------------------------
+
+int dump_grads(const Options & o) {
+    if (o.model.empty()) fail(PROG, "--dump-grads needs -m MODEL.gguf");
+    if (o.tokens.empty() || o.dump_grads.empty()) fail(PROG, "--dump-grads and --tokens go together");
+    std::string err;
+    oomb_backend_t be = make_backend(o.device, threads_default(o.threads), &err);
+    if (!be) fail(PROG, err);
+    SafetensorsFile f;
+    if (f.open(o.tokens, &err) != GGUF_OK) fail(PROG, err);
+    const SafetensorsTensor * it = f.find("input_ids");
+    if (!it) fail(PROG, o.tokens + ": no tensor 'input_ids'");
+    if (it->shape.empty() || it->shape.size() > 2) fail(PROG, o.tokens + ": input_ids must be [B, T] or [T]");
+    const int64_t B = it->shape.size() == 2 ? it->shape[0] : 1, T = it->shape.back();
+    if (T < 2 || B < 1) fail(PROG, o.tokens + ": input_ids needs at least one sequence of 2 tokens");
+    std::vector<int32_t> ids((size_t) (B * T));
+    if (it->dtype == SafetensorsDtype::I32) memcpy(ids.data(), it->data, ids.size() * 4);
+    else if (it->dtype == SafetensorsDtype::I64) {
+        for (size_t i = 0; i < ids.size(); i++) {
+            int64_t v;
+            memcpy(&v, it->data + 8 * i, 8);
+            ids[i] = (v < INT32_MIN || v > INT32_MAX) ? -1 : (int32_t) v;
+        }
+    } else fail(PROG, o.tokens + ": input_ids must be I32 or I64");
+
+    auto model = qwen2_load_gguf(o.model, be, OOMB_TYPE_F32, &err);
+    if (!model) fail(PROG, err);
+    if (o.rope_theta > 0) model->cfg.rope_theta = (float) o.rope_theta;
+    for (size_t i = 0; i < ids.size(); i++)
+        if (ids[i] < 0 || ids[i] >= model->cfg.n_vocab)
+            fail(PROG, o.tokens + ": token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                           " is outside the model's vocabulary (" + std::to_string(model->cfg.n_vocab) + " entries)");
+    std::vector<oomb_tensor *> params = qwen2_set_trainable(*model, Qwen2Trainable::All);
+    for (oomb_tensor * p : params) oomb_tensor_memset(p->grad, 0);
+    ChunkTrainerParams tp;
+    tp.chunk = std::min<int64_t>(o.chunk, T);
+    tp.page = o.page;
+    tp.max_tokens = T;
+    if (tp.chunk <= 0 || tp.page <= 0) fail(PROG, "--chunk and --page must be positive");
+    ChunkTrainer tr(*model, tp);
+    double loss_sum = 0;
+    int64_t count = 0;
+    for (int64_t b = 0; b < B; b++) {
+        ChunkStats st = tr.forward_backward(ids.data() + b * T, T);
+        loss_sum += st.loss_sum;
+        count += st.n_targets;
+    }
+    if (count <= 0) fail(PROG, "no targets");
+    const float loss = (float) (loss_sum / (double) count);
+    const float scale = 1.0f / (float) count;
+    SafetensorsWriter w;
+    w.add_copy("loss", SafetensorsDtype::F32, {1}, &loss);
+    for (oomb_tensor * p : params) {
+        std::vector<float> g = get_f32(p->grad);
+        for (float & x : g) x *= scale;
+        if (w.add_copy(std::string("grad.") + p->name, SafetensorsDtype::F32, torch_shape(p), g.data(), &err) != GGUF_OK)
+            fail(PROG, err);
+    }
+    w.set_metadata("model", o.model);
+    w.set_metadata("chunk", std::to_string(tp.chunk));
+    w.set_metadata("page", std::to_string(tp.page));
+    w.set_metadata("n_targets", std::to_string(count));
+    if (w.write(o.dump_grads, &err) != GGUF_OK) fail(PROG, err);
+    printf("loss %.8f over %" PRId64 " targets (B=%" PRId64 ", T=%" PRId64 ", chunk %" PRId64 ", page %d, %s); %zu gradients -> %s\n",
+           loss, count, B, T, tp.chunk, tp.page, oomb_backend_name(be), params.size(), o.dump_grads.c_str());
+    return 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data
+// ---------------------------------------------------------------------------------------------
+
+struct Data {
+    std::vector<int32_t> train, eval;
+    int64_t n_seqs = 0;            // training sequences of ctx tokens
+    std::vector<int64_t> eval_off; // eval sequences: offsets into `eval`
+    std::vector<int64_t> eval_len;
+    uint64_t hash = 0;
+};
+
+// Data position: epoch, index into the epoch's permutation, and the RNG that draws permutations
+// (its state at the start of the current epoch, so the permutation can be rebuilt on resume).
+struct Sampler {
+    int64_t n = 0;
+    int64_t epoch = 0, pos = 0;
+    std::mt19937_64 rng;
+    std::string rng_epoch_start;
+    std::vector<int64_t> perm;
+
+    static std::string save_rng(const std::mt19937_64 & r) {
+        std::ostringstream s;
+        s << r;
+        return s.str();
+    }
+    void shuffle() {
+        rng_epoch_start = save_rng(rng);
+        perm.resize((size_t) n);
+        for (int64_t i = 0; i < n; i++) perm[i] = i;
+        for (int64_t i = n - 1; i > 0; i--) {   // Fisher-Yates with a portable draw
+            const int64_t j = (int64_t) (rng() % (uint64_t) (i + 1));
+            std::swap(perm[i], perm[j]);
+        }
+    }
+    void init(int64_t n_, uint64_t seed) {
+        n = n_;
+        rng.seed(seed);
+        epoch = 0;
+        pos = 0;
+        shuffle();
+    }
+    bool restore(int64_t n_, int64_t ep, int64_t p, const std::string & rng_state) {
+        n = n_;
+        std::istringstream s(rng_state);
+        s >> rng;
+        if (s.fail()) return false;
+        epoch = ep;
+        pos = p;
+        shuffle();
+        return pos >= 0 && pos <= n;
+    }
+    int64_t next() {
+        if (pos >= n) {
+            epoch++;
+            pos = 0;
+            shuffle();
+        }
+        return perm[(size_t) pos++];
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Training
+// ---------------------------------------------------------------------------------------------
+
+struct LogEntry { int64_t step; double loss; bool eval; };
+
+double lr_at(const Options & o, int64_t step) {   // step: 0-based
+    const double min_lr = o.min_lr < 0 ? o.lr * 0.1 : o.min_lr;
+    if (o.warmup > 0 && step < o.warmup) return o.lr * (double) (step + 1) / (double) o.warmup;
+    const double span = std::max<int64_t>(1, o.steps - o.warmup);
+    const double p = std::min(1.0, (double) (step - o.warmup) / span);
+    return min_lr + 0.5 * (o.lr - min_lr) * (1.0 + std::cos(M_PI * p));
+}
+
+json config_json(const Options & o) {
+    json j;
+    j["model"] = o.model; j["preset"] = o.preset; j["vocab"] = o.vocab;
+    j["data"] = o.data; j["data_bin"] = o.data_bin; j["eval_data"] = o.eval_data; j["eval_split"] = o.eval_split;
+    j["eval_every"] = o.eval_every; j["eval_seqs"] = o.eval_seqs;
+    j["ctx"] = o.ctx; j["chunk"] = o.chunk; j["page"] = o.page; j["steps"] = o.steps; j["seqs_per_step"] = o.seqs_per_step;
+    j["lr"] = o.lr; j["min_lr"] = o.min_lr < 0 ? o.lr * 0.1 : o.min_lr; j["warmup"] = o.warmup;
+    j["weight_decay"] = o.weight_decay; j["adam_beta1"] = o.beta1; j["adam_beta2"] = o.beta2; j["adam_eps"] = o.adam_eps;
+    j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable; j["threads"] = o.threads; j["device"] = o.device;
+    j["rope_theta"] = o.rope_theta; j["seed"] = o.seed;
+    return j;
+}
+
+// Crash hook for tests of checkpoint atomicity: OOMB_TRAIN_CRASH_IN_SAVE=<stage>:<step> kills the
+// process (SIGKILL) at that point of the save of that step (stage "model": the new model is
+// written under its temporary name; "rename": the new model has replaced the old one, the new
+// state file is still under its temporary name).
+void crash_hook(const char * stage, int64_t step) {
+    const char * e = getenv("OOMB_TRAIN_CRASH_IN_SAVE");
+    if (!e) return;
+    const std::string s(e);
+    const size_t c = s.find(':');
+    if (s.substr(0, c) != stage) return;
+    if (c != std::string::npos && std::atoll(s.c_str() + c + 1) != step) return;
+    fflush(stdout);
+    fflush(stderr);
+    raise(SIGKILL);
+}
+
+class Trainer {
+public:
+    Options o;
+    oomb_backend_t be = nullptr;
+    std::unique_ptr<Qwen2Model> model;
+    std::string vocab_src;            // GGUF whose tokenizer keys go into saved models
+    std::vector<oomb_tensor *> params;
+    oomb_optimizer_t opt = nullptr;
+    std::unique_ptr<ChunkTrainer> tr;
+    Data data;
+    Sampler sampler;
+    int64_t step = 0;                 // completed steps
+    int bad_run = 0;                  // consecutive non-finite steps
+    double elapsed_prev = 0;          // training seconds before this process (resume)
+    int64_t tokens_seen = 0;
+    std::vector<LogEntry> history;
+    FILE * jsonl = nullptr;
+
+    std::string path(const std::string & name) const { return o.out + "/" + name; }
+
+    ~Trainer() {
+        if (jsonl) fclose(jsonl);
+        tr.reset();
+        if (opt) oomb_opt_free(opt);
+        model.reset();
+        if (be) oomb_backend_free(be);
+    }
+
+    double eval_loss() {
+        double s = 0;
+        int64_t n = 0;
+        for (size_t i = 0; i < data.eval_off.size(); i++) {
+            ChunkStats st = tr->forward(data.eval.data() + data.eval_off[i], data.eval_len[i]);
+            s += st.loss_sum;
+            n += st.n_targets;
+        }
+        return n ? s / (double) n : NAN;
+    }
+
+    void log_json(const json & j) {
+        if (!jsonl) return;
+        const std::string s = j.dump();
+        fprintf(jsonl, "%s\n", s.c_str());
+        fflush(jsonl);
+    }
+
+    void plot() {
+        std::vector<CurvePoint> tr_pts, ev_pts;
+        for (const auto & e : history) (e.eval ? ev_pts : tr_pts).push_back({(double) e.step, e.loss});
+        std::string err;
+        char title[256];
+        snprintf(title, sizeof(title), "oomb-train: %s, ctx %" PRId64 ", chunk %" PRId64,
+                 o.model.empty() ? ("preset " + o.preset).c_str() : o.model.c_str(), o.ctx, o.chunk);
+        if (!write_loss_png(path("loss.png"), tr_pts, ev_pts, title, &err)) print_error(PROG, "loss plot: " + err);
+    }
+
+    bool save(std::string * err) {
+        const std::string m_tmp = path("model.gguf.saving"), s_tmp = path("state.safetensors.saving");
+        std::string name = o.preset.empty() ? "oomb-train" : ("oomb-train " + o.preset);
+        if (!qwen2_save_gguf(*model, m_tmp, vocab_src, OOMB_TYPE_F32, name, err)) return false;
+        crash_hook("model", step);
+        SafetensorsWriter w;
+        std::vector<std::vector<float>> keep;
+        keep.reserve((size_t) oomb_opt_n_state(opt));
+        for (int i = 0; i < oomb_opt_n_state(opt); i++) {
+            oomb_tensor * t = oomb_opt_state(opt, i);
+            keep.push_back(get_f32(t));
+            if (w.add(t->name, SafetensorsDtype::F32, torch_shape(t), keep.back().data(), err) != GGUF_OK) return false;
+        }
+        w.set_metadata("format", STATE_FORMAT);
+        w.set_metadata("step", std::to_string(step));
+        w.set_metadata("opt_steps", std::to_string(oomb_opt_n_steps(opt)));
+        w.set_metadata("epoch", std::to_string(sampler.epoch));
+        w.set_metadata("seq_pos", std::to_string(sampler.pos));
+        w.set_metadata("n_seqs", std::to_string(sampler.n));
+        w.set_metadata("rng_epoch_start", sampler.rng_epoch_start);
+        w.set_metadata("bad_steps", std::to_string(bad_run));
+        w.set_metadata("tokens_seen", std::to_string(tokens_seen));
+        char el[64];
+        snprintf(el, sizeof(el), "%.17g", elapsed_prev + run_seconds());
+        w.set_metadata("elapsed_s", el);
+        w.set_metadata("data_hash", hex64(data.hash));
+        w.set_metadata("weights_hash", hex64(weights_hash(*model)));
+        w.set_metadata("config", config_json(o).dump());
+        if (w.write(s_tmp, err) != GGUF_OK) return false;
+        if (rename(m_tmp.c_str(), path("model.gguf").c_str()) != 0) {
+            *err = "cannot rename " + m_tmp + ": " + strerror(errno);
+            return false;
+        }
+        crash_hook("rename", step);
+        if (rename(s_tmp.c_str(), path("state.safetensors").c_str()) != 0) {
+            *err = "cannot rename " + s_tmp + ": " + strerror(errno);
+            return false;
+        }
+        return true;
+    }
+
+    std::chrono::steady_clock::time_point t_start = std::chrono::steady_clock::now();
+    double run_seconds() const {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    }
+};
+
+// Loads and checks the data; fills d (sequences of ctx tokens; held-out split).
+void load_data(const Options & o, const Qwen2Model & m, const Tokenizer * tok, int32_t eos, int threads, Data * d) {
+    std::string err;
+    const auto t0 = std::chrono::steady_clock::now();
+    size_t n_bytes = 0;
+    if (!o.data_bin.empty()) {
+        if (!read_ids_bin(o.data_bin, m.cfg.n_vocab, &d->train, &err)) fail(PROG, "--data-bin: " + err);
+        for (const auto & e : o.eval_data)
+            if (!read_ids_bin(e, m.cfg.n_vocab, &d->eval, &err)) fail(PROG, "--eval-data: " + err);
+    } else {
+        if (!tok) fail(PROG, "text data needs a tokenizer: the model file has none; give --vocab FILE.gguf or use --data-bin");
+        if (!tokenize_paths(*tok, o.data, eos, threads, &d->train, &n_bytes, &err)) fail(PROG, "--data: " + err);
+        if (!o.eval_data.empty() && !tokenize_paths(*tok, o.eval_data, eos, threads, &d->eval, nullptr, &err))
+            fail(PROG, "--eval-data: " + err);
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int64_t n_all = (int64_t) d->train.size();
+    if (o.eval_data.empty() && o.eval_split > 0) {
+        const int64_t n_eval = (int64_t) std::floor((double) n_all * o.eval_split / 100.0);
+        d->eval.assign(d->train.end() - n_eval, d->train.end());
+        d->train.resize((size_t) (n_all - n_eval));
+    }
+    const int64_t n_train = (int64_t) d->train.size();
+    if (n_train < o.ctx) {
+        char b[512];
+        snprintf(b, sizeof(b), "--ctx %" PRId64 " is longer than the training data: %" PRId64 " tokens%s (lower --ctx or give more data)",
+                 o.ctx, n_train, (o.eval_data.empty() && o.eval_split > 0) ? " after the held-out split" : "");
+        fail(PROG, b);
+    }
+    d->n_seqs = n_train / o.ctx;
+    const int64_t n_eval = (int64_t) d->eval.size();
+    for (int64_t off = 0; off + 1 < n_eval && (int) d->eval_off.size() < o.eval_seqs; off += o.ctx) {
+        d->eval_off.push_back(off);
+        d->eval_len.push_back(std::min<int64_t>(o.ctx, n_eval - off));
+    }
+    uint64_t h = hash64(d->train.data(), d->train.size() * 4);
+    h = hash64(d->eval.data(), d->eval.size() * 4, h);
+    d->hash = h;
+    printf("data: %" PRId64 " tokens", n_all);
+    if (n_bytes) printf(" from %.1f MB of text (%.2f bytes/token, tokenized in %.1f s)", n_bytes / 1e6, (double) n_bytes / std::max<int64_t>(1, n_all), dt);
+    printf("\n      train %" PRId64 " tokens = %" PRId64 " sequences of %" PRId64 "; held-out %" PRId64 " tokens (%zu eval sequences)\n",
+           n_train, d->n_seqs, o.ctx, n_eval, d->eval_off.size());
+}
+
+int train_main(Options & o, bool default_run) {
+    std::string err;
+    const int threads = threads_default(o.threads);
+    if (o.ctx < 2) fail(PROG, "--ctx must be at least 2");
+    if (o.chunk <= 0) fail(PROG, "--chunk must be positive");
+    if (o.page <= 0) fail(PROG, "--page must be positive");
+    if (o.steps <= 0) fail(PROG, "--steps must be positive");
+    if (o.seqs_per_step <= 0) fail(PROG, "--seqs-per-step must be positive");
+    if (!(o.lr > 0)) fail(PROG, "--lr must be positive");
+    if (o.trainable != "all" && o.trainable != "linear") fail(PROG, "--trainable must be all or linear");
+    if (o.eval_split < 0 || o.eval_split >= 100) fail(PROG, "--eval-split must be in [0, 100)");
+    o.chunk = std::min(o.chunk, o.ctx);
+
+    Trainer T;
+    T.o = o;
+    T.be = make_backend(o.device, threads, &err);
+    if (!T.be) fail(PROG, err);
+    if (!make_dirs(o.out, &err)) fail(PROG, err);
+
+    // ---- model
+    const std::string ckpt_model = T.path("model.gguf"), ckpt_state = T.path("state.safetensors");
+    if (o.resume) {
+        if (!is_file(ckpt_model)) fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + ckpt_model + " not found)");
+        T.model = qwen2_load_gguf(ckpt_model, T.be, OOMB_TYPE_F32, &err);
+        if (!T.model) fail(PROG, "--resume: " + err);
+    } else if (!o.model.empty()) {
+        if (!is_file(o.model)) fail(PROG, "-m: '" + o.model + "': no such file");
+        T.model = qwen2_load_gguf(o.model, T.be, OOMB_TYPE_F32, &err);
+        if (!T.model) fail(PROG, err);
+    } else {
+        Qwen2Config c;
+        if (!qwen2_preset(o.preset, &c)) fail(PROG, "unknown preset '" + o.preset + "' (choose tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b or qwen2.5-7b)");
+        if (o.rope_theta > 0) c.rope_theta = (float) o.rope_theta;
+        T.model = qwen2_create(c, T.be, OOMB_TYPE_F32);
+        qwen2_init_random(*T.model, o.seed);
+    }
+    Qwen2Model & M = *T.model;
+    if (o.rope_theta > 0) M.cfg.rope_theta = (float) o.rope_theta;
+
+    // ---- tokenizer and the vocabulary written into saved models
+    std::unique_ptr<Tokenizer> tok;
+    std::string tok_src;
+    if (!o.model.empty() && file_has_tokenizer(o.model)) tok_src = o.model;
+    else if (!o.vocab.empty()) {
+        if (!is_file(o.vocab)) {
+            if (o.data_bin.empty()) fail(PROG, "--vocab: '" + o.vocab + "': no such file");
+        } else tok_src = o.vocab;
+    }
+    if (!tok_src.empty()) {
+        tok = std::make_unique<Tokenizer>();
+        if (tok->load_file(tok_src, &err) != GGUF_OK) fail(PROG, "tokenizer: " + err);
+        if ((int64_t) tok->n_vocab() > M.cfg.n_vocab)
+            fail(PROG, tok_src + ": the tokenizer has " + std::to_string(tok->n_vocab()) + " tokens but the model only " +
+                           std::to_string(M.cfg.n_vocab) + " embedding rows");
+        T.vocab_src = tok_src;
+    } else if (o.data_bin.empty()) {
+        fail(PROG, o.model.empty() ? "no vocabulary: give --vocab FILE.gguf (default models/qwen2.5-vocab.gguf was not found)"
+                                   : "'" + o.model + "' has no tokenizer: give --vocab FILE.gguf or use --data-bin");
+    } else {
+        printf("note: no tokenizer; saved models will carry no tokenizer keys\n");
+    }
+    int32_t eos = -1;
+    if (tok) {
+        eos = tok->find_token("<|endoftext|>");
+        if (eos < 0) eos = tok->eos_id();
+        if (eos < 0 && o.data_bin.empty()) fail(PROG, tok_src + ": the tokenizer has no end-of-text token");
+    }
+
+    printf("model: %s | vocab %" PRId64 ", embd %" PRId64 ", ff %" PRId64 ", layers %" PRId64 ", heads %" PRId64 "/%" PRId64
+           ", head dim %" PRId64 ", %s, rope theta %g | %.2fM parameters\n",
+           o.resume ? ckpt_model.c_str() : (!o.model.empty() ? o.model.c_str() : ("preset " + o.preset).c_str()), M.cfg.n_vocab,
+           M.cfg.n_embd, M.cfg.n_ff, M.cfg.n_layer, M.cfg.n_head, M.cfg.n_head_kv, M.cfg.head_dim, M.cfg.tied ? "tied" : "untied",
+           M.cfg.rope_theta, M.n_params() / 1e6);
+
+    // ---- data
+    load_data(o, M, tok.get(), eos, threads, &T.data);
+
+    // ---- trainer and optimizer
+    T.params = qwen2_set_trainable(M, o.trainable == "all" ? Qwen2Trainable::All : Qwen2Trainable::Linear);
+    std::vector<char> decay_c(T.params.size());
+    int64_t n_train_params = 0;
+    for (size_t i = 0; i < T.params.size(); i++) {
+        const std::string n = T.params[i]->name;
+        decay_c[i] = !(n.find("norm") != std::string::npos || n.find(".bias") != std::string::npos);
+        n_train_params += oomb_nelements(T.params[i]);
+    }
+    std::unique_ptr<bool[]> decay(new bool[T.params.size()]);
+    for (size_t i = 0; i < T.params.size(); i++) decay[i] = decay_c[i];
+    oomb_opt_params op = oomb_opt_default_params(OOMB_OPT_ADAMW);
+    op.lr = (float) o.lr;
+    op.beta1 = (float) o.beta1;
+    op.beta2 = (float) o.beta2;
+    op.eps = (float) o.adam_eps;
+    op.weight_decay = (float) o.weight_decay;
+    T.opt = oomb_opt_init(T.be, T.params.data(), (int) T.params.size(), decay.get(), op);
+    ChunkTrainerParams tp;
+    tp.chunk = o.chunk;
+    tp.page = o.page;
+    tp.max_tokens = o.ctx;
+    T.tr = std::make_unique<ChunkTrainer>(M, tp);
+
+    // ---- resume
+    T.sampler.init(T.data.n_seqs, o.seed);
+    if (o.resume) {
+        SafetensorsFile sf;
+        const uint64_t wh = weights_hash(M);
+        std::string use = ckpt_state;
+        auto state_hash = [&](const std::string & p, std::string * e) -> std::string {
+            SafetensorsFile f;
+            if (f.open(p, e) != GGUF_OK) return "";
+            auto it = f.metadata().find("weights_hash");
+            return it == f.metadata().end() ? "" : it->second;
+        };
+        std::string e1, e2;
+        if (state_hash(ckpt_state, &e1) != hex64(wh)) {
+            // An interrupted save may have replaced the model but not yet the state: roll forward.
+            const std::string pending = T.path("state.safetensors.saving");
+            if (is_file(pending) && state_hash(pending, &e2) == hex64(wh)) {
+                if (rename(pending.c_str(), ckpt_state.c_str()) != 0) fail(PROG, "--resume: cannot rename " + pending);
+                printf("resume: completed an interrupted save (%s -> %s)\n", pending.c_str(), ckpt_state.c_str());
+            } else if (!is_file(ckpt_state)) {
+                fail(PROG, "--resume: " + ckpt_state + " not found");
+            } else if (!e1.empty()) {
+                fail(PROG, "--resume: " + e1);
+            } else {
+                fail(PROG, "--resume: " + ckpt_state + " does not belong to " + ckpt_model + " (weights hash differs)");
+            }
+        }
+        if (sf.open(ckpt_state, &err) != GGUF_OK) fail(PROG, "--resume: " + err);
+        const auto & md = sf.metadata();
+        auto get = [&](const char * k) -> std::string {
+            auto it = md.find(k);
+            if (it == md.end()) fail(PROG, "--resume: " + ckpt_state + " lacks metadata '" + k + "'");
+            return it->second;
+        };
+        if (get("format") != STATE_FORMAT) fail(PROG, "--resume: " + ckpt_state + " has format '" + get("format") + "', expected " + STATE_FORMAT);
+        if (get("data_hash") != hex64(T.data.hash))
+            fail(PROG, "--resume: the training data differ from the checkpoint's (data hash " + hex64(T.data.hash) + " vs " +
+                           get("data_hash") + "): give the same --data/--data-bin, --ctx and --eval-* options");
+        json saved = json::parse(get("config"), nullptr, false);
+        if (saved.is_discarded()) fail(PROG, "--resume: bad config metadata in " + ckpt_state);
+        const json now = config_json(o);
+        for (const char * k : {"ctx", "seqs_per_step", "seed", "trainable"}) {
+            if (saved[k] != now[k])
+                fail(PROG, std::string("--resume: --") + k + " differs from the checkpoint's (" + saved[k].dump() + " vs " + now[k].dump() + ")");
+        }
+        for (auto it = now.begin(); it != now.end(); ++it) {
+            if (saved.contains(it.key()) && saved[it.key()] != it.value() && it.key() != "threads")
+                printf("resume: note: %s changed from %s to %s\n", it.key().c_str(), saved[it.key()].dump().c_str(), it.value().dump().c_str());
+        }
+        if ((int) sf.tensors().size() != oomb_opt_n_state(T.opt))
+            fail(PROG, "--resume: " + ckpt_state + " holds " + std::to_string(sf.tensors().size()) + " optimizer tensors, expected " +
+                           std::to_string(oomb_opt_n_state(T.opt)));
+        for (int i = 0; i < oomb_opt_n_state(T.opt); i++) {
+            oomb_tensor * t = oomb_opt_state(T.opt, i);
+            const SafetensorsTensor * st = sf.find(t->name);
+            if (!st || st->dtype != SafetensorsDtype::F32 || st->shape != torch_shape(t))
+                fail(PROG, std::string("--resume: optimizer tensor '") + t->name + "' is missing or misshapen in " + ckpt_state);
+            oomb_tensor_set(t, st->data, 0, st->nbytes);
+        }
+        oomb_opt_set_n_steps(T.opt, std::atoll(get("opt_steps").c_str()));
+        T.step = std::atoll(get("step").c_str());
+        T.bad_run = std::atoi(get("bad_steps").c_str());
+        T.tokens_seen = std::atoll(get("tokens_seen").c_str());
+        T.elapsed_prev = std::atof(get("elapsed_s").c_str());
+        if (std::atoll(get("n_seqs").c_str()) != T.data.n_seqs) fail(PROG, "--resume: the number of sequences differs from the checkpoint's");
+        if (!T.sampler.restore(T.data.n_seqs, std::atoll(get("epoch").c_str()), std::atoll(get("seq_pos").c_str()), get("rng_epoch_start")))
+            fail(PROG, "--resume: bad data position / RNG state in " + ckpt_state);
+        // The log keeps the entries up to the checkpoint.
+        std::ifstream in(T.path("train.jsonl"));
+        std::string line, kept;
+        while (std::getline(in, line)) {
+            json j = json::parse(line, nullptr, false);
+            if (j.is_discarded() || !j.contains("step") || j["step"].get<int64_t>() > T.step) continue;
+            kept += line + "\n";
+            if (j.contains("loss")) T.history.push_back({j["step"].get<int64_t>(), j["loss"].get<double>(), false});
+            if (j.contains("eval_loss")) T.history.push_back({j["step"].get<int64_t>(), j["eval_loss"].get<double>(), true});
+        }
+        in.close();
+        if (!write_file_atomic(T.path("train.jsonl"), kept, &err)) fail(PROG, err);
+        printf("resume: from step %" PRId64 " (epoch %" PRId64 ", sequence %" PRId64 "/%" PRId64 ")\n", T.step, T.sampler.epoch,
+               T.sampler.pos, T.sampler.n);
+        if (T.step >= o.steps) {
+            printf("resume: the checkpoint is already at step %" PRId64 " of %d; nothing to do\n", T.step, o.steps);
+            return 0;
+        }
+    }
+    T.jsonl = fopen(T.path("train.jsonl").c_str(), o.resume ? "a" : "w");
+    if (!T.jsonl) fail(PROG, "cannot write " + T.path("train.jsonl") + ": " + strerror(errno));
+
+    printf("train: %s %d steps x %d sequence(s) of %" PRId64 " tokens, chunk %" PRId64 ", page %d | %s, %d thread(s) | %.2fM trainable (%s)\n",
+           default_run ? "default run:" : "", o.steps, o.seqs_per_step, o.ctx, o.chunk, o.page, oomb_backend_name(T.be), threads,
+           n_train_params / 1e6, o.trainable.c_str());
+    printf("       AdamW lr %g (warmup %d, cosine to %g), betas %g/%g, weight decay %g, grad clip %g | out %s/\n", o.lr, o.warmup,
+           o.min_lr < 0 ? o.lr * 0.1 : o.min_lr, o.beta1, o.beta2, o.weight_decay, o.grad_clip, o.out.c_str());
+    fflush(stdout);
+
+    // ---- loop
+    std::vector<int32_t> seq((size_t) o.ctx);
+    double step_time_sum = 0;
+    int64_t steps_run = 0;
+    int64_t last_good_ckpt = o.resume ? T.step : -1;
+    const int64_t stop_at = o.stop_after > 0 ? std::min<int64_t>(o.stop_after, o.steps) : o.steps;
+    while (T.step < stop_at) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const double lr = lr_at(o, T.step);
+        oomb_opt_zero_grads(T.opt);
+        double loss_sum = 0;
+        int64_t count = 0;
+        for (int s = 0; s < o.seqs_per_step; s++) {
+            const int64_t si = T.sampler.next();
+            const int32_t * src = T.data.train.data() + si * o.ctx;
+            ChunkStats st = T.tr->forward_backward(src, o.ctx);
+            loss_sum += st.loss_sum;
+            count += st.n_targets;
+        }
+        const double loss = loss_sum / (double) std::max<int64_t>(1, count);
+        float gnorm = NAN;
+        if (std::isfinite(loss)) gnorm = oomb_opt_step(T.opt, (float) lr, 1.0f / (float) count, (float) o.grad_clip);
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        T.step++;
+        steps_run++;
+        step_time_sum += dt;
+        T.tokens_seen += (int64_t) o.seqs_per_step * o.ctx;
+        const bool good = std::isfinite(loss) && std::isfinite(gnorm);
+        if (!good) {
+            T.bad_run++;
+            print_error(PROG, "step " + std::to_string(T.step) + ": non-finite " + (std::isfinite(loss) ? "gradient norm" : "loss") +
+                                  " (loss " + std::to_string(loss) + ", grad norm " + std::to_string(gnorm) + "): update skipped (" +
+                                  std::to_string(T.bad_run) + "/" + std::to_string(o.max_bad_steps) + " consecutive)");
+        } else {
+            T.bad_run = 0;
+        }
+        json j;
+        j["step"] = T.step;
+        j["loss"] = std::isfinite(loss) ? json(loss) : json(nullptr);
+        j["lr"] = lr;
+        j["grad_norm"] = std::isfinite(gnorm) ? json(gnorm) : json(nullptr);
+        j["tokens"] = T.tokens_seen;
+        j["tok_per_s"] = (double) o.seqs_per_step * o.ctx / dt;
+        j["step_s"] = dt;
+        j["elapsed_s"] = T.elapsed_prev + T.run_seconds();
+        j["rss_bytes"] = rss_bytes();
+        j["epoch"] = T.sampler.epoch;
+        if (!good) j["skipped"] = true;
+        T.log_json(j);
+        if (std::isfinite(loss)) T.history.push_back({T.step, loss, false});
+        if (T.bad_run >= o.max_bad_steps) {
+            T.plot();
+            const std::string kept = last_good_ckpt >= 0 ? "the last good checkpoint (step " + std::to_string(last_good_ckpt) + ") in " + o.out + "/ is kept"
+                                                         : "no checkpoint was written";
+            print_error(PROG, "stopping: " + std::to_string(T.bad_run) + " consecutive steps with a non-finite loss or gradient (try a lower --lr); " + kept);
+            return 2;
+        }
+        if (o.log_every > 0 && (T.step % o.log_every == 0 || T.step == 1 || T.step == stop_at)) {
+            const double eta = step_time_sum / steps_run * (double) (o.steps - T.step);
+            printf("step %*" PRId64 "/%d | loss %8.4f | lr %.3e | gnorm %7.3f | %7.0f tok/s | ETA %s | RSS %s | KV %s + arena %s\n",
+                   (int) std::to_string(o.steps).size(), T.step, o.steps, loss, lr, gnorm, (double) o.seqs_per_step * o.ctx / dt,
+                   fmt_duration(eta).c_str(), fmt_bytes((double) rss_bytes()).c_str(),
+                   fmt_bytes((double) oomb_kv_cache_nbytes(T.tr->kv_cache())).c_str(), fmt_bytes((double) T.tr->arena_bytes()).c_str());
+            fflush(stdout);
+        }
+        if (!T.data.eval_off.empty() && o.eval_every > 0 && (T.step % o.eval_every == 0 || T.step == o.steps)) {
+            const auto e0 = std::chrono::steady_clock::now();
+            const double el = T.eval_loss();
+            const double es = std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
+            printf("eval step %" PRId64 " | held-out loss %.4f | perplexity %.2f | %zu sequence(s) in %.1f s\n", T.step, el, std::exp(el),
+                   T.data.eval_off.size(), es);
+            json je;
+            je["step"] = T.step;
+            je["eval_loss"] = std::isfinite(el) ? json(el) : json(nullptr);
+            je["eval_ppl"] = std::isfinite(el) ? json(std::exp(el)) : json(nullptr);
+            T.log_json(je);
+            if (std::isfinite(el)) T.history.push_back({T.step, el, true});
+            T.plot();
+            fflush(stdout);
+        }
+        const bool at_end = T.step == stop_at;
+        if ((o.save_every > 0 && T.step % o.save_every == 0) || at_end) {
+            if (T.bad_run > 0) {
+                printf("checkpoint: skipped at step %" PRId64 " (the last step was not finite)\n", T.step);
+            } else {
+                const auto s0 = std::chrono::steady_clock::now();
+                if (!T.save(&err)) fail(PROG, "checkpoint: " + err);
+                last_good_ckpt = T.step;
+                printf("checkpoint: step %" PRId64 " -> %s, %s (%.1f s)\n", T.step, T.path("model.gguf").c_str(),
+                       T.path("state.safetensors").c_str(),
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count());
+            }
+            T.plot();
+            fflush(stdout);
+        }
+    }
+    // summary
+    double first = NAN, last = NAN;
+    for (const auto & e : T.history)
+        if (!e.eval) { if (std::isnan(first)) first = e.loss; last = e.loss; }
+    printf("done: %" PRId64 " steps in %s (%.0f tok/s mean), train loss %.4f -> %.4f; log %s, curve %s\n", T.step,
+           fmt_duration(T.elapsed_prev + T.run_seconds()).c_str(),
+           (double) steps_run * o.seqs_per_step * o.ctx / std::max(1e-9, step_time_sum), first, last, T.path("train.jsonl").c_str(),
+           T.path("loss.png").c_str());
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char ** argv) {
+    install_error_handler(PROG, 1);
+    Options o;
+    DefaultRun dr;
+    CLI::App app{"oomb-train: train or fine-tune a Qwen2/Qwen2.5 model with OOMB chunk-recurrent training over paged KV caches.\n"
+                 "With no arguments: pre-train the 'tiny' preset (real Qwen vocabulary) on the shipped Python documentation text\n"
+                 "(data/python-docs.txt.gz), ctx 256, chunk 128, 300 steps; outputs in out/.",
+                 "oomb-train"};
+    app.get_formatter()->column_width(34);
+    app.add_option("-m,--model", o.model, "GGUF model to train (qwen2 architecture)");
+    app.add_option("--preset", o.preset, "fresh model: tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b");
+    app.add_option("--vocab", o.vocab, "tokenizer GGUF for --preset (default: models/qwen2.5-vocab.gguf of the source tree)");
+    app.add_option("--data", o.data, "training text: files or folders (recursive; .gz read directly); repeatable")->take_all();
+    app.add_option("--data-bin", o.data_bin, "training ids: little-endian uint32, no header");
+    app.add_option("--eval-data", o.eval_data, "held-out data (same format as the training data); default: the last --eval-split %")->take_all();
+    app.add_option("--eval-split", o.eval_split, "percent of the data held out when no --eval-data")->capture_default_str();
+    app.add_option("--eval-every", o.eval_every, "evaluate every N steps (0: never; always at the last step)")->capture_default_str();
+    app.add_option("--eval-seqs", o.eval_seqs, "held-out sequences of --ctx tokens per evaluation")->capture_default_str();
+    app.add_option("--ctx", o.ctx, "tokens per training sequence")->capture_default_str();
+    app.add_option("--chunk", o.chunk, "tokens per chunk (capped to --ctx)")->capture_default_str();
+    app.add_option("--page", o.page, "tokens per KV page")->capture_default_str();
+    app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+    app.add_option("--seqs-per-step", o.seqs_per_step, "sequences per step (gradient accumulation)")->capture_default_str();
+    app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
+    app.add_option("--min-lr", o.min_lr, "final learning rate of the cosine decay (default lr/10)");
+    app.add_option("--warmup", o.warmup, "linear warmup steps")->capture_default_str();
+    app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (not on norms and biases)")->capture_default_str();
+    app.add_option("--adam-beta1", o.beta1, "AdamW beta1")->capture_default_str();
+    app.add_option("--adam-beta2", o.beta2, "AdamW beta2")->capture_default_str();
+    app.add_option("--adam-eps", o.adam_eps, "AdamW epsilon")->capture_default_str();
+    app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to this (0: off)")->capture_default_str();
+    app.add_option("--trainable", o.trainable, "all, or linear (block projections + LM head, as the OOMB reference)")->capture_default_str();
+    app.add_option("-t,--threads", o.threads, "CPU threads (default: all)");
+    app.add_option("--device", o.device, "cpu or cuda")->capture_default_str();
+    app.add_option("--rope-theta", o.rope_theta, "override the RoPE base (context extension)");
+    app.add_option("-o,--out", o.out, "output folder: train.jsonl, loss.png, model.gguf, state.safetensors")->capture_default_str();
+    app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end)")->capture_default_str();
+    app.add_flag("--resume", o.resume, "continue from OUT/model.gguf + OUT/state.safetensors (same command line otherwise)");
+    app.add_option("--seed", o.seed, "seed of the initialisation and of the data order")->capture_default_str();
+    app.add_option("--log-every", o.log_every, "progress line every N steps")->capture_default_str();
+    app.add_option("--stop-after", o.stop_after, "stop (with a checkpoint) after this step, as if interrupted; resume later");
+    app.add_option("--max-bad-steps", o.max_bad_steps, "stop (exit 2) after this many consecutive non-finite steps")->capture_default_str();
+    app.add_option("--tokens", o.tokens, "verification: safetensors file with input_ids int32 [B, T] (with --dump-grads)");
+    app.add_option("--dump-grads", o.dump_grads,
+                   "verification: one forward/backward over --tokens (every weight trainable, no update); writes loss and grad.<GGUF name>");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError & e) {
+        const int rc = app.exit(e);
+        return rc == 0 ? 0 : 1;
+    }
+    try {
+        if (!o.tokens.empty() || !o.dump_grads.empty()) return dump_grads(o);
+
+        if (!o.model.empty() && !o.preset.empty()) fail(PROG, "give either -m MODEL.gguf or --preset NAME, not both");
+        if (!o.data.empty() && !o.data_bin.empty()) fail(PROG, "give either --data or --data-bin, not both");
+        if (!o.preset.empty()) {
+            bool ok = false;
+            for (const char * p : PRESETS) ok |= o.preset == p;
+            if (!ok) fail(PROG, "unknown preset '" + o.preset + "' (choose tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b or qwen2.5-7b)");
+        }
+        const bool default_run = o.model.empty() && o.preset.empty() && o.data.empty() && o.data_bin.empty();
+        if (default_run) {
+            const std::string d = find_project_file("data/python-docs.txt.gz");
+            if (d.empty()) fail(PROG, "default run: data/python-docs.txt.gz not found next to the executable or in the current folder "
+                                      "(regenerate it with scripts/make-default-data.sh)");
+            o.data = {d};
+            o.preset = "tiny";
+            auto unset = [&](const char * name) { return app.count(name) == 0; };
+            if (unset("--ctx")) o.ctx = dr.ctx;
+            if (unset("--chunk")) o.chunk = dr.chunk;
+            if (unset("--steps")) o.steps = dr.steps;
+            if (unset("--warmup")) o.warmup = dr.warmup;
+            if (unset("--eval-every")) o.eval_every = dr.eval_every;
+            if (unset("--eval-seqs")) o.eval_seqs = dr.eval_seqs;
+            if (unset("--save-every")) o.save_every = dr.save_every;
+            if (unset("--lr")) o.lr = dr.lr;
+            if (unset("--min-lr")) o.min_lr = dr.min_lr;
+            printf("default run: pre-training the tiny preset on %s (give -m/--preset and --data to train something else; --help)\n", d.c_str());
+        } else if (o.data.empty() && o.data_bin.empty()) {
+            fail(PROG, "no training data: give --data FILES/FOLDERS or --data-bin IDS.bin");
+        } else if (o.model.empty() && o.preset.empty()) {
+            o.preset = "tiny";
+            printf("note: no model given: training a fresh --preset tiny\n");
+        }
+        if (o.model.empty() && o.vocab.empty()) o.vocab = find_project_file("models/qwen2.5-vocab.gguf");
+        return train_main(o, default_run);
+    } catch (const std::exception & e) {
+        fail(PROG, e.what());
+    }
+}

@@ -1,0 +1,517 @@
+#include "train-common.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <thread>
+#include <unistd.h>
+#include <zlib.h>
+
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#include "stb_image_write.h"
+#include "stb_easy_font.h"
+
+namespace oomb {
+namespace train {
+
+namespace {
+const char * g_prog = "oomb";
+int g_code = 1;
+
+void exit_handler(const char * msg, void *) {
+    fflush(stdout);
+    fprintf(stderr, "%s: error: %s\n", g_prog, msg);
+    fflush(stderr);
+    _exit(g_code);
+}
+} // namespace
+
+void install_error_handler(const char * prog, int code) {
+    g_prog = prog;
+    g_code = code;
+    oomb_set_error_handler(exit_handler, nullptr);
+}
+
+void print_error(const char * prog, const std::string & msg) {
+    fflush(stdout);
+    fprintf(stderr, "%s: error: %s\n", prog, msg.c_str());
+    fflush(stderr);
+}
+
+void fail(const char * prog, const std::string & msg, int code) {
+    print_error(prog, msg);
+    exit(code);
+}
+
+std::string exe_dir() {
+    char buf[4096];
+    const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+    if (n <= 0) return "";
+    buf[n] = 0;
+    std::string p(buf);
+    const size_t s = p.rfind('/');
+    return s == std::string::npos ? "" : p.substr(0, s);
+}
+
+bool is_dir(const std::string & p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool is_file(const std::string & p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string find_project_file(const std::string & rel) {
+    const std::string d = exe_dir();
+    std::vector<std::string> cands;
+    if (!d.empty()) {
+        cands.push_back(d + "/../../" + rel);
+        cands.push_back(d + "/../" + rel);
+    }
+    cands.push_back(rel);
+    for (const auto & c : cands) {
+        if (!is_file(c)) continue;
+        char real[4096];
+        if (realpath(c.c_str(), real)) return real;
+        return c;
+    }
+    return "";
+}
+
+bool make_dirs(const std::string & p, std::string * err) {
+    if (p.empty() || is_dir(p)) return true;
+    std::string cur;
+    size_t i = 0;
+    while (i <= p.size()) {
+        size_t j = p.find('/', i);
+        if (j == std::string::npos) j = p.size();
+        cur = p.substr(0, j);
+        if (!cur.empty() && !is_dir(cur)) {
+            if (mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
+                if (err) *err = "cannot create folder '" + cur + "': " + strerror(errno);
+                return false;
+            }
+        }
+        i = j + 1;
+    }
+    return true;
+}
+
+static void walk(const std::string & dir, std::vector<std::string> * out) {
+    DIR * d = opendir(dir.c_str());
+    if (!d) return;
+    std::vector<std::string> names;
+    while (dirent * e = readdir(d)) {
+        if (e->d_name[0] == '.') continue;
+        names.push_back(e->d_name);
+    }
+    closedir(d);
+    std::sort(names.begin(), names.end());
+    for (const auto & n : names) {
+        const std::string p = dir + "/" + n;
+        if (is_dir(p)) walk(p, out);
+        else if (is_file(p)) out->push_back(p);
+    }
+}
+
+bool list_files(const std::string & path, std::vector<std::string> * out, std::string * err) {
+    if (is_file(path)) { out->push_back(path); return true; }
+    if (!is_dir(path)) {
+        if (err) *err = "'" + path + "': no such file or folder";
+        return false;
+    }
+    const size_t n0 = out->size();
+    walk(path, out);
+    if (out->size() == n0) {
+        if (err) *err = "folder '" + path + "' holds no file";
+        return false;
+    }
+    return true;
+}
+
+bool read_text_file(const std::string & path, std::string * out, std::string * err) {
+    out->clear();
+    if (!is_file(path)) {
+        if (err) *err = "'" + path + "': no such file";
+        return false;
+    }
+    const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+    if (!gz) {
+        FILE * f = fopen(path.c_str(), "rb");
+        if (!f) {
+            if (err) *err = "cannot open '" + path + "': " + strerror(errno);
+            return false;
+        }
+        char buf[1 << 16];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out->append(buf, n);
+        const bool bad = ferror(f);
+        fclose(f);
+        if (bad) {
+            if (err) *err = "error reading '" + path + "'";
+            return false;
+        }
+        return true;
+    }
+    gzFile f = gzopen(path.c_str(), "rb");
+    if (!f) {
+        if (err) *err = "cannot open '" + path + "'";
+        return false;
+    }
+    gzbuffer(f, 1 << 17);
+    std::vector<char> buf(1 << 17);
+    for (;;) {
+        const int n = gzread(f, buf.data(), (unsigned) buf.size());
+        if (n < 0) {
+            int e = 0;
+            const char * m = gzerror(f, &e);
+            if (err) *err = "'" + path + "': gzip error: " + (m ? m : "?");
+            gzclose(f);
+            return false;
+        }
+        if (n == 0) break;
+        out->append(buf.data(), (size_t) n);
+    }
+    gzclose(f);
+    return true;
+}
+
+bool tokenize_paths(const Tokenizer & tok, const std::vector<std::string> & paths, int32_t eos, int n_threads,
+                    std::vector<int32_t> * ids, size_t * n_bytes, std::string * err) {
+    std::vector<std::string> files;
+    for (const auto & p : paths)
+        if (!list_files(p, &files, err)) return false;
+    static const std::string sep = "<|endoftext|>";
+    size_t total = 0;
+    for (const auto & f : files) {
+        std::string text;
+        if (!read_text_file(f, &text, err)) return false;
+        total += text.size();
+        std::vector<std::string_view> docs;
+        std::string_view sv(text);
+        size_t b = 0;
+        for (;;) {
+            const size_t e = sv.find(sep, b);
+            if (e == std::string_view::npos) { docs.push_back(sv.substr(b)); break; }
+            docs.push_back(sv.substr(b, e - b));
+            b = e + sep.size();
+        }
+        // A trailing separator does not start an empty document.
+        if (docs.size() > 1 && docs.back().empty()) docs.pop_back();
+        std::vector<std::vector<int32_t>> out(docs.size());
+        std::atomic<size_t> next{0};
+        std::atomic<bool> failed{false};
+        std::string first_err;
+        auto work = [&]() {
+            for (;;) {
+                const size_t i = next.fetch_add(1);
+                if (i >= docs.size()) return;
+                std::string e;
+                if (tok.encode(docs[i], &out[i], &e, true) != GGUF_OK) {
+                    if (!failed.exchange(true)) first_err = f + ": " + e;
+                    return;
+                }
+            }
+        };
+        const int nt = std::max(1, std::min<int>(n_threads, (int) docs.size()));
+        std::vector<std::thread> th;
+        for (int t = 1; t < nt; t++) th.emplace_back(work);
+        work();
+        for (auto & t : th) t.join();
+        if (failed) {
+            if (err) *err = first_err;
+            return false;
+        }
+        for (const auto & d : out) {
+            ids->insert(ids->end(), d.begin(), d.end());
+            ids->push_back(eos);
+        }
+    }
+    if (n_bytes) *n_bytes = total;
+    return true;
+}
+
+bool read_ids_bin(const std::string & path, int64_t n_vocab, std::vector<int32_t> * ids, std::string * err) {
+    if (!is_file(path)) {
+        if (err) *err = "'" + path + "': no such file";
+        return false;
+    }
+    FILE * f = fopen(path.c_str(), "rb");
+    if (!f) {
+        if (err) *err = "cannot open '" + path + "': " + strerror(errno);
+        return false;
+    }
+    fseek(f, 0, SEEK_END);
+    const long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (sz < 0 || sz % 4 != 0) {
+        fclose(f);
+        if (err) *err = "'" + path + "': size " + std::to_string(sz) + " bytes is not a multiple of 4 (little-endian uint32 ids expected)";
+        return false;
+    }
+    std::vector<uint32_t> v((size_t) sz / 4);
+    const size_t got = fread(v.data(), 4, v.size(), f);
+    fclose(f);
+    if (got != v.size()) {
+        if (err) *err = "error reading '" + path + "'";
+        return false;
+    }
+    const size_t n0 = ids->size();
+    ids->reserve(n0 + v.size());
+    for (size_t i = 0; i < v.size(); i++) {
+        if ((int64_t) v[i] >= n_vocab) {
+            if (err) *err = "'" + path + "': token id " + std::to_string(v[i]) + " at position " + std::to_string(i) +
+                            " is outside the model's vocabulary (" + std::to_string(n_vocab) + " entries)";
+            ids->resize(n0);
+            return false;
+        }
+        ids->push_back((int32_t) v[i]);
+    }
+    return true;
+}
+
+uint64_t hash64(const void * data, size_t n, uint64_t h) {
+    const uint8_t * p = (const uint8_t *) data;
+    const uint64_t prime = 0x100000001b3ull;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * prime;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ p[i]) * prime;
+    return h;
+}
+
+std::string hex64(uint64_t h) {
+    char b[32];
+    snprintf(b, sizeof(b), "%016llx", (unsigned long long) h);
+    return b;
+}
+
+size_t rss_bytes() {
+    FILE * f = fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    unsigned long size = 0, res = 0;
+    const int n = fscanf(f, "%lu %lu", &size, &res);
+    fclose(f);
+    if (n != 2) return 0;
+    return (size_t) res * (size_t) sysconf(_SC_PAGESIZE);
+}
+
+std::string fmt_bytes(double b) {
+    const char * u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024.0 && i < 4) { b /= 1024.0; i++; }
+    char s[32];
+    snprintf(s, sizeof(s), i == 0 ? "%.0f %s" : "%.2f %s", b, u[i]);
+    return s;
+}
+
+std::string fmt_duration(double s) {
+    if (!std::isfinite(s) || s < 0) return "?";
+    const long t = (long) std::llround(s);
+    char b[32];
+    if (t >= 3600) snprintf(b, sizeof(b), "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60) snprintf(b, sizeof(b), "%ldm%02lds", t / 60, t % 60);
+    else snprintf(b, sizeof(b), "%lds", t);
+    return b;
+}
+
+oomb_backend_t make_backend(const std::string & device, int n_threads, std::string * err) {
+    if (device == "cpu") return oomb_backend_cpu_init(n_threads);
+    if (device == "cuda") {
+        oomb_backend_t b = oomb_backend_cuda_init(0);
+        if (!b && err) *err = "CUDA backend not available in this build / no GPU";
+        return b;
+    }
+    if (err) *err = "unknown device '" + device + "' (choose cpu or cuda)";
+    return nullptr;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loss-curve PNG
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+struct Image {
+    int w, h;
+    std::vector<uint8_t> px;
+    Image(int w_, int h_) : w(w_), h(h_), px((size_t) w_ * h_ * 3, 255) {}
+    void set(int x, int y, const uint8_t c[3]) {
+        if (x < 0 || y < 0 || x >= w || y >= h) return;
+        uint8_t * p = &px[((size_t) y * w + x) * 3];
+        p[0] = c[0]; p[1] = c[1]; p[2] = c[2];
+    }
+    void rect(int x0, int y0, int x1, int y1, const uint8_t c[3]) {
+        for (int y = std::max(0, y0); y < std::min(h, y1); y++)
+            for (int x = std::max(0, x0); x < std::min(w, x1); x++) set(x, y, c);
+    }
+    void line(int x0, int y0, int x1, int y1, const uint8_t c[3], int thick = 1) {
+        int dx = std::abs(x1 - x0), sx = x0 < x1 ? 1 : -1;
+        int dy = -std::abs(y1 - y0), sy = y0 < y1 ? 1 : -1;
+        int e = dx + dy;
+        for (;;) {
+            rect(x0 - thick / 2, y0 - thick / 2, x0 - thick / 2 + thick, y0 - thick / 2 + thick, c);
+            if (x0 == x1 && y0 == y1) break;
+            const int e2 = 2 * e;
+            if (e2 >= dy) { e += dy; x0 += sx; }
+            if (e2 <= dx) { e += dx; y0 += sy; }
+        }
+    }
+    // Text with stb_easy_font (quads), scaled by `s`; (x, y) is the top-left corner.
+    void text(int x, int y, const std::string & t, const uint8_t c[3], int s = 2) {
+        static char buf[60000];
+        unsigned char col[4] = {0, 0, 0, 255};
+        const int nq = stb_easy_font_print(0, 0, (char *) t.c_str(), col, buf, sizeof(buf));
+        for (int q = 0; q < nq; q++) {
+            const float * v = (const float *) (buf + q * 4 * 16);
+            const float qx0 = v[0], qy0 = v[1];
+            const float qx1 = ((const float *) (buf + q * 64 + 32))[0], qy1 = ((const float *) (buf + q * 64 + 32))[1];
+            rect(x + (int) std::lround(qx0 * s), y + (int) std::lround(qy0 * s), x + (int) std::lround(qx1 * s),
+                 y + (int) std::lround(qy1 * s), c);
+        }
+    }
+    static int text_width(const std::string & t, int s = 2) { return stb_easy_font_width((char *) t.c_str()) * s; }
+};
+
+// "Nice" tick step for a range.
+double nice_step(double range, int n) {
+    if (!(range > 0)) return 1;
+    const double raw = range / n;
+    const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+    const double f = raw / mag;
+    return (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * mag;
+}
+
+std::string tick_label(double v, double step) {
+    char b[32];
+    if (step >= 1) snprintf(b, sizeof(b), "%.0f", v);
+    else if (step >= 0.1) snprintf(b, sizeof(b), "%.1f", v);
+    else if (step >= 0.01) snprintf(b, sizeof(b), "%.2f", v);
+    else snprintf(b, sizeof(b), "%.3g", v);
+    return b;
+}
+
+} // namespace
+
+bool write_loss_png(const std::string & path, const std::vector<CurvePoint> & train, const std::vector<CurvePoint> & eval,
+                    const std::string & title, std::string * err) {
+    const int W = 960, H = 600, L = 90, R = 30, T = 50, B = 70;
+    Image img(W, H);
+    const uint8_t black[3] = {0, 0, 0}, grey[3] = {225, 225, 225}, blue[3] = {31, 119, 180}, red[3] = {214, 39, 40};
+    double x0 = 0, x1 = 1, y0 = INFINITY, y1 = -INFINITY;
+    for (const auto * v : {&train, &eval})
+        for (const auto & p : *v) {
+            if (!std::isfinite(p.loss)) continue;
+            x1 = std::max(x1, p.step);
+            y0 = std::min(y0, p.loss);
+            y1 = std::max(y1, p.loss);
+        }
+    if (!std::isfinite(y0)) { y0 = 0; y1 = 1; }
+    if (y1 - y0 < 1e-6) { y0 -= 0.5; y1 += 0.5; }
+    const double ystep = nice_step(y1 - y0, 6);
+    y0 = std::floor(y0 / ystep) * ystep;
+    y1 = std::ceil(y1 / ystep) * ystep;
+    const double xstep = nice_step(x1 - x0, 8);
+    x1 = std::ceil(x1 / xstep) * xstep;
+    const int pw = W - L - R, ph = H - T - B;
+    auto X = [&](double x) { return L + (int) std::lround((x - x0) / (x1 - x0) * pw); };
+    auto Y = [&](double y) { return T + ph - (int) std::lround((y - y0) / (y1 - y0) * ph); };
+    // grid, ticks and labels
+    for (double y = y0; y <= y1 + ystep * 1e-6; y += ystep) {
+        const int py = Y(y);
+        img.line(L, py, L + pw, py, grey);
+        img.line(L - 6, py, L, py, black);
+        const std::string s = tick_label(y, ystep);
+        img.text(L - 10 - Image::text_width(s), py - 6, s, black);
+    }
+    for (double x = x0; x <= x1 + xstep * 1e-6; x += xstep) {
+        const int px = X(x);
+        img.line(px, T, px, T + ph, grey);
+        img.line(px, T + ph, px, T + ph + 6, black);
+        const std::string s = tick_label(x, xstep);
+        img.text(px - Image::text_width(s) / 2, T + ph + 12, s, black);
+    }
+    img.line(L, T, L, T + ph, black, 2);
+    img.line(L, T + ph, L + pw, T + ph, black, 2);
+    img.text(L + pw / 2 - Image::text_width("step") / 2, H - 28, "step", black);
+    img.text(10, T - 30, "loss", black);
+    img.text(L + pw / 2 - Image::text_width(title) / 2, 12, title, black);
+    // curves
+    bool have = false;
+    int px = 0, py = 0;
+    for (const auto & p : train) {
+        if (!std::isfinite(p.loss)) { have = false; continue; }
+        const int x = X(p.step), y = Y(p.loss);
+        if (have) img.line(px, py, x, y, blue, 2);
+        else img.rect(x - 1, y - 1, x + 2, y + 2, blue);
+        px = x; py = y; have = true;
+    }
+    for (const auto & p : eval) {
+        if (!std::isfinite(p.loss)) continue;
+        const int x = X(p.step), y = Y(p.loss);
+        img.rect(x - 4, y - 4, x + 5, y + 5, red);
+    }
+    // legend
+    const int lx = L + pw - 170, ly = T + 12;
+    img.line(lx, ly + 6, lx + 30, ly + 6, blue, 2);
+    img.text(lx + 40, ly, "train loss", black);
+    img.rect(lx + 11, ly + 26, lx + 20, ly + 35, red);
+    img.text(lx + 40, ly + 24, "eval loss", black);
+
+    const std::string tmp = path + ".tmp." + std::to_string(getpid());
+    if (!stbi_write_png(tmp.c_str(), W, H, 3, img.px.data(), W * 3)) {
+        if (err) *err = "cannot write '" + tmp + "'";
+        unlink(tmp.c_str());
+        return false;
+    }
+    if (rename(tmp.c_str(), path.c_str()) != 0) {
+        if (err) *err = "cannot rename '" + tmp + "' to '" + path + "': " + strerror(errno);
+        unlink(tmp.c_str());
+        return false;
+    }
+    return true;
+}
+
+bool write_file_atomic(const std::string & path, const std::string & data, std::string * err) {
+    const std::string tmp = path + ".tmp." + std::to_string(getpid());
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        if (err) *err = "cannot create '" + tmp + "': " + strerror(errno);
+        return false;
+    }
+    size_t off = 0;
+    while (off < data.size()) {
+        const ssize_t n = write(fd, data.data() + off, data.size() - off);
+        if (n <= 0) {
+            if (err) *err = "cannot write '" + tmp + "': " + strerror(errno);
+            close(fd);
+            unlink(tmp.c_str());
+            return false;
+        }
+        off += (size_t) n;
+    }
+    fsync(fd);
+    close(fd);
+    if (rename(tmp.c_str(), path.c_str()) != 0) {
+        if (err) *err = "cannot rename '" + tmp + "' to '" + path + "': " + strerror(errno);
+        unlink(tmp.c_str());
+        return false;
+    }
+    return true;
+}
+
+} // namespace train
+} // namespace oomb

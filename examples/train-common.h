@@ -1,0 +1,75 @@
+// Helpers shared by oomb-train and oomb-eval: locating the project's files, reading and tokenizing
+// training text (plain or gzip), binary id files, hashing, process memory, the loss-curve PNG,
+// formatting, and turning library errors into a clean exit.
+#pragma once
+
+#include "oomb.h"
+#include "oomb-backend.h"
+#include "tokenizer.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace oomb {
+namespace train {
+
+// Library errors (oomb_error) print "<prog>: error: <message>" and exit with `code` instead of
+// aborting. The process exits at once (_exit) after flushing stdio.
+void install_error_handler(const char * prog, int code = 1);
+
+// Prints "<prog>: error: <message>" to stderr. fail() also exits with `code`.
+void print_error(const char * prog, const std::string & msg);
+[[noreturn]] void fail(const char * prog, const std::string & msg, int code = 1);
+
+// Directory holding the running executable ("" if unknown).
+std::string exe_dir();
+// Finds a project file (e.g. "models/qwen2.5-vocab.gguf") relative to the executable
+// (<exe>/../../REL, <exe>/../REL: build/bin -> source dir) and then the current directory.
+// Returns the first existing path, or "" when none exists.
+std::string find_project_file(const std::string & rel);
+
+bool is_dir(const std::string & p);
+bool is_file(const std::string & p);
+bool make_dirs(const std::string & p, std::string * err);
+
+// Every regular file under `path` (itself when it is a file; recursively, sorted by path when it
+// is a folder; hidden entries skipped). Error when the path does not exist or holds no file.
+bool list_files(const std::string & path, std::vector<std::string> * out, std::string * err);
+// Reads a whole file; files ending in ".gz" are decompressed (zlib).
+bool read_text_file(const std::string & path, std::string * out, std::string * err);
+
+// Tokenizes text files/folders: each file is split at the literal "<|endoftext|>" into documents,
+// every document is encoded with `tok` (added tokens in the text are recognised) on `n_threads`
+// threads, and documents are joined with `eos` (one eos after every document). Appends to `ids`.
+// Reports bytes read in *n_bytes.
+bool tokenize_paths(const Tokenizer & tok, const std::vector<std::string> & paths, int32_t eos, int n_threads,
+                    std::vector<int32_t> * ids, size_t * n_bytes, std::string * err);
+// Reads little-endian uint32 ids (no header). Errors: missing file, size not a multiple of 4, an
+// id >= n_vocab (naming the id and its position).
+bool read_ids_bin(const std::string & path, int64_t n_vocab, std::vector<int32_t> * ids, std::string * err);
+
+// 64-bit hash (FNV-1a style over 8-byte words, then bytes); `h` chains calls.
+uint64_t hash64(const void * data, size_t n, uint64_t h = 0xcbf29ce484222325ull);
+std::string hex64(uint64_t h);
+
+// Resident memory of this process (from /proc/self/statm), bytes; 0 when unavailable.
+size_t rss_bytes();
+
+std::string fmt_bytes(double b);        // "1.23 GiB"
+std::string fmt_duration(double s);     // "1h02m", "3m05s", "12s"
+
+// The backend of `device` ("cpu" or "cuda"); NULL with *err when unavailable.
+oomb_backend_t make_backend(const std::string & device, int n_threads, std::string * err);
+
+// Loss curve: train losses (step, loss) as a line, eval losses as dots; axes with ticks and
+// labels. Written with stb_image_write (PNG). false + *err on error.
+struct CurvePoint { double step, loss; };
+bool write_loss_png(const std::string & path, const std::vector<CurvePoint> & train, const std::vector<CurvePoint> & eval,
+                    const std::string & title, std::string * err);
+
+// Writes `data` to `path` atomically (temp file in the same folder, fsync, rename).
+bool write_file_atomic(const std::string & path, const std::string & data, std::string * err);
+
+} // namespace train
+} // namespace oomb
