@@ -1,0 +1,137 @@
+// oomb-eval: perplexity of a long text under a Qwen2 GGUF model, computed chunk by chunk through
+// the same paged-KV path as training (ChunkTrainer::forward: stage 1 only, no gradients).
+//
+//   oomb-eval -m MODEL.gguf --data FILE [--ctx N] [--chunk C] [--page P] [--threads T]
+//
+// The text (plain or .gz; files or folders; documents separated by <|endoftext|> as in
+// oomb-train) is tokenized with the model's tokenizer (or --vocab) and cut into windows of --ctx
+// tokens (the last, shorter window included); every window is one sequence whose tokens attend
+// to all earlier tokens of that window. Prints the token count, the mean negative log-likelihood
+// over all predicted tokens (nats) and the perplexity exp(mean NLL).
+#include "train-common.h"
+
+#include "qwen2.h"
+#include "tokenizer.h"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+using namespace oomb;
+using namespace oomb::train;
+
+static const char * PROG = "oomb-eval";
+
+int main(int argc, char ** argv) {
+    install_error_handler(PROG, 1);
+    std::string model, vocab, data_bin, device = "cpu", json_out;
+    std::vector<std::string> data;
+    int64_t ctx = 4096, chunk = 4096, max_tokens = 0;
+    int page = 128, threads = 0;
+    double rope_theta = 0;
+    CLI::App app{"oomb-eval: perplexity of a long text under a Qwen2 GGUF model, computed chunk by chunk over the paged KV cache "
+                 "(the same path as oomb-train).",
+                 "oomb-eval"};
+    app.get_formatter()->column_width(30);
+    app.add_option("-m,--model", model, "GGUF model (qwen2 architecture)")->required();
+    app.add_option("--data", data, "text files or folders (.gz read directly)")->take_all();
+    app.add_option("--data-bin", data_bin, "little-endian uint32 token ids instead of text");
+    app.add_option("--vocab", vocab, "tokenizer GGUF when the model file has none");
+    app.add_option("--ctx", ctx, "tokens per window (each window is one sequence)")->capture_default_str();
+    app.add_option("--chunk", chunk, "tokens per chunk (capped to --ctx)")->capture_default_str();
+    app.add_option("--page", page, "tokens per KV page")->capture_default_str();
+    app.add_option("--max-tokens", max_tokens, "evaluate only the first N tokens (0: all)")->capture_default_str();
+    app.add_option("-t,--threads", threads, "CPU threads (default: all)");
+    app.add_option("--device", device, "cpu or cuda")->capture_default_str();
+    app.add_option("--rope-theta", rope_theta, "override the RoPE base");
+    app.add_option("--json", json_out, "also write the results as JSON to this file");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError & e) {
+        const int rc = app.exit(e);
+        return rc == 0 ? 0 : 1;
+    }
+    if (data.empty() == data_bin.empty()) fail(PROG, "give --data FILE (text) or --data-bin FILE (ids)");
+    if (ctx < 2) fail(PROG, "--ctx must be at least 2");
+    if (chunk <= 0 || page <= 0) fail(PROG, "--chunk and --page must be positive");
+    if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
+    if (!is_file(model)) fail(PROG, "-m: '" + model + "': no such file");
+
+    std::string err;
+    oomb_backend_t be = make_backend(device, threads, &err);
+    if (!be) fail(PROG, err);
+    auto m = qwen2_load_gguf(model, be, OOMB_TYPE_F32, &err);
+    if (!m) fail(PROG, err);
+    if (rope_theta > 0) m->cfg.rope_theta = (float) rope_theta;
+
+    std::vector<int32_t> ids;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!data_bin.empty()) {
+        if (!read_ids_bin(data_bin, m->cfg.n_vocab, &ids, &err)) fail(PROG, "--data-bin: " + err);
+    } else {
+        Tokenizer tok;
+        std::string src = model;
+        if (tok.load_file(model, &err) != GGUF_OK) {
+            if (vocab.empty()) vocab = find_project_file("models/qwen2.5-vocab.gguf");
+            if (vocab.empty()) fail(PROG, "'" + model + "' has no tokenizer: give --vocab FILE.gguf or use --data-bin");
+            src = vocab;
+            if (tok.load_file(vocab, &err) != GGUF_OK) fail(PROG, "--vocab: " + err);
+        }
+        if ((int64_t) tok.n_vocab() > m->cfg.n_vocab)
+            fail(PROG, src + ": the tokenizer has " + std::to_string(tok.n_vocab()) + " tokens but the model only " +
+                           std::to_string(m->cfg.n_vocab) + " embedding rows");
+        int32_t eos = tok.find_token("<|endoftext|>");
+        if (eos < 0) eos = tok.eos_id();
+        if (eos < 0) fail(PROG, src + ": the tokenizer has no end-of-text token");
+        size_t n_bytes = 0;
+        if (!tokenize_paths(tok, data, eos, threads, &ids, &n_bytes, &err)) fail(PROG, "--data: " + err);
+        if (!ids.empty()) ids.pop_back();  // no end-of-text after the last document
+        printf("text: %.2f MB -> %zu tokens (%.2f bytes/token)\n", n_bytes / 1e6, ids.size(), (double) n_bytes / std::max<size_t>(1, ids.size()));
+    }
+    if (max_tokens > 0 && (int64_t) ids.size() > max_tokens) ids.resize((size_t) max_tokens);
+    const int64_t n = (int64_t) ids.size();
+    if (n < 2) fail(PROG, "the data hold " + std::to_string(n) + " token(s); at least 2 are needed");
+    ctx = std::min<int64_t>(ctx, n);
+    chunk = std::min(chunk, ctx);
+
+    ChunkTrainerParams tp;
+    tp.chunk = chunk;
+    tp.page = page;
+    tp.max_tokens = ctx;
+    ChunkTrainer tr(*m, tp);
+    double nll = 0;
+    int64_t targets = 0, windows = 0;
+    const auto t1 = std::chrono::steady_clock::now();
+    for (int64_t off = 0; off + 1 < n; off += ctx) {
+        const int64_t len = std::min(ctx, n - off);
+        ChunkStats st = tr.forward(ids.data() + off, len);
+        nll += st.loss_sum;
+        targets += st.n_targets;
+        windows++;
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+        fprintf(stderr, "\r%s: %" PRId64 "/%" PRId64 " tokens, running NLL %.4f, %.0f tok/s   ", PROG, off + len, n,
+                nll / std::max<int64_t>(1, targets), (off + len) / std::max(1e-9, dt));
+    }
+    fprintf(stderr, "\n");
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    const double mean = nll / (double) targets;
+    printf("model: %s\n", model.c_str());
+    printf("tokens: %" PRId64 " in %" PRId64 " window(s) of up to %" PRId64 " (chunk %" PRId64 ", page %d), %" PRId64 " predicted\n", n,
+           windows, ctx, chunk, page, targets);
+    printf("mean NLL: %.6f nats/token\n", mean);
+    printf("perplexity: %.4f\n", std::exp(mean));
+    printf("time: %.2f s (%.0f tok/s; load + tokenize %.2f s)\n", dt, n / std::max(1e-9, dt),
+           std::chrono::duration<double>(t1 - t0).count());
+    if (!json_out.empty()) {
+        nlohmann::json j;
+        j["model"] = model; j["tokens"] = n; j["targets"] = targets; j["windows"] = windows; j["ctx"] = ctx;
+        j["chunk"] = chunk; j["page"] = page; j["mean_nll"] = mean; j["perplexity"] = std::exp(mean); j["seconds"] = dt;
+        if (!write_file_atomic(json_out, j.dump(2) + "\n", &err)) fail(PROG, err);
+    }
+    return 0;
+}
