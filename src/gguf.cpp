@@ -189,7 +189,7 @@ struct Cursor {
     size_t left() const { return size - pos; }
     bool bytes(void* dst, size_t n) {
         if (n > left()) return false;
-        memcpy(dst, p + pos, n);
+        if (n) memcpy(dst, p + pos, n);
         pos += n;
         return true;
     }
@@ -300,6 +300,7 @@ gguf_status gguf_convert(uint32_t src_type, const void* src_v, uint32_t dst_type
                          n, gguf_tensor_type_name(src_type), blk));
         return GGUF_ERR_ARG;
     }
+    if (n == 0) return GGUF_OK;
     const uint8_t* src = (const uint8_t*)src_v;
     if (src_type == dst_type) {
         memcpy(dst_v, src, (size_t)n * gguf_tensor_type_block_bytes(src_type));
@@ -497,7 +498,7 @@ struct GGUFValueIO {
         put_u64(o, v.n_);
         if (v.elem_type_ == GGUF_TYPE_STRING) for (auto& s : v.strs_) put_str(o, s);
         else if (v.elem_type_ == GGUF_TYPE_ARRAY) for (auto& a : v.arrs_) write(o, a);
-        else o.append((const char*)v.raw_.data(), v.raw_.size());
+        else if (!v.raw_.empty()) o.append((const char*)v.raw_.data(), v.raw_.size());
     }
 
     // Checks that a value built by the caller is well formed (array of arrays holds arrays, ...).

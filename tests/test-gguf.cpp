@@ -1,0 +1,657 @@
+// GGUF reader/writer: round trips of every value and tensor type, every malformed-file error, and
+// a seeded mutation fuzz loop over a valid file.
+#include "gguf.h"
+
+#include "../src/fp16.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <dirent.h>
+#include <unistd.h>
+
+using namespace oomb;
+
+namespace {
+
+std::string tmp_path(const std::string& name) {
+    const char* d = getenv("TMPDIR");
+    return std::string(d && *d ? d : "/tmp") + "/oomb-test-gguf-" + std::to_string(getpid()) + "-" + name;
+}
+
+std::string read_all(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+void write_all(const std::string& path, const std::string& bytes) {
+    std::ofstream f(path, std::ios::binary);
+    f.write(bytes.data(), (std::streamsize)bytes.size());
+}
+
+// Little-endian byte builder for hand-made files.
+struct Bytes {
+    std::string b;
+    Bytes& raw(const void* p, size_t n) { b.append((const char*)p, n); return *this; }
+    Bytes& u32(uint32_t v) { return raw(&v, 4); }
+    Bytes& u64(uint64_t v) { return raw(&v, 8); }
+    Bytes& str(const std::string& s) { u64(s.size()); b += s; return *this; }
+    Bytes& header(uint64_t n_tensors, uint64_t n_kv, uint32_t version = 3) {
+        b += "GGUF";
+        u32(version);
+        u64(n_tensors);
+        return u64(n_kv);
+    }
+    Bytes& kv_u32(const std::string& k, uint32_t v) { str(k); u32(GGUF_TYPE_UINT32); return u32(v); }
+    Bytes& tensor(const std::string& name, std::vector<uint64_t> ne, uint32_t type, uint64_t offset) {
+        str(name);
+        u32((uint32_t)ne.size());
+        for (uint64_t v : ne) u64(v);
+        u32(type);
+        return u64(offset);
+    }
+    Bytes& pad(size_t align = 32) { while (b.size() % align) b += '\0'; return *this; }
+    Bytes& zeros(size_t n) { b.append(n, '\0'); return *this; }
+};
+
+gguf_status parse(const std::string& bytes, std::string* err, bool allow_unsupported = false) {
+    GGUFReader r;
+    GGUFReadOptions opt;
+    opt.allow_unsupported_types = allow_unsupported;
+    return r.open_memory(bytes.data(), bytes.size(), err, opt);
+}
+
+#define EXPECT_GGUF_ERROR(bytes, status, substr)                                            \
+    do {                                                                                    \
+        std::string _e;                                                                     \
+        EXPECT_EQ(parse(bytes, &_e), status) << _e;                                         \
+        EXPECT_NE(_e.find(substr), std::string::npos) << "message was: " << _e;             \
+    } while (0)
+
+// Q8_0 / Q4_0 / Q4_1 blocks by the reference formulas (ggml-quants.c), for 32 values.
+void quantize_q8_0(const float* x, uint8_t* blk) {
+    float amax = 0;
+    for (int j = 0; j < 32; j++) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127, id = d ? 1 / d : 0;
+    const uint16_t dh = fp32_to_fp16(d);
+    memcpy(blk, &dh, 2);
+    for (int j = 0; j < 32; j++) blk[2 + j] = (uint8_t)(int8_t)std::lround(x[j] * id);
+}
+
+struct Sample {
+    std::vector<std::pair<std::string, GGUFValue>> kv;
+    struct T { std::string name; uint32_t type; std::vector<int64_t> ne; std::string data; };
+    std::vector<T> tensors;
+};
+
+// Every metadata value type (scalars, strings, arrays of each, nested arrays, empty ones) and a
+// tensor of each supported type with deterministic data.
+Sample make_sample() {
+    Sample s;
+    auto add = [&](const std::string& k, GGUFValue v) { s.kv.emplace_back(k, std::move(v)); };
+    add("general.architecture", GGUFValue::string("qwen2"));
+    add("test.u8", GGUFValue::u8(250));
+    add("test.i8", GGUFValue::i8(-100));
+    add("test.u16", GGUFValue::u16(65000));
+    add("test.i16", GGUFValue::i16(-32000));
+    add("test.u32", GGUFValue::u32(4000000000u));
+    add("test.i32", GGUFValue::i32(-2000000000));
+    add("test.f32", GGUFValue::f32(3.25f));
+    add("test.bool_true", GGUFValue::boolean(true));
+    add("test.bool_false", GGUFValue::boolean(false));
+    add("test.string", GGUFValue::string("héllo, wörld \xF0\x9F\x99\x82"));
+    add("test.string_nul", GGUFValue::string(std::string("a\0b", 3)));
+    add("test.string_empty", GGUFValue::string(""));
+    add("test.u64", GGUFValue::u64(18000000000000000000ull));
+    add("test.i64", GGUFValue::i64(-9000000000000000000ll));
+    add("test.f64", GGUFValue::f64(-1.0 / 3.0));
+    add("test.arr_u8", GGUFValue::array(std::vector<uint8_t>{0, 1, 255}));
+    add("test.arr_i8", GGUFValue::array(std::vector<int8_t>{-128, 0, 127}));
+    add("test.arr_u16", GGUFValue::array(std::vector<uint16_t>{0, 65535}));
+    add("test.arr_i16", GGUFValue::array(std::vector<int16_t>{-32768, 32767}));
+    add("test.arr_u32", GGUFValue::array(std::vector<uint32_t>{1, 2, 4000000000u}));
+    add("test.arr_i32", GGUFValue::array(std::vector<int32_t>{-1, 0, 1}));
+    add("test.arr_f32", GGUFValue::array(std::vector<float>{0.5f, -2.0f, 1e30f}));
+    add("test.arr_bool", GGUFValue::array(std::vector<bool>{true, false, true}));
+    add("test.arr_u64", GGUFValue::array(std::vector<uint64_t>{0, 18446744073709551615ull}));
+    add("test.arr_i64", GGUFValue::array(std::vector<int64_t>{-5, 5}));
+    add("test.arr_f64", GGUFValue::array(std::vector<double>{1e-300, 2.5}));
+    add("test.arr_str", GGUFValue::string_array({"a", "", "ĠĠ", "<|im_start|>"}));
+    add("test.arr_empty", GGUFValue::array(std::vector<int32_t>{}));
+    add("test.arr_nested", GGUFValue::array_of_arrays({GGUFValue::array(std::vector<int32_t>{1, 2}),
+                                                        GGUFValue::string_array({"x", "yz"}),
+                                                        GGUFValue::array_of_arrays({GGUFValue::array(std::vector<float>{7.0f})})}));
+
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    auto floats = [&](size_t n) { std::vector<float> v(n); for (auto& x : v) x = nd(rng); return v; };
+    {
+        auto v = floats(6 * 5);
+        s.tensors.push_back({"t.f32", GGUF_TENSOR_F32, {6, 5}, std::string((const char*)v.data(), v.size() * 4)});
+    }
+    {
+        auto v = floats(7 * 3 * 2);
+        std::vector<uint16_t> h(v.size());
+        for (size_t i = 0; i < v.size(); i++) h[i] = fp32_to_fp16(v[i]);
+        s.tensors.push_back({"t.f16", GGUF_TENSOR_F16, {7, 3, 2}, std::string((const char*)h.data(), h.size() * 2)});
+    }
+    {
+        auto v = floats(3 * 2 * 2 * 2);
+        std::vector<uint16_t> h(v.size());
+        for (size_t i = 0; i < v.size(); i++) h[i] = fp32_to_bf16(v[i]);
+        s.tensors.push_back({"t.bf16", GGUF_TENSOR_BF16, {3, 2, 2, 2}, std::string((const char*)h.data(), h.size() * 2)});
+    }
+    {
+        auto v = floats(64 * 2);
+        std::string q(4 * 34, '\0');
+        for (int b = 0; b < 4; b++) quantize_q8_0(v.data() + 32 * b, (uint8_t*)&q[34 * b]);
+        s.tensors.push_back({"t.q8_0", GGUF_TENSOR_Q8_0, {64, 2}, q});
+    }
+    {
+        std::string q(2 * 18, '\0');
+        for (auto& c : q) c = (char)(rng() & 0xff);
+        for (int b = 0; b < 2; b++) { uint16_t d = fp32_to_fp16(0.125f * (b + 1)); memcpy(&q[18 * b], &d, 2); }
+        s.tensors.push_back({"t.q4_0", GGUF_TENSOR_Q4_0, {64}, q});
+    }
+    {
+        std::string q(2 * 20, '\0');
+        for (auto& c : q) c = (char)(rng() & 0xff);
+        for (int b = 0; b < 2; b++) {
+            uint16_t d = fp32_to_fp16(0.25f), m = fp32_to_fp16(-1.5f + b);
+            memcpy(&q[20 * b], &d, 2);
+            memcpy(&q[20 * b + 2], &m, 2);
+        }
+        s.tensors.push_back({"t.q4_1", GGUF_TENSOR_Q4_1, {32, 2}, q});
+    }
+    s.tensors.push_back({"t.empty", GGUF_TENSOR_F32, {0, 4}, ""});
+    return s;
+}
+
+gguf_status write_sample(const Sample& s, const std::string& path, std::string* err, uint32_t alignment = 0) {
+    GGUFWriter w;
+    if (alignment) EXPECT_EQ(w.set_alignment(alignment, err), GGUF_OK);
+    for (auto& kv : s.kv) EXPECT_EQ(w.set(kv.first, kv.second, err), GGUF_OK) << *err;
+    for (auto& t : s.tensors) EXPECT_EQ(w.add_tensor(t.name, t.type, t.ne, err), GGUF_OK) << *err;
+    if (gguf_status st = w.open(path, err)) return st;
+    for (auto& t : s.tensors)
+        if (gguf_status st = w.write_tensor(t.name, t.data.data(), t.data.size(), err)) return st;
+    return w.finish(err);
+}
+
+void check_sample(const GGUFReader& r, const Sample& s) {
+    size_t k = 0;
+    for (auto& kv : r.metadata()) {
+        if (kv.first == GGUF_KEY_ALIGNMENT) continue;
+        ASSERT_LT(k, s.kv.size());
+        EXPECT_EQ(kv.first, s.kv[k].first);
+        EXPECT_TRUE(kv.second == s.kv[k].second) << kv.first << ": " << kv.second.to_string() << " vs "
+                                                 << s.kv[k].second.to_string();
+        k++;
+    }
+    EXPECT_EQ(k, s.kv.size());
+    ASSERT_EQ(r.tensors().size(), s.tensors.size());
+    for (size_t i = 0; i < s.tensors.size(); i++) {
+        const GGUFTensorInfo& t = r.tensors()[i];
+        EXPECT_EQ(t.name, s.tensors[i].name);
+        EXPECT_EQ(t.type, s.tensors[i].type);
+        EXPECT_EQ(t.n_dims, s.tensors[i].ne.size());
+        for (size_t d = 0; d < s.tensors[i].ne.size(); d++) EXPECT_EQ(t.ne[d], s.tensors[i].ne[d]);
+        EXPECT_EQ(t.offset % r.alignment(), 0u);
+        ASSERT_EQ(t.nbytes, s.tensors[i].data.size()) << t.name;
+        EXPECT_EQ(memcmp(r.tensor_data(t), s.tensors[i].data.data(), t.nbytes), 0) << t.name;
+    }
+}
+
+} // namespace
+
+TEST(GGUF, RoundTripEveryValueAndTensorType) {
+    const Sample s = make_sample();
+    const std::string path = tmp_path("roundtrip.gguf");
+    std::string err;
+    ASSERT_EQ(write_sample(s, path, &err), GGUF_OK) << err;
+    GGUFReader r;
+    ASSERT_EQ(r.open(path, &err), GGUF_OK) << err;
+    EXPECT_EQ(r.version(), 3u);
+    EXPECT_EQ(r.alignment(), 32u);
+    EXPECT_EQ(r.data_offset() % 32, 0u);
+    check_sample(r, s);
+    // Re-writing what we read gives the same bytes.
+    Sample s2;
+    for (auto& kv : r.metadata()) s2.kv.push_back(kv);
+    for (auto& t : r.tensors())
+        s2.tensors.push_back({t.name, t.type, std::vector<int64_t>(t.ne, t.ne + t.n_dims),
+                              std::string((const char*)r.tensor_data(t), t.nbytes)});
+    const std::string path2 = tmp_path("roundtrip2.gguf");
+    ASSERT_EQ(write_sample(s2, path2, &err), GGUF_OK) << err;
+    EXPECT_EQ(read_all(path), read_all(path2));
+    unlink(path.c_str());
+    unlink(path2.c_str());
+}
+
+TEST(GGUF, CustomAlignment) {
+    const Sample s = make_sample();
+    for (uint32_t a : {1u, 8u, 64u, 4096u}) {
+        const std::string path = tmp_path("align.gguf");
+        std::string err;
+        ASSERT_EQ(write_sample(s, path, &err, a), GGUF_OK) << err;
+        GGUFReader r;
+        ASSERT_EQ(r.open(path, &err), GGUF_OK) << err;
+        EXPECT_EQ(r.alignment(), a);
+        EXPECT_EQ(r.data_offset() % a, 0u);
+        uint32_t v = 0;
+        EXPECT_EQ(r.get_u32(GGUF_KEY_ALIGNMENT, &v, &err), GGUF_OK);
+        EXPECT_EQ(v, a);
+        check_sample(r, s);
+        unlink(path.c_str());
+    }
+}
+
+TEST(GGUF, ValueAccessorsAndTypedGetters) {
+    const Sample s = make_sample();
+    const std::string path = tmp_path("getters.gguf");
+    std::string err;
+    ASSERT_EQ(write_sample(s, path, &err), GGUF_OK) << err;
+    GGUFReader r;
+    ASSERT_EQ(r.open(path, &err), GGUF_OK) << err;
+    uint32_t u = 0;
+    int64_t i = 0;
+    float f = 0;
+    bool b = false;
+    std::string str;
+    EXPECT_EQ(r.get_u32("test.u32", &u, &err), GGUF_OK);
+    EXPECT_EQ(u, 4000000000u);
+    EXPECT_EQ(r.get_u32("test.u8", &u, &err), GGUF_OK);
+    EXPECT_EQ(u, 250u);
+    EXPECT_EQ(r.get_u32("test.i8", &u, &err), GGUF_ERR_TYPE); // negative
+    EXPECT_NE(err.find("test.i8"), std::string::npos);
+    EXPECT_EQ(r.get_u32("test.u64", &u, &err), GGUF_ERR_TYPE); // does not fit
+    EXPECT_EQ(r.get_i64("test.i64", &i, &err), GGUF_OK);
+    EXPECT_EQ(i, -9000000000000000000ll);
+    EXPECT_EQ(r.get_i64("test.u64", &i, &err), GGUF_ERR_TYPE);
+    EXPECT_EQ(r.get_f32("test.f32", &f, &err), GGUF_OK);
+    EXPECT_EQ(f, 3.25f);
+    EXPECT_EQ(r.get_f32("test.string", &f, &err), GGUF_ERR_TYPE);
+    EXPECT_EQ(r.get_bool("test.bool_true", &b, &err), GGUF_OK);
+    EXPECT_TRUE(b);
+    EXPECT_EQ(r.get_string("test.string", &str, &err), GGUF_OK);
+    EXPECT_EQ(str, "héllo, wörld \xF0\x9F\x99\x82");
+    EXPECT_EQ(r.get_string("no.such.key", &str, &err), GGUF_ERR_NOT_FOUND);
+    EXPECT_NE(err.find("no.such.key"), std::string::npos);
+    std::vector<std::string> sa;
+    EXPECT_EQ(r.get_string_array("test.arr_str", &sa, &err), GGUF_OK);
+    EXPECT_EQ(sa, (std::vector<std::string>{"a", "", "ĠĠ", "<|im_start|>"}));
+    std::vector<int32_t> ia;
+    EXPECT_EQ(r.get_i32_array("test.arr_i16", &ia, &err), GGUF_OK);
+    EXPECT_EQ(ia, (std::vector<int32_t>{-32768, 32767}));
+    EXPECT_EQ(r.get_i32_array("test.arr_u64", &ia, &err), GGUF_ERR_TYPE); // element too large
+    EXPECT_EQ(r.get_i32_array("test.arr_f32", &ia, &err), GGUF_ERR_TYPE);
+    const GGUFValue* nested = r.find("test.arr_nested");
+    ASSERT_TRUE(nested);
+    ASSERT_EQ(nested->array_type(), GGUF_TYPE_ARRAY);
+    ASSERT_EQ(nested->arrays().size(), 3u);
+    EXPECT_EQ(nested->arrays()[1].strings()[1], "yz");
+    EXPECT_EQ(nested->to_string(), "[[1, 2], [\"x\", \"yz\"], [[7]]]");
+    unlink(path.c_str());
+}
+
+TEST(GGUF, ReadTensorConvertsAndDequantizes) {
+    const Sample s = make_sample();
+    const std::string path = tmp_path("convert.gguf");
+    std::string err;
+    ASSERT_EQ(write_sample(s, path, &err), GGUF_OK) << err;
+    GGUFReader r;
+    ASSERT_EQ(r.open(path, &err), GGUF_OK) << err;
+    for (auto& t : r.tensors()) {
+        const size_t n = (size_t)t.nelements();
+        std::vector<float> f(n);
+        ASSERT_EQ(r.read_tensor(t, GGUF_TENSOR_F32, f.data(), n * 4, &err), GGUF_OK) << err;
+        const uint8_t* raw = r.tensor_data(t);
+        // Reference dequantization.
+        std::vector<float> ref(n);
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            switch (t.type) {
+            case GGUF_TENSOR_F32: memcpy(&ref[i], raw + 4 * i, 4); break;
+            case GGUF_TENSOR_F16: memcpy(&h, raw + 2 * i, 2); ref[i] = fp16_to_fp32(h); break;
+            case GGUF_TENSOR_BF16: memcpy(&h, raw + 2 * i, 2); ref[i] = bf16_to_fp32(h); break;
+            case GGUF_TENSOR_Q8_0: {
+                const uint8_t* b = raw + 34 * (i / 32);
+                memcpy(&h, b, 2);
+                ref[i] = fp16_to_fp32(h) * (float)(int8_t)b[2 + i % 32];
+                break;
+            }
+            case GGUF_TENSOR_Q4_0: {
+                const uint8_t* b = raw + 18 * (i / 32);
+                memcpy(&h, b, 2);
+                const int j = (int)(i % 32);
+                const int q = j < 16 ? (b[2 + j] & 15) : (b[2 + j - 16] >> 4);
+                ref[i] = fp16_to_fp32(h) * (float)(q - 8);
+                break;
+            }
+            case GGUF_TENSOR_Q4_1: {
+                const uint8_t* b = raw + 20 * (i / 32);
+                uint16_t m;
+                memcpy(&h, b, 2);
+                memcpy(&m, b + 2, 2);
+                const int j = (int)(i % 32);
+                const int q = j < 16 ? (b[4 + j] & 15) : (b[4 + j - 16] >> 4);
+                ref[i] = fp16_to_fp32(h) * (float)q + fp16_to_fp32(m);
+                break;
+            }
+            }
+        }
+        if (n) EXPECT_EQ(memcmp(f.data(), ref.data(), n * 4), 0) << t.name;
+        // 16-bit outputs: rounding of the f32 values; same-type reads are exact copies.
+        for (uint32_t ot : {GGUF_TENSOR_F16, GGUF_TENSOR_BF16}) {
+            std::vector<uint16_t> h(n);
+            ASSERT_EQ(r.read_tensor(t, ot, h.data(), n * 2, &err), GGUF_OK) << err;
+            for (size_t i = 0; i < n; i++) {
+                const uint16_t want = ot == GGUF_TENSOR_F16 ? fp32_to_fp16(ref[i]) : fp32_to_bf16(ref[i]);
+                ASSERT_EQ(h[i], want) << t.name << " element " << i;
+            }
+            if (t.type == ot && n) EXPECT_EQ(memcmp(h.data(), raw, n * 2), 0);
+        }
+    }
+    std::vector<float> v;
+    ASSERT_EQ(r.read_tensor_f32("t.q4_1", &v, &err), GGUF_OK);
+    std::vector<float> small(3);
+    EXPECT_EQ(r.read_tensor("t.f32", GGUF_TENSOR_F32, small.data(), 12, &err), GGUF_ERR_ARG);
+    EXPECT_NE(err.find("destination"), std::string::npos);
+    EXPECT_EQ(r.read_tensor("t.f32", GGUF_TENSOR_Q8_0, small.data(), 12, &err), GGUF_ERR_ARG);
+    EXPECT_EQ(r.read_tensor("nope", GGUF_TENSOR_F32, small.data(), 12, &err), GGUF_ERR_NOT_FOUND);
+    unlink(path.c_str());
+}
+
+TEST(GGUF, KnownQuantizedValues) {
+    // One Q8_0 block (d = 0.5, q = j - 16), one Q4_0 block (d = 2, nibbles j), one Q4_1 block
+    // (d = 0.5, m = -1, nibbles 15 - j).
+    std::string q8(34, '\0'), q40(18, '\0'), q41(20, '\0');
+    uint16_t h = fp32_to_fp16(0.5f);
+    memcpy(&q8[0], &h, 2);
+    for (int j = 0; j < 32; j++) q8[2 + j] = (char)(int8_t)(j - 16);
+    h = fp32_to_fp16(2.0f);
+    memcpy(&q40[0], &h, 2);
+    for (int j = 0; j < 16; j++) q40[2 + j] = (char)(j | ((15 - j) << 4));
+    h = fp32_to_fp16(0.5f);
+    uint16_t m = fp32_to_fp16(-1.0f);
+    memcpy(&q41[0], &h, 2);
+    memcpy(&q41[2], &m, 2);
+    for (int j = 0; j < 16; j++) q41[4 + j] = (char)((15 - j) | (j << 4));
+    std::vector<float> out(32);
+    ASSERT_EQ(gguf_convert(GGUF_TENSOR_Q8_0, q8.data(), GGUF_TENSOR_F32, out.data(), 32, nullptr), GGUF_OK);
+    for (int j = 0; j < 32; j++) EXPECT_EQ(out[j], 0.5f * (j - 16));
+    ASSERT_EQ(gguf_convert(GGUF_TENSOR_Q4_0, q40.data(), GGUF_TENSOR_F32, out.data(), 32, nullptr), GGUF_OK);
+    for (int j = 0; j < 16; j++) {
+        EXPECT_EQ(out[j], 2.0f * (j - 8));
+        EXPECT_EQ(out[j + 16], 2.0f * (15 - j - 8));
+    }
+    ASSERT_EQ(gguf_convert(GGUF_TENSOR_Q4_1, q41.data(), GGUF_TENSOR_F32, out.data(), 32, nullptr), GGUF_OK);
+    for (int j = 0; j < 16; j++) {
+        EXPECT_EQ(out[j], 0.5f * (15 - j) - 1.0f);
+        EXPECT_EQ(out[j + 16], 0.5f * j - 1.0f);
+    }
+    std::string err;
+    EXPECT_EQ(gguf_convert(GGUF_TENSOR_Q8_0, q8.data(), GGUF_TENSOR_F32, out.data(), 31, &err), GGUF_ERR_ARG);
+    EXPECT_EQ(gguf_convert(12, q8.data(), GGUF_TENSOR_F32, out.data(), 256, &err), GGUF_ERR_UNSUPPORTED);
+    EXPECT_NE(err.find("Q4_K"), std::string::npos) << err;
+}
+
+TEST(GGUF, StreamingWritesInArbitraryPieces) {
+    const Sample s = make_sample();
+    std::string all;
+    for (auto& t : s.tensors) all += t.data;
+    const std::string path = tmp_path("pieces.gguf");
+    std::string err;
+    GGUFWriter w;
+    for (auto& kv : s.kv) w.set(kv.first, kv.second);
+    for (auto& t : s.tensors) ASSERT_EQ(w.add_tensor(t.name, t.type, t.ne, &err), GGUF_OK);
+    ASSERT_EQ(w.open(path, &err), GGUF_OK) << err;
+    std::mt19937 rng(3);
+    for (size_t i = 0; i < all.size();) {
+        const size_t k = std::min<size_t>(all.size() - i, 1 + rng() % 40);
+        ASSERT_EQ(w.write_data(all.data() + i, k, &err), GGUF_OK) << err;
+        i += k;
+    }
+    EXPECT_EQ(w.write_data("x", 1, &err), GGUF_ERR_ARG); // more than declared
+    ASSERT_EQ(w.finish(&err), GGUF_OK) << err;
+    GGUFReader r;
+    ASSERT_EQ(r.open(path, &err), GGUF_OK) << err;
+    check_sample(r, s);
+    unlink(path.c_str());
+}
+
+TEST(GGUF, WriterErrorsAndAtomicity) {
+    const std::string path = tmp_path("atomic.gguf");
+    write_all(path, "previous contents");
+    std::string err;
+    {
+        GGUFWriter w;
+        ASSERT_EQ(w.add_tensor("a", GGUF_TENSOR_F32, {4}, &err), GGUF_OK);
+        ASSERT_EQ(w.add_tensor("b", GGUF_TENSOR_F32, {2, 2}, &err), GGUF_OK);
+        EXPECT_EQ(w.add_tensor("a", GGUF_TENSOR_F32, {4}, &err), GGUF_ERR_ARG);
+        EXPECT_NE(err.find("duplicate"), std::string::npos);
+        EXPECT_EQ(w.add_tensor("c", GGUF_TENSOR_Q8_0, {31}, &err), GGUF_ERR_ARG);
+        EXPECT_EQ(w.add_tensor("c", 4, {32}, &err), GGUF_ERR_ARG);
+        EXPECT_EQ(w.add_tensor("c", GGUF_TENSOR_F32, {1, 1, 1, 1, 1}, &err), GGUF_ERR_ARG);
+        EXPECT_EQ(w.add_tensor("c", GGUF_TENSOR_F32, {INT64_MAX, 4}, &err), GGUF_ERR_ARG);
+        EXPECT_EQ(w.add_tensor("c", GGUF_TENSOR_F32, {-1}, &err), GGUF_ERR_ARG);
+        EXPECT_EQ(w.set_alignment(48, &err), GGUF_ERR_ARG);
+        EXPECT_EQ(w.set(GGUF_KEY_ALIGNMENT, GGUFValue::u64(64), &err), GGUF_ERR_ARG);
+        ASSERT_EQ(w.open(path, &err), GGUF_OK) << err;
+        float x[4] = {1, 2, 3, 4};
+        EXPECT_EQ(w.write_tensor("b", x, 16, &err), GGUF_ERR_ARG); // out of order
+        EXPECT_NE(err.find("out of order"), std::string::npos);
+        EXPECT_EQ(w.write_tensor("a", x, 12, &err), GGUF_ERR_ARG); // wrong size
+        ASSERT_EQ(w.write_tensor("a", x, 16, &err), GGUF_OK);
+        EXPECT_EQ(w.finish(&err), GGUF_ERR_ARG); // "b" missing
+        EXPECT_NE(err.find("'b'"), std::string::npos) << err;
+    }
+    EXPECT_EQ(read_all(path), "previous contents"); // untouched
+    {
+        GGUFWriter w; // abandoned without finish(): destructor removes the temporary file
+        ASSERT_EQ(w.add_tensor("a", GGUF_TENSOR_F32, {4}, &err), GGUF_OK);
+        ASSERT_EQ(w.open(path, &err), GGUF_OK);
+    }
+    EXPECT_EQ(read_all(path), "previous contents");
+    // No temporary files left behind.
+    const std::string dir = path.substr(0, path.rfind('/')), base = path.substr(path.rfind('/') + 1);
+    DIR* d = opendir(dir.c_str());
+    ASSERT_TRUE(d);
+    while (dirent* e = readdir(d)) EXPECT_EQ(std::string(e->d_name).find(base + ".tmp."), std::string::npos) << e->d_name;
+    closedir(d);
+    GGUFWriter w;
+    EXPECT_EQ(w.open("/nonexistent-dir/x.gguf", &err), GGUF_ERR_IO);
+    EXPECT_NE(err.find("/nonexistent-dir/x.gguf.tmp."), std::string::npos) << err;
+    unlink(path.c_str());
+}
+
+TEST(GGUF, OpenErrorsFromFiles) {
+    GGUFReader r;
+    std::string err;
+    EXPECT_EQ(r.open("/nonexistent/file.gguf", &err), GGUF_ERR_IO);
+    EXPECT_NE(err.find("/nonexistent/file.gguf"), std::string::npos);
+    EXPECT_EQ(r.open("/tmp", &err), GGUF_ERR_IO);
+    const std::string path = tmp_path("empty.gguf");
+    write_all(path, "");
+    EXPECT_EQ(r.open(path, &err), GGUF_ERR_FORMAT);
+    write_all(path, "GGU");
+    EXPECT_EQ(r.open(path, &err), GGUF_ERR_FORMAT);
+    EXPECT_NE(err.find("truncated"), std::string::npos);
+    unlink(path.c_str());
+}
+
+TEST(GGUF, HeaderErrors) {
+    EXPECT_GGUF_ERROR(std::string("GGML\x03\0\0\0", 8) + std::string(16, '\0'), GGUF_ERR_FORMAT, "bad magic");
+    for (uint32_t v : {0u, 4u, 99u}) EXPECT_GGUF_ERROR(Bytes().header(0, 0, v).b, GGUF_ERR_FORMAT, "bad GGUF version");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 0, 1).b, GGUF_ERR_UNSUPPORTED, "version 1");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 0, 0x03000000).b, GGUF_ERR_UNSUPPORTED, "big-endian");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 0).b.substr(0, 20), GGUF_ERR_FORMAT, "truncated");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 1ull << 40).b, GGUF_ERR_FORMAT, "absurd metadata count");
+    EXPECT_GGUF_ERROR(Bytes().header(~0ull, 0).b, GGUF_ERR_FORMAT, "absurd tensor count");
+    std::string err;
+    EXPECT_EQ(parse(Bytes().header(0, 0).b, &err), GGUF_OK) << err; // minimal valid file
+    EXPECT_EQ(parse(Bytes().header(0, 0, 2).b, &err), GGUF_OK) << err; // v2 has the same layout
+}
+
+TEST(GGUF, MetadataErrors) {
+    EXPECT_GGUF_ERROR(Bytes().header(0, 1).u64(1ull << 50).b + std::string(20, 'k'), GGUF_ERR_FORMAT, "key runs past");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 1).str("k").u32(13).u32(0).b, GGUF_ERR_FORMAT, "unknown value type 13");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 1).str("k").u32(GGUF_TYPE_STRING).u64(1000).b + "abc", GGUF_ERR_FORMAT,
+                      "string runs past");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 1).str("k").u32(GGUF_TYPE_UINT64).u32(1).b, GGUF_ERR_FORMAT, "truncated");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 1).str("k").u32(GGUF_TYPE_ARRAY).u32(GGUF_TYPE_UINT32).u64(1ull << 60).b + std::string(64, '\0'),
+                      GGUF_ERR_FORMAT, "cannot fit");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 1).str("k").u32(GGUF_TYPE_ARRAY).u32(77).u64(1).b + std::string(64, '\0'),
+                      GGUF_ERR_FORMAT, "array of unknown value type 77");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 1).str("k").u32(GGUF_TYPE_ARRAY).u32(GGUF_TYPE_STRING).u64(2).str("a").u64(99).b,
+                      GGUF_ERR_FORMAT, "array string 1");
+    {   // arrays nested 20 deep
+        Bytes b;
+        b.header(0, 1).str("deep").u32(GGUF_TYPE_ARRAY);
+        for (int i = 0; i < 20; i++) b.u32(GGUF_TYPE_ARRAY).u64(1);
+        b.u32(GGUF_TYPE_UINT8).u64(0);
+        EXPECT_GGUF_ERROR(b.b, GGUF_ERR_FORMAT, "nested deeper");
+    }
+    EXPECT_GGUF_ERROR(Bytes().header(0, 2).kv_u32("a.b", 1).kv_u32("a.b", 2).b, GGUF_ERR_FORMAT, "duplicate metadata key 'a.b'");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 1).str(GGUF_KEY_ALIGNMENT).u32(GGUF_TYPE_UINT64).u64(32).b, GGUF_ERR_FORMAT,
+                      "general.alignment must be uint32");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 1).kv_u32(GGUF_KEY_ALIGNMENT, 48).b, GGUF_ERR_FORMAT, "not a power of two");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 1).kv_u32(GGUF_KEY_ALIGNMENT, 0).b, GGUF_ERR_FORMAT, "not a power of two");
+}
+
+TEST(GGUF, TensorInfoErrors) {
+    auto one = [](const std::string& name, std::vector<uint64_t> ne, uint32_t type, uint64_t off, size_t data) {
+        return Bytes().header(1, 0).tensor(name, ne, type, off).pad().zeros(data).b;
+    };
+    std::string err;
+    EXPECT_EQ(parse(one("w", {8, 4}, GGUF_TENSOR_F32, 0, 128), &err), GGUF_OK) << err;
+    EXPECT_GGUF_ERROR(one("w", {1, 1, 1, 1, 1}, GGUF_TENSOR_F32, 0, 4), GGUF_ERR_FORMAT, "5 dimensions");
+    EXPECT_GGUF_ERROR(one("w", {~0ull}, GGUF_TENSOR_F32, 0, 4), GGUF_ERR_FORMAT, "too large");
+    EXPECT_GGUF_ERROR(one("w", {1ull << 32, 1ull << 32}, GGUF_TENSOR_F32, 0, 4), GGUF_ERR_FORMAT, "overflows");
+    EXPECT_GGUF_ERROR(one("w", {1ull << 62, 2}, GGUF_TENSOR_F32, 0, 4), GGUF_ERR_FORMAT, "overflows");
+    EXPECT_GGUF_ERROR(one("w", {1ull << 61}, GGUF_TENSOR_F32, 0, 4), GGUF_ERR_FORMAT, "runs past the end");
+    EXPECT_GGUF_ERROR(one("w", {33}, GGUF_TENSOR_Q8_0, 0, 64), GGUF_ERR_FORMAT, "not a multiple of the Q8_0 block size");
+    EXPECT_GGUF_ERROR(one("w", {32}, 4, 0, 64), GGUF_ERR_FORMAT, "unknown ggml type 4");
+    EXPECT_GGUF_ERROR(one("w", {32}, 1000, 0, 64), GGUF_ERR_FORMAT, "unknown ggml type 1000");
+    EXPECT_GGUF_ERROR(one("w", {256}, 12, 0, 144), GGUF_ERR_UNSUPPORTED, "Q4_K");
+    EXPECT_GGUF_ERROR(one("w", {256}, 17, 0, 144), GGUF_ERR_UNSUPPORTED, "IQ2_XS");
+    EXPECT_EQ(parse(one("w", {256}, 12, 0, 144), &err, true), GGUF_OK) << err; // listable for the dump tool
+    {
+        const std::string f = one("w", {256}, 12, 0, 144);
+        GGUFReader r;
+        ASSERT_EQ(r.open_memory(f.data(), f.size(), &err, GGUFReadOptions{true}), GGUF_OK);
+        std::vector<float> v;
+        EXPECT_EQ(r.read_tensor_f32("w", &v, &err), GGUF_ERR_UNSUPPORTED);
+        EXPECT_NE(err.find("Q4_K"), std::string::npos) << err;
+    }
+    EXPECT_GGUF_ERROR(one("w", {8}, GGUF_TENSOR_F32, 4, 64), GGUF_ERR_FORMAT, "not a multiple of the alignment");
+    EXPECT_GGUF_ERROR(one("w", {8}, GGUF_TENSOR_F32, 64, 64), GGUF_ERR_FORMAT, "runs past the end");
+    EXPECT_GGUF_ERROR(one("w", {8}, GGUF_TENSOR_F32, 0, 31), GGUF_ERR_FORMAT, "runs past the end");
+    EXPECT_GGUF_ERROR(one("w", {8}, GGUF_TENSOR_F32, ~0ull - 31, 64), GGUF_ERR_FORMAT, "runs past the end");
+    EXPECT_GGUF_ERROR(Bytes().header(1, 0).u64(1ull << 40).b + std::string(64, 'x'), GGUF_ERR_FORMAT, "name runs past");
+    EXPECT_GGUF_ERROR(Bytes().header(1, 0).str("w").u32(2).u64(3).b + std::string(10, '\0'), GGUF_ERR_FORMAT, "truncated");
+    EXPECT_GGUF_ERROR(Bytes().header(2, 0).tensor("w", {8}, 0, 0).tensor("w", {8}, 0, 32).pad().zeros(64).b,
+                      GGUF_ERR_FORMAT, "duplicate tensor name 'w'");
+    EXPECT_GGUF_ERROR(Bytes().header(2, 0).tensor("a", {16}, 0, 0).tensor("b", {8}, 0, 32).pad().zeros(96).b,
+                      GGUF_ERR_FORMAT, "overlap");
+    // Tensors in any order and with gaps are fine as long as they do not overlap.
+    EXPECT_EQ(parse(Bytes().header(2, 0).tensor("a", {8}, 0, 64).tensor("b", {8}, 0, 0).pad().zeros(96).b, &err), GGUF_OK) << err;
+    // A zero-size tensor may sit anywhere in range.
+    EXPECT_EQ(parse(Bytes().header(2, 0).tensor("a", {0}, 0, 0).tensor("b", {8}, 0, 0).pad().zeros(32).b, &err), GGUF_OK) << err;
+}
+
+TEST(GGUF, EveryTruncationIsAnError) {
+    const Sample s = make_sample();
+    const std::string path = tmp_path("trunc.gguf");
+    std::string err;
+    ASSERT_EQ(write_sample(s, path, &err), GGUF_OK) << err;
+    const std::string bytes = read_all(path);
+    GGUFReader r;
+    ASSERT_EQ(r.open_memory(bytes.data(), bytes.size(), &err), GGUF_OK);
+    uint64_t end = 0;
+    for (auto& t : r.tensors()) end = std::max(end, r.data_offset() + t.offset + t.nbytes);
+    for (size_t n = 0; n < end; n++) {
+        GGUFReader q;
+        ASSERT_NE(q.open_memory(bytes.data(), n, &err), GGUF_OK) << "prefix of " << n << " bytes accepted";
+        ASSERT_FALSE(err.empty());
+    }
+    unlink(path.c_str());
+}
+
+// Seeded mutation fuzzing: thousands of corrupted variants of a valid file must each either
+// parse (and then read completely) or fail with a message — never crash or hang.
+TEST(GGUF, MutationFuzz) {
+    const Sample s = make_sample();
+    const std::string path = tmp_path("fuzz.gguf");
+    std::string err;
+    ASSERT_EQ(write_sample(s, path, &err), GGUF_OK) << err;
+    const std::string base = read_all(path);
+    unlink(path.c_str());
+    std::mt19937_64 rng(12345);
+    const uint64_t interesting[] = {0, 1, 2, 3, 7, 8, 9, 12, 13, 31, 32, 33, 255, 256, 0x7fff, 0xffff, 0x7fffffff, 0x80000000,
+                                    0xffffffff, 1ull << 32, 1ull << 62, 0x7fffffffffffffffull, 0x8000000000000000ull, ~0ull};
+    const auto t0 = std::chrono::steady_clock::now();
+    int accepted = 0, rejected = 0;
+    const int kMutants = 20000;
+    for (int it = 0; it < kMutants; it++) {
+        std::string m = base;
+        const int n_mut = 1 + (int)(rng() % 4);
+        for (int k = 0; k < n_mut && !m.empty(); k++) {
+            const size_t pos = rng() % m.size();
+            switch (rng() % 7) {
+            case 0: m[pos] = (char)(rng() & 0xff); break;                   // random byte
+            case 1: m[pos] ^= (char)(1 << (rng() % 8)); break;              // bit flip
+            case 2: {                                                       // interesting 32/64-bit value
+                const uint64_t v = interesting[rng() % (sizeof interesting / sizeof interesting[0])];
+                const size_t w = (rng() & 1) ? 8 : 4;
+                if (pos + w <= m.size()) memcpy(&m[pos], &v, w);
+                break;
+            }
+            case 3: m.resize(pos); break;                                   // truncate
+            case 4: m.insert(pos, std::string(1 + rng() % 16, (char)(rng() & 0xff))); break; // insert
+            case 5: m.erase(pos, 1 + rng() % 16); break;                    // delete
+            case 6: {                                                       // duplicate a chunk
+                const size_t len = std::min<size_t>(m.size() - pos, 1 + rng() % 64);
+                m.insert(rng() % m.size(), m.substr(pos, len));
+                break;
+            }
+            }
+        }
+        GGUFReader r;
+        if (r.open_memory(m.data(), m.size(), &err, GGUFReadOptions{(rng() & 1) != 0}) == GGUF_OK) {
+            accepted++;
+            for (auto& kv : r.metadata()) (void)kv.second.to_string();
+            for (auto& t : r.tensors()) {
+                std::vector<float> v((size_t)t.nelements());
+                const gguf_status st = r.read_tensor(t, GGUF_TENSOR_F32, v.data(), v.size() * 4, &err);
+                EXPECT_TRUE(st == GGUF_OK || st == GGUF_ERR_UNSUPPORTED) << err;
+            }
+        } else {
+            rejected++;
+            ASSERT_FALSE(err.empty());
+        }
+    }
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    printf("fuzz: %d mutants, %d accepted, %d rejected, %.2f s\n", kMutants, accepted, rejected, secs);
+    EXPECT_GT(rejected, kMutants / 2);
+    EXPECT_LT(secs, 30.0);
+}
+
+// Writes the sample (every value type, every readable tensor type) to $OOMB_GGUF_SAMPLE_OUT for the
+// Python interoperability test (tests/py/test_gguf_interop.py); skipped otherwise.
+TEST(GGUFInterop, WriteSample) {
+    const char* out = getenv("OOMB_GGUF_SAMPLE_OUT");
+    if (!out || !*out) GTEST_SKIP() << "OOMB_GGUF_SAMPLE_OUT not set";
+    std::string err;
+    ASSERT_EQ(write_sample(make_sample(), out, &err, 64), GGUF_OK) << err;
+}
