@@ -52,9 +52,13 @@ int main(int argc, char ** argv) {
     app.add_option("--json", json_out, "also write the results as JSON to this file");
     try {
         app.parse(argc, argv);
+    } catch (const CLI::CallForHelp & e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp & e) {
+        return app.exit(e);
     } catch (const CLI::ParseError & e) {
-        const int rc = app.exit(e);
-        return rc == 0 ? 0 : 1;
+        print_error(PROG, std::string(e.what()) + " (see --help)");
+        return 1;
     }
     if (data.empty() == data_bin.empty()) fail(PROG, "give --data FILE (text) or --data-bin FILE (ids)");
     if (ctx < 2) fail(PROG, "--ctx must be at least 2");

@@ -805,9 +805,13 @@ int main(int argc, char ** argv) {
                    "verification: one forward/backward over --tokens (every weight trainable, no update); writes loss and grad.<GGUF name>");
     try {
         app.parse(argc, argv);
+    } catch (const CLI::CallForHelp & e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp & e) {
+        return app.exit(e);
     } catch (const CLI::ParseError & e) {
-        const int rc = app.exit(e);
-        return rc == 0 ? 0 : 1;
+        print_error(PROG, std::string(e.what()) + " (see --help)");
+        return 1;
     }
     try {
         if (!o.tokens.empty() || !o.dump_grads.empty()) return dump_grads(o);

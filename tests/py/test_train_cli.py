@@ -1,0 +1,369 @@
+#!/usr/bin/env python3
+"""Tests of oomb-train / oomb-eval (the command-line tools, run as subprocesses).
+
+  - --dump-grads on the HF fixtures (qwen2-micro tied, qwen2-mini untied), converted with
+    oomb-convert-hf: loss to 1e-5 relative, every gradient to 1e-4 relative (||g - ref|| / ||ref||)
+    against the float64 references, with chunks that are and are not a multiple of the page;
+  - a few training steps of a small random model lower the loss; the JSONL log, the loss PNG and
+    the checkpoint (GGUF readable by llama.cpp's `gguf` package) are written;
+  - resume equivalence: 6 steps straight == 3 steps, stop, --resume 3 more (identical losses and
+    identical final weights, bit for bit);
+  - an interrupted save (SIGKILL injected inside the save, before and between the renames) leaves
+    a loadable checkpoint, and resuming from it reproduces the straight run;
+  - oomb-eval's perplexity equals oomb-train's held-out loss on the same windows;
+  - text data through the real Qwen tokenizer with --preset tiny (end-of-text joins, saved
+    tokenizer keys);
+  - bad input: missing files, a GGUF of another architecture, ids outside the vocabulary, a context
+    longer than the data, an unknown preset, a diverging run (--lr 1e30: exit 2 with a message),
+    --device cuda without CUDA: a clear message and exit code 1 (2 for divergence), never a crash.
+
+Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT. Exit 77 = skipped.
+"""
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
+BIN = os.environ.get("OOMB_BIN_DIR") or os.path.join(SRC, "build", "bin")
+FIX = os.environ.get("OOMB_FIXTURES_DEFAULT") or os.path.join(SRC, "..", "shared", "fixtures")
+TRAIN = os.path.join(BIN, "oomb-train")
+EVAL = os.path.join(BIN, "oomb-eval")
+CONVERT = os.path.join(BIN, "oomb-convert-hf")
+INIT = os.path.join(BIN, "oomb-gguf-init")
+VOCAB = os.path.join(SRC, "models", "qwen2.5-vocab.gguf")
+
+try:
+    import numpy as np
+    import safetensors.numpy as stn
+except ImportError:  # pragma: no cover
+    np = None
+try:
+    import gguf
+except ImportError:  # pragma: no cover
+    gguf = None
+
+failures = []
+checks = 0
+
+
+def check(cond, what):
+    global checks
+    checks += 1
+    if cond:
+        print(f"  ok   {what}")
+    else:
+        print(f"  FAIL {what}")
+        failures.append(what)
+
+
+def run(args, env=None, timeout=300):
+    e = dict(os.environ)
+    if env:
+        e.update(env)
+    p = subprocess.run(args, capture_output=True, text=True, env=e, timeout=timeout)
+    return p.returncode, p.stdout, p.stderr
+
+
+def read_log(out):
+    train, ev = [], []
+    with open(os.path.join(out, "train.jsonl")) as f:
+        for line in f:
+            j = json.loads(line)
+            if "loss" in j:
+                train.append((j["step"], j["loss"]))
+            if "eval_loss" in j:
+                ev.append((j["step"], j["eval_loss"]))
+    return train, ev
+
+
+# HF parameter name -> GGUF name (llama.cpp's Qwen2 layout)
+LAYER_MAP = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def hf_to_gguf(name):
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if name in top:
+        return top[name]
+    m = re.match(r"model\.layers\.(\d+)\.(.*)", name)
+    return f"blk.{m.group(1)}.{LAYER_MAP[m.group(2)]}"
+
+
+def test_dump_grads(tmp):
+    print("--dump-grads vs the HF float64 references")
+    if np is None or not os.path.exists(CONVERT) or not os.path.isdir(FIX):
+        print("  skip (needs numpy/safetensors, oomb-convert-hf and the fixtures)")
+        return
+    for model, chunk, page in (("qwen2-micro", 16, 8), ("qwen2-micro", 24, 16), ("qwen2-mini", 64, 128)):
+        d = os.path.join(FIX, model)
+        ref_path = os.path.join(d, "reference-short.safetensors")
+        if not os.path.exists(ref_path):
+            print(f"  skip {model} (no fixture)")
+            continue
+        g = os.path.join(tmp, model + ".gguf")
+        if not os.path.exists(g):
+            rc, o, e = run([CONVERT, d, "-o", g])
+            check(rc == 0, f"convert {model}: {e.strip()[-200:]}")
+            if rc:
+                continue
+        out = os.path.join(tmp, f"grads-{model}-{chunk}.safetensors")
+        rc, o, e = run([TRAIN, "-m", g, "--tokens", ref_path, "--chunk", str(chunk), "--page", str(page),
+                        "--threads", "2", "--dump-grads", out])
+        check(rc == 0, f"{model} chunk {chunk} page {page}: --dump-grads runs ({e.strip()[-300:]})")
+        if rc:
+            continue
+        ref = stn.load_file(ref_path)
+        got = stn.load_file(out)
+        check(got["loss"].dtype == np.float32 and got["loss"].shape == (1,), "loss is F32 [1]")
+        rel = abs(float(got["loss"][0]) - float(ref["loss"][0])) / abs(float(ref["loss"][0]))
+        check(rel < 1e-5, f"{model}: loss {float(got['loss'][0]):.8f} vs {float(ref['loss'][0]):.8f} (rel {rel:.2e})")
+        refs = {hf_to_gguf(k[5:]): v for k, v in ref.items() if k.startswith("grad.")}
+        names = {k[5:] for k in got if k.startswith("grad.")}
+        check(names == set(refs), f"{model}: one gradient per parameter ({len(names)} of {len(refs)})")
+        worst, worst_name = 0.0, ""
+        for n in names & set(refs):
+            a, b = got["grad." + n], refs[n]
+            if a.shape != b.shape or a.dtype != np.float32:
+                check(False, f"{model}: grad.{n} shape {a.shape} {a.dtype}, expected {b.shape} float32")
+                continue
+            r = float(np.linalg.norm(a.astype(np.float64) - b) / max(np.linalg.norm(b.astype(np.float64)), 1e-30))
+            if r > worst:
+                worst, worst_name = r, n
+        check(worst < 1e-4, f"{model} chunk {chunk}: every gradient within 1e-4 (worst {worst:.2e} {worst_name})")
+
+
+def make_model(tmp):
+    """A small random Qwen2 (vocab 512) without tokenizer."""
+    g = os.path.join(tmp, "small.gguf")
+    if os.path.exists(INIT):
+        rc, o, e = run([INIT, "--vocab-size", "512", "--hidden", "64", "--ffn", "128", "--layers", "2", "--heads", "4",
+                        "--kv-heads", "2", "--tied", "--outtype", "f32", "--seed", "3", "-o", g])
+        if rc == 0:
+            return g
+        print("  oomb-gguf-init failed:", e)
+    micro = os.path.join(tmp, "qwen2-micro.gguf")
+    if os.path.exists(micro):
+        return micro
+    return None
+
+
+def make_bin(path, n, vocab, seed=0):
+    """A learnable id stream: a noisy cyclic pattern, little-endian uint32."""
+    import random
+    r = random.Random(seed)
+    ids, x = [], 1
+    for i in range(n):
+        x = (x * 5 + 3) % 61 if r.random() > 0.1 else r.randrange(vocab)
+        ids.append(x)
+    with open(path, "wb") as f:
+        f.write(struct.pack(f"<{n}I", *ids))
+    return ids
+
+
+def test_training(tmp):
+    print("training, logs, checkpoints, resume, interrupted saves, eval")
+    model = make_model(tmp)
+    if not model:
+        print("  skip (no way to make a small model)")
+        return
+    data = os.path.join(tmp, "ids.bin")
+    make_bin(data, 12000, 512)
+    base = [TRAIN, "-m", model, "--data-bin", data, "--ctx", "64", "--chunk", "24", "--page", "16",
+            "--lr", "1e-2", "--warmup", "2", "--eval-every", "3", "--eval-seqs", "4", "--threads", "2", "--seed", "7"]
+
+    # a longer run lowers the loss
+    out = os.path.join(tmp, "run20")
+    t0 = time.time()
+    rc, o, e = run(base + ["--steps", "20", "--save-every", "10", "--out", out])
+    check(rc == 0, f"20 steps run (rc {rc}) {e.strip()[-300:]}")
+    if rc:
+        return
+    train, ev = read_log(out)
+    losses = [l for _, l in train]
+    check(len(losses) == 20, f"20 log entries ({len(losses)})")
+    first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
+    check(last < first - 0.5, f"loss falls: {first:.3f} -> {last:.3f} ({time.time() - t0:.1f} s)")
+    check(ev and ev[-1][1] < ev[0][1], f"held-out loss falls: {ev[0][1]:.3f} -> {ev[-1][1]:.3f}" if ev else "eval entries")
+    check(re.search(r"step +20/20 \| loss .* tok/s \| ETA .* \| RSS .* \| KV .* \+ arena", o) is not None, "progress line format")
+    png = os.path.join(out, "loss.png")
+    check(os.path.exists(png) and open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n", "loss.png is a PNG")
+    check(os.path.exists(os.path.join(out, "model.gguf")) and os.path.exists(os.path.join(out, "state.safetensors")),
+          "checkpoint files")
+    check(not [f for f in os.listdir(out) if ".tmp" in f or f.endswith(".saving")], "no temporary files left")
+    if gguf is not None:
+        r = gguf.GGUFReader(os.path.join(out, "model.gguf"))
+        arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+        check(arch == "qwen2" and len(r.tensors) == 2 * 12 + 2, f"model.gguf readable by gguf-py (arch {arch}, {len(r.tensors)} tensors)")
+    if np is not None:
+        st = stn.load_file(os.path.join(out, "state.safetensors"))
+        check(any(k.endswith(".adam_m") for k in st) and any(k.endswith(".adam_v") for k in st), "state holds AdamW m and v")
+
+    # oomb-eval == oomb-train's held-out loss on the same windows
+    ids = open(data, "rb").read()
+    n = len(ids) // 4
+    n_eval = int(n * 5.0 / 100.0)
+    held = os.path.join(tmp, "held.bin")
+    open(held, "wb").write(ids[(n - n_eval) * 4:])
+    rc, o, e = run([EVAL, "-m", os.path.join(out, "model.gguf"), "--data-bin", held, "--ctx", "64", "--chunk", "24",
+                    "--page", "16", "--max-tokens", str(4 * 64), "--threads", "2"])
+    check(rc == 0, f"oomb-eval runs {e.strip()[-200:]}")
+    m = re.search(r"mean NLL: ([0-9.]+)", o)
+    pp = re.search(r"perplexity: ([0-9.]+)", o)
+    if m and pp and ev:
+        check(abs(float(m.group(1)) - ev[-1][1]) < 1e-5 * max(1, ev[-1][1]),
+              f"oomb-eval NLL {m.group(1)} == train eval loss {ev[-1][1]:.6f}")
+        check(abs(float(pp.group(1)) - __import__("math").exp(float(m.group(1)))) < 1e-3 * float(pp.group(1)), "perplexity = exp(NLL)")
+
+    # resume equivalence: 6 straight vs 3 + resume 3
+    A, B = os.path.join(tmp, "A"), os.path.join(tmp, "B")
+    common = base + ["--steps", "6", "--save-every", "2"]
+    rc, o, e = run(common + ["--out", A])
+    check(rc == 0, f"6 steps straight {e.strip()[-200:]}")
+    rc, o, e = run(common + ["--out", B, "--stop-after", "3"])
+    check(rc == 0, f"3 steps then stop {e.strip()[-200:]}")
+    rc, o, e = run(common + ["--out", B, "--resume"])
+    check(rc == 0 and "resume: from step 3" in o, f"--resume from step 3 {e.strip()[-200:]}")
+    ta, ea = read_log(A)
+    tb, eb = read_log(B)
+    check(ta == tb and len(ta) == 6, f"identical losses, straight vs resumed ({[l for _, l in ta]} / {[l for _, l in tb]})")
+    check(ea == eb, "identical held-out losses")
+    check(open(os.path.join(A, "model.gguf"), "rb").read() == open(os.path.join(B, "model.gguf"), "rb").read(),
+          "identical final model.gguf")
+    if np is not None:
+        sa, sb = stn.load_file(os.path.join(A, "state.safetensors")), stn.load_file(os.path.join(B, "state.safetensors"))
+        check(sa.keys() == sb.keys() and all(np.array_equal(sa[k], sb[k]) for k in sa), "identical optimizer state")
+
+    # interrupted saves: SIGKILL inside the save of step 4 (checkpoints every 2 steps)
+    for stage, expect_step in (("model", 2), ("rename", 4)):
+        C = os.path.join(tmp, "C-" + stage)
+        rc, o, e = run(common + ["--out", C], env={"OOMB_TRAIN_CRASH_IN_SAVE": f"{stage}:4"})
+        check(rc == -9, f"killed during the save of step 4 at '{stage}' (rc {rc})")
+        if gguf is not None:
+            try:
+                r = gguf.GGUFReader(os.path.join(C, "model.gguf"))
+                ok = len(r.tensors) == 26
+            except Exception as ex:  # noqa
+                ok = False
+            check(ok, f"after the kill ({stage}) model.gguf still loads")
+        if np is not None:
+            from safetensors import safe_open
+            with safe_open(os.path.join(C, "state.safetensors"), "np") as f:
+                step = int(f.metadata()["step"])
+            check(step == 2, f"after the kill ({stage}) state.safetensors is the previous checkpoint (step {step})")
+        rc, o, e = run(common + ["--out", C, "--resume"])
+        check(rc == 0 and f"resume: from step {expect_step}" in o, f"resume after the kill ({stage}) from step {expect_step} {e.strip()[-200:]}")
+        tc, ec = read_log(C)
+        check(tc == ta, f"resumed run after the kill ({stage}) reproduces the straight run's losses")
+        check(open(os.path.join(A, "model.gguf"), "rb").read() == open(os.path.join(C, "model.gguf"), "rb").read(),
+              f"identical final model after the kill ({stage})")
+
+    # non-finite: --lr 1e30 stops with exit 2 and keeps the last good checkpoint
+    D = os.path.join(tmp, "D")
+    rc, o, e = run(base + ["--steps", "10", "--save-every", "1", "--lr", "1e30", "--warmup", "0", "--out", D])
+    check(rc == 2 and "non-finite" in e and "stopping" in e, f"--lr 1e30: exit 2 with a message (rc {rc}: {e.strip()[-300:]})")
+    if rc == 2 and gguf is not None:
+        r = gguf.GGUFReader(os.path.join(D, "model.gguf"))
+        check(len(r.tensors) == 26, "the last good checkpoint is kept and loads")
+
+    # bad inputs
+    bad = os.path.join(tmp, "bad.bin")
+    open(bad, "wb").write(struct.pack("<4I", 1, 2, 100000, 3))
+    cases = [
+        ("missing --data file", [TRAIN, "-m", model, "--data", os.path.join(tmp, "nope.txt")], 1, "no such file"),
+        ("missing -m file", [TRAIN, "-m", os.path.join(tmp, "nope.gguf"), "--data-bin", data], 1, "no such file"),
+        ("missing --data-bin file", [TRAIN, "-m", model, "--data-bin", os.path.join(tmp, "nope.bin")], 1, "no such file"),
+        ("ids outside the vocabulary", [TRAIN, "-m", model, "--data-bin", bad, "--ctx", "2"], 1, "outside the model's vocabulary"),
+        ("ctx longer than the data", [TRAIN, "-m", model, "--data-bin", data, "--ctx", "100000"], 1, "longer than the training data"),
+        ("unknown preset", [TRAIN, "--preset", "qwen9", "--data-bin", data], 1, "unknown preset"),
+        ("bad option value", [TRAIN, "--steps", "many"], 1, ""),
+        ("--resume without checkpoint", [TRAIN, "-m", model, "--data-bin", data, "--resume", "--out", os.path.join(tmp, "empty")], 1,
+         "no checkpoint"),
+        ("oomb-eval missing model", [EVAL, "-m", os.path.join(tmp, "nope.gguf"), "--data-bin", data], 1, "no such file"),
+        ("oomb-eval ids outside the vocabulary", [EVAL, "-m", model, "--data-bin", bad], 1, "outside the model's vocabulary"),
+    ]
+    if gguf is not None and np is not None:
+        llama = os.path.join(tmp, "llama.gguf")
+        w = gguf.GGUFWriter(llama, "llama")
+        w.add_block_count(1)
+        w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        cases.append(("GGUF of another architecture", [TRAIN, "-m", llama, "--data-bin", data], 1, "architecture"))
+    for what, args, want, msg in cases:
+        rc, o, e = run(args)
+        check(rc == want and msg in e and "error" in e, f"{what}: exit {rc}, '{e.strip().splitlines()[-1] if e.strip() else ''}'")
+    rc, o, e = run(base + ["--steps", "1", "--device", "cuda", "--out", os.path.join(tmp, "cuda")])
+    if rc != 0:
+        check(rc == 1 and "CUDA backend not available" in e, f"--device cuda without CUDA: clear message ({e.strip()[-200:]})")
+
+
+def test_text_tiny(tmp):
+    print("text data with the real Qwen tokenizer (--preset tiny)")
+    if not os.path.exists(VOCAB):
+        print("  skip (no models/qwen2.5-vocab.gguf)")
+        return
+    d = os.path.join(tmp, "text")
+    os.makedirs(os.path.join(d, "sub"))
+    para = ("The quick brown fox jumps over the lazy dog. Python is a programming language that lets you work "
+            "quickly and integrate systems more effectively. ")
+    open(os.path.join(d, "a.txt"), "w").write(para * 30)
+    open(os.path.join(d, "sub", "b.txt"), "w").write((para * 20) + "<|endoftext|>" + para * 10)
+    out = os.path.join(tmp, "tiny")
+    rc, o, e = run([TRAIN, "--preset", "tiny", "--vocab", VOCAB, "--data", d, "--ctx", "64", "--chunk", "32", "--steps", "3",
+                    "--eval-every", "3", "--eval-seqs", "1", "--threads", "2", "--out", out])
+    check(rc == 0, f"tiny preset on a text folder {e.strip()[-300:]}")
+    if rc:
+        return
+    m = re.search(r"data: (\d+) tokens", o)
+    check(m is not None and int(m.group(1)) > 1000, f"tokenized the folder ({m.group(1) if m else '?'} tokens)")
+    if gguf is not None:
+        r = gguf.GGUFReader(os.path.join(out, "model.gguf"))
+        toks = r.fields.get("tokenizer.ggml.tokens")
+        check(toks is not None and len(toks.data) == 151936, "saved model carries the tokenizer, padded to 151936 rows")
+        check("tokenizer.ggml.merges" in r.fields and "tokenizer.ggml.pre" in r.fields, "saved model has merges and pre-tokenizer")
+    rc, o, e = run([EVAL, "-m", os.path.join(out, "model.gguf"), "--data", os.path.join(d, "a.txt"), "--ctx", "128", "--chunk", "48",
+                    "--threads", "2"])
+    check(rc == 0 and "perplexity:" in o, f"oomb-eval on text with the saved model's tokenizer {e.strip()[-200:]}")
+
+
+def main():
+    if not os.path.exists(TRAIN) or not os.path.exists(EVAL):
+        print(f"skip: {TRAIN} / {EVAL} not built")
+        return 77
+    rc, o, e = run([TRAIN, "--help"])
+    check(rc == 0 and "--dump-grads" in o and "--resume" in o, "oomb-train --help")
+    rc, o, e = run([EVAL, "--help"])
+    check(rc == 0 and "--ctx" in o, "oomb-eval --help")
+    tmp = tempfile.mkdtemp(prefix="oomb-train-test-")
+    t0 = time.time()
+    try:
+        test_dump_grads(tmp)
+        test_training(tmp)
+        test_text_tiny(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{checks - len(failures)}/{checks} checks passed in {time.time() - t0:.1f} s")
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
