@@ -1,0 +1,252 @@
+// Qwen2 BPE tokenizer: every fixture case (HF tokenizers' ids), decode round trips, edge cases
+// (empty, invalid UTF-8, special tokens, very long words), thread safety and load errors.
+#include "tokenizer.h"
+
+#include "test-common.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <utf8proc.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <unistd.h>
+
+using namespace oomb;
+
+namespace {
+
+// The shipped vocab GGUF (models/qwen2.5-vocab.gguf), loaded once.
+const Tokenizer& qwen() {
+    static Tokenizer t;
+    static bool loaded = false;
+    if (!loaded) {
+        std::string err;
+        const std::string path = oombtest::source_dir() + "/models/qwen2.5-vocab.gguf";
+        if (t.load_file(path, &err) != GGUF_OK) {
+            ADD_FAILURE() << err;
+        }
+        loaded = true;
+    }
+    return t;
+}
+
+std::string nfc(const std::string& s) {
+    utf8proc_uint8_t* out = utf8proc_NFC((const utf8proc_uint8_t*)s.c_str());
+    std::string r = out ? (const char*)out : s;
+    free(out);
+    return r;
+}
+
+std::string tmp_path(const std::string& name) {
+    return "/tmp/oomb-test-tok-" + std::to_string(getpid()) + "-" + name;
+}
+
+// A toy byte-level vocabulary: the 256 byte tokens plus merges "a b" -> "ab", "ab c" -> "abc",
+// "Ġ a" -> "Ġa", an added token "<|x|>", and a [PAD] row.
+gguf_status write_toy(const std::string& path, const std::string& model, const std::string& pre, bool with_merges,
+                      std::string* err) {
+    std::vector<std::string> tokens;
+    std::vector<int32_t> types;
+    for (int b = 0; b < 256; b++) {
+        tokens.push_back(byte_level_encode(std::string(1, (char)b)));
+        types.push_back(GGUF_TOKEN_NORMAL);
+    }
+    for (const char* t : {"ab", "abc", "Ġa"}) { tokens.push_back(t); types.push_back(GGUF_TOKEN_NORMAL); }
+    tokens.push_back("<|x|>");
+    types.push_back(GGUF_TOKEN_CONTROL);
+    tokens.push_back("[PAD260]");
+    types.push_back(GGUF_TOKEN_UNUSED);
+    GGUFWriter w;
+    w.set_string("tokenizer.ggml.model", model);
+    w.set_string("tokenizer.ggml.pre", pre);
+    w.set("tokenizer.ggml.tokens", GGUFValue::string_array(tokens));
+    w.set("tokenizer.ggml.token_type", GGUFValue::array(types));
+    if (with_merges) w.set("tokenizer.ggml.merges", GGUFValue::string_array({"a b", "ab c", "Ġ a"}));
+    w.set_u32("tokenizer.ggml.eos_token_id", 259);
+    if (gguf_status s = w.open(path, err)) return s;
+    return w.finish(err);
+}
+
+} // namespace
+
+TEST(Tokenizer, ShippedVocabMetadata) {
+    const Tokenizer& t = qwen();
+    ASSERT_EQ(t.n_vocab(), 151665u);
+    EXPECT_EQ(t.token_text(151643), "<|endoftext|>");
+    EXPECT_EQ(t.token_type(151643), GGUF_TOKEN_CONTROL);
+    EXPECT_EQ(t.token_text(151664), "<|file_sep|>");
+    EXPECT_EQ(t.token_type(151664), GGUF_TOKEN_CONTROL);
+    EXPECT_EQ(t.token_type(9707), GGUF_TOKEN_NORMAL);
+    EXPECT_EQ(t.token_text(220), "Ġ");
+    EXPECT_EQ(t.token_bytes(220), " ");
+    EXPECT_EQ(t.eos_id(), 151645);
+    EXPECT_EQ(t.pad_id(), 151643);
+    EXPECT_EQ(t.bos_id(), 151643);
+    EXPECT_FALSE(t.add_bos());
+    EXPECT_EQ(t.find_token("<|im_start|>"), 151644);
+    EXPECT_EQ(t.find_token("no such token"), -1);
+}
+
+TEST(Tokenizer, EveryFixtureCase) {
+    const Tokenizer& t = qwen();
+    ASSERT_EQ(t.n_vocab(), 151665u);
+    std::ifstream f(oombtest::fixtures_dir() + "/tokenizer-cases.jsonl");
+    ASSERT_TRUE(f.good()) << "missing fixture tokenizer-cases.jsonl in " << oombtest::fixtures_dir();
+    std::string line;
+    int n = 0;
+    while (std::getline(f, line)) {
+        if (line.empty()) continue;
+        nlohmann::json j = nlohmann::json::parse(line);
+        const std::string text = j["text"].get<std::string>();
+        const std::vector<int32_t> want = j["ids"].get<std::vector<int32_t>>();
+        std::vector<int32_t> got;
+        std::string err;
+        ASSERT_EQ(t.encode(text, &got, &err), GGUF_OK) << err;
+        EXPECT_EQ(got, want) << "text: " << text;
+        // Decoding gives the (NFC-normalized) text back, byte for byte.
+        std::string back;
+        ASSERT_EQ(t.decode(got.data(), got.size(), &back, &err), GGUF_OK) << err;
+        EXPECT_EQ(back, nfc(text)) << "text: " << text;
+        n++;
+    }
+    EXPECT_GE(n, 40);
+}
+
+TEST(Tokenizer, EdgeCases) {
+    const Tokenizer& t = qwen();
+    EXPECT_TRUE(t.encode("").empty());
+    EXPECT_EQ(t.encode("Hello world"), (std::vector<int32_t>{9707, 1879}));
+    EXPECT_EQ(t.encode("Hello world\n"), (std::vector<int32_t>{9707, 1879, 198}));
+    // Special tokens: whole-token matches, adjacent, at the ends, partial ones are text.
+    EXPECT_EQ(t.encode("<|im_start|>"), (std::vector<int32_t>{151644}));
+    EXPECT_EQ(t.encode("<|im_end|><|im_start|><|endoftext|>"), (std::vector<int32_t>{151645, 151644, 151643}));
+    const auto partial = t.encode("<|im_start");
+    EXPECT_EQ(std::count(partial.begin(), partial.end(), 151644), 0);
+    EXPECT_EQ(t.decode(partial), "<|im_start");
+    const auto plain = t.encode("<|im_start|>", false);
+    EXPECT_GT(plain.size(), 1u);
+    EXPECT_EQ(t.decode(plain), "<|im_start|>");
+    EXPECT_EQ(t.decode({151644, 872, 198}), "<|im_start|>user\n");
+    // Invalid UTF-8 is encoded as byte tokens and decodes to the same bytes.
+    const std::vector<std::pair<std::string, std::string>> invalid = {
+        {"\xff", "\xff"}, {"\xff\xfe", "\xff\xfe"}, {"abc\x80 def", "abc\x80 def"}, {"\xe4\xb8", "\xe4\xb8"},
+        {"\xc0\xaf", "\xc0\xaf"}, {"\xed\xa0\x80 x", "\xed\xa0\x80 x"}, {"ok \xf4\x90\x80\x80!", "ok \xf4\x90\x80\x80!"},
+        {std::string("\0\x01\x7f", 3), std::string("\0\x01\x7f", 3)}, {"<|im_end|>\xff<|im_end|>", "<|im_end|>\xff<|im_end|>"},
+        // valid stretches around an invalid byte are normalized on their own: e + U+0301 -> U+00E9
+        {"e\xcc\x81\xff\xcc\x81", "\xc3\xa9\xff\xcc\x81"}};
+    for (auto& c : invalid) {
+        std::vector<int32_t> ids;
+        std::string err, back;
+        ASSERT_EQ(t.encode(c.first, &ids, &err), GGUF_OK) << err;
+        ASSERT_EQ(t.decode(ids.data(), ids.size(), &back, &err), GGUF_OK);
+        EXPECT_EQ(back, c.second) << "input " << ::testing::PrintToString(c.first);
+    }
+    EXPECT_EQ(t.encode("\xff"), (std::vector<int32_t>{t.find_token("ÿ")}));
+    // Bad ids.
+    std::string out, err;
+    const int32_t bad[] = {9707, 151665};
+    EXPECT_EQ(t.decode(bad, 2, &out, &err), GGUF_ERR_ARG);
+    EXPECT_NE(err.find("151665"), std::string::npos);
+    const int32_t neg[] = {-1};
+    EXPECT_EQ(t.decode(neg, 1, &out, &err), GGUF_ERR_ARG);
+}
+
+TEST(Tokenizer, LongWordsAndRandomRoundTrips) {
+    const Tokenizer& t = qwen();
+    for (const std::string s : {std::string(100000, 'a'), std::string(100000, ' '), std::string(50000, '='),
+                                std::string(20000, '\n'), std::string(3000, '7')}) {
+        const auto ids = t.encode(s);
+        EXPECT_EQ(t.decode(ids), s);
+        EXPECT_LE(ids.size(), s.size()); // digits are single tokens
+    }
+    // Random byte strings over an alphabet with ASCII, UTF-8 pieces and broken sequences.
+    const std::vector<std::string> alpha = {"a", "Z", " ", "\n", "\t", "1", ".", "'s", "é", "中", "🙂", "\xff", "\xe4",
+                                            "<|im_end|>", "<|", "Ġ", "\xc2\xa0", "\xe3\x80\x80", "ab", "  "};
+    std::mt19937 rng(5);
+    for (int i = 0; i < 2000; i++) {
+        std::string s;
+        for (int k = (int)(rng() % 30); k > 0; k--) s += alpha[rng() % alpha.size()];
+        EXPECT_EQ(t.decode(t.encode(s)), s) << ::testing::PrintToString(s);
+    }
+}
+
+TEST(Tokenizer, ThreadSafe) {
+    const Tokenizer& t = qwen();
+    std::vector<std::string> texts;
+    std::mt19937 rng(9);
+    for (int i = 0; i < 200; i++) {
+        std::string s;
+        for (int k = 0; k < 50; k++) s += "word" + std::to_string(rng() % 1000) + (k % 7 ? " " : ".\n");
+        texts.push_back(s);
+    }
+    std::vector<std::vector<int32_t>> ref;
+    for (auto& s : texts) ref.push_back(t.encode(s));
+    std::vector<int> bad(4, 0);
+    std::vector<std::thread> th;
+    for (int k = 0; k < 4; k++)
+        th.emplace_back([&, k] {
+            for (int rep = 0; rep < 3; rep++)
+                for (size_t i = 0; i < texts.size(); i++)
+                    if (t.encode(texts[(i + k * 17) % texts.size()]) != ref[(i + k * 17) % texts.size()]) bad[k]++;
+        });
+    for (auto& x : th) x.join();
+    for (int k = 0; k < 4; k++) EXPECT_EQ(bad[k], 0);
+}
+
+TEST(Tokenizer, ToyVocabularyAndLoadErrors) {
+    const std::string path = tmp_path("toy.gguf");
+    std::string err;
+    ASSERT_EQ(write_toy(path, "gpt2", "qwen2", true, &err), GGUF_OK) << err;
+    Tokenizer t;
+    ASSERT_EQ(t.load_file(path, &err), GGUF_OK) << err;
+    EXPECT_EQ(t.n_vocab(), 261u);
+    EXPECT_EQ(t.eos_id(), 259);
+    EXPECT_EQ(t.bos_id(), -1);
+    // "abcab": merges by rank: a+b (rank 0) twice, then ab+c (rank 1).
+    EXPECT_EQ(t.encode("abcab"), (std::vector<int32_t>{257, 256}));
+    EXPECT_EQ(t.encode(" a<|x|>ab"), (std::vector<int32_t>{258, 259, 256}));
+    EXPECT_EQ(t.decode({258, 259, 260, 256}), " a<|x|>ab"); // the [PAD] row decodes to nothing
+    unlink(path.c_str());
+
+    ASSERT_EQ(write_toy(path, "llama", "qwen2", true, &err), GGUF_OK);
+    EXPECT_EQ(t.load_file(path, &err), GGUF_ERR_UNSUPPORTED);
+    EXPECT_NE(err.find("llama"), std::string::npos) << err;
+    ASSERT_EQ(write_toy(path, "gpt2", "llama-bpe", true, &err), GGUF_OK);
+    EXPECT_EQ(t.load_file(path, &err), GGUF_ERR_UNSUPPORTED);
+    EXPECT_NE(err.find("llama-bpe"), std::string::npos) << err;
+    ASSERT_EQ(write_toy(path, "gpt2", "qwen2", false, &err), GGUF_OK);
+    EXPECT_EQ(t.load_file(path, &err), GGUF_ERR_NOT_FOUND);
+    EXPECT_NE(err.find("tokenizer.ggml.merges"), std::string::npos) << err;
+    EXPECT_EQ(t.load_file("/nonexistent.gguf", &err), GGUF_ERR_IO);
+    {   // a merge whose result is not a token
+        GGUFWriter w;
+        std::vector<std::string> tokens;
+        for (int b = 0; b < 256; b++) tokens.push_back(byte_level_encode(std::string(1, (char)b)));
+        w.set_string("tokenizer.ggml.model", "gpt2");
+        w.set_string("tokenizer.ggml.pre", "qwen2");
+        w.set("tokenizer.ggml.tokens", GGUFValue::string_array(tokens));
+        w.set("tokenizer.ggml.merges", GGUFValue::string_array({"a b"}));
+        ASSERT_EQ(w.open(path, &err), GGUF_OK);
+        ASSERT_EQ(w.finish(&err), GGUF_OK);
+        EXPECT_EQ(t.load_file(path, &err), GGUF_ERR_FORMAT);
+        EXPECT_NE(err.find("merges[0]"), std::string::npos) << err;
+    }
+    unlink(path.c_str());
+}
+
+TEST(Tokenizer, ByteLevelAlphabet) {
+    std::string all;
+    for (int b = 0; b < 256; b++) all += (char)b;
+    const std::string enc = byte_level_encode(all);
+    std::string dec;
+    ASSERT_TRUE(byte_level_decode(enc, &dec));
+    EXPECT_EQ(dec, all);
+    EXPECT_EQ(byte_level_encode(" \n"), "ĠĊ");
+    EXPECT_EQ(byte_level_codepoint('!'), (uint32_t)'!');
+    EXPECT_EQ(byte_level_codepoint(0), 256u);
+    EXPECT_FALSE(byte_level_decode("中", &dec));
+}
