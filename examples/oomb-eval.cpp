@@ -38,6 +38,7 @@ int main(int argc, char ** argv) {
                  "(the same path as oomb-train).",
                  "oomb-eval"};
     app.get_formatter()->column_width(30);
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     app.add_option("-m,--model", model, "GGUF model (qwen2 architecture)")->required();
     app.add_option("--data", data, "text files or folders (.gz read directly)")->take_all();
     app.add_option("--data-bin", data_bin, "little-endian uint32 token ids instead of text");

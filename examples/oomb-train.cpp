@@ -471,6 +471,12 @@ int train_main(Options & o, bool default_run) {
     if (!T.be) fail(PROG, err);
     if (!make_dirs(o.out, &err)) fail(PROG, err);
 
+    for (const auto & p : o.data)
+        if (!is_file(p) && !is_dir(p)) fail(PROG, "--data: '" + p + "': no such file or folder");
+    for (const auto & p : o.eval_data)
+        if (!is_file(p) && !is_dir(p)) fail(PROG, "--eval-data: '" + p + "': no such file or folder");
+    if (!o.data_bin.empty() && !is_file(o.data_bin)) fail(PROG, "--data-bin: '" + o.data_bin + "': no such file");
+
     // ---- model
     const std::string ckpt_model = T.path("model.gguf"), ckpt_state = T.path("state.safetensors");
     if (o.resume) {
@@ -767,6 +773,7 @@ int main(int argc, char ** argv) {
                  "(data/python-docs.txt.gz), ctx 256, chunk 128, 300 steps; outputs in out/.",
                  "oomb-train"};
     app.get_formatter()->column_width(34);
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later value wins
     app.add_option("-m,--model", o.model, "GGUF model to train (qwen2 architecture)");
     app.add_option("--preset", o.preset, "fresh model: tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b");
     app.add_option("--vocab", o.vocab, "tokenizer GGUF for --preset (default: models/qwen2.5-vocab.gguf of the source tree)");
