@@ -13,6 +13,7 @@
 //   - Matrix products go through OpenBLAS cblas_sgemm, called from the main thread only.
 
 #include "ops-cpu.h"
+#include "paged-cpu.h"
 #include "fp16.h"
 
 #include <cblas.h>
@@ -25,6 +26,12 @@
 #include <cstring>
 
 extern "C" void openblas_set_num_threads(int num_threads);
+
+// The build uses -O2; the kernels' inner loops only vectorize well at -O3 (GCC's -O2 cost model
+// rejects most of them), so this file asks for it.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("O3")
+#endif
 
 using oomb::shape_str;
 
@@ -146,6 +153,44 @@ inline double dot_d(const float * x, const float * y, int64_t n) {
     }
     for (; i < n; i++) s0 += (double) x[i] * y[i];
     return (s0 + s1) + (s2 + s3);
+}
+
+// exp(x) in f32 without branches, so loops over it vectorize (Cephes expf: range reduction by
+// ln 2 in two parts, degree-6 polynomial; max relative error ~2e-7). exp(-inf) = 0, exp(+inf) = inf.
+inline float exp_f(float x) {
+    const float hi = 88.3762626647949f, lo = -87.3365478515625f;
+    const float xc = std::min(std::max(x, lo), hi);
+    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; // round to nearest
+    float r = xc - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    const int32_t e = ((int32_t) n + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, 4);
+    float res = y * scale;
+    res = x < lo ? 0.0f : res;
+    res = x > 88.72283935546875f ? INFINITY : res;
+    return res;
+}
+
+// Maximum of x[0..n) (-inf when n == 0), with independent lanes so it vectorizes.
+inline float max_f(const float * x, int64_t n) {
+    float m[8];
+    for (int k = 0; k < 8; k++) m[k] = -INFINITY;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int k = 0; k < 8; k++) m[k] = m[k] > x[i + k] ? m[k] : x[i + k];
+    }
+    for (; i < n; i++) m[0] = m[0] > x[i] ? m[0] : x[i];
+    float r = m[0];
+    for (int k = 1; k < 8; k++) r = r > m[k] ? r : m[k];
+    return r;
 }
 
 bool same_layout(const oomb_tensor * a, const oomb_tensor * b) {
@@ -413,7 +458,7 @@ void compute_forward_scale(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * 
     unary_rows(c, dst, a, [s](float x) { return x * s; });
 }
 
-inline float silu_f(float x) { return x / (1.0f + expf(-x)); }
+inline float silu_f(float x) { return x / (1.0f + exp_f(-x)); }
 
 void compute_forward_silu(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
     check_same_shape("silu", dst, a);
@@ -424,7 +469,7 @@ void compute_forward_silu_back(exec_ctx & c, oomb_tensor * dst, const oomb_tenso
     check_same_shape("silu_back", dst, x);
     check_same_shape("silu_back", dst, dy);
     binary_rows(c, dst, x, dy, [](float xv, float g) {
-        const float s = 1.0f / (1.0f + expf(-xv));
+        const float s = 1.0f / (1.0f + exp_f(-xv));
         return g * s * (1.0f + xv * (1.0f - s));
     });
 }
@@ -809,19 +854,15 @@ void compute_forward_soft_max(exec_ctx & c, oomb_tensor * dst, const oomb_tensor
             const float * x = (const float *) row_ptr(a, r);
             float * y = (float *) row_ptr(dst, r);
             const int64_t nv = causal >= 0 ? std::min(ne0, std::max<int64_t>(i1 + causal + 1, 0)) : ne0;
-            float mx = -INFINITY;
-            for (int64_t i = 0; i < nv; i++) mx = std::max(mx, x[i] * scale);
+            float mx;
+            if (scale > 0.0f) mx = max_f(x, nv) * scale;
+            else { mx = -INFINITY; for (int64_t i = 0; i < nv; i++) mx = std::max(mx, x[i] * scale); }
             if (nv == 0 || mx == -INFINITY) {
                 for (int64_t i = 0; i < ne0; i++) y[i] = 0.0f;
                 continue;
             }
-            double sum = 0.0;
-            for (int64_t i = 0; i < nv; i++) {
-                const float e = expf(x[i] * scale - mx);
-                y[i] = e;
-                sum += e;
-            }
-            const float inv = (float) (1.0 / sum);
+            for (int64_t i = 0; i < nv; i++) y[i] = exp_f(x[i] * scale - mx);
+            const float inv = (float) (1.0 / sum_d(y, nv));
             for (int64_t i = 0; i < nv; i++) y[i] *= inv;
             for (int64_t i = nv; i < ne0; i++) y[i] = 0.0f;
         }
@@ -1032,15 +1073,15 @@ void compute_forward_cross_entropy(exec_ctx & c, oomb_tensor * dst, const oomb_t
     if (oomb_nelements(dst) != 2) oomb_error("cross_entropy_loss: result %s must have 2 elements", shape_str(dst).c_str());
     const int64_t nrows = oomb_nrows(logits), V = logits->ne[0];
     double * part = (double *) c.slot(N_PREP_SLOTS_END, (size_t) std::max<int64_t>(nrows, 1) * sizeof(double));
-    parallel_for(c, nrows, 2 * V, [&](int64_t r0, int64_t r1, int) {
+    c.reserve_thread_scratch((size_t) V * sizeof(float));
+    parallel_for(c, nrows, 2 * V, [&](int64_t r0, int64_t r1, int ith) {
         for (int64_t r = r0; r < r1; r++) {
             if (lab[r] == ignore) { part[r] = 0.0; continue; }
             const float * x = (const float *) row_ptr(logits, r);
-            float mx = -INFINITY;
-            for (int64_t i = 0; i < V; i++) mx = std::max(mx, x[i]);
-            double s = 0.0;
-            for (int64_t i = 0; i < V; i++) s += expf(x[i] - mx);
-            part[r] = (double) mx + std::log(s) - (double) x[lab[r]];
+            float * e = (float *) c.thread_scratch(ith);
+            const float mx = max_f(x, V);
+            for (int64_t i = 0; i < V; i++) e[i] = exp_f(x[i] - mx);
+            part[r] = (double) mx + std::log(sum_d(e, V)) - (double) x[lab[r]];
         }
     });
     double total = 0.0;
@@ -1070,12 +1111,10 @@ void compute_forward_cross_entropy_back(exec_ctx & c, oomb_tensor * dst, const o
                 for (int64_t i = 0; i < V; i++) y[i] = 0.0f;
                 continue;
             }
-            float mx = -INFINITY;
-            for (int64_t i = 0; i < V; i++) mx = std::max(mx, x[i]);
-            double s = 0.0;
-            for (int64_t i = 0; i < V; i++) s += expf(x[i] - mx);
-            const float f = (float) (gscale / s);
-            for (int64_t i = 0; i < V; i++) y[i] = expf(x[i] - mx) * f;
+            const float mx = max_f(x, V);
+            for (int64_t i = 0; i < V; i++) y[i] = exp_f(x[i] - mx);
+            const float f = (float) (gscale / sum_d(y, V));
+            for (int64_t i = 0; i < V; i++) y[i] *= f;
             y[lab[r]] -= gscale;
         }
     });
@@ -1209,7 +1248,8 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
     for (int i = 0; i < OOMB_MAX_SRC; i++) {
         const oomb_tensor * t = node->src[i];
         if (!t) continue;
-        if (!reads_src(op, i) || t->type == OOMB_TYPE_I32 || op == OOMB_OP_ADAMW_STEP || op == OOMB_OP_SGD_STEP) {
+        if (!reads_src(op, i) || t->type == OOMB_TYPE_I32 || op == OOMB_OP_ADAMW_STEP || op == OOMB_OP_SGD_STEP ||
+            op == OOMB_OP_PAGED_ATTN || op == OOMB_OP_PAGED_ATTN_BACK) {
             s[i] = t; // optimizer steps update their sources in place by design
             continue;
         }
@@ -1257,6 +1297,8 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
                                     need(3); f32(1); compute_forward_cross_entropy_back(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_ADAMW_STEP:    need(5); compute_forward_adamw_step(c, node, s[0], s[1], s[2], s[3], s[4]); break;
         case OOMB_OP_SGD_STEP:      need(3); compute_forward_sgd_step(c, node, s[0], s[1], s[2]); break;
+        case OOMB_OP_PAGED_ATTN:      cpu_paged_attn(node, c.n_threads); break;
+        case OOMB_OP_PAGED_ATTN_BACK: cpu_paged_attn_back(node, c.n_threads); break;
         default:
             oomb_error("graph_compute: node %s: op %s is not supported by the CPU backend", shape_str(node).c_str(), opn);
     }
