@@ -1,0 +1,540 @@
+// gguf-tools end to end: oomb-convert-hf on the qwen2-micro / qwen2-mini fixtures (every tensor
+// bit-exact with the default type and with f32), transformers 4/5 configs, sharded checkpoints,
+// tokenizers padded to the embedding rows, errors; oomb-gguf-init; oomb-tokenize; oomb-gguf-dump.
+// Also the safetensors reader/writer.
+#include "gguf.h"
+#include "safetensors.h"
+
+#include "../src/fp16.h"
+#include "test-common.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+using namespace oomb;
+
+namespace {
+
+std::string tmp_dir() {
+    static std::string d;
+    if (d.empty()) {
+        char tmpl[] = "/tmp/oomb-test-convert-XXXXXX";
+        d = mkdtemp(tmpl);
+    }
+    return d;
+}
+
+std::string tool(const std::string& name) { return oombtest::bin_dir() + "/" + name; }
+
+bool have_tools() {
+    for (auto t : {"oomb-convert-hf", "oomb-gguf-init", "oomb-tokenize", "oomb-gguf-dump"})
+        if (access(tool(t).c_str(), X_OK) != 0) return false;
+    return true;
+}
+
+// Runs a shell command; returns its exit status, output (stdout + stderr) in *out.
+int run(const std::string& cmd, std::string* out = nullptr) {
+    FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+    if (!p) return -1;
+    std::string o;
+    char buf[4096];
+    size_t k;
+    while ((k = fread(buf, 1, sizeof buf, p)) > 0) o.append(buf, k);
+    const int st = pclose(p);
+    if (out) *out = o;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+std::string read_all(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+void write_all(const std::string& path, const std::string& s) {
+    std::ofstream f(path, std::ios::binary);
+    f << s;
+}
+
+// Removes the temporary folder when the tests end.
+struct TmpCleanup : ::testing::Environment {
+    void TearDown() override {
+        if (access(tmp_dir().c_str(), F_OK) == 0) run("rm -rf '" + tmp_dir() + "'");
+    }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new TmpCleanup);
+
+#define REQUIRE_TOOLS() \
+    if (!have_tools()) GTEST_SKIP() << "gguf-tools not built in " << oombtest::bin_dir()
+
+// Checks a conversion of fixture `model` against its safetensors, bit for bit.
+void check_conversion(const std::string& model, const std::string& gguf, bool f32) {
+    SafetensorsModel st;
+    std::string err;
+    ASSERT_EQ(st.open(oombtest::fixtures_dir() + "/" + model, &err), GGUF_OK) << err;
+    GGUFReader r;
+    ASSERT_EQ(r.open(gguf, &err), GGUF_OK) << err;
+    nlohmann::json cfg = nlohmann::json::parse(read_all(oombtest::fixtures_dir() + "/" + model + "/config.json"));
+    GGUFQwen2Hparams hp;
+    ASSERT_EQ(gguf_read_qwen2_hparams(r, &hp, &err), GGUF_OK) << err;
+    EXPECT_EQ(hp.n_vocab, cfg["vocab_size"].get<uint32_t>());
+    EXPECT_EQ(hp.n_embd, cfg["hidden_size"].get<uint32_t>());
+    EXPECT_EQ(hp.n_ff, cfg["intermediate_size"].get<uint32_t>());
+    EXPECT_EQ(hp.n_layer, cfg["num_hidden_layers"].get<uint32_t>());
+    EXPECT_EQ(hp.n_head, cfg["num_attention_heads"].get<uint32_t>());
+    EXPECT_EQ(hp.n_head_kv, cfg["num_key_value_heads"].get<uint32_t>());
+    EXPECT_EQ(hp.n_ctx_train, cfg["max_position_embeddings"].get<uint32_t>());
+    EXPECT_EQ(hp.rope_freq_base, 1e6f);
+    EXPECT_EQ(hp.rms_norm_eps, 1e-6f);
+    EXPECT_EQ(hp.tied_embeddings, cfg["tie_word_embeddings"].get<bool>());
+    uint32_t ft = 99, qv = 0;
+    EXPECT_EQ(r.get_u32("general.file_type", &ft, &err), GGUF_OK);
+    EXPECT_EQ(ft, f32 ? 0u : 32u);
+    EXPECT_EQ(r.get_u32("general.quantization_version", &qv, &err), GGUF_OK);
+    EXPECT_EQ(qv, 2u);
+    std::string name;
+    EXPECT_EQ(r.get_string("general.name", &name, &err), GGUF_OK);
+    EXPECT_EQ(name, model);
+    EXPECT_EQ(r.find("tokenizer.ggml.tokens"), nullptr); // no tokenizer in these folders
+
+    size_t n_matched = 0;
+    for (const SafetensorsTensor* t : st.tensors()) {
+        std::string g = t->name;
+        // llama.cpp names
+        static const std::pair<const char*, const char*> subs[] = {
+            {"model.embed_tokens.weight", "token_embd.weight"}, {"model.norm.weight", "output_norm.weight"},
+            {"lm_head.weight", "output.weight"}, {"model.layers.", "blk."}, {"input_layernorm", "attn_norm"},
+            {"post_attention_layernorm", "ffn_norm"}, {"self_attn.q_proj", "attn_q"}, {"self_attn.k_proj", "attn_k"},
+            {"self_attn.v_proj", "attn_v"}, {"self_attn.o_proj", "attn_output"}, {"mlp.gate_proj", "ffn_gate"},
+            {"mlp.up_proj", "ffn_up"}, {"mlp.down_proj", "ffn_down"}};
+        for (auto& s : subs) {
+            size_t k = g.find(s.first);
+            if (k != std::string::npos) g.replace(k, strlen(s.first), s.second);
+        }
+        const GGUFTensorInfo* ti = r.find_tensor(g);
+        ASSERT_TRUE(ti) << t->name << " -> " << g << " missing";
+        n_matched++;
+        EXPECT_EQ(ti->shape(), t->shape) << g;                      // GGUF ne is the reversed shape
+        ASSERT_EQ(t->dtype, SafetensorsDtype::BF16);
+        const uint32_t want_type = (f32 || t->shape.size() == 1) ? GGUF_TENSOR_F32 : GGUF_TENSOR_BF16;
+        EXPECT_EQ(ti->type, want_type) << g;
+        // Read back as BF16: the checkpoint's exact bytes.
+        std::vector<uint8_t> bf(t->nbytes);
+        ASSERT_EQ(r.read_tensor(*ti, GGUF_TENSOR_BF16, bf.data(), bf.size(), &err), GGUF_OK) << err;
+        EXPECT_EQ(memcmp(bf.data(), t->data, t->nbytes), 0) << g;
+        // Stored values: bf16 bytes or their exact f32 widening.
+        if (want_type == GGUF_TENSOR_BF16) {
+            EXPECT_EQ(memcmp(r.tensor_data(*ti), t->data, t->nbytes), 0) << g;
+        } else {
+            const size_t n = (size_t)t->numel();
+            for (size_t i = 0; i < n; i++) {
+                uint16_t h;
+                float f;
+                memcpy(&h, t->data + 2 * i, 2);
+                memcpy(&f, r.tensor_data(*ti) + 4 * i, 4);
+                const float want = bf16_to_fp32(h);
+                ASSERT_EQ(memcmp(&f, &want, 4), 0) << g << " element " << i;
+            }
+        }
+    }
+    EXPECT_EQ(n_matched, r.tensors().size());
+}
+
+// Writes a small synthetic Qwen2 checkpoint (bf16) into `dir`.
+void write_synthetic(const std::string& dir, int64_t vocab, int64_t hidden, int64_t ffn, int64_t heads, int64_t kv,
+                     bool tied, const std::string& extra_tensor = "") {
+    mkdir(dir.c_str(), 0755);
+    nlohmann::json cfg = {{"architectures", {"Qwen2ForCausalLM"}}, {"model_type", "qwen2"}, {"vocab_size", vocab},
+                          {"hidden_size", hidden}, {"intermediate_size", ffn}, {"num_hidden_layers", 1},
+                          {"num_attention_heads", heads}, {"num_key_value_heads", kv}, {"max_position_embeddings", 4096},
+                          {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"tie_word_embeddings", tied},
+                          {"bos_token_id", 151643}, {"eos_token_id", 151645}};
+    write_all(dir + "/config.json", cfg.dump(2));
+    const int64_t hd = hidden / heads;
+    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
+        {"model.embed_tokens.weight", {vocab, hidden}}, {"model.norm.weight", {hidden}},
+        {"model.layers.0.input_layernorm.weight", {hidden}}, {"model.layers.0.post_attention_layernorm.weight", {hidden}},
+        {"model.layers.0.self_attn.q_proj.weight", {hidden, hidden}}, {"model.layers.0.self_attn.q_proj.bias", {hidden}},
+        {"model.layers.0.self_attn.k_proj.weight", {kv * hd, hidden}}, {"model.layers.0.self_attn.k_proj.bias", {kv * hd}},
+        {"model.layers.0.self_attn.v_proj.weight", {kv * hd, hidden}}, {"model.layers.0.self_attn.v_proj.bias", {kv * hd}},
+        {"model.layers.0.self_attn.o_proj.weight", {hidden, hidden}}, {"model.layers.0.mlp.gate_proj.weight", {ffn, hidden}},
+        {"model.layers.0.mlp.up_proj.weight", {ffn, hidden}}, {"model.layers.0.mlp.down_proj.weight", {hidden, ffn}}};
+    if (!tied) shapes.push_back({"lm_head.weight", {vocab, hidden}});
+    if (!extra_tensor.empty()) shapes.push_back({extra_tensor, {4}});
+    SafetensorsWriter w;
+    uint16_t seed = 1;
+    for (auto& s : shapes) {
+        int64_t n = 1;
+        for (auto d : s.second) n *= d;
+        std::vector<uint16_t> v((size_t)n);
+        for (auto& x : v) x = oomb::fp32_to_bf16((float)((seed = (uint16_t)(seed * 75 + 74)) % 1000) / 1000.0f - 0.5f);
+        ASSERT_EQ(w.add_copy(s.first, SafetensorsDtype::BF16, s.second, v.data()), GGUF_OK);
+    }
+    std::string err;
+    ASSERT_EQ(w.write(dir + "/model.safetensors", &err), GGUF_OK) << err;
+}
+
+} // namespace
+
+TEST(Convert, FixturesBitExactDefaultAndF32) {
+    REQUIRE_TOOLS();
+    for (const std::string model : {"qwen2-micro", "qwen2-mini"}) {
+        for (const std::string outtype : {"", "f32", "bf16"}) {
+            const std::string out = tmp_dir() + "/" + model + (outtype.empty() ? "" : "-" + outtype) + ".gguf";
+            std::string log;
+            ASSERT_EQ(run(tool("oomb-convert-hf") + " " + oombtest::fixtures_dir() + "/" + model + " -o " + out +
+                              (outtype.empty() ? "" : " --outtype " + outtype), &log), 0) << log;
+            EXPECT_EQ(log.find("lossy"), std::string::npos) << log;
+            check_conversion(model, out, outtype == "f32");
+            if (outtype == "bf16") EXPECT_EQ(read_all(out), read_all(tmp_dir() + "/" + model + ".gguf"));
+        }
+    }
+}
+
+TEST(Convert, F16IsLossyAndWarns) {
+    REQUIRE_TOOLS();
+    const std::string out = tmp_dir() + "/micro-f16.gguf";
+    std::string log, err;
+    ASSERT_EQ(run(tool("oomb-convert-hf") + " " + oombtest::fixtures_dir() + "/qwen2-micro -o " + out + " --outtype f16", &log), 0) << log;
+    EXPECT_NE(log.find("lossy"), std::string::npos) << log;
+    GGUFReader r;
+    ASSERT_EQ(r.open(out, &err), GGUF_OK) << err;
+    SafetensorsModel st;
+    ASSERT_EQ(st.open(oombtest::fixtures_dir() + "/qwen2-micro", &err), GGUF_OK);
+    const GGUFTensorInfo* t = r.find_tensor("blk.1.ffn_down.weight");
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->type, (uint32_t)GGUF_TENSOR_F16);
+    const SafetensorsTensor* s = st.find("model.layers.1.mlp.down_proj.weight");
+    for (int64_t i = 0; i < s->numel(); i++) {
+        uint16_t a, b;
+        memcpy(&a, s->data + 2 * i, 2);
+        memcpy(&b, r.tensor_data(*t) + 2 * i, 2);
+        ASSERT_EQ(b, fp32_to_fp16(bf16_to_fp32(a)));
+    }
+    uint32_t ft;
+    EXPECT_EQ(r.get_u32("general.file_type", &ft, &err), GGUF_OK);
+    EXPECT_EQ(ft, 1u);
+}
+
+TEST(Convert, Transformers4ConfigAndShardedCheckpoint) {
+    REQUIRE_TOOLS();
+    const std::string dir = tmp_dir() + "/micro-sharded";
+    mkdir(dir.c_str(), 0755);
+    nlohmann::json cfg = nlohmann::json::parse(read_all(oombtest::fixtures_dir() + "/qwen2-micro/config.json"));
+    cfg.erase("rope_parameters");
+    cfg["rope_theta"] = 500000.0; // transformers 4 style
+    write_all(dir + "/config.json", cfg.dump(2));
+    SafetensorsModel st;
+    std::string err;
+    ASSERT_EQ(st.open(oombtest::fixtures_dir() + "/qwen2-micro/model.safetensors", &err), GGUF_OK) << err;
+    SafetensorsWriter a, b;
+    nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+    for (const SafetensorsTensor* t : st.tensors()) {
+        const bool first = t->name.find("layers.1.") == std::string::npos;
+        ASSERT_EQ((first ? a : b).add(t->name, t->dtype, t->shape, t->data), GGUF_OK);
+        index["weight_map"][t->name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+    }
+    ASSERT_EQ(a.write(dir + "/model-00001-of-00002.safetensors", &err), GGUF_OK) << err;
+    ASSERT_EQ(b.write(dir + "/model-00002-of-00002.safetensors", &err), GGUF_OK) << err;
+    write_all(dir + "/model.safetensors.index.json", index.dump(2));
+    const std::string out = tmp_dir() + "/micro-sharded.gguf";
+    std::string log;
+    ASSERT_EQ(run(tool("oomb-convert-hf") + " " + dir + " -o " + out, &log), 0) << log;
+    GGUFReader r, ref;
+    ASSERT_EQ(r.open(out, &err), GGUF_OK) << err;
+    float theta = 0;
+    EXPECT_EQ(r.get_f32("qwen2.rope.freq_base", &theta, &err), GGUF_OK);
+    EXPECT_EQ(theta, 500000.0f);
+    // Same tensors as the single-file conversion.
+    const std::string single = tmp_dir() + "/micro-single.gguf";
+    ASSERT_EQ(run(tool("oomb-convert-hf") + " " + oombtest::fixtures_dir() + "/qwen2-micro -o " + single, &log), 0) << log;
+    ASSERT_EQ(ref.open(single, &err), GGUF_OK);
+    ASSERT_EQ(r.tensors().size(), ref.tensors().size());
+    for (size_t i = 0; i < r.tensors().size(); i++) {
+        const GGUFTensorInfo& x = r.tensors()[i];
+        const GGUFTensorInfo* y = ref.find_tensor(x.name);
+        ASSERT_TRUE(y);
+        ASSERT_EQ(x.nbytes, y->nbytes);
+        EXPECT_EQ(memcmp(r.tensor_data(x), ref.tensor_data(*y), x.nbytes), 0) << x.name;
+    }
+    // An index naming a missing tensor is an error.
+    index["weight_map"]["model.layers.9.mlp.up_proj.weight"] = "model-00001-of-00002.safetensors";
+    write_all(dir + "/model.safetensors.index.json", index.dump(2));
+    EXPECT_NE(run(tool("oomb-convert-hf") + " " + dir + " -o " + out, &log), 0);
+    EXPECT_NE(log.find("model.layers.9.mlp.up_proj.weight"), std::string::npos) << log;
+}
+
+TEST(Convert, TokenizerPaddedToEmbeddingRows) {
+    REQUIRE_TOOLS();
+    const std::string dir = tmp_dir() + "/synthetic-tok";
+    write_synthetic(dir, 151936, 8, 16, 2, 1, true);
+    for (auto f : {"tokenizer.json", "tokenizer_config.json"}) {
+        char* abs = realpath((oombtest::fixtures_dir() + "/qwen-tokenizer/" + f).c_str(), nullptr);
+        ASSERT_TRUE(abs) << f;
+        ASSERT_EQ(symlink(abs, (dir + "/" + f).c_str()), 0);
+        free(abs);
+    }
+    const std::string out = tmp_dir() + "/synthetic-tok.gguf";
+    std::string log, err;
+    ASSERT_EQ(run(tool("oomb-convert-hf") + " " + dir + " -o " + out, &log), 0) << log;
+    GGUFReader r;
+    ASSERT_EQ(r.open(out, &err), GGUF_OK) << err;
+    std::vector<std::string> tokens;
+    std::vector<int32_t> types;
+    ASSERT_EQ(r.get_string_array("tokenizer.ggml.tokens", &tokens, &err), GGUF_OK);
+    ASSERT_EQ(r.get_i32_array("tokenizer.ggml.token_type", &types, &err), GGUF_OK);
+    ASSERT_EQ(tokens.size(), 151936u);
+    ASSERT_EQ(types.size(), 151936u);
+    EXPECT_EQ(tokens[151643], "<|endoftext|>");
+    EXPECT_EQ(types[151643], 3);
+    EXPECT_EQ(tokens[151665], "[PAD151665]");
+    EXPECT_EQ(types[151665], 5);
+    EXPECT_EQ(tokens[151935], "[PAD151935]");
+    EXPECT_EQ(types[9707], 1);
+    std::string s;
+    EXPECT_EQ(r.get_string("tokenizer.ggml.model", &s, &err), GGUF_OK);
+    EXPECT_EQ(s, "gpt2");
+    EXPECT_EQ(r.get_string("tokenizer.ggml.pre", &s, &err), GGUF_OK);
+    EXPECT_EQ(s, "qwen2");
+    uint32_t id;
+    EXPECT_EQ(r.get_u32("tokenizer.ggml.eos_token_id", &id, &err), GGUF_OK);
+    EXPECT_EQ(id, 151645u);
+    EXPECT_EQ(r.get_u32("tokenizer.ggml.padding_token_id", &id, &err), GGUF_OK);
+    EXPECT_EQ(id, 151643u);
+    EXPECT_EQ(r.get_u32("tokenizer.ggml.bos_token_id", &id, &err), GGUF_OK); // from config.json
+    EXPECT_EQ(id, 151643u);
+    bool add_bos = true;
+    EXPECT_EQ(r.get_bool("tokenizer.ggml.add_bos_token", &add_bos, &err), GGUF_OK);
+    EXPECT_FALSE(add_bos);
+    // The model file tokenizes like the vocab file.
+    std::string log2;
+    write_all(tmp_dir() + "/hello.txt", "Hello world<|im_end|>\n");
+    ASSERT_EQ(run(tool("oomb-tokenize") + " -m " + out + " -f " + tmp_dir() + "/hello.txt", &log2), 0) << log2;
+    EXPECT_EQ(log2, "9707 1879 151645 198\n");
+}
+
+TEST(Convert, VocabOnlyReproducesShippedFile) {
+    REQUIRE_TOOLS();
+    const std::string out = tmp_dir() + "/vocab.gguf";
+    std::string log;
+    ASSERT_EQ(run(tool("oomb-convert-hf") + " --vocab-only " + oombtest::fixtures_dir() + "/qwen-tokenizer -o " + out, &log), 0) << log;
+    const std::string shipped = read_all(oombtest::source_dir() + "/models/qwen2.5-vocab.gguf");
+    ASSERT_FALSE(shipped.empty());
+    EXPECT_TRUE(read_all(out) == shipped) << "models/qwen2.5-vocab.gguf is not what the converter writes";
+    GGUFReader r;
+    std::string err;
+    ASSERT_EQ(r.open(out, &err), GGUF_OK);
+    EXPECT_TRUE(r.tensors().empty());
+}
+
+TEST(Convert, Errors) {
+    REQUIRE_TOOLS();
+    std::string log;
+    const std::string conv = tool("oomb-convert-hf");
+    EXPECT_NE(run(conv + " /nonexistent -o " + tmp_dir() + "/x.gguf", &log), 0);
+    EXPECT_NE(log.find("/nonexistent"), std::string::npos) << log;
+    EXPECT_NE(run(conv + " " + oombtest::fixtures_dir() + "/qwen-tokenizer -o " + tmp_dir() + "/x.gguf", &log), 0);
+    EXPECT_NE(log.find("config.json"), std::string::npos) << log;
+    EXPECT_NE(run(conv + " " + oombtest::fixtures_dir() + "/qwen2-micro -o " + tmp_dir() + "/x.gguf --vocab-only", &log), 0);
+    EXPECT_NE(log.find("tokenizer.json"), std::string::npos) << log;
+    EXPECT_NE(run(conv + " " + oombtest::fixtures_dir() + "/qwen2-micro -o " + tmp_dir() + "/x.gguf --outtype q4_k", &log), 0);
+    EXPECT_NE(run(conv, &log), 0);
+    const std::string dir = tmp_dir() + "/synthetic-extra";
+    write_synthetic(dir, 64, 8, 16, 2, 1, false, "model.layers.0.mystery.weight");
+    EXPECT_NE(run(conv + " " + dir + " -o " + tmp_dir() + "/x.gguf", &log), 0);
+    EXPECT_NE(log.find("cannot map tensor 'model.layers.0.mystery.weight'"), std::string::npos) << log;
+    const std::string dir2 = tmp_dir() + "/synthetic-shape";
+    write_synthetic(dir2, 64, 8, 16, 2, 1, false);
+    nlohmann::json cfg = nlohmann::json::parse(read_all(dir2 + "/config.json"));
+    cfg["intermediate_size"] = 24;
+    write_all(dir2 + "/config.json", cfg.dump());
+    EXPECT_NE(run(conv + " " + dir2 + " -o " + tmp_dir() + "/x.gguf", &log), 0);
+    EXPECT_NE(log.find("config.json implies"), std::string::npos) << log;
+    EXPECT_NE(access((tmp_dir() + "/x.gguf").c_str(), F_OK), 0); // nothing written on failure
+    for (auto t : {"oomb-convert-hf", "oomb-gguf-init", "oomb-tokenize", "oomb-gguf-dump"}) {
+        EXPECT_EQ(run(tool(t) + " --help", &log), 0) << t;
+        EXPECT_NE(log.find("Usage"), std::string::npos) << t << ": " << log;
+    }
+}
+
+TEST(Init, DeterministicShapesAndStatistics) {
+    REQUIRE_TOOLS();
+    const std::string a = tmp_dir() + "/init-a.gguf", b = tmp_dir() + "/init-b.gguf", c = tmp_dir() + "/init-c.gguf";
+    const std::string args = " --vocab-size 4096 --hidden 128 --ffn 352 --layers 2 --heads 2 --kv-heads 1 --vocab " +
+                             oombtest::source_dir() + "/models/qwen2.5-vocab.gguf";
+    std::string log, err;
+    // Fewer embedding rows than tokens is an error; 151936 rows pads the tokenizer.
+    EXPECT_NE(run(tool("oomb-gguf-init") + args + " -o " + a, &log), 0);
+    EXPECT_NE(log.find("do not fit"), std::string::npos) << log;
+    const std::string args2 = " --vocab-size 151936 --hidden 64 --ffn 96 --layers 2 --heads 2 --kv-heads 1 --tied --vocab " +
+                              oombtest::source_dir() + "/models/qwen2.5-vocab.gguf";
+    ASSERT_EQ(run(tool("oomb-gguf-init") + args2 + " --seed 7 -t 2 -o " + a, &log), 0) << log;
+    ASSERT_EQ(run(tool("oomb-gguf-init") + args2 + " --seed 7 -t 1 -o " + b, &log), 0) << log;
+    ASSERT_EQ(run(tool("oomb-gguf-init") + args2 + " --seed 8 -o " + c, &log), 0) << log;
+    EXPECT_TRUE(read_all(a) == read_all(b)) << "same seed, different threads: files differ";
+    EXPECT_FALSE(read_all(a) == read_all(c));
+    GGUFReader r;
+    ASSERT_EQ(r.open(a, &err), GGUF_OK) << err;
+    GGUFQwen2Hparams hp;
+    ASSERT_EQ(gguf_read_qwen2_hparams(r, &hp, &err), GGUF_OK) << err;
+    EXPECT_EQ(hp.n_vocab, 151936u);
+    EXPECT_EQ(hp.n_embd, 64u);
+    EXPECT_EQ(hp.n_layer, 2u);
+    EXPECT_TRUE(hp.tied_embeddings);
+    EXPECT_EQ(r.tensors().size(), 1u + 2 * 12 + 1);
+    std::vector<std::string> tokens;
+    ASSERT_EQ(r.get_string_array("tokenizer.ggml.tokens", &tokens, &err), GGUF_OK);
+    EXPECT_EQ(tokens.size(), 151936u);
+    EXPECT_EQ(tokens[151700], "[PAD151700]");
+    for (auto& t : r.tensors()) {
+        std::vector<float> v;
+        ASSERT_EQ(r.read_tensor_f32(t.name, &v, &err), GGUF_OK) << err;
+        double s = 0, s2 = 0;
+        for (float x : v) { s += x; s2 += (double)x * x; }
+        const double mean = s / v.size(), sd = std::sqrt(s2 / v.size() - mean * mean);
+        if (t.name.find("_norm.") != std::string::npos) { EXPECT_EQ(mean, 1.0) << t.name; EXPECT_EQ(t.type, 0u); }
+        else if (t.name.find(".bias") != std::string::npos) { EXPECT_EQ(s2, 0.0) << t.name; EXPECT_EQ(t.type, 0u); }
+        else {
+            EXPECT_EQ(t.type, (uint32_t)GGUF_TENSOR_BF16) << t.name;
+            EXPECT_NEAR(mean, 0.0, 0.002) << t.name;
+            EXPECT_NEAR(sd, 0.02, 0.001) << t.name;
+        }
+    }
+    EXPECT_NE(run(tool("oomb-gguf-init") + " -o " + a, &log), 0); // no dimensions
+}
+
+TEST(Tools, TokenizeDecodeAndDump) {
+    REQUIRE_TOOLS();
+    const std::string vocab = oombtest::source_dir() + "/models/qwen2.5-vocab.gguf";
+    const std::string text = tmp_dir() + "/t.txt", ids = tmp_dir() + "/ids.txt", back = tmp_dir() + "/back.txt";
+    const std::string content = "<|im_start|>user\nHi there \xF0\x9F\x99\x82<|im_end|>\n";
+    write_all(text, content);
+    std::string out;
+    ASSERT_EQ(run(tool("oomb-tokenize") + " -m " + vocab + " -f " + text + " > " + ids), 0);
+    EXPECT_EQ(read_all(ids), "151644 872 198 13048 1052 27484 151645 198\n");
+    ASSERT_EQ(run(tool("oomb-tokenize") + " -m " + vocab + " -f " + ids + " --decode > " + back), 0);
+    EXPECT_EQ(read_all(back), content);
+    write_all(ids, "9707 abc");
+    EXPECT_NE(run(tool("oomb-tokenize") + " -m " + vocab + " -f " + ids + " --decode", &out), 0);
+    EXPECT_NE(out.find("not a token id"), std::string::npos) << out;
+    write_all(ids, "9707 999999");
+    EXPECT_NE(run(tool("oomb-tokenize") + " -m " + vocab + " -f " + ids + " --decode", &out), 0);
+    EXPECT_NE(out.find("999999"), std::string::npos) << out;
+    EXPECT_NE(run(tool("oomb-tokenize") + " -m /nonexistent.gguf -f " + text, &out), 0);
+    EXPECT_NE(out.find("/nonexistent.gguf"), std::string::npos) << out;
+    const std::string model = tmp_dir() + "/dump-micro.gguf";
+    ASSERT_EQ(run(tool("oomb-convert-hf") + " " + oombtest::fixtures_dir() + "/qwen2-micro -o " + model, &out), 0) << out;
+    ASSERT_EQ(run(tool("oomb-gguf-dump") + " " + model, &out), 0) << out;
+    EXPECT_NE(out.find("token_embd.weight"), std::string::npos);
+    EXPECT_NE(out.find("qwen2.attention.head_count_kv"), std::string::npos);
+    EXPECT_NE(out.find("BF16"), std::string::npos);
+    ASSERT_EQ(run(tool("oomb-gguf-dump") + " --json " + model + " > " + tmp_dir() + "/dump.json", &out), 0) << out;
+    nlohmann::json j = nlohmann::json::parse(read_all(tmp_dir() + "/dump.json"));
+    EXPECT_EQ(j["metadata"]["qwen2.block_count"]["value"], 2);
+    EXPECT_EQ(j["tensors"][0]["name"], "token_embd.weight");
+    EXPECT_EQ(j["tensors"][0]["ne"], nlohmann::json({128, 4096}));
+    EXPECT_NE(run(tool("oomb-gguf-dump") + " " + text, &out), 0);
+    EXPECT_NE(out.find("bad magic"), std::string::npos) << out;
+}
+
+TEST(Safetensors, RoundTripDtypesAndConversions) {
+    const std::string path = tmp_dir() + "/st.safetensors";
+    SafetensorsWriter w;
+    const float f32[] = {1.5f, -2.0f, 3.25f, 0.0f, 1e-8f, -7.0f};
+    const double f64[] = {1.0 / 3.0, -1e300};
+    const uint16_t f16[] = {fp32_to_fp16(0.5f), fp32_to_fp16(-65504.0f)};
+    const uint16_t bf16[] = {fp32_to_bf16(3.0f), fp32_to_bf16(-0.125f), fp32_to_bf16(1e30f)};
+    const int32_t i32[] = {-5, 7};
+    const int64_t i64[] = {1ll << 40, -3};
+    std::string err;
+    ASSERT_EQ(w.add_f32("a.f32", {2, 3}, f32), GGUF_OK);
+    ASSERT_EQ(w.add("b.f64", SafetensorsDtype::F64, {2}, f64), GGUF_OK);
+    ASSERT_EQ(w.add("c.f16", SafetensorsDtype::F16, {2, 1}, f16), GGUF_OK);
+    ASSERT_EQ(w.add("d.bf16", SafetensorsDtype::BF16, {3}, bf16), GGUF_OK);
+    ASSERT_EQ(w.add("e.i32", SafetensorsDtype::I32, {2}, i32), GGUF_OK);
+    ASSERT_EQ(w.add("f.i64", SafetensorsDtype::I64, {1, 2}, i64), GGUF_OK);
+    ASSERT_EQ(w.add("g.empty", SafetensorsDtype::F32, {0, 3}, nullptr), GGUF_OK);
+    EXPECT_EQ(w.add("a.f32", SafetensorsDtype::F32, {1}, f32, &err), GGUF_ERR_ARG);
+    w.set_metadata("format", "pt");
+    ASSERT_EQ(w.write(path, &err), GGUF_OK) << err;
+    SafetensorsFile f;
+    ASSERT_EQ(f.open(path, &err), GGUF_OK) << err;
+    EXPECT_EQ(f.tensors().size(), 7u);
+    EXPECT_EQ(f.metadata().at("format"), "pt");
+    std::vector<float> v;
+    std::vector<double> d;
+    const SafetensorsTensor* t = f.find("a.f32");
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->shape, (std::vector<int64_t>{2, 3}));
+    ASSERT_EQ(safetensors_read_f32(*t, &v, &err), GGUF_OK);
+    EXPECT_EQ(v, std::vector<float>(f32, f32 + 6));
+    ASSERT_EQ(safetensors_read_f64(*f.find("b.f64"), &d, &err), GGUF_OK);
+    EXPECT_EQ(d, std::vector<double>(f64, f64 + 2));
+    ASSERT_EQ(safetensors_read_f32(*f.find("c.f16"), &v, &err), GGUF_OK);
+    EXPECT_EQ(v, (std::vector<float>{0.5f, -65504.0f}));
+    ASSERT_EQ(safetensors_read_f32(*f.find("d.bf16"), &v, &err), GGUF_OK);
+    EXPECT_EQ(v, (std::vector<float>{3.0f, -0.125f, bf16_to_fp32(fp32_to_bf16(1e30f))}));
+    ASSERT_EQ(safetensors_read_f64(*f.find("e.i32"), &d, &err), GGUF_OK);
+    EXPECT_EQ(d, (std::vector<double>{-5, 7}));
+    ASSERT_EQ(safetensors_read_f64(*f.find("f.i64"), &d, &err), GGUF_OK);
+    EXPECT_EQ(d, (std::vector<double>{(double)(1ll << 40), -3}));
+    EXPECT_EQ(f.find("g.empty")->numel(), 0);
+    // The fixtures read: reference logits are f32, the loss f64.
+    SafetensorsFile ref;
+    ASSERT_EQ(ref.open(oombtest::fixtures_dir() + "/qwen2-micro/reference-short.safetensors", &err), GGUF_OK) << err;
+    ASSERT_TRUE(ref.find("loss"));
+    EXPECT_EQ(ref.find("loss")->dtype, SafetensorsDtype::F64);
+    EXPECT_EQ(ref.find("input_ids")->dtype, SafetensorsDtype::I32);
+    EXPECT_EQ(ref.find("input_ids")->shape, (std::vector<int64_t>{2, 64}));
+}
+
+TEST(Safetensors, MalformedFiles) {
+    const std::string path = tmp_dir() + "/bad.safetensors";
+    auto make = [&](const std::string& header, const std::string& data) {
+        std::string s;
+        uint64_t n = header.size();
+        s.append((const char*)&n, 8);
+        write_all(path, s + header + data);
+    };
+    auto expect = [&](gguf_status want, const std::string& substr) {
+        SafetensorsFile f;
+        std::string err;
+        EXPECT_EQ(f.open(path, &err), want) << err;
+        EXPECT_NE(err.find(substr), std::string::npos) << "message was: " << err;
+    };
+    write_all(path, "abc");
+    expect(GGUF_ERR_FORMAT, "truncated");
+    write_all(path, std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8) + "{}");
+    expect(GGUF_ERR_FORMAT, "absurd");
+    make("{\"a\": ", "");
+    expect(GGUF_ERR_FORMAT, "not a JSON object");
+    make(R"({"a": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}})", "xx");
+    expect(GGUF_ERR_UNSUPPORTED, "U8");
+    make(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", "1234");
+    expect(GGUF_ERR_FORMAT, "outside");
+    make(R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", "12345678");
+    expect(GGUF_ERR_FORMAT, "needs 12");
+    make(R"({"a": {"dtype": "F32", "shape": [-3], "data_offsets": [0, 8]}})", "12345678");
+    expect(GGUF_ERR_FORMAT, "negative");
+    make(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}, "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+         "12345678");
+    expect(GGUF_ERR_FORMAT, "overlap");
+    make(R"({"a": {"dtype": "F32", "shape": [2]}})", "12345678");
+    expect(GGUF_ERR_FORMAT, "data_offsets");
+    make(R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 8]}})", "12345678");
+    expect(GGUF_ERR_FORMAT, "overflows");
+    SafetensorsFile f;
+    std::string err;
+    EXPECT_EQ(f.open("/nonexistent.safetensors", &err), GGUF_ERR_IO);
+    SafetensorsModel m;
+    EXPECT_EQ(m.open(tmp_dir(), &err), GGUF_ERR_NOT_FOUND);
+}
