@@ -392,7 +392,7 @@ void oomb_build_forward_expand(struct oomb_cgraph * g, struct oomb_tensor * t);
 /// param->grad (created earlier by oomb_new_grad or set by the caller; params without one get an
 /// error). `seed` holds d(final objective)/d(loss) (loss's shape); NULL means ones.
 /// Accumulation across evaluations (chunked training) follows: zero the gradients with
-/// oomb_graph_zero_grads / oomb_tensor_memset before the first evaluation.
+/// oomb_tensor_memset(param->grad, 0) (or oomb_opt_zero_grads) before the first evaluation.
 void oomb_build_backward_expand(struct oomb_context * ctx, struct oomb_cgraph * g, struct oomb_tensor * loss, struct oomb_tensor * seed);
 /// Creates (in ctx) the gradient accumulator of param: an f32 tensor of param's shape, named
 /// "<name>.grad", stored in param->grad. Returns it.

@@ -163,6 +163,7 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
     const oomb_tensor * dout = dst->src[7];
     const float scale = get_op_f32(dst, 0);
     PagedGeom G(q, kp, dst->src[5], dst->src[6]);
+    if (q->nb[0] != sizeof(float) || dout->nb[0] != sizeof(float)) oomb_error("paged_attn_back: q and dout must have unit stride in dim 0");
     check_pos(G, "paged_attn_back");
     const int64_t D = G.D, H = G.H, T = G.T;
 

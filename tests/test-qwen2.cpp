@@ -107,18 +107,18 @@ struct Reference {
     }
 };
 
-struct Run {
+struct ModelRun {
     std::unique_ptr<Qwen2Model> model;
     std::vector<oomb_tensor *> params;
     oomb_backend_t cpu = nullptr;
-    Run(const std::string & gguf) {
+    ModelRun(const std::string & gguf) {
         cpu = oomb_backend_cpu_init(2);
         std::string err;
         model = qwen2_load_gguf(gguf, cpu, OOMB_TYPE_F32, &err);
         if (!model) throw std::runtime_error(err);
         params = qwen2_set_trainable(*model, Qwen2Trainable::All);
     }
-    ~Run() {
+    ~ModelRun() {
         model.reset();
         oomb_backend_free(cpu);
     }
@@ -128,7 +128,7 @@ struct Run {
 void check_gradients(const std::string & model_name, const std::string & ref_name, int64_t chunk, int page) {
     SCOPED_TRACE(model_name + " " + ref_name + " chunk " + std::to_string(chunk) + " page " + std::to_string(page));
     Reference ref(oombtest::fixtures_dir() + "/" + model_name + "/reference-" + ref_name + ".safetensors");
-    Run run(converted(model_name));
+    ModelRun run(converted(model_name));
     ChunkTrainerParams tp;
     tp.chunk = chunk;
     tp.page = page;
@@ -169,7 +169,7 @@ TEST(Qwen2Parity, MicroShortForwardLogitsHidden) {
     for (const std::string model_name : {"qwen2-micro", "qwen2-mini"}) {
         SCOPED_TRACE(model_name);
         Reference ref(oombtest::fixtures_dir() + "/" + model_name + "/reference-short.safetensors");
-        Run run(converted(model_name));
+        ModelRun run(converted(model_name));
         ChunkTrainerParams tp;
         tp.chunk = ref.T;
         tp.page = 16;
@@ -209,7 +209,7 @@ TEST(Qwen2Parity, MicroLongWholeSequence) { check_gradients("qwen2-micro", "long
 
 TEST(Qwen2Parity, MicroLongLastLogits) {
     Reference ref(oombtest::fixtures_dir() + "/qwen2-micro/reference-long.safetensors");
-    Run run(converted("qwen2-micro"));
+    ModelRun run(converted("qwen2-micro"));
     ChunkTrainerParams tp;
     tp.chunk = 512;
     tp.page = 64;
@@ -262,13 +262,16 @@ TEST(Qwen2Errors, BadInputs) {
     tp.chunk = 8;
     tp.page = 4;
     tp.max_tokens = 16;
-    ChunkTrainer tr(*m, tp);
-    std::vector<int32_t> ids(16, 3);
-    ids[5] = 100;
-    EXPECT_OOMB_ERROR(tr.forward(ids.data(), 16), "token id 100 at position 5 is outside the vocabulary");
-    ids[5] = 1;
-    std::vector<int32_t> longer(17, 1);
-    EXPECT_OOMB_ERROR(tr.forward(longer.data(), 17), "exceeds max_tokens");
+    {
+        ChunkTrainer tr(*m, tp);
+        std::vector<int32_t> ids(16, 3);
+        ids[5] = 100;
+        EXPECT_OOMB_ERROR(tr.forward(ids.data(), 16), "token id 100 at position 5 is outside the vocabulary");
+        std::vector<int32_t> longer(17, 1);
+        EXPECT_OOMB_ERROR(tr.forward(longer.data(), 17), "exceeds max_tokens");
+        std::vector<int32_t> one(1, 1);
+        EXPECT_OOMB_ERROR(tr.forward(one.data(), 1), "at least 2 tokens");
+    }
     m.reset();
     oomb_backend_free(cpu);
 }
