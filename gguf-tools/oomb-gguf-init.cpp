@@ -37,7 +37,7 @@ uint64_t fnv1a(const std::string& s) {
     return h;
 }
 
-// xoshiro256+ seeded from (seed, tensor, chunk); Box-Muller normals.
+// xoshiro256+ seeded from (seed, tensor, chunk).
 struct Rng {
     uint64_t s[4];
     explicit Rng(uint64_t seed) { for (auto& v : s) v = splitmix64(seed); }
@@ -47,16 +47,21 @@ struct Rng {
         s[3] = (s[3] << 45) | (s[3] >> 19);
         return r;
     }
-    double uniform() { return ((next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); } // (0, 1)
 };
 
+// Normal samples by Marsaglia's polar method (no trigonometry), in float.
 void fill_normal(uint64_t seed, float std, float* out, int64_t n) {
     Rng g(seed);
-    for (int64_t i = 0; i < n; i += 2) {
-        const double u1 = g.uniform(), u2 = g.uniform();
-        const double r = std::sqrt(-2.0 * std::log(u1)) * std;
-        out[i] = (float)(r * std::cos(6.283185307179586 * u2));
-        if (i + 1 < n) out[i + 1] = (float)(r * std::sin(6.283185307179586 * u2));
+    int64_t i = 0;
+    while (i < n) {
+        const uint64_t r = g.next();
+        const float u = (float)(int32_t)(uint32_t)r * (1.0f / 2147483648.0f);         // [-1, 1)
+        const float v = (float)(int32_t)(uint32_t)(r >> 32) * (1.0f / 2147483648.0f);
+        const float s = u * u + v * v;
+        if (s >= 1.0f || s == 0.0f) continue;
+        const float f = std::sqrt(-2.0f * std::log(s) / s) * std;
+        out[i++] = u * f;
+        if (i < n) out[i++] = v * f;
     }
 }
 
