@@ -12,10 +12,10 @@ static std::string env_or(const char * name, const char * fallback) {
 std::string fixtures_dir() {
     const char * v = getenv("OOMB_FIXTURES");
     if (v && *v) return v;
-    return env_or("OOMB_FIXTURES_DEFAULT", "../shared/fixtures");
+    return env_or("OOMB_FIXTURES_DEFAULT", OOMB_TEST_FIXTURES_DEFAULT);
 }
-std::string source_dir() { return env_or("OOMB_SOURCE_DIR", "."); }
-std::string bin_dir() { return env_or("OOMB_BIN_DIR", "build/bin"); }
+std::string source_dir() { return env_or("OOMB_SOURCE_DIR", OOMB_TEST_SOURCE_DIR); }
+std::string bin_dir() { return env_or("OOMB_BIN_DIR", OOMB_TEST_BIN_DIR); }
 
 static void throwing_handler(const char * msg, void *) { throw OombError(msg); }
 
