@@ -29,9 +29,10 @@
 extern "C" void openblas_set_num_threads(int num_threads);
 
 // The build uses -O2; the kernels' inner loops only vectorize well at -O3 (GCC's -O2 cost model
-// rejects most of them), so this file asks for it.
+// rejects most of them), and loops with float selects (exp_f, max_f) only without trapping math
+// (which changes no result: it only drops the promise to keep floating-point exception flags).
 #if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("O3")
+#pragma GCC optimize("O3", "no-trapping-math")
 #endif
 
 using oomb::shape_str;
@@ -160,7 +161,8 @@ inline double dot_d(const float * x, const float * y, int64_t n) {
 // ln 2 in two parts, degree-6 polynomial; max relative error ~2e-7). exp(-inf) = 0, exp(+inf) = inf.
 inline float exp_f(float x) {
     const float hi = 88.3762626647949f, lo = -87.3365478515625f;
-    const float xc = std::min(std::max(x, lo), hi);
+    float xc = x < lo ? lo : x;
+    xc = xc > hi ? hi : xc;
     const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; // round to nearest
     float r = xc - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
@@ -352,7 +354,7 @@ void compute_forward_cast(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a
 void compute_forward_fill(exec_ctx & c, oomb_tensor * dst) {
     const float v = get_op_f32(dst, 0);
     const int64_t ne0 = dst->ne[0];
-    parallel_for(c, oomb_nrows(dst), ne0, [&](int64_t r0, int64_t r1, int) {
+    parallel_for(c, oomb_nrows(dst), ne0, [&, v](int64_t r0, int64_t r1, int) {
         for (int64_t r = r0; r < r1; r++) {
             char * d = row_ptr(dst, r);
             for (int64_t i = 0; i < ne0; i++) *(float *) (d + i * (int64_t) dst->nb[0]) = v;
@@ -371,6 +373,7 @@ void binary_rows(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const o
     const int64_t bne0 = b->ne[0];
     if (ne0 == 0) return;
     parallel_for(c, oomb_nrows(dst), ne0, [&](int64_t r0, int64_t r1, int) {
+        const OP op_ = op; // a local copy: float state behind a reference would be reloaded after every store
         const int64_t sd = (int64_t) dst->nb[0], sa = (int64_t) a->nb[0], sb = (int64_t) b->nb[0];
         for (int64_t r = r0; r < r1; r++) {
             int64_t i1, i2, i3;
@@ -383,30 +386,31 @@ void binary_rows(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const o
                 const float * xf = (const float *) x;
                 const float * yf = (const float *) y;
                 if (bne0 == ne0) {
-                    for (int64_t i = 0; i < ne0; i++) df[i] = op(xf[i], yf[i]);
+                    for (int64_t i = 0; i < ne0; i++) df[i] = op_(xf[i], yf[i]);
                 } else if (bne0 == 1) {
                     const float yv = yf[0];
-                    for (int64_t i = 0; i < ne0; i++) df[i] = op(xf[i], yv);
+                    for (int64_t i = 0; i < ne0; i++) df[i] = op_(xf[i], yv);
                 } else {
                     for (int64_t k = 0; k < ne0; k += bne0) {
-                        for (int64_t i = 0; i < bne0; i++) df[k + i] = op(xf[k + i], yf[i]);
+                        for (int64_t i = 0; i < bne0; i++) df[k + i] = op_(xf[k + i], yf[i]);
                     }
                 }
             } else {
                 for (int64_t i = 0; i < ne0; i++) {
-                    *(float *) (d + i * sd) = op(*(const float *) (x + i * sa), *(const float *) (y + (i % bne0) * sb));
+                    *(float *) (d + i * sd) = op_(*(const float *) (x + i * sa), *(const float *) (y + (i % bne0) * sb));
                 }
             }
         }
     });
 }
 
-// dst = op(a) element-wise; any strides.
+// dst = op_(a) element-wise; any strides.
 template <class OP>
 void unary_rows(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, OP op) {
     const int64_t ne0 = dst->ne[0];
     if (ne0 == 0) return;
     parallel_for(c, oomb_nrows(dst), ne0, [&](int64_t r0, int64_t r1, int) {
+        const OP op_ = op;
         const int64_t sd = (int64_t) dst->nb[0], sa = (int64_t) a->nb[0];
         for (int64_t r = r0; r < r1; r++) {
             int64_t i1, i2, i3;
@@ -416,9 +420,9 @@ void unary_rows(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, OP op) {
             if (sd == 4 && sa == 4) {
                 float * df = (float *) d;
                 const float * xf = (const float *) x;
-                for (int64_t i = 0; i < ne0; i++) df[i] = op(xf[i]);
+                for (int64_t i = 0; i < ne0; i++) df[i] = op_(xf[i]);
             } else {
-                for (int64_t i = 0; i < ne0; i++) *(float *) (d + i * sd) = op(*(const float *) (x + i * sa));
+                for (int64_t i = 0; i < ne0; i++) *(float *) (d + i * sd) = op_(*(const float *) (x + i * sa));
             }
         }
     });
@@ -850,19 +854,20 @@ void compute_forward_soft_max(exec_ctx & c, oomb_tensor * dst, const oomb_tensor
     const int64_t ne0 = a->ne[0];
     if (ne0 == 0) return;
     parallel_for(c, oomb_nrows(a), 2 * ne0, [&](int64_t r0, int64_t r1, int) {
+        const float sc = scale; // locals: captured floats would be reloaded after every float store
         for (int64_t r = r0; r < r1; r++) {
             const int64_t i1 = r % a->ne[1];
             const float * x = (const float *) row_ptr(a, r);
             float * y = (float *) row_ptr(dst, r);
             const int64_t nv = causal >= 0 ? std::min(ne0, std::max<int64_t>(i1 + causal + 1, 0)) : ne0;
             float mx;
-            if (scale > 0.0f) mx = max_f(x, nv) * scale;
-            else { mx = -INFINITY; for (int64_t i = 0; i < nv; i++) mx = std::max(mx, x[i] * scale); }
+            if (sc > 0.0f) mx = max_f(x, nv) * sc;
+            else { mx = -INFINITY; for (int64_t i = 0; i < nv; i++) mx = std::max(mx, x[i] * sc); }
             if (nv == 0 || mx == -INFINITY) {
                 for (int64_t i = 0; i < ne0; i++) y[i] = 0.0f;
                 continue;
             }
-            for (int64_t i = 0; i < nv; i++) y[i] = exp_f(x[i] * scale - mx);
+            for (int64_t i = 0; i < nv; i++) y[i] = exp_f(x[i] * sc - mx);
             const float inv = (float) (1.0 / sum_d(y, nv));
             for (int64_t i = 0; i < nv; i++) y[i] *= inv;
             for (int64_t i = nv; i < ne0; i++) y[i] = 0.0f;
@@ -878,12 +883,13 @@ void compute_forward_soft_max_back(exec_ctx & c, oomb_tensor * dst, const oomb_t
     const int64_t ne0 = y->ne[0];
     if (ne0 == 0) return;
     parallel_for(c, oomb_nrows(y), 2 * ne0, [&](int64_t r0, int64_t r1, int) {
+        const float sc = scale;
         for (int64_t r = r0; r < r1; r++) {
             const float * yr = (const float *) row_ptr(y, r);
             const float * g = (const float *) row_ptr(dy, r);
             float * d = (float *) row_ptr(dst, r);
             const float dot = (float) dot_d(yr, g, ne0);
-            for (int64_t i = 0; i < ne0; i++) d[i] = scale * yr[i] * (g[i] - dot);
+            for (int64_t i = 0; i < ne0; i++) d[i] = sc * yr[i] * (g[i] - dot);
         }
     });
 }
@@ -1150,19 +1156,24 @@ void compute_forward_adamw_step(exec_ctx & c, oomb_tensor * dst, const oomb_tens
     float * vp = (float *) v->data;
     const int64_t n = oomb_nelements(p);
     const int64_t block = 4096;
-    parallel_for(c, (n + block - 1) / block, block, [&](int64_t b0, int64_t b1_, int) {
-        const int64_t i0 = b0 * block, i1 = std::min(n, b1_ * block);
-        for (int64_t i = i0; i < i1; i++) {
-            const float g = gp[i] * gs;
-            const float mi = b1 * mp[i] + (1.0f - b1) * g;
-            const float vi = b2 * vp[i] + (1.0f - b2) * g * g;
+    const float * ps = (const float *) p->data;
+    const uint16_t * ph = (const uint16_t *) p->data;
+    float * pd = (float *) dst->data;
+    uint16_t * pdh = (uint16_t *) dst->data;
+    parallel_for(c, (n + block - 1) / block, block, [&](int64_t blk0, int64_t blk1, int) {
+        // locals: captured floats would be reloaded after every float store
+        const float lr_ = lr, b1_ = b1, b2_ = b2, eps_ = eps, wd_ = wd, gs_ = gs, bc1_ = bc1, bc2_ = bc2;
+        const int64_t i0 = blk0 * block, i1 = std::min(n, blk1 * block);
+        auto upd = [&](int64_t i, float w) {
+            const float g = gp[i] * gs_;
+            const float mi = b1_ * mp[i] + (1.0f - b1_) * g;
+            const float vi = b2_ * vp[i] + (1.0f - b2_) * g * g;
             mp[i] = mi;
             vp[i] = vi;
-            float w = bf ? bf16_to_fp32(((const uint16_t *) p->data)[i]) : ((const float *) p->data)[i];
-            w -= lr * ((mi / bc1) / (std::sqrt(vi / bc2) + eps) + wd * w);
-            if (bf) ((uint16_t *) dst->data)[i] = fp32_to_bf16(w);
-            else ((float *) dst->data)[i] = w;
-        }
+            return w - lr_ * ((mi / bc1_) / (std::sqrt(vi / bc2_) + eps_) + wd_ * w);
+        };
+        if (bf) for (int64_t i = i0; i < i1; i++) pdh[i] = fp32_to_bf16(upd(i, bf16_to_fp32(ph[i])));
+        else    for (int64_t i = i0; i < i1; i++) pd[i] = upd(i, ps[i]);
     });
 }
 
@@ -1175,14 +1186,15 @@ void compute_forward_sgd_step(exec_ctx & c, oomb_tensor * dst, const oomb_tensor
     const float * gp = (const float *) grad->data;
     const int64_t n = oomb_nelements(p);
     const int64_t block = 4096;
-    parallel_for(c, (n + block - 1) / block, block, [&](int64_t b0, int64_t b1, int) {
-        const int64_t i0 = b0 * block, i1 = std::min(n, b1 * block);
-        for (int64_t i = i0; i < i1; i++) {
-            float w = bf ? bf16_to_fp32(((const uint16_t *) p->data)[i]) : ((const float *) p->data)[i];
-            w -= lr * (gp[i] * gs + wd * w);
-            if (bf) ((uint16_t *) dst->data)[i] = fp32_to_bf16(w);
-            else ((float *) dst->data)[i] = w;
-        }
+    const float * ps = (const float *) p->data;
+    const uint16_t * ph = (const uint16_t *) p->data;
+    float * pd = (float *) dst->data;
+    uint16_t * pdh = (uint16_t *) dst->data;
+    parallel_for(c, (n + block - 1) / block, block, [&](int64_t blk0, int64_t blk1, int) {
+        const float lr_ = lr, wd_ = wd, gs_ = gs;
+        const int64_t i0 = blk0 * block, i1 = std::min(n, blk1 * block);
+        if (bf) for (int64_t i = i0; i < i1; i++) { const float w = bf16_to_fp32(ph[i]); pdh[i] = fp32_to_bf16(w - lr_ * (gp[i] * gs_ + wd_ * w)); }
+        else    for (int64_t i = i0; i < i1; i++) { const float w = ps[i]; pd[i] = w - lr_ * (gp[i] * gs_ + wd_ * w); }
     });
 }
 
