@@ -660,13 +660,12 @@ mat_mode classify(const oomb_tensor * t, int64_t K, int64_t R, int64_t & ld) {
     return MAT_COPY;
 }
 
-// Contiguous f32 copy of the 2-D slice (i2, i3) of t (all of t's dims 2, 3 when whole) into slot.
-const float * slice_to_f32(exec_ctx & c, const oomb_tensor * t, int64_t i2, int64_t i3, bool whole, int slot) {
+// Contiguous f32 copy of rows [r0, r0 + nr) of the 2-D slice (i2, i3) of t into scratch slot `slot`.
+const float * rows_to_f32(exec_ctx & c, const oomb_tensor * t, int64_t i2, int64_t i3, int64_t r0, int64_t nr, int slot) {
     oomb_tensor src = *t;
-    if (!whole) {
-        src.ne[2] = src.ne[3] = 1;
-        src.data = (char *) t->data + i2 * t->nb[2] + i3 * t->nb[3];
-    }
+    src.ne[1] = nr;
+    src.ne[2] = src.ne[3] = 1;
+    src.data = (char *) t->data + i2 * t->nb[2] + i3 * t->nb[3] + r0 * t->nb[1];
     oomb_tensor d = src;
     d.type = OOMB_TYPE_F32;
     set_contiguous_strides(&d);
@@ -674,9 +673,20 @@ const float * slice_to_f32(exec_ctx & c, const oomb_tensor * t, int64_t i2, int6
     copy_tensor(c, &src, &d);
     return (const float *) d.data;
 }
+// Contiguous f32 copy of all of t into scratch slot `slot`.
+const float * tensor_to_f32(exec_ctx & c, const oomb_tensor * t, int slot) {
+    oomb_tensor d = *t;
+    d.type = OOMB_TYPE_F32;
+    set_contiguous_strides(&d);
+    d.data = c.slot(slot, (size_t) oomb_nelements(&d) * 4);
+    copy_tensor(c, t, &d);
+    return (const float *) d.data;
+}
 
 // mul_mat: res[n][m] = sum_k a[m][k] * b[n][k], i.e. C[N x M] = B[N x K] * A[M x K]^T per batch,
-// a broadcast over b's batch dims.
+// a broadcast over b's batch dims. Operands are read in place when sgemm can (unit stride in dim 0
+// or dim 1); otherwise (f16 / bf16 a, other strides) they are converted to f32 first, a in blocks
+// of rows so the scratch stays small for large weights.
 void compute_forward_mul_mat(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int64_t A2 = a->ne[2], A3 = a->ne[3], B2 = b->ne[2], B3 = b->ne[3];
@@ -696,56 +706,64 @@ void compute_forward_mul_mat(exec_ctx & c, oomb_tensor * dst, const oomb_tensor 
     int64_t lda = 0, ldb = 0;
     const mat_mode am = classify(a, K, M, lda);
     const mat_mode bm = classify(b, K, N, ldb);
-    const bool a_single = A2 == 1 && A3 == 1;
 
-    if (a_single) {
-        // One big product over all of b's rows when they are evenly spaced (or after copying b).
+    // rows of a converted per block (about 16 MiB of f32)
+    const int64_t mb = std::max<int64_t>(16, ((int64_t) 4 << 20) / K);
+    int64_t cached_a2 = -1, cached_a3 = -1;
+    const float * cached = nullptr;
+
+    // C[NN x M] (row stride M) = op(B) * A(a2, a3)^T
+    auto gemm = [&](const float * bp, int64_t ldbb, CBLAS_TRANSPOSE tb, int64_t NN, int64_t a2, int64_t a3, float * cp) {
+        if (am != MAT_COPY) {
+            const float * ap = (const float *) ((const char *) a->data + a2 * a->nb[2] + a3 * a->nb[3]);
+            cblas_sgemm(CblasRowMajor, tb, am == MAT_COLS ? CblasNoTrans : CblasTrans, (int) NN, (int) M, (int) K, 1.0f, bp,
+                        (int) ldbb, ap, (int) lda, 0.0f, cp, (int) M);
+            return;
+        }
+        for (int64_t m0 = 0; m0 < M; m0 += mb) {
+            const int64_t mc = std::min(mb, M - m0);
+            const float * ap;
+            if (mc == M && cached && cached_a2 == a2 && cached_a3 == a3) {
+                ap = cached;
+            } else {
+                ap = rows_to_f32(c, a, a2, a3, m0, mc, N_PREP_SLOTS_END);
+                if (mc == M) { cached = ap; cached_a2 = a2; cached_a3 = a3; }
+            }
+            cblas_sgemm(CblasRowMajor, tb, CblasTrans, (int) NN, (int) mc, (int) K, 1.0f, bp, (int) ldbb, ap, (int) K, 0.0f,
+                        cp + m0, (int) M);
+        }
+    };
+
+    if (A2 == 1 && A3 == 1) {
+        // One product over all of b's rows when they are evenly spaced (or after copying b).
         const int64_t NN = N * B2 * B3;
-        int64_t rs = N > 1 ? (int64_t) b->nb[1] : B2 > 1 ? (int64_t) b->nb[2] : (int64_t) b->nb[3];
-        bool flat = b->type == OOMB_TYPE_F32 && (K <= 1 || b->nb[0] == 4) && rs % 4 == 0 &&
-                    (N == 1 || (int64_t) b->nb[1] == rs) && (B2 == 1 || (int64_t) b->nb[2] == N * rs) &&
-                    (B3 == 1 || (int64_t) b->nb[3] == B2 * N * rs);
+        const int64_t rs = N > 1 ? (int64_t) b->nb[1] : B2 > 1 ? (int64_t) b->nb[2] : (int64_t) b->nb[3];
+        bool flat = (K <= 1 || b->nb[0] == 4) && rs % 4 == 0 && (N == 1 || (int64_t) b->nb[1] == rs) &&
+                    (B2 == 1 || (int64_t) b->nb[2] == N * rs) && (B3 == 1 || (int64_t) b->nb[3] == B2 * N * rs);
         int64_t ldbb = NN <= 1 ? K : rs / 4;
         if (ldbb < K) flat = false;
         if (flat || bm == MAT_COPY) {
-            const float * ap = am == MAT_COPY ? slice_to_f32(c, a, 0, 0, true, N_PREP_SLOTS_END) : (const float *) a->data;
-            if (am == MAT_COPY) lda = K;
             const float * bp = (const float *) b->data;
-            if (!flat) { bp = slice_to_f32(c, b, 0, 0, true, N_PREP_SLOTS_END + 1); ldbb = K; }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, am == MAT_COLS ? CblasNoTrans : CblasTrans, (int) NN, (int) M, (int) K,
-                        1.0f, bp, (int) ldbb, ap, (int) lda, 0.0f, (float *) dst->data, (int) M);
+            if (!flat) { bp = tensor_to_f32(c, b, N_PREP_SLOTS_END + 1); ldbb = K; }
+            gemm(bp, ldbb, CblasNoTrans, NN, 0, 0, (float *) dst->data);
             return;
         }
     }
 
-    const float * ap = nullptr;
-    int64_t last_a2 = -1, last_a3 = -1;
     for (int64_t i3 = 0; i3 < B3; i3++) {
         for (int64_t i2 = 0; i2 < B2; i2++) {
-            const int64_t a2 = i2 / r2, a3 = i3 / r3;
-            if (a2 != last_a2 || a3 != last_a3) {
-                if (am == MAT_COPY) {
-                    ap = slice_to_f32(c, a, a2, a3, false, N_PREP_SLOTS_END);
-                    lda = K;
-                } else {
-                    ap = (const float *) ((const char *) a->data + a2 * a->nb[2] + a3 * a->nb[3]);
-                }
-                last_a2 = a2;
-                last_a3 = a3;
-            }
             const float * bp;
             int64_t ldbb = ldb;
             CBLAS_TRANSPOSE tb = bm == MAT_COLS ? CblasTrans : CblasNoTrans;
             if (bm == MAT_COPY) {
-                bp = slice_to_f32(c, b, i2, i3, false, N_PREP_SLOTS_END + 1);
+                bp = rows_to_f32(c, b, i2, i3, 0, N, N_PREP_SLOTS_END + 1);
                 ldbb = K;
                 tb = CblasNoTrans;
             } else {
                 bp = (const float *) ((const char *) b->data + i2 * b->nb[2] + i3 * b->nb[3]);
             }
-            const CBLAS_TRANSPOSE ta = am == MAT_COLS ? CblasNoTrans : CblasTrans;
             float * cp = (float *) ((char *) dst->data + i2 * dst->nb[2] + i3 * dst->nb[3]);
-            cblas_sgemm(CblasRowMajor, tb, ta, (int) N, (int) M, (int) K, 1.0f, bp, (int) ldbb, ap, (int) lda, 0.0f, cp, (int) M);
+            gemm(bp, ldbb, tb, N, i2 / r2, i3 / r3, cp);
         }
     }
 }

@@ -379,6 +379,14 @@ TEST_F(Ops, MulMatHalfTypesAndNonContiguous) {
             EXPECT_REL(to_vector(r), mul_mat_ref(a, b), 1e-5) << oomb_type_name(type);
         }
     }
+    // a long K: the f16 weight is converted in blocks of rows (16 MiB of f32 each), batched and broadcast
+    {
+        oomb_tensor * a = rnd(OOMB_TYPE_BF16, 65536, 70, 2);
+        oomb_tensor * b = rnd(OOMB_TYPE_F32, 65536, 2, 4);
+        oomb_tensor * r = oomb_mul_mat(ctx, a, b);
+        compute(r);
+        EXPECT_REL(to_vector(r), mul_mat_ref(a, b), 1e-5);
+    }
     // a transposed view (unit stride in dim 1), b transposed view
     {
         oomb_tensor * a = oomb_transpose(ctx, rnd(OOMB_TYPE_F32, M, K)); // [K, M], nb1 == 4
