@@ -20,6 +20,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <climits>
 #include <cmath>
@@ -74,7 +75,9 @@ namespace {
 
 const int N_PREP_SLOTS_END = OOMB_MAX_SRC; // slots [0, OOMB_MAX_SRC) hold prepared sources; kernels use the next ones
 
-// Calls f(begin, end, ith) over a split of [0, n) into contiguous chunks, one per thread.
+// Calls f(begin, end, ith) over [0, n) split into chunks that the threads take in turn (a few
+// chunks per thread, so rows of uneven cost, as in causal attention, balance out). Each item is
+// computed by exactly one call, so results do not depend on the thread count.
 // cost: rough work per item (elements touched), to keep tiny ops on the main thread.
 template <class F>
 void parallel_for(exec_ctx & c, int64_t n, int64_t cost, F && f) {
@@ -87,15 +90,21 @@ void parallel_for(exec_ctx & c, int64_t n, int64_t cost, F && f) {
     struct arg_t {
         F * f;
         int64_t n;
-        int nt;
-    } arg{&f, n, (int) std::min<int64_t>(nth, n)};
+        int64_t chunk;
+        std::atomic<int64_t> next;
+    } arg;
+    arg.f = &f;
+    arg.n = n;
+    arg.chunk = std::max<int64_t>(1, n / ((int64_t) nth * 4));
+    arg.next.store(0, std::memory_order_relaxed);
     c.pool->run(
         [](void * p, int ith, int) {
             auto * a = (arg_t *) p;
-            if (ith >= a->nt) return;
-            const int64_t chunk = (a->n + a->nt - 1) / a->nt;
-            const int64_t b = ith * chunk, e = std::min(a->n, b + chunk);
-            if (b < e) (*a->f)(b, e, ith);
+            for (;;) {
+                const int64_t b = a->next.fetch_add(a->chunk, std::memory_order_relaxed);
+                if (b >= a->n) break;
+                (*a->f)(b, std::min(a->n, b + a->chunk), ith);
+            }
         },
         &arg);
 }
