@@ -645,6 +645,8 @@ int train_main(Options & o, bool default_run) {
             return 0;
         }
     }
+    if (!o.resume && is_file(ckpt_state))
+        printf("note: %s already holds a checkpoint; this fresh run replaces it at its first save (--resume continues it)\n", o.out.c_str());
     T.jsonl = fopen(T.path("train.jsonl").c_str(), o.resume ? "a" : "w");
     if (!T.jsonl) fail(PROG, "cannot write " + T.path("train.jsonl") + ": " + strerror(errno));
 
