@@ -156,7 +156,7 @@ struct ThreadState {
 
 thread_local ThreadState t_state;
 
-constexpr size_t kCacheMaxWords = 1 << 18;
+constexpr size_t kCacheMaxWords = 1 << 16;
 constexpr size_t kCacheMaxWordLen = 128;
 
 } // namespace
