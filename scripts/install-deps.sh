@@ -32,10 +32,10 @@ fi
 if [ "${1:-}" != "--build" ]; then
   # Python packages used by interoperability tests (llama.cpp's `gguf`, numpy, safetensors).
   py=python3
-  if ! $py -c "import gguf, numpy, safetensors" 2>/dev/null; then
-    echo "install-deps: installing Python test packages (gguf numpy safetensors)"
-    $py -m pip install -q gguf numpy safetensors 2>/dev/null \
-      || $py -m pip install -q --break-system-packages gguf numpy safetensors
+  if ! $py -c "import gguf, numpy, safetensors, tokenizers" 2>/dev/null; then
+    echo "install-deps: installing Python test packages (gguf numpy safetensors tokenizers)"
+    $py -m pip install -q gguf numpy safetensors tokenizers 2>/dev/null \
+      || $py -m pip install -q --break-system-packages gguf numpy safetensors tokenizers
   fi
 fi
 echo "install-deps: ok"
