@@ -1,0 +1,415 @@
+// CUDA backend: device buffers (cudaMalloc; planned by oomb_gallocr like any backend's), one stream,
+// a cuBLAS handle with its workspace, a growing scratch, and graph execution (every node dispatched
+// on the stream, in order). Kernel families live in one .cu/.cuh pair each (see common.cuh).
+
+#include "common.cuh"
+#include "attn.cuh"
+#include "cross-entropy.cuh"
+#include "elementwise.cuh"
+#include "get-rows.cuh"
+#include "mul-mat.cuh"
+#include "norm.cuh"
+#include "optim.cuh"
+#include "reduce.cuh"
+#include "rope.cuh"
+#include "softmax.cuh"
+#include "paged-attn.cuh"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+using oomb::shape_str;
+
+// Paged attention kernels come from cuda/paged-attn.cu (written separately). Until that file exists
+// the backend reports the op as unsupported. (Its presence is tested when this file is compiled:
+// after adding paged-attn.cu, rebuild this file too, e.g. touch it.)
+#if __has_include("paged-attn.cu")
+#define OOMB_CUDA_HAVE_PAGED 1
+#else
+#define OOMB_CUDA_HAVE_PAGED 0
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Errors, scratch
+// ---------------------------------------------------------------------------------------------
+
+void oomb_cuda_fail(const char * what, const char * file, int line, const char * msg) {
+    oomb_error("cuda: %s failed at %s:%d: %s", what, file, line, msg);
+}
+
+void oomb_cuda_after_launch(oomb_cuda_ctx & c, const char * kernel, const char * file, int line) {
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess && c.sync_each) e = cudaStreamSynchronize(c.stream);
+    if (e != cudaSuccess) oomb_error("cuda: kernel %s failed at %s:%d: %s", kernel, file, line, cudaGetErrorString(e));
+}
+
+void * oomb_cuda_ctx::scratch(int slot, size_t bytes) {
+    if (slot < 0 || slot >= N_SLOTS) oomb_error("cuda: scratch slot %d out of range", slot);
+    if (bytes <= slot_cap[slot] && slot_ptr[slot]) return slot_ptr[slot];
+    if (slot_ptr[slot]) {
+        // kernels already queued may still read the old block
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        CUDA_CHECK(cudaFree(slot_ptr[slot]));
+        slot_ptr[slot] = nullptr;
+        slot_cap[slot] = 0;
+    }
+    size_t sz = bytes < 256 ? 256 : bytes;
+    sz += sz / 4; // headroom for slowly growing requests
+    sz = (sz + 255) & ~(size_t) 255;
+    void * p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, sz);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        oomb_error("cuda: out of device memory allocating %zu bytes of scratch: %s", sz, cudaGetErrorString(e));
+    }
+    slot_ptr[slot] = p;
+    slot_cap[slot] = sz;
+    return p;
+}
+
+namespace {
+
+oomb_cuda_ctx * ctx_of(oomb_backend_t b) { return (oomb_cuda_ctx *) b->ctx; }
+
+void set_device(const oomb_cuda_ctx * c) { CUDA_CHECK(cudaSetDevice(c->device)); }
+
+// ---------------------------------------------------------------------------------------------
+// Backend interface
+// ---------------------------------------------------------------------------------------------
+
+const char * cuda_name(oomb_backend_t) { return "CUDA"; }
+bool cuda_is_host(oomb_backend_t) { return false; }
+
+void * cuda_alloc(oomb_backend_t b, size_t size) {
+    set_device(ctx_of(b));
+    void * p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, size > 0 ? size : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); // not sticky; clear it
+        fprintf(stderr, "oomb: cudaMalloc of %zu bytes failed: %s\n", size, cudaGetErrorString(e));
+        return nullptr;
+    }
+    return p;
+}
+void cuda_free_mem(oomb_backend_t b, void * base) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaFree(base));
+}
+void cuda_set(oomb_backend_t b, void * dst, const void * src, size_t size) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyHostToDevice, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+void cuda_get(oomb_backend_t b, void * dst, const void * src, size_t size) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+void cuda_memset(oomb_backend_t b, void * dst, uint8_t value, size_t size) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    CUDA_CHECK(cudaMemsetAsync(dst, value, size, c->stream));
+}
+void cuda_synchronize(oomb_backend_t b) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+}
+
+void check_data(oomb_backend_t b, const oomb_tensor * node, const oomb_tensor * t, int src_index) {
+    if (oomb_nelements(t) == 0) return;
+    char what[64];
+    if (src_index < 0) snprintf(what, sizeof(what), "node");
+    else snprintf(what, sizeof(what), "src[%d]", src_index);
+    if (!t->data) {
+        if (src_index < 0) {
+            oomb_error("graph_compute: node %s (op %s) has no data (allocate the graph first)", shape_str(t).c_str(), oomb_op_name(t->op));
+        }
+        oomb_error("graph_compute: %s %s of node %s (op %s) has no data (allocate the graph first)", what, shape_str(t).c_str(),
+                   shape_str(node).c_str(), oomb_op_name(node->op));
+    }
+    const oomb_tensor * o = t->view_src ? t->view_src : t;
+    if (!o->buffer || o->buffer->backend != b) {
+        oomb_error("graph_compute: %s %s of node %s (op %s) is not in this CUDA backend's memory (host tensors must be uploaded "
+                   "to a CUDA buffer)", what, shape_str(t).c_str(), shape_str(node).c_str(), oomb_op_name(node->op));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Source preparation (as in ops-cpu.cpp)
+// ---------------------------------------------------------------------------------------------
+
+bool same_layout(const oomb_tensor * a, const oomb_tensor * b) {
+    if (a->data != b->data || oomb_type_size(a->type) != oomb_type_size(b->type)) return false;
+    for (int i = 0; i < 4; i++) {
+        if (a->ne[i] != b->ne[i]) return false;
+        if (a->ne[i] > 1 && a->nb[i] != b->nb[i]) return false;
+    }
+    return true;
+}
+bool overlaps(const oomb_tensor * a, const oomb_tensor * b) {
+    const size_t na = oomb_nbytes(a), nb = oomb_nbytes(b);
+    if (na == 0 || nb == 0) return false;
+    const char * a0 = (const char *) a->data, * b0 = (const char *) b->data;
+    return a0 < b0 + nb && b0 < a0 + na;
+}
+
+// t, or a contiguous copy of it (same type) in scratch slot `slot` when its rows are not unit-stride
+// and need_unit_rows, or when it overlaps dst with a different layout.
+oomb_tensor prep_src(oomb_cuda_ctx & c, const oomb_tensor * t, const oomb_tensor * dst, int slot, bool need_unit_rows) {
+    oomb_tensor r = *t;
+    bool copy = false;
+    if (need_unit_rows && t->ne[0] > 1 && t->nb[0] != oomb_type_size(t->type)) copy = true;
+    if (dst && t != dst && overlaps(t, dst) && !same_layout(t, dst)) copy = true;
+    if (!copy) return r;
+    r.nb[0] = oomb_type_size(r.type);
+    for (int i = 1; i < 4; i++) r.nb[i] = r.nb[i - 1] * (size_t) r.ne[i - 1];
+    r.view_src = nullptr;
+    r.data = c.scratch(slot, oomb_nbytes(&r));
+    oomb_cuda_copy_tensor(c, t, &r);
+    return r;
+}
+
+bool reads_src(enum oomb_op op, int i) {
+    if (i == 1 && (op == OOMB_OP_CPY || op == OOMB_OP_REPEAT || op == OOMB_OP_REPEAT_BACK)) return false;
+    return true;
+}
+
+bool needs_unit_rows(enum oomb_op op, int i) {
+    switch (op) {
+        case OOMB_OP_RMS_NORM: case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK: case OOMB_OP_SOFT_MAX:
+        case OOMB_OP_CROSS_ENTROPY: case OOMB_OP_CROSS_ENTROPY_BACK:
+            return i == 0;
+        case OOMB_OP_RMS_NORM_BACK: case OOMB_OP_SOFT_MAX_BACK:
+            return i <= 1;
+        case OOMB_OP_ATTN:
+            return i <= 2;
+        case OOMB_OP_ATTN_BACK:
+            return i <= 3;
+        default:
+            return false;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch
+// ---------------------------------------------------------------------------------------------
+
+void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
+    const enum oomb_op op = node->op;
+    switch (op) {
+        case OOMB_OP_NONE: case OOMB_OP_VIEW: case OOMB_OP_RESHAPE: case OOMB_OP_PERMUTE: case OOMB_OP_TRANSPOSE:
+            return;
+        case OOMB_OP_PAGED_ATTN:
+        case OOMB_OP_PAGED_ATTN_BACK:
+#if OOMB_CUDA_HAVE_PAGED
+            if (op == OOMB_OP_PAGED_ATTN) oomb_cuda_paged_attn(c.stream, node);
+            else oomb_cuda_paged_attn_back(c.stream, node);
+            OOMB_CUDA_LAUNCHED(c, oomb_op_name(op));
+            return;
+#else
+            oomb_error("graph_compute: node %s: op %s is not supported by the CUDA backend (this build has no cuda/paged-attn.cu)",
+                       shape_str(node).c_str(), oomb_op_name(op));
+#endif
+        case OOMB_OP_CUSTOM: case OOMB_OP_COUNT:
+            oomb_error("graph_compute: node %s: op %s is not supported by the CUDA backend", shape_str(node).c_str(), oomb_op_name(op));
+        default:
+            break;
+    }
+    if (node->type != OOMB_TYPE_I32 && op != OOMB_OP_CPY && op != OOMB_OP_CAST && op != OOMB_OP_CONT &&
+        op != OOMB_OP_ADAMW_STEP && op != OOMB_OP_SGD_STEP && node->type != OOMB_TYPE_F32) {
+        oomb_error("%s: result %s must be f32", oomb_op_name(op), shape_str(node).c_str());
+    }
+    if (op != OOMB_OP_CPY && op != OOMB_OP_ADD_INPLACE && op != OOMB_OP_FILL && node->ne[0] > 1 &&
+        node->nb[0] != oomb_type_size(node->type)) {
+        oomb_error("%s: result %s must have unit stride in dim 0", oomb_op_name(op), shape_str(node).c_str());
+    }
+
+    oomb_tensor srcs[OOMB_MAX_SRC];
+    const oomb_tensor * s[OOMB_MAX_SRC] = {nullptr};
+    for (int i = 0; i < OOMB_MAX_SRC; i++) {
+        const oomb_tensor * t = node->src[i];
+        if (!t) continue;
+        if (!reads_src(op, i) || t->type == OOMB_TYPE_I32 || op == OOMB_OP_ADAMW_STEP || op == OOMB_OP_SGD_STEP) {
+            s[i] = t; // optimizer steps update their sources in place by design
+            continue;
+        }
+        srcs[i] = prep_src(c, t, node, i, needs_unit_rows(op, i));
+        s[i] = &srcs[i];
+    }
+    auto need = [&](int n) {
+        for (int i = 0; i < n; i++) {
+            if (!s[i]) oomb_error("%s: node %s is missing src[%d]", oomb_op_name(op), shape_str(node).c_str(), i);
+        }
+    };
+    const char * opn = oomb_op_name(op);
+    auto f32 = [&](int n) {
+        for (int i = 0; i < n; i++) {
+            if (s[i]->type != OOMB_TYPE_F32) oomb_error("%s: %s must be f32", opn, shape_str(s[i]).c_str());
+        }
+    };
+
+    switch (op) {
+        case OOMB_OP_CONT:          need(1); oomb_cuda_cont(c, node, s[0]); break;
+        case OOMB_OP_CPY:           need(1); oomb_cuda_cpy(c, node, s[0]); break;
+        case OOMB_OP_CAST:          need(1); oomb_cuda_cast(c, node, s[0]); break;
+        case OOMB_OP_FILL:          oomb_cuda_fill(c, node); break;
+        case OOMB_OP_ADD: case OOMB_OP_SUB: case OOMB_OP_MUL: case OOMB_OP_ADD_INPLACE:
+        case OOMB_OP_SILU_BACK: case OOMB_OP_SWIGLU:
+                                    need(2); f32(2); oomb_cuda_binary(c, node, s[0], s[1]); break;
+        case OOMB_OP_SCALE: case OOMB_OP_SILU:
+                                    need(1); f32(1); oomb_cuda_unary(c, node, s[0]); break;
+        case OOMB_OP_REPEAT:        need(1); f32(1); oomb_cuda_repeat(c, node, s[0]); break;
+        case OOMB_OP_REPEAT_BACK:   need(1); f32(1); oomb_cuda_repeat_back(c, node, s[0]); break;
+        case OOMB_OP_SUM: case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ:
+                                    need(1); f32(1); oomb_cuda_sum(c, node, s[0]); break;
+        case OOMB_OP_GET_ROWS:      need(2); oomb_cuda_get_rows(c, node, s[0], s[1]); break;
+        case OOMB_OP_GET_ROWS_BACK: need(2); f32(1); oomb_cuda_get_rows_back(c, node, s[0], s[1]); break;
+        case OOMB_OP_MUL_MAT:       need(2); oomb_cuda_mul_mat(c, node, s[0], s[1]); break;
+        case OOMB_OP_RMS_NORM:      need(1); f32(1); oomb_cuda_rms_norm(c, node, s[0]); break;
+        case OOMB_OP_RMS_NORM_BACK: need(2); f32(2); oomb_cuda_rms_norm_back(c, node, s[0], s[1]); break;
+        case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK:
+                                    need(2); f32(1); oomb_cuda_rope(c, node, s[0], s[1]); break;
+        case OOMB_OP_SOFT_MAX:      need(1); f32(1); oomb_cuda_soft_max(c, node, s[0]); break;
+        case OOMB_OP_SOFT_MAX_BACK: need(2); f32(2); oomb_cuda_soft_max_back(c, node, s[0], s[1]); break;
+        case OOMB_OP_ATTN:          need(3); oomb_cuda_attn(c, node, s[0], s[1], s[2]); break;
+        case OOMB_OP_ATTN_BACK:     need(4); f32(4); oomb_cuda_attn_back(c, node, s[0], s[1], s[2], s[3]); break;
+        case OOMB_OP_CROSS_ENTROPY: need(2); f32(1); oomb_cuda_cross_entropy(c, node, s[0], s[1]); break;
+        case OOMB_OP_CROSS_ENTROPY_BACK:
+                                    need(3); f32(1); oomb_cuda_cross_entropy_back(c, node, s[0], s[1], s[2]); break;
+        case OOMB_OP_ADAMW_STEP:    need(5); oomb_cuda_adamw_step(c, node, s[0], s[1], s[2], s[3], s[4]); break;
+        case OOMB_OP_SGD_STEP:      need(3); oomb_cuda_sgd_step(c, node, s[0], s[1], s[2]); break;
+        default:
+            oomb_error("graph_compute: node %s: op %s is not supported by the CUDA backend", shape_str(node).c_str(), opn);
+    }
+}
+
+// Reports (and clears) a data-dependent error recorded by a kernel of graph g.
+void check_recorded_error(oomb_cuda_ctx & c, oomb_cgraph * g) {
+    oomb_cuda_err_rec rec;
+    CUDA_CHECK(cudaMemcpyAsync(&rec, c.d_err, sizeof(rec), cudaMemcpyDeviceToHost, c.stream));
+    CUDA_CHECK(cudaStreamSynchronize(c.stream));
+    c.check_err = false;
+    if (!rec.flag) return;
+    CUDA_CHECK(cudaMemsetAsync(c.d_err, 0, sizeof(rec), c.stream));
+    CUDA_CHECK(cudaStreamSynchronize(c.stream));
+    const oomb_tensor * node = rec.node >= 0 && (size_t) rec.node < g->nodes.size() ? g->nodes[(size_t) rec.node] : nullptr;
+    if (!node) oomb_error("cuda: a kernel reported an out-of-range id or label (node %d)", rec.node);
+    const char * opn = oomb_op_name(node->op);
+    if (rec.kind == OOMB_CUDA_ERR_ID) {
+        const oomb_tensor * table = node->op == OOMB_OP_GET_ROWS ? node->src[0] : node;
+        const int64_t n_rows = table->ne[1];
+        oomb_error("%s: id %lld at position %lld of ids %s is out of range: %s has %lld rows", opn, rec.value, rec.pos,
+                   shape_str(node->src[1]).c_str(), shape_str(table).c_str(), (long long) n_rows);
+    }
+    if (rec.kind == OOMB_CUDA_ERR_LABEL) {
+        const char * name = node->op == OOMB_OP_CROSS_ENTROPY ? "cross_entropy_loss" : "cross_entropy_loss_back";
+        oomb_error("%s: label %lld at row %lld is out of range [0, %lld) (ignore_index %d), logits %s", name, rec.value, rec.pos,
+                   (long long) node->src[0]->ne[0], node->op_params[0], shape_str(node->src[0]).c_str());
+    }
+    oomb_error("cuda: node %s (op %s) reported error kind %d", shape_str(node).c_str(), opn, rec.kind);
+}
+
+void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    for (size_t i = 0; i < g->nodes.size(); i++) {
+        oomb_tensor * node = g->nodes[i];
+        if (node->op == OOMB_OP_NONE || node->op == OOMB_OP_VIEW || node->op == OOMB_OP_RESHAPE || node->op == OOMB_OP_PERMUTE ||
+            node->op == OOMB_OP_TRANSPOSE) {
+            continue;
+        }
+        check_data(b, node, node, -1);
+        for (int k = 0; k < OOMB_MAX_SRC; k++) {
+            const oomb_tensor * s = node->src[k];
+            if (!s) continue;
+            if (k == 1 && (node->op == OOMB_OP_REPEAT || node->op == OOMB_OP_REPEAT_BACK)) continue; // shape only
+            check_data(b, node, s, k);
+        }
+        c->cur_node = (int) i;
+        compute_node(*c, node);
+    }
+    if (c->check_err) check_recorded_error(*c, g);
+}
+
+void cuda_free_backend(oomb_backend_t b) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    cudaSetDevice(c->device);
+    cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < oomb_cuda_ctx::N_SLOTS; i++) {
+        if (c->slot_ptr[i]) cudaFree(c->slot_ptr[i]);
+    }
+    if (c->cublas) cublasDestroy(c->cublas);
+    if (c->cublas_ws) cudaFree(c->cublas_ws);
+    if (c->d_err) cudaFree(c->d_err);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    delete c;
+    delete b;
+}
+
+const oomb_backend_i k_cuda_iface = {
+    /* name          */ cuda_name,
+    /* is_host       */ cuda_is_host,
+    /* alloc         */ cuda_alloc,
+    /* free_mem      */ cuda_free_mem,
+    /* set           */ cuda_set,
+    /* get           */ cuda_get,
+    /* memset_mem    */ cuda_memset,
+    /* graph_compute */ cuda_graph_compute,
+    /* synchronize   */ cuda_synchronize,
+    /* free_backend  */ cuda_free_backend,
+};
+
+} // namespace
+
+bool oomb_cuda_available(void) {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return n > 0;
+}
+
+oomb_backend_t oomb_backend_cuda_init(int device) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        fprintf(stderr, "oomb: no CUDA GPU available (%s); CUDA backend not created\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+        cudaGetLastError();
+        return nullptr;
+    }
+    if (device < 0 || device >= n) {
+        fprintf(stderr, "oomb: CUDA device %d does not exist (%d visible)\n", device, n);
+        return nullptr;
+    }
+    e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        fprintf(stderr, "oomb: cudaSetDevice(%d) failed: %s\n", device, cudaGetErrorString(e));
+        cudaGetLastError();
+        return nullptr;
+    }
+    auto * c = new oomb_cuda_ctx();
+    c->device = device;
+    if (const char * s = getenv("OOMB_CUDA_SYNC")) c->sync_each = atoi(s) != 0;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&c->cublas));
+    CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
+    c->cublas_ws_size = (size_t) 32 << 20;
+    CUDA_CHECK(cudaMalloc(&c->cublas_ws, c->cublas_ws_size));
+    CUBLAS_CHECK(cublasSetWorkspace(c->cublas, c->cublas_ws, c->cublas_ws_size));
+    CUDA_CHECK(cudaMalloc((void **) &c->d_err, sizeof(oomb_cuda_err_rec)));
+    CUDA_CHECK(cudaMemsetAsync(c->d_err, 0, sizeof(oomb_cuda_err_rec), c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    auto * b = new oomb_backend();
+    b->iface = &k_cuda_iface;
+    b->ctx = c;
+    return b;
+}

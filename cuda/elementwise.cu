@@ -1,0 +1,350 @@
+// Element-wise, broadcasting and copy kernels (see elementwise.cuh).
+
+#include "elementwise.cuh"
+
+#include <type_traits>
+
+using oomb::shape_str;
+
+namespace {
+
+const int k_threads = 256;
+
+// ---------------------------------------------------------------------------------------------
+// Copies with conversion
+// ---------------------------------------------------------------------------------------------
+
+template <typename S, typename D> __device__ __forceinline__ D cvt(S x) {
+    if constexpr (std::is_same<S, D>::value) return x;
+    else return oomb_from_f<D>(oomb_to_f(x));
+}
+
+// CONTIG: both sides contiguous (flat offsets).
+template <typename S, typename D, typename I, bool CONTIG>
+__global__ void k_copy(oomb_tv dst, oomb_tv src, int64_t n) {
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n; k += (int64_t) gridDim.x * blockDim.x) {
+        if constexpr (CONTIG) {
+            ((D *) dst.d)[k] = cvt<S, D>(((const S *) src.d)[k]);
+        } else {
+            const S x = *(const S *) (src.d + oomb_flat_off<I>(src, (I) k));
+            *(D *) (dst.d + oomb_flat_off<I>(dst, (I) k)) = cvt<S, D>(x);
+        }
+    }
+}
+
+template <typename S, typename D>
+void launch_copy(oomb_cuda_ctx & c, const oomb_tensor * src, const oomb_tensor * dst, int64_t n) {
+    const oomb_tv s = oomb_make_tv(src), d = oomb_make_tv(dst);
+    const unsigned grid = oomb_cuda_grid(n, k_threads);
+    if (oomb_is_contiguous(src) && oomb_is_contiguous(dst)) {
+        k_copy<S, D, uint64_t, true><<<grid, k_threads, 0, c.stream>>>(d, s, n);
+    } else if (oomb_fits_u32(src)) {
+        k_copy<S, D, uint32_t, false><<<grid, k_threads, 0, c.stream>>>(d, s, n);
+    } else {
+        k_copy<S, D, uint64_t, false><<<grid, k_threads, 0, c.stream>>>(d, s, n);
+    }
+    OOMB_CUDA_LAUNCHED(c, "copy");
+}
+
+bool same_layout(const oomb_tensor * a, const oomb_tensor * b) {
+    if (a->data != b->data || oomb_type_size(a->type) != oomb_type_size(b->type)) return false;
+    for (int i = 0; i < 4; i++) {
+        if (a->ne[i] != b->ne[i]) return false;
+        if (a->ne[i] > 1 && a->nb[i] != b->nb[i]) return false;
+    }
+    return true;
+}
+
+void check_cvt_types(const char * op, const oomb_tensor * src, const oomb_tensor * dst) {
+    const bool si = src->type == OOMB_TYPE_I32, di = dst->type == OOMB_TYPE_I32;
+    if (si != di || (unsigned) src->type >= OOMB_TYPE_COUNT || (unsigned) dst->type >= OOMB_TYPE_COUNT) {
+        oomb_error("%s: cannot convert %s to %s", op, shape_str(src).c_str(), shape_str(dst).c_str());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element-wise
+// ---------------------------------------------------------------------------------------------
+
+enum { OP_ADD, OP_SUB, OP_MUL, OP_SILU_BACK, OP_SWIGLU, OP_SCALE, OP_SILU };
+
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+template <int OP> __device__ __forceinline__ float bop(float x, float y) {
+    if constexpr (OP == OP_ADD) return x + y;
+    else if constexpr (OP == OP_SUB) return x - y;
+    else if constexpr (OP == OP_MUL) return x * y;
+    else if constexpr (OP == OP_SILU_BACK) {
+        const float s = sigmoid_f(x);
+        return y * s * (1.0f + x * (1.0f - s));
+    } else { // swiglu: silu(gate) * up
+        return x / (1.0f + expf(-x)) * y;
+    }
+}
+
+// MODE 0: any strides (b broadcast); 1: a, b, dst contiguous, same shape;
+// 2: a and dst contiguous, b one contiguous row broadcast over dims 1..3 (b index = (k % ne0) % bne0).
+template <int OP, typename I, int MODE>
+__global__ void k_binary(oomb_tv dst, oomb_tv a, oomb_tv b, int64_t n) {
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n; k += (int64_t) gridDim.x * blockDim.x) {
+        if constexpr (MODE == 1) {
+            ((float *) dst.d)[k] = bop<OP>(((const float *) a.d)[k], ((const float *) b.d)[k]);
+        } else if constexpr (MODE == 2) {
+            const I i0 = (I) k % (I) dst.ne[0];
+            ((float *) dst.d)[k] = bop<OP>(((const float *) a.d)[k], ((const float *) b.d)[i0 % (I) b.ne[0]]);
+        } else {
+            I i0, i1, i2, i3;
+            oomb_unravel<I>((I) k, dst.ne, i0, i1, i2, i3);
+            const float x = *(const float *) (a.d + oomb_off(a, i0, i1, i2, i3));
+            const float y = *(const float *) (b.d + oomb_off(b, i0 % (I) b.ne[0], i1 % (I) b.ne[1], i2 % (I) b.ne[2], i3 % (I) b.ne[3]));
+            *(float *) (dst.d + oomb_off(dst, i0, i1, i2, i3)) = bop<OP>(x, y);
+        }
+    }
+}
+
+template <int OP>
+void launch_binary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
+    const int64_t n = oomb_nelements(dst);
+    if (n == 0) return;
+    const oomb_tv d = oomb_make_tv(dst), ta = oomb_make_tv(a), tb = oomb_make_tv(b);
+    const unsigned grid = oomb_cuda_grid(n, k_threads);
+    const bool contig = oomb_is_contiguous(dst) && oomb_is_contiguous(a) && oomb_is_contiguous(b);
+    const bool row_b = b->ne[1] == 1 && b->ne[2] == 1 && b->ne[3] == 1;
+    if (contig && oomb_are_same_shape(a, b)) {
+        k_binary<OP, uint64_t, 1><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
+    } else if (contig && row_b && oomb_fits_u32(dst)) {
+        k_binary<OP, uint32_t, 2><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
+    } else if (oomb_fits_u32(dst)) {
+        k_binary<OP, uint32_t, 0><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
+    } else {
+        k_binary<OP, uint64_t, 0><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
+    }
+    OOMB_CUDA_LAUNCHED(c, oomb_op_name(dst->op));
+}
+
+template <int OP, typename I, bool CONTIG>
+__global__ void k_unary(oomb_tv dst, oomb_tv a, int64_t n, float s) {
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n; k += (int64_t) gridDim.x * blockDim.x) {
+        float x;
+        int64_t od;
+        if constexpr (CONTIG) {
+            x = ((const float *) a.d)[k];
+            od = k * (int64_t) sizeof(float);
+        } else {
+            I i0, i1, i2, i3;
+            oomb_unravel<I>((I) k, dst.ne, i0, i1, i2, i3);
+            x = *(const float *) (a.d + oomb_off(a, i0, i1, i2, i3));
+            od = oomb_off(dst, i0, i1, i2, i3);
+        }
+        float y;
+        if constexpr (OP == OP_SCALE) y = x * s;
+        else y = x / (1.0f + expf(-x));
+        *(float *) (dst.d + od) = y;
+    }
+}
+
+template <int OP>
+void launch_unary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, float s) {
+    const int64_t n = oomb_nelements(dst);
+    if (n == 0) return;
+    const oomb_tv d = oomb_make_tv(dst), ta = oomb_make_tv(a);
+    const unsigned grid = oomb_cuda_grid(n, k_threads);
+    if (oomb_is_contiguous(dst) && oomb_is_contiguous(a)) {
+        k_unary<OP, uint64_t, true><<<grid, k_threads, 0, c.stream>>>(d, ta, n, s);
+    } else if (oomb_fits_u32(dst)) {
+        k_unary<OP, uint32_t, false><<<grid, k_threads, 0, c.stream>>>(d, ta, n, s);
+    } else {
+        k_unary<OP, uint64_t, false><<<grid, k_threads, 0, c.stream>>>(d, ta, n, s);
+    }
+    OOMB_CUDA_LAUNCHED(c, oomb_op_name(dst->op));
+}
+
+void check_broadcast(const char * op, const oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
+    bool ok = oomb_are_same_shape(dst, a);
+    for (int i = 0; i < 4 && ok; i++) ok = b->ne[i] > 0 ? a->ne[i] % b->ne[i] == 0 : a->ne[i] == 0;
+    if (!ok) oomb_error("%s: b %s cannot be broadcast to a %s (result %s)", op, shape_str(b).c_str(), shape_str(a).c_str(), shape_str(dst).c_str());
+}
+void check_same_shape(const char * op, const oomb_tensor * a, const oomb_tensor * b) {
+    if (!oomb_are_same_shape(a, b)) oomb_error("%s: shapes differ: %s vs %s", op, shape_str(a).c_str(), shape_str(b).c_str());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fill, repeat, repeat_back
+// ---------------------------------------------------------------------------------------------
+
+template <typename I>
+__global__ void k_fill(oomb_tv dst, int64_t n, float v) {
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n; k += (int64_t) gridDim.x * blockDim.x) {
+        *(float *) (dst.d + oomb_flat_off<I>(dst, (I) k)) = v;
+    }
+}
+
+template <typename I>
+__global__ void k_repeat(oomb_tv dst, oomb_tv a, int64_t n) {
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n; k += (int64_t) gridDim.x * blockDim.x) {
+        I i0, i1, i2, i3;
+        oomb_unravel<I>((I) k, dst.ne, i0, i1, i2, i3);
+        const float x = *(const float *) (a.d + oomb_off(a, i0 % (I) a.ne[0], i1 % (I) a.ne[1], i2 % (I) a.ne[2], i3 % (I) a.ne[3]));
+        *(float *) (dst.d + oomb_off(dst, i0, i1, i2, i3)) = x;
+    }
+}
+
+// One thread per element of dst: sums the a elements that repeat maps onto it (in double).
+template <typename I>
+__global__ void k_repeat_back(oomb_tv dst, oomb_tv a, int64_t n) {
+    const int64_t k0 = a.ne[0] / dst.ne[0], k1 = a.ne[1] / dst.ne[1], k2 = a.ne[2] / dst.ne[2], k3 = a.ne[3] / dst.ne[3];
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n; k += (int64_t) gridDim.x * blockDim.x) {
+        I j0, j1, j2, j3;
+        oomb_unravel<I>((I) k, dst.ne, j0, j1, j2, j3);
+        double acc = 0.0;
+        for (int64_t m3 = 0; m3 < k3; m3++)
+        for (int64_t m2 = 0; m2 < k2; m2++)
+        for (int64_t m1 = 0; m1 < k1; m1++) {
+            const char * row = a.d + (j1 + m1 * dst.ne[1]) * a.nb[1] + (j2 + m2 * dst.ne[2]) * a.nb[2] + (j3 + m3 * dst.ne[3]) * a.nb[3];
+            for (int64_t m0 = 0; m0 < k0; m0++) acc += *(const float *) (row + (j0 + m0 * dst.ne[0]) * a.nb[0]);
+        }
+        *(float *) (dst.d + oomb_off(dst, j0, j1, j2, j3)) = (float) acc;
+    }
+}
+
+} // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Entry points
+// ---------------------------------------------------------------------------------------------
+
+void oomb_cuda_copy_tensor(oomb_cuda_ctx & c, const oomb_tensor * src, const oomb_tensor * dst) {
+    const int64_t n = oomb_nelements(src);
+    if (n == 0) return;
+    if (src->type == dst->type) {
+        if (same_layout(src, dst)) return; // copying onto itself
+        if (oomb_is_contiguous(src) && oomb_is_contiguous(dst)) {
+            const char * s0 = (const char *) src->data;
+            char * d0 = (char *) dst->data;
+            const size_t nb = oomb_nbytes(src);
+            if (s0 + nb <= d0 || d0 + nb <= s0) {
+                CUDA_CHECK(cudaMemcpyAsync(d0, s0, nb, cudaMemcpyDeviceToDevice, c.stream));
+                return;
+            }
+        }
+        if (oomb_type_size(src->type) == 4) launch_copy<uint32_t, uint32_t>(c, src, dst, n);
+        else launch_copy<uint16_t, uint16_t>(c, src, dst, n);
+        return;
+    }
+#define OOMB_CVT(ST, S, DT, D) \
+    if (src->type == ST && dst->type == DT) { launch_copy<S, D>(c, src, dst, n); return; }
+    OOMB_CVT(OOMB_TYPE_F32, float, OOMB_TYPE_F16, __half)
+    OOMB_CVT(OOMB_TYPE_F32, float, OOMB_TYPE_BF16, __nv_bfloat16)
+    OOMB_CVT(OOMB_TYPE_F16, __half, OOMB_TYPE_F32, float)
+    OOMB_CVT(OOMB_TYPE_BF16, __nv_bfloat16, OOMB_TYPE_F32, float)
+    OOMB_CVT(OOMB_TYPE_F16, __half, OOMB_TYPE_BF16, __nv_bfloat16)
+    OOMB_CVT(OOMB_TYPE_BF16, __nv_bfloat16, OOMB_TYPE_F16, __half)
+#undef OOMB_CVT
+    oomb_error("copy: cannot convert %s to %s", shape_str(src).c_str(), shape_str(dst).c_str());
+}
+
+void oomb_cuda_cont(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
+    if (a->type != dst->type) oomb_error("cont: type of %s differs from result %s", shape_str(a).c_str(), shape_str(dst).c_str());
+    if (oomb_nelements(a) != oomb_nelements(dst)) {
+        oomb_error("cont: element counts differ: %s vs %s", shape_str(a).c_str(), shape_str(dst).c_str());
+    }
+    oomb_cuda_copy_tensor(c, a, dst);
+}
+
+void oomb_cuda_cpy(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
+    check_cvt_types("cpy", a, dst);
+    if (oomb_nelements(a) != oomb_nelements(dst)) {
+        oomb_error("cpy: element counts differ: %s vs %s", shape_str(a).c_str(), shape_str(dst).c_str());
+    }
+    oomb_cuda_copy_tensor(c, a, dst);
+}
+
+void oomb_cuda_cast(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
+    check_cvt_types("cast", a, dst);
+    if (oomb_nelements(a) != oomb_nelements(dst)) {
+        oomb_error("cast: element counts differ: %s vs %s", shape_str(a).c_str(), shape_str(dst).c_str());
+    }
+    oomb_cuda_copy_tensor(c, a, dst);
+}
+
+void oomb_cuda_fill(oomb_cuda_ctx & c, oomb_tensor * dst) {
+    const int64_t n = oomb_nelements(dst);
+    if (n == 0) return;
+    const float v = oomb::get_op_f32(dst, 0);
+    const unsigned grid = oomb_cuda_grid(n, k_threads);
+    if (oomb_fits_u32(dst)) k_fill<uint32_t><<<grid, k_threads, 0, c.stream>>>(oomb_make_tv(dst), n, v);
+    else k_fill<uint64_t><<<grid, k_threads, 0, c.stream>>>(oomb_make_tv(dst), n, v);
+    OOMB_CUDA_LAUNCHED(c, "fill");
+}
+
+void oomb_cuda_binary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
+    switch (dst->op) {
+        case OOMB_OP_ADD: case OOMB_OP_ADD_INPLACE:
+            check_broadcast(oomb_op_name(dst->op), dst, a, b);
+            launch_binary<OP_ADD>(c, dst, a, b);
+            break;
+        case OOMB_OP_SUB:
+            check_broadcast("sub", dst, a, b);
+            launch_binary<OP_SUB>(c, dst, a, b);
+            break;
+        case OOMB_OP_MUL:
+            check_broadcast("mul", dst, a, b);
+            launch_binary<OP_MUL>(c, dst, a, b);
+            break;
+        case OOMB_OP_SILU_BACK:
+            check_same_shape("silu_back", dst, a);
+            check_same_shape("silu_back", dst, b);
+            launch_binary<OP_SILU_BACK>(c, dst, a, b);
+            break;
+        case OOMB_OP_SWIGLU:
+            check_same_shape("swiglu", dst, a);
+            check_same_shape("swiglu", dst, b);
+            launch_binary<OP_SWIGLU>(c, dst, a, b);
+            break;
+        default:
+            oomb_error("cuda binary: op %s is not element-wise binary", oomb_op_name(dst->op));
+    }
+}
+
+void oomb_cuda_unary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
+    switch (dst->op) {
+        case OOMB_OP_SCALE:
+            check_same_shape("scale", dst, a);
+            launch_unary<OP_SCALE>(c, dst, a, oomb::get_op_f32(dst, 0));
+            break;
+        case OOMB_OP_SILU:
+            check_same_shape("silu", dst, a);
+            launch_unary<OP_SILU>(c, dst, a, 0.0f);
+            break;
+        default:
+            oomb_error("cuda unary: op %s is not element-wise unary", oomb_op_name(dst->op));
+    }
+}
+
+void oomb_cuda_repeat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
+    for (int i = 0; i < 4; i++) {
+        if (a->ne[i] == 0 ? dst->ne[i] != 0 : dst->ne[i] % a->ne[i] != 0) {
+            oomb_error("repeat: %s cannot be repeated to %s", shape_str(a).c_str(), shape_str(dst).c_str());
+        }
+    }
+    const int64_t n = oomb_nelements(dst);
+    if (n == 0) return;
+    const unsigned grid = oomb_cuda_grid(n, k_threads);
+    if (oomb_fits_u32(dst)) k_repeat<uint32_t><<<grid, k_threads, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a), n);
+    else k_repeat<uint64_t><<<grid, k_threads, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a), n);
+    OOMB_CUDA_LAUNCHED(c, "repeat");
+}
+
+void oomb_cuda_repeat_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
+    for (int i = 0; i < 4; i++) {
+        if (dst->ne[i] == 0 ? a->ne[i] != 0 : a->ne[i] % dst->ne[i] != 0) {
+            oomb_error("repeat_back: %s cannot be summed down to %s", shape_str(a).c_str(), shape_str(dst).c_str());
+        }
+    }
+    const int64_t n = oomb_nelements(dst);
+    if (n == 0) return;
+    const unsigned grid = oomb_cuda_grid(n, k_threads);
+    if (oomb_fits_u32(dst)) k_repeat_back<uint32_t><<<grid, k_threads, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a), n);
+    else k_repeat_back<uint64_t><<<grid, k_threads, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a), n);
+    OOMB_CUDA_LAUNCHED(c, "repeat_back");
+}

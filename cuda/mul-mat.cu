@@ -1,0 +1,101 @@
+// Matrix product through cuBLAS (see mul-mat.cuh).
+
+#include "mul-mat.cuh"
+#include "elementwise.cuh"
+
+#include <climits>
+#include <cstdint>
+
+using oomb::shape_str;
+
+namespace {
+
+void set_contiguous(oomb_tensor * t) {
+    t->nb[0] = oomb_type_size(t->type);
+    for (int i = 1; i < 4; i++) t->nb[i] = t->nb[i - 1] * (size_t) t->ne[i - 1];
+}
+
+// Contiguous bf16 copy of t in scratch slot `slot`.
+const __nv_bfloat16 * to_bf16(oomb_cuda_ctx & c, const oomb_tensor * t, int slot) {
+    oomb_tensor d = *t;
+    d.type = OOMB_TYPE_BF16;
+    d.view_src = nullptr;
+    set_contiguous(&d);
+    d.data = c.scratch(slot, oomb_nbytes(&d));
+    oomb_cuda_copy_tensor(c, t, &d);
+    return (const __nv_bfloat16 *) d.data;
+}
+
+bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
+
+} // namespace
+
+void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
+    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
+    const int64_t A2 = a->ne[2], A3 = a->ne[3], B2 = b->ne[2], B3 = b->ne[3];
+    if (a->type == OOMB_TYPE_I32 || b->type != OOMB_TYPE_F32 || b->ne[0] != K || A2 <= 0 || A3 <= 0 || B2 % A2 != 0 ||
+        B3 % A3 != 0 || dst->ne[0] != M || dst->ne[1] != N || dst->ne[2] != B2 || dst->ne[3] != B3) {
+        oomb_error("mul_mat: invalid operands a %s, b %s, result %s", shape_str(a).c_str(), shape_str(b).c_str(), shape_str(dst).c_str());
+    }
+    if (!oomb_is_contiguous(dst)) oomb_error("mul_mat: result %s must be contiguous", shape_str(dst).c_str());
+    if (oomb_nelements(dst) == 0) return;
+    if (K == 0) {
+        CUDA_CHECK(cudaMemsetAsync(dst->data, 0, oomb_nbytes(dst), c.stream));
+        return;
+    }
+    const int64_t r2 = B2 / A2, r3 = B3 / A3;
+
+    // b: contiguous bf16 [K, N, B2, B3]
+    const __nv_bfloat16 * B = to_bf16(c, b, oomb_cuda_ctx::SLOT_K0 + 1);
+
+    // a: in place (bf16, unit stride in dim 0 or 1) or a contiguous bf16 copy
+    const __nv_bfloat16 * A = nullptr;
+    cublasOperation_t opa = CUBLAS_OP_T;
+    int64_t lda = K, sA2 = K * M, sA3 = K * M * A2;
+    if (a->type == OOMB_TYPE_BF16 && (uintptr_t) a->data % 2 == 0 && a->nb[2] % 2 == 0 && a->nb[3] % 2 == 0) {
+        const int64_t e = 2;
+        if ((K <= 1 || (int64_t) a->nb[0] == e) && a->nb[1] % e == 0) {
+            const int64_t ld = M <= 1 ? K : (int64_t) a->nb[1] / e;
+            if (ld >= K) { A = (const __nv_bfloat16 *) a->data; opa = CUBLAS_OP_T; lda = ld; }
+        }
+        if (!A && (M <= 1 || (int64_t) a->nb[1] == e) && a->nb[0] % e == 0) {
+            const int64_t ld = K <= 1 ? M : (int64_t) a->nb[0] / e;
+            if (ld >= M) { A = (const __nv_bfloat16 *) a->data; opa = CUBLAS_OP_N; lda = ld; }
+        }
+        if (A) {
+            sA2 = (int64_t) a->nb[2] / e;
+            sA3 = (int64_t) a->nb[3] / e;
+        }
+    }
+    if (!A) {
+        A = to_bf16(c, a, oomb_cuda_ctx::SLOT_K0 + 2);
+        opa = CUBLAS_OP_T;
+        lda = K;
+        sA2 = K * M;
+        sA3 = K * M * A2;
+    }
+
+    float * C = (float *) dst->data;
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasSetStream(c.cublas, c.stream));
+    if (A2 == 1 && A3 == 1) {
+        const int64_t NN = N * B2 * B3;
+        if (!fits_int(M) || !fits_int(NN) || !fits_int(K) || !fits_int(lda)) {
+            oomb_error("mul_mat: sizes exceed cuBLAS's int range: a %s, b %s", shape_str(a).c_str(), shape_str(b).c_str());
+        }
+        CUBLAS_CHECK(cublasGemmEx(c.cublas, opa, CUBLAS_OP_N, (int) M, (int) NN, (int) K, &alpha, A, CUDA_R_16BF, (int) lda, B,
+                                  CUDA_R_16BF, (int) K, &beta, C, CUDA_R_32F, (int) M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        return;
+    }
+    const int64_t NN = N * r2;
+    if (!fits_int(M) || !fits_int(NN) || !fits_int(K) || !fits_int(lda) || !fits_int(A2)) {
+        oomb_error("mul_mat: sizes exceed cuBLAS's int range: a %s, b %s", shape_str(a).c_str(), shape_str(b).c_str());
+    }
+    for (int64_t i3 = 0; i3 < B3; i3++) {
+        const int64_t a3 = i3 / r3;
+        CUBLAS_CHECK(cublasGemmStridedBatchedEx(c.cublas, opa, CUBLAS_OP_N, (int) M, (int) NN, (int) K, &alpha, A + a3 * sA3, CUDA_R_16BF,
+                                                (int) lda, (long long) sA2, B + i3 * K * N * B2, CUDA_R_16BF, (int) K,
+                                                (long long) (K * NN), &beta, C + i3 * M * N * B2, CUDA_R_32F, (int) M,
+                                                (long long) (M * NN), (int) A2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+}

@@ -1,0 +1,80 @@
+// AdamW / SGD (see optim.cuh). Same formulas as ops-cpu.cpp, in f32.
+
+#include "optim.cuh"
+
+using oomb::shape_str;
+
+namespace {
+
+const int k_threads = 256;
+
+__device__ __forceinline__ float hp_at(const oomb_tv & hp, int i) {
+    return *(const float *) (hp.d + oomb_flat_off<uint32_t>(hp, (uint32_t) i));
+}
+
+template <typename P>
+__global__ void k_adamw(P * w, const float * grad, float * m, float * v, oomb_tv hp, int64_t n) {
+    const float lr = hp_at(hp, 0), b1 = hp_at(hp, 1), b2 = hp_at(hp, 2), eps = hp_at(hp, 3);
+    const float wd = hp_at(hp, 4), gs = hp_at(hp, 5), bc1 = hp_at(hp, 6), bc2 = hp_at(hp, 7);
+    for (int64_t i = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; i < n; i += (int64_t) gridDim.x * blockDim.x) {
+        const float g = grad[i] * gs;
+        const float mi = b1 * m[i] + (1.0f - b1) * g;
+        const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        const float x = oomb_to_f(w[i]);
+        w[i] = oomb_from_f<P>(x - lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * x));
+    }
+}
+
+template <typename P>
+__global__ void k_sgd(P * w, const float * grad, oomb_tv hp, int64_t n) {
+    const float lr = hp_at(hp, 0), wd = hp_at(hp, 1), gs = hp_at(hp, 2);
+    for (int64_t i = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; i < n; i += (int64_t) gridDim.x * blockDim.x) {
+        const float x = oomb_to_f(w[i]);
+        w[i] = oomb_from_f<P>(x - lr * (grad[i] * gs + wd * x));
+    }
+}
+
+void check_opt(const char * op, const oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * const * others, int n_others,
+               const oomb_tensor * hp, int64_t n_hp) {
+    bool ok = (p->type == OOMB_TYPE_F32 || p->type == OOMB_TYPE_BF16) && oomb_is_contiguous(p) && dst->data == p->data &&
+              dst->type == p->type && oomb_are_same_shape(dst, p) && hp->type == OOMB_TYPE_F32 && oomb_nelements(hp) == n_hp;
+    for (int i = 0; i < n_others && ok; i++) {
+        ok = others[i]->type == OOMB_TYPE_F32 && oomb_is_contiguous(others[i]) && oomb_are_same_shape(others[i], p);
+    }
+    if (!ok) oomb_error("%s: invalid operands: param %s (result %s), hp %s", op, shape_str(p).c_str(), shape_str(dst).c_str(), shape_str(hp).c_str());
+}
+
+} // namespace
+
+void oomb_cuda_adamw_step(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * grad, const oomb_tensor * m,
+                          const oomb_tensor * v, const oomb_tensor * hp) {
+    const oomb_tensor * others[3] = {grad, m, v};
+    check_opt("adamw_step", dst, p, others, 3, hp, 8);
+    const int64_t n = oomb_nelements(p);
+    if (n == 0) return;
+    const unsigned grid = oomb_cuda_grid(n, k_threads);
+    if (p->type == OOMB_TYPE_BF16) {
+        k_adamw<__nv_bfloat16><<<grid, k_threads, 0, c.stream>>>((__nv_bfloat16 *) dst->data, (const float *) grad->data, (float *) m->data,
+                                                                 (float *) v->data, oomb_make_tv(hp), n);
+    } else {
+        k_adamw<float><<<grid, k_threads, 0, c.stream>>>((float *) dst->data, (const float *) grad->data, (float *) m->data,
+                                                         (float *) v->data, oomb_make_tv(hp), n);
+    }
+    OOMB_CUDA_LAUNCHED(c, "adamw_step");
+}
+
+void oomb_cuda_sgd_step(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * grad, const oomb_tensor * hp) {
+    const oomb_tensor * others[1] = {grad};
+    check_opt("sgd_step", dst, p, others, 1, hp, 3);
+    const int64_t n = oomb_nelements(p);
+    if (n == 0) return;
+    const unsigned grid = oomb_cuda_grid(n, k_threads);
+    if (p->type == OOMB_TYPE_BF16) {
+        k_sgd<__nv_bfloat16><<<grid, k_threads, 0, c.stream>>>((__nv_bfloat16 *) dst->data, (const float *) grad->data, oomb_make_tv(hp), n);
+    } else {
+        k_sgd<float><<<grid, k_threads, 0, c.stream>>>((float *) dst->data, (const float *) grad->data, oomb_make_tv(hp), n);
+    }
+    OOMB_CUDA_LAUNCHED(c, "sgd_step");
+}

@@ -1,0 +1,51 @@
+// RoPE (see rope.cuh).
+
+#include "rope.cuh"
+
+using oomb::shape_str;
+
+namespace {
+
+// One block per row (head i1, token i2, batch i3); threads over the n_dims/2 rotated pairs, then
+// over the dimensions past n_dims (copied unless in place).
+__global__ void k_rope(oomb_tv dst, oomb_tv a, oomb_tv pos, int n_dims, double theta, float sign) {
+    const int64_t r = blockIdx.x;
+    const int64_t i2 = (r / a.ne[1]) % a.ne[2];
+    const float * x = (const float *) (a.d + oomb_row_off(a, r));
+    float * y = (float *) (dst.d + oomb_row_off(dst, r));
+    const double p = (double) *(const int32_t *) (pos.d + oomb_flat_off<uint64_t>(pos, (uint64_t) i2));
+    const int half = n_dims / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double ang = p * pow(theta, -2.0 * (double) i / (double) n_dims);
+        double sd, cd;
+        sincos(ang, &sd, &cd);
+        const float cs = (float) cd, sn = sign * (float) sd;
+        const float x0 = x[i], x1 = x[i + half];
+        y[i] = x0 * cs - x1 * sn;
+        y[i + half] = x0 * sn + x1 * cs;
+    }
+    if (y != x) {
+        for (int64_t i = n_dims + threadIdx.x; i < a.ne[0]; i += blockDim.x) y[i] = x[i];
+    }
+}
+
+} // namespace
+
+void oomb_cuda_rope(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * pos) {
+    const char * opn = oomb_op_name(dst->op);
+    if (!oomb_are_same_shape(dst, a)) oomb_error("%s: shapes differ: %s vs %s", opn, shape_str(dst).c_str(), shape_str(a).c_str());
+    const int n_dims = dst->op_params[0];
+    const double theta = oomb::get_op_f32(dst, 1);
+    if (pos->type != OOMB_TYPE_I32 || oomb_nelements(pos) != a->ne[2]) {
+        oomb_error("%s: pos %s must be i32 with one entry per token of %s", opn, shape_str(pos).c_str(), shape_str(a).c_str());
+    }
+    if (n_dims <= 0 || n_dims % 2 != 0 || n_dims > a->ne[0]) oomb_error("%s: n_dims = %d invalid for %s", opn, n_dims, shape_str(a).c_str());
+    const int64_t nr = oomb_nrows(a);
+    if (nr == 0) return;
+    if (nr > 0x7fffffffll) oomb_error("%s: too many rows in %s", opn, shape_str(a).c_str());
+    const float sign = dst->op == OOMB_OP_ROPE_BACK ? -1.0f : 1.0f;
+    int th = 32;
+    while (th < 256 && th < n_dims / 2) th *= 2;
+    k_rope<<<(unsigned) nr, th, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a), oomb_make_tv(pos), n_dims, theta, sign);
+    OOMB_CUDA_LAUNCHED(c, opn);
+}

@@ -1,0 +1,832 @@
+// CUDA backend against the CPU backend: every op on random data (never zeros) of several shapes,
+// odd sizes, broadcasts and non-contiguous views. Each case builds the same graph twice: once on the
+// CPU backend (host inputs) and once on the CUDA backend (inputs in a CUDA buffer made by
+// oomb_backend_alloc_ctx_tensors and uploaded with oomb_tensor_set; the graph placed by oomb_gallocr).
+// The GPU graph's outputs are poisoned (0xFF bytes: NaN) before compute, so an element that is not
+// written fails. Relative error ||gpu - cpu|| / ||cpu||: f32 ops < 1e-4; matrix products (bf16
+// operands, f32 accumulation) < 3e-2; NaN never passes. Also a transformer block forward + backward
+// on both backends (gradients < 3e-2) and compute-time errors.
+//
+// Without a CUDA build or without a GPU every test is skipped (GTEST_SKIP: a visible SKIPPED line).
+#include "test-common.h"
+#include "oomb-alloc.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using vec = std::vector<double>;
+
+oomb_backend_t g_cpu = nullptr;
+oomb_backend_t g_cuda = nullptr;
+bool g_cuda_tried = false;
+
+oomb_backend_t cuda_backend() {
+    if (!g_cuda_tried) {
+        g_cuda_tried = true;
+        if (oomb_cuda_available()) g_cuda = oomb_backend_cuda_init(0);
+    }
+    return g_cuda;
+}
+
+#define REQUIRE_CUDA()                                                   \
+    do {                                                                 \
+        if (!cuda_backend()) GTEST_SKIP() << "no CUDA GPU";              \
+    } while (0)
+
+// Relative error; infinity when any output is NaN / inf or the sizes differ.
+double rel_err(const vec & out, const vec & ref) {
+    if (out.size() != ref.size()) return INFINITY;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < out.size(); i++) {
+        if (!std::isfinite(out[i])) return INFINITY;
+        num += (out[i] - ref[i]) * (out[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    if (den == 0) return std::sqrt(num);
+    return std::sqrt(num / den);
+}
+
+// Logical-order values of any tensor whose bytes (from its memory owner's start) are in `host`.
+vec values_from_bytes(const oomb_tensor * t, const std::vector<uint8_t> & host, size_t offset) {
+    oomb_tensor tmp = *t;
+    tmp.view_src = nullptr;
+    tmp.buffer = nullptr;
+    tmp.data = (void *) (host.data() + offset);
+    if (t->type == OOMB_TYPE_I32) {
+        vec out;
+        for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
+        for (int64_t i1 = 0; i1 < t->ne[1]; i1++)
+        for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
+            int32_t v;
+            memcpy(&v, (const char *) tmp.data + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3], 4);
+            out.push_back(v);
+        }
+        return out;
+    }
+    return oombtest::to_vector(&tmp);
+}
+
+// Downloads a device tensor (any view) and returns its values in logical order.
+vec device_values(const oomb_tensor * t) {
+    const oomb_tensor * owner = t->view_src ? t->view_src : t;
+    std::vector<uint8_t> host(oomb_nbytes(owner));
+    oomb_tensor_get(owner, host.data(), 0, host.size());
+    return values_from_bytes(t, host, (size_t) ((const char *) t->data - (const char *) owner->data));
+}
+
+vec host_values(const oomb_tensor * t) {
+    if (t->type == OOMB_TYPE_I32) {
+        std::vector<uint8_t> dummy;
+        vec out;
+        for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
+        for (int64_t i1 = 0; i1 < t->ne[1]; i1++)
+        for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
+            int32_t v;
+            memcpy(&v, (const char *) t->data + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3], 4);
+            out.push_back(v);
+        }
+        return out;
+    }
+    return oombtest::to_vector(t);
+}
+
+// Builds one copy of a case's graph. Inputs go to `in` (host memory for the CPU copy; a CUDA buffer
+// for the GPU copy), ops to `ctx` (no_alloc; placed by the graph allocator).
+struct Builder {
+    bool gpu = false;
+    oomb_context * in = nullptr;
+    oomb_context * ctx = nullptr;
+    std::mt19937 rng;
+    std::vector<oomb_tensor *> inputs;
+    std::vector<bool> poison;            // GPU copy: overwrite with 0xFF after upload (written by the graph)
+    oomb_tensor * loss = nullptr;        // set by the case: build the backward pass of this
+
+    explicit Builder(bool gpu_, uint32_t seed) : gpu(gpu_), rng(seed) {
+        in = oomb_init({0, gpu});
+        ctx = oomb_init({0, true});
+    }
+    ~Builder() {
+        oomb_free(ctx);
+        oomb_free(in);
+    }
+
+    oomb_tensor * input(oomb_type type, int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1, int64_t ne3 = 1, float lo = -1.0f, float hi = 1.0f,
+                        bool poison_it = false) {
+        oomb_tensor * t = oomb_new_tensor_4d(in, type, ne0, ne1, ne2, ne3);
+        if (!gpu) oombtest::fill_uniform(t, rng, lo, hi);
+        inputs.push_back(t);
+        poison.push_back(poison_it);
+        return t;
+    }
+    // A tensor the graph writes (cpy destination): random initial data, poisoned on the GPU.
+    oomb_tensor * dest(oomb_type type, int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1, int64_t ne3 = 1) {
+        return input(type, ne0, ne1, ne2, ne3, -1.0f, 1.0f, true);
+    }
+    oomb_tensor * ids(const std::vector<int32_t> & v, int64_t ne0, int64_t ne1 = 1) {
+        oomb_tensor * t = oomb_new_tensor_2d(in, OOMB_TYPE_I32, ne0, ne1);
+        if (!gpu) for (size_t i = 0; i < v.size(); i++) oomb_set_i32_1d(t, (int64_t) i, v[i]);
+        inputs.push_back(t);
+        poison.push_back(false);
+        return t;
+    }
+    // f32 [n] holding exactly these values
+    oomb_tensor * consts(const std::vector<float> & v) {
+        oomb_tensor * t = oomb_new_tensor_1d(in, OOMB_TYPE_F32, (int64_t) v.size());
+        if (!gpu) for (size_t i = 0; i < v.size(); i++) oomb_set_f32_1d(t, (int64_t) i, v[i]);
+        inputs.push_back(t);
+        poison.push_back(false);
+        return t;
+    }
+    oomb_tensor * param(oomb_type type, int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1, int64_t ne3 = 1, float lo = -1.0f, float hi = 1.0f) {
+        oomb_tensor * t = input(type, ne0, ne1, ne2, ne3, lo, hi);
+        oomb_set_param(t);
+        oomb_new_grad(in, t);
+        return t;
+    }
+    // random ids in [0, n)
+    std::vector<int32_t> rand_ids(int64_t count, int32_t n) {
+        std::uniform_int_distribution<int32_t> d(0, n - 1);
+        std::vector<int32_t> v((size_t) count);
+        for (auto & x : v) x = d(rng);
+        return v;
+    }
+};
+
+using build_fn = std::function<std::vector<oomb_tensor *>(Builder &)>;
+
+// One backend's run of a case.
+struct Run {
+    Builder B;
+    oomb_buffer_t buf = nullptr;
+    oomb_gallocr_t ga = nullptr;
+    std::vector<oomb_tensor *> outs;
+    Run(bool gpu, uint32_t seed) : B(gpu, seed) {}
+    ~Run() {
+        if (ga) oomb_gallocr_free(ga);
+        if (buf) oomb_buffer_free(buf);
+    }
+};
+
+oomb_cgraph * build_graph(Run & r, const build_fn & build) {
+    r.outs = build(r.B);
+    oomb_cgraph * g = oomb_new_graph(r.B.ctx);
+    for (oomb_tensor * o : r.outs) {
+        if (o->op != OOMB_OP_NONE) oomb_set_output(o);
+        oomb_build_forward_expand(g, o);
+    }
+    if (r.B.loss) {
+        oomb_set_loss(r.B.loss);
+        oomb_build_forward_expand(g, r.B.loss);
+        oomb_build_backward_expand(r.B.ctx, g, r.B.loss, nullptr);
+    }
+    return g;
+}
+
+// Runs the case on both backends and returns the per-output relative errors (GPU vs CPU).
+std::vector<double> run_case(const build_fn & build, uint32_t seed = 42) {
+    Run cpu(false, seed), gpu(true, seed);
+
+    // CPU
+    oomb_cgraph * gc = build_graph(cpu, build);
+    cpu.ga = oomb_gallocr_new(g_cpu);
+    EXPECT_TRUE(oomb_gallocr_alloc_graph(cpu.ga, gc));
+    oomb_backend_graph_compute(g_cpu, gc);
+    std::vector<vec> ref;
+    for (oomb_tensor * o : cpu.outs) ref.push_back(host_values(o));
+
+    // GPU
+    oomb_backend_t cu = cuda_backend();
+    oomb_cgraph * gg = build_graph(gpu, build);
+    EXPECT_EQ(gpu.B.inputs.size(), cpu.B.inputs.size());
+    gpu.buf = oomb_backend_alloc_ctx_tensors(gpu.B.in, cu);
+    for (size_t i = 0; i < gpu.B.inputs.size() && i < cpu.B.inputs.size(); i++) {
+        oomb_tensor * t = gpu.B.inputs[i];
+        oomb_tensor_set(t, cpu.B.inputs[i]->data, 0, oomb_nbytes(t));
+        if (gpu.B.poison[i]) oomb_tensor_memset(t, 0xFF);
+    }
+    gpu.ga = oomb_gallocr_new(cu);
+    EXPECT_TRUE(oomb_gallocr_alloc_graph(gpu.ga, gg));
+    for (int i = 0; i < oomb_graph_n_nodes(gg); i++) {
+        oomb_tensor * n = oomb_graph_node(gg, i);
+        if (!n->view_src && n->data && oomb_is_contiguous(n)) oomb_tensor_memset(n, 0xFF);
+    }
+    oomb_backend_graph_compute(cu, gg);
+    oomb_backend_synchronize(cu);
+
+    std::vector<double> errs;
+    for (size_t i = 0; i < gpu.outs.size() && i < ref.size(); i++) {
+        errs.push_back(rel_err(device_values(gpu.outs[i]), ref[i]));
+    }
+    return errs;
+}
+
+// Runs a case and expects every output's error under tol.
+void expect_case(const char * what, const build_fn & build, double tol, uint32_t seed = 42) {
+    const std::vector<double> errs = run_case(build, seed);
+    ASSERT_FALSE(errs.empty()) << what;
+    for (size_t i = 0; i < errs.size(); i++) {
+        EXPECT_LT(errs[i], tol) << what << ": output " << i;
+        printf("  %-58s out %zu: rel err %.3e\n", what, i, errs[i]);
+    }
+}
+
+const double k_f32 = 1e-4;
+const double k_bf16 = 3e-2;
+
+class CudaOps : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        if (!g_cpu) g_cpu = oomb_backend_cpu_init(0);
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Layout, copies and conversions
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, ContPermutedReshapedAndOffsetViews) {
+    REQUIRE_CUDA();
+    const oomb_type types[3] = {OOMB_TYPE_F32, OOMB_TYPE_F16, OOMB_TYPE_BF16};
+    for (oomb_type t : types) {
+        expect_case("cont(permute)", [t](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * a = B.input(t, 3, 17, 5, 2);
+            return {oomb_cont(B.ctx, oomb_permute(B.ctx, a, 2, 0, 3, 1))};
+        }, 1e-7);
+        expect_case("cont_4d(transpose)", [t](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * a = B.input(t, 3, 17, 5, 2);
+            return {oomb_cont_4d(B.ctx, oomb_transpose(B.ctx, a), 17 * 3, 5, 2, 1)};
+        }, 1e-7);
+        expect_case("cont(offset view)", [t](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * h = B.input(t, 7, 9);
+            return {oomb_cont(B.ctx, oomb_view_2d(B.ctx, h, 4, 5, h->nb[1], 2 * h->nb[1] + 3 * oomb_type_size(t)))};
+        }, 1e-7);
+    }
+}
+
+TEST_F(CudaOps, CpyAndCastConvertTypesAnyStrides) {
+    REQUIRE_CUDA();
+    const oomb_type types[3] = {OOMB_TYPE_F32, OOMB_TYPE_F16, OOMB_TYPE_BF16};
+    for (oomb_type st : types) {
+        for (oomb_type dt : types) {
+            std::string name = std::string("cpy ") + oomb_type_name(st) + " -> transposed " + oomb_type_name(dt);
+            expect_case(name.c_str(), [st, dt](Builder & B) -> std::vector<oomb_tensor *> {
+                oomb_tensor * a = B.input(st, 33, 3, 2);
+                oomb_tensor * b = B.dest(dt, 3, 33, 2);
+                return {oomb_cpy(B.ctx, a, oomb_transpose(B.ctx, b))};
+            }, 1e-7);
+            name = std::string("cpy permuted ") + oomb_type_name(st) + " -> contiguous " + oomb_type_name(dt) + " of another shape";
+            expect_case(name.c_str(), [st, dt](Builder & B) -> std::vector<oomb_tensor *> {
+                oomb_tensor * a = B.input(st, 5, 7, 3, 2);
+                oomb_tensor * b = B.dest(dt, 21, 10);
+                return {oomb_cpy(B.ctx, oomb_permute(B.ctx, a, 1, 0, 2, 3), b)};
+            }, 1e-7);
+            if (st != dt || st == OOMB_TYPE_F32) {
+                name = std::string("cast ") + oomb_type_name(st) + " -> " + oomb_type_name(dt) + " (transposed source)";
+                expect_case(name.c_str(), [st, dt](Builder & B) -> std::vector<oomb_tensor *> {
+                    oomb_tensor * a = B.input(st, 19, 6, 3);
+                    return {oomb_cast(B.ctx, oomb_transpose(B.ctx, a), dt)};
+                }, 1e-7);
+            }
+        }
+    }
+    expect_case("cpy i32", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * a = B.ids(B.rand_ids(35, 1000), 7, 5);
+        oomb_tensor * b = B.dest(OOMB_TYPE_I32, 5, 7);
+        return {oomb_cpy(B.ctx, oomb_transpose(B.ctx, a), b)};
+    }, 1e-7);
+    // values that round differently in f16 / bf16 (large, tiny, halfway cases)
+    expect_case("cast f32 -> bf16 / f16, wide range", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * a = B.input(OOMB_TYPE_F32, 1001, 3, 1, 1, -70000.0f, 70000.0f);
+        oomb_tensor * s = B.input(OOMB_TYPE_F32, 1001, 3, 1, 1, -1e-5f, 1e-5f);
+        return {oomb_cast(B.ctx, a, OOMB_TYPE_BF16), oomb_cast(B.ctx, s, OOMB_TYPE_F16), oomb_cast(B.ctx, s, OOMB_TYPE_BF16)};
+    }, 1e-7);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element-wise and broadcasting
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, BinaryBroadcastAndViews) {
+    REQUIRE_CUDA();
+    const int64_t bshapes[][4] = {{33, 7, 3, 2}, {33, 1, 1, 1}, {1, 7, 1, 1}, {33, 7, 1, 2}, {1, 1, 1, 1}, {11, 7, 3, 1}, {1, 1, 3, 2}};
+    const oomb_op ops[3] = {OOMB_OP_ADD, OOMB_OP_SUB, OOMB_OP_MUL};
+    for (oomb_op op : ops) {
+        for (const auto & bs : bshapes) {
+            for (int view = 0; view < 2; view++) {
+                char name[160];
+                snprintf(name, sizeof(name), "%s b [%lld,%lld,%lld,%lld]%s", oomb_op_name(op), (long long) bs[0], (long long) bs[1],
+                         (long long) bs[2], (long long) bs[3], view ? " (permuted a, transposed b)" : "");
+                expect_case(name, [&bs, op, view](Builder & B) -> std::vector<oomb_tensor *> {
+                    oomb_tensor * a;
+                    oomb_tensor * b;
+                    if (view) {
+                        a = oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, 7, 33, 3, 2), 1, 0, 2, 3);
+                        b = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, bs[1], bs[0], bs[2], bs[3]));
+                    } else {
+                        a = B.input(OOMB_TYPE_F32, 33, 7, 3, 2);
+                        b = B.input(OOMB_TYPE_F32, bs[0], bs[1], bs[2], bs[3]);
+                    }
+                    oomb_tensor * r = op == OOMB_OP_ADD ? oomb_add(B.ctx, a, b) : op == OOMB_OP_SUB ? oomb_sub(B.ctx, a, b) : oomb_mul(B.ctx, a, b);
+                    return {r};
+                }, k_f32);
+            }
+        }
+    }
+    // a large row broadcast (the residual / norm-weight pattern) and in-place chains
+    expect_case("mul [896, 301] * [896] then add, scale (in place)", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * x = B.input(OOMB_TYPE_F32, 896, 301);
+        oomb_tensor * w = B.input(OOMB_TYPE_F32, 896);
+        oomb_tensor * y = oomb_scale(B.ctx, oomb_add(B.ctx, oomb_mul(B.ctx, oomb_scale(B.ctx, x, 1.5f), w), x), -0.7f);
+        return {y};
+    }, k_f32);
+}
+
+TEST_F(CudaOps, AddInplace) {
+    REQUIRE_CUDA();
+    expect_case("add_inplace a [31, 9, 2] += b [31, 1, 2]", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * a = B.input(OOMB_TYPE_F32, 31, 9, 2);
+        oomb_tensor * b = B.input(OOMB_TYPE_F32, 31, 1, 2);
+        return {oomb_add_inplace(B.ctx, a, b)};
+    }, k_f32);
+    expect_case("add_inplace into a transposed view", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * a = B.input(OOMB_TYPE_F32, 9, 31);
+        oomb_tensor * b = B.input(OOMB_TYPE_F32, 31, 9);
+        return {oomb_add_inplace(B.ctx, oomb_transpose(B.ctx, a), b)};
+    }, k_f32);
+}
+
+TEST_F(CudaOps, UnaryAndGatedOps) {
+    REQUIRE_CUDA();
+    for (int view = 0; view < 2; view++) {
+        auto src = [view](Builder & B, float lo = -4.0f, float hi = 4.0f) {
+            return view ? oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, 13, 37, 3, 1, lo, hi)) : B.input(OOMB_TYPE_F32, 37, 13, 3, 1, lo, hi);
+        };
+        expect_case(view ? "scale (transposed)" : "scale", [&](Builder & B) -> std::vector<oomb_tensor *> {
+            return {oomb_scale(B.ctx, src(B), 0.37f)};
+        }, k_f32);
+        expect_case(view ? "silu (transposed)" : "silu", [&](Builder & B) -> std::vector<oomb_tensor *> {
+            return {oomb_silu(B.ctx, src(B, -12.0f, 12.0f))};
+        }, k_f32);
+        expect_case(view ? "silu_back (transposed)" : "silu_back", [&](Builder & B) -> std::vector<oomb_tensor *> {
+            return {oomb_silu_back(B.ctx, src(B, -12.0f, 12.0f), src(B))};
+        }, k_f32);
+        expect_case(view ? "swiglu (transposed)" : "swiglu", [&](Builder & B) -> std::vector<oomb_tensor *> {
+            return {oomb_swiglu(B.ctx, src(B, -12.0f, 12.0f), src(B))};
+        }, k_f32);
+    }
+    expect_case("swiglu large [4864, 67]", [](Builder & B) -> std::vector<oomb_tensor *> {
+        return {oomb_swiglu(B.ctx, B.input(OOMB_TYPE_F32, 4864, 67, 1, 1, -6, 6), B.input(OOMB_TYPE_F32, 4864, 67))};
+    }, k_f32);
+}
+
+TEST_F(CudaOps, FillRepeatRepeatBack) {
+    REQUIRE_CUDA();
+    expect_case("fill", [](Builder & B) -> std::vector<oomb_tensor *> {
+        return {oomb_fill(B.ctx, 17, 3, 2, 5, -2.25f)};
+    }, 1e-7);
+    const int64_t small[][4] = {{5, 1, 3, 1}, {1, 4, 1, 2}, {5, 4, 3, 2}, {1, 1, 1, 1}};
+    for (const auto & s : small) {
+        for (int view = 0; view < 2; view++) {
+            char name[128];
+            snprintf(name, sizeof(name), "repeat [%lld,%lld,%lld,%lld] -> [15, 8, 3, 4]%s", (long long) s[0], (long long) s[1],
+                     (long long) s[2], (long long) s[3], view ? " (transposed source)" : "");
+            expect_case(name, [&s, view](Builder & B) -> std::vector<oomb_tensor *> {
+                oomb_tensor * a = view ? oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, s[1], s[0], s[2], s[3]))
+                                       : B.input(OOMB_TYPE_F32, s[0], s[1], s[2], s[3]);
+                oomb_tensor * shape = B.input(OOMB_TYPE_F32, 15, 8, 3, 4);
+                return {oomb_repeat(B.ctx, a, shape)};
+            }, 1e-7);
+            snprintf(name, sizeof(name), "repeat_back [15, 8, 3, 4] -> [%lld,%lld,%lld,%lld]%s", (long long) s[0], (long long) s[1],
+                     (long long) s[2], (long long) s[3], view ? " (permuted source)" : "");
+            expect_case(name, [&s, view](Builder & B) -> std::vector<oomb_tensor *> {
+                oomb_tensor * a = view ? oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, 8, 15, 4, 3), 1, 0, 3, 2)
+                                       : B.input(OOMB_TYPE_F32, 15, 8, 3, 4);
+                oomb_tensor * shape = B.input(OOMB_TYPE_F32, s[0], s[1], s[2], s[3]);
+                return {oomb_repeat_back(B.ctx, a, shape)};
+            }, k_f32);
+        }
+    }
+    expect_case("repeat_back bias gradient [896, 1000] -> [896]", [](Builder & B) -> std::vector<oomb_tensor *> {
+        return {oomb_repeat_back(B.ctx, B.input(OOMB_TYPE_F32, 896, 1000), B.input(OOMB_TYPE_F32, 896))};
+    }, k_f32);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, SumMeanSumSq) {
+    REQUIRE_CUDA();
+    const int64_t shapes[][4] = {{1, 1, 1, 1}, {37, 1, 1, 1}, {1000, 37, 1, 1}, {129, 33, 7, 3}, {300007, 3, 1, 1}};
+    for (const auto & s : shapes) {
+        for (int view = 0; view < 2; view++) {
+            char name[128];
+            snprintf(name, sizeof(name), "sum / mean / sum_sq [%lld,%lld,%lld,%lld]%s", (long long) s[0], (long long) s[1], (long long) s[2],
+                     (long long) s[3], view ? " (transposed)" : "");
+            expect_case(name, [&s, view](Builder & B) -> std::vector<oomb_tensor *> {
+                oomb_tensor * a = view ? oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, s[1], s[0], s[2], s[3], 0.0f, 1.0f))
+                                       : B.input(OOMB_TYPE_F32, s[0], s[1], s[2], s[3], 0.0f, 1.0f);
+                return {oomb_sum(B.ctx, a), oomb_mean(B.ctx, a), oomb_sum_sq(B.ctx, a)};
+            }, k_f32);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embeddings
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, GetRowsAndBack) {
+    REQUIRE_CUDA();
+    const oomb_type types[3] = {OOMB_TYPE_F32, OOMB_TYPE_F16, OOMB_TYPE_BF16};
+    for (oomb_type t : types) {
+        std::string name = std::string("get_rows ") + oomb_type_name(t) + " [67, 101], ids [13] and [5, 3]";
+        expect_case(name.c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * a = B.input(t, 67, 101);
+            oomb_tensor * i1 = B.ids(B.rand_ids(13, 101), 13);
+            oomb_tensor * i2 = B.ids({0, 100, 7, 7, 7, 3, 99, 1, 0, 50, 2, 2, 64, 8, 100}, 5, 3);
+            return {oomb_get_rows(B.ctx, a, i1), oomb_get_rows(B.ctx, a, i2)};
+        }, 1e-7);
+    }
+    expect_case("get_rows wide rows [1000, 40], 300 ids", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * a = B.input(OOMB_TYPE_BF16, 1000, 40);
+        return {oomb_get_rows(B.ctx, a, B.ids(B.rand_ids(300, 40), 300))};
+    }, 1e-7);
+    expect_case("get_rows_back duplicates [67] x [13] -> 23 rows", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * dy = B.input(OOMB_TYPE_F32, 67, 13);
+        oomb_tensor * ids = B.ids({1, 4, 4, 22, 0, 4, 9, 9, 1, 0, 22, 5, 4}, 13);
+        return {oomb_get_rows_back(B.ctx, dy, ids, 23)};
+    }, k_f32);
+    expect_case("get_rows_back 2-D ids, transposed dy", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * dy = oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, 5, 33, 4), 1, 0, 2, 3); // [33, 5, 4]
+        oomb_tensor * ids = B.ids(B.rand_ids(20, 7), 5, 4);
+        return {oomb_get_rows_back(B.ctx, dy, ids, 7)};
+    }, k_f32);
+    expect_case("get_rows_back many duplicates [896] x 2000 -> 50 rows", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * dy = B.input(OOMB_TYPE_F32, 896, 2000);
+        return {oomb_get_rows_back(B.ctx, dy, B.ids(B.rand_ids(2000, 50), 2000), 50)};
+    }, k_f32);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matrix products (bf16 operands, f32 accumulation)
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, MulMat) {
+    REQUIRE_CUDA();
+    const oomb_type types[3] = {OOMB_TYPE_F32, OOMB_TYPE_F16, OOMB_TYPE_BF16};
+    for (oomb_type t : types) {
+        const std::string tn = oomb_type_name(t);
+        expect_case(("mul_mat a " + tn + " [67, 45] x b [67, 29]").c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
+            return {oomb_mul_mat(B.ctx, B.input(t, 67, 45), B.input(OOMB_TYPE_F32, 67, 29))};
+        }, k_bf16);
+        expect_case(("mul_mat a " + tn + " [512, 384] x b [512, 200]").c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
+            return {oomb_mul_mat(B.ctx, B.input(t, 512, 384), B.input(OOMB_TYPE_F32, 512, 200))};
+        }, k_bf16);
+        expect_case(("mul_mat transposed a " + tn + " x b").c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * a = oomb_transpose(B.ctx, B.input(t, 45, 67)); // [67, 45], unit stride in dim 1
+            return {oomb_mul_mat(B.ctx, a, B.input(OOMB_TYPE_F32, 67, 31))};
+        }, k_bf16);
+        expect_case(("mul_mat a " + tn + " x transposed b").c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * b = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, 31, 67)); // [67, 31]
+            return {oomb_mul_mat(B.ctx, B.input(t, 67, 45), b)};
+        }, k_bf16);
+        expect_case(("mul_mat row-offset view a " + tn).c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * w = B.input(t, 80, 50);
+            oomb_tensor * a = oomb_view_2d(B.ctx, w, 64, 40, w->nb[1], 8 * w->nb[1] + 4 * oomb_type_size(t)); // ld 80 > K 64
+            return {oomb_mul_mat(B.ctx, a, B.input(OOMB_TYPE_F32, 64, 17))};
+        }, k_bf16);
+        expect_case(("mul_mat batched broadcast a " + tn + " [40, 24, 2, 3] x b [40, 19, 4, 3]").c_str(),
+                    [t](Builder & B) -> std::vector<oomb_tensor *> {
+            return {oomb_mul_mat(B.ctx, B.input(t, 40, 24, 2, 3), B.input(OOMB_TYPE_F32, 40, 19, 4, 3))};
+        }, k_bf16);
+        expect_case(("mul_mat batched broadcast a " + tn + " [40, 24, 3, 1] x b [40, 19, 3, 2]").c_str(),
+                    [t](Builder & B) -> std::vector<oomb_tensor *> {
+            return {oomb_mul_mat(B.ctx, B.input(t, 40, 24, 3, 1), B.input(OOMB_TYPE_F32, 40, 19, 3, 2))};
+        }, k_bf16);
+        expect_case(("mul_mat single a " + tn + " over batched b [40, 19, 3, 2]").c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
+            return {oomb_mul_mat(B.ctx, B.input(t, 40, 24), B.input(OOMB_TYPE_F32, 40, 19, 3, 2))};
+        }, k_bf16);
+    }
+    // attention-style products: q . k^T and p . v with permuted operands
+    expect_case("mul_mat permuted k x permuted q (scores)", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * q = oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, 32, 4, 21), 0, 2, 1, 3); // [32, 21, 4]
+        oomb_tensor * k = oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, 32, 2, 27), 0, 2, 1, 3); // [32, 27, 2]
+        return {oomb_mul_mat(B.ctx, k, q)};                                                     // [27, 21, 4]
+    }, k_bf16);
+    expect_case("mul_mat transposed permuted v x p", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * v = oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, 32, 2, 27), 1, 2, 0, 3);  // [27, 32, 2] (unit stride in dim 1)
+        oomb_tensor * p = B.input(OOMB_TYPE_F32, 27, 21, 4);
+        return {oomb_mul_mat(B.ctx, v, p)};                                                      // [32, 21, 4]
+    }, k_bf16);
+    expect_case("mul_mat K = 1 and N = 1", [](Builder & B) -> std::vector<oomb_tensor *> {
+        return {oomb_mul_mat(B.ctx, B.input(OOMB_TYPE_BF16, 1, 33), B.input(OOMB_TYPE_F32, 1, 7)),
+                oomb_mul_mat(B.ctx, B.input(OOMB_TYPE_F32, 300, 77), B.input(OOMB_TYPE_F32, 300, 1))};
+    }, k_bf16);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Normalization, rotary embedding, softmax
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, RmsNormAndBack) {
+    REQUIRE_CUDA();
+    const int64_t shapes[][3] = {{896, 13, 1}, {37, 5, 3}, {1, 9, 1}, {3000, 4, 2}};
+    for (const auto & s : shapes) {
+        for (int view = 0; view < 2; view++) {
+            char name[128];
+            snprintf(name, sizeof(name), "rms_norm / rms_norm_back [%lld, %lld, %lld]%s", (long long) s[0], (long long) s[1], (long long) s[2],
+                     view ? " (transposed inputs)" : "");
+            expect_case(name, [&s, view](Builder & B) -> std::vector<oomb_tensor *> {
+                oomb_tensor * x;
+                oomb_tensor * dy;
+                if (view) {
+                    x = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, s[1], s[0], s[2], 1, -2, 2));
+                    dy = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, s[1], s[0], s[2]));
+                } else {
+                    x = B.input(OOMB_TYPE_F32, s[0], s[1], s[2], 1, -2, 2);
+                    dy = B.input(OOMB_TYPE_F32, s[0], s[1], s[2]);
+                }
+                return {oomb_rms_norm(B.ctx, x, 1e-6f), oomb_rms_norm_back(B.ctx, x, dy, 1e-6f)};
+            }, k_f32);
+        }
+    }
+}
+
+TEST_F(CudaOps, RopeAndBack) {
+    REQUIRE_CUDA();
+    struct C { int64_t D, H, T, B; int n_dims; float theta; int32_t pmax; };
+    const C cases[] = {{64, 4, 9, 2, 64, 1000000.0f, 200000}, {128, 3, 17, 1, 128, 10000.0f, 40}, {16, 2, 5, 1, 8, 10000.0f, 131072},
+                       {34, 1, 3, 1, 30, 500.0f, 7}};
+    for (const C & cs : cases) {
+        for (int view = 0; view < 2; view++) {
+            char name[160];
+            snprintf(name, sizeof(name), "rope / rope_back D %lld H %lld T %lld n_dims %d theta %g pos < %d%s", (long long) cs.D,
+                     (long long) cs.H, (long long) cs.T, cs.n_dims, cs.theta, cs.pmax, view ? " (permuted input)" : "");
+            expect_case(name, [&cs, view](Builder & B) -> std::vector<oomb_tensor *> {
+                oomb_tensor * a = view ? oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, cs.D, cs.T, cs.H, cs.B), 0, 2, 1, 3)
+                                       : B.input(OOMB_TYPE_F32, cs.D, cs.H, cs.T, cs.B);
+                oomb_tensor * pos = B.ids(B.rand_ids(cs.T, cs.pmax), cs.T);
+                return {oomb_rope(B.ctx, a, pos, cs.n_dims, cs.theta), oomb_rope_back(B.ctx, a, pos, cs.n_dims, cs.theta),
+                        oomb_rope_back(B.ctx, oomb_rope(B.ctx, a, pos, cs.n_dims, cs.theta), pos, cs.n_dims, cs.theta)};
+            }, k_f32);
+        }
+    }
+}
+
+TEST_F(CudaOps, SoftMaxAndBack) {
+    REQUIRE_CUDA();
+    const int64_t shapes[][3] = {{29, 13, 2}, {1000, 7, 1}, {1, 5, 1}, {4100, 3, 1}};
+    const int causals[] = {-1, 0, 3};
+    for (const auto & s : shapes) {
+        for (int causal : causals) {
+            for (int view = 0; view < 2; view++) {
+                char name[128];
+                snprintf(name, sizeof(name), "soft_max / soft_max_back [%lld, %lld, %lld] causal %d%s", (long long) s[0], (long long) s[1],
+                         (long long) s[2], causal, view ? " (transposed)" : "");
+                expect_case(name, [&s, causal, view](Builder & B) -> std::vector<oomb_tensor *> {
+                    oomb_tensor * x = view ? oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, s[1], s[0], s[2], 1, -6, 6))
+                                           : B.input(OOMB_TYPE_F32, s[0], s[1], s[2], 1, -6, 6);
+                    oomb_tensor * dy = B.input(OOMB_TYPE_F32, s[0], s[1], s[2]);
+                    oomb_tensor * y = oomb_soft_max(B.ctx, x, 0.37f, causal);
+                    return {y, oomb_soft_max_back(B.ctx, y, dy, 0.37f)};
+                }, k_f32);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reference attention
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, AttnAndBack) {
+    REQUIRE_CUDA();
+    struct C { int64_t D, H, Hkv, T, S, B; };
+    const C cases[] = {{16, 4, 2, 7, 11, 2}, {64, 4, 1, 40, 40, 1}, {128, 2, 2, 5, 300, 1}, {24, 6, 3, 130, 133, 1}};
+    for (const C & cs : cases) {
+        char name[160];
+        snprintf(name, sizeof(name), "attn / attn_back D %lld H %lld Hkv %lld T %lld S %lld B %lld", (long long) cs.D, (long long) cs.H,
+                 (long long) cs.Hkv, (long long) cs.T, (long long) cs.S, (long long) cs.B);
+        expect_case(name, [&cs](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * q = B.input(OOMB_TYPE_F32, cs.D, cs.H, cs.T, cs.B, -2, 2);
+            oomb_tensor * k = oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, cs.D, cs.S, cs.Hkv, cs.B, -2, 2), 0, 2, 1, 3); // non-contiguous
+            oomb_tensor * v = B.input(OOMB_TYPE_F32, cs.D, cs.Hkv, cs.S, cs.B);
+            oomb_tensor * dout = B.input(OOMB_TYPE_F32, cs.D, cs.H, cs.T, cs.B);
+            const float scale = 1.0f / std::sqrt((float) cs.D);
+            return {oomb_attn(B.ctx, q, k, v, scale), oomb_attn_back(B.ctx, q, k, v, dout, scale)};
+        }, k_f32);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cross-entropy
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, CrossEntropyAndBack) {
+    REQUIRE_CUDA();
+    const int64_t shapes[][2] = {{151, 13}, {1000, 7}, {32000, 5}, {2, 3}};
+    for (const auto & s : shapes) {
+        char name[128];
+        snprintf(name, sizeof(name), "cross_entropy_loss / back [%lld, %lld]", (long long) s[0], (long long) s[1]);
+        expect_case(name, [&s](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * logits = B.input(OOMB_TYPE_F32, s[0], s[1], 1, 1, -8, 8);
+            std::vector<int32_t> lab = B.rand_ids(s[1], (int32_t) s[0]);
+            lab[1] = -100; // ignored
+            oomb_tensor * labels = B.ids(lab, s[1]);
+            oomb_tensor * dloss = B.input(OOMB_TYPE_F32, 2, 1, 1, 1, 0.2f, 0.9f);
+            return {oomb_cross_entropy_loss(B.ctx, logits, labels, -100),
+                    oomb_cross_entropy_loss_back(B.ctx, logits, labels, dloss, -100)};
+        }, k_f32);
+    }
+    expect_case("cross_entropy_loss_back in place after scale (transposed logits)", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * lt = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, 9, 77, 1, 1, -3, 3));
+        oomb_tensor * logits = oomb_scale(B.ctx, lt, 2.0f);
+        oomb_tensor * labels = B.ids(B.rand_ids(9, 77), 9);
+        oomb_tensor * dloss = B.input(OOMB_TYPE_F32, 2, 1, 1, 1, 0.2f, 0.9f);
+        return {oomb_cross_entropy_loss_back(B.ctx, logits, labels, dloss, -1)};
+    }, k_f32);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimizers
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, AdamwAndSgd) {
+    REQUIRE_CUDA();
+    const oomb_type types[2] = {OOMB_TYPE_F32, OOMB_TYPE_BF16};
+    for (oomb_type t : types) {
+        const double tol = t == OOMB_TYPE_F32 ? k_f32 : 1e-3;
+        std::string name = std::string("adamw_step param ") + oomb_type_name(t) + " [333, 7]";
+        expect_case(name.c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * p = B.input(t, 333, 7);
+            oomb_tensor * g = B.input(OOMB_TYPE_F32, 333, 7);
+            oomb_tensor * m = B.input(OOMB_TYPE_F32, 333, 7, 1, 1, -0.1f, 0.1f);
+            oomb_tensor * v = B.input(OOMB_TYPE_F32, 333, 7, 1, 1, 0.001f, 0.01f);
+            // lr, beta1, beta2, eps, weight_decay, grad_scale, 1-beta1^t, 1-beta2^t (t = 3)
+            oomb_tensor * hp = B.consts({1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.729f, 1.0f - 0.997002999f});
+            return {oomb_adamw_step(B.ctx, p, g, m, v, hp), m, v};
+        }, tol);
+        name = std::string("sgd_step param ") + oomb_type_name(t) + " [1001, 3]";
+        expect_case(name.c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * p = B.input(t, 1001, 3);
+            oomb_tensor * g = B.input(OOMB_TYPE_F32, 1001, 3);
+            oomb_tensor * hp = B.consts({0.05f, 0.01f, 0.7f}); // lr, weight_decay, grad_scale
+            return {oomb_sgd_step(B.ctx, p, g, hp)};
+        }, tol);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward + backward of a small transformer block on both backends
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, TransformerBlockGradients) {
+    REQUIRE_CUDA();
+    expect_case("transformer block: loss and gradients", [](Builder & B) -> std::vector<oomb_tensor *> {
+        const int64_t E = 64, V = 97, T = 24, D = 16, NH = 4, NKV = 2, F = 96;
+        oomb_context * c = B.ctx;
+        oomb_tensor * emb = B.param(OOMB_TYPE_F32, E, V, 1, 1, -0.5f, 0.5f);
+        oomb_tensor * wn = B.param(OOMB_TYPE_F32, E, 1, 1, 1, 0.5f, 1.5f);
+        oomb_tensor * wq = B.param(OOMB_TYPE_F32, E, D * NH, 1, 1, -0.3f, 0.3f);
+        oomb_tensor * bq = B.param(OOMB_TYPE_F32, D * NH, 1, 1, 1, -0.1f, 0.1f);
+        oomb_tensor * wkv = B.param(OOMB_TYPE_F32, E, 2 * D * NKV, 1, 1, -0.3f, 0.3f);
+        oomb_tensor * wo = B.param(OOMB_TYPE_F32, D * NH, E, 1, 1, -0.3f, 0.3f);
+        oomb_tensor * wg = B.param(OOMB_TYPE_F32, E, F, 1, 1, -0.3f, 0.3f);
+        oomb_tensor * wu = B.param(OOMB_TYPE_F32, E, F, 1, 1, -0.3f, 0.3f);
+        oomb_tensor * wd = B.param(OOMB_TYPE_F32, F, E, 1, 1, -0.3f, 0.3f);
+        oomb_tensor * tok = B.ids(B.rand_ids(T, (int32_t) V), T);
+        std::vector<int32_t> pv((size_t) T);
+        for (int64_t i = 0; i < T; i++) pv[(size_t) i] = (int32_t) (100 + i);
+        oomb_tensor * pos = B.ids(pv, T);
+        std::vector<int32_t> lv = B.rand_ids(T, (int32_t) V);
+        lv[3] = -1;
+        oomb_tensor * lab = B.ids(lv, T);
+        oomb_tensor * x = oomb_get_rows(c, emb, tok);                                     // [E, T]
+        oomb_tensor * hn = oomb_mul(c, oomb_rms_norm(c, x, 1e-5f), wn);
+        oomb_tensor * q = oomb_reshape_3d(c, oomb_add(c, oomb_mul_mat(c, wq, hn), bq), D, NH, T);
+        oomb_tensor * kv = oomb_mul_mat(c, wkv, hn);                                      // [2*D*NKV, T]
+        oomb_tensor * k = oomb_view_3d(c, kv, D, NKV, T, D * sizeof(float), kv->nb[1], 0);
+        oomb_tensor * v = oomb_cont(c, oomb_view_3d(c, kv, D, NKV, T, D * sizeof(float), kv->nb[1], D * NKV * sizeof(float)));
+        q = oomb_rope(c, q, pos, D, 10000.0f);
+        k = oomb_rope(c, oomb_cont(c, k), pos, D, 10000.0f);
+        oomb_tensor * a = oomb_reshape_2d(c, oomb_attn(c, q, k, v, 1.0f / std::sqrt((float) D)), D * NH, T);
+        x = oomb_add(c, x, oomb_mul_mat(c, wo, a));
+        oomb_tensor * h2 = oomb_rms_norm(c, x, 1e-5f);
+        oomb_tensor * m = oomb_swiglu(c, oomb_mul_mat(c, wg, h2), oomb_mul_mat(c, wu, h2));
+        x = oomb_add(c, x, oomb_mul_mat(c, wd, m));
+        oomb_tensor * logits = oomb_mul_mat(c, emb, x);                                   // tied head [V, T]
+        oomb_tensor * loss = oomb_cross_entropy_loss(c, logits, lab, -1);
+        B.loss = loss;
+        return {loss, emb->grad, wn->grad, wq->grad, bq->grad, wkv->grad, wo->grad, wg->grad, wu->grad, wd->grad};
+    }, k_bf16);
+}
+
+// The same block's attention through soft_max + mul_mat (the unfused path) on both backends.
+TEST_F(CudaOps, SoftmaxAttentionGradients) {
+    REQUIRE_CUDA();
+    expect_case("softmax attention: loss and gradients", [](Builder & B) -> std::vector<oomb_tensor *> {
+        const int64_t D = 16, H = 2, T = 19;
+        oomb_context * c = B.ctx;
+        oomb_tensor * q = B.param(OOMB_TYPE_F32, D, T, H);
+        oomb_tensor * k = B.param(OOMB_TYPE_F32, D, T, H);
+        oomb_tensor * vt = B.param(OOMB_TYPE_F32, T, D, H);                  // v transposed: [T, D, H]
+        oomb_tensor * s = oomb_mul_mat(c, k, q);                             // [T(keys), T(queries), H]
+        oomb_tensor * p = oomb_soft_max(c, s, 0.25f, 0);
+        oomb_tensor * o = oomb_mul_mat(c, vt, p);                            // [D, T, H]
+        oomb_tensor * loss = oomb_sum_sq(c, oomb_silu(c, o));
+        B.loss = loss;
+        return {loss, q->grad, k->grad, vt->grad};
+    }, k_bf16);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, ComputeTimeErrors) {
+    REQUIRE_CUDA();
+    oomb_backend_t cu = cuda_backend();
+    oomb_context * in = oomb_init({0, true});
+    oomb_context * ctx = oomb_init({0, true});
+    oomb_tensor * a = oomb_new_tensor_2d(in, OOMB_TYPE_F32, 8, 5);
+    oomb_tensor * ids = oomb_new_tensor_1d(in, OOMB_TYPE_I32, 3);
+    oomb_tensor * logits = oomb_new_tensor_2d(in, OOMB_TYPE_F32, 6, 3);
+    oomb_tensor * labels = oomb_new_tensor_1d(in, OOMB_TYPE_I32, 3);
+    oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(in, cu);
+    std::vector<float> av(40, 0.5f), lv(18, 0.25f);
+    oomb_tensor_set(a, av.data(), 0, av.size() * 4);
+    oomb_tensor_set(logits, lv.data(), 0, lv.size() * 4);
+    const int32_t bad_ids[3] = {0, 5, 1};
+    oomb_tensor_set(ids, bad_ids, 0, sizeof(bad_ids));
+    const int32_t bad_labels[3] = {2, -1, 6};
+    oomb_tensor_set(labels, bad_labels, 0, sizeof(bad_labels));
+
+    oomb_tensor * r = oomb_get_rows(ctx, a, ids);
+    oomb_cgraph * g = oomb_new_graph(ctx);
+    oomb_build_forward_expand(g, r);
+    oomb_gallocr_t ga = oomb_gallocr_new(cu);
+    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+    EXPECT_OOMB_ERROR(oomb_backend_graph_compute(cu, g), "out of range");
+
+    oomb_tensor * l = oomb_cross_entropy_loss(ctx, logits, labels, -1);
+    oomb_cgraph * g2 = oomb_new_graph(ctx);
+    oomb_build_forward_expand(g2, l);
+    oomb_gallocr_t ga2 = oomb_gallocr_new(cu);
+    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga2, g2));
+    EXPECT_OOMB_ERROR(oomb_backend_graph_compute(cu, g2), "label 6 at row 2 is out of range");
+
+    // the error state is cleared: a valid graph computes afterwards
+    const int32_t good_ids[3] = {4, 0, 2};
+    oomb_tensor_set(ids, good_ids, 0, sizeof(good_ids));
+    oomb_backend_graph_compute(cu, g);
+    std::vector<float> out(24);
+    oomb_tensor_get(r, out.data(), 0, out.size() * 4);
+    for (float v : out) EXPECT_EQ(v, 0.5f);
+
+    // host tensors cannot be computed on by the CUDA backend
+    oomb_context * host = oomb_init({0, false});
+    oomb_tensor * h = oomb_new_tensor_1d(host, OOMB_TYPE_F32, 4);
+    oomb_tensor * hs = oomb_scale(host, h, 2.0f);
+    oomb_cgraph * g3 = oomb_new_graph(host);
+    oomb_build_forward_expand(g3, hs);
+    EXPECT_OOMB_ERROR(oomb_backend_graph_compute(cu, g3), "not in this CUDA backend's memory");
+
+    oomb_free(host);
+    oomb_gallocr_free(ga2);
+    oomb_gallocr_free(ga);
+    oomb_buffer_free(buf);
+    oomb_free(ctx);
+    oomb_free(in);
+}
+
+TEST(CudaBackend, InitAndBuffers) {
+    if (!oomb_cuda_available()) {
+        EXPECT_EQ(oomb_backend_cuda_init(0), nullptr);
+        GTEST_SKIP() << "no CUDA GPU";
+    }
+    oomb_backend_t cu = cuda_backend();
+    ASSERT_NE(cu, nullptr);
+    EXPECT_STREQ(oomb_backend_name(cu), "CUDA");
+    EXPECT_FALSE(oomb_backend_is_host(cu));
+    EXPECT_EQ(oomb_backend_cuda_init(1 << 20), nullptr); // no such device
+    oomb_buffer_t b = oomb_backend_alloc_buffer(cu, 1000);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ((uintptr_t) oomb_buffer_base(b) % 256, 0u);
+    oomb_buffer_free(b);
+    // an impossible allocation returns NULL
+    EXPECT_EQ(oomb_backend_alloc_buffer(cu, (size_t) 1 << 50), nullptr);
+}
+
+} // namespace
