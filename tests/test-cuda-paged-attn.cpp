@@ -1,0 +1,275 @@
+// CUDA paged flash attention (cuda/paged-attn.cu) against the CPU reference kernels on random data:
+// forward (with and without storing the chunk's K/V), backward (dq, dK/dV accumulated into the f32
+// gradient pages, dk_cur/dv_cur read back), over head dims 64/128, page sizes 64/128, GQA groups
+// 28/4, 14/2, 4/4, chunks of 1, 37 and 256 tokens after histories of 0, 1000 and 5000 positions,
+// with a shuffled page table. The kernels are called directly on device tensors (no CUDA backend
+// needed). Every test skips with a visible reason where no GPU is present.
+
+#include <gtest/gtest.h>
+
+#include "oomb.h"
+#include "oomb-backend.h"
+#include "test-common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#ifdef OOMB_USE_CUDA
+#include <cuda_runtime.h>
+#include "cuda/paged-attn.cuh"
+// Resolved when the CUDA backend is linked in; otherwise the test asks the runtime itself.
+#pragma weak oomb_cuda_available
+#endif
+
+namespace {
+
+bool have_gpu() {
+#ifdef OOMB_USE_CUDA
+    if (&oomb_cuda_available != nullptr) return oomb_cuda_available();
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+#else
+    return false;
+#endif
+}
+
+#define SKIP_WITHOUT_GPU() \
+    do { if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU"; } while (0)
+
+#ifdef OOMB_USE_CUDA
+
+#define CK(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
+
+oomb_backend_t cpu() {
+    static oomb_backend_t b = oomb_backend_cpu_init(0);
+    return b;
+}
+
+struct Case {
+    int D, P, H, Hkv, T, hist;
+    oomb_type type;
+    int store;
+    bool shuffle_pos; // chunk positions in a random order (rows not sorted by position)
+};
+
+std::string case_name(const Case & c) {
+    char buf[200];
+    snprintf(buf, sizeof(buf), "D%d_P%d_H%d_%d_T%d_hist%d_%s_store%d%s", c.D, c.P, c.H, c.Hkv, c.T, c.hist, oomb_type_name(c.type), c.store,
+             c.shuffle_pos ? "_shuffled" : "");
+    return buf;
+}
+
+// ||a - b|| / ||b||; infinity when a holds a NaN / inf
+double rel_err(const std::vector<float> & a, const std::vector<float> & b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); i++) {
+        if (!std::isfinite(a[i])) return INFINITY;
+        const double d = (double) a[i] - b[i];
+        num += d * d;
+        den += (double) b[i] * b[i];
+    }
+    return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+std::vector<float> host_f32(const oomb_tensor * t) {
+    std::vector<float> v(oomb_nelements(t));
+    memcpy(v.data(), t->data, v.size() * sizeof(float));
+    return v;
+}
+std::vector<float> dev_f32(const oomb_tensor * t) {
+    std::vector<float> v(oomb_nelements(t));
+    cudaMemcpy(v.data(), t->data, v.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    return v;
+}
+std::vector<float> host_pool_f32(const oomb_tensor * t) {
+    std::vector<float> v(oomb_nelements(t));
+    for (size_t i = 0; i < v.size(); i++) {
+        if (t->type == OOMB_TYPE_F32) v[i] = ((const float *) t->data)[i];
+        else if (t->type == OOMB_TYPE_F16) v[i] = oomb_fp16_to_fp32(((const uint16_t *) t->data)[i]);
+        else v[i] = oomb_bf16_to_fp32(((const uint16_t *) t->data)[i]);
+    }
+    return v;
+}
+std::vector<float> dev_pool_f32(const oomb_tensor * t) {
+    std::vector<unsigned char> raw(oomb_nbytes(t));
+    cudaMemcpy(raw.data(), t->data, raw.size(), cudaMemcpyDeviceToHost);
+    std::vector<float> v(oomb_nelements(t));
+    for (size_t i = 0; i < v.size(); i++) {
+        if (t->type == OOMB_TYPE_F32) v[i] = ((const float *) raw.data())[i];
+        else if (t->type == OOMB_TYPE_F16) v[i] = oomb_fp16_to_fp32(((const uint16_t *) raw.data())[i]);
+        else v[i] = oomb_bf16_to_fp32(((const uint16_t *) raw.data())[i]);
+    }
+    return v;
+}
+
+struct DevMem {
+    std::vector<void *> ptrs;
+    ~DevMem() { for (void * p : ptrs) cudaFree(p); }
+    // gives t (a no_alloc tensor) device memory holding a copy of src's bytes (or poison)
+    void place(oomb_tensor * t, const oomb_tensor * src) {
+        void * p = nullptr;
+        const size_t n = oomb_nbytes(t);
+        if (cudaMalloc(&p, n) != cudaSuccess) { ADD_FAILURE() << "cudaMalloc " << n; return; }
+        ptrs.push_back(p);
+        t->data = p;
+        if (src) cudaMemcpy(p, src->data, n, cudaMemcpyHostToDevice);
+        else cudaMemset(p, 0xff, n); // NaN poison
+    }
+};
+
+void run_case(const Case & c, uint32_t seed) {
+    SCOPED_TRACE(case_name(c));
+    std::mt19937 rng(seed);
+    const int n_pos = c.hist + c.T;
+    const int n_need = (n_pos + c.P - 1) / c.P;
+    const int n_logical = n_need + 2;   // unmapped tail
+    const int n_pages = n_need + 3;     // spare physical pages
+    const float scale = 1.0f / std::sqrt((float) c.D);
+
+    // ---- CPU tensors with random data ----
+    oomb_context * hc = oomb_init({0, false});
+    oomb_tensor * q = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, c.D, c.H, c.T);
+    oomb_tensor * kc = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, c.D, c.Hkv, c.T);
+    oomb_tensor * vc = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, c.D, c.Hkv, c.T);
+    oomb_tensor * kp = oomb_new_tensor_4d(hc, c.type, c.D, c.Hkv, c.P, n_pages);
+    oomb_tensor * vp = oomb_new_tensor_4d(hc, c.type, c.D, c.Hkv, c.P, n_pages);
+    oomb_tensor * dkp = oomb_new_tensor_4d(hc, OOMB_TYPE_F32, c.D, c.Hkv, c.P, n_pages);
+    oomb_tensor * dvp = oomb_new_tensor_4d(hc, OOMB_TYPE_F32, c.D, c.Hkv, c.P, n_pages);
+    oomb_tensor * pt = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, n_logical);
+    oomb_tensor * pos = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, c.T);
+    oomb_tensor * dout = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, c.D, c.H, c.T);
+    oombtest::fill_uniform(q, rng, -2.0f, 2.0f);
+    oombtest::fill_uniform(kc, rng, -1.0f, 1.0f);
+    oombtest::fill_uniform(vc, rng, -1.0f, 1.0f);
+    oombtest::fill_uniform(kp, rng, -1.0f, 1.0f);
+    oombtest::fill_uniform(vp, rng, -1.0f, 1.0f);
+    oombtest::fill_uniform(dkp, rng, -0.5f, 0.5f);
+    oombtest::fill_uniform(dvp, rng, -0.5f, 0.5f);
+    oombtest::fill_uniform(dout, rng, -1.0f, 1.0f);
+    std::vector<int> perm(n_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int i = 0; i < n_logical; i++) ((int32_t *) pt->data)[i] = i < n_need ? perm[i] : -1;
+    std::vector<int> pv(c.T);
+    std::iota(pv.begin(), pv.end(), c.hist);
+    if (c.shuffle_pos) std::shuffle(pv.begin(), pv.end(), rng);
+    for (int t = 0; t < c.T; t++) ((int32_t *) pos->data)[t] = pv[t];
+
+    oomb_tensor * out = oomb_paged_attn(hc, q, kc, vc, kp, vp, pt, pos, scale, c.store);
+    oomb_tensor * back = oomb_paged_attn_back(hc, q, kp, vp, dkp, dvp, pt, pos, dout, scale);
+
+    // ---- device copies (no_alloc context, data set by hand) ----
+    oomb_context * dc = oomb_init({0, true});
+    DevMem mem;
+    auto dev = [&](const oomb_tensor * h) {
+        oomb_tensor * t = oomb_dup_tensor(dc, h);
+        mem.place(t, h);
+        return t;
+    };
+    oomb_tensor * d_q = dev(q), * d_kc = dev(kc), * d_vc = dev(vc), * d_kp = dev(kp), * d_vp = dev(vp);
+    oomb_tensor * d_dkp = dev(dkp), * d_dvp = dev(dvp), * d_pt = dev(pt), * d_pos = dev(pos), * d_dout = dev(dout);
+    oomb_tensor * d_out = oomb_paged_attn(dc, d_q, d_kc, d_vc, d_kp, d_vp, d_pt, d_pos, scale, c.store);
+    oomb_tensor * d_back = oomb_paged_attn_back(dc, d_q, d_kp, d_vp, d_dkp, d_dvp, d_pt, d_pos, d_dout, scale);
+    mem.place(d_out, nullptr);
+    mem.place(d_back, nullptr);
+    if (::testing::Test::HasFailure()) { oomb_free(dc); oomb_free(hc); return; }
+
+    const std::vector<float> dk0 = host_f32(dkp), dv0 = host_f32(dvp);
+    const double tol = c.type == OOMB_TYPE_F32 ? 1e-3 : 3e-2;
+
+    // ---- forward ----
+    {
+        oomb_cgraph * g = oomb_new_graph(hc);
+        oomb_build_forward_expand(g, out);
+        oomb_backend_graph_compute(cpu(), g);
+    }
+    oomb_cuda_paged_attn(0, d_out);
+    CK(cudaDeviceSynchronize());
+    const double e_out = rel_err(dev_f32(d_out), host_f32(out));
+    const double e_kp = rel_err(dev_pool_f32(d_kp), host_pool_f32(kp));
+    const double e_vp = rel_err(dev_pool_f32(d_vp), host_pool_f32(vp));
+    EXPECT_LT(e_out, tol) << "forward output";
+    EXPECT_LT(e_kp, 1e-6) << "K pool after store";
+    EXPECT_LT(e_vp, 1e-6) << "V pool after store";
+
+    // ---- backward ----
+    {
+        oomb_cgraph * g = oomb_new_graph(hc);
+        oomb_build_forward_expand(g, back);
+        oomb_backend_graph_compute(cpu(), g);
+    }
+    oomb_cuda_paged_attn_back(0, d_back);
+    CK(cudaDeviceSynchronize());
+    const int64_t nq = (int64_t) c.D * c.H * c.T, nkv = (int64_t) c.D * c.Hkv * c.T;
+    const std::vector<float> gb = dev_f32(d_back), cb = host_f32(back);
+    auto part = [](const std::vector<float> & v, int64_t b, int64_t n) { return std::vector<float>(v.begin() + b, v.begin() + b + n); };
+    const double e_dq = rel_err(part(gb, 0, nq), part(cb, 0, nq));
+    const double e_dkc = rel_err(part(gb, nq, nkv), part(cb, nq, nkv));
+    const double e_dvc = rel_err(part(gb, nq + nkv, nkv), part(cb, nq + nkv, nkv));
+    // increments of the gradient pages (the initial random contents cancel)
+    auto inc = [](std::vector<float> v, const std::vector<float> & v0) { for (size_t i = 0; i < v.size(); i++) v[i] -= v0[i]; return v; };
+    const double e_dkp = rel_err(inc(dev_f32(d_dkp), dk0), inc(host_f32(dkp), dk0));
+    const double e_dvp = rel_err(inc(dev_f32(d_dvp), dv0), inc(host_f32(dvp), dv0));
+    EXPECT_LT(e_dq, tol) << "dq";
+    EXPECT_LT(e_dkc, tol) << "dk_cur";
+    EXPECT_LT(e_dvc, tol) << "dv_cur";
+    EXPECT_LT(e_dkp, tol) << "dK pages increment";
+    EXPECT_LT(e_dvp, tol) << "dV pages increment";
+    printf("[ case ] %-48s out %.2e  pools %.1e/%.1e  dq %.2e  dk_cur %.2e  dv_cur %.2e  dKpages %.2e  dVpages %.2e\n",
+           case_name(c).c_str(), e_out, e_kp, e_vp, e_dq, e_dkc, e_dvc, e_dkp, e_dvp);
+    fflush(stdout);
+    oomb_free(dc);
+    oomb_free(hc);
+}
+
+#endif // OOMB_USE_CUDA
+
+} // namespace
+
+// bf16 pools: the tensor-core kernels
+TEST(CudaPagedAttn, Bf16Pools) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    const oomb_type B = OOMB_TYPE_BF16;
+    const Case cases[] = {
+        {128, 128, 28, 4, 256, 5000, B, 1, false},
+        {128, 64, 28, 4, 37, 1000, B, 0, false},
+        {128, 128, 14, 2, 1, 5000, B, 1, false},
+        {128, 64, 4, 4, 256, 0, B, 1, false},
+        {128, 128, 4, 4, 37, 5000, B, 0, false},
+        {128, 64, 14, 2, 256, 1000, B, 1, true},
+        {128, 128, 28, 4, 1, 0, B, 1, false},
+        {64, 128, 28, 4, 37, 0, B, 1, false},
+        {64, 64, 14, 2, 256, 1000, B, 0, false},
+        {64, 128, 4, 4, 1, 1000, B, 1, false},
+        {64, 64, 28, 4, 256, 5000, B, 1, false},
+        {64, 128, 14, 2, 1, 0, B, 0, false},
+        {64, 64, 4, 4, 37, 5000, B, 1, true},
+    };
+    uint32_t seed = 1234;
+    for (const Case & c : cases) run_case(c, seed++);
+#endif
+}
+
+// f32 (and f16) pools, and shapes the tensor-core kernels do not take: the generic f32 kernels
+TEST(CudaPagedAttn, GenericPools) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    const Case cases[] = {
+        {128, 128, 28, 4, 37, 1000, OOMB_TYPE_F32, 1, false},
+        {64, 64, 14, 2, 256, 0, OOMB_TYPE_F32, 1, true},
+        {128, 64, 4, 4, 1, 5000, OOMB_TYPE_F32, 0, false},
+        {64, 128, 28, 4, 256, 1000, OOMB_TYPE_F32, 0, false},
+        {128, 128, 14, 2, 37, 1000, OOMB_TYPE_F16, 1, false},
+        {96, 32, 4, 2, 37, 100, OOMB_TYPE_BF16, 1, false}, // head dim without a tensor-core kernel
+    };
+    uint32_t seed = 777;
+    for (const Case & c : cases) run_case(c, seed++);
+#endif
+}
