@@ -6,36 +6,38 @@ using oomb::shape_str;
 
 namespace {
 
+// Sums of squares / products accumulate in double, as on the CPU: the backward's two terms cancel
+// almost exactly for short rows, so its result is only as good as these sums.
 __global__ void k_rms_norm(oomb_tv dst, oomb_tv a, float eps) {
-    __shared__ float sh[32];
+    __shared__ double sh[32];
     const int64_t r = blockIdx.x;
     const float * x = (const float *) (a.d + oomb_row_off(a, r));
     float * y = (float *) (dst.d + oomb_row_off(dst, r));
     const int64_t n = a.ne[0];
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += x[i] * x[i];
+    double ss = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double) x[i] * (double) x[i];
     ss = oomb_block_sum(ss, sh);
-    const float s = (float) (1.0 / sqrt((double) ss / (double) n + (double) eps));
+    const float s = (float) (1.0 / sqrt(ss / (double) n + (double) eps));
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = x[i] * s;
 }
 
 __global__ void k_rms_norm_back(oomb_tv dst, oomb_tv xa, oomb_tv dya, float eps) {
-    __shared__ float sh[32];
+    __shared__ double sh[32];
     const int64_t r = blockIdx.x;
     const float * x = (const float *) (xa.d + oomb_row_off(xa, r));
     const float * g = (const float *) (dya.d + oomb_row_off(dya, r));
     float * d = (float *) (dst.d + oomb_row_off(dst, r));
     const int64_t n = xa.ne[0];
-    float ss = 0.0f, xg = 0.0f;
+    double ss = 0.0, xg = 0.0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        ss += x[i] * x[i];
-        xg += x[i] * g[i];
+        ss += (double) x[i] * (double) x[i];
+        xg += (double) x[i] * (double) g[i];
     }
     ss = oomb_block_sum(ss, sh);
     xg = oomb_block_sum(xg, sh);
-    const double s = 1.0 / sqrt((double) ss / (double) n + (double) eps);
+    const double s = 1.0 / sqrt(ss / (double) n + (double) eps);
     const float c1 = (float) s;
-    const float c2 = (float) (s * s * s / (double) n * (double) xg);
+    const float c2 = (float) (s * s * s / (double) n * xg);
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) d[i] = c1 * g[i] - c2 * x[i];
 }
 

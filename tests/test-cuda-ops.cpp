@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -834,6 +835,106 @@ TEST_F(CudaOps, ComputeTimeErrors) {
     oomb_buffer_free(buf);
     oomb_free(ctx);
     oomb_free(in);
+}
+
+// Rough timings of single ops at training shapes (not a benchmark: host wall clock around 20
+// computes of a one-op graph, after a warm-up). Run with --gtest_also_run_disabled_tests.
+TEST_F(CudaOps, DISABLED_Timings) {
+    REQUIRE_CUDA();
+    oomb_backend_t cu = cuda_backend();
+    struct P {
+        const char * name;
+        std::function<oomb_tensor *(oomb_context *, oomb_context *)> build; // (inputs, ops)
+        double flop, bytes;
+    };
+    const double T = 4096;
+    std::vector<P> cases = {
+        {"mul_mat W bf16 [4096, 4096] x x f32 [4096, 4096]", [](oomb_context * in, oomb_context * c) {
+             return oomb_mul_mat(c, oomb_new_tensor_2d(in, OOMB_TYPE_BF16, 4096, 4096), oomb_new_tensor_2d(in, OOMB_TYPE_F32, 4096, 4096)); },
+         2.0 * 4096 * 4096 * T, 4096.0 * 4096 * 2 + 4096.0 * T * 4 * 2},
+        {"mul_mat W f32 [896, 4864] x x f32 [896, 4096]", [](oomb_context * in, oomb_context * c) {
+             return oomb_mul_mat(c, oomb_new_tensor_2d(in, OOMB_TYPE_F32, 896, 4864), oomb_new_tensor_2d(in, OOMB_TYPE_F32, 896, 4096)); },
+         2.0 * 896 * 4864 * T, 896.0 * 4864 * 4 + 896.0 * T * 4 + 4864.0 * T * 4},
+        {"rms_norm [896, 4096]", [](oomb_context * in, oomb_context * c) {
+             return oomb_rms_norm(c, oomb_new_tensor_2d(in, OOMB_TYPE_F32, 896, 4096), 1e-6f); }, 0, 2.0 * 896 * T * 4},
+        {"add [4864, 4096]", [](oomb_context * in, oomb_context * c) {
+             return oomb_add(c, oomb_new_tensor_2d(in, OOMB_TYPE_F32, 4864, 4096), oomb_new_tensor_2d(in, OOMB_TYPE_F32, 4864, 4096)); },
+         0, 3.0 * 4864 * T * 4},
+        {"mul [896, 4096] * [896]", [](oomb_context * in, oomb_context * c) {
+             return oomb_mul(c, oomb_new_tensor_2d(in, OOMB_TYPE_F32, 896, 4096), oomb_new_tensor_1d(in, OOMB_TYPE_F32, 896)); },
+         0, 2.0 * 896 * T * 4},
+        {"swiglu [4864, 4096]", [](oomb_context * in, oomb_context * c) {
+             return oomb_swiglu(c, oomb_new_tensor_2d(in, OOMB_TYPE_F32, 4864, 4096), oomb_new_tensor_2d(in, OOMB_TYPE_F32, 4864, 4096)); },
+         0, 3.0 * 4864 * T * 4},
+        {"rope [128, 28, 4096]", [](oomb_context * in, oomb_context * c) {
+             return oomb_rope(c, oomb_new_tensor_3d(in, OOMB_TYPE_F32, 128, 28, 4096), oomb_new_tensor_1d(in, OOMB_TYPE_I32, 4096), 128, 1e6f); },
+         0, 2.0 * 128 * 28 * T * 4},
+        {"soft_max causal [2048, 2048, 4]", [](oomb_context * in, oomb_context * c) {
+             return oomb_soft_max(c, oomb_new_tensor_3d(in, OOMB_TYPE_F32, 2048, 2048, 4), 0.1f, 0); }, 0, 2.0 * 2048 * 2048 * 4 * 4},
+        {"cross_entropy_loss_back [151936, 256]", [](oomb_context * in, oomb_context * c) {
+             return oomb_cross_entropy_loss_back(c, oomb_new_tensor_2d(in, OOMB_TYPE_F32, 151936, 256), oomb_new_tensor_1d(in, OOMB_TYPE_I32, 256),
+                                                 oomb_new_tensor_1d(in, OOMB_TYPE_F32, 2), -100); }, 0, 2.0 * 151936 * 256 * 4},
+        {"get_rows bf16 [896, 151936], 4096 ids", [](oomb_context * in, oomb_context * c) {
+             return oomb_get_rows(c, oomb_new_tensor_2d(in, OOMB_TYPE_BF16, 896, 151936), oomb_new_tensor_1d(in, OOMB_TYPE_I32, 4096)); },
+         0, 896.0 * T * 6},
+        {"cpy f32 -> bf16 transposed [4096, 4096]", [](oomb_context * in, oomb_context * c) {
+             oomb_tensor * d = oomb_new_tensor_2d(in, OOMB_TYPE_BF16, 4096, 4096);
+             return oomb_cpy(c, oomb_new_tensor_2d(in, OOMB_TYPE_F32, 4096, 4096), oomb_transpose(c, d)); }, 0, 4096.0 * T * 6},
+        {"adamw_step f32 [896, 4864]", [](oomb_context * in, oomb_context * c) {
+             oomb_tensor * p = oomb_new_tensor_2d(in, OOMB_TYPE_F32, 896, 4864);
+             return oomb_adamw_step(c, p, oomb_new_tensor_2d(in, OOMB_TYPE_F32, 896, 4864), oomb_new_tensor_2d(in, OOMB_TYPE_F32, 896, 4864),
+                                    oomb_new_tensor_2d(in, OOMB_TYPE_F32, 896, 4864), oomb_new_tensor_1d(in, OOMB_TYPE_F32, 8)); },
+         0, 896.0 * 4864 * 4 * 7},
+    };
+    std::mt19937 rng(3);
+    for (const P & pc : cases) {
+        oomb_context * in = oomb_init({0, true});
+        oomb_context * c = oomb_init({0, true});
+        oomb_tensor * out = pc.build(in, c);
+        oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(in, cu);
+        for (int64_t i = 0; i < oomb_ctx_n_tensors(in); i++) {
+            // random data, never zeros: ids / labels small valid integers, hp a sane AdamW setting
+            oomb_tensor * t = oomb_ctx_tensor(in, i);
+            const int64_t n = oomb_nelements(t);
+            std::vector<uint8_t> h(oomb_nbytes(t));
+            std::uniform_real_distribution<float> d(0.01f, 1.0f);
+            for (int64_t k = 0; k < n; k++) {
+                if (t->type == OOMB_TYPE_I32) { int32_t v = (int32_t) (k % 97); memcpy(&h[(size_t) k * 4], &v, 4); }
+                else if (t->type == OOMB_TYPE_F32) { float v = d(rng); memcpy(&h[(size_t) k * 4], &v, 4); }
+                else { uint16_t v = oomb_fp32_to_bf16(d(rng)); memcpy(&h[(size_t) k * 2], &v, 2); }
+            }
+            if (n == 8 && t->type == OOMB_TYPE_F32) {
+                const float hp[8] = {1e-4f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f, 0.1f, 0.001f};
+                memcpy(h.data(), hp, sizeof(hp));
+            }
+            oomb_tensor_set(t, h.data(), 0, h.size());
+        }
+        for (int64_t i = 0; i < oomb_ctx_n_tensors(c); i++) {
+            oomb_tensor * t = oomb_ctx_tensor(c, i);
+            if (!t->data && t->view_src && t->view_src->data) {
+                t->data = (char *) t->view_src->data + t->view_offs;
+                t->buffer = t->view_src->buffer;
+            }
+        }
+        oomb_cgraph * g = oomb_new_graph(c);
+        oomb_build_forward_expand(g, out);
+        oomb_gallocr_t ga = oomb_gallocr_new(cu);
+        ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+        oomb_backend_graph_compute(cu, g);
+        oomb_backend_synchronize(cu);
+        const int reps = 20;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int r = 0; r < reps; r++) oomb_backend_graph_compute(cu, g);
+        oomb_backend_synchronize(cu);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+        printf("  timing %-48s %9.3f ms", pc.name, ms);
+        if (pc.flop > 0) printf("  %7.1f TFLOP/s", pc.flop / (ms * 1e-3) / 1e12);
+        printf("  %7.1f GB/s (counted bytes)\n", pc.bytes / (ms * 1e-3) / 1e9);
+        oomb_gallocr_free(ga);
+        oomb_buffer_free(buf);
+        oomb_free(c);
+        oomb_free(in);
+    }
 }
 
 TEST(CudaBackend, InitAndBuffers) {
