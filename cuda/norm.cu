@@ -38,7 +38,9 @@ __global__ void k_rms_norm_back(oomb_tv dst, oomb_tv xa, oomb_tv dya, float eps)
     const double s = 1.0 / sqrt(ss / (double) n + (double) eps);
     const float c1 = (float) s;
     const float c2 = (float) (s * s * s / (double) n * xg);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) d[i] = c1 * g[i] - c2 * x[i];
+    // separately rounded products (no FMA contraction), as the CPU kernel computes them: for short rows
+    // the two terms nearly cancel and a fused multiply-add would round differently
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) d[i] = __fsub_rn(__fmul_rn(c1, g[i]), __fmul_rn(c2, x[i]));
 }
 
 void check_same_shape(const char * op, const oomb_tensor * a, const oomb_tensor * b) {
