@@ -183,6 +183,7 @@ __global__ void __launch_bounds__(NW * 32) pa_fwd_kernel(const FwdArgs a) {
     constexpr int BM = NW * 16 * WM;
     constexpr int NCH = D / 8;
     constexpr int NT = NW * 32;
+    static_assert((BN * NCH) % NT == 0, "K/V tile load");
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 * sQ = (bf16 *) smem;
     bf16 * sK = sQ + BM * D;
@@ -224,26 +225,24 @@ __global__ void __launch_bounds__(NW * 32) pa_fwd_kernel(const FwdArgs a) {
     if (maxp < 0) return;
     const int n_tiles = maxp / BN + 1;
 
-    auto load_kv = [&](int tile, int buf) {
+    // A tile of BN keys lies in one page (host checks P % BN == 0): one page-table lookup per tile,
+    // issued a tile ahead so that its latency hides behind the current tile's math.
+    auto tile_page = [&](int tile) -> int {
+        return page_of(a.pt, a.n_logical, a.n_pages, a.P, tile * BN);
+    };
+    auto load_kv = [&](int tile, int buf, int pg) {
         const int k0 = tile * BN;
         bf16 * dK = sK + buf * BN * D;
         bf16 * dV = sV + buf * BN * D;
+        const int64_t base = (int64_t) pg * a.kv_s3 + (int64_t) (k0 % a.P) * a.kv_s2 + (int64_t) g * a.kv_s1;
 #pragma unroll
-        for (int idx = tid; idx < BN * NCH; idx += NT) {
+        for (int i = 0; i < BN * NCH / NT; i++) {
+            const int idx = tid + i * NT;
             const int row = idx / NCH, ch = idx % NCH;
-            const int p = k0 + row;
-            const bf16 * srcK = a.kp;
-            const bf16 * srcV = a.vp;
-            int sz = 0;
-            if (p <= maxp) {
-                const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
-                if (pg >= 0) {
-                    const int64_t off = (int64_t) pg * a.kv_s3 + (int64_t) (p % a.P) * a.kv_s2 + (int64_t) g * a.kv_s1 + ch * 8;
-                    srcK += off; srcV += off; sz = 16;
-                }
-            }
-            cp_async16(smem_u32(dK + swz<D>(row, ch * 8)), srcK, sz);
-            cp_async16(smem_u32(dV + swz<D>(row, ch * 8)), srcV, sz);
+            const bool ok = pg >= 0 && k0 + row <= maxp;
+            const int64_t off = ok ? base + (int64_t) row * a.kv_s2 + ch * 8 : 0;
+            cp_async16(smem_u32(dK + swz<D>(row, ch * 8)), a.kp + off, ok ? 16 : 0);
+            cp_async16(smem_u32(dV + swz<D>(row, ch * 8)), a.vp + off, ok ? 16 : 0);
         }
     };
 
@@ -261,11 +260,13 @@ __global__ void __launch_bounds__(NW * 32) pa_fwd_kernel(const FwdArgs a) {
         }
     }
 
-    load_kv(0, 0);
+    load_kv(0, 0, tile_page(0));
     cp_async_commit();
+    int pg_next = n_tiles > 1 ? tile_page(1) : -1;
     for (int it = 0; it < n_tiles; it++) {
         const int buf = it & 1;
-        if (it + 1 < n_tiles) load_kv(it + 1, buf ^ 1);
+        if (it + 1 < n_tiles) load_kv(it + 1, buf ^ 1, pg_next);
+        pg_next = it + 2 < n_tiles ? tile_page(it + 2) : -1;
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -389,7 +390,10 @@ __global__ void __launch_bounds__(NW * 32) pa_fwd_kernel(const FwdArgs a) {
 #pragma unroll
                     for (int nb = 0; nb < D / 8; nb++) {
                         const float2 x = *(const float2 *) (dov + nb * 8);
-                        dot += x.x * o[mt][nb][hf * 2] + x.y * o[mt][nb][hf * 2 + 1];
+                        // dout rounded to bf16 as the backward kernel uses it: keeps delta = sum_j P dP
+                        const float x0 = __bfloat162float(__float2bfloat16_rn(x.x));
+                        const float x1 = __bfloat162float(__float2bfloat16_rn(x.y));
+                        dot += x0 * o[mt][nb][hf * 2] + x1 * o[mt][nb][hf * 2 + 1];
                     }
                 }
                 dot += __shfl_xor_sync(0xffffffffu, dot, 1);
@@ -504,13 +508,17 @@ __global__ void __launch_bounds__(NW * 32, 1) pa_bwd_kernel(const BwdArgs a) {
 
     const int krow0 = warp * 16;
     int j = next_rt(0);
+    int jn = j < a.n_rt ? next_rt(j + 1) : a.n_rt;
     if (j < a.n_rt) load_rows(j, 0);
     cp_async_commit();
     int buf = 0;
     while (j < a.n_rt) {
-        const int jn = next_rt(j + 1);
         if (jn < a.n_rt) load_rows(jn, buf ^ 1);
         cp_async_commit();
+        // the tile after jn: its max position is loaded now and looked at after this step's math
+        const int cand = jn + 1;
+        const int cand_max = cand < a.n_rt ? a.rt_max[cand] : -1;
+        const int rt_min_j = a.rt_min[j];
         cp_async_wait<1>();
         __syncthreads();
         const bf16 * cQ = sQ + buf * BM * D;
@@ -518,7 +526,7 @@ __global__ void __launch_bounds__(NW * 32, 1) pa_bwd_kernel(const BwdArgs a) {
         const float * cL = sL + buf * BM;
         const float * cDl = sDl + buf * BM;
         const int * cRp = sRp + buf * BM;
-        const bool need_mask = a.rt_min[j] < k0 + BN - 1;
+        const bool need_mask = rt_min_j < k0 + BN - 1;
 
         // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys and all BM rows
         float st[BM / 8][4], dpt[BM / 8][4];
@@ -622,7 +630,9 @@ __global__ void __launch_bounds__(NW * 32, 1) pa_bwd_kernel(const BwdArgs a) {
             }
         }
         __syncthreads();
+        const int jnn = cand >= a.n_rt ? a.n_rt : (cand_max >= k0 ? cand : next_rt(cand + 1));
         j = jn;
+        jn = jnn;
         buf ^= 1;
     }
     cp_async_wait<0>();
@@ -959,6 +969,20 @@ size_t carve_size(size_t n_bytes) { return (n_bytes + 255) & ~(size_t) 255; }
 
 bool aligned16(const void * p) { return ((uintptr_t) p & 15) == 0; }
 
+// Kernel variants, for tuning (OOMB_PAGED_ATTN_FWD / OOMB_PAGED_ATTN_BWD = variant number; the
+// default is the fastest one measured, see bench/NOTES.md). Head dim 128 only; 64 has one of each.
+int env_variant(const char * name) {
+    const char * v = getenv(name);
+    return v ? atoi(v) : 0;
+}
+int fwd_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_FWD"); return v; }
+int bwd_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_BWD"); return v; }
+// forward D=128 variants: 0: 4 warps x 32 rows, 32-key tiles; 1: 8 warps x 16 rows, 64-key tiles;
+// 2: 4 warps x 32 rows, 64-key tiles
+int fwd_bn(int D) { return D == 64 ? 64 : (fwd_variant() == 0 ? 32 : 64); }
+// backward D=128 variants: rows per step 0: 32, 1: 64, 2: 16
+int bwd_bm(int D) { return D == 64 ? 64 : (bwd_variant() == 1 ? 64 : bwd_variant() == 2 ? 16 : 32); }
+
 // Can the tensor-core kernels run on these operands?
 bool fast_ok(const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * vp, const oomb_tensor * dout) {
     if (getenv("OOMB_PAGED_ATTN_GENERIC")) return false;
@@ -971,6 +995,7 @@ bool fast_ok(const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * 
     if (q->nb[0] != 4 || q->nb[1] % 16 || q->nb[2] % 16 || !aligned16(q->data)) return false;
     if (dout && (dout->nb[0] != 4 || dout->nb[1] % 16 || dout->nb[2] % 16 || !aligned16(dout->data))) return false;
     if (q->ne[2] * q->ne[1] >= (int64_t) INT_MAX / 2) return false;
+    if (kp->ne[2] % fwd_bn((int) D)) return false; // a forward key tile must lie in one page
     return true;
 }
 
@@ -992,16 +1017,18 @@ void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
 
 template <int MODE>
 void fwd_fast(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
-    if (D == 128) launch_fwd<128, 2, 32, 4, MODE>(stream, a, Hkv);
-    else launch_fwd<64, 2, 64, 4, MODE>(stream, a, Hkv);
+    if (D == 64) { launch_fwd<64, 2, 64, 4, MODE>(stream, a, Hkv); return; }
+    switch (fwd_variant()) {
+        case 1: launch_fwd<128, 1, 64, 8, MODE>(stream, a, Hkv); break;
+        case 2: launch_fwd<128, 2, 64, 4, MODE>(stream, a, Hkv); break;
+        default: launch_fwd<128, 2, 32, 4, MODE>(stream, a, Hkv); break;
+    }
 }
 
 constexpr int BWD_NW = 8;
-template <int D> constexpr int bwd_bm() { return D == 128 ? 32 : 64; }
 
-template <int D>
+template <int D, int BM>
 void launch_bwd(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
-    constexpr int BM = bwd_bm<D>();
     using C = BwdCfg<D, BM, BWD_NW>;
     static bool attr_set = false;
     if (!attr_set) { set_smem(pa_bwd_kernel<D, BM, BWD_NW>, C::smem); attr_set = true; }
@@ -1117,7 +1144,7 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
     const int64_t n_keys_bound = (int64_t) G.n_logical * G.P;
 
     if (fast_ok(q, kp, vp, dout)) {
-        const int BM = G.D == 128 ? bwd_bm<128>() : bwd_bm<64>();
+        const int BM = bwd_bm(G.D);
         const int BN = BWD_NW * 16;
         const int TG = G.T * G.G;
         const int TGp = (TG + 127) / 128 * 128; // multiple of every row tile
@@ -1176,8 +1203,10 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
             a.c = scale * kLog2e; a.scale = scale;
             a.dq = dq;
             const int n_key_tiles = (int) ((n_keys_bound + BN - 1) / BN);
-            if (G.D == 128) launch_bwd<128>(stream, a, n_key_tiles, G.Hkv);
-            else launch_bwd<64>(stream, a, n_key_tiles, G.Hkv);
+            if (G.D == 64) launch_bwd<64, 64>(stream, a, n_key_tiles, G.Hkv);
+            else if (BM == 64) launch_bwd<128, 64>(stream, a, n_key_tiles, G.Hkv);
+            else if (BM == 16) launch_bwd<128, 16>(stream, a, n_key_tiles, G.Hkv);
+            else launch_bwd<128, 32>(stream, a, n_key_tiles, G.Hkv);
         }
     } else {
         const int64_t rows = (int64_t) G.T * G.H;

@@ -6,7 +6,8 @@
 // 3.5 times that.
 //
 // usage: oomb-bench-attn [--seq 8192,32768,131072] [--chunk 4096] [--page 128] [--heads 28]
-//                        [--kv-heads 4] [--dim 128] [--reps 3] [--no-shuffle]
+//                        [--kv-heads 4] [--dim 128] [--reps 3] [--no-shuffle] [--fwd-only]
+// Kernel variants for tuning: OOMB_PAGED_ATTN_FWD / OOMB_PAGED_ATTN_BWD (see cuda/paged-attn.cu).
 
 #include "oomb.h"
 #include "cuda/paged-attn.cuh"
@@ -66,6 +67,7 @@ int main(int argc, char ** argv) {
     int64_t chunk = 4096, page = 128, H = 28, Hkv = 4, D = 128;
     int reps = 3;
     bool shuffle = true;
+    bool fwd_only = false;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         auto next = [&]() { if (i + 1 >= argc) { fprintf(stderr, "missing value for %s\n", a.c_str()); exit(2); } return argv[++i]; };
@@ -77,6 +79,7 @@ int main(int argc, char ** argv) {
         else if (a == "--dim") D = atoll(next());
         else if (a == "--reps") reps = atoi(next());
         else if (a == "--no-shuffle") shuffle = false;
+        else if (a == "--fwd-only") fwd_only = true;
         else { fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
     }
     cudaDeviceProp prop;
@@ -151,7 +154,7 @@ int main(int argc, char ** argv) {
         auto run_fwd = [&]() { for (oomb_tensor * f : fwd) oomb_cuda_paged_attn(stream, f); };
         auto run_bwd = [&]() { for (auto it = bwd.rbegin(); it != bwd.rend(); ++it) oomb_cuda_paged_attn_back(stream, *it); };
         run_fwd();
-        run_bwd();
+        if (!fwd_only) run_bwd();
         CK(cudaStreamSynchronize(stream));
 
         cudaEvent_t e0, e1;
@@ -171,7 +174,7 @@ int main(int argc, char ** argv) {
             return median(ms);
         };
         const double fwd_ms = time(run_fwd);
-        const double bwd_ms = time(run_bwd);
+        const double bwd_ms = fwd_only ? 0.0 : time(run_bwd);
         CK(cudaGetLastError());
         // sanity: the last chunk's output must be finite
         {
@@ -183,7 +186,8 @@ int main(int argc, char ** argv) {
         printf("{\"seq\": %lld, \"chunk\": %lld, \"page\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"dim\": %lld, "
                "\"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, \"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f, \"fwdbwd_tflops\": %.1f}\n",
                (long long) S, (long long) chunk, (long long) page, (long long) H, (long long) Hkv, (long long) D, fwd_ms, bwd_ms,
-               fwd_ms + bwd_ms, flop_fwd / fwd_ms * 1e-9, 2.5 * flop_fwd / bwd_ms * 1e-9, 3.5 * flop_fwd / (fwd_ms + bwd_ms) * 1e-9);
+               fwd_ms + bwd_ms, flop_fwd / fwd_ms * 1e-9, fwd_only ? 0.0 : 2.5 * flop_fwd / bwd_ms * 1e-9,
+               fwd_only ? 0.0 : 3.5 * flop_fwd / (fwd_ms + bwd_ms) * 1e-9);
         fflush(stdout);
         CK(cudaEventDestroy(e0));
         CK(cudaEventDestroy(e1));
