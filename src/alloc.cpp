@@ -257,7 +257,8 @@ static void make_plan(oomb_gallocr * ga, oomb_cgraph * g) {
     auto add_view = [&](oomb_tensor * t) {
         if (!t->view_src) return;
         auto it = info.find(t->view_src);
-        if (it != info.end() && it->second.ours) ga->views.push_back(t);
+        // views of our tensors, and views made before their (external) owner got memory
+        if ((it != info.end() && it->second.ours) || !t->data) ga->views.push_back(t);
     };
     for (oomb_tensor * l : g->leafs) add_view(l);
     for (oomb_tensor * n : g->nodes) add_view(n);
@@ -300,6 +301,7 @@ bool oomb_gallocr_alloc_graph(oomb_gallocr_t ga, struct oomb_cgraph * g) {
     if (!oomb_gallocr_reserve(ga, g)) return false;
     for (auto & p : ga->placed) oomb_tensor_alloc(ga->buffer, p.first, p.second);
     for (oomb_tensor * v : ga->views) {
+        if (!v->view_src->data) continue;  // an external owner without memory: graph_compute reports it
         v->data = (char *) v->view_src->data + v->view_offs;
         v->buffer = v->view_src->buffer;
     }

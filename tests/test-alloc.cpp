@@ -880,3 +880,29 @@ TEST(Failure, HugeArenaOnTheCpuReturnsFalse) {
 }
 
 } // namespace
+
+// A view made before its (external) owner got memory is pointed at the owner when the graph is allocated.
+TEST(AllocViews, ViewOfExternalTensorAllocatedLater) {
+    oomb_backend_t cpu = oomb_backend_cpu_init(1);
+    oomb_context * cw = oomb_init({0, true});
+    oomb_context * ctx = oomb_init({0, true});
+    oomb_tensor * w = oomb_new_tensor_2d(cw, OOMB_TYPE_F32, 3, 2);
+    oomb_tensor * wt = oomb_transpose(ctx, w);  // w has no memory yet
+    oomb_tensor * y = oomb_cont(ctx, wt);
+    oomb_cgraph * g = oomb_new_graph(ctx);
+    oomb_build_forward_expand(g, y);
+    oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(cw, cpu);
+    const float v[6] = {1, 2, 3, 4, 5, 6};
+    oomb_tensor_set(w, v, 0, sizeof(v));
+    oomb_gallocr_t ga = oomb_gallocr_new(cpu);
+    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+    ASSERT_EQ(wt->data, w->data);
+    oomb_backend_graph_compute(cpu, g);
+    EXPECT_EQ(oomb_get_f32_nd(y, 1, 0, 0, 0), 4.0f);
+    EXPECT_EQ(oomb_get_f32_nd(y, 0, 2, 0, 0), 3.0f);
+    oomb_gallocr_free(ga);
+    oomb_buffer_free(buf);
+    oomb_free(ctx);
+    oomb_free(cw);
+    oomb_backend_free(cpu);
+}
