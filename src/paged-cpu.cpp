@@ -1,38 +1,57 @@
-// CPU reference kernels for attention over a paged KV cache.
+// CPU kernels for attention over a paged KV cache.
 //
-// Forward: for each (query t, head h), an online softmax (Milakov & Gimelshein 2018; as in
-// FlashAttention) over positions 0..pos[t], reading K/V through the page table one page at a
-// time: O(D) scratch per worker, whatever the history length.
-// Backward (FlashAttention-2 style, recomputing the softmax): pass 1 recomputes each row's
-// log-sum-exp and delta = dout . out; pass 2 computes dq per (t, h); pass 3 gives each worker a
-// range of key positions and accumulates dK/dV for them over every query and head of the group,
-// so the gradient pages are written without races.
+// Work is tiled as in FlashAttention: a tile is a few query tokens times the query heads of one KV
+// head (the GQA group, so each K/V block is read once for all of them), against blocks of up to KB
+// keys of one page read through the page table (converted to f32, K and V transposed for the score
+// products). The tile kernels (paged-cpu-tiles.inc) are compiled for AVX-512, AVX2+FMA and the
+// baseline and picked at run time.
+// Forward: online softmax (Milakov & Gimelshein 2018) per tile over the key blocks: O(tile) scratch
+// per worker, whatever the history length.
+// Backward (FlashAttention-2, recomputing the softmax): pass 1 recomputes each row's log-sum-exp and
+// delta = dout . out; pass 2 computes dq per query tile; pass 3 gives each work item one key block
+// (of one KV head) and accumulates its dK/dV over every query tile, so the gradient pages are
+// written without races. Every output element is computed by one work item in a fixed order, so
+// results do not depend on the thread count or on scheduling.
 
 #include "paged-cpu.h"
 #include "oomb-impl.h"
 #include "fp16.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <functional>
 #include <thread>
 #include <vector>
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("O3", "no-trapping-math")
+#endif
 
 namespace oomb {
 
 namespace {
 
-void parallel_for(int64_t n, int n_threads, const std::function<void(int64_t, int64_t)> & fn) {
+// Runs fn(i) for i in [0, n) on n_threads workers taking items in order from a shared counter
+// (each item is computed whole by one worker, so the result does not depend on who takes it).
+// fn gets the worker index too, for per-worker scratch.
+void parallel_items(int64_t n, int n_threads, const std::function<void(int64_t, int)> & fn) {
     n_threads = (int) std::max<int64_t>(1, std::min<int64_t>(n_threads, n));
-    if (n_threads == 1) { fn(0, n); return; }
-    std::vector<std::thread> th;
-    const int64_t per = (n + n_threads - 1) / n_threads;
-    for (int i = 0; i < n_threads; i++) {
-        const int64_t b = i * per, e = std::min(n, b + per);
-        if (b >= e) break;
-        th.emplace_back(fn, b, e);
+    if (n_threads == 1) {
+        for (int64_t i = 0; i < n; i++) fn(i, 0);
+        return;
     }
+    std::atomic<int64_t> next{0};
+    auto work = [&](int w) {
+        for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(i, w);
+    };
+    std::vector<std::thread> th;
+    for (int w = 1; w < n_threads; w++) th.emplace_back(work, w);
+    work(0);
     for (auto & x : th) x.join();
 }
 
@@ -82,9 +101,207 @@ inline const float * qrow(const oomb_tensor * q, int64_t t, int64_t h) {
 }
 
 void check_pos(const PagedGeom & G, const char * op) {
+    int64_t max_pos = -1;
     for (int64_t t = 0; t < G.T; t++) {
         if (G.pos[t] < 0) oomb_error("%s: negative position %d at token %" PRId64, op, G.pos[t], t);
-        for (int64_t lp = 0; lp <= G.pos[t] / G.P; lp++) G.offset(lp * G.P, 0, op);
+        max_pos = std::max<int64_t>(max_pos, G.pos[t]);
+    }
+    for (int64_t lp = 0; max_pos >= 0 && lp <= max_pos / G.P; lp++) G.offset(lp * G.P, 0, op);
+}
+
+// ---- tile kernels, compiled per instruction set -------------------------------------------------
+
+constexpr int KB = 64;  // keys per block (at most; a block never crosses a page)
+static_assert(KB % 8 == 0, "KB must be a multiple of 8");
+
+// exp(x) in f32 without branches, so loops over it vectorize (Cephes expf: range reduction by
+// ln 2 in two parts, degree-6 polynomial; max relative error ~2e-7). exp(-inf) = 0.
+inline float exp_f(float x) {
+    const float hi = 88.3762626647949f, lo = -87.3365478515625f;
+    float xc = x < lo ? lo : x;
+    xc = xc > hi ? hi : xc;
+    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; // round to nearest
+    float r = xc - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    const int32_t e = ((int32_t) n + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, 4);
+    float res = y * scale;
+    res = x < lo ? 0.0f : res;
+    res = x > 88.72283935546875f ? INFINITY : res;
+    return res;
+}
+
+struct TileKernels {
+    void (*scores)(int R, int D, const float * const * rows, const float * Kt, float * S);
+    void (*accum_rows)(int R, int D, const float * P, int n, const float * Vr, float * O);
+    void (*accum_cols)(int n, int R, int D, const float * Pt, const float * const * rows, float * acc);
+    void (*online_softmax)(int R, int D, float scale, float * S, const int32_t * rpos, int64_t p0, int n, float * m, float * l,
+                           float * O);
+    void (*bwd_probs)(int R, float scale, float * S, float * dP, const float * lse, const float * delta, const int32_t * rpos,
+                      int64_t p0, int n);
+    void (*transpose)(int R, const float * P, float * Pt);
+};
+
+namespace isa_base {
+constexpr int VW = 4;
+#include "paged-cpu-tiles.inc"
+}
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define OOMB_PAGED_X86 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace isa_avx2 {
+constexpr int VW = 8;
+#include "paged-cpu-tiles.inc"
+}
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")
+namespace isa_avx512 {
+constexpr int VW = 16;
+#include "paged-cpu-tiles.inc"
+}
+#pragma GCC pop_options
+#endif
+
+const TileKernels & kernels() {
+    static const TileKernels * k = [] {
+        // OOMB_PAGED_ISA=base|avx2|avx512 forces a variant (tests of every path)
+        const char * force = getenv("OOMB_PAGED_ISA");
+        const std::string f = force ? force : "";
+        if (f == "base") return &isa_base::kernels;
+#ifdef OOMB_PAGED_X86
+        __builtin_cpu_init();
+        if (f == "avx2") return &isa_avx2::kernels;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+            __builtin_cpu_supports("avx512bw"))
+            return &isa_avx512::kernels;
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &isa_avx2::kernels;
+#endif
+        return &isa_base::kernels;
+    }();
+    return *k;
+}
+
+// ---- work decomposition ---------------------------------------------------------------------------
+
+// A block of keys: positions [p0, p0 + n), within one page, n <= KB.
+struct KeyBlock { int64_t p0; int n; };
+
+std::vector<KeyBlock> key_blocks(int64_t n_keys, int64_t P) {
+    std::vector<KeyBlock> b;
+    for (int64_t p = 0; p < n_keys;) {
+        const int64_t page_end = (p / P + 1) * P;
+        const int64_t e = std::min({p + (int64_t) KB, page_end, n_keys});
+        b.push_back({p, (int) (e - p)});
+        p = e;
+    }
+    return b;
+}
+
+// The query rows of one tile: tokens [t0, t0 + nt) x the query heads of KV head g, in (token, head)
+// order. Row r of the op is t * H + h.
+struct QueryTile {
+    int64_t t0, nt, g, max_pos;
+};
+
+std::vector<QueryTile> query_tiles(const PagedGeom & G) {
+    const int64_t bq = std::max<int64_t>(1, 64 / G.group);  // ~64 rows per tile
+    std::vector<QueryTile> v;
+    for (int64_t g = 0; g < G.Hkv; g++)
+        for (int64_t t0 = 0; t0 < G.T; t0 += bq) {
+            const int64_t nt = std::min(bq, G.T - t0);
+            int64_t mp = 0;
+            for (int64_t t = t0; t < t0 + nt; t++) mp = std::max<int64_t>(mp, G.pos[t]);
+            v.push_back({t0, nt, g, mp});
+        }
+    // heaviest first (more keys), so the last items to be taken are short
+    std::stable_sort(v.begin(), v.end(), [](const QueryTile & a, const QueryTile & b) { return a.max_pos > b.max_pos; });
+    return v;
+}
+
+// Per-worker scratch.
+struct Scratch {
+    std::vector<float> Kt, Vt, Kr, Vr, S, S2, Pt, O, m, l, lse, delta, acc1, acc2;
+    std::vector<const float *> qr, dr;
+    std::vector<float *> outr;
+    std::vector<int32_t> rpos;
+    std::vector<int64_t> rid;
+    void init(int64_t R, int64_t D) {
+        Kt.assign(D * KB, 0.0f); Vt.assign(D * KB, 0.0f); Kr.assign(KB * D, 0.0f); Vr.assign(KB * D, 0.0f);
+        S.assign(R * KB, 0.0f); S2.assign(R * KB, 0.0f); Pt.assign(KB * R, 0.0f);
+        O.assign(R * D, 0.0f); m.assign(R, 0.0f); l.assign(R, 0.0f); lse.assign(R, 0.0f); delta.assign(R, 0.0f);
+        acc1.assign(KB * D, 0.0f); acc2.assign(KB * D, 0.0f);
+        qr.assign(R, nullptr); dr.assign(R, nullptr); outr.assign(R, nullptr); rpos.assign(R, 0); rid.assign(R, 0);
+    }
+};
+
+// Loads key block b of KV head g from a pool as f32: transposed into T (D x KB) and/or row-major
+// into Rm (KB x D); columns / rows past n are zero.
+void load_block(const PagedGeom & G, const oomb_tensor * pool, int64_t g, const KeyBlock & b, float * T, float * Rm,
+                const char * op) {
+    const int64_t D = G.D;
+    if (T && b.n < KB)
+        for (int64_t d = 0; d < D; d++) std::fill(T + d * KB + b.n, T + (d + 1) * KB, 0.0f);
+    if (Rm && b.n < KB) std::fill(Rm + (size_t) b.n * D, Rm + (size_t) KB * D, 0.0f);
+    float tmp[1024];
+    std::vector<float> big;
+    float * row = tmp;
+    if (D > 1024) { big.resize(D); row = big.data(); }
+    for (int j = 0; j < b.n; j++) {
+        const char * src = (const char *) pool->data + G.offset(b.p0 + j, g, op);
+        const float * r;
+        if (pool->type == OOMB_TYPE_F32 && pool->nb[0] == sizeof(float)) r = (const float *) src;
+        else {
+            for (int64_t d = 0; d < D; d++) row[d] = load(src + d * pool->nb[0], pool->type);
+            r = row;
+        }
+        if (T) for (int64_t d = 0; d < D; d++) T[d * KB + j] = r[d];
+        if (Rm) std::copy(r, r + D, Rm + (size_t) j * D);
+    }
+}
+
+// Fills the row tables of a tile (q rows, dout rows, out rows, positions, op row ids); returns R.
+int tile_rows(const PagedGeom & G, const QueryTile & qt, const oomb_tensor * q, const oomb_tensor * dout, oomb_tensor * out, Scratch & s) {
+    int R = 0;
+    for (int64_t t = qt.t0; t < qt.t0 + qt.nt; t++)
+        for (int64_t h = qt.g * G.group; h < (qt.g + 1) * G.group; h++, R++) {
+            s.qr[R] = qrow(q, t, h);
+            s.dr[R] = dout ? (const float *) elem_ptr(dout, 0, h, t, 0) : nullptr;
+            s.outr[R] = out ? (float *) elem_ptr(out, 0, h, t, 0) : nullptr;
+            s.rpos[R] = G.pos[t];
+            s.rid[R] = t * G.H + h;
+        }
+    return R;
+}
+
+// Forward of one tile over every key block it sees: O (R x D, normalised), m, l in s.
+void forward_tile(const TileKernels & K, const PagedGeom & G, const std::vector<KeyBlock> & blocks, const oomb_tensor * kp,
+                  const oomb_tensor * vp, float scale, const QueryTile & qt, int R, Scratch & s, const char * op) {
+    const int D = (int) G.D;
+    std::fill(s.O.begin(), s.O.begin() + (size_t) R * D, 0.0f);
+    std::fill(s.m.begin(), s.m.begin() + R, -INFINITY);
+    std::fill(s.l.begin(), s.l.begin() + R, 0.0f);
+    for (const KeyBlock & b : blocks) {
+        if (b.p0 > qt.max_pos) break;
+        load_block(G, kp, qt.g, b, s.Kt.data(), nullptr, op);
+        load_block(G, vp, qt.g, b, nullptr, s.Vr.data(), op);
+        K.scores(R, D, s.qr.data(), s.Kt.data(), s.S.data());
+        K.online_softmax(R, D, scale, s.S.data(), s.rpos.data(), b.p0, b.n, s.m.data(), s.l.data(), s.O.data());
+        K.accum_rows(R, D, s.S.data(), b.n, s.Vr.data(), s.O.data());
+    }
+    for (int i = 0; i < R; i++) {
+        const float inv = s.l[i] > 0.0f ? 1.0f / s.l[i] : 0.0f;
+        float * o = s.O.data() + (size_t) i * D;
+        for (int d = 0; d < D; d++) o[d] *= inv;
     }
 }
 
@@ -112,45 +329,24 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
                 }
             }
     }
+    if (G.T == 0) return;
 
-    const int64_t D = G.D;
-    parallel_for(G.T * G.H, n_threads, [&](int64_t b, int64_t e) {
-        std::vector<float> acc(D), kbuf(D), vbuf(D);
-        for (int64_t r = b; r < e; r++) {
-            const int64_t t = r / G.H, h = r % G.H, g = h / G.group;
-            const float * qv = qrow(q, t, h);
-            float m = -INFINITY, l = 0.0f;
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int64_t p = 0; p <= G.pos[t]; p++) {
-                const size_t off = G.offset(p, g, "paged_attn");
-                const char * kr = (const char *) kp->data + off;
-                const char * vr = (const char *) vp->data + off;
-                float s = 0.0f;
-                if (kp->type == OOMB_TYPE_F32) {
-                    const float * kf = (const float *) kr;
-                    for (int64_t d = 0; d < D; d++) s += qv[d] * kf[d];
-                } else {
-                    for (int64_t d = 0; d < D; d++) kbuf[d] = load(kr + d * kp->nb[0], kp->type);
-                    for (int64_t d = 0; d < D; d++) s += qv[d] * kbuf[d];
-                }
-                s *= scale;
-                const float * vf;
-                if (vp->type == OOMB_TYPE_F32) vf = (const float *) vr;
-                else { for (int64_t d = 0; d < D; d++) vbuf[d] = load(vr + d * vp->nb[0], vp->type); vf = vbuf.data(); }
-                if (s > m) {
-                    const float c = std::exp(m - s);
-                    l *= c;
-                    for (int64_t d = 0; d < D; d++) acc[d] *= c;
-                    m = s;
-                }
-                const float w = std::exp(s - m);
-                l += w;
-                for (int64_t d = 0; d < D; d++) acc[d] += w * vf[d];
-            }
-            float * out = (float *) elem_ptr(dst, 0, h, t, 0);
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-            for (int64_t d = 0; d < D; d++) out[d] = acc[d] * inv;
-        }
+    const TileKernels & K = kernels();
+    const std::vector<QueryTile> tiles = query_tiles(G);
+    int64_t max_pos = 0;
+    for (const QueryTile & qt : tiles) max_pos = std::max(max_pos, qt.max_pos);
+    const std::vector<KeyBlock> blocks = key_blocks(max_pos + 1, G.P);
+    const int64_t Rmax = std::max<int64_t>(1, 64 / G.group) * G.group;
+    const int nw = (int) std::max<int64_t>(1, std::min<int64_t>(n_threads, (int64_t) tiles.size()));
+    std::vector<Scratch> scratch(nw);
+    for (auto & s : scratch) s.init(Rmax, G.D);
+    const int D = (int) G.D;
+    parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
+        Scratch & s = scratch[w];
+        const QueryTile & qt = tiles[it];
+        const int R = tile_rows(G, qt, q, nullptr, dst, s);
+        forward_tile(K, G, blocks, kp, vp, scale, qt, R, s, "paged_attn");
+        for (int i = 0; i < R; i++) std::copy(s.O.data() + (size_t) i * D, s.O.data() + (size_t) (i + 1) * D, s.outr[i]);
     });
 }
 
@@ -165,112 +361,108 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
     PagedGeom G(q, kp, dst->src[5], dst->src[6]);
     if (q->nb[0] != sizeof(float) || dout->nb[0] != sizeof(float)) oomb_error("paged_attn_back: q and dout must have unit stride in dim 0");
     check_pos(G, "paged_attn_back");
-    const int64_t D = G.D, H = G.H, T = G.T;
-
-    auto key = [&](const oomb_tensor * pool, size_t off, float * buf) -> const float * {
-        if (pool->type == OOMB_TYPE_F32) return (const float *) ((const char *) pool->data + off);
-        for (int64_t d = 0; d < D; d++) buf[d] = load((const char *) pool->data + off + d * pool->nb[0], pool->type);
-        return buf;
-    };
-    auto dorow = [&](int64_t t, int64_t h) { return (const float *) elem_ptr(dout, 0, h, t, 0); };
-
-    // pass 1: log-sum-exp and delta = dout . out per (t, h)
-    std::vector<float> lse(T * H), delta(T * H);
-    parallel_for(T * H, n_threads, [&](int64_t b, int64_t e) {
-        std::vector<float> acc(D), kb(D), vb(D);
-        for (int64_t r = b; r < e; r++) {
-            const int64_t t = r / H, h = r % H, g = h / G.group;
-            const float * qv = qrow(q, t, h);
-            float m = -INFINITY, l = 0.0f;
-            std::fill(acc.begin(), acc.end(), 0.0f);
-            for (int64_t p = 0; p <= G.pos[t]; p++) {
-                const size_t off = G.offset(p, g, "paged_attn_back");
-                const float * kf = key(kp, off, kb.data());
-                const float * vf = key(vp, off, vb.data());
-                float s = 0.0f;
-                for (int64_t d = 0; d < D; d++) s += qv[d] * kf[d];
-                s *= scale;
-                if (s > m) { const float c = std::exp(m - s); l *= c; for (int64_t d = 0; d < D; d++) acc[d] *= c; m = s; }
-                const float w = std::exp(s - m);
-                l += w;
-                for (int64_t d = 0; d < D; d++) acc[d] += w * vf[d];
-            }
-            lse[r] = m + std::log(l);
-            const float * dov = dorow(t, h);
-            float dl = 0.0f;
-            for (int64_t d = 0; d < D; d++) dl += dov[d] * acc[d] / l;
-            delta[r] = dl;
-        }
-    });
-
+    const int64_t H = G.H, T = G.T;
+    const int D = (int) G.D;
     float * dq = (float *) dst->data;  // [D, H, T] contiguous
-    // pass 2: dq
-    parallel_for(T * H, n_threads, [&](int64_t b, int64_t e) {
-        std::vector<float> kb(D), vb(D);
-        for (int64_t r = b; r < e; r++) {
-            const int64_t t = r / H, h = r % H, g = h / G.group;
-            const float * qv = qrow(q, t, h);
-            const float * dov = dorow(t, h);
-            float * dqv = dq + (t * H + h) * D;
-            std::fill(dqv, dqv + D, 0.0f);
-            for (int64_t p = 0; p <= G.pos[t]; p++) {
-                const size_t off = G.offset(p, g, "paged_attn_back");
-                const float * kf = key(kp, off, kb.data());
-                const float * vf = key(vp, off, vb.data());
-                float s = 0.0f, dp = 0.0f;
-                for (int64_t d = 0; d < D; d++) { s += qv[d] * kf[d]; dp += dov[d] * vf[d]; }
-                const float pr = std::exp(s * scale - lse[r]);
-                const float ds = pr * (dp - delta[r]) * scale;
-                for (int64_t d = 0; d < D; d++) dqv[d] += ds * kf[d];
-            }
+    float * dkc = dq + G.D * H * T;
+    float * dvc = dkc + G.D * G.Hkv * T;
+    if (T == 0) return;
+
+    const TileKernels & K = kernels();
+    const std::vector<QueryTile> tiles = query_tiles(G);
+    int64_t max_pos = 0;
+    for (const QueryTile & qt : tiles) max_pos = std::max(max_pos, qt.max_pos);
+    const std::vector<KeyBlock> blocks = key_blocks(max_pos + 1, G.P);
+    const int64_t Rmax = std::max<int64_t>(1, 64 / G.group) * G.group;
+    const int nw = std::max(1, n_threads);
+    std::vector<Scratch> scratch(nw);
+    for (auto & s : scratch) s.init(Rmax, G.D);
+    const char * op = "paged_attn_back";
+
+    // pass 1: log-sum-exp and delta = dout . out per row
+    std::vector<float> lse(T * H), delta(T * H);
+    parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
+        Scratch & s = scratch[w];
+        const QueryTile & qt = tiles[it];
+        const int R = tile_rows(G, qt, q, dout, nullptr, s);
+        forward_tile(K, G, blocks, kp, vp, scale, qt, R, s, op);
+        for (int i = 0; i < R; i++) {
+            const float * o = s.O.data() + (size_t) i * D;
+            const float * dv = s.dr[i];
+            float dl = 0.0f;
+            for (int d = 0; d < D; d++) dl += dv[d] * o[d];
+            lse[s.rid[i]] = s.m[i] + std::log(s.l[i]);
+            delta[s.rid[i]] = dl;
         }
     });
 
-    // pass 3: dK, dV, each worker owning a range of (position, kv head) pairs
+    // pass 2: dq per query tile
+    parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
+        Scratch & s = scratch[w];
+        const QueryTile & qt = tiles[it];
+        const int R = tile_rows(G, qt, q, dout, nullptr, s);
+        for (int i = 0; i < R; i++) { s.lse[i] = lse[s.rid[i]]; s.delta[i] = delta[s.rid[i]]; }
+        std::fill(s.O.begin(), s.O.begin() + (size_t) R * D, 0.0f);
+        for (const KeyBlock & b : blocks) {
+            if (b.p0 > qt.max_pos) break;
+            load_block(G, kp, qt.g, b, s.Kt.data(), s.Kr.data(), op);
+            load_block(G, vp, qt.g, b, s.Vt.data(), nullptr, op);
+            K.scores(R, D, s.qr.data(), s.Kt.data(), s.S.data());
+            K.scores(R, D, s.dr.data(), s.Vt.data(), s.S2.data());
+            K.bwd_probs(R, scale, s.S.data(), s.S2.data(), s.lse.data(), s.delta.data(), s.rpos.data(), b.p0, b.n);
+            K.accum_rows(R, D, s.S2.data(), b.n, s.Kr.data(), s.O.data());
+        }
+        for (int i = 0; i < R; i++) {
+            float * dqv = dq + s.rid[i] * D;
+            const float * o = s.O.data() + (size_t) i * D;
+            for (int d = 0; d < D; d++) dqv[d] = o[d] * scale;
+        }
+    });
+
+    // pass 3: dK, dV per (key block, KV head), over every query tile that sees the block
     // (offsets are computed in the K/V pools; the f32 gradient pages have the same shape, contiguous,
     // so an element's byte offset there is its K/V offset / element size * 4)
     const size_t kv_es = oomb_type_size(kp->type);
-    int64_t max_pos = 0;
-    for (int64_t t = 0; t < T; t++) max_pos = std::max<int64_t>(max_pos, G.pos[t]);
-    const int64_t n_keys = max_pos + 1;
-    parallel_for(n_keys * G.Hkv, n_threads, [&](int64_t b, int64_t e) {
-        std::vector<float> kb(D), vb(D), dk(D), dv(D);
-        for (int64_t r = b; r < e; r++) {
-            const int64_t p = r / G.Hkv, g = r % G.Hkv;
-            const size_t off = G.offset(p, g, "paged_attn_back");
-            const float * kf = key(kp, off, kb.data());
-            const float * vf = key(vp, off, vb.data());
-            std::fill(dk.begin(), dk.end(), 0.0f);
-            std::fill(dv.begin(), dv.end(), 0.0f);
-            bool any = false;
-            for (int64_t t = 0; t < T; t++) {
-                if (G.pos[t] < p) continue;
-                for (int64_t h = g * G.group; h < (g + 1) * G.group; h++) {
-                    const int64_t row = t * H + h;
-                    const float * qv = qrow(q, t, h);
-                    const float * dov = dorow(t, h);
-                    float s = 0.0f, dp = 0.0f;
-                    for (int64_t d = 0; d < D; d++) { s += qv[d] * kf[d]; dp += dov[d] * vf[d]; }
-                    const float pr = std::exp(s * scale - lse[row]);
-                    const float ds = pr * (dp - delta[row]) * scale;
-                    for (int64_t d = 0; d < D; d++) { dv[d] += pr * dov[d]; dk[d] += ds * qv[d]; }
-                    any = true;
-                }
-            }
-            if (!any) continue;
-            const size_t goff = off / kv_es * sizeof(float); // same element in the f32 gradient pages
+    std::vector<std::vector<QueryTile>> tiles_of(G.Hkv);
+    for (const QueryTile & qt : tiles) tiles_of[qt.g].push_back(qt);
+    const int64_t nb = (int64_t) blocks.size();
+    parallel_items(nb * G.Hkv, nw, [&](int64_t it, int w) {
+        Scratch & s = scratch[w];
+        const KeyBlock & b = blocks[it % nb];
+        const int64_t g = it / nb;
+        load_block(G, kp, g, b, s.Kt.data(), nullptr, op);
+        load_block(G, vp, g, b, s.Vt.data(), nullptr, op);
+        std::fill(s.acc1.begin(), s.acc1.end(), 0.0f);  // dK
+        std::fill(s.acc2.begin(), s.acc2.end(), 0.0f);  // dV
+        bool any = false;
+        for (const QueryTile & qt : tiles_of[g]) {
+            if (qt.max_pos < b.p0) continue;
+            const int R = tile_rows(G, qt, q, dout, nullptr, s);
+            for (int i = 0; i < R; i++) { s.lse[i] = lse[s.rid[i]]; s.delta[i] = delta[s.rid[i]]; }
+            K.scores(R, D, s.qr.data(), s.Kt.data(), s.S.data());
+            K.scores(R, D, s.dr.data(), s.Vt.data(), s.S2.data());
+            K.bwd_probs(R, scale, s.S.data(), s.S2.data(), s.lse.data(), s.delta.data(), s.rpos.data(), b.p0, b.n);
+            K.transpose(R, s.S.data(), s.Pt.data());
+            K.accum_cols(b.n, R, D, s.Pt.data(), s.dr.data(), s.acc2.data());
+            K.transpose(R, s.S2.data(), s.Pt.data());
+            K.accum_cols(b.n, R, D, s.Pt.data(), s.qr.data(), s.acc1.data());
+            any = true;
+        }
+        if (!any) return;
+        for (int j = 0; j < b.n; j++) {
+            const size_t goff = G.offset(b.p0 + j, g, op) / kv_es * sizeof(float);
             float * dkr = (float *) ((char *) dkp->data + goff);
             float * dvr = (float *) ((char *) dvp->data + goff);
-            for (int64_t d = 0; d < D; d++) { dkr[d] += dk[d]; dvr[d] += dv[d]; }
+            const float * ak = s.acc1.data() + (size_t) j * D;
+            const float * av = s.acc2.data() + (size_t) j * D;
+            for (int d = 0; d < D; d++) { dkr[d] += ak[d] * scale; dvr[d] += av[d]; }
         }
     });
 
     // dk_cur, dv_cur: the completed gradients of the chunk's own positions
-    float * dkc = dq + D * H * T;
-    float * dvc = dkc + D * G.Hkv * T;
     for (int64_t t = 0; t < T; t++)
         for (int64_t g = 0; g < G.Hkv; g++) {
-            const size_t off = G.offset(G.pos[t], g, "paged_attn_back");
+            const size_t off = G.offset(G.pos[t], g, op);
             const size_t goff = off / kv_es * sizeof(float);
             const float * dkr = (const float *) ((const char *) dkp->data + goff);
             const float * dvr = (const float *) ((const char *) dvp->data + goff);
@@ -280,3 +472,4 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
 }
 
 } // namespace oomb
+

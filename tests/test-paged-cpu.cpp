@@ -1,0 +1,222 @@
+// The CPU paged-attention kernels (src/paged-cpu.cpp: tiled, per-ISA) against a plain double
+// precision reference: forward output, dq, the dK/dV accumulated into the gradient pages (on top of
+// what they held) and dk_cur/dv_cur, over shapes that exercise the tails: head dims that are and
+// are not multiples of the vector width, GQA groups of 1..7, pages smaller and larger than the key
+// block, a chunk whose positions start mid-page, bf16 pools, and a non-contiguous page table.
+// Results must also be bit-identical with 1 and 2 threads. OOMB_PAGED_ISA=base|avx2|avx512 picks
+// the kernel variant (the test is meant to be run under each).
+#include "oomb.h"
+#include "oomb-backend.h"
+#include "oomb-paged.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+float bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    u &= 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+struct Case {
+    int D, H, Hkv, page;
+    int64_t hist, T;
+    oomb_type type;
+    bool store;
+};
+
+class PagedCpu : public ::testing::TestWithParam<Case> {};
+
+float get_pool(const oomb_tensor * pool, int64_t d, int64_t g, int64_t slot, int64_t page) {
+    const char * p = (const char *) pool->data + d * pool->nb[0] + g * pool->nb[1] + slot * pool->nb[2] + page * pool->nb[3];
+    if (pool->type == OOMB_TYPE_F32) return *(const float *) p;
+    uint16_t h;
+    memcpy(&h, p, 2);
+    uint32_t u = (uint32_t) h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+void set_pool(oomb_tensor * pool, int64_t d, int64_t g, int64_t slot, int64_t page, float v) {
+    char * p = (char *) pool->data + d * pool->nb[0] + g * pool->nb[1] + slot * pool->nb[2] + page * pool->nb[3];
+    if (pool->type == OOMB_TYPE_F32) { *(float *) p = v; return; }
+    uint32_t u;
+    v = bf16_round(v);
+    memcpy(&u, &v, 4);
+    const uint16_t h = (uint16_t) (u >> 16);
+    memcpy(p, &h, 2);
+}
+
+double rel(const std::vector<double> & ref, const float * got, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num += (got[i] - ref[i]) * (got[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-30));
+}
+
+TEST_P(PagedCpu, MatchesReference) {
+    const Case c = GetParam();
+    const int64_t D = c.D, H = c.H, Hkv = c.Hkv, T = c.T, S = c.hist + c.T, group = H / Hkv;
+    oomb_backend_t be = oomb_backend_cpu_init(2);
+    oomb_kv_cache_params kp{};
+    kp.n_layer = 1; kp.n_head_kv = c.Hkv; kp.head_dim = c.D; kp.page_size = c.page;
+    kp.max_tokens = S + 3 * c.page;  // spare pages: the mapping below is not the identity
+    kp.type = c.type; kp.with_grad = true;
+    oomb_kv_cache_t kv = oomb_kv_cache_init(be, kp);
+    ASSERT_NE(kv, nullptr);
+    // take a few pages first and give them back, so logical pages map to scattered physical ones
+    oomb_kv_cache_reserve(kv, 2 * c.page);
+    oomb_kv_cache_clear(kv);
+    oomb_kv_cache_reserve(kv, S);
+    oomb_tensor * kpool = oomb_kv_cache_k(kv, 0), * vpool = oomb_kv_cache_v(kv, 0);
+    oomb_tensor * dkpool = oomb_kv_cache_dk(kv, 0), * dvpool = oomb_kv_cache_dv(kv, 0);
+    const int32_t * pt = (const int32_t *) oomb_kv_cache_page_table(kv)->data;
+
+    std::mt19937 rng(1234 + c.D * 7 + c.H);
+    std::uniform_real_distribution<float> U(-1.0f, 1.0f);
+    const int64_t n_pages = kpool->ne[3];
+    for (int64_t pg = 0; pg < n_pages; pg++)
+        for (int64_t sl = 0; sl < c.page; sl++)
+            for (int64_t g = 0; g < Hkv; g++)
+                for (int64_t d = 0; d < D; d++) {
+                    set_pool(kpool, d, g, sl, pg, U(rng));
+                    set_pool(vpool, d, g, sl, pg, U(rng));
+                    set_pool(dkpool, d, g, sl, pg, U(rng));  // gradients accumulate on top of this
+                    set_pool(dvpool, d, g, sl, pg, U(rng));
+                }
+    oomb_context * ctx = oomb_init({0, false});
+    oomb_tensor * q = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, T);
+    oomb_tensor * kc = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T);
+    oomb_tensor * vc = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T);
+    oomb_tensor * dout = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, T);
+    oomb_tensor * pos = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T);
+    for (oomb_tensor * t : {q, kc, vc, dout})
+        for (int64_t i = 0; i < oomb_nelements(t); i++) ((float *) t->data)[i] = 2.0f * U(rng);
+    for (int64_t t = 0; t < T; t++) ((int32_t *) pos->data)[t] = (int32_t) (c.hist + t);
+    const float scale = 1.0f / std::sqrt((float) D);
+
+    // copies of the pools as the reference sees them (after the forward's store, if any)
+    auto pool_at = [&](const oomb_tensor * pool, int64_t p, int64_t g, int64_t d) {
+        return (double) get_pool(pool, d, g, p % c.page, pt[p / c.page]);
+    };
+    std::vector<double> dk0((size_t) (S * Hkv * D)), dv0(dk0.size());
+    for (int64_t p = 0; p < S; p++)
+        for (int64_t g = 0; g < Hkv; g++)
+            for (int64_t d = 0; d < D; d++) {
+                dk0[(p * Hkv + g) * D + d] = pool_at(dkpool, p, g, d);
+                dv0[(p * Hkv + g) * D + d] = pool_at(dvpool, p, g, d);
+            }
+
+    oomb_tensor * out = oomb_paged_attn(ctx, q, kc, vc, kpool, vpool, oomb_kv_cache_page_table(kv), pos, scale, c.store ? 1 : 0);
+    oomb_cgraph * gf = oomb_new_graph(ctx);
+    oomb_build_forward_expand(gf, out);
+    oomb_backend_graph_compute(be, gf);
+    if (c.store) {  // the chunk's K/V are now in the pages, rounded to the pool type
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t g = 0; g < Hkv; g++)
+                for (int64_t d = 0; d < D; d++) {
+                    const float kx = ((float *) kc->data)[(t * Hkv + g) * D + d];
+                    const float vx = ((float *) vc->data)[(t * Hkv + g) * D + d];
+                    ASSERT_EQ((float) pool_at(kpool, c.hist + t, g, d), c.type == OOMB_TYPE_F32 ? kx : bf16_round(kx));
+                    ASSERT_EQ((float) pool_at(vpool, c.hist + t, g, d), c.type == OOMB_TYPE_F32 ? vx : bf16_round(vx));
+                }
+    }
+
+    // reference, in double
+    std::vector<double> ro((size_t) (T * H * D)), rdq(ro.size()), rdk = dk0, rdv = dv0;
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++) {
+            const int64_t g = h / group, n = c.hist + t + 1;
+            const float * qv = (const float *) q->data + (t * H + h) * D;
+            const float * dov = (const float *) dout->data + (t * H + h) * D;
+            std::vector<double> s((size_t) n), dp((size_t) n);
+            double mx = -INFINITY;
+            for (int64_t p = 0; p < n; p++) {
+                double a = 0, b = 0;
+                for (int64_t d = 0; d < D; d++) { a += qv[d] * pool_at(kpool, p, g, d); b += dov[d] * pool_at(vpool, p, g, d); }
+                s[p] = a * scale;
+                dp[p] = b;
+                mx = std::max(mx, s[p]);
+            }
+            double l = 0;
+            for (int64_t p = 0; p < n; p++) { s[p] = std::exp(s[p] - mx); l += s[p]; }
+            double delta = 0;
+            for (int64_t p = 0; p < n; p++) { s[p] /= l; delta += s[p] * dp[p]; }
+            for (int64_t p = 0; p < n; p++) {
+                const double ds = s[p] * (dp[p] - delta);
+                for (int64_t d = 0; d < D; d++) {
+                    ro[(t * H + h) * D + d] += s[p] * pool_at(vpool, p, g, d);
+                    rdq[(t * H + h) * D + d] += scale * ds * pool_at(kpool, p, g, d);
+                    rdk[(p * Hkv + g) * D + d] += scale * ds * qv[d];
+                    rdv[(p * Hkv + g) * D + d] += s[p] * dov[d];
+                }
+            }
+        }
+    EXPECT_LT(rel(ro, (const float *) out->data, ro.size()), 1e-5);
+
+    // backward, with 2 threads then (from the same starting gradient pages) with 1 thread
+    std::vector<std::vector<float>> results;
+    for (int threads : {2, 1}) {
+        for (int64_t p = 0; p < S; p++)
+            for (int64_t g = 0; g < Hkv; g++)
+                for (int64_t d = 0; d < D; d++) {
+                    set_pool(dkpool, d, g, p % c.page, pt[p / c.page], (float) dk0[(p * Hkv + g) * D + d]);
+                    set_pool(dvpool, d, g, p % c.page, pt[p / c.page], (float) dv0[(p * Hkv + g) * D + d]);
+                }
+        oomb_backend_cpu_set_n_threads(be, threads);
+        oomb_tensor * back = oomb_paged_attn_back(ctx, q, kpool, vpool, dkpool, dvpool, oomb_kv_cache_page_table(kv), pos, dout, scale);
+        oomb_cgraph * gb = oomb_new_graph(ctx);
+        oomb_build_forward_expand(gb, back);
+        oomb_backend_graph_compute(be, gb);
+        const float * bd = (const float *) back->data;
+        EXPECT_LT(rel(rdq, bd, rdq.size()), 1e-5) << "dq, threads " << threads;
+        std::vector<float> gk(rdk.size()), gv(rdv.size());
+        for (int64_t p = 0; p < S; p++)
+            for (int64_t g = 0; g < Hkv; g++)
+                for (int64_t d = 0; d < D; d++) {
+                    gk[(p * Hkv + g) * D + d] = (float) pool_at(dkpool, p, g, d);
+                    gv[(p * Hkv + g) * D + d] = (float) pool_at(dvpool, p, g, d);
+                }
+        EXPECT_LT(rel(rdk, gk.data(), gk.size()), 1e-5) << "dK pages, threads " << threads;
+        EXPECT_LT(rel(rdv, gv.data(), gv.size()), 1e-5) << "dV pages, threads " << threads;
+        // dk_cur / dv_cur: the gradient pages at the chunk's positions
+        const float * dkc = bd + D * H * T, * dvc = dkc + D * Hkv * T;
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t g = 0; g < Hkv; g++)
+                for (int64_t d = 0; d < D; d++) {
+                    ASSERT_EQ(dkc[(t * Hkv + g) * D + d], gk[((c.hist + t) * Hkv + g) * D + d]);
+                    ASSERT_EQ(dvc[(t * Hkv + g) * D + d], gv[((c.hist + t) * Hkv + g) * D + d]);
+                }
+        std::vector<float> all(bd, bd + oomb_nelements(back));
+        all.insert(all.end(), gk.begin(), gk.end());
+        all.insert(all.end(), gv.begin(), gv.end());
+        results.push_back(all);
+    }
+    EXPECT_TRUE(results[0] == results[1]) << "results differ between 1 and 2 threads";
+    oomb_free(ctx);
+    oomb_kv_cache_free(kv);
+    oomb_backend_free(be);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PagedCpu,
+                         ::testing::Values(Case{64, 2, 1, 64, 150, 100, OOMB_TYPE_F32, false},   // qwen2-micro heads
+                                           Case{64, 4, 2, 64, 0, 130, OOMB_TYPE_F32, true},      // first chunk, stores
+                                           Case{128, 7, 1, 128, 200, 33, OOMB_TYPE_F32, false},  // 7B-like group, D 128
+                                           Case{80, 6, 2, 16, 70, 37, OOMB_TYPE_F32, true},      // D 80, small pages
+                                           Case{72, 3, 3, 100, 90, 45, OOMB_TYPE_BF16, true},    // bf16 pools, pages > block
+                                           Case{6, 3, 1, 5, 11, 9, OOMB_TYPE_F32, false},        // tiny head dim
+                                           Case{20, 2, 2, 7, 3, 200, OOMB_TYPE_BF16, false}));   // many query tiles
+
+} // namespace
