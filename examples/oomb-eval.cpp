@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <thread>
+#include <unistd.h>
 
 using namespace oomb;
 using namespace oomb::train;
@@ -112,6 +113,7 @@ int main(int argc, char ** argv) {
     double nll = 0;
     int64_t targets = 0, windows = 0;
     const auto t1 = std::chrono::steady_clock::now();
+    const bool tty = isatty(2);
     for (int64_t off = 0; off + 1 < n; off += ctx) {
         const int64_t len = std::min(ctx, n - off);
         ChunkStats st = tr.forward(ids.data() + off, len);
@@ -119,10 +121,10 @@ int main(int argc, char ** argv) {
         targets += st.n_targets;
         windows++;
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-        fprintf(stderr, "\r%s: %" PRId64 "/%" PRId64 " tokens, running NLL %.4f, %.0f tok/s   ", PROG, off + len, n,
+        if (tty) fprintf(stderr, "\r%s: %" PRId64 "/%" PRId64 " tokens, running NLL %.4f, %.0f tok/s   ", PROG, off + len, n,
                 nll / std::max<int64_t>(1, targets), (off + len) / std::max(1e-9, dt));
     }
-    fprintf(stderr, "\n");
+    if (tty) fprintf(stderr, "\n");
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     const double mean = nll / (double) targets;
     printf("model: %s\n", model.c_str());
