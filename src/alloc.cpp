@@ -31,6 +31,9 @@
 #include "oomb-impl.h"
 #include "oomb-alloc.h"
 
+#include <mutex>
+#include <unordered_map>
+
 #include <algorithm>
 #include <cstdint>
 #include <unordered_map>
@@ -104,7 +107,23 @@ struct owner_info {
 
 } // namespace
 
+// Live allocators and the generation of their current plan: a graph remembers the (allocator,
+// generation) that placed it, so computing it after that allocator planned another graph (whose
+// tensors now share the arena) or was freed is reported instead of corrupting memory.
+static std::mutex g_live_mutex;
+static std::unordered_map<uint64_t, uint64_t> g_live;  // allocator id -> current plan generation
+static uint64_t g_next_id = 0, g_next_gen = 0;
+
+bool oomb::graph_alloc_is_current(const oomb_cgraph * g) {
+    if (g->alloc_id == 0) return true;
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    auto it = g_live.find(g->alloc_id);
+    return it != g_live.end() && it->second == g->alloc_gen;
+}
+
 struct oomb_gallocr {
+    uint64_t id = 0;
+    uint64_t gen = 0;                   // generation of the current plan
     oomb_backend_t backend = nullptr;
     oomb_buffer *  buffer  = nullptr;   // the arena; the struct is kept across growth
 
@@ -123,11 +142,18 @@ struct oomb_gallocr {
 oomb_gallocr_t oomb_gallocr_new(oomb_backend_t backend) {
     auto * ga = new oomb_gallocr();
     ga->backend = backend;
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    ga->id = ++g_next_id;
+    g_live[ga->id] = 0;
     return ga;
 }
 
 void oomb_gallocr_free(oomb_gallocr_t ga) {
     if (!ga) return;
+    {
+        std::lock_guard<std::mutex> lock(g_live_mutex);
+        g_live.erase(ga->id);
+    }
     oomb_buffer_free(ga->buffer);
     delete ga;
 }
@@ -264,6 +290,11 @@ static void make_plan(oomb_gallocr * ga, oomb_cgraph * g) {
     for (oomb_tensor * n : g->nodes) add_view(n);
 
     ga->planned_size = fl.peak;
+    {
+        std::lock_guard<std::mutex> lock(g_live_mutex);
+        ga->gen = ++g_next_gen;
+        g_live[ga->id] = ga->gen;
+    }
     ga->has_plan = true;
     ga->plan_graph = g;
     ga->plan_version = g->version;
@@ -305,5 +336,7 @@ bool oomb_gallocr_alloc_graph(oomb_gallocr_t ga, struct oomb_cgraph * g) {
         v->data = (char *) v->view_src->data + v->view_offs;
         v->buffer = v->view_src->buffer;
     }
+    g->alloc_id = ga->id;
+    g->alloc_gen = ga->gen;
     return true;
 }

@@ -12,7 +12,14 @@ void oomb_backend_free(oomb_backend_t backend) {
 }
 const char * oomb_backend_name(oomb_backend_t backend) { return backend->iface->name(backend); }
 bool oomb_backend_is_host(oomb_backend_t backend) { return backend->iface->is_host(backend); }
-void oomb_backend_graph_compute(oomb_backend_t backend, struct oomb_cgraph * g) { backend->iface->graph_compute(backend, g); }
+void oomb_backend_graph_compute(oomb_backend_t backend, struct oomb_cgraph * g) {
+    if (!backend || !g) oomb_error("graph_compute: backend or graph is NULL");
+    if (!oomb::graph_alloc_is_current(g)) {
+        oomb_error("graph_compute: the graph's tensors were placed by a graph allocator that has since planned another "
+                   "graph or been freed; call oomb_gallocr_alloc_graph on this graph again before computing it");
+    }
+    backend->iface->graph_compute(backend, g);
+}
 void oomb_backend_synchronize(oomb_backend_t backend) {
     if (backend->iface->synchronize) backend->iface->synchronize(backend);
 }
@@ -80,6 +87,15 @@ static oomb_backend_t tensor_backend(const oomb_tensor * t) {
 
 static void check_range(const oomb_tensor * t, size_t offset, size_t size, const char * fn) {
     if (!t->data) oomb_error("%s: %s has no data", fn, shape_str(t).c_str());
+    const oomb_tensor * o = t->view_src ? t->view_src : t;
+    if (o->buffer) {
+        // a tensor placed in an arena that has since been reallocated points outside its buffer
+        const char * base = (const char *) o->buffer->base, * d = (const char *) t->data;
+        if (!base || d < base || (size_t) (d - base) + oomb_nbytes(t) > o->buffer->size) {
+            oomb_error("%s: %s points outside its buffer (its graph allocator moved on: call oomb_gallocr_alloc_graph "
+                       "for its graph again)", fn, shape_str(t).c_str());
+        }
+    }
     const size_t n = oomb_nbytes(t);
     if (offset > n || size > n - offset) {
         oomb_error("%s: range [%zu, %zu) out of %s (%zu bytes)", fn, offset, offset + size, shape_str(t).c_str(), n);

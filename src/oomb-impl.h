@@ -24,6 +24,8 @@ struct oomb_cgraph {
     std::vector<oomb_tensor *> leafs;  // op == NONE
     std::unordered_set<const oomb_tensor *> visited;
     uint64_t version = 0;              // bumped on every change (the allocator keys its plan on it)
+    uint64_t alloc_id = 0;             // the graph allocator that placed its tensors (0: none)
+    uint64_t alloc_gen = 0;            // ... and the plan generation it placed them with
 };
 
 // Backend interface (one implementation per backend).
@@ -63,6 +65,10 @@ static inline void * elem_ptr(const oomb_tensor * t, int64_t i0, int64_t i1, int
 
 static inline float get_op_f32(const oomb_tensor * t, int i) { float f; std::memcpy(&f, &t->op_params[i], 4); return f; }
 static inline void  set_op_f32(oomb_tensor * t, int i, float f) { std::memcpy(&t->op_params[i], &f, 4); }
+
+// false when g's tensors were placed by a graph allocator that has since planned another graph
+// or been freed (the tensors' memory then belongs to something else).
+bool graph_alloc_is_current(const oomb_cgraph * g);
 
 // true when t's data lives in host memory (context memory or a host backend's buffer).
 bool tensor_is_host(const oomb_tensor * t);

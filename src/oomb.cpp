@@ -140,6 +140,8 @@ bool oomb_ctx_no_alloc(const struct oomb_context * ctx) { return ctx->no_alloc; 
 
 static oomb_tensor * new_tensor_impl(oomb_context * ctx, enum oomb_type type, int n_dims, const int64_t * ne,
                                      oomb_tensor * view_src, size_t view_offs, const char * op) {
+    OOMB_CHECK(ctx, op, "context is NULL");
+    OOMB_CHECK(ne, op, "ne is NULL");
     OOMB_CHECK((unsigned) type < OOMB_TYPE_COUNT, op, "unknown tensor type %d", (int) type);
     OOMB_CHECK(n_dims >= 1 && n_dims <= OOMB_MAX_DIMS, op, "n_dims = %d, must be 1..4", n_dims);
     OOMB_CHECK(ctx->max_tensors == 0 || ctx->tensors.size() < ctx->max_tensors, op,
@@ -234,11 +236,16 @@ void oomb_set_loss(struct oomb_tensor * t) {
 
 int64_t oomb_nelements(const struct oomb_tensor * t) { return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; }
 int64_t oomb_nrows(const struct oomb_tensor * t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
-size_t oomb_nbytes(const struct oomb_tensor * t) {
+// Bytes spanned by t's elements, in 128 bits (strides of views can be anything a caller passes).
+static __int128 nbytes_wide(const oomb_tensor * t) {
     if (oomb_nelements(t) == 0) return 0;
-    size_t n = k_type_size[t->type];
-    for (int i = 0; i < 4; i++) n += (size_t) (t->ne[i] - 1) * t->nb[i];
+    __int128 n = k_type_size[t->type];
+    for (int i = 0; i < 4; i++) n += (__int128) (t->ne[i] - 1) * (__int128) t->nb[i];
     return n;
+}
+size_t oomb_nbytes(const struct oomb_tensor * t) {
+    const __int128 n = nbytes_wide(t);
+    return n > (__int128) SIZE_MAX ? SIZE_MAX : (size_t) n;
 }
 int oomb_n_dims(const struct oomb_tensor * t) {
     for (int i = 3; i >= 1; i--) if (t->ne[i] > 1) return i + 1;
@@ -389,11 +396,13 @@ static oomb_tensor * view_impl(oomb_context * ctx, oomb_tensor * a, int n_dims, 
     tmp.nb[0] = k_type_size[a->type];
     for (int i = 1; i < 4; i++) tmp.nb[i] = (nb && i < n_dims) ? nb[i] : tmp.nb[i - 1] * (size_t) tmp.ne[i - 1];
     if (nb && n_dims >= 1 && nb[0]) tmp.nb[0] = nb[0];
-    const size_t need = offset + oomb_nbytes(&tmp);
-    // the memory of a spans [0, nbytes(a)) relative to a->data
-    OOMB_CHECK(need <= oomb_nbytes(a) || oomb_nelements(&tmp) == 0, opn,
-               "view [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] at offset %zu needs %zu bytes, source %s has %zu",
-               tmp.ne[0], tmp.ne[1], tmp.ne[2], tmp.ne[3], offset, need, shape_str(a).c_str(), oomb_nbytes(a));
+    // the memory of a spans [0, nbytes(a)) relative to a->data; computed in 128 bits so that huge
+    // offsets or strides cannot wrap around
+    const __int128 need = (__int128) offset + nbytes_wide(&tmp);
+    OOMB_CHECK(need <= nbytes_wide(a) || oomb_nelements(&tmp) == 0, opn,
+               "view [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] (strides %zu, %zu, %zu) at offset %zu needs %.0f bytes, source %s has %zu",
+               tmp.ne[0], tmp.ne[1], tmp.ne[2], tmp.ne[3], tmp.nb[1], tmp.nb[2], tmp.nb[3], offset, (double) need,
+               shape_str(a).c_str(), oomb_nbytes(a));
     oomb_tensor * t = new_tensor_impl(ctx, a->type, 4, tmp.ne, a, offset, opn);
     for (int i = 0; i < 4; i++) t->nb[i] = tmp.nb[i];
     t->op = op;

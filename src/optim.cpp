@@ -38,7 +38,8 @@ struct oomb_opt_params oomb_opt_default_params(enum oomb_opt_type type) {
 
 oomb_optimizer_t oomb_opt_init(oomb_backend_t backend, struct oomb_tensor ** params, int n_params, const bool * decay,
                                struct oomb_opt_params p) {
-    if (n_params <= 0) oomb_error("opt_init: no parameters");
+    if (!backend) oomb_error("opt_init: backend is NULL");
+    if (!params || n_params <= 0) oomb_error("opt_init: no parameters (params %p, n_params %d)", (void *) params, n_params);
     if (p.type != OOMB_OPT_ADAMW && p.type != OOMB_OPT_SGD) oomb_error("opt_init: unknown optimizer type %d", (int) p.type);
     auto * opt = new oomb_optimizer();
     opt->backend = backend;

@@ -906,3 +906,34 @@ TEST(AllocViews, ViewOfExternalTensorAllocatedLater) {
     oomb_free(cw);
     oomb_backend_free(cpu);
 }
+
+// Computing (or filling) a graph after its allocator planned a bigger graph, or was freed, is an
+// error instead of silent use of reallocated memory.
+TEST(AllocStale, GraphAfterAllocatorMovedOn) {
+    oomb_backend_t cpu = oomb_backend_cpu_init(1);
+    oomb_context * ctx = oomb_init({0, true});
+    oomb_tensor * xa = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, 16);
+    oomb_set_input(xa);
+    oomb_cgraph * ga_graph = oomb_new_graph(ctx);
+    oomb_build_forward_expand(ga_graph, oomb_scale(ctx, xa, 2.0f));
+    oomb_tensor * xb = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, 1 << 16);
+    oomb_set_input(xb);
+    oomb_cgraph * gb = oomb_new_graph(ctx);
+    oomb_build_forward_expand(gb, oomb_scale(ctx, oomb_scale(ctx, xb, 2.0f), 3.0f));
+    oomb_gallocr_t ga = oomb_gallocr_new(cpu);
+    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, ga_graph));
+    std::vector<float> in(16, 1.0f);
+    oomb_tensor_set_f32(xa, in.data(), 16);
+    oomb_backend_graph_compute(cpu, ga_graph);
+    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, gb));  // the arena grows: graph A's memory is gone
+    EXPECT_OOMB_ERROR(oomb_tensor_set_f32(xa, in.data(), 16), "points outside its buffer");
+    EXPECT_OOMB_ERROR(oomb_backend_graph_compute(cpu, ga_graph), "call oomb_gallocr_alloc_graph on this graph again");
+    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, ga_graph));  // re-placing A makes it usable again
+    oomb_tensor_set_f32(xa, in.data(), 16);
+    oomb_backend_graph_compute(cpu, ga_graph);
+    EXPECT_EQ(oomb_get_f32_1d(oomb_graph_node(ga_graph, -1), 3), 2.0f);
+    oomb_gallocr_free(ga);
+    EXPECT_OOMB_ERROR(oomb_backend_graph_compute(cpu, ga_graph), "been freed");
+    oomb_free(ctx);
+    oomb_backend_free(cpu);
+}

@@ -135,6 +135,22 @@ TEST(CoreErrors, OutOfRangeViews) {
     EXPECT_OOMB_ERROR(oomb_permute(c.ctx, a, 0, 0, 1, 2), "not a permutation");
     EXPECT_OOMB_ERROR(oomb_get_f32_nd(a, 4, 0, 0, 0), "out of range");
     EXPECT_OOMB_ERROR(oomb_set_f32_1d(a, -1, 0.0f), "out of range");
+    // offsets and strides so large that a 64-bit sum would wrap around
+    EXPECT_OOMB_ERROR(oomb_view_1d(c.ctx, a, 1, SIZE_MAX - 2), "view");
+    EXPECT_OOMB_ERROR(oomb_view_1d(c.ctx, a, 1, SIZE_MAX - 63), "view");
+    EXPECT_OOMB_ERROR(oomb_view_2d(c.ctx, a, 2, 3, SIZE_MAX / 2 + 1, 0), "view");
+    EXPECT_OOMB_ERROR(oomb_view_3d(c.ctx, a, 1, 1, 2, 4, SIZE_MAX / 3, 0), "view");
+    EXPECT_OOMB_ERROR(oomb_view_4d(c.ctx, a, 1, 1, 1, 3, 4, 4, SIZE_MAX / 2, 0), "view");
+}
+
+TEST(CoreErrors, NullArguments) {
+    Ctx c(true);
+    EXPECT_OOMB_ERROR(oomb_new_tensor_1d(nullptr, OOMB_TYPE_F32, 4), "context is NULL");
+    EXPECT_OOMB_ERROR(oomb_new_tensor(c.ctx, OOMB_TYPE_F32, 2, nullptr), "ne is NULL");
+    oomb_tensor * a = oomb_new_tensor_1d(c.ctx, OOMB_TYPE_F32, 4);
+    EXPECT_OOMB_ERROR(oomb_add(c.ctx, a, nullptr), "add: b is NULL");
+    EXPECT_OOMB_ERROR(oomb_build_forward_expand(oomb_new_graph(c.ctx), nullptr), "tensor is NULL");
+    EXPECT_OOMB_ERROR(oomb_backend_cpu_init(100000), "at most 1024");
 }
 
 TEST(CoreErrors, BadTensors) {
