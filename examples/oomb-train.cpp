@@ -631,10 +631,13 @@ int train_main(Options & o, bool default_run) {
         std::string line, kept;
         while (std::getline(in, line)) {
             json j = json::parse(line, nullptr, false);
-            if (j.is_discarded() || !j.contains("step") || j["step"].get<int64_t>() > T.step) continue;
+            if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer() ||
+                j["step"].get<int64_t>() > T.step)
+                continue;
             kept += line + "\n";
-            if (j.contains("loss")) T.history.push_back({j["step"].get<int64_t>(), j["loss"].get<double>(), false});
-            if (j.contains("eval_loss")) T.history.push_back({j["step"].get<int64_t>(), j["eval_loss"].get<double>(), true});
+            if (j.contains("loss") && j["loss"].is_number()) T.history.push_back({j["step"].get<int64_t>(), j["loss"].get<double>(), false});
+            if (j.contains("eval_loss") && j["eval_loss"].is_number())
+                T.history.push_back({j["step"].get<int64_t>(), j["eval_loss"].get<double>(), true});
         }
         in.close();
         if (!write_file_atomic(T.path("train.jsonl"), kept, &err)) fail(PROG, err);
