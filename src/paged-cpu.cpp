@@ -8,10 +8,10 @@
 // Forward: online softmax (Milakov & Gimelshein 2018) per tile over the key blocks: O(tile) scratch
 // per worker, whatever the history length.
 // Backward (FlashAttention-2, recomputing the softmax): pass 1 recomputes each row's log-sum-exp and
-// delta = dout . out; pass 2 computes dq per query tile; pass 3 gives each work item one key block
-// (of one KV head) and accumulates its dK/dV over every query tile, so the gradient pages are
-// written without races. Every output element is computed by one work item in a fixed order, so
-// results do not depend on the thread count or on scheduling.
+// delta = dout . out per query tile; pass 2 sweeps the key blocks: each block's dK/dV is
+// accumulated by one work item over every query tile (the gradient pages are written without
+// races), and the dq contributions go to one of a fixed number of partial dq buffers, summed in a
+// fixed order. Results depend neither on the thread count nor on scheduling.
 
 #include "paged-cpu.h"
 #include "oomb-impl.h"
@@ -396,66 +396,70 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
         }
     });
 
-    // pass 2: dq per query tile
-    parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
+    // pass 2: dK, dV per (key block, KV head), over every query tile that sees the block, and the
+    // blocks' dq contributions. A work item is one of NPART interleaved sets of key blocks (of one
+    // KV head) taken in order; it owns the dK/dV of its blocks (so the gradient pages are written
+    // without races) and adds the dq contributions into its own dq buffer; the NPART buffers are
+    // summed in a fixed order at the end. NPART does not depend on the thread count, so neither do
+    // the results. (Offsets are computed in the K/V pools; the f32 gradient pages have the same
+    // shape, contiguous, so an element's byte offset there is its K/V offset / element size * 4.)
+    constexpr int NPART = 4;
+    const size_t kv_es = oomb_type_size(kp->type);
+    const int64_t n_tiles = (int64_t) tiles.size();
+    std::vector<std::vector<int64_t>> tiles_of(G.Hkv);
+    for (int64_t k = 0; k < n_tiles; k++) tiles_of[tiles[k].g].push_back(k);
+    const int64_t nb = (int64_t) blocks.size();
+    const size_t tile_stride = (size_t) Rmax * D;
+    std::vector<float> dq_part((size_t) NPART * n_tiles * tile_stride, 0.0f);
+    parallel_items(NPART * G.Hkv, nw, [&](int64_t it, int w) {
         Scratch & s = scratch[w];
-        const QueryTile & qt = tiles[it];
-        const int R = tile_rows(G, qt, q, dout, nullptr, s);
-        for (int i = 0; i < R; i++) { s.lse[i] = lse[s.rid[i]]; s.delta[i] = delta[s.rid[i]]; }
-        std::fill(s.O.begin(), s.O.begin() + (size_t) R * D, 0.0f);
-        for (const KeyBlock & b : blocks) {
-            if (b.p0 > qt.max_pos) break;
-            load_block(G, kp, qt.g, b, s.Kt.data(), s.Kr.data(), op);
-            load_block(G, vp, qt.g, b, s.Vt.data(), nullptr, op);
-            K.scores(R, D, s.qr.data(), s.Kt.data(), s.S.data());
-            K.scores(R, D, s.dr.data(), s.Vt.data(), s.S2.data());
-            K.bwd_probs(R, scale, s.S.data(), s.S2.data(), s.lse.data(), s.delta.data(), s.rpos.data(), b.p0, b.n);
-            K.accum_rows(R, D, s.S2.data(), b.n, s.Kr.data(), s.O.data());
-        }
-        for (int i = 0; i < R; i++) {
-            float * dqv = dq + s.rid[i] * D;
-            const float * o = s.O.data() + (size_t) i * D;
-            for (int d = 0; d < D; d++) dqv[d] = o[d] * scale;
+        const int part = (int) (it % NPART);
+        const int64_t g = it / NPART;
+        float * dqp = dq_part.data() + (size_t) part * n_tiles * tile_stride;
+        for (int64_t bi = part; bi < nb; bi += NPART) {
+            const KeyBlock & b = blocks[bi];
+            load_block(G, kp, g, b, s.Kt.data(), s.Kr.data(), op);
+            load_block(G, vp, g, b, s.Vt.data(), nullptr, op);
+            std::fill(s.acc1.begin(), s.acc1.end(), 0.0f);  // dK
+            std::fill(s.acc2.begin(), s.acc2.end(), 0.0f);  // dV
+            bool any = false;
+            for (int64_t k : tiles_of[g]) {
+                const QueryTile & qt = tiles[k];
+                if (qt.max_pos < b.p0) continue;
+                const int R = tile_rows(G, qt, q, dout, nullptr, s);
+                for (int i = 0; i < R; i++) { s.lse[i] = lse[s.rid[i]]; s.delta[i] = delta[s.rid[i]]; }
+                K.scores(R, D, s.qr.data(), s.Kt.data(), s.S.data());
+                K.scores(R, D, s.dr.data(), s.Vt.data(), s.S2.data());
+                K.bwd_probs(R, scale, s.S.data(), s.S2.data(), s.lse.data(), s.delta.data(), s.rpos.data(), b.p0, b.n);
+                K.accum_rows(R, D, s.S2.data(), b.n, s.Kr.data(), dqp + (size_t) k * tile_stride);
+                K.transpose(R, s.S.data(), s.Pt.data());
+                K.accum_cols(b.n, R, D, s.Pt.data(), s.dr.data(), s.acc2.data());
+                K.transpose(R, s.S2.data(), s.Pt.data());
+                K.accum_cols(b.n, R, D, s.Pt.data(), s.qr.data(), s.acc1.data());
+                any = true;
+            }
+            if (!any) continue;
+            for (int j = 0; j < b.n; j++) {
+                const size_t goff = G.offset(b.p0 + j, g, op) / kv_es * sizeof(float);
+                float * dkr = (float *) ((char *) dkp->data + goff);
+                float * dvr = (float *) ((char *) dvp->data + goff);
+                const float * ak = s.acc1.data() + (size_t) j * D;
+                const float * av = s.acc2.data() + (size_t) j * D;
+                for (int d = 0; d < D; d++) { dkr[d] += ak[d] * scale; dvr[d] += av[d]; }
+            }
         }
     });
-
-    // pass 3: dK, dV per (key block, KV head), over every query tile that sees the block
-    // (offsets are computed in the K/V pools; the f32 gradient pages have the same shape, contiguous,
-    // so an element's byte offset there is its K/V offset / element size * 4)
-    const size_t kv_es = oomb_type_size(kp->type);
-    std::vector<std::vector<QueryTile>> tiles_of(G.Hkv);
-    for (const QueryTile & qt : tiles) tiles_of[qt.g].push_back(qt);
-    const int64_t nb = (int64_t) blocks.size();
-    parallel_items(nb * G.Hkv, nw, [&](int64_t it, int w) {
+    // dq = scale * (sum of the parts, in order)
+    parallel_items(n_tiles, nw, [&](int64_t k, int w) {
         Scratch & s = scratch[w];
-        const KeyBlock & b = blocks[it % nb];
-        const int64_t g = it / nb;
-        load_block(G, kp, g, b, s.Kt.data(), nullptr, op);
-        load_block(G, vp, g, b, s.Vt.data(), nullptr, op);
-        std::fill(s.acc1.begin(), s.acc1.end(), 0.0f);  // dK
-        std::fill(s.acc2.begin(), s.acc2.end(), 0.0f);  // dV
-        bool any = false;
-        for (const QueryTile & qt : tiles_of[g]) {
-            if (qt.max_pos < b.p0) continue;
-            const int R = tile_rows(G, qt, q, dout, nullptr, s);
-            for (int i = 0; i < R; i++) { s.lse[i] = lse[s.rid[i]]; s.delta[i] = delta[s.rid[i]]; }
-            K.scores(R, D, s.qr.data(), s.Kt.data(), s.S.data());
-            K.scores(R, D, s.dr.data(), s.Vt.data(), s.S2.data());
-            K.bwd_probs(R, scale, s.S.data(), s.S2.data(), s.lse.data(), s.delta.data(), s.rpos.data(), b.p0, b.n);
-            K.transpose(R, s.S.data(), s.Pt.data());
-            K.accum_cols(b.n, R, D, s.Pt.data(), s.dr.data(), s.acc2.data());
-            K.transpose(R, s.S2.data(), s.Pt.data());
-            K.accum_cols(b.n, R, D, s.Pt.data(), s.qr.data(), s.acc1.data());
-            any = true;
-        }
-        if (!any) return;
-        for (int j = 0; j < b.n; j++) {
-            const size_t goff = G.offset(b.p0 + j, g, op) / kv_es * sizeof(float);
-            float * dkr = (float *) ((char *) dkp->data + goff);
-            float * dvr = (float *) ((char *) dvp->data + goff);
-            const float * ak = s.acc1.data() + (size_t) j * D;
-            const float * av = s.acc2.data() + (size_t) j * D;
-            for (int d = 0; d < D; d++) { dkr[d] += ak[d] * scale; dvr[d] += av[d]; }
+        const int R = tile_rows(G, tiles[k], q, nullptr, nullptr, s);
+        for (int i = 0; i < R; i++) {
+            float * dqv = dq + s.rid[i] * D;
+            for (int d = 0; d < D; d++) {
+                float a = 0.0f;
+                for (int part = 0; part < NPART; part++) a += dq_part[((size_t) part * n_tiles + k) * tile_stride + (size_t) i * D + d];
+                dqv[d] = a * scale;
+            }
         }
     });
 
