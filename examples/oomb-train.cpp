@@ -795,7 +795,7 @@ int main(int argc, char ** argv) {
     app.add_option("--seqs-per-step", o.seqs_per_step, "sequences per step (gradient accumulation)")->capture_default_str();
     app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
     app.add_option("--min-lr", o.min_lr, "final learning rate of the cosine decay (default lr/10)");
-    app.add_option("--warmup", o.warmup, "linear warmup steps")->capture_default_str();
+    app.add_option("--warmup", o.warmup, "linear warmup steps (default: min(100, steps/10))");
     app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (not on norms and biases)")->capture_default_str();
     app.add_option("--adam-beta1", o.beta1, "AdamW beta1")->capture_default_str();
     app.add_option("--adam-beta2", o.beta2, "AdamW beta2")->capture_default_str();
@@ -859,6 +859,7 @@ int main(int argc, char ** argv) {
             o.preset = "tiny";
             printf("note: no model given: training a fresh --preset tiny\n");
         }
+        if (!default_run && app.count("--warmup") == 0) o.warmup = std::min(o.warmup, o.steps / 10);
         if (o.model.empty() && o.vocab.empty()) o.vocab = find_project_file("models/qwen2.5-vocab.gguf");
         return train_main(o, default_run);
     } catch (const std::exception & e) {
