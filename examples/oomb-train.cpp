@@ -469,7 +469,6 @@ int train_main(Options & o, bool default_run) {
     T.o = o;
     T.be = make_backend(o.device, threads, &err);
     if (!T.be) fail(PROG, err);
-    if (!make_dirs(o.out, &err)) fail(PROG, err);
 
     for (const auto & p : o.data)
         if (!is_file(p) && !is_dir(p)) fail(PROG, "--data: '" + p + "': no such file or folder");
@@ -534,6 +533,8 @@ int train_main(Options & o, bool default_run) {
 
     // ---- data
     load_data(o, M, tok.get(), eos, threads, &T.data);
+
+    if (!make_dirs(o.out, &err)) fail(PROG, err);
 
     // ---- trainer and optimizer
     T.params = qwen2_set_trainable(M, o.trainable == "all" ? Qwen2Trainable::All : Qwen2Trainable::Linear);
