@@ -287,7 +287,8 @@ private:
 //   3. write_data()/write_tensor(): the tensors' bytes in add order, in pieces of any size
 //      (padding between tensors is inserted automatically),
 //   4. finish(): flush, fsync, rename to `path` (atomic), fsync the directory.
-// Destroying the writer (or abort()) before finish() removes the temporary file.
+// Destroying the writer (or abort()) before finish() removes the temporary file, and so does a
+// SIGINT/SIGTERM in a program that called install_temp_file_cleanup() (below).
 class GGUFWriter {
 public:
     GGUFWriter();
@@ -344,7 +345,26 @@ private:
     size_t cur_tensor_ = 0;    // tensor being written
     uint64_t cur_done_ = 0;    // bytes of it written
     bool opened_ = false;
+    int tmp_id_ = -1;          // temp_file_register id of tmp_path_
 };
+
+// ---------------------------------------------------------------------------------------------
+// Temporary files and signals. GGUFWriter and SafetensorsWriter register their `*.tmp.<pid>`
+// file while it exists; a program that calls install_temp_file_cleanup() at start then removes
+// them when it is stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP, and dies of that signal as it
+// would have (the handler is async-signal-safe: unlink, then the default action). The previous
+// output file is never touched, since it is replaced only by the final rename.
+//
+// install_temp_file_cleanup() installs the handler only for signals whose disposition is the
+// default: ignored signals (nohup) and the program's own handlers are left alone; such a handler
+// may call remove_temp_files() (async-signal-safe) before it ends the process. Idempotent.
+void install_temp_file_cleanup();
+void remove_temp_files();
+// Registers a temporary file (a relative path is made absolute) for removal on a signal; returns
+// an id for temp_file_unregister, or -1 when it cannot be registered (table of 64 full, path too
+// long). Unregister once the file is renamed or removed. Thread-safe.
+int temp_file_register(const std::string& path);
+void temp_file_unregister(int id);
 
 // ---------------------------------------------------------------------------------------------
 // Qwen2 hyperparameters as llama.cpp stores them (`qwen2.*` keys) plus facts read from tensors.

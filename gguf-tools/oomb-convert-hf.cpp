@@ -68,6 +68,7 @@ std::string basename_of(std::string p) {
 } // namespace
 
 int main(int argc, char** argv) {
+    install_temp_file_cleanup(); // Ctrl-C / SIGTERM: remove OUT.tmp.<pid>, keep the previous OUT
     CLI::App app{"Convert a Hugging Face Qwen2 checkpoint (safetensors) to GGUF, with llama.cpp's names and keys."};
     std::string dir, out, outtype;
     bool vocab_only = false;

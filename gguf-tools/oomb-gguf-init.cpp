@@ -88,6 +88,7 @@ const Preset kPresets[] = {
 } // namespace
 
 int main(int argc, char** argv) {
+    install_temp_file_cleanup(); // Ctrl-C / SIGTERM: remove OUT.tmp.<pid>, keep the previous OUT
     CLI::App app{"Write a randomly initialised Qwen2 model (llama.cpp GGUF layout), streamed to disk."};
     std::string preset, vocab, out, outtype = "bf16";
     uint64_t seed = 42;

@@ -997,8 +997,15 @@ gguf_status GGUFWriter::open(const std::string& path, std::string* err) {
     if (opened_) { set_err(err, path + ": writer already open"); return GGUF_ERR_ARG; }
     path_ = path;
     tmp_path_ = path + ".tmp." + std::to_string(getpid());
+    tmp_id_ = temp_file_register(tmp_path_); // before it exists: a signal may come at any time
     FILE* f = fopen(tmp_path_.c_str(), "wb");
-    if (!f) { set_err(err, tmp_path_ + ": cannot create: " + strerror(errno)); return GGUF_ERR_IO; }
+    if (!f) {
+        const int e = errno;
+        temp_file_unregister(tmp_id_);
+        tmp_id_ = -1;
+        set_err(err, tmp_path_ + ": cannot create: " + strerror(e));
+        return GGUF_ERR_IO;
+    }
     file_ = f;
     setvbuf(f, nullptr, _IOFBF, 1 << 22);
     opened_ = true;
@@ -1114,6 +1121,8 @@ gguf_status GGUFWriter::finish(std::string* err) {
     if (dir.empty()) dir = "/";
     int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) { fsync(dfd); ::close(dfd); }
+    temp_file_unregister(tmp_id_);
+    tmp_id_ = -1;
     opened_ = false;
     tmp_path_.clear();
     return GGUF_OK;
@@ -1122,6 +1131,8 @@ gguf_status GGUFWriter::finish(std::string* err) {
 void GGUFWriter::abort() {
     if (file_) { fclose((FILE*)file_); file_ = nullptr; }
     if (opened_ && !tmp_path_.empty()) unlink(tmp_path_.c_str());
+    temp_file_unregister(tmp_id_);
+    tmp_id_ = -1;
     opened_ = false;
     tmp_path_.clear();
 }

@@ -365,6 +365,11 @@ gguf_status SafetensorsWriter::write(const std::string& path, std::string* err) 
     std::string hs = h.dump();
     while ((8 + hs.size()) % 8 != 0) hs += ' '; // data aligned to 8 bytes, as the reference writer
     const std::string tmp = path + ".tmp." + std::to_string(getpid());
+    // Removed by install_temp_file_cleanup()'s handler if a signal stops us while it exists.
+    struct Registered {
+        int id;
+        ~Registered() { temp_file_unregister(id); }
+    } reg{temp_file_register(tmp)};
     FILE* f = fopen(tmp.c_str(), "wb");
     if (!f) { set_err(err, tmp + ": cannot create: " + strerror(errno)); return GGUF_ERR_IO; }
     const uint64_t hlen = hs.size();

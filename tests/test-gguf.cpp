@@ -1,6 +1,7 @@
 // GGUF reader/writer: round trips of every value and tensor type, every malformed-file error, and
 // a seeded mutation fuzz loop over a valid file.
 #include "gguf.h"
+#include "safetensors.h"
 
 #include "../src/fp16.h"
 
@@ -17,7 +18,13 @@
 #include <string>
 #include <vector>
 
+#include <csignal>
+
 #include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 using namespace oomb;
@@ -473,6 +480,114 @@ TEST(GGUF, WriterErrorsAndAtomicity) {
     EXPECT_EQ(w.open("/nonexistent-dir/x.gguf", &err), GGUF_ERR_IO);
     EXPECT_NE(err.find("/nonexistent-dir/x.gguf.tmp."), std::string::npos) << err;
     unlink(path.c_str());
+}
+
+// A write stopped by SIGINT / SIGTERM in a program that called install_temp_file_cleanup()
+// removes its temporary file and keeps the previous output. To stop the write at a known point,
+// the child makes its temporary path a FIFO before writing: the writer's fopen() then waits for
+// the parent to open it, and its writes block once the pipe is full, so the signal always comes
+// in the middle of the write (as a Ctrl-C during a long write of a big model).
+void check_signal_during_write(int sig, const std::function<bool(const std::string&, std::string*)>& write) {
+    const std::string path = tmp_path("sig-" + std::to_string(sig) + ".out");
+    write_all(path, "previous contents");
+    fflush(nullptr);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        // Signals ignored by the parent stay ignored (a background job of a script ignores
+        // SIGINT), and install_temp_file_cleanup() rightly leaves ignored signals alone.
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        install_temp_file_cleanup();
+        install_temp_file_cleanup(); // idempotent
+        if (mkfifo((path + ".tmp." + std::to_string(getpid())).c_str(), 0600) != 0) _exit(3);
+        std::string err;
+        const bool ok = write(path, &err);
+        _exit(ok ? 0 : 4); // not reached: the parent stops reading and kills us
+    }
+    const std::string tmp = path + ".tmp." + std::to_string(pid);
+    int fd = -1;
+    std::string got;
+    for (int i = 0; i < 2000 && got.size() < 4096; i++) { // up to ~20 s
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) FAIL() << "writer exited early, status " << st;
+        if (fd < 0) fd = open(tmp.c_str(), O_RDONLY | O_NONBLOCK);
+        if (fd >= 0) {
+            pollfd p{fd, POLLIN, 0};
+            if (poll(&p, 1, 10) > 0) {
+                char buf[4096];
+                const ssize_t k = read(fd, buf, sizeof buf);
+                if (k > 0) got.append(buf, (size_t)k);
+            }
+        } else {
+            usleep(10000);
+        }
+    }
+    ASSERT_GE(got.size(), 4096u) << "the child never started writing";
+    ASSERT_EQ(access(tmp.c_str(), F_OK), 0) << tmp << " should exist while the write is blocked";
+    kill(pid, sig);
+    int st = 0;
+    ASSERT_EQ(waitpid(pid, &st, 0), pid);
+    if (fd >= 0) close(fd);
+    EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == sig) << "status " << st << ": should die of signal " << sig;
+    EXPECT_NE(access(tmp.c_str(), F_OK), 0) << tmp << " left behind after signal " << sig;
+    EXPECT_EQ(read_all(path), "previous contents");
+    unlink(tmp.c_str());
+    unlink(path.c_str());
+}
+
+TEST(GGUF, SignalDuringWriteRemovesTemporaryFile) {
+    for (int sig : {SIGINT, SIGTERM}) {
+        SCOPED_TRACE("signal " + std::to_string(sig));
+        check_signal_during_write(sig, [](const std::string& path, std::string* err) {
+            GGUFWriter w;
+            std::vector<float> v(1 << 22, 0.5f); // 16 MB, far more than a pipe holds
+            if (w.add_tensor("big", GGUF_TENSOR_F32, {(int64_t)v.size()}, err) || w.open(path, err)) return false;
+            if (w.write_tensor("big", v.data(), v.size() * 4, err)) return false;
+            return w.finish(err) == GGUF_OK;
+        });
+        check_signal_during_write(sig, [](const std::string& path, std::string* err) {
+            SafetensorsWriter w;
+            std::vector<float> v(1 << 22, 0.5f);
+            if (w.add_f32("big", {(int64_t)v.size()}, v.data(), err)) return false;
+            return w.write(path, err) == GGUF_OK;
+        });
+    }
+}
+
+TEST(GGUF, TempFileRegistry) {
+    // The handler removes exactly the registered files; unregistered ones stay.
+    const std::string a = tmp_path("reg-a"), b = tmp_path("reg-b");
+    write_all(a, "a");
+    write_all(b, "b");
+    const int ia = temp_file_register(a), ib = temp_file_register(b);
+    ASSERT_GE(ia, 0);
+    ASSERT_GE(ib, 0);
+    EXPECT_NE(ia, ib);
+    temp_file_unregister(ib);
+    fflush(nullptr);
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        signal(SIGTERM, SIG_DFL);
+        install_temp_file_cleanup();
+        raise(SIGTERM);
+        _exit(0);
+    }
+    int st = 0;
+    ASSERT_EQ(waitpid(pid, &st, 0), pid);
+    EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM) << st;
+    EXPECT_NE(access(a.c_str(), F_OK), 0) << "registered file not removed";
+    EXPECT_EQ(read_all(b), "b") << "unregistered file removed";
+    temp_file_unregister(ia);
+    // A relative path is registered as absolute (the handler must find it after a chdir).
+    const int ir = temp_file_register("relative-name");
+    EXPECT_GE(ir, 0);
+    temp_file_unregister(ir);
+    EXPECT_EQ(temp_file_register(""), -1);
+    EXPECT_EQ(temp_file_register(std::string(5000, 'x')), -1);
+    unlink(a.c_str());
+    unlink(b.c_str());
 }
 
 TEST(GGUF, OpenErrorsFromFiles) {

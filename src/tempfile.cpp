@@ -1,0 +1,103 @@
+// Removal of the writers' temporary files when the process is stopped by a signal. See gguf.h
+// (install_temp_file_cleanup).
+//
+// The registry is a fixed table of slots, so that the signal handler only reads memory that is
+// always there and calls only async-signal-safe functions (unlink, sigaction, raise). Slot states:
+//   0 free, 1 being filled by register, 2 registered, 3 claimed by the handler (never reused).
+// register: 0 -> 1 (CAS), copy the path, 1 -> 2 (release). unregister: 2 -> 0 (CAS; when the
+// handler has claimed the slot, it stays claimed). handler: 2 -> 3 (CAS), unlink the path.
+#include "gguf.h"
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <csignal>
+#include <cstring>
+
+#include <unistd.h>
+
+namespace oomb {
+
+namespace {
+
+constexpr int kSlots = 64;
+constexpr size_t kPathMax = PATH_MAX;
+
+struct Slot {
+    std::atomic<int> state{0};
+    char path[kPathMax];
+};
+
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs lock-free atomics");
+Slot g_slots[kSlots];
+
+const int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+void remove_all() {
+    for (Slot& s : g_slots) {
+        int expected = 2;
+        if (s.state.compare_exchange_strong(expected, 3, std::memory_order_acq_rel)) unlink(s.path);
+    }
+}
+
+extern "C" void cleanup_handler(int sig) {
+    const int saved_errno = errno;
+    remove_all();
+    // Re-raise with the default action, so that the exit status says which signal ended us. The
+    // signal is blocked while its handler runs: it is delivered (and kills) when we return.
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sig, &sa, nullptr);
+    raise(sig);
+    errno = saved_errno;
+}
+
+} // namespace
+
+int temp_file_register(const std::string& path) {
+    std::string abs = path;
+    if (abs.empty()) return -1;
+    if (abs[0] != '/') { // the process may change directory before a signal comes
+        char cwd[kPathMax];
+        if (getcwd(cwd, sizeof cwd)) abs = std::string(cwd) + "/" + abs;
+    }
+    if (abs.size() + 1 > kPathMax) return -1;
+    for (int i = 0; i < kSlots; i++) {
+        int expected = 0;
+        if (g_slots[i].state.compare_exchange_strong(expected, 1, std::memory_order_acquire)) {
+            memcpy(g_slots[i].path, abs.c_str(), abs.size() + 1);
+            g_slots[i].state.store(2, std::memory_order_release);
+            return i;
+        }
+    }
+    return -1; // table full: this file is not removed on a signal
+}
+
+void temp_file_unregister(int id) {
+    if (id < 0 || id >= kSlots) return;
+    int expected = 2;
+    g_slots[id].state.compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
+}
+
+void remove_temp_files() { remove_all(); }
+
+void install_temp_file_cleanup() {
+    for (int sig : kSignals) {
+        struct sigaction old;
+        if (sigaction(sig, nullptr, &old) != 0) continue;
+        // Leave ignored signals ignored (nohup) and the program's own handlers in place.
+        // (Installing twice is harmless: the second call finds our handler and keeps it.)
+        if ((old.sa_flags & SA_SIGINFO) || old.sa_handler != SIG_DFL) continue;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = cleanup_handler;
+        sigemptyset(&sa.sa_mask);
+        for (int s : kSignals) sigaddset(&sa.sa_mask, s); // one cleanup at a time
+        sa.sa_flags = SA_RESTART;
+        sigaction(sig, &sa, nullptr);
+    }
+}
+
+} // namespace oomb
