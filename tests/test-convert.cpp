@@ -80,10 +80,10 @@ const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new TmpCleanup)
 void check_conversion(const std::string& model, const std::string& gguf, bool f32) {
     SafetensorsModel st;
     std::string err;
-    ASSERT_EQ(st.open(oombtest::fixtures_dir() + "/" + model, &err), GGUF_OK) << err;
+    ASSERT_EQ(st.open(oombtest::fixture_path(model), &err), GGUF_OK) << err;
     GGUFReader r;
     ASSERT_EQ(r.open(gguf, &err), GGUF_OK) << err;
-    nlohmann::json cfg = nlohmann::json::parse(read_all(oombtest::fixtures_dir() + "/" + model + "/config.json"));
+    nlohmann::json cfg = nlohmann::json::parse(read_all(oombtest::fixture_path(model + "/config.json")));
     GGUFQwen2Hparams hp;
     ASSERT_EQ(gguf_read_qwen2_hparams(r, &hp, &err), GGUF_OK) << err;
     EXPECT_EQ(hp.n_vocab, cfg["vocab_size"].get<uint32_t>());
@@ -191,7 +191,7 @@ TEST(Convert, FixturesBitExactDefaultAndF32) {
         for (const std::string outtype : {"", "f32", "bf16"}) {
             const std::string out = tmp_dir() + "/" + model + (outtype.empty() ? "" : "-" + outtype) + ".gguf";
             std::string log;
-            ASSERT_EQ(run(tool("oomb-convert-hf") + " " + oombtest::fixtures_dir() + "/" + model + " -o " + out +
+            ASSERT_EQ(run(tool("oomb-convert-hf") + " " + oombtest::fixture_path(model) + " -o " + out +
                               (outtype.empty() ? "" : " --outtype " + outtype), &log), 0) << log;
             EXPECT_EQ(log.find("lossy"), std::string::npos) << log;
             check_conversion(model, out, outtype == "f32");
@@ -204,12 +204,12 @@ TEST(Convert, F16IsLossyAndWarns) {
     REQUIRE_TOOLS();
     const std::string out = tmp_dir() + "/micro-f16.gguf";
     std::string log, err;
-    ASSERT_EQ(run(tool("oomb-convert-hf") + " " + oombtest::fixtures_dir() + "/qwen2-micro -o " + out + " --outtype f16", &log), 0) << log;
+    ASSERT_EQ(run(tool("oomb-convert-hf") + " " + oombtest::fixture_path("qwen2-micro") + " -o " + out + " --outtype f16", &log), 0) << log;
     EXPECT_NE(log.find("lossy"), std::string::npos) << log;
     GGUFReader r;
     ASSERT_EQ(r.open(out, &err), GGUF_OK) << err;
     SafetensorsModel st;
-    ASSERT_EQ(st.open(oombtest::fixtures_dir() + "/qwen2-micro", &err), GGUF_OK);
+    ASSERT_EQ(st.open(oombtest::fixture_path("qwen2-micro"), &err), GGUF_OK);
     const GGUFTensorInfo* t = r.find_tensor("blk.1.ffn_down.weight");
     ASSERT_TRUE(t);
     EXPECT_EQ(t->type, (uint32_t)GGUF_TENSOR_F16);
@@ -229,13 +229,13 @@ TEST(Convert, Transformers4ConfigAndShardedCheckpoint) {
     REQUIRE_TOOLS();
     const std::string dir = tmp_dir() + "/micro-sharded";
     mkdir(dir.c_str(), 0755);
-    nlohmann::json cfg = nlohmann::json::parse(read_all(oombtest::fixtures_dir() + "/qwen2-micro/config.json"));
+    nlohmann::json cfg = nlohmann::json::parse(read_all(oombtest::fixture_path("qwen2-micro/config.json")));
     cfg.erase("rope_parameters");
     cfg["rope_theta"] = 500000.0; // transformers 4 style
     write_all(dir + "/config.json", cfg.dump(2));
     SafetensorsModel st;
     std::string err;
-    ASSERT_EQ(st.open(oombtest::fixtures_dir() + "/qwen2-micro/model.safetensors", &err), GGUF_OK) << err;
+    ASSERT_EQ(st.open(oombtest::fixture_path("qwen2-micro/model.safetensors"), &err), GGUF_OK) << err;
     SafetensorsWriter a, b;
     nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
     for (const SafetensorsTensor* t : st.tensors()) {
@@ -256,7 +256,7 @@ TEST(Convert, Transformers4ConfigAndShardedCheckpoint) {
     EXPECT_EQ(theta, 500000.0f);
     // Same tensors as the single-file conversion.
     const std::string single = tmp_dir() + "/micro-single.gguf";
-    ASSERT_EQ(run(tool("oomb-convert-hf") + " " + oombtest::fixtures_dir() + "/qwen2-micro -o " + single, &log), 0) << log;
+    ASSERT_EQ(run(tool("oomb-convert-hf") + " " + oombtest::fixture_path("qwen2-micro") + " -o " + single, &log), 0) << log;
     ASSERT_EQ(ref.open(single, &err), GGUF_OK);
     ASSERT_EQ(r.tensors().size(), ref.tensors().size());
     for (size_t i = 0; i < r.tensors().size(); i++) {
@@ -278,7 +278,7 @@ TEST(Convert, TokenizerPaddedToEmbeddingRows) {
     const std::string dir = tmp_dir() + "/synthetic-tok";
     write_synthetic(dir, 151936, 8, 16, 2, 1, true);
     for (auto f : {"tokenizer.json", "tokenizer_config.json"}) {
-        char* abs = realpath((oombtest::fixtures_dir() + "/qwen-tokenizer/" + f).c_str(), nullptr);
+        char* abs = realpath(oombtest::fixture_path("qwen-tokenizer/" + std::string(f)).c_str(), nullptr);
         ASSERT_TRUE(abs) << f;
         ASSERT_EQ(symlink(abs, (dir + "/" + f).c_str()), 0);
         free(abs);
@@ -326,7 +326,7 @@ TEST(Convert, VocabOnlyReproducesShippedFile) {
     REQUIRE_TOOLS();
     const std::string out = tmp_dir() + "/vocab.gguf";
     std::string log;
-    ASSERT_EQ(run(tool("oomb-convert-hf") + " --vocab-only " + oombtest::fixtures_dir() + "/qwen-tokenizer -o " + out, &log), 0) << log;
+    ASSERT_EQ(run(tool("oomb-convert-hf") + " --vocab-only " + oombtest::fixture_path("qwen-tokenizer") + " -o " + out, &log), 0) << log;
     const std::string shipped = read_all(oombtest::source_dir() + "/models/qwen2.5-vocab.gguf");
     ASSERT_FALSE(shipped.empty());
     EXPECT_TRUE(read_all(out) == shipped) << "models/qwen2.5-vocab.gguf is not what the converter writes";
@@ -342,11 +342,11 @@ TEST(Convert, Errors) {
     const std::string conv = tool("oomb-convert-hf");
     EXPECT_NE(run(conv + " /nonexistent -o " + tmp_dir() + "/x.gguf", &log), 0);
     EXPECT_NE(log.find("/nonexistent"), std::string::npos) << log;
-    EXPECT_NE(run(conv + " " + oombtest::fixtures_dir() + "/qwen-tokenizer -o " + tmp_dir() + "/x.gguf", &log), 0);
+    EXPECT_NE(run(conv + " " + oombtest::fixture_path("qwen-tokenizer") + " -o " + tmp_dir() + "/x.gguf", &log), 0);
     EXPECT_NE(log.find("config.json"), std::string::npos) << log;
-    EXPECT_NE(run(conv + " " + oombtest::fixtures_dir() + "/qwen2-micro -o " + tmp_dir() + "/x.gguf --vocab-only", &log), 0);
+    EXPECT_NE(run(conv + " " + oombtest::fixture_path("qwen2-micro") + " -o " + tmp_dir() + "/x.gguf --vocab-only", &log), 0);
     EXPECT_NE(log.find("tokenizer.json"), std::string::npos) << log;
-    EXPECT_NE(run(conv + " " + oombtest::fixtures_dir() + "/qwen2-micro -o " + tmp_dir() + "/x.gguf --outtype q4_k", &log), 0);
+    EXPECT_NE(run(conv + " " + oombtest::fixture_path("qwen2-micro") + " -o " + tmp_dir() + "/x.gguf --outtype q4_k", &log), 0);
     EXPECT_NE(run(conv, &log), 0);
     const std::string dir = tmp_dir() + "/synthetic-extra";
     write_synthetic(dir, 64, 8, 16, 2, 1, false, "model.layers.0.mystery.weight");
@@ -432,7 +432,7 @@ TEST(Tools, TokenizeDecodeAndDump) {
     EXPECT_NE(run(tool("oomb-tokenize") + " -m /nonexistent.gguf -f " + text, &out), 0);
     EXPECT_NE(out.find("/nonexistent.gguf"), std::string::npos) << out;
     const std::string model = tmp_dir() + "/dump-micro.gguf";
-    ASSERT_EQ(run(tool("oomb-convert-hf") + " " + oombtest::fixtures_dir() + "/qwen2-micro -o " + model, &out), 0) << out;
+    ASSERT_EQ(run(tool("oomb-convert-hf") + " " + oombtest::fixture_path("qwen2-micro") + " -o " + model, &out), 0) << out;
     ASSERT_EQ(run(tool("oomb-gguf-dump") + " " + model, &out), 0) << out;
     EXPECT_NE(out.find("token_embd.weight"), std::string::npos);
     EXPECT_NE(out.find("qwen2.attention.head_count_kv"), std::string::npos);
@@ -490,7 +490,7 @@ TEST(Safetensors, RoundTripDtypesAndConversions) {
     EXPECT_EQ(f.find("g.empty")->numel(), 0);
     // The fixtures read: reference logits are f32, the loss f64.
     SafetensorsFile ref;
-    ASSERT_EQ(ref.open(oombtest::fixtures_dir() + "/qwen2-micro/reference-short.safetensors", &err), GGUF_OK) << err;
+    ASSERT_EQ(ref.open(oombtest::fixture_path("qwen2-micro/reference-short.safetensors"), &err), GGUF_OK) << err;
     ASSERT_TRUE(ref.find("loss"));
     EXPECT_EQ(ref.find("loss")->dtype, SafetensorsDtype::F64);
     EXPECT_EQ(ref.find("input_ids")->dtype, SafetensorsDtype::I32);

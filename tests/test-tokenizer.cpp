@@ -94,8 +94,8 @@ TEST(Tokenizer, ShippedVocabMetadata) {
 TEST(Tokenizer, EveryFixtureCase) {
     const Tokenizer& t = qwen();
     ASSERT_EQ(t.n_vocab(), 151665u);
-    std::ifstream f(oombtest::fixtures_dir() + "/tokenizer-cases.jsonl");
-    ASSERT_TRUE(f.good()) << "missing fixture tokenizer-cases.jsonl in " << oombtest::fixtures_dir();
+    std::ifstream f(oombtest::fixture_path("tokenizer-cases.jsonl"));
+    ASSERT_TRUE(f.good()) << "cannot read " << oombtest::fixture_path("tokenizer-cases.jsonl");
     std::string line;
     int n = 0;
     while (std::getline(f, line)) {
@@ -114,6 +114,40 @@ TEST(Tokenizer, EveryFixtureCase) {
         n++;
     }
     EXPECT_GE(n, 40);
+}
+
+// Without the fixtures folder, tests that need it fail with a message naming the path tried and
+// the OOMB_FIXTURES variable (not a bare "Value of: f.good()").
+TEST(Fixtures, MissingFolderIsNamed) {
+    const char* env = getenv("OOMB_FIXTURES");
+    const std::string saved = env ? env : "";
+    const std::string missing = "/nonexistent-oomb-fixtures-" + std::to_string(getpid());
+    setenv("OOMB_FIXTURES", missing.c_str(), 1);
+    std::string msg;
+    try {
+        oombtest::fixture_path("tokenizer-cases.jsonl");
+    } catch (const std::runtime_error& e) {
+        msg = e.what();
+    }
+    if (env) setenv("OOMB_FIXTURES", saved.c_str(), 1);
+    else unsetenv("OOMB_FIXTURES");
+    EXPECT_NE(msg.find(missing + "/tokenizer-cases.jsonl"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("OOMB_FIXTURES"), std::string::npos) << msg;
+    EXPECT_NO_THROW(oombtest::fixture_path("tokenizer-cases.jsonl")); // the real folder
+    // The same through a real test of this binary, run with the folder missing.
+    char exe[4096];
+    const ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    ASSERT_GT(k, 0);
+    exe[k] = 0;
+    FILE* p = popen(("OOMB_FIXTURES=" + missing + " '" + exe + "' --gtest_filter=Tokenizer.EveryFixtureCase 2>&1").c_str(), "r");
+    ASSERT_TRUE(p);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    EXPECT_NE(pclose(p), 0) << out;
+    EXPECT_NE(out.find(missing + "/tokenizer-cases.jsonl"), std::string::npos) << out;
+    EXPECT_NE(out.find("OOMB_FIXTURES"), std::string::npos) << out;
 }
 
 TEST(Tokenizer, EdgeCases) {

@@ -1,6 +1,10 @@
 #include "test-common.h"
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+
+#include <sys/stat.h>
 
 namespace oombtest {
 
@@ -13,6 +17,19 @@ std::string fixtures_dir() {
     const char * v = getenv("OOMB_FIXTURES");
     if (v && *v) return v;
     return env_or("OOMB_FIXTURES_DEFAULT", OOMB_TEST_FIXTURES_DEFAULT);
+}
+std::string fixture_path(const std::string & rel) {
+    const std::string dir = fixtures_dir();
+    const std::string path = rel.empty() ? dir : dir + "/" + rel;
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) {
+        const char * env = getenv("OOMB_FIXTURES");
+        const std::string from = (env && *env) ? "from OOMB_FIXTURES=" + std::string(env)
+                                                : "OOMB_FIXTURES is not set; default " + dir;
+        throw std::runtime_error("missing test fixture " + path + " (" + strerror(errno) + "; fixtures folder " + from +
+                                 "): set OOMB_FIXTURES to the folder holding the fixtures (../shared/fixtures)");
+    }
+    return path;
 }
 std::string source_dir() { return env_or("OOMB_SOURCE_DIR", OOMB_TEST_SOURCE_DIR); }
 std::string bin_dir() { return env_or("OOMB_BIN_DIR", OOMB_TEST_BIN_DIR); }

@@ -14,6 +14,10 @@ namespace oombtest {
 
 /// Fixtures folder: $OOMB_FIXTURES, else $OOMB_FIXTURES_DEFAULT (set by CMake), else ../shared/fixtures.
 std::string fixtures_dir();
+/// fixtures_dir() + "/" + rel, after checking that it exists. When it does not, throws
+/// std::runtime_error naming the path tried and the OOMB_FIXTURES variable (GoogleTest reports
+/// the exception as the test's failure), instead of a bare "Value of: f.good()" later on.
+std::string fixture_path(const std::string & rel);
 /// Source tree root ($OOMB_SOURCE_DIR) and build bin folder ($OOMB_BIN_DIR).
 std::string source_dir();
 std::string bin_dir();
