@@ -15,6 +15,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -57,6 +59,17 @@ bool write_converted(GGUFWriter& w, const SafetensorsTensor& t, uint32_t out_typ
         if (w.write_data(buf.data(), (size_t)m * out_size, err)) return false;
     }
     return true;
+}
+
+// N of an HF name "model.layers.N.<rest>", or -1.
+int64_t hf_layer_index(const std::string& name) {
+    static const std::string pre = "model.layers.";
+    if (name.compare(0, pre.size(), pre) != 0) return -1;
+    size_t j = pre.size();
+    int64_t v = 0;
+    while (j < name.size() && isdigit((unsigned char)name[j]) && v < INT32_MAX) v = v * 10 + (name[j++] - '0');
+    if (j == pre.size() || j >= name.size() || name[j] != '.') return -1;
+    return v;
 }
 
 std::string basename_of(std::string p) {
@@ -115,10 +128,24 @@ int main(int argc, char** argv) {
     SafetensorsModel st;
     if (st.open(dir, &err)) return fail(err);
 
-    // Map every checkpoint tensor to its GGUF name.
+    // Map every checkpoint tensor to its GGUF name. Tensors of layers at or beyond
+    // num_hidden_layers are an error (llama.cpp rejects a file whose blk.N tensors disagree with
+    // block_count), as are unknown tensors; rotary_emb.inv_freq buffers are dropped.
     std::map<std::string, const SafetensorsTensor*> by_gguf;
+    std::vector<std::string> beyond; // tensors of layers >= n_layer
+    int64_t max_layer = -1;
     for (const SafetensorsTensor* t : st.tensors()) {
-        if (t->name.find("rotary_emb.inv_freq") != std::string::npos) continue; // recomputed at load
+        const int64_t layer = hf_layer_index(t->name);
+        if (layer >= dims.n_layer) {
+            beyond.push_back(t->name);
+            max_layer = std::max(max_layer, layer);
+            continue;
+        }
+        if (t->name.find("rotary_emb.inv_freq") != std::string::npos) { // recomputed at load
+            fprintf(stderr, "oomb-convert-hf: note: dropping '%s' (RoPE frequencies are recomputed from rope_theta)\n",
+                    t->name.c_str());
+            continue;
+        }
         const std::string g = qwen2_gguf_name(t->name);
         if (g.empty()) return fail("cannot map tensor '" + t->name + "' to a llama.cpp Qwen2 name");
         if (g == "output.weight" && dims.tied) {
@@ -126,6 +153,14 @@ int main(int argc, char** argv) {
             continue;
         }
         by_gguf[g] = t;
+    }
+    if (!beyond.empty()) {
+        std::string list;
+        for (size_t i = 0; i < beyond.size() && i < 6; i++) list += (i ? ", " : "") + beyond[i];
+        if (beyond.size() > 6) list += ", ... (" + std::to_string(beyond.size()) + " tensors)";
+        return fail("config.json has num_hidden_layers = " + std::to_string(dims.n_layer) + " but the checkpoint has " +
+                    "tensors of layer(s) up to " + std::to_string(max_layer) + ": " + list +
+                    " (fix num_hidden_layers to the number of layers in the checkpoint)");
     }
     if (!dims.tied && !by_gguf.count("output.weight")) {
         fprintf(stderr, "oomb-convert-hf: note: no lm_head.weight; the output layer reuses token_embd.weight\n");
@@ -141,8 +176,22 @@ int main(int argc, char** argv) {
         }
 
     // Output type: default is the checkpoint's own (that of token_embd).
+    std::vector<std::string> absent;
+    bool absent_layer = false;
     for (auto& p : plan)
-        if (!by_gguf.count(p.gguf_name)) return fail("checkpoint has no tensor '" + p.hf_name + "' (" + p.gguf_name + ")");
+        if (!by_gguf.count(p.gguf_name)) {
+            absent.push_back("'" + p.hf_name + "' (" + p.gguf_name + ")");
+            absent_layer = absent_layer || hf_layer_index(p.hf_name) >= 0;
+        }
+    if (!absent.empty()) {
+        std::string list;
+        for (size_t i = 0; i < absent.size() && i < 6; i++) list += (i ? ", " : "") + absent[i];
+        if (absent.size() > 6) list += ", ... (" + std::to_string(absent.size()) + " tensors)";
+        return fail("checkpoint has no tensor " + list +
+                    (absent_layer ? " (config.json has num_hidden_layers = " + std::to_string(dims.n_layer) +
+                                        ": does the checkpoint have fewer layers?)"
+                                  : std::string()));
+    }
     const SafetensorsTensor* emb = by_gguf["token_embd.weight"];
     uint32_t out_type = ggml_type_of(emb->dtype);
     if (outtype == "f32") out_type = GGUF_TENSOR_F32;

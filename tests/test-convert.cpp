@@ -151,23 +151,28 @@ void check_conversion(const std::string& model, const std::string& gguf, bool f3
 
 // Writes a small synthetic Qwen2 checkpoint (bf16) into `dir`.
 void write_synthetic(const std::string& dir, int64_t vocab, int64_t hidden, int64_t ffn, int64_t heads, int64_t kv,
-                     bool tied, const std::string& extra_tensor = "") {
+                     bool tied, const std::string& extra_tensor = "", int64_t n_layers = 1) {
     mkdir(dir.c_str(), 0755);
     nlohmann::json cfg = {{"architectures", {"Qwen2ForCausalLM"}}, {"model_type", "qwen2"}, {"vocab_size", vocab},
-                          {"hidden_size", hidden}, {"intermediate_size", ffn}, {"num_hidden_layers", 1},
+                          {"hidden_size", hidden}, {"intermediate_size", ffn}, {"num_hidden_layers", n_layers},
                           {"num_attention_heads", heads}, {"num_key_value_heads", kv}, {"max_position_embeddings", 4096},
                           {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}, {"tie_word_embeddings", tied},
                           {"bos_token_id", 151643}, {"eos_token_id", 151645}};
     write_all(dir + "/config.json", cfg.dump(2));
     const int64_t hd = hidden / heads;
     std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
-        {"model.embed_tokens.weight", {vocab, hidden}}, {"model.norm.weight", {hidden}},
-        {"model.layers.0.input_layernorm.weight", {hidden}}, {"model.layers.0.post_attention_layernorm.weight", {hidden}},
-        {"model.layers.0.self_attn.q_proj.weight", {hidden, hidden}}, {"model.layers.0.self_attn.q_proj.bias", {hidden}},
-        {"model.layers.0.self_attn.k_proj.weight", {kv * hd, hidden}}, {"model.layers.0.self_attn.k_proj.bias", {kv * hd}},
-        {"model.layers.0.self_attn.v_proj.weight", {kv * hd, hidden}}, {"model.layers.0.self_attn.v_proj.bias", {kv * hd}},
-        {"model.layers.0.self_attn.o_proj.weight", {hidden, hidden}}, {"model.layers.0.mlp.gate_proj.weight", {ffn, hidden}},
-        {"model.layers.0.mlp.up_proj.weight", {ffn, hidden}}, {"model.layers.0.mlp.down_proj.weight", {hidden, ffn}}};
+        {"model.embed_tokens.weight", {vocab, hidden}}, {"model.norm.weight", {hidden}}};
+    for (int64_t l = 0; l < n_layers; l++) {
+        const std::string p = "model.layers." + std::to_string(l) + ".";
+        const std::vector<std::pair<std::string, std::vector<int64_t>>> layer = {
+            {p + "input_layernorm.weight", {hidden}}, {p + "post_attention_layernorm.weight", {hidden}},
+            {p + "self_attn.q_proj.weight", {hidden, hidden}}, {p + "self_attn.q_proj.bias", {hidden}},
+            {p + "self_attn.k_proj.weight", {kv * hd, hidden}}, {p + "self_attn.k_proj.bias", {kv * hd}},
+            {p + "self_attn.v_proj.weight", {kv * hd, hidden}}, {p + "self_attn.v_proj.bias", {kv * hd}},
+            {p + "self_attn.o_proj.weight", {hidden, hidden}}, {p + "mlp.gate_proj.weight", {ffn, hidden}},
+            {p + "mlp.up_proj.weight", {ffn, hidden}}, {p + "mlp.down_proj.weight", {hidden, ffn}}};
+        shapes.insert(shapes.end(), layer.begin(), layer.end());
+    }
     if (!tied) shapes.push_back({"lm_head.weight", {vocab, hidden}});
     if (!extra_tensor.empty()) shapes.push_back({extra_tensor, {4}});
     SafetensorsWriter w;
@@ -359,6 +364,38 @@ TEST(Convert, Errors) {
     write_all(dir2 + "/config.json", cfg.dump());
     EXPECT_NE(run(conv + " " + dir2 + " -o " + tmp_dir() + "/x.gguf", &log), 0);
     EXPECT_NE(log.find("config.json implies"), std::string::npos) << log;
+    // num_hidden_layers disagreeing with the checkpoint's layers: an error naming the tensors,
+    // never a file whose block_count disagrees with its blk.N tensors.
+    const std::string dir3 = tmp_dir() + "/synthetic-layers";
+    write_synthetic(dir3, 64, 8, 16, 2, 1, false, "", 3);
+    ASSERT_EQ(run(conv + " " + dir3 + " -o " + tmp_dir() + "/three.gguf", &log), 0) << log; // consistent
+    {
+        GGUFReader r;
+        std::string err;
+        GGUFQwen2Hparams hp;
+        ASSERT_EQ(r.open(tmp_dir() + "/three.gguf", &err), GGUF_OK) << err;
+        ASSERT_EQ(gguf_read_qwen2_hparams(r, &hp, &err), GGUF_OK) << err;
+        EXPECT_EQ(hp.n_layer, 3u);
+        EXPECT_TRUE(r.find_tensor("blk.2.ffn_down.weight"));
+    }
+    cfg = nlohmann::json::parse(read_all(dir3 + "/config.json"));
+    cfg["num_hidden_layers"] = 1; // fewer than the checkpoint's 3
+    write_all(dir3 + "/config.json", cfg.dump());
+    EXPECT_NE(run(conv + " " + dir3 + " -o " + tmp_dir() + "/x.gguf", &log), 0) << log;
+    EXPECT_NE(log.find("num_hidden_layers = 1"), std::string::npos) << log;
+    EXPECT_NE(log.find("model.layers.1.input_layernorm.weight"), std::string::npos) << log;
+    EXPECT_NE(log.find("up to 2"), std::string::npos) << log;
+    EXPECT_NE(log.find("24 tensors"), std::string::npos) << log; // 2 extra layers of 12
+    cfg["num_hidden_layers"] = 4; // more than the checkpoint's 3
+    write_all(dir3 + "/config.json", cfg.dump());
+    EXPECT_NE(run(conv + " " + dir3 + " -o " + tmp_dir() + "/x.gguf", &log), 0) << log;
+    EXPECT_NE(log.find("no tensor 'model.layers.3.input_layernorm.weight'"), std::string::npos) << log;
+    EXPECT_NE(log.find("num_hidden_layers = 4"), std::string::npos) << log;
+    // Known buffers that llama.cpp recomputes are dropped with a note.
+    const std::string dir4 = tmp_dir() + "/synthetic-inv-freq";
+    write_synthetic(dir4, 64, 8, 16, 2, 1, false, "model.layers.0.self_attn.rotary_emb.inv_freq");
+    ASSERT_EQ(run(conv + " " + dir4 + " -o " + tmp_dir() + "/inv.gguf", &log), 0) << log;
+    EXPECT_NE(log.find("note: dropping 'model.layers.0.self_attn.rotary_emb.inv_freq'"), std::string::npos) << log;
     EXPECT_NE(access((tmp_dir() + "/x.gguf").c_str(), F_OK), 0); // nothing written on failure
     for (auto t : {"oomb-convert-hf", "oomb-gguf-init", "oomb-tokenize", "oomb-gguf-dump"}) {
         EXPECT_EQ(run(tool(t) + " --help", &log), 0) << t;
