@@ -318,12 +318,20 @@ void check_recorded_error(oomb_cuda_ctx & c, oomb_cgraph * g) {
 void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
     oomb_cuda_ctx * c = ctx_of(b);
     set_device(c);
+    if (c->profile) {
+        while (c->prof_events.size() < 2 * g->nodes.size()) {
+            cudaEvent_t e;
+            CUDA_CHECK(cudaEventCreate(&e));
+            c->prof_events.push_back(e);
+        }
+    }
     for (size_t i = 0; i < g->nodes.size(); i++) {
         oomb_tensor * node = g->nodes[i];
         if (node->op == OOMB_OP_NONE || node->op == OOMB_OP_VIEW || node->op == OOMB_OP_RESHAPE || node->op == OOMB_OP_PERMUTE ||
             node->op == OOMB_OP_TRANSPOSE) {
             continue;
         }
+        if (c->profile) CUDA_CHECK(cudaEventRecord(c->prof_events[2 * i], c->stream));
         check_data(b, node, node, -1);
         for (int k = 0; k < OOMB_MAX_SRC; k++) {
             const oomb_tensor * s = node->src[k];
@@ -333,6 +341,18 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
         }
         c->cur_node = (int) i;
         compute_node(*c, node);
+        if (c->profile) CUDA_CHECK(cudaEventRecord(c->prof_events[2 * i + 1], c->stream));
+    }
+    if (c->profile) {
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        for (size_t i = 0; i < g->nodes.size(); i++) {
+            const oomb_op op = g->nodes[i]->op;
+            if (op == OOMB_OP_NONE || op == OOMB_OP_VIEW || op == OOMB_OP_RESHAPE || op == OOMB_OP_PERMUTE || op == OOMB_OP_TRANSPOSE) continue;
+            float ms = 0.0f;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, c->prof_events[2 * i], c->prof_events[2 * i + 1]));
+            c->prof_ms[op] += ms;
+            c->prof_count[op]++;
+        }
     }
     if (c->check_err) check_recorded_error(*c, g);
 }
@@ -341,6 +361,21 @@ void cuda_free_backend(oomb_backend_t b) {
     oomb_cuda_ctx * c = ctx_of(b);
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
+    if (c->profile) {
+        double total = 0;
+        for (int op = 0; op < OOMB_OP_COUNT; op++) total += c->prof_ms[op];
+        fprintf(stderr, "oomb CUDA profile (GPU time per op, %.1f ms in all):\n", total);
+        for (int pass = 0; pass < OOMB_OP_COUNT; pass++) {
+            int best = -1;
+            for (int op = 0; op < OOMB_OP_COUNT; op++)
+                if (c->prof_count[op] > 0 && (best < 0 || c->prof_ms[op] > c->prof_ms[best])) best = op;
+            if (best < 0) break;
+            fprintf(stderr, "  %-24s %10.1f ms %6.1f%% %8lld calls\n", oomb_op_name((oomb_op) best), c->prof_ms[best],
+                    100.0 * c->prof_ms[best] / (total > 0 ? total : 1), (long long) c->prof_count[best]);
+            c->prof_count[best] = 0;
+        }
+        for (cudaEvent_t e : c->prof_events) cudaEventDestroy(e);
+    }
     for (int i = 0; i < oomb_cuda_ctx::N_SLOTS; i++) {
         if (c->slot_ptr[i]) cudaFree(c->slot_ptr[i]);
     }
@@ -399,6 +434,7 @@ oomb_backend_t oomb_backend_cuda_init(int device) {
     auto * c = new oomb_cuda_ctx();
     c->device = device;
     if (const char * s = getenv("OOMB_CUDA_SYNC")) c->sync_each = atoi(s) != 0;
+    if (const char * s = getenv("OOMB_CUDA_PROFILE")) c->profile = atoi(s) != 0;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->cublas));
     CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));

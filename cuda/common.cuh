@@ -17,6 +17,8 @@
 //     through oomb_error at the end of graph_compute.
 #pragma once
 
+#include <vector>
+
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -77,6 +79,13 @@ struct oomb_cuda_ctx {
     oomb_cuda_err_rec * d_err = nullptr; // device memory
     bool check_err = false;              // a kernel that records errors ran since the last check
     int cur_node = 0;
+
+    // OOMB_CUDA_PROFILE=1: per-op GPU time (CUDA events around each node), printed when the
+    // backend is freed.
+    bool profile = false;
+    std::vector<cudaEvent_t> prof_events;
+    double prof_ms[OOMB_OP_COUNT] = {0};
+    int64_t prof_count[OOMB_OP_COUNT] = {0};
 
     void * scratch(int slot, size_t bytes);
 };

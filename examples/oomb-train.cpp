@@ -49,6 +49,10 @@ const char * PROG = "oomb-train";
 constexpr const char * STATE_FORMAT = "oomb-train-state-1";
 const char * PRESETS[] = {"tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"};
 
+// Storage type of the linear weights and of the KV pages: f32 on the CPU, bf16 on a GPU (bf16
+// operands with f32 accumulation; the KV-gradient pages stay f32).
+oomb_type compute_type(oomb_backend_t be) { return oomb_backend_is_host(be) ? OOMB_TYPE_F32 : OOMB_TYPE_BF16; }
+
 // Settings of the built-in default run (no model and no data given); each applies only when the
 // option is not given on the command line. Measured on a 2-core CPU: see README "Training".
 struct DefaultRun {
@@ -157,7 +161,7 @@ int dump_grads(const Options & o) {
         }
     } else fail(PROG, o.tokens + ": input_ids must be I32 or I64");
 
-    auto model = qwen2_load_gguf(o.model, be, OOMB_TYPE_F32, &err);
+    auto model = qwen2_load_gguf(o.model, be, compute_type(be), &err);
     if (!model) fail(PROG, err);
     if (o.rope_theta > 0) model->cfg.rope_theta = (float) o.rope_theta;
     for (size_t i = 0; i < ids.size(); i++)
@@ -170,6 +174,7 @@ int dump_grads(const Options & o) {
     tp.chunk = std::min<int64_t>(o.chunk, T);
     tp.page = o.page;
     tp.max_tokens = T;
+    tp.kv_type = compute_type(be);
     if (tp.chunk <= 0 || tp.page <= 0) fail(PROG, "--chunk and --page must be positive");
     ChunkTrainer tr(*model, tp);
     double loss_sum = 0;
@@ -480,17 +485,17 @@ int train_main(Options & o, bool default_run) {
     const std::string ckpt_model = T.path("model.gguf"), ckpt_state = T.path("state.safetensors");
     if (o.resume) {
         if (!is_file(ckpt_model)) fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + ckpt_model + " not found)");
-        T.model = qwen2_load_gguf(ckpt_model, T.be, OOMB_TYPE_F32, &err);
+        T.model = qwen2_load_gguf(ckpt_model, T.be, compute_type(T.be), &err);
         if (!T.model) fail(PROG, "--resume: " + err);
     } else if (!o.model.empty()) {
         if (!is_file(o.model)) fail(PROG, "-m: '" + o.model + "': no such file");
-        T.model = qwen2_load_gguf(o.model, T.be, OOMB_TYPE_F32, &err);
+        T.model = qwen2_load_gguf(o.model, T.be, compute_type(T.be), &err);
         if (!T.model) fail(PROG, err);
     } else {
         Qwen2Config c;
         if (!qwen2_preset(o.preset, &c)) fail(PROG, "unknown preset '" + o.preset + "' (choose tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b or qwen2.5-7b)");
         if (o.rope_theta > 0) c.rope_theta = (float) o.rope_theta;
-        T.model = qwen2_create(c, T.be, OOMB_TYPE_F32);
+        T.model = qwen2_create(c, T.be, compute_type(T.be));
         qwen2_init_random(*T.model, o.seed);
     }
     Qwen2Model & M = *T.model;
@@ -558,6 +563,7 @@ int train_main(Options & o, bool default_run) {
     tp.chunk = o.chunk;
     tp.page = o.page;
     tp.max_tokens = o.ctx;
+    tp.kv_type = compute_type(T.be);
     T.tr = std::make_unique<ChunkTrainer>(M, tp);
 
     // ---- resume

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One device call on the H200: CUDA tests and/or end-to-end training throughput beside the HF
+# baseline (../shared/bench/hf_baseline.py, carried in .devcarry/) in the same run.
+#   bench/gpu/run-h200.sh tests|e2e|all [ctx ...]
+# Expects .devcarry/gpu-bins.tar.xz (test-cuda-*, oomb-train, oomb-convert-hf built here with
+# static OpenBLAS/PCRE2/utf8proc, see bench/NOTES.md), .devcarry/fixtures and .devcarry/hf_baseline.py.
+set -o pipefail
+MODE=${1:-all}; shift || true
+CTXS=${*:-16384 32768}
+OUT=${OUT:-out}; mkdir -p "$OUT"
+D=$PWD/.devcarry
+B=/tmp/oomb-bins; mkdir -p $B && tar -xJf $D/gpu-bins.tar.xz -C $B || exit 1
+export OOMB_FIXTURES=$D/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv | tee "$OUT/smi.txt"
+git log -1 --format='commit %H %s' 2>/dev/null | tee "$OUT/commit.txt"
+
+if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
+    for t in test-cuda-ops test-cuda-paged-attn test-cuda-qwen2; do
+        timeout 240 $B/$t > "$OUT/$t.log" 2>&1
+        echo "$t rc=$?"
+        grep -E "FAILED|PASSED|SKIPPED|relative error" "$OUT/$t.log" | head -12
+    done
+fi
+
+if [ "$MODE" = e2e ] || [ "$MODE" = all ]; then
+    python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<21, dtype=np.uint32).tofile('/tmp/rand.bin')"
+    for ctx in $CTXS; do
+        rm -rf /tmp/run$ctx
+        timeout 300 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx $ctx --chunk 4096 --page 128 --steps 3 \
+            --warmup 1 --eval-every 0 --eval-split 1 --save-every 0 --stop-after 3 --data-bin /tmp/rand.bin \
+            --trainable all -o /tmp/run$ctx > "$OUT/oomb-0.5b-$ctx.log" 2>&1
+        echo "oomb 0.5b ctx $ctx rc=$?"; tail -4 "$OUT/oomb-0.5b-$ctx.log"
+        cp /tmp/run$ctx/train.jsonl "$OUT/oomb-0.5b-$ctx.jsonl" 2>/dev/null
+        PYTHONUNBUFFERED=1 timeout 200 python3 $D/hf_baseline.py qwen2.5-0.5b full $ctx 2 2>/dev/null | tail -1 | tee "$OUT/hf-0.5b-$ctx.json"
+    done
+fi
