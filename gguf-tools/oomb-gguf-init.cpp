@@ -101,52 +101,78 @@ int main(int argc, char** argv) {
     for (auto& p : kPresets) names.push_back(p.name);
     app.add_option("--preset", preset, "model shape: qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b or qwen2.5-7b")
         ->check(CLI::IsMember(names));
-    app.add_option("--vocab-size", d.n_vocab, "embedding rows (explicit dimensions; override the preset)");
-    app.add_option("--hidden", d.n_embd, "hidden size");
-    app.add_option("--ffn", d.n_ff, "feed-forward (intermediate) size");
-    app.add_option("--layers", d.n_layer, "number of layers");
-    app.add_option("--heads", d.n_head, "attention heads");
-    app.add_option("--kv-heads", d.n_head_kv, "key/value heads (default: heads)");
-    app.add_option("--ctx", d.n_ctx, "context length (default 32768)");
-    app.add_option("--rope-theta", d.rope_theta, "RoPE base (default 1e6)");
-    app.add_option("--rms-eps", d.rms_eps, "RMSNorm epsilon (default 1e-6)");
+    CLI::Option* o_vocab = app.add_option("--vocab-size", d.n_vocab, "embedding rows (explicit dimensions; override the preset)");
+    CLI::Option* o_hidden = app.add_option("--hidden", d.n_embd, "hidden size");
+    CLI::Option* o_ffn = app.add_option("--ffn", d.n_ff, "feed-forward (intermediate) size");
+    CLI::Option* o_layers = app.add_option("--layers", d.n_layer, "number of layers");
+    CLI::Option* o_heads = app.add_option("--heads", d.n_head, "attention heads");
+    CLI::Option* o_kv = app.add_option("--kv-heads", d.n_head_kv, "key/value heads (default: heads)");
+    CLI::Option* o_ctx = app.add_option("--ctx", d.n_ctx, "context length (default 32768)");
+    CLI::Option* o_theta = app.add_option("--rope-theta", d.rope_theta, "RoPE base (default 1e6)");
+    CLI::Option* o_eps = app.add_option("--rms-eps", d.rms_eps, "RMSNorm epsilon (default 1e-6)");
     app.add_flag("--tied", tied, "tie the LM head to the embedding (no output.weight)");
     app.add_flag("--untied", untied, "write a separate output.weight");
     app.add_option("--vocab", vocab, "GGUF file whose tokenizer is copied in (e.g. models/qwen2.5-vocab.gguf)");
     app.add_option("-o,--output", out, "output GGUF file (written atomically)")->required();
     app.add_option("--seed", seed, "random seed (default 42)");
-    app.add_option("--init-std", init_std, "standard deviation of weights (default 0.02, HF initializer_range)");
+    CLI::Option* o_std = app.add_option("--init-std", init_std, "standard deviation of weights (default 0.02, HF initializer_range)");
     app.add_option("--outtype", outtype, "tensor type of 2-D weights: f32, f16 or bf16 (default bf16)")
         ->check(CLI::IsMember({"f32", "f16", "bf16"}));
-    app.add_option("-t,--threads", threads, "generator threads");
+    CLI::Option* o_threads = app.add_option("-t,--threads", threads, "generator threads (default: all cores)");
     CLI11_PARSE(app, argc, argv);
 
     auto fail = [](const std::string& m) {
         fprintf(stderr, "oomb-gguf-init: error: %s\n", m.c_str());
         return 1;
     };
+    // Each option given is checked on its own, so that the message names it.
+    const std::pair<CLI::Option*, int64_t> int_opts[] = {{o_vocab, d.n_vocab}, {o_hidden, d.n_embd}, {o_ffn, d.n_ff},
+                                                         {o_layers, d.n_layer}, {o_heads, d.n_head}, {o_kv, d.n_head_kv},
+                                                         {o_ctx, d.n_ctx}};
+    for (auto& o : int_opts)
+        if (o.first->count() && (o.second < 1 || o.second > INT32_MAX))
+            return fail(o.first->get_name() + " must be an integer from 1 to 2147483647, not " + std::to_string(o.second));
+    // Stored as float32 in the file: the value must stay finite and positive once rounded.
+    const std::pair<CLI::Option*, double> pos_opts[] = {{o_theta, d.rope_theta}, {o_eps, d.rms_eps}, {o_std, init_std}};
+    for (auto& o : pos_opts)
+        if (o.first->count() && !(std::isfinite((float)o.second) && (float)o.second > 0.0f))
+            return fail(o.first->get_name() + " must be a finite number greater than 0, not " + o.first->as<std::string>());
+    if (o_threads->count() && threads < 1)
+        return fail("-t/--threads must be at least 1, not " + std::to_string(threads));
+
     Qwen2Dims m = dims(0, 0, 0, 0, 0, 0, false);
     std::string name = "qwen2-random";
     if (!preset.empty()) {
         for (auto& p : kPresets) if (preset == p.name) m = p.d;
         name = preset + "-random";
     }
-    if (d.n_vocab) m.n_vocab = d.n_vocab;
-    if (d.n_embd) m.n_embd = d.n_embd;
-    if (d.n_ff) m.n_ff = d.n_ff;
-    if (d.n_layer) m.n_layer = d.n_layer;
-    if (d.n_head) m.n_head = d.n_head;
-    if (d.n_head_kv) m.n_head_kv = d.n_head_kv;
+    if (o_vocab->count()) m.n_vocab = d.n_vocab;
+    if (o_hidden->count()) m.n_embd = d.n_embd;
+    if (o_ffn->count()) m.n_ff = d.n_ff;
+    if (o_layers->count()) m.n_layer = d.n_layer;
+    if (o_heads->count()) m.n_head = d.n_head;
+    if (o_kv->count()) m.n_head_kv = d.n_head_kv;
     else if (!m.n_head_kv) m.n_head_kv = m.n_head;
-    if (app.count("--ctx")) m.n_ctx = d.n_ctx;
-    if (app.count("--rope-theta")) m.rope_theta = d.rope_theta;
-    if (app.count("--rms-eps")) m.rms_eps = d.rms_eps;
+    if (o_ctx->count()) m.n_ctx = d.n_ctx;
+    if (o_theta->count()) m.rope_theta = d.rope_theta;
+    if (o_eps->count()) m.rms_eps = d.rms_eps;
     if (tied && untied) return fail("--tied and --untied are exclusive");
     if (tied) m.tied = true;
     if (untied) m.tied = false;
+    std::string missing;
+    const std::pair<const char*, int64_t> need[] = {{"--vocab-size", m.n_vocab}, {"--hidden", m.n_embd}, {"--ffn", m.n_ff},
+                                                    {"--layers", m.n_layer}, {"--heads", m.n_head}};
+    for (auto& n : need)
+        if (n.second == 0) missing += std::string(missing.empty() ? "" : " ") + n.first;
+    if (!missing.empty()) return fail("no model shape: give --preset, or all of --vocab-size --hidden --ffn --layers --heads (missing: " + missing + ")");
+    if (m.n_embd % m.n_head != 0)
+        return fail("--hidden " + std::to_string(m.n_embd) + " is not a multiple of --heads " + std::to_string(m.n_head));
+    if (m.n_head % m.n_head_kv != 0)
+        return fail("--heads " + std::to_string(m.n_head) + " is not a multiple of --kv-heads " + std::to_string(m.n_head_kv));
+    if ((m.n_embd / m.n_head) % 2 != 0)
+        return fail("the head size --hidden / --heads = " + std::to_string(m.n_embd / m.n_head) + " must be even (RoPE rotates pairs)");
     std::string err;
-    if (!m.valid(&err)) return fail(err + " (give --preset or all of --vocab-size --hidden --ffn --layers --heads)");
-    if (threads < 1) threads = 1;
+    if (!m.valid(&err)) return fail(err);
 
     const uint32_t wtype = outtype == "f32" ? GGUF_TENSOR_F32 : outtype == "f16" ? GGUF_TENSOR_F16 : GGUF_TENSOR_BF16;
     GGUFWriter w;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -44,7 +45,13 @@ bool Qwen2Dims::valid(std::string* err) const {
         return bad("vocab, hidden, ffn, layers, heads, kv heads and context must all be positive");
     if (n_embd % n_head != 0) return bad("hidden size " + std::to_string(n_embd) + " is not a multiple of heads " + std::to_string(n_head));
     if (n_head % n_head_kv != 0) return bad("heads " + std::to_string(n_head) + " is not a multiple of kv heads " + std::to_string(n_head_kv));
-    if (n_vocab > INT32_MAX || n_embd > INT32_MAX || n_ff > INT32_MAX) return bad("dimension too large");
+    if (n_vocab > INT32_MAX || n_embd > INT32_MAX || n_ff > INT32_MAX || n_layer > INT32_MAX || n_head > INT32_MAX ||
+        n_ctx > INT32_MAX)
+        return bad("dimension too large");
+    if ((n_embd / n_head) % 2 != 0) return bad("head size " + std::to_string(n_embd / n_head) + " is odd (RoPE rotates pairs)");
+    // Written as float32: must stay finite and positive once rounded.
+    if (!(std::isfinite((float)rope_theta) && (float)rope_theta > 0.0f)) return bad("rope_theta must be finite and > 0");
+    if (!(std::isfinite((float)rms_eps) && (float)rms_eps > 0.0f)) return bad("rms_norm_eps must be finite and > 0");
     return true;
 }
 

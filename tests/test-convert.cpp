@@ -449,6 +449,62 @@ TEST(Init, DeterministicShapesAndStatistics) {
     EXPECT_NE(run(tool("oomb-gguf-init") + " -o " + a, &log), 0); // no dimensions
 }
 
+// Nonsense values are refused (exit 1, a message naming the option), nothing is written.
+TEST(Init, RejectsBadOptions) {
+    REQUIRE_TOOLS();
+    const std::string out = tmp_dir() + "/bad-init.gguf";
+    const std::string init = tool("oomb-gguf-init") + " -o " + out + " ";
+    const std::string ok = "--vocab-size 256 --ffn 96 --layers 1 --hidden 64 --heads 2 ";
+    std::string log;
+    ASSERT_EQ(run(init + ok + "--kv-heads 1 -t 1", &log), 0) << log; // the base is fine
+    unlink(out.c_str());
+    const std::pair<std::string, const char*> cases[] = {
+        {ok + "--init-std nan", "--init-std"},
+        {ok + "--init-std -1", "--init-std"},
+        {ok + "--init-std 0", "--init-std"},
+        {ok + "--init-std inf", "--init-std"},
+        {ok + "--rms-eps -1", "--rms-eps"},
+        {ok + "--rms-eps 0", "--rms-eps"},
+        {ok + "--rms-eps 1e-60", "--rms-eps"}, // 0 once stored as float32
+        {ok + "--rope-theta 0", "--rope-theta"},
+        {ok + "--rope-theta -10000", "--rope-theta"},
+        {ok + "--rope-theta nan", "--rope-theta"},
+        {ok + "-t 0", "--threads"},
+        {ok + "-t -5", "--threads"},
+        {ok + "--kv-heads 0", "--kv-heads"},
+        {ok + "--ctx 0", "--ctx"},
+        {"--vocab-size 256 --ffn 96 --layers 1 --hidden 0 --heads 2", "--hidden"},
+        {"--vocab-size 256 --ffn 96 --layers 1 --hidden -64 --heads 2", "--hidden"},
+        {"--vocab-size 256 --ffn 96 --layers 1 --hidden 64 --heads 0", "--heads"},
+        {"--vocab-size 256 --ffn 96 --layers 0 --hidden 64 --heads 2", "--layers"},
+        {"--vocab-size -1 --ffn 96 --layers 1 --hidden 64 --heads 2", "--vocab-size"},
+        {"--vocab-size 256 --ffn 3000000000 --layers 1 --hidden 64 --heads 2", "--ffn"},
+        {"--vocab-size 256 --ffn 96 --layers 1 --hidden 64 --heads 3", "--hidden 64 is not a multiple of --heads 3"},
+        {"--vocab-size 256 --ffn 96 --layers 1 --hidden 64 --heads 4 --kv-heads 3", "--heads 4 is not a multiple of --kv-heads 3"},
+        {"--vocab-size 256 --ffn 96 --layers 1 --hidden 6 --heads 2", "--hidden / --heads = 3 must be even"},
+        {"--preset qwen2.5-0.5b --heads 7", "--heads 7 is not a multiple of --kv-heads 2"},
+        {"--layers 2", "missing: --vocab-size --hidden --ffn --heads"},
+    };
+    for (auto& c : cases) {
+        EXPECT_EQ(run(init + c.first, &log), 1) << c.first << ": " << log;
+        EXPECT_NE(log.find(std::string("oomb-gguf-init: error: ")), std::string::npos) << c.first << ": " << log;
+        EXPECT_NE(log.find(c.second), std::string::npos) << c.first << ": " << log;
+        EXPECT_NE(access(out.c_str(), F_OK), 0) << c.first << ": wrote " << out;
+    }
+    // The converter applies the same checks to config.json.
+    const std::string dir = tmp_dir() + "/synthetic-bad-config";
+    write_synthetic(dir, 64, 8, 16, 2, 1, false);
+    const nlohmann::json good = nlohmann::json::parse(read_all(dir + "/config.json"));
+    for (auto& c : {std::make_pair("rms_norm_eps", 0.0), std::make_pair("rope_theta", -1.0)}) {
+        nlohmann::json cfg = good;
+        cfg[c.first] = c.second;
+        write_all(dir + "/config.json", cfg.dump());
+        EXPECT_EQ(run(tool("oomb-convert-hf") + " " + dir + " -o " + out, &log), 1) << log;
+        EXPECT_NE(log.find(c.first), std::string::npos) << log;
+        EXPECT_NE(access(out.c_str(), F_OK), 0);
+    }
+}
+
 TEST(Tools, TokenizeDecodeAndDump) {
     REQUIRE_TOOLS();
     const std::string vocab = oombtest::source_dir() + "/models/qwen2.5-vocab.gguf";
