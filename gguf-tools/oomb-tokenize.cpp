@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/stat.h>
+
 using namespace oomb;
 
 namespace {
@@ -28,12 +30,19 @@ namespace {
 bool read_file(const std::string& path, std::string* out, std::string* err) {
     FILE* f = path == "-" ? stdin : fopen(path.c_str(), "rb");
     if (!f) { *err = path + ": cannot open: " + strerror(errno); return false; }
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) { // fopen opens directories; reading fails
+        if (f != stdin) fclose(f);
+        *err = path + ": is a directory, not a file";
+        return false;
+    }
     char buf[1 << 16];
     size_t k;
     while ((k = fread(buf, 1, sizeof buf, f)) > 0) out->append(buf, k);
+    const int saved = errno;
     const bool bad = ferror(f);
     if (f != stdin) fclose(f);
-    if (bad) { *err = path + ": read error"; return false; }
+    if (bad) { *err = path + ": read error: " + strerror(saved); return false; }
     return true;
 }
 
@@ -81,16 +90,20 @@ int main(int argc, char** argv) {
         std::vector<int32_t> ids;
         const char* p = input.c_str();
         const char* end = p + input.size();
+        // Ids are plain decimal numbers: digits only (no sign, no "0x"), separated by white space.
         while (true) {
             while (p < end && isspace((unsigned char)*p)) p++;
             if (p >= end) break;
-            char* q;
-            errno = 0;
-            const long long v = strtoll(p, &q, 10);
-            if (q == p || (q < end && !isspace((unsigned char)*q)) || errno == ERANGE || v < INT32_MIN || v > INT32_MAX)
-                return fail(file + ": not a token id at byte " + std::to_string(p - input.c_str()) + ": '" +
-                            std::string(p, std::min<size_t>(20, (size_t)(end - p))) + "'");
-            ids.push_back((int32_t)v);
+            const char* q = p;
+            while (q < end && !isspace((unsigned char)*q)) q++;
+            const std::string word(p, (size_t)(q - p));
+            const std::string at = file + ": byte " + std::to_string(p - input.c_str()) + ": ";
+            const std::string shown = "'" + word.substr(0, 40) + (word.size() > 40 ? "...'" : "'");
+            if (word.find_first_not_of("0123456789") != std::string::npos)
+                return fail(at + "not a token id: " + shown + " (ids are non-negative decimal integers)");
+            if (word.size() > 10 || std::stoll(word) > INT32_MAX)
+                return fail(at + "token id " + shown + " is out of range");
+            ids.push_back((int32_t)std::stoll(word));
             p = q;
         }
         if (tok.decode(ids.data(), ids.size(), &out, &err)) return fail(err);

@@ -198,6 +198,7 @@ struct Cursor {
 };
 
 const char* kTruncated = "file is truncated";
+const char* kTruncOrCorrupt = " (file truncated, or a corrupt length)";
 
 } // namespace
 
@@ -448,7 +449,7 @@ struct GGUFValueIO {
         if (t >= GGUF_TYPE_COUNT) { *why = fmt("unknown value type %u", t); return false; }
         v->type_ = (gguf_type)t;
         if (t == GGUF_TYPE_STRING) {
-            if (!read_string(c, &v->str_)) { *why = "string runs past the end of the file"; return false; }
+            if (!read_string(c, &v->str_)) { *why = std::string("string runs past the end of the file") + kTruncOrCorrupt; return false; }
             return true;
         }
         if (t != GGUF_TYPE_ARRAY) {
@@ -465,15 +466,15 @@ struct GGUFValueIO {
         v->elem_type_ = (gguf_type)et;
         const size_t min_elem = et == GGUF_TYPE_STRING ? 8 : et == GGUF_TYPE_ARRAY ? 12 : scalar_size(et);
         if (n > c.left() / min_elem) {
-            *why = fmt("array of %" PRIu64 " %s elements cannot fit in the %zu bytes left in the file",
-                       n, gguf_type_name(et), c.left());
+            *why = fmt("array of %" PRIu64 " %s elements cannot fit in the %zu bytes left in the file%s",
+                       n, gguf_type_name(et), c.left(), kTruncOrCorrupt);
             return false;
         }
         v->n_ = (size_t)n;
         if (et == GGUF_TYPE_STRING) {
             v->strs_.resize(v->n_);
             for (size_t i = 0; i < v->n_; i++)
-                if (!read_string(c, &v->strs_[i])) { *why = fmt("array string %zu runs past the end of the file", i); return false; }
+                if (!read_string(c, &v->strs_[i])) { *why = fmt("array string %zu runs past the end of the file%s", i, kTruncOrCorrupt); return false; }
         } else if (et == GGUF_TYPE_ARRAY) {
             v->arrs_.resize(v->n_);
             for (size_t i = 0; i < v->n_; i++)
@@ -569,7 +570,7 @@ gguf_status GGUFReader::open(const std::string& path, std::string* err, const GG
         return GGUF_ERR_IO;
     }
     if (!S_ISREG(st.st_mode)) {
-        set_err(err, path + ": not a regular file");
+        set_err(err, path + (S_ISDIR(st.st_mode) ? ": is a directory, not a GGUF file" : ": not a regular file"));
         ::close(fd);
         return GGUF_ERR_IO;
     }
@@ -628,11 +629,20 @@ gguf_status GGUFReader::parse(std::string* err, const GGUFReadOptions& opt) {
     }
     uint64_t n_tensors, n_kv;
     if (!c.u64(&n_tensors) || !c.u64(&n_kv)) return fail(GGUF_ERR_FORMAT, "file is truncated in the header");
-    // Every key/value needs at least 13 bytes, every tensor info at least 24.
-    if (n_kv > c.left() / 13)
-        return fail(GGUF_ERR_FORMAT, fmt("absurd metadata count %" PRIu64 " for a file of %zu bytes", n_kv, size_));
-    if (n_tensors > c.left() / 24)
-        return fail(GGUF_ERR_FORMAT, fmt("absurd tensor count %" PRIu64 " for a file of %zu bytes", n_tensors, size_));
+    // Every key/value needs at least 13 bytes, every tensor info at least 24. Counts the rest of
+    // the file cannot hold mean either a file cut short (a plausible count) or a corrupt count (one
+    // no real file has: more than kMaxPlausibleCount).
+    constexpr uint64_t kMaxPlausibleCount = 1ull << 24;
+    if (n_kv > c.left() / 13 || n_tensors > c.left() / 24 || n_kv * 13 + n_tensors * 24 > c.left()) {
+        if (n_kv > kMaxPlausibleCount && n_kv > c.left() / 13)
+            return fail(GGUF_ERR_FORMAT, fmt("absurd metadata count %" PRIu64 " for a file of %zu bytes", n_kv, size_));
+        if (n_tensors > kMaxPlausibleCount && n_tensors > c.left() / 24)
+            return fail(GGUF_ERR_FORMAT, fmt("absurd tensor count %" PRIu64 " for a file of %zu bytes", n_tensors, size_));
+        return fail(GGUF_ERR_FORMAT,
+                    fmt("file is truncated: its header declares %" PRIu64 " metadata entries and %" PRIu64
+                        " tensors, which need at least %" PRIu64 " bytes, but the file ends after %zu bytes",
+                        n_kv, n_tensors, (uint64_t)c.pos + n_kv * 13 + n_tensors * 24, size_));
+    }
 
     kv_.reserve((size_t)n_kv);
     std::string why;
@@ -640,7 +650,7 @@ gguf_status GGUFReader::parse(std::string* err, const GGUFReadOptions& opt) {
         const size_t at = c.pos;
         std::string key;
         if (!GGUFValueIO::read_string(c, &key))
-            return fail(GGUF_ERR_FORMAT, fmt("metadata entry %" PRIu64 " at byte %zu: key runs past the end of the file", i, at));
+            return fail(GGUF_ERR_FORMAT, fmt("metadata entry %" PRIu64 " at byte %zu: key runs past the end of the file%s", i, at, kTruncOrCorrupt));
         uint32_t t;
         if (!c.u32(&t)) return fail(GGUF_ERR_FORMAT, fmt("metadata key '%s': file is truncated", escape(key, 100).c_str()));
         GGUFValue v;
@@ -669,7 +679,7 @@ gguf_status GGUFReader::parse(std::string* err, const GGUFReadOptions& opt) {
         GGUFTensorInfo t;
         const size_t at = c.pos;
         if (!GGUFValueIO::read_string(c, &t.name))
-            return fail(GGUF_ERR_FORMAT, fmt("tensor info %" PRIu64 " at byte %zu: name runs past the end of the file", i, at));
+            return fail(GGUF_ERR_FORMAT, fmt("tensor info %" PRIu64 " at byte %zu: name runs past the end of the file%s", i, at, kTruncOrCorrupt));
         const std::string nm = "tensor '" + escape(t.name, 100) + "'";
         if (!c.u32(&t.n_dims)) return fail(GGUF_ERR_FORMAT, nm + ": file is truncated");
         if (t.n_dims > (uint32_t)GGUF_MAX_DIMS)

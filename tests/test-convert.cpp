@@ -539,6 +539,41 @@ TEST(Tools, TokenizeDecodeAndDump) {
     EXPECT_NE(out.find("bad magic"), std::string::npos) << out;
 }
 
+TEST(Tools, TokenizeRejectsBadInput) {
+    REQUIRE_TOOLS();
+    const std::string vocab = oombtest::source_dir() + "/models/qwen2.5-vocab.gguf";
+    const std::string tok = tool("oomb-tokenize") + " -m " + vocab;
+    const std::string ids = tmp_dir() + "/bad-ids.txt";
+    std::string out;
+    write_all(ids, "9707 5\n");
+    ASSERT_EQ(run(tok + " -f " + ids + " --decode", &out), 0) << out;
+    // Only plain decimal ids: a sign, a hex prefix or trailing letters are errors naming the token.
+    for (const char* bad : {"+5", "-5", "0x10", "5a", "1e3", "+0"}) {
+        write_all(ids, std::string("9707 ") + bad + " 5\n");
+        EXPECT_EQ(run(tok + " -f " + ids + " --decode", &out), 1) << bad << ": " << out;
+        EXPECT_NE(out.find(std::string("not a token id: '") + bad + "'"), std::string::npos) << bad << ": " << out;
+        EXPECT_NE(out.find("byte 5"), std::string::npos) << bad << ": " << out;
+    }
+    write_all(ids, "99999999999\n");
+    EXPECT_EQ(run(tok + " -f " + ids + " --decode", &out), 1) << out;
+    EXPECT_NE(out.find("'99999999999' is out of range"), std::string::npos) << out;
+    // A directory as the input or the model says so (was: "read error").
+    EXPECT_EQ(run(tok + " -f " + tmp_dir(), &out), 1) << out;
+    EXPECT_NE(out.find(tmp_dir() + ": is a directory"), std::string::npos) << out;
+    EXPECT_EQ(run(tok + " -f " + tmp_dir() + " --decode", &out), 1) << out;
+    EXPECT_NE(out.find("is a directory"), std::string::npos) << out;
+    EXPECT_EQ(run(tool("oomb-tokenize") + " -m " + tmp_dir() + " -f " + ids, &out), 1) << out;
+    EXPECT_NE(out.find(tmp_dir() + ": is a directory"), std::string::npos) << out;
+    // A model file cut short in its header says it is truncated.
+    const std::string cut = tmp_dir() + "/cut.gguf";
+    write_all(cut, read_all(vocab).substr(0, 100));
+    EXPECT_EQ(run(tool("oomb-tokenize") + " -m " + cut + " -f " + ids, &out), 1) << out;
+    EXPECT_NE(out.find("truncated"), std::string::npos) << out;
+    EXPECT_EQ(out.find("absurd"), std::string::npos) << out;
+    EXPECT_NE(run(tool("oomb-gguf-dump") + " " + cut, &out), 0) << out;
+    EXPECT_NE(out.find("file is truncated"), std::string::npos) << out;
+}
+
 TEST(Safetensors, RoundTripDtypesAndConversions) {
     const std::string path = tmp_dir() + "/st.safetensors";
     SafetensorsWriter w;

@@ -596,6 +596,7 @@ TEST(GGUF, OpenErrorsFromFiles) {
     EXPECT_EQ(r.open("/nonexistent/file.gguf", &err), GGUF_ERR_IO);
     EXPECT_NE(err.find("/nonexistent/file.gguf"), std::string::npos);
     EXPECT_EQ(r.open("/tmp", &err), GGUF_ERR_IO);
+    EXPECT_NE(err.find("/tmp: is a directory"), std::string::npos) << err;
     const std::string path = tmp_path("empty.gguf");
     write_all(path, "");
     EXPECT_EQ(r.open(path, &err), GGUF_ERR_FORMAT);
@@ -613,6 +614,19 @@ TEST(GGUF, HeaderErrors) {
     EXPECT_GGUF_ERROR(Bytes().header(0, 0).b.substr(0, 20), GGUF_ERR_FORMAT, "truncated");
     EXPECT_GGUF_ERROR(Bytes().header(0, 1ull << 40).b, GGUF_ERR_FORMAT, "absurd metadata count");
     EXPECT_GGUF_ERROR(Bytes().header(~0ull, 0).b, GGUF_ERR_FORMAT, "absurd tensor count");
+    EXPECT_GGUF_ERROR(Bytes().header(0, 1ull << 40).b + std::string(4096, '\0'), GGUF_ERR_FORMAT, "absurd metadata count");
+    EXPECT_GGUF_ERROR(Bytes().header(1ull << 33, 2).kv_u32("a", 1).kv_u32("b", 2).b + std::string(4096, '\0'),
+                      GGUF_ERR_FORMAT, "absurd tensor count");
+    {   // A file cut short in its header (plausible counts, bytes missing) says it is truncated.
+        Bytes b;
+        b.header(3, 12).kv_u32("general.alignment", 32).kv_u32("qwen2.block_count", 24).str("general.na");
+        b.b.resize(100, 'x');
+        std::string e;
+        EXPECT_EQ(parse(b.b, &e), GGUF_ERR_FORMAT);
+        EXPECT_NE(e.find("file is truncated"), std::string::npos) << e;
+        EXPECT_NE(e.find("12 metadata entries"), std::string::npos) << e;
+        EXPECT_EQ(e.find("absurd"), std::string::npos) << e;
+    }
     std::string err;
     EXPECT_EQ(parse(Bytes().header(0, 0).b, &err), GGUF_OK) << err; // minimal valid file
     EXPECT_EQ(parse(Bytes().header(0, 0, 2).b, &err), GGUF_OK) << err; // v2 has the same layout
@@ -699,6 +713,18 @@ TEST(GGUF, EveryTruncationIsAnError) {
         GGUFReader q;
         ASSERT_NE(q.open_memory(bytes.data(), n, &err), GGUF_OK) << "prefix of " << n << " bytes accepted";
         ASSERT_FALSE(err.empty());
+        // Wherever the cut falls (header, metadata, tensor infos, data), the message says so.
+        EXPECT_NE(err.find("truncated"), std::string::npos) << "prefix of " << n << " bytes: " << err;
+        EXPECT_EQ(err.find("absurd"), std::string::npos) << "prefix of " << n << " bytes: " << err;
+    }
+    {   // The same from a file on disk, cut inside its metadata.
+        const std::string cut = tmp_path("cut.gguf");
+        write_all(cut, bytes.substr(0, 100));
+        GGUFReader q;
+        EXPECT_EQ(q.open(cut, &err), GGUF_ERR_FORMAT);
+        EXPECT_NE(err.find("truncated"), std::string::npos) << err;
+        EXPECT_NE(err.find(cut), std::string::npos) << err;
+        unlink(cut.c_str());
     }
     unlink(path.c_str());
 }
