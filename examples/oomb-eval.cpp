@@ -10,6 +10,7 @@
 // over all predicted tokens (nats) and the perplexity exp(mean NLL).
 #include "train-common.h"
 
+#include "gguf.h"
 #include "qwen2.h"
 #include "tokenizer.h"
 
@@ -30,6 +31,7 @@ static const char * PROG = "oomb-eval";
 
 int main(int argc, char ** argv) {
     install_error_handler(PROG, 1);
+    install_temp_file_cleanup();  // Ctrl-C / SIGTERM during a checkpoint save leaves no temporary file
     std::string model, vocab, data_bin, device = "cpu", json_out;
     std::vector<std::string> data;
     int64_t ctx = 4096, chunk = 4096, max_tokens = 0;

@@ -18,6 +18,7 @@
 #include "train-common.h"
 
 #include "oomb-opt.h"
+#include "gguf.h"
 #include "qwen2.h"
 #include "safetensors.h"
 #include "tokenizer.h"
@@ -778,6 +779,7 @@ int train_main(Options & o, bool default_run) {
 
 int main(int argc, char ** argv) {
     install_error_handler(PROG, 1);
+    install_temp_file_cleanup();  // Ctrl-C / SIGTERM during a checkpoint save leaves no temporary file
     Options o;
     DefaultRun dr;
     CLI::App app{"oomb-train: train or fine-tune a Qwen2/Qwen2.5 model with OOMB chunk-recurrent training over paged KV caches.\n"
