@@ -2,6 +2,8 @@
 
 #include "elementwise.cuh"
 
+#include <algorithm>
+
 #include <type_traits>
 
 using oomb::shape_str;
@@ -207,6 +209,39 @@ __global__ void k_repeat_back(oomb_tv dst, oomb_tv a, int64_t n) {
     }
 }
 
+// Column sums (the gradient of a bias or norm weight broadcast over rows): a [ne0, rows...] summed
+// to dst [ne0]. Pass 1: a (32 columns x 8 row-threads) block sums a strided subset of the rows of
+// 32 columns in double and reduces over its row-threads; block row y writes partial[y][col].
+// Pass 2 adds the partials of each column in a fixed order (deterministic, no atomics).
+constexpr int k_cs_cols = 32, k_cs_rows = 8;
+
+__global__ void k_colsum_partial(oomb_tv a, int64_t n_rows, double * partial) {
+    __shared__ double sh[k_cs_rows][k_cs_cols + 1];
+    const int64_t j = blockIdx.x * (int64_t) k_cs_cols + threadIdx.x;
+    double acc = 0.0;
+    if (j < a.ne[0]) {
+        for (int64_t r = blockIdx.y * (int64_t) k_cs_rows + threadIdx.y; r < n_rows; r += (int64_t) gridDim.y * k_cs_rows) {
+            const int64_t i1 = r % a.ne[1], i2 = (r / a.ne[1]) % a.ne[2], i3 = r / (a.ne[1] * a.ne[2]);
+            acc += *(const float *) (a.d + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3] + j * a.nb[0]);
+        }
+    }
+    sh[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < a.ne[0]) {
+        double t = 0.0;
+        for (int y = 0; y < k_cs_rows; y++) t += sh[y][threadIdx.x];
+        partial[blockIdx.y * a.ne[0] + j] = t;
+    }
+}
+
+__global__ void k_colsum_final(const double * partial, int64_t n_part, int64_t ne0, oomb_tv dst) {
+    const int64_t j = blockIdx.x * (int64_t) blockDim.x + threadIdx.x;
+    if (j >= ne0) return;
+    double t = 0.0;
+    for (int64_t y = 0; y < n_part; y++) t += partial[y * ne0 + j];
+    *(float *) (dst.d + j * dst.nb[0]) = (float) t;
+}
+
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -343,6 +378,18 @@ void oomb_cuda_repeat_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tens
     }
     const int64_t n = oomb_nelements(dst);
     if (n == 0) return;
+    const int64_t n_rows = oomb_nrows(a);
+    if (dst->ne[0] == a->ne[0] && oomb_nrows(dst) == 1 && n_rows > 1) {
+        // fast path: sum of every row (bias / norm-weight gradients), many threads per column
+        const int64_t n_part = std::max<int64_t>(1, std::min<int64_t>(512, n_rows / (k_cs_rows * 16)));
+        double * partial = (double *) c.scratch(oomb_cuda_ctx::SLOT_K0, (size_t) n_part * (size_t) a->ne[0] * sizeof(double));
+        const dim3 grid1((unsigned) ((a->ne[0] + k_cs_cols - 1) / k_cs_cols), (unsigned) n_part), block1(k_cs_cols, k_cs_rows);
+        k_colsum_partial<<<grid1, block1, 0, c.stream>>>(oomb_make_tv(a), n_rows, partial);
+        OOMB_CUDA_LAUNCHED(c, "repeat_back (column partial sums)");
+        k_colsum_final<<<(unsigned) ((a->ne[0] + 255) / 256), 256, 0, c.stream>>>(partial, n_part, a->ne[0], oomb_make_tv(dst));
+        OOMB_CUDA_LAUNCHED(c, "repeat_back (column sums)");
+        return;
+    }
     const unsigned grid = oomb_cuda_grid(n, k_threads);
     if (oomb_fits_u32(dst)) k_repeat_back<uint32_t><<<grid, k_threads, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a), n);
     else k_repeat_back<uint64_t><<<grid, k_threads, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a), n);
