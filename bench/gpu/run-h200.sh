@@ -23,14 +23,16 @@ if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
 fi
 
 if [ "$MODE" = e2e ] || [ "$MODE" = all ]; then
-    python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<21, dtype=np.uint32).tofile('/tmp/rand.bin')"
+    python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<22, dtype=np.uint32).tofile('/tmp/rand.bin')"
     for ctx in $CTXS; do
         rm -rf /tmp/run$ctx
-        timeout 300 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx $ctx --chunk 4096 --page 128 --steps 3 \
-            --warmup 1 --eval-every 0 --eval-split 1 --save-every 0 --stop-after 3 --data-bin /tmp/rand.bin \
+        steps=2; [ $ctx -gt 32768 ] && steps=1
+        OOMB_CUDA_PROFILE=1 timeout 240 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx $ctx --chunk 4096 --page 128 --steps $steps \
+            --warmup 1 --eval-every 0 --eval-split 1 --save-every 0 --stop-after $steps --data-bin /tmp/rand.bin \
             --trainable all -o /tmp/run$ctx > "$OUT/oomb-0.5b-$ctx.log" 2>&1
-        echo "oomb 0.5b ctx $ctx rc=$?"; tail -4 "$OUT/oomb-0.5b-$ctx.log"
+        echo "oomb 0.5b ctx $ctx rc=$?"; tail -30 "$OUT/oomb-0.5b-$ctx.log"
         cp /tmp/run$ctx/train.jsonl "$OUT/oomb-0.5b-$ctx.jsonl" 2>/dev/null
-        PYTHONUNBUFFERED=1 timeout 200 python3 $D/hf_baseline.py qwen2.5-0.5b full $ctx 2 2>/dev/null | tail -1 | tee "$OUT/hf-0.5b-$ctx.json"
+        # HF runs out of memory from 64K on (baselines/hf-peft-h200.jsonl)
+        [ $ctx -le 32768 ] && PYTHONUNBUFFERED=1 timeout 200 python3 $D/hf_baseline.py qwen2.5-0.5b full $ctx 2 2>/dev/null | tail -1 | tee "$OUT/hf-0.5b-$ctx.json"
     done
 fi
