@@ -172,23 +172,20 @@ constexpr int VW = 16;
 #pragma GCC pop_options
 #endif
 
+// The best variant this CPU runs; OOMB_PAGED_ISA=base|avx2|avx512 asks for a lower one (tests of
+// every path; read at every call, so a test can switch). A variant the CPU lacks is never used.
 const TileKernels & kernels() {
-    static const TileKernels * k = [] {
-        // OOMB_PAGED_ISA=base|avx2|avx512 forces a variant (tests of every path)
-        const char * force = getenv("OOMB_PAGED_ISA");
-        const std::string f = force ? force : "";
-        if (f == "base") return &isa_base::kernels;
+    const char * force = getenv("OOMB_PAGED_ISA");
+    const std::string f = force ? force : "";
+    if (f == "base") return isa_base::kernels;
 #ifdef OOMB_PAGED_X86
-        __builtin_cpu_init();
-        if (f == "avx2") return &isa_avx2::kernels;
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-            __builtin_cpu_supports("avx512bw"))
-            return &isa_avx512::kernels;
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &isa_avx2::kernels;
+    static const bool has_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                                   __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+    static const bool has_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (has_avx512 && f != "avx2") return isa_avx512::kernels;
+    if (has_avx2) return isa_avx2::kernels;
 #endif
-        return &isa_base::kernels;
-    }();
-    return *k;
+    return isa_base::kernels;
 }
 
 // ---- work decomposition ---------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 // what they held) and dk_cur/dv_cur, over shapes that exercise the tails: head dims that are and
 // are not multiples of the vector width, GQA groups of 1..7, pages smaller and larger than the key
 // block, a chunk whose positions start mid-page, bf16 pools, and a non-contiguous page table.
-// Results must also be bit-identical with 1 and 2 threads. OOMB_PAGED_ISA=base|avx2|avx512 picks
-// the kernel variant (the test is meant to be run under each).
+// Results must also be bit-identical with 1 and 2 threads. Every case runs with each kernel variant
+// (OOMB_PAGED_ISA=avx512, avx2, base; a variant the CPU lacks falls back to the best it has).
 #include "oomb.h"
 #include "oomb-backend.h"
 #include "oomb-paged.h"
@@ -13,8 +13,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -35,7 +38,7 @@ struct Case {
     bool store;
 };
 
-class PagedCpu : public ::testing::TestWithParam<Case> {};
+class PagedCpu : public ::testing::TestWithParam<std::tuple<Case, const char *>> {};
 
 float get_pool(const oomb_tensor * pool, int64_t d, int64_t g, int64_t slot, int64_t page) {
     const char * p = (const char *) pool->data + d * pool->nb[0] + g * pool->nb[1] + slot * pool->nb[2] + page * pool->nb[3];
@@ -66,8 +69,24 @@ double rel(const std::vector<double> & ref, const float * got, size_t n) {
     return std::sqrt(num / std::max(den, 1e-30));
 }
 
+struct IsaEnv {  // sets OOMB_PAGED_ISA for the scope, restores it after
+    std::string old;
+    bool had;
+    explicit IsaEnv(const char * isa) {
+        const char * o = getenv("OOMB_PAGED_ISA");
+        had = o != nullptr;
+        if (had) old = o;
+        setenv("OOMB_PAGED_ISA", isa, 1);
+    }
+    ~IsaEnv() {
+        if (had) setenv("OOMB_PAGED_ISA", old.c_str(), 1);
+        else unsetenv("OOMB_PAGED_ISA");
+    }
+};
+
 TEST_P(PagedCpu, MatchesReference) {
-    const Case c = GetParam();
+    const Case c = std::get<0>(GetParam());
+    IsaEnv isa(std::get<1>(GetParam()));
     const int64_t D = c.D, H = c.H, Hkv = c.Hkv, T = c.T, S = c.hist + c.T, group = H / Hkv;
     oomb_backend_t be = oomb_backend_cpu_init(2);
     oomb_kv_cache_params kp{};
@@ -211,12 +230,13 @@ TEST_P(PagedCpu, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PagedCpu,
-                         ::testing::Values(Case{64, 2, 1, 64, 150, 100, OOMB_TYPE_F32, false},   // qwen2-micro heads
+                         ::testing::Combine(::testing::Values(Case{64, 2, 1, 64, 150, 100, OOMB_TYPE_F32, false},   // qwen2-micro heads
                                            Case{64, 4, 2, 64, 0, 130, OOMB_TYPE_F32, true},      // first chunk, stores
                                            Case{128, 7, 1, 128, 200, 33, OOMB_TYPE_F32, false},  // 7B-like group, D 128
                                            Case{80, 6, 2, 16, 70, 37, OOMB_TYPE_F32, true},      // D 80, small pages
                                            Case{72, 3, 3, 100, 90, 45, OOMB_TYPE_BF16, true},    // bf16 pools, pages > block
                                            Case{6, 3, 1, 5, 11, 9, OOMB_TYPE_F32, false},        // tiny head dim
-                                           Case{20, 2, 2, 7, 3, 200, OOMB_TYPE_BF16, false}));   // many query tiles
+                                           Case{20, 2, 2, 7, 3, 200, OOMB_TYPE_BF16, false}),    // many query tiles
+                                            ::testing::Values("avx512", "avx2", "base")));
 
 } // namespace
