@@ -57,8 +57,8 @@ int main(int argc, char ** argv) {
             t_step = bench::now_s() - t0;
             rss_after = bench::cur_rss_bytes();
             peak = bench::peak_rss_bytes();
-            arena_f = tr.planned_bytes(tp.chunk, false);
-            arena_b = tr.planned_bytes(tp.chunk, true);
+            arena_f = tr.planned_bytes(tp.chunk, ChunkTrainer::Kind::Loss);
+            arena_b = tr.planned_bytes(tp.chunk, ChunkTrainer::Kind::Backward);
             arena_max = tr.arena_bytes();
         }
         const Qwen2Config & c = m->cfg;

@@ -299,7 +299,7 @@ std::vector<oomb_tensor *> qwen2_set_trainable(Qwen2Model & m, Qwen2Trainable wh
 
 struct ChunkTrainer::Graph {
     int64_t T = 0;
-    bool backward = false;
+    Kind kind = Kind::Loss;
     oomb_context * ctx = nullptr;
     oomb_cgraph * g = nullptr;
     oomb_gallocr_t galloc = nullptr;
@@ -336,13 +336,14 @@ ChunkTrainer::~ChunkTrainer() {
     oomb_kv_cache_free(kv_);
 }
 
-ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, bool backward) {
-    auto key = std::make_pair(T, backward);
+ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
+    const bool backward = kind == Kind::Backward;
+    auto key = std::make_pair(T, (int) kind);
     auto it = graphs_.find(key);
     if (it != graphs_.end()) return *it->second;
     auto G = std::make_unique<Graph>();
     G->T = T;
-    G->backward = backward;
+    G->kind = kind;
     G->ctx = oomb_init({0, true});
     oomb_context * ctx = G->ctx;
     const Qwen2Config & c = m_.cfg;
@@ -357,7 +358,7 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, bool backward) {
     oomb_tensor * pt = oomb_kv_cache_page_table(kv_);
 
     auto capture = [&](oomb_tensor * t) {
-        if (!capture_hidden_ || backward) return;
+        if (!capture_hidden_ || kind != Kind::Loss) return;
         oomb_set_output(t);
         G->hidden.push_back(t);
     };
@@ -378,6 +379,12 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, bool backward) {
         oomb_tensor * a = oomb_paged_attn(ctx, q, k, v, oomb_kv_cache_k(kv_, (int) l), oomb_kv_cache_v(kv_, (int) l), pt, G->pos,
                                           scale, backward ? 0 : 1);
         oomb_format_name(a, "attn.%" PRId64, l);
+        if (kind == Kind::Fill && l + 1 == c.n_layer) {
+            // stage 1 only fills the KV cache: the last layer's K/V are stored by this node; the
+            // rest of the layer, the LM head and the loss are left to stage 2
+            x = a;
+            break;
+        }
         a = oomb_reshape_2d(ctx, a, c.n_head * hd, T);
         x = oomb_add(ctx, x, oomb_mul_mat(ctx, L.wo, a));
         oomb_tensor * h2 = oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.ffn_norm);
@@ -385,17 +392,28 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, bool backward) {
         x = oomb_format_name(oomb_add(ctx, x, f), "l_out.%" PRId64, l);
         if (l + 1 < c.n_layer) capture(x);
     }
+    G->g = oomb_new_graph_custom(ctx, 65536);
+    if (kind == Kind::Fill) {
+        oomb_set_output(x);
+        oomb_build_forward_expand(G->g, x);
+        G->galloc = oomb_gallocr_new(m_.backend);
+        if (!oomb_gallocr_alloc_graph(G->galloc, G->g)) {
+            oomb_error("ChunkTrainer: cannot allocate the KV-fill graph (T = %" PRId64 ", %zu bytes)", T, oomb_gallocr_planned_size(G->galloc));
+        }
+        Graph & ref = *G;
+        graphs_[key] = std::move(G);
+        return ref;
+    }
     x = oomb_set_name(oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), m_.output_norm), "result_norm");
     capture(x);
     oomb_tensor * logits = oomb_set_name(oomb_mul_mat(ctx, m_.lm_head(), x), "logits");
-    if (capture_hidden_ && !backward) {
+    if (capture_hidden_ && kind == Kind::Loss) {
         oomb_set_output(logits);
         G->logits = logits;
     }
     G->loss = oomb_set_name(oomb_cross_entropy_loss(ctx, logits, G->labels, p_.ignore_index), "loss");
     oomb_set_output(G->loss);
     oomb_set_loss(G->loss);
-    G->g = oomb_new_graph_custom(ctx, 65536);
     oomb_build_forward_expand(G->g, G->loss);
     if (backward) oomb_build_backward_expand(ctx, G->g, G->loss, nullptr);
     G->galloc = oomb_gallocr_new(m_.backend);
@@ -408,7 +426,7 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, bool backward) {
     return ref;
 }
 
-size_t ChunkTrainer::planned_bytes(int64_t T, bool backward) { return oomb_gallocr_planned_size(graph(T, backward).galloc); }
+size_t ChunkTrainer::planned_bytes(int64_t T, Kind kind) { return oomb_gallocr_planned_size(graph(T, kind).galloc); }
 
 size_t ChunkTrainer::arena_bytes() const {
     size_t mx = 0;
@@ -426,13 +444,15 @@ void ChunkTrainer::run_chunk(Graph & G, const int32_t * ids, int64_t n, int64_t 
     }
     oomb_gallocr_alloc_graph(G.galloc, G.g);
     oomb_tensor_set(G.tokens, tok.data(), 0, tok.size() * 4);
-    oomb_tensor_set(G.labels, lab.data(), 0, lab.size() * 4);
+    if (G.loss) oomb_tensor_set(G.labels, lab.data(), 0, lab.size() * 4);  // the KV-fill graph has no loss
     oomb_tensor_set(G.pos, pos.data(), 0, pos.size() * 4);
     oomb_backend_graph_compute(m_.backend, G.g);
-    float loss[2];
-    oomb_tensor_get(G.loss, loss, 0, sizeof(loss));
-    st.loss_sum += loss[0];
-    st.n_targets += (int64_t) loss[1];
+    if (G.loss) {
+        float loss[2];
+        oomb_tensor_get(G.loss, loss, 0, sizeof(loss));
+        st.loss_sum += loss[0];
+        st.n_targets += (int64_t) loss[1];
+    }
     last_ = &G;
 }
 
@@ -446,28 +466,41 @@ static void check_ids(const int32_t * ids, int64_t n, int64_t n_vocab) {
     }
 }
 
-ChunkStats ChunkTrainer::forward(const int32_t * ids, int64_t n) {
+void ChunkTrainer::check_sequence(const int32_t * ids, int64_t n) const {
     check_ids(ids, n, m_.cfg.n_vocab);
     if (n > p_.max_tokens) oomb_error("ChunkTrainer: sequence of %" PRId64 " tokens exceeds max_tokens %" PRId64, n, p_.max_tokens);
+}
+
+ChunkStats ChunkTrainer::forward(const int32_t * ids, int64_t n) {
+    check_sequence(ids, n);
     ChunkStats st;
     oomb_kv_cache_clear(kv_);
     for (int64_t p0 = 0; p0 < n; p0 += p_.chunk) {
         const int64_t T = std::min(p_.chunk, n - p0);
         oomb_kv_cache_reserve(kv_, p0 + T);
-        run_chunk(graph(T, false), ids, n, p0, T, st);
+        run_chunk(graph(T, Kind::Loss), ids, n, p0, T, st);
     }
     return st;
 }
 
 ChunkStats ChunkTrainer::forward_backward(const int32_t * ids, int64_t n) {
-    ChunkStats st = forward(ids, n);   // stage 1: fills the KV cache
+    check_sequence(ids, n);
+    // stage 1: fill the KV cache chunk by chunk, in order
+    ChunkStats none;
+    oomb_kv_cache_clear(kv_);
+    for (int64_t p0 = 0; p0 < n; p0 += p_.chunk) {
+        const int64_t T = std::min(p_.chunk, n - p0);
+        oomb_kv_cache_reserve(kv_, p0 + T);
+        run_chunk(graph(T, Kind::Fill), ids, n, p0, T, none);
+    }
+    // stage 2: reverse order, recompute with gradients; the loss is summed here
     oomb_kv_cache_zero_grad(kv_);
-    ChunkStats st2;
+    ChunkStats st;
     const int64_t n_chunks = (n + p_.chunk - 1) / p_.chunk;
-    for (int64_t ci = n_chunks - 1; ci >= 0; ci--) {   // stage 2: reverse order
+    for (int64_t ci = n_chunks - 1; ci >= 0; ci--) {
         const int64_t p0 = ci * p_.chunk;
         const int64_t T = std::min(p_.chunk, n - p0);
-        run_chunk(graph(T, true), ids, n, p0, T, st2);
+        run_chunk(graph(T, Kind::Backward), ids, n, p0, T, st);
     }
     return st;
 }

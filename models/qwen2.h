@@ -124,13 +124,17 @@ public:
 
     /// Stage 1 only (no gradients): the loss of one sequence of n tokens (targets ids[1..n)).
     ChunkStats forward(const int32_t * ids, int64_t n);
-    /// Stage 1 then stage 2: the loss, and the gradient of the loss SUM accumulated into the
+    /// Stage 1 (KV fill only) then stage 2 (recompute with gradients, reverse chunk order; the loss
+    /// is summed here): the loss, and the gradient of the loss SUM accumulated into the
     /// parameters' gradient tensors (divide by the total target count, e.g. through the
     /// optimizer's grad_scale).
     ChunkStats forward_backward(const int32_t * ids, int64_t n);
 
-    /// Arena bytes planned for the chunk graph of length T (with backward or not); plans it if needed.
-    size_t planned_bytes(int64_t T, bool backward);
+    /// The three graphs of a chunk length: Fill (stage 1 of training: only what fills the KV cache,
+    /// no LM head or loss), Loss (forward with the loss: evaluation) and Backward (stage 2).
+    enum class Kind { Fill = 0, Loss = 1, Backward = 2 };
+    /// Arena bytes planned for the chunk graph of length T and kind; plans it if needed.
+    size_t planned_bytes(int64_t T, Kind kind);
     oomb_kv_cache_t kv_cache() const { return kv_; }
     /// Peak arena bytes over the graphs used so far.
     size_t arena_bytes() const;
@@ -146,13 +150,14 @@ public:
 
 private:
     struct Graph;
-    Graph & graph(int64_t T, bool backward);
+    Graph & graph(int64_t T, Kind kind);
     void run_chunk(Graph & g, const int32_t * ids, int64_t n, int64_t p0, int64_t T, ChunkStats & st);
+    void check_sequence(const int32_t * ids, int64_t n) const;
 
     Qwen2Model & m_;
     ChunkTrainerParams p_;
     oomb_kv_cache_t kv_ = nullptr;
-    std::map<std::pair<int64_t, bool>, std::unique_ptr<Graph>> graphs_;
+    std::map<std::pair<int64_t, int>, std::unique_ptr<Graph>> graphs_;
     bool capture_hidden_ = false;
     Graph * last_ = nullptr;
 };
