@@ -36,6 +36,9 @@ extern "C" void openblas_set_num_threads(int num_threads);
 #pragma GCC optimize("O3", "no-trapping-math")
 #endif
 
+// after the pragma, so exp_f gets the same optimisation attributes and inlines into the kernels
+#include "vec-math.h"
+
 using oomb::shape_str;
 
 namespace oomb {
@@ -166,30 +169,6 @@ inline double dot_d(const float * x, const float * y, int64_t n) {
     return (s0 + s1) + (s2 + s3);
 }
 
-// exp(x) in f32 without branches, so loops over it vectorize (Cephes expf: range reduction by
-// ln 2 in two parts, degree-6 polynomial; max relative error ~2e-7). exp(-inf) = 0, exp(+inf) = inf.
-inline float exp_f(float x) {
-    const float hi = 88.3762626647949f, lo = -87.3365478515625f;
-    float xc = x < lo ? lo : x;
-    xc = xc > hi ? hi : xc;
-    const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; // round to nearest
-    float r = xc - n * 0.693359375f;
-    r = r + n * 2.12194440e-4f;
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * r * r + r + 1.0f;
-    const int32_t e = ((int32_t) n + 127) << 23;
-    float scale;
-    memcpy(&scale, &e, 4);
-    float res = y * scale;
-    res = x < lo ? 0.0f : res;
-    res = x > 88.72283935546875f ? INFINITY : res;
-    return res;
-}
 
 // Maximum of x[0..n) (-inf when n == 0), with independent lanes so it vectorizes.
 inline float max_f(const float * x, int64_t n) {
