@@ -162,6 +162,21 @@ bool read_text_file(const std::string & path, std::string * out, std::string * e
         }
         return true;
     }
+    // A ".gz" name must hold gzip data (magic 1f 8b): zlib would otherwise pass other bytes through.
+    {
+        FILE * m = fopen(path.c_str(), "rb");
+        if (!m) {
+            if (err) *err = "cannot open '" + path + "': " + strerror(errno);
+            return false;
+        }
+        unsigned char mg[2] = {0, 0};
+        const size_t nm = fread(mg, 1, 2, m);
+        fclose(m);
+        if (nm < 2 || mg[0] != 0x1f || mg[1] != 0x8b) {
+            if (err) *err = "'" + path + "': corrupt gzip file (the name ends in .gz but the file does not start with the gzip magic bytes)";
+            return false;
+        }
+    }
     gzFile f = gzopen(path.c_str(), "rb");
     if (!f) {
         if (err) *err = "cannot open '" + path + "'";
@@ -169,19 +184,31 @@ bool read_text_file(const std::string & path, std::string * out, std::string * e
     }
     gzbuffer(f, 1 << 17);
     std::vector<char> buf(1 << 17);
+    auto gz_fail = [&](const char * what) {
+        int e = 0;
+        const char * m = gzerror(f, &e);
+        if (err) *err = "'" + path + "': " + what + " gzip file (" + (m && *m ? m : "unexpected end of file") + ")";
+        gzclose(f);
+        out->clear();
+        return false;
+    };
     for (;;) {
         const int n = gzread(f, buf.data(), (unsigned) buf.size());
-        if (n < 0) {
-            int e = 0;
-            const char * m = gzerror(f, &e);
-            if (err) *err = "'" + path + "': gzip error: " + (m ? m : "?");
-            gzclose(f);
-            return false;
-        }
+        if (n < 0) return gz_fail("corrupt");
         if (n == 0) break;
         out->append(buf.data(), (size_t) n);
     }
-    gzclose(f);
+    int zerr = Z_OK;
+    gzerror(f, &zerr);
+    // A stream that breaks off (truncated file) reads as end-of-file with Z_BUF_ERROR.
+    if (zerr == Z_BUF_ERROR) return gz_fail("truncated");
+    if (zerr != Z_OK) return gz_fail("corrupt");
+    const int rc = gzclose(f);
+    if (rc != Z_OK) {
+        if (err) *err = "'" + path + "': " + (rc == Z_BUF_ERROR ? "truncated" : "corrupt") + " gzip file (the compressed stream ends early)";
+        out->clear();
+        return false;
+    }
     return true;
 }
 

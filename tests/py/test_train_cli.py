@@ -313,6 +313,27 @@ def test_training(tmp):
         check(rc == 1 and "CUDA backend not available" in e, f"--device cuda without CUDA: clear message ({e.strip()[-200:]})")
 
 
+def test_input_checks(tmp):
+    print("input checks: corrupt gzip, binary files, option ranges, stale temp files, locks")
+    if not os.path.exists(VOCAB):
+        print("  skip (no models/qwen2.5-vocab.gguf)")
+        return
+    import gzip
+    d = os.path.join(tmp, "checks")
+    os.makedirs(d)
+    tiny = [TRAIN, "--preset", "tiny", "--vocab", VOCAB, "--ctx", "32", "--chunk", "16", "--threads", "2", "--steps", "1"]
+    text = ("Some plain text for the input checks. " * 200).encode()
+    # 1. truncated / fake gzip
+    trunc = os.path.join(d, "t.gz")
+    gz = gzip.compress(text)
+    open(trunc, "wb").write(gz[:len(gz) // 2])
+    fake = os.path.join(d, "x.gz")
+    open(fake, "wb").write(bytes(range(256)) * 8)
+    for what, f, word in (("truncated .gz", trunc, "truncated gzip"), ("random bytes named .gz", fake, "corrupt gzip")):
+        rc, o, e = run(tiny + ["--data", f, "--out", os.path.join(d, "o-gz")])
+        check(rc == 1 and word in e and f in e, f"{what}: exit 1 naming the file ({rc}: {e.strip()[-200:]})")
+
+
 def test_text_tiny(tmp):
     print("text data with the real Qwen tokenizer (--preset tiny)")
     if not os.path.exists(VOCAB):
@@ -356,6 +377,7 @@ def main():
         test_dump_grads(tmp)
         test_training(tmp)
         test_text_tiny(tmp)
+        test_input_checks(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{checks - len(failures)}/{checks} checks passed in {time.time() - t0:.1f} s")
