@@ -144,20 +144,6 @@ void check_data(oomb_backend_t b, const oomb_tensor * node, const oomb_tensor * 
 // Source preparation (as in ops-cpu.cpp)
 // ---------------------------------------------------------------------------------------------
 
-bool same_layout(const oomb_tensor * a, const oomb_tensor * b) {
-    if (a->data != b->data || oomb_type_size(a->type) != oomb_type_size(b->type)) return false;
-    for (int i = 0; i < 4; i++) {
-        if (a->ne[i] != b->ne[i]) return false;
-        if (a->ne[i] > 1 && a->nb[i] != b->nb[i]) return false;
-    }
-    return true;
-}
-bool overlaps(const oomb_tensor * a, const oomb_tensor * b) {
-    const size_t na = oomb_nbytes(a), nb = oomb_nbytes(b);
-    if (na == 0 || nb == 0) return false;
-    const char * a0 = (const char *) a->data, * b0 = (const char *) b->data;
-    return a0 < b0 + nb && b0 < a0 + na;
-}
 
 // t, or a contiguous copy of it (same type) in scratch slot `slot` when its rows are not unit-stride
 // and need_unit_rows, or when it overlaps dst with a different layout.
@@ -165,7 +151,7 @@ oomb_tensor prep_src(oomb_cuda_ctx & c, const oomb_tensor * t, const oomb_tensor
     oomb_tensor r = *t;
     bool copy = false;
     if (need_unit_rows && t->ne[0] > 1 && t->nb[0] != oomb_type_size(t->type)) copy = true;
-    if (dst && t != dst && overlaps(t, dst) && !same_layout(t, dst)) copy = true;
+    if (dst && t != dst && oomb::tensors_overlap(t, dst) && !oomb::tensors_same_layout(t, dst)) copy = true;
     if (!copy) return r;
     r.nb[0] = oomb_type_size(r.type);
     for (int i = 1; i < 4; i++) r.nb[i] = r.nb[i - 1] * (size_t) r.ne[i - 1];
@@ -175,26 +161,7 @@ oomb_tensor prep_src(oomb_cuda_ctx & c, const oomb_tensor * t, const oomb_tensor
     return r;
 }
 
-bool reads_src(enum oomb_op op, int i) {
-    if (i == 1 && (op == OOMB_OP_CPY || op == OOMB_OP_REPEAT || op == OOMB_OP_REPEAT_BACK)) return false;
-    return true;
-}
 
-bool needs_unit_rows(enum oomb_op op, int i) {
-    switch (op) {
-        case OOMB_OP_RMS_NORM: case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK: case OOMB_OP_SOFT_MAX:
-        case OOMB_OP_CROSS_ENTROPY: case OOMB_OP_CROSS_ENTROPY_BACK:
-            return i == 0;
-        case OOMB_OP_RMS_NORM_BACK: case OOMB_OP_SOFT_MAX_BACK:
-            return i <= 1;
-        case OOMB_OP_ATTN:
-            return i <= 2;
-        case OOMB_OP_ATTN_BACK:
-            return i <= 3;
-        default:
-            return false;
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Dispatch
@@ -235,11 +202,11 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
     for (int i = 0; i < OOMB_MAX_SRC; i++) {
         const oomb_tensor * t = node->src[i];
         if (!t) continue;
-        if (!reads_src(op, i) || t->type == OOMB_TYPE_I32 || op == OOMB_OP_ADAMW_STEP || op == OOMB_OP_SGD_STEP) {
+        if (!oomb::op_reads_src(op, i) || t->type == OOMB_TYPE_I32 || op == OOMB_OP_ADAMW_STEP || op == OOMB_OP_SGD_STEP) {
             s[i] = t; // optimizer steps update their sources in place by design
             continue;
         }
-        srcs[i] = prep_src(c, t, node, i, needs_unit_rows(op, i));
+        srcs[i] = prep_src(c, t, node, i, oomb::op_needs_unit_rows(op, i));
         s[i] = &srcs[i];
     }
     auto need = [&](int n) {

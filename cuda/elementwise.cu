@@ -48,14 +48,6 @@ void launch_copy(oomb_cuda_ctx & c, const oomb_tensor * src, const oomb_tensor *
     OOMB_CUDA_LAUNCHED(c, "copy");
 }
 
-bool same_layout(const oomb_tensor * a, const oomb_tensor * b) {
-    if (a->data != b->data || oomb_type_size(a->type) != oomb_type_size(b->type)) return false;
-    for (int i = 0; i < 4; i++) {
-        if (a->ne[i] != b->ne[i]) return false;
-        if (a->ne[i] > 1 && a->nb[i] != b->nb[i]) return false;
-    }
-    return true;
-}
 
 void check_cvt_types(const char * op, const oomb_tensor * src, const oomb_tensor * dst) {
     const bool si = src->type == OOMB_TYPE_I32, di = dst->type == OOMB_TYPE_I32;
@@ -252,7 +244,7 @@ void oomb_cuda_copy_tensor(oomb_cuda_ctx & c, const oomb_tensor * src, const oom
     const int64_t n = oomb_nelements(src);
     if (n == 0) return;
     if (src->type == dst->type) {
-        if (same_layout(src, dst)) return; // copying onto itself
+        if (oomb::tensors_same_layout(src, dst)) return; // copying onto itself
         if (oomb_is_contiguous(src) && oomb_is_contiguous(dst)) {
             const char * s0 = (const char *) src->data;
             char * d0 = (char *) dst->data;

@@ -79,6 +79,44 @@ static inline oomb_tensor * mem_owner(oomb_tensor * t) { return t->view_src ? t-
 // Ops whose kernels may write their result over src[0] (same size and type, each output element
 // depending only on reads of its own row done before that row is written).
 bool op_can_inplace(enum oomb_op op);
+// Whether op reads src[i] (cpy's src[1] and repeat's / repeat_back's src[1] only give a
+// destination or a shape).
+static inline bool op_reads_src(enum oomb_op op, int i) {
+    return !(i == 1 && (op == OOMB_OP_CPY || op == OOMB_OP_REPEAT || op == OOMB_OP_REPEAT_BACK));
+}
+// Whether the backends' kernels of op need unit-stride rows (nb0 == element size) in src[i].
+static inline bool op_needs_unit_rows(enum oomb_op op, int i) {
+    switch (op) {
+        case OOMB_OP_RMS_NORM: case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK: case OOMB_OP_SOFT_MAX:
+        case OOMB_OP_CROSS_ENTROPY: case OOMB_OP_CROSS_ENTROPY_BACK:
+            return i == 0;
+        case OOMB_OP_RMS_NORM_BACK: case OOMB_OP_SOFT_MAX_BACK:
+            return i <= 1;
+        case OOMB_OP_ATTN:
+            return i <= 2;
+        case OOMB_OP_ATTN_BACK:
+            return i <= 3;
+        default:
+            return false;
+    }
+}
+// a and b view the same memory with the same shape and strides (type sizes equal).
+static inline bool tensors_same_layout(const oomb_tensor * a, const oomb_tensor * b) {
+    if (a->data != b->data || oomb_type_size(a->type) != oomb_type_size(b->type)) return false;
+    for (int i = 0; i < 4; i++) {
+        if (a->ne[i] != b->ne[i]) return false;
+        if (a->ne[i] > 1 && a->nb[i] != b->nb[i]) return false;
+    }
+    return true;
+}
+// The byte ranges spanned by a and b intersect.
+static inline bool tensors_overlap(const oomb_tensor * a, const oomb_tensor * b) {
+    const size_t na = oomb_nbytes(a), nb = oomb_nbytes(b);
+    if (na == 0 || nb == 0) return false;
+    const char * a0 = (const char *) a->data, * b0 = (const char *) b->data;
+    return a0 < b0 + nb && b0 < a0 + na;
+}
+
 // Ops whose result aliases a source's memory (view_src is set; some of them still compute: cpy, add_inplace, optimizer steps).
 static inline bool op_aliases_src(enum oomb_op op) {
     return op == OOMB_OP_VIEW || op == OOMB_OP_RESHAPE || op == OOMB_OP_PERMUTE || op == OOMB_OP_TRANSPOSE ||

@@ -184,20 +184,6 @@ inline float max_f(const float * x, int64_t n) {
     return r;
 }
 
-bool same_layout(const oomb_tensor * a, const oomb_tensor * b) {
-    if (a->data != b->data || tsize(a->type) != tsize(b->type)) return false;
-    for (int i = 0; i < 4; i++) {
-        if (a->ne[i] != b->ne[i]) return false;
-        if (a->ne[i] > 1 && a->nb[i] != b->nb[i]) return false;
-    }
-    return true;
-}
-bool overlaps(const oomb_tensor * a, const oomb_tensor * b) {
-    const size_t na = oomb_nbytes(a), nb = oomb_nbytes(b);
-    if (na == 0 || nb == 0) return false;
-    const char * a0 = (const char *) a->data, * b0 = (const char *) b->data;
-    return a0 < b0 + nb && b0 < a0 + na;
-}
 inline void set_contiguous_strides(oomb_tensor * t) {
     t->nb[0] = tsize(t->type);
     for (int i = 1; i < 4; i++) t->nb[i] = t->nb[i - 1] * (size_t) t->ne[i - 1];
@@ -301,7 +287,7 @@ oomb_tensor prep_src(exec_ctx & c, const oomb_tensor * t, const oomb_tensor * ds
     oomb_tensor r = *t;
     bool copy = false;
     if (need_unit_rows && t->ne[0] > 1 && t->nb[0] != tsize(t->type)) copy = true;
-    if (dst && t != dst && overlaps(t, dst) && !same_layout(t, dst)) copy = true;
+    if (dst && t != dst && oomb::tensors_overlap(t, dst) && !oomb::tensors_same_layout(t, dst)) copy = true;
     if (!copy) return r;
     set_contiguous_strides(&r);
     r.view_src = nullptr;
@@ -1208,28 +1194,7 @@ void compute_forward_sgd_step(exec_ctx & c, oomb_tensor * dst, const oomb_tensor
 // Dispatch
 // ---------------------------------------------------------------------------------------------
 
-// Whether op reads src[i] (cpy's src[1] and repeat's src[1] only give a destination / a shape).
-bool reads_src(enum oomb_op op, int i) {
-    if (i == 1 && (op == OOMB_OP_CPY || op == OOMB_OP_REPEAT || op == OOMB_OP_REPEAT_BACK)) return false;
-    return true;
-}
 
-// Whether the kernel needs unit-stride rows (nb0 == element size) in src[i].
-bool needs_unit_rows(enum oomb_op op, int i) {
-    switch (op) {
-        case OOMB_OP_RMS_NORM: case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK: case OOMB_OP_SOFT_MAX:
-        case OOMB_OP_CROSS_ENTROPY: case OOMB_OP_CROSS_ENTROPY_BACK:
-            return i == 0;
-        case OOMB_OP_RMS_NORM_BACK: case OOMB_OP_SOFT_MAX_BACK:
-            return i <= 1;
-        case OOMB_OP_ATTN:
-            return i <= 2;
-        case OOMB_OP_ATTN_BACK:
-            return i <= 3;
-        default:
-            return false;
-    }
-}
 
 } // namespace
 
@@ -1273,12 +1238,12 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
     for (int i = 0; i < OOMB_MAX_SRC; i++) {
         const oomb_tensor * t = node->src[i];
         if (!t) continue;
-        if (!reads_src(op, i) || t->type == OOMB_TYPE_I32 || op == OOMB_OP_ADAMW_STEP || op == OOMB_OP_SGD_STEP ||
+        if (!oomb::op_reads_src(op, i) || t->type == OOMB_TYPE_I32 || op == OOMB_OP_ADAMW_STEP || op == OOMB_OP_SGD_STEP ||
             op == OOMB_OP_PAGED_ATTN || op == OOMB_OP_PAGED_ATTN_BACK) {
             s[i] = t; // optimizer steps update their sources in place by design
             continue;
         }
-        srcs[i] = prep_src(c, t, node, i, needs_unit_rows(op, i));
+        srcs[i] = prep_src(c, t, node, i, oomb::op_needs_unit_rows(op, i));
         s[i] = &srcs[i];
     }
     auto need = [&](int n) {
