@@ -212,16 +212,51 @@ bool read_text_file(const std::string & path, std::string * out, std::string * e
     return true;
 }
 
+std::string not_text_reason(const std::string & text) {
+    const size_t n = std::min<size_t>(text.size(), 8192);
+    const unsigned char * p = (const unsigned char *) text.data();
+    for (size_t i = 0; i < n; i++)
+        if (p[i] == 0) return "a NUL byte at offset " + std::to_string(i);
+    for (size_t i = 0; i < n;) {
+        const unsigned char c = p[i];
+        int len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+        if (len == 0 || (len == 2 && c < 0xc2) || (len == 4 && c > 0xf4)) return "invalid UTF-8 at offset " + std::to_string(i);
+        if (i + len > n) {
+            if (n < text.size()) break;  // a character cut by the 8 KiB window
+            return "invalid UTF-8 at offset " + std::to_string(i);
+        }
+        for (int k = 1; k < len; k++)
+            if ((p[i + k] & 0xc0) != 0x80) return "invalid UTF-8 at offset " + std::to_string(i);
+        i += len;
+    }
+    return "";
+}
+
 bool tokenize_paths(const Tokenizer & tok, const std::vector<std::string> & paths, int32_t eos, int n_threads,
                     std::vector<int32_t> * ids, size_t * n_bytes, std::string * err) {
     std::vector<std::string> files;
-    for (const auto & p : paths)
+    std::vector<char> explicit_file;
+    for (const auto & p : paths) {
         if (!list_files(p, &files, err)) return false;
+        explicit_file.resize(files.size(), is_file(p) ? 1 : 0);
+    }
+    size_t n_skipped = 0;
     static const std::string sep = "<|endoftext|>";
     size_t total = 0;
-    for (const auto & f : files) {
+    for (size_t fi = 0; fi < files.size(); fi++) {
+        const std::string & f = files[fi];
         std::string text;
-        if (!read_text_file(f, &text, err)) return false;
+        if (!read_text_file(files[fi], &text, err)) return false;
+        const std::string why = not_text_reason(text);
+        if (!why.empty()) {
+            if (explicit_file[fi]) {
+                if (err) *err = "'" + f + "' is not a text file (" + why + " in its first 8 KiB)";
+                return false;
+            }
+            printf("note: skipping '%s': not a text file (%s in its first 8 KiB)\n", f.c_str(), why.c_str());
+            n_skipped++;
+            continue;
+        }
         total += text.size();
         std::vector<std::string_view> docs;
         std::string_view sv(text);
@@ -263,6 +298,14 @@ bool tokenize_paths(const Tokenizer & tok, const std::vector<std::string> & path
             ids->push_back(eos);
         }
     }
+    if (n_skipped) {
+        printf("note: skipped %zu non-text file(s) of %zu\n", n_skipped, files.size());
+        if (n_skipped == files.size()) {
+            if (err) *err = "no text file among the " + std::to_string(files.size()) + " file(s) given";
+            return false;
+        }
+    }
+    fflush(stdout);
     if (n_bytes) *n_bytes = total;
     return true;
 }

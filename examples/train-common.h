@@ -39,7 +39,11 @@ bool list_files(const std::string & path, std::vector<std::string> * out, std::s
 // Reads a whole file; files ending in ".gz" are decompressed (zlib).
 bool read_text_file(const std::string & path, std::string * out, std::string * err);
 
-// Tokenizes text files/folders: each file is split at the literal "<|endoftext|>" into documents,
+// "" when the first 8 KiB of `text` look like text; otherwise why not (a NUL byte, invalid UTF-8).
+std::string not_text_reason(const std::string & text);
+
+// Tokenizes text files/folders (in folders, hidden entries are not read and non-text files are
+// skipped with a note; a non-text file named explicitly is an error): each file is split at the literal "<|endoftext|>" into documents,
 // every document is encoded with `tok` (added tokens in the text are recognised) on `n_threads`
 // threads, and documents are joined with `eos` (one eos after every document). Appends to `ids`.
 // Reports bytes read in *n_bytes.

@@ -333,6 +333,34 @@ def test_input_checks(tmp):
         rc, o, e = run(tiny + ["--data", f, "--out", os.path.join(d, "o-gz")])
         check(rc == 1 and word in e and f in e, f"{what}: exit 1 naming the file ({rc}: {e.strip()[-200:]})")
 
+    # 2. folders: hidden entries not read, binary files skipped with a note; an explicit binary file is an error
+    folder = os.path.join(d, "folder")
+    os.makedirs(os.path.join(folder, ".git"))
+    open(os.path.join(folder, "a.txt"), "wb").write(text)
+    open(os.path.join(folder, ".git", "config"), "wb").write(text * 3)
+    open(os.path.join(folder, ".hidden.txt"), "wb").write(text * 3)
+    png = os.path.join(folder, "img.png")
+    open(png, "wb").write(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    elf = os.path.join(folder, "prog")
+    open(elf, "wb").write(b"\x7fELF\x02\x01\x01" + bytes(range(200, 256)) * 4)
+    latin1 = os.path.join(folder, "latin1.txt")
+    open(latin1, "wb").write(b"caf\xe9 " * 50)
+    only = os.path.join(d, "only")
+    os.makedirs(only)
+    open(os.path.join(only, "a.txt"), "wb").write(text)
+    counts = []
+    for f in (folder, only):
+        rc, o, e = run(tiny + ["--data", f, "--ctx", "1000000", "--eval-split", "0", "--out", os.path.join(d, "o-bin")])
+        m = re.search(r"training data: (\d+) tokens", e)
+        counts.append(int(m.group(1)) if m else -1)
+        if f == folder:
+            check(all(f"skipping '{p}'" in o for p in (png, elf, latin1)) and "skipped 3 non-text file(s)" in o and ".git" not in o,
+                  f"folder: binary files skipped with a note each ({o.strip()[-400:]})")
+    check(counts[0] == counts[1] > 0, f"folder: hidden entries and binary files not read ({counts})")
+    for f in (png, latin1):
+        rc, o, e = run(tiny + ["--data", f, "--out", os.path.join(d, "o-bin")])
+        check(rc == 1 and "not a text file" in e and f in e, f"explicit binary file {os.path.basename(f)}: error ({e.strip()[-200:]})")
+
 
 def test_text_tiny(tmp):
     print("text data with the real Qwen tokenizer (--preset tiny)")
