@@ -337,7 +337,8 @@ ChunkTrainer::~ChunkTrainer() {
 }
 
 ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
-    const bool backward = kind == Kind::Backward;
+    const bool backward = kind == Kind::Backward || kind == Kind::BackwardStore;
+    const int store = kind == Kind::Backward ? 0 : 1;  // stage 2 reads its K/V from the cache
     auto key = std::make_pair(T, (int) kind);
     auto it = graphs_.find(key);
     if (it != graphs_.end()) return *it->second;
@@ -377,7 +378,7 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
         oomb_format_name(q, "q.%" PRId64, l);
         oomb_format_name(k, "k.%" PRId64, l);
         oomb_tensor * a = oomb_paged_attn(ctx, q, k, v, oomb_kv_cache_k(kv_, (int) l), oomb_kv_cache_v(kv_, (int) l), pt, G->pos,
-                                          scale, backward ? 0 : 1);
+                                          scale, store);
         oomb_format_name(a, "attn.%" PRId64, l);
         if (kind == Kind::Fill && l + 1 == c.n_layer) {
             // stage 1 only fills the KV cache: the last layer's K/V are stored by this node; the
@@ -485,6 +486,15 @@ ChunkStats ChunkTrainer::forward(const int32_t * ids, int64_t n) {
 
 ChunkStats ChunkTrainer::forward_backward(const int32_t * ids, int64_t n) {
     check_sequence(ids, n);
+    if (n <= p_.chunk) {
+        // one chunk: its backward graph stores its own K/V, no stage 1 needed
+        ChunkStats st;
+        oomb_kv_cache_clear(kv_);
+        oomb_kv_cache_reserve(kv_, n);
+        oomb_kv_cache_zero_grad(kv_);
+        run_chunk(graph(n, Kind::BackwardStore), ids, n, 0, n, st);
+        return st;
+    }
     // stage 1: fill the KV cache chunk by chunk, in order
     ChunkStats none;
     oomb_kv_cache_clear(kv_);

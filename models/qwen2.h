@@ -132,7 +132,9 @@ public:
 
     /// The three graphs of a chunk length: Fill (stage 1 of training: only what fills the KV cache,
     /// no LM head or loss), Loss (forward with the loss: evaluation) and Backward (stage 2).
-    enum class Kind { Fill = 0, Loss = 1, Backward = 2 };
+    /// BackwardStore is Backward that also stores the chunk's K/V: a sequence of one chunk needs
+    /// no stage 1.
+    enum class Kind { Fill = 0, Loss = 1, Backward = 2, BackwardStore = 3 };
     /// Arena bytes planned for the chunk graph of length T and kind; plans it if needed.
     size_t planned_bytes(int64_t T, Kind kind);
     oomb_kv_cache_t kv_cache() const { return kv_; }
