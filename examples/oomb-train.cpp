@@ -34,10 +34,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <dirent.h>
 #include <fstream>
 #include <random>
 #include <sstream>
 #include <thread>
+#include <sys/file.h>
 #include <unistd.h>
 
 using namespace oomb;
@@ -127,6 +129,32 @@ bool file_has_tokenizer(const std::string & path) {
     Tokenizer t;
     std::string e;
     return t.load_file(path, &e) == GGUF_OK;
+}
+
+// Removes temporary files of saves that a killed process left in `out` ("<name>.tmp.<pid>" of our
+// output files, e.g. model.gguf.saving.tmp.1234) whose process no longer exists.
+void remove_stale_temp_files(const std::string & out) {
+    static const char * bases[] = {"model.gguf.saving", "state.safetensors.saving", "loss.png", "train.jsonl"};
+    DIR * d = opendir(out.c_str());
+    if (!d) return;
+    std::vector<std::string> names;
+    while (dirent * e = readdir(d)) names.push_back(e->d_name);
+    closedir(d);
+    std::sort(names.begin(), names.end());
+    for (const auto & n : names) {
+        const size_t t = n.rfind(".tmp.");
+        if (t == std::string::npos || t + 5 >= n.size()) continue;
+        const std::string base = n.substr(0, t), num = n.substr(t + 5);
+        if (num.find_first_not_of("0123456789") != std::string::npos || num.size() > 9) continue;
+        bool ours = false;
+        for (const char * b : bases) ours |= base == b;
+        if (!ours) continue;
+        const long pid = std::atol(num.c_str());
+        if (pid <= 0 || pid == (long) getpid()) continue;
+        if (kill((pid_t) pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+        const std::string p = out + "/" + n;
+        if (unlink(p.c_str()) == 0) printf("note: removed %s, left by an interrupted save of process %ld (no longer running)\n", p.c_str(), pid);
+    }
 }
 
 int threads_default(int n) {
@@ -471,6 +499,12 @@ int train_main(Options & o, bool default_run) {
     if (o.eval_split < 0 || o.eval_split >= 100) fail(PROG, "--eval-split must be in [0, 100)");
     o.chunk = std::min(o.chunk, o.ctx);
 
+    // ---- output folder
+    if (o.resume && !is_file(o.out + "/model.gguf"))
+        fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + o.out + "/model.gguf not found)");
+    if (!make_dirs(o.out, &err)) fail(PROG, err);
+    remove_stale_temp_files(o.out);
+
     Trainer T;
     T.o = o;
     T.be = make_backend(o.device, threads, &err);
@@ -539,8 +573,6 @@ int train_main(Options & o, bool default_run) {
 
     // ---- data
     load_data(o, M, tok.get(), eos, threads, &T.data);
-
-    if (!make_dirs(o.out, &err)) fail(PROG, err);
 
     // ---- trainer and optimizer
     T.params = qwen2_set_trainable(M, o.trainable == "all" ? Qwen2Trainable::All : Qwen2Trainable::Linear);

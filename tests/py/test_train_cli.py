@@ -361,6 +361,20 @@ def test_input_checks(tmp):
         rc, o, e = run(tiny + ["--data", f, "--out", os.path.join(d, "o-bin")])
         check(rc == 1 and "not a text file" in e and f in e, f"explicit binary file {os.path.basename(f)}: error ({e.strip()[-200:]})")
 
+    # 3. temporary files of killed saves are removed at start when their process is gone
+    st = os.path.join(d, "stale")
+    os.makedirs(st)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = [f"model.gguf.saving.tmp.{dead.pid}", f"state.safetensors.saving.tmp.{dead.pid}"]
+    live = f"model.gguf.saving.tmp.{os.getpid()}"
+    for n in stale + [live]:
+        open(os.path.join(st, n), "wb").write(b"partial")
+    rc, o, e = run(tiny + ["--data", os.path.join(only, "a.txt"), "--ctx", "1000000", "--out", st])
+    left = sorted(os.listdir(st))
+    check(all(n not in left for n in stale) and live in left and o.count("interrupted save of process") == 2,
+          f"stale *.saving.tmp.<pid> removed with a note, a live process's kept ({left}; {o.strip()[-300:]})")
+
 
 def test_text_tiny(tmp):
     print("text data with the real Qwen tokenizer (--preset tiny)")
