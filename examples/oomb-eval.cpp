@@ -64,9 +64,19 @@ int main(int argc, char ** argv) {
         print_error(PROG, std::string(e.what()) + " (see --help)");
         return 1;
     }
+    auto need = [&](bool ok, const char * name, double v, const std::string & range) {
+        char b[64];
+        snprintf(b, sizeof(b), "%.10g", v);
+        if (!ok) fail(PROG, std::string(name) + " " + b + " is out of range: it must be " + range);
+    };
+    need(ctx >= 2, "--ctx", (double) ctx, ">= 2");
+    need(chunk >= 1, "--chunk", (double) chunk, ">= 1");
+    need(page >= 1, "--page", page, ">= 1");
+    need(page <= ctx, "--page", page, "at most --ctx (" + std::to_string(ctx) + "): the page size is too large");
+    if (app.count("--max-tokens")) need(max_tokens >= 1, "--max-tokens", (double) max_tokens, ">= 1");
+    if (app.count("--threads")) need(threads >= 1, "--threads", threads, ">= 1");
+    if (app.count("--rope-theta")) need(std::isfinite(rope_theta) && rope_theta > 0, "--rope-theta", rope_theta, "a finite number > 0");
     if (data.empty() == data_bin.empty()) fail(PROG, "give --data FILE (text) or --data-bin FILE (ids)");
-    if (ctx < 2) fail(PROG, "--ctx must be at least 2");
-    if (chunk <= 0 || page <= 0) fail(PROG, "--chunk and --page must be positive");
     if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
     if (!is_file(model)) fail(PROG, "-m: '" + model + "': no such file");
 

@@ -866,8 +866,46 @@ int main(int argc, char ** argv) {
         print_error(PROG, std::string(e.what()) + " (see --help)");
         return 1;
     }
+    // Range checks of the numeric options: exit 1 naming the option and its allowed range.
+    auto given = [&](const char * name) { return app.count(name) > 0; };
+    auto num = [](double v) {
+        char b[64];
+        snprintf(b, sizeof(b), "%.10g", v);
+        return std::string(b);
+    };
+    auto need = [&](bool ok, const char * name, double v, const char * range) {
+        if (!ok) fail(PROG, std::string(name) + " " + num(v) + " is out of range: it must be " + range);
+    };
+    auto validate = [&]() {
+        if (given("--rope-theta")) need(std::isfinite(o.rope_theta) && o.rope_theta > 0, "--rope-theta", o.rope_theta, "a finite number > 0");
+        need(std::isfinite(o.lr) && o.lr > 0, "--lr", o.lr, "a finite number > 0");
+        if (given("--min-lr")) need(std::isfinite(o.min_lr) && o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr", o.min_lr, ("in [0, --lr] = [0, " + num(o.lr) + "]").c_str());
+        need(o.beta1 >= 0 && o.beta1 < 1, "--adam-beta1", o.beta1, "in [0, 1)");
+        need(o.beta2 >= 0 && o.beta2 < 1, "--adam-beta2", o.beta2, "in [0, 1)");
+        need(std::isfinite(o.adam_eps) && o.adam_eps > 0, "--adam-eps", o.adam_eps, "a finite number > 0");
+        need(o.warmup >= 0, "--warmup", o.warmup, ">= 0");
+        need(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight-decay", o.weight_decay, "a finite number >= 0");
+        need(std::isfinite(o.grad_clip) && o.grad_clip >= 0, "--grad-clip", o.grad_clip, ">= 0 (0: off)");
+        if (given("--threads")) need(o.threads >= 1, "--threads", o.threads, ">= 1");
+        need(o.save_every >= 0, "--save-every", o.save_every, ">= 0 (0: only at the end)");
+        if (given("--stop-after")) need(o.stop_after >= 1, "--stop-after", o.stop_after, ">= 1");
+        need(o.eval_every >= 0, "--eval-every", o.eval_every, ">= 0 (0: only at the last step)");
+        need(o.eval_seqs >= 0, "--eval-seqs", o.eval_seqs, ">= 0");
+        need(o.eval_split >= 0 && o.eval_split < 100, "--eval-split", o.eval_split, "in [0, 100) (percent)");
+        need(o.log_every >= 1, "--log-every", o.log_every, ">= 1");
+        need(o.max_bad_steps >= 1, "--max-bad-steps", o.max_bad_steps, ">= 1");
+        need(o.ctx >= 2, "--ctx", (double) o.ctx, ">= 2");
+        need(o.chunk >= 1, "--chunk", (double) o.chunk, ">= 1");
+        need(o.page >= 1, "--page", o.page, ">= 1");
+        if (given("--page")) need(o.page <= o.ctx, "--page", o.page, ("at most --ctx (" + std::to_string(o.ctx) + "): the page size is too large").c_str());
+        need(o.steps >= 1, "--steps", o.steps, ">= 1");
+        need(o.seqs_per_step >= 1, "--seqs-per-step", o.seqs_per_step, ">= 1");
+    };
     try {
-        if (!o.tokens.empty() || !o.dump_grads.empty()) return dump_grads(o);
+        if (!o.tokens.empty() || !o.dump_grads.empty()) {
+            validate();
+            return dump_grads(o);
+        }
 
         if (!o.model.empty() && !o.preset.empty()) fail(PROG, "give either -m MODEL.gguf or --preset NAME, not both");
         if (!o.data.empty() && !o.data_bin.empty()) fail(PROG, "give either --data or --data-bin, not both");
@@ -900,6 +938,7 @@ int main(int argc, char ** argv) {
             o.preset = "tiny";
             printf("note: no model given: training a fresh --preset tiny\n");
         }
+        validate();
         if (!default_run && app.count("--warmup") == 0) o.warmup = std::min(o.warmup, o.steps / 10);
         if (o.model.empty() && o.vocab.empty()) o.vocab = find_project_file("models/qwen2.5-vocab.gguf");
         return train_main(o, default_run);

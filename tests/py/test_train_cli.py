@@ -375,6 +375,29 @@ def test_input_checks(tmp):
     check(all(n not in left for n in stale) and live in left and o.count("interrupted save of process") == 2,
           f"stale *.saving.tmp.<pid> removed with a note, a live process's kept ({left}; {o.strip()[-300:]})")
 
+    # 4. out-of-range numeric options: exit 1 naming the option and its range (checked before any work)
+    table = [("--rope-theta", v) for v in ("-5", "0", "nan", "inf")] + \
+        [("--adam-beta1", v) for v in ("-0.1", "1", "nan")] + [("--adam-beta2", v) for v in ("1.5", "1")] + \
+        [("--adam-eps", "0"), ("--adam-eps", "-1e-8"), ("--warmup", "-1"), ("--min-lr", "-1e-5"), ("--min-lr", "1"),
+         ("--lr", "0"), ("--lr", "-1"), ("--lr", "inf"), ("--lr", "nan"), ("--weight-decay", "-0.1"), ("--grad-clip", "-1"),
+         ("--threads", "0"), ("--threads", "-2"), ("--save-every", "-1"), ("--stop-after", "0"), ("--eval-every", "-1"),
+         ("--eval-seqs", "-1"), ("--eval-split", "100"), ("--eval-split", "-1"), ("--log-every", "0"),
+         ("--max-bad-steps", "0"), ("--page", "2000000000")]
+    bad_opts = []
+    for opt, v in table:
+        rc, o, e = run([TRAIN, opt, v, "--out", os.path.join(d, "o-range")], timeout=30)
+        if not (rc == 1 and opt in e and "must be" in e):
+            bad_opts.append((opt, v, rc, e.strip()[-120:]))
+    check(not bad_opts, f"oomb-train: {len(table)} out-of-range option values rejected with the option and its range {bad_opts}")
+    eval_table = [("--max-tokens", "0"), ("--max-tokens", "-5"), ("--ctx", "1"), ("--chunk", "0"), ("--page", "0"),
+                  ("--page", "2000000000"), ("--threads", "0"), ("--rope-theta", "nan")]
+    bad_opts = []
+    for opt, v in eval_table:
+        rc, o, e = run([EVAL, "-m", os.path.join(d, "nope.gguf"), "--data", os.path.join(only, "a.txt"), opt, v], timeout=30)
+        if not (rc == 1 and opt in e and "must be" in e):
+            bad_opts.append((opt, v, rc, e.strip()[-120:]))
+    check(not bad_opts, f"oomb-eval: {len(eval_table)} out-of-range option values rejected {bad_opts}")
+
 
 def test_text_tiny(tmp):
     print("text data with the real Qwen tokenizer (--preset tiny)")
