@@ -27,7 +27,7 @@ if [ "$MODE" = e2e ] || [ "$MODE" = all ]; then
     for ctx in $CTXS; do
         rm -rf /tmp/run$ctx
         steps=2; [ $ctx -gt 32768 ] && steps=1
-        OOMB_CUDA_PROFILE=1 timeout 240 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx $ctx --chunk 4096 --page 128 --steps $steps \
+        OOMB_CUDA_PROFILE=1 timeout ${TRAIN_TIMEOUT:-240} $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx $ctx --chunk 4096 --page 128 --steps $steps \
             --warmup 1 --eval-every 0 --eval-split 1 --save-every 0 --stop-after $steps --data-bin /tmp/rand.bin \
             --trainable all -o /tmp/run$ctx > "$OUT/oomb-0.5b-$ctx.log" 2>&1
         echo "oomb 0.5b ctx $ctx rc=$?"; tail -30 "$OUT/oomb-0.5b-$ctx.log"
