@@ -320,6 +320,7 @@ json config_json(const Options & o) {
     j["weight_decay"] = o.weight_decay; j["adam_beta1"] = o.beta1; j["adam_beta2"] = o.beta2; j["adam_eps"] = o.adam_eps;
     j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable; j["threads"] = o.threads; j["device"] = o.device;
     j["rope_theta"] = o.rope_theta; j["seed"] = o.seed;
+    j["threads_used"] = threads_default(o.threads);
     return j;
 }
 
@@ -486,7 +487,7 @@ void load_data(const Options & o, const Qwen2Model & m, const Tokenizer * tok, i
            n_train, d->n_seqs, o.ctx, n_eval, d->eval_off.size());
 }
 
-int train_main(Options & o, bool default_run) {
+int train_main(Options & o, bool default_run, bool app_eval_every_given) {
     std::string err;
     const int threads = threads_default(o.threads);
     if (o.ctx < 2) fail(PROG, "--ctx must be at least 2");
@@ -573,6 +574,15 @@ int train_main(Options & o, bool default_run) {
 
     // ---- data
     load_data(o, M, tok.get(), eos, threads, &T.data);
+    if (T.data.eval_off.empty()) {
+        const std::string why = o.eval_seqs == 0 ? "--eval-seqs 0"
+                              : (o.eval_data.empty() && o.eval_split == 0) ? "--eval-split 0 and no --eval-data"
+                                                                           : "no held-out tokens";
+        printf("note: evaluation is off (%s)%s\n", why.c_str(), o.eval_every > 0 && app_eval_every_given ? ": --eval-every is ignored" : "");
+    }
+    if (o.seqs_per_step > T.data.n_seqs)
+        printf("warning: --seqs-per-step %d is larger than the %" PRId64 " training sequence(s): one step spans several passes over the data\n",
+               o.seqs_per_step, T.data.n_seqs);
 
     // ---- trainer and optimizer
     T.params = qwen2_set_trainable(M, o.trainable == "all" ? Qwen2Trainable::All : Qwen2Trainable::Linear);
@@ -640,14 +650,21 @@ int train_main(Options & o, bool default_run) {
         json saved = json::parse(get("config"), nullptr, false);
         if (saved.is_discarded()) fail(PROG, "--resume: bad config metadata in " + ckpt_state);
         const json now = config_json(o);
+        auto opt_name = [](std::string k) {   // config key -> the option's spelling
+            for (char & c : k) if (c == '_') c = '-';
+            return "--" + k;
+        };
         for (const char * k : {"ctx", "seqs_per_step", "seed", "trainable"}) {
             if (saved[k] != now[k])
-                fail(PROG, std::string("--resume: --") + k + " differs from the checkpoint's (" + saved[k].dump() + " vs " + now[k].dump() + ")");
+                fail(PROG, "--resume: " + opt_name(k) + " differs from the checkpoint's (" + saved[k].dump() + " vs " + now[k].dump() + ")");
         }
         for (auto it = now.begin(); it != now.end(); ++it) {
-            if (saved.contains(it.key()) && saved[it.key()] != it.value() && it.key() != "threads")
-                printf("resume: note: %s changed from %s to %s\n", it.key().c_str(), saved[it.key()].dump().c_str(), it.value().dump().c_str());
+            if (saved.contains(it.key()) && saved[it.key()] != it.value() && it.key() != "threads" && it.key() != "threads_used")
+                printf("resume: note: %s changed from %s to %s\n", opt_name(it.key()).c_str(), saved[it.key()].dump().c_str(), it.value().dump().c_str());
         }
+        if (saved.contains("threads_used") && saved["threads_used"].is_number_integer() && saved["threads_used"].get<int>() != threads)
+            printf("resume: note: the checkpoint was trained with %d thread(s), this run uses %d; a bit-exact continuation needs the same "
+                   "thread count (--threads %d)\n", saved["threads_used"].get<int>(), threads, saved["threads_used"].get<int>());
         if ((int) sf.tensors().size() != oomb_opt_n_state(T.opt))
             fail(PROG, "--resume: " + ckpt_state + " holds " + std::to_string(sf.tensors().size()) + " optimizer tensors, expected " +
                            std::to_string(oomb_opt_n_state(T.opt)));
@@ -941,7 +958,7 @@ int main(int argc, char ** argv) {
         validate();
         if (!default_run && app.count("--warmup") == 0) o.warmup = std::min(o.warmup, o.steps / 10);
         if (o.model.empty() && o.vocab.empty()) o.vocab = find_project_file("models/qwen2.5-vocab.gguf");
-        return train_main(o, default_run);
+        return train_main(o, default_run, app.count("--eval-every") > 0);
     } catch (const std::exception & e) {
         fail(PROG, e.what());
     }
