@@ -39,6 +39,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -504,6 +505,21 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
     if (o.resume && !is_file(o.out + "/model.gguf"))
         fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + o.out + "/model.gguf not found)");
     if (!make_dirs(o.out, &err)) fail(PROG, err);
+    {
+        // One trainer per output folder: an exclusive lock on OUT/.lock, held until the process exits.
+        const std::string lp = o.out + "/.lock";
+        const int fd = open(lp.c_str(), O_RDWR | O_CREAT, 0644);
+        if (fd < 0) fail(PROG, "cannot open " + lp + ": " + strerror(errno));
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            char b[32] = {0};
+            const ssize_t n = pread(fd, b, sizeof(b) - 1, 0);
+            const long pid = n > 0 ? std::atol(b) : 0;
+            fail(PROG, "output folder " + o.out + " is in use by another oomb-train" + (pid > 0 ? " (pid " + std::to_string(pid) + ")" : ""));
+        }
+        const std::string me = std::to_string((long) getpid()) + "\n";
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, me.data(), me.size(), 0) != (ssize_t) me.size()) { /* the pid is informative only */ }
+        // fd stays open (and locked) for the run's lifetime.
+    }
     remove_stale_temp_files(o.out);
 
     Trainer T;

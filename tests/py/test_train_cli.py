@@ -248,6 +248,18 @@ def test_training(tmp):
     rc, o, e = run(base + ["--steps", "1", "--eval-seqs", "0", "--seqs-per-step", "200", "--out", os.path.join(tmp, "E")])
     check(rc == 0 and "evaluation is off (--eval-seqs 0)" in o, f"--eval-seqs 0: a note that evaluation is off {e.strip()[-200:]}")
     check("one step spans several passes over the data" in o, "--seqs-per-step > training sequences: a warning")
+
+    # two trainers on one --out: the second exits 1 naming the holder
+    L = os.path.join(tmp, "L")
+    first = subprocess.Popen(base + ["--steps", "200", "--save-every", "0", "--out", L], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(200):
+        if os.path.exists(os.path.join(L, "train.jsonl")):
+            break
+        time.sleep(0.05)
+    rc, o, e = run(base + ["--steps", "2", "--out", L])
+    first.kill()
+    first.communicate()
+    check(rc == 1 and f"output folder {L} is in use by another oomb-train (pid {first.pid})" in e, f"second trainer on one --out: refused ({rc}: {e.strip()[-200:]})")
     ta, ea = read_log(A)
     tb, eb = read_log(B)
     check(ta == tb and len(ta) == 6, f"identical losses, straight vs resumed ({[l for _, l in ta]} / {[l for _, l in tb]})")
