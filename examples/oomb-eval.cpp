@@ -77,6 +77,12 @@ int main(int argc, char ** argv) {
     if (app.count("--threads")) need(threads >= 1, "--threads", threads, ">= 1");
     if (app.count("--rope-theta")) need(std::isfinite(rope_theta) && rope_theta > 0, "--rope-theta", rope_theta, "a finite number > 0");
     if (data.empty() == data_bin.empty()) fail(PROG, "give --data FILE (text) or --data-bin FILE (ids)");
+    if (!json_out.empty()) {   // fail before evaluating when the result could not be written
+        const size_t sl = json_out.rfind('/');
+        const std::string dir = sl == std::string::npos ? "." : (sl == 0 ? "/" : json_out.substr(0, sl));
+        if (!is_dir(dir) || access(dir.c_str(), W_OK) != 0)
+            fail(PROG, "--json: cannot write '" + json_out + "': folder '" + dir + "' " + (is_dir(dir) ? "is not writable" : "does not exist"));
+    }
     if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
     if (!is_file(model)) fail(PROG, "-m: '" + model + "': no such file");
 

@@ -494,7 +494,7 @@ bool write_loss_png(const std::string & path, const std::vector<CurvePoint> & tr
     const double ystep = nice_step(y1 - y0, 6);
     y0 = std::floor(y0 / ystep) * ystep;
     y1 = std::ceil(y1 / ystep) * ystep;
-    const double xstep = nice_step(x1 - x0, 8);
+    const double xstep = std::max(1.0, std::round(nice_step(x1 - x0, 8)));   // steps are integers
     x1 = std::ceil(x1 / xstep) * xstep;
     const int pw = W - L - R, ph = H - T - B;
     auto X = [&](double x) { return L + (int) std::lround((x - x0) / (x1 - x0) * pw); };
@@ -538,8 +538,12 @@ bool write_loss_png(const std::string & path, const std::vector<CurvePoint> & tr
     const int lx = L + pw - 170, ly = T + 12;
     img.line(lx, ly + 6, lx + 30, ly + 6, blue, 2);
     img.text(lx + 40, ly, "train loss", black);
-    img.rect(lx + 11, ly + 26, lx + 20, ly + 35, red);
-    img.text(lx + 40, ly + 24, "eval loss", black);
+    bool have_eval = false;
+    for (const auto & p : eval) have_eval |= std::isfinite(p.loss) != 0;
+    if (have_eval) {
+        img.rect(lx + 11, ly + 26, lx + 20, ly + 35, red);
+        img.text(lx + 40, ly + 24, "eval loss", black);
+    }
 
     const std::string tmp = path + ".tmp." + std::to_string(getpid());
     if (!stbi_write_png(tmp.c_str(), W, H, 3, img.px.data(), W * 3)) {

@@ -420,6 +420,8 @@ def test_input_checks(tmp):
         if not (rc == 1 and opt in e and "must be" in e):
             bad_opts.append((opt, v, rc, e.strip()[-120:]))
     check(not bad_opts, f"oomb-eval: {len(eval_table)} out-of-range option values rejected {bad_opts}")
+    rc, o, e = run([EVAL, "-m", os.path.join(d, "nope.gguf"), "--data", os.path.join(only, "a.txt"), "--json", "/nonexistent/x.json"])
+    check(rc == 1 and "--json" in e and "/nonexistent" in e, f"oomb-eval --json into a missing folder: fails first ({e.strip()[-200:]})")
 
 
 def test_text_tiny(tmp):
