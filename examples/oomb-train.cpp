@@ -937,6 +937,15 @@ int main(int argc, char ** argv) {
     try {
         if (!o.tokens.empty() || !o.dump_grads.empty()) {
             validate();
+            // the verification run reads only the model, the tokens, --chunk, --page, --device, --threads
+            std::string ignored;
+            for (const char * opt : {"--preset", "--data", "--data-bin", "--eval-data", "--eval-split", "--eval-every", "--eval-seqs",
+                                     "--ctx", "--steps", "--seqs-per-step", "--lr", "--min-lr", "--warmup", "--weight-decay",
+                                     "--adam-beta1", "--adam-beta2", "--adam-eps", "--grad-clip", "--trainable", "--out",
+                                     "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every"}) {
+                if (given(opt)) ignored += std::string(ignored.empty() ? "" : ", ") + opt;
+            }
+            if (!ignored.empty()) fprintf(stderr, "%s: note: --dump-grads ignores the training options given: %s\n", PROG, ignored.c_str());
             return dump_grads(o);
         }
 
