@@ -17,6 +17,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <initializer_list>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -171,6 +172,21 @@ struct Builder {
         return a.g ? a.g : zg;
     }
 
+    // Hands out the gradients of an attention backward op (packed = dq, dk, dv back to back, each
+    // contiguous in its source's shape) to the sources q, k, v of node t.
+    void add_packed_grads(const oomb_tensor * t, oomb_tensor * packed, std::initializer_list<oomb_tensor *> qkv) {
+        oomb_format_name(packed, "grad of %.44s (q, k, v)", tname(t));
+        size_t off = 0;
+        for (oomb_tensor * s : qkv) {
+            if (need(s)) {
+                const size_t nb1 = sizeof(float) * s->ne[0], nb2 = nb1 * s->ne[1], nb3 = nb2 * s->ne[2];
+                oomb_tensor * ds = oomb_view_4d(ctx, packed, s->ne[0], s->ne[1], s->ne[2], s->ne[3], nb1, nb2, nb3, off);
+                add_grad(s, named(ds, s));
+            }
+            off += sizeof(float) * (size_t) oomb_nelements(s);
+        }
+    }
+
     // Sums a mul_mat gradient [K, M, B2, B3] down to a's batch dims [.., A2, A3].
     oomb_tensor * reduce_batches(oomb_tensor * d, const oomb_tensor * a) {
         if (d->ne[2] == a->ne[2] && d->ne[3] == a->ne[3]) return d;
@@ -285,17 +301,7 @@ struct Builder {
                 break;
             case OOMB_OP_ATTN: {
                 oomb_tensor * q = t->src[0], * k = t->src[1], * v = t->src[2];
-                oomb_tensor * packed = oomb_attn_back(ctx, q, k, v, dy, oomb::get_op_f32(t, 0));
-                oomb_format_name(packed, "grad of %.44s (q, k, v)", tname(t));
-                size_t off = 0;
-                for (oomb_tensor * s : {q, k, v}) {
-                    if (need(s)) {
-                        const size_t nb1 = sizeof(float) * s->ne[0], nb2 = nb1 * s->ne[1], nb3 = nb2 * s->ne[2];
-                        oomb_tensor * ds = oomb_view_4d(ctx, packed, s->ne[0], s->ne[1], s->ne[2], s->ne[3], nb1, nb2, nb3, off);
-                        add_grad(s, named(ds, s));
-                    }
-                    off += sizeof(float) * (size_t) oomb_nelements(s);
-                }
+                add_packed_grads(t, oomb_attn_back(ctx, q, k, v, dy, oomb::get_op_f32(t, 0)), {q, k, v});
                 break;
             }
             case OOMB_OP_PAGED_ATTN: {
@@ -304,16 +310,7 @@ struct Builder {
                 oomb_tensor * q = t->src[0], * kc = t->src[1], * vc = t->src[2], * kp = t->src[3], * vp = t->src[4];
                 oomb_tensor * packed = oomb_paged_attn_back(ctx, q, kp, vp, kp->grad, vp->grad, t->src[5], t->src[6], dy,
                                                             oomb::get_op_f32(t, 0));
-                oomb_format_name(packed, "grad of %.44s (q, k, v)", tname(t));
-                size_t off = 0;
-                for (oomb_tensor * s : {q, kc, vc}) {
-                    if (need(s)) {
-                        const size_t nb1 = sizeof(float) * s->ne[0], nb2 = nb1 * s->ne[1], nb3 = nb2 * s->ne[2];
-                        oomb_tensor * ds = oomb_view_4d(ctx, packed, s->ne[0], s->ne[1], s->ne[2], s->ne[3], nb1, nb2, nb3, off);
-                        add_grad(s, named(ds, s));
-                    }
-                    off += sizeof(float) * (size_t) oomb_nelements(s);
-                }
+                add_packed_grads(t, packed, {q, kc, vc});
                 break;
             }
             case OOMB_OP_CROSS_ENTROPY:
