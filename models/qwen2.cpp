@@ -298,8 +298,6 @@ std::vector<oomb_tensor *> qwen2_set_trainable(Qwen2Model & m, Qwen2Trainable wh
 // ---------------------------------------------------------------------------------------------
 
 struct ChunkTrainer::Graph {
-    int64_t T = 0;
-    Kind kind = Kind::Loss;
     oomb_context * ctx = nullptr;
     oomb_cgraph * g = nullptr;
     oomb_gallocr_t galloc = nullptr;
@@ -343,8 +341,6 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
     auto it = graphs_.find(key);
     if (it != graphs_.end()) return *it->second;
     auto G = std::make_unique<Graph>();
-    G->T = T;
-    G->kind = kind;
     G->ctx = oomb_init({0, true});
     oomb_context * ctx = G->ctx;
     const Qwen2Config & c = m_.cfg;
@@ -394,33 +390,25 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
         if (l + 1 < c.n_layer) capture(x);
     }
     G->g = oomb_new_graph_custom(ctx, 65536);
-    if (kind == Kind::Fill) {
-        oomb_set_output(x);
-        oomb_build_forward_expand(G->g, x);
-        G->galloc = oomb_gallocr_new(m_.backend);
-        if (!oomb_gallocr_alloc_graph(G->galloc, G->g)) {
-            oomb_error("ChunkTrainer: cannot allocate the KV-fill graph (T = %" PRId64 ", %zu bytes)", T, oomb_gallocr_planned_size(G->galloc));
+    oomb_tensor * out = x;  // KV fill: the last layer's paged_attn node
+    if (kind != Kind::Fill) {
+        x = oomb_set_name(oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), m_.output_norm), "result_norm");
+        capture(x);
+        oomb_tensor * logits = oomb_set_name(oomb_mul_mat(ctx, m_.lm_head(), x), "logits");
+        if (capture_hidden_ && kind == Kind::Loss) {
+            oomb_set_output(logits);
+            G->logits = logits;
         }
-        Graph & ref = *G;
-        graphs_[key] = std::move(G);
-        return ref;
+        G->loss = out = oomb_set_name(oomb_cross_entropy_loss(ctx, logits, G->labels, p_.ignore_index), "loss");
+        oomb_set_loss(G->loss);
     }
-    x = oomb_set_name(oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), m_.output_norm), "result_norm");
-    capture(x);
-    oomb_tensor * logits = oomb_set_name(oomb_mul_mat(ctx, m_.lm_head(), x), "logits");
-    if (capture_hidden_ && kind == Kind::Loss) {
-        oomb_set_output(logits);
-        G->logits = logits;
-    }
-    G->loss = oomb_set_name(oomb_cross_entropy_loss(ctx, logits, G->labels, p_.ignore_index), "loss");
-    oomb_set_output(G->loss);
-    oomb_set_loss(G->loss);
-    oomb_build_forward_expand(G->g, G->loss);
+    oomb_set_output(out);
+    oomb_build_forward_expand(G->g, out);
     if (backward) oomb_build_backward_expand(ctx, G->g, G->loss, nullptr);
     G->galloc = oomb_gallocr_new(m_.backend);
     if (!oomb_gallocr_alloc_graph(G->galloc, G->g)) {
-        oomb_error("ChunkTrainer: cannot allocate the chunk graph (T = %" PRId64 ", %zu bytes)", T,
-                   oomb_gallocr_planned_size(G->galloc));
+        oomb_error("ChunkTrainer: cannot allocate the %s graph (T = %" PRId64 ", %zu bytes)", kind == Kind::Fill ? "KV-fill" : "chunk",
+                   T, oomb_gallocr_planned_size(G->galloc));
     }
     Graph & ref = *G;
     graphs_[key] = std::move(G);
@@ -472,15 +460,19 @@ void ChunkTrainer::check_sequence(const int32_t * ids, int64_t n) const {
     if (n > p_.max_tokens) oomb_error("ChunkTrainer: sequence of %" PRId64 " tokens exceeds max_tokens %" PRId64, n, p_.max_tokens);
 }
 
-ChunkStats ChunkTrainer::forward(const int32_t * ids, int64_t n) {
-    check_sequence(ids, n);
-    ChunkStats st;
+void ChunkTrainer::forward_chunks(const int32_t * ids, int64_t n, Kind kind, ChunkStats & st) {
     oomb_kv_cache_clear(kv_);
     for (int64_t p0 = 0; p0 < n; p0 += p_.chunk) {
         const int64_t T = std::min(p_.chunk, n - p0);
         oomb_kv_cache_reserve(kv_, p0 + T);
-        run_chunk(graph(T, Kind::Loss), ids, n, p0, T, st);
+        run_chunk(graph(T, kind), ids, n, p0, T, st);
     }
+}
+
+ChunkStats ChunkTrainer::forward(const int32_t * ids, int64_t n) {
+    check_sequence(ids, n);
+    ChunkStats st;
+    forward_chunks(ids, n, Kind::Loss, st);
     return st;
 }
 
@@ -497,12 +489,7 @@ ChunkStats ChunkTrainer::forward_backward(const int32_t * ids, int64_t n) {
     }
     // stage 1: fill the KV cache chunk by chunk, in order
     ChunkStats none;
-    oomb_kv_cache_clear(kv_);
-    for (int64_t p0 = 0; p0 < n; p0 += p_.chunk) {
-        const int64_t T = std::min(p_.chunk, n - p0);
-        oomb_kv_cache_reserve(kv_, p0 + T);
-        run_chunk(graph(T, Kind::Fill), ids, n, p0, T, none);
-    }
+    forward_chunks(ids, n, Kind::Fill, none);
     // stage 2: reverse order, recompute with gradients; the loss is summed here
     oomb_kv_cache_zero_grad(kv_);
     ChunkStats st;

@@ -155,6 +155,8 @@ private:
     Graph & graph(int64_t T, Kind kind);
     void run_chunk(Graph & g, const int32_t * ids, int64_t n, int64_t p0, int64_t T, ChunkStats & st);
     void check_sequence(const int32_t * ids, int64_t n) const;
+    // Clears the KV cache and runs the chunks of ids in order with graphs of this kind.
+    void forward_chunks(const int32_t * ids, int64_t n, Kind kind, ChunkStats & st);
 
     Qwen2Model & m_;
     ChunkTrainerParams p_;
