@@ -189,8 +189,7 @@ struct QueryTile {
     int64_t t0, nt, g, max_pos;
 };
 
-std::vector<QueryTile> query_tiles(const PagedGeom & G) {
-    const int64_t bq = std::max<int64_t>(1, 64 / G.group);  // ~64 rows per tile
+std::vector<QueryTile> query_tiles(const PagedGeom & G, int64_t bq) {
     std::vector<QueryTile> v;
     for (int64_t g = 0; g < G.Hkv; g++)
         for (int64_t t0 = 0; t0 < G.T; t0 += bq) {
@@ -217,6 +216,25 @@ struct Scratch {
         O.assign(R * D, 0.0f); m.assign(R, 0.0f); l.assign(R, 0.0f); lse.assign(R, 0.0f); delta.assign(R, 0.0f);
         acc1.assign(KB * D, 0.0f); acc2.assign(KB * D, 0.0f);
         qr.assign(R, nullptr); dr.assign(R, nullptr); outr.assign(R, nullptr); rpos.assign(R, 0); rid.assign(R, 0);
+    }
+};
+
+// The work of one op: its query tiles (heaviest first, ~64 rows each), the key blocks up to the
+// furthest position a tile sees, and scratch for n workers sized for the largest tile.
+struct TilePlan {
+    std::vector<QueryTile> tiles;
+    std::vector<KeyBlock> blocks;
+    int64_t Rmax;  // rows of the largest tile
+    explicit TilePlan(const PagedGeom & G) {
+        const int64_t bq = std::max<int64_t>(1, 64 / G.group);  // tokens per tile
+        tiles = query_tiles(G, bq);
+        blocks = key_blocks(tiles.empty() ? 0 : tiles.front().max_pos + 1, G.P);
+        Rmax = bq * G.group;
+    }
+    std::vector<Scratch> scratch(int n, int64_t D) const {
+        std::vector<Scratch> s(n);
+        for (auto & w : s) w.init(Rmax, D);
+        return s;
     }
 };
 
@@ -308,14 +326,11 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
     if (G.T == 0) return;
 
     const TileKernels & K = kernels();
-    const std::vector<QueryTile> tiles = query_tiles(G);
-    int64_t max_pos = 0;
-    for (const QueryTile & qt : tiles) max_pos = std::max(max_pos, qt.max_pos);
-    const std::vector<KeyBlock> blocks = key_blocks(max_pos + 1, G.P);
-    const int64_t Rmax = std::max<int64_t>(1, 64 / G.group) * G.group;
+    const TilePlan plan(G);
+    const std::vector<QueryTile> & tiles = plan.tiles;
+    const std::vector<KeyBlock> & blocks = plan.blocks;
     const int nw = (int) std::max<int64_t>(1, std::min<int64_t>(n_threads, (int64_t) tiles.size()));
-    std::vector<Scratch> scratch(nw);
-    for (auto & s : scratch) s.init(Rmax, G.D);
+    std::vector<Scratch> scratch = plan.scratch(nw, G.D);
     const int D = (int) G.D;
     parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
         Scratch & s = scratch[w];
@@ -345,14 +360,12 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
     if (T == 0) return;
 
     const TileKernels & K = kernels();
-    const std::vector<QueryTile> tiles = query_tiles(G);
-    int64_t max_pos = 0;
-    for (const QueryTile & qt : tiles) max_pos = std::max(max_pos, qt.max_pos);
-    const std::vector<KeyBlock> blocks = key_blocks(max_pos + 1, G.P);
-    const int64_t Rmax = std::max<int64_t>(1, 64 / G.group) * G.group;
+    const TilePlan plan(G);
+    const std::vector<QueryTile> & tiles = plan.tiles;
+    const std::vector<KeyBlock> & blocks = plan.blocks;
+    const int64_t Rmax = plan.Rmax;
     const int nw = std::max(1, n_threads);
-    std::vector<Scratch> scratch(nw);
-    for (auto & s : scratch) s.init(Rmax, G.D);
+    std::vector<Scratch> scratch = plan.scratch(nw, G.D);
     const char * op = "paged_attn_back";
 
     // pass 1: log-sum-exp and delta = dout . out per row
