@@ -126,12 +126,6 @@ uint64_t weights_hash(const Qwen2Model & m) {
     return h;
 }
 
-bool file_has_tokenizer(const std::string & path) {
-    Tokenizer t;
-    std::string e;
-    return t.load_file(path, &e) == GGUF_OK;
-}
-
 // Removes temporary files of saves that a killed process left in `out` ("<name>.tmp.<pid>" of our
 // output files, e.g. model.gguf.saving.tmp.1234) whose process no longer exists.
 void remove_stale_temp_files(const std::string & out) {
@@ -556,15 +550,24 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
     // ---- tokenizer and the vocabulary written into saved models
     std::unique_ptr<Tokenizer> tok;
     std::string tok_src;
-    if (!o.model.empty() && file_has_tokenizer(o.model)) tok_src = o.model;
-    else if (!o.vocab.empty()) {
+    if (!o.model.empty()) {  // the model's own tokenizer, when it has one
+        auto t = std::make_unique<Tokenizer>();
+        std::string e;
+        if (t->load_file(o.model, &e) == GGUF_OK) {
+            tok = std::move(t);
+            tok_src = o.model;
+        }
+    }
+    if (!tok && !o.vocab.empty()) {
         if (!is_file(o.vocab)) {
             if (o.data_bin.empty()) fail(PROG, "--vocab: '" + o.vocab + "': no such file");
-        } else tok_src = o.vocab;
+        } else {
+            tok = std::make_unique<Tokenizer>();
+            if (tok->load_file(o.vocab, &err) != GGUF_OK) fail(PROG, "tokenizer: " + err);
+            tok_src = o.vocab;
+        }
     }
-    if (!tok_src.empty()) {
-        tok = std::make_unique<Tokenizer>();
-        if (tok->load_file(tok_src, &err) != GGUF_OK) fail(PROG, "tokenizer: " + err);
+    if (tok) {
         if ((int64_t) tok->n_vocab() > M.cfg.n_vocab)
             fail(PROG, tok_src + ": the tokenizer has " + std::to_string(tok->n_vocab()) + " tokens but the model only " +
                            std::to_string(M.cfg.n_vocab) + " embedding rows");
