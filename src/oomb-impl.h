@@ -117,10 +117,4 @@ static inline bool tensors_overlap(const oomb_tensor * a, const oomb_tensor * b)
     return a0 < b0 + nb && b0 < a0 + na;
 }
 
-// Ops whose result aliases a source's memory (view_src is set; some of them still compute: cpy, add_inplace, optimizer steps).
-static inline bool op_aliases_src(enum oomb_op op) {
-    return op == OOMB_OP_VIEW || op == OOMB_OP_RESHAPE || op == OOMB_OP_PERMUTE || op == OOMB_OP_TRANSPOSE ||
-           op == OOMB_OP_CPY || op == OOMB_OP_ADD_INPLACE || op == OOMB_OP_ADAMW_STEP || op == OOMB_OP_SGD_STEP;
-}
-
 } // namespace oomb
