@@ -132,6 +132,7 @@ struct oomb_gallocr {
     const oomb_cgraph * plan_graph = nullptr;
     uint64_t plan_version = 0;
     std::vector<oomb_tensor *> plan_nodes, plan_leafs;
+    std::vector<int32_t> plan_flags;                       // flags of nodes then leafs when planned
     std::vector<std::pair<oomb_tensor *, size_t>> placed;  // owner, offset
     std::vector<oomb_tensor *> views;                      // views of placed owners
     size_t planned_size = 0;
@@ -163,9 +164,18 @@ size_t oomb_gallocr_planned_sum(oomb_gallocr_t ga) { return ga->planned_sum; }
 int    oomb_gallocr_n_plans(oomb_gallocr_t ga) { return ga->n_plans; }
 size_t oomb_gallocr_buffer_size(oomb_gallocr_t ga) { return ga->buffer ? ga->buffer->size : 0; }
 
+// The flags (INPUT, OUTPUT, ...) decide what is kept alive: setting one after planning must re-plan.
+static std::vector<int32_t> graph_flags(const oomb_cgraph * g) {
+    std::vector<int32_t> f;
+    f.reserve(g->nodes.size() + g->leafs.size());
+    for (const oomb_tensor * t : g->nodes) f.push_back(t->flags);
+    for (const oomb_tensor * t : g->leafs) f.push_back(t->flags);
+    return f;
+}
+
 static bool plan_is_current(const oomb_gallocr * ga, const oomb_cgraph * g) {
     return ga->has_plan && ga->plan_graph == g && ga->plan_version == g->version && ga->plan_nodes == g->nodes &&
-           ga->plan_leafs == g->leafs;
+           ga->plan_leafs == g->leafs && ga->plan_flags == graph_flags(g);
 }
 
 static void make_plan(oomb_gallocr * ga, oomb_cgraph * g) {
@@ -300,6 +310,7 @@ static void make_plan(oomb_gallocr * ga, oomb_cgraph * g) {
     ga->plan_version = g->version;
     ga->plan_nodes = g->nodes;
     ga->plan_leafs = g->leafs;
+    ga->plan_flags = graph_flags(g);
     ga->n_plans++;
 }
 

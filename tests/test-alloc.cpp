@@ -937,3 +937,33 @@ TEST(AllocStale, GraphAfterAllocatorMovedOn) {
     oomb_free(ctx);
     oomb_backend_free(cpu);
 }
+
+// Flagging a tensor OUTPUT after the graph was planned makes the next alloc_graph plan again and
+// keep that tensor alive to the end.
+TEST(AllocFlags, OutputFlagSetAfterPlanningReplans) {
+    oomb_backend_t cpu = oomb_backend_cpu_init(1);
+    oomb_context * ctx = oomb_init({0, true});
+    oomb_tensor * x = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, 256);
+    oomb_set_input(x);
+    oomb_tensor * a = oomb_scale(ctx, x, 2.0f);
+    oomb_tensor * y = a;
+    for (int i = 0; i < 6; i++) y = oomb_scale(ctx, oomb_add(ctx, y, x), 0.5f);
+    oomb_cgraph * g = oomb_new_graph(ctx);
+    oomb_build_forward_expand(g, y);
+    oomb_gallocr_t ga = oomb_gallocr_new(cpu);
+    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+    EXPECT_EQ(oomb_gallocr_n_plans(ga), 1);
+    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+    EXPECT_EQ(oomb_gallocr_n_plans(ga), 1);
+    oomb_set_output(a);  // now a must survive the whole graph
+    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+    EXPECT_EQ(oomb_gallocr_n_plans(ga), 2);
+    std::vector<float> in(256);
+    for (int i = 0; i < 256; i++) in[i] = 0.25f * (float) (i % 17) - 1.0f;
+    oomb_tensor_set_f32(x, in.data(), 256);
+    oomb_backend_graph_compute(cpu, g);
+    for (int i = 0; i < 256; i++) ASSERT_EQ(oomb_get_f32_1d(a, i), 2.0f * in[i]) << i;
+    oomb_gallocr_free(ga);
+    oomb_free(ctx);
+    oomb_backend_free(cpu);
+}
