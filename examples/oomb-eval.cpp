@@ -54,21 +54,8 @@ int main(int argc, char ** argv) {
     app.add_option("--device", device, "cpu or cuda")->capture_default_str();
     app.add_option("--rope-theta", rope_theta, "override the RoPE base");
     app.add_option("--json", json_out, "also write the results as JSON to this file");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::CallForHelp & e) {
-        return app.exit(e);
-    } catch (const CLI::CallForAllHelp & e) {
-        return app.exit(e);
-    } catch (const CLI::ParseError & e) {
-        print_error(PROG, std::string(e.what()) + " (see --help)");
-        return 1;
-    }
-    auto need = [&](bool ok, const char * name, double v, const std::string & range) {
-        char b[64];
-        snprintf(b, sizeof(b), "%.10g", v);
-        if (!ok) fail(PROG, std::string(name) + " " + b + " is out of range: it must be " + range);
-    };
+    if (const int rc = parse_command_line(app, argc, argv, PROG); rc >= 0) return rc;
+    auto need = [&](bool ok, const char * name, double v, const std::string & range) { need_in_range(PROG, ok, name, v, range); };
     need(ctx >= 2, "--ctx", (double) ctx, ">= 2");
     need(chunk >= 1, "--chunk", (double) chunk, ">= 1");
     need(page >= 1, "--page", page, ">= 1");

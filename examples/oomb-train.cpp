@@ -892,30 +892,14 @@ int main(int argc, char ** argv) {
     app.add_option("--tokens", o.tokens, "verification: safetensors file with input_ids int32 [B, T] (with --dump-grads)");
     app.add_option("--dump-grads", o.dump_grads,
                    "verification: one forward/backward over --tokens (every weight trainable, no update); writes loss and grad.<GGUF name>");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::CallForHelp & e) {
-        return app.exit(e);
-    } catch (const CLI::CallForAllHelp & e) {
-        return app.exit(e);
-    } catch (const CLI::ParseError & e) {
-        print_error(PROG, std::string(e.what()) + " (see --help)");
-        return 1;
-    }
+    if (const int rc = parse_command_line(app, argc, argv, PROG); rc >= 0) return rc;
     // Range checks of the numeric options: exit 1 naming the option and its allowed range.
     auto given = [&](const char * name) { return app.count(name) > 0; };
-    auto num = [](double v) {
-        char b[64];
-        snprintf(b, sizeof(b), "%.10g", v);
-        return std::string(b);
-    };
-    auto need = [&](bool ok, const char * name, double v, const char * range) {
-        if (!ok) fail(PROG, std::string(name) + " " + num(v) + " is out of range: it must be " + range);
-    };
+    auto need = [&](bool ok, const char * name, double v, const std::string & range) { need_in_range(PROG, ok, name, v, range); };
     auto validate = [&]() {
         if (given("--rope-theta")) need(std::isfinite(o.rope_theta) && o.rope_theta > 0, "--rope-theta", o.rope_theta, "a finite number > 0");
         need(std::isfinite(o.lr) && o.lr > 0, "--lr", o.lr, "a finite number > 0");
-        if (given("--min-lr")) need(std::isfinite(o.min_lr) && o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr", o.min_lr, ("in [0, --lr] = [0, " + num(o.lr) + "]").c_str());
+        if (given("--min-lr")) need(std::isfinite(o.min_lr) && o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr", o.min_lr, "in [0, --lr]");
         need(o.beta1 >= 0 && o.beta1 < 1, "--adam-beta1", o.beta1, "in [0, 1)");
         need(o.beta2 >= 0 && o.beta2 < 1, "--adam-beta2", o.beta2, "in [0, 1)");
         need(std::isfinite(o.adam_eps) && o.adam_eps > 0, "--adam-eps", o.adam_eps, "a finite number > 0");

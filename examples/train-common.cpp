@@ -39,6 +39,27 @@ void install_error_handler(const char * prog, int code) {
     oomb_set_error_handler(exit_handler, nullptr);
 }
 
+void need_in_range(const char * prog, bool ok, const char * name, double v, const std::string & range) {
+    if (ok) return;
+    char b[64];
+    snprintf(b, sizeof(b), "%.10g", v);
+    fail(prog, std::string(name) + " " + b + " is out of range: it must be " + range);
+}
+
+int parse_command_line(CLI::App & app, int argc, char ** argv, const char * prog) {
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp & e) {
+        return app.exit(e);
+    } catch (const CLI::CallForAllHelp & e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError & e) {
+        print_error(prog, std::string(e.what()) + " (see --help)");
+        return 1;
+    }
+    return -1;
+}
+
 void print_error(const char * prog, const std::string & msg) {
     fflush(stdout);
     fprintf(stderr, "%s: error: %s\n", prog, msg.c_str());

@@ -7,6 +7,8 @@
 #include "oomb-backend.h"
 #include "tokenizer.h"
 
+#include <CLI/CLI.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,6 +23,12 @@ void install_error_handler(const char * prog, int code = 1);
 // Prints "<prog>: error: <message>" to stderr. fail() also exits with `code`.
 void print_error(const char * prog, const std::string & msg);
 [[noreturn]] void fail(const char * prog, const std::string & msg, int code = 1);
+// Range check of a numeric option: when !ok, fail with "<name> <v> is out of range: it must be <range>".
+void need_in_range(const char * prog, bool ok, const char * name, double v, const std::string & range);
+
+// Parses the command line: returns -1 when the program should go on, else the exit code (0 after
+// --help; 1 after a parse error, printed as "<prog>: error: ... (see --help)").
+int parse_command_line(CLI::App & app, int argc, char ** argv, const char * prog);
 
 // Directory holding the running executable ("" if unknown).
 std::string exe_dir();
