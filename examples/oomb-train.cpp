@@ -85,6 +85,7 @@ struct Options {
     double beta1 = 0.9, beta2 = 0.98, adam_eps = 1e-8;
     double grad_clip = 1.0;
     std::string trainable = "all";
+    std::string opt_state = "f32";
     int threads = 0;
     std::string device = "cpu";
     double rope_theta = 0;
@@ -313,7 +314,7 @@ json config_json(const Options & o) {
     j["ctx"] = o.ctx; j["chunk"] = o.chunk; j["page"] = o.page; j["steps"] = o.steps; j["seqs_per_step"] = o.seqs_per_step;
     j["lr"] = o.lr; j["min_lr"] = o.min_lr < 0 ? o.lr * 0.1 : o.min_lr; j["warmup"] = o.warmup;
     j["weight_decay"] = o.weight_decay; j["adam_beta1"] = o.beta1; j["adam_beta2"] = o.beta2; j["adam_eps"] = o.adam_eps;
-    j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable; j["threads"] = o.threads; j["device"] = o.device;
+    j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable; j["opt_state"] = o.opt_state; j["threads"] = o.threads; j["device"] = o.device;
     j["rope_theta"] = o.rope_theta; j["seed"] = o.seed;
     j["threads_used"] = threads_default(o.threads);
     return j;
@@ -397,12 +398,14 @@ public:
         if (!qwen2_save_gguf(*model, m_tmp, vocab_src, OOMB_TYPE_F32, name, err)) return false;
         crash_hook("model", step);
         SafetensorsWriter w;
-        std::vector<std::vector<float>> keep;
+        std::vector<std::vector<uint8_t>> keep;  // raw f32 or bf16 moments (--opt-state)
         keep.reserve((size_t) oomb_opt_n_state(opt));
         for (int i = 0; i < oomb_opt_n_state(opt); i++) {
             oomb_tensor * t = oomb_opt_state(opt, i);
-            keep.push_back(get_f32(t));
-            if (w.add(t->name, SafetensorsDtype::F32, torch_shape(t), keep.back().data(), err) != GGUF_OK) return false;
+            keep.emplace_back(oomb_nbytes(t));
+            oomb_tensor_get(t, keep.back().data(), 0, keep.back().size());
+            const SafetensorsDtype dt = t->type == OOMB_TYPE_BF16 ? SafetensorsDtype::BF16 : SafetensorsDtype::F32;
+            if (w.add(t->name, dt, torch_shape(t), keep.back().data(), err) != GGUF_OK) return false;
         }
         w.set_metadata("format", STATE_FORMAT);
         w.set_metadata("step", std::to_string(step));
@@ -492,6 +495,7 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
     if (o.seqs_per_step <= 0) fail(PROG, "--seqs-per-step must be positive");
     if (!(o.lr > 0)) fail(PROG, "--lr must be positive");
     if (o.trainable != "all" && o.trainable != "linear") fail(PROG, "--trainable must be all or linear");
+    if (o.opt_state != "f32" && o.opt_state != "bf16") fail(PROG, "--opt-state must be f32 or bf16, got '" + o.opt_state + "'");
     if (o.eval_split < 0 || o.eval_split >= 100) fail(PROG, "--eval-split must be in [0, 100)");
     o.chunk = std::min(o.chunk, o.ctx);
 
@@ -620,6 +624,7 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
     op.beta2 = (float) o.beta2;
     op.eps = (float) o.adam_eps;
     op.weight_decay = (float) o.weight_decay;
+    op.state_type = o.opt_state == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
     T.opt = oomb_opt_init(T.be, T.params.data(), (int) T.params.size(), decay.get(), op);
     ChunkTrainerParams tp;
     tp.chunk = o.chunk;
@@ -673,7 +678,8 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
             for (char & c : k) if (c == '_') c = '-';
             return "--" + k;
         };
-        for (const char * k : {"ctx", "seqs_per_step", "seed", "trainable"}) {
+        for (const char * k : {"ctx", "seqs_per_step", "seed", "trainable", "opt_state"}) {
+            if (!saved.contains(k) && std::string(k) == "opt_state") continue;  // older checkpoints: f32 (the dtype check below)
             if (saved[k] != now[k])
                 fail(PROG, "--resume: " + opt_name(k) + " differs from the checkpoint's (" + saved[k].dump() + " vs " + now[k].dump() + ")");
         }
@@ -690,8 +696,12 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
         for (int i = 0; i < oomb_opt_n_state(T.opt); i++) {
             oomb_tensor * t = oomb_opt_state(T.opt, i);
             const SafetensorsTensor * st = sf.find(t->name);
-            if (!st || st->dtype != SafetensorsDtype::F32 || st->shape != torch_shape(t))
+            if (!st || st->shape != torch_shape(t))
                 fail(PROG, std::string("--resume: optimizer tensor '") + t->name + "' is missing or misshapen in " + ckpt_state);
+            const SafetensorsDtype want = t->type == OOMB_TYPE_BF16 ? SafetensorsDtype::BF16 : SafetensorsDtype::F32;
+            if (st->dtype != want)
+                fail(PROG, std::string("--resume: optimizer tensor '") + t->name + "' is " + safetensors_dtype_name(st->dtype) + " in " +
+                               ckpt_state + ", this run keeps " + safetensors_dtype_name(want) + " moments (--opt-state)");
             oomb_tensor_set(t, st->data, 0, st->nbytes);
         }
         oomb_opt_set_n_steps(T.opt, std::atoll(get("opt_steps").c_str()));
@@ -817,7 +827,7 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
             fflush(stdout);
         }
         const bool at_end = T.step == stop_at;
-        if ((o.save_every > 0 && T.step % o.save_every == 0) || at_end) {
+        if ((o.save_every > 0 && T.step % o.save_every == 0) || (at_end && o.save_every >= 0)) {
             if (T.bad_run > 0) {
                 printf("checkpoint: skipped at step %" PRId64 " (the last step was not finite)\n", T.step);
             } else {
@@ -879,11 +889,13 @@ int main(int argc, char ** argv) {
     app.add_option("--adam-eps", o.adam_eps, "AdamW epsilon")->capture_default_str();
     app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to this (0: off)")->capture_default_str();
     app.add_option("--trainable", o.trainable, "all, or linear (block projections + LM head, as the OOMB reference)")->capture_default_str();
+    app.add_option("--opt-state", o.opt_state, "AdamW moments: f32, or bf16 (half the memory, stochastic rounding; e.g. for 7B)")
+        ->capture_default_str();
     app.add_option("-t,--threads", o.threads, "CPU threads (default: all)");
     app.add_option("--device", o.device, "cpu or cuda")->capture_default_str();
     app.add_option("--rope-theta", o.rope_theta, "override the RoPE base (context extension)");
     app.add_option("-o,--out", o.out, "output folder: train.jsonl, loss.png, model.gguf, state.safetensors")->capture_default_str();
-    app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end)")->capture_default_str();
+    app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end; -1: never, e.g. benchmarks)")->capture_default_str();
     app.add_flag("--resume", o.resume, "continue from OUT/model.gguf + OUT/state.safetensors (same command line otherwise)");
     app.add_option("--seed", o.seed, "seed of the initialisation and of the data order")->capture_default_str();
     app.add_option("--log-every", o.log_every, "progress line every N steps")->capture_default_str();
@@ -907,7 +919,7 @@ int main(int argc, char ** argv) {
         need(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight-decay", o.weight_decay, "a finite number >= 0");
         need(std::isfinite(o.grad_clip) && o.grad_clip >= 0, "--grad-clip", o.grad_clip, ">= 0 (0: off)");
         if (given("--threads")) need(o.threads >= 1, "--threads", o.threads, ">= 1");
-        need(o.save_every >= 0, "--save-every", o.save_every, ">= 0 (0: only at the end)");
+        need(o.save_every >= -1, "--save-every", o.save_every, ">= -1 (0: only at the end, -1: never)");
         if (given("--stop-after")) need(o.stop_after >= 1, "--stop-after", o.stop_after, ">= 1");
         need(o.eval_every >= 0, "--eval-every", o.eval_every, ">= 0 (0: only at the last step)");
         need(o.eval_seqs >= 0, "--eval-seqs", o.eval_seqs, ">= 0");

@@ -11,6 +11,7 @@
 #include "qwen2-gguf.h"
 
 #include "gguf.h"
+#include "../src/init-normal.h"
 
 #include <CLI/CLI.hpp>
 
@@ -23,47 +24,6 @@ using namespace oomb;
 using namespace oomb::tools;
 
 namespace {
-
-uint64_t splitmix64(uint64_t& x) {
-    uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-uint64_t fnv1a(const std::string& s) {
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-    return h;
-}
-
-// xoshiro256+ seeded from (seed, tensor, chunk).
-struct Rng {
-    uint64_t s[4];
-    explicit Rng(uint64_t seed) { for (auto& v : s) v = splitmix64(seed); }
-    uint64_t next() {
-        const uint64_t r = s[0] + s[3], t = s[1] << 17;
-        s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t;
-        s[3] = (s[3] << 45) | (s[3] >> 19);
-        return r;
-    }
-};
-
-// Normal samples by Marsaglia's polar method (no trigonometry), in float.
-void fill_normal(uint64_t seed, float std, float* out, int64_t n) {
-    Rng g(seed);
-    int64_t i = 0;
-    while (i < n) {
-        const uint64_t r = g.next();
-        const float u = (float)(int32_t)(uint32_t)r * (1.0f / 2147483648.0f);         // [-1, 1)
-        const float v = (float)(int32_t)(uint32_t)(r >> 32) * (1.0f / 2147483648.0f);
-        const float s = u * u + v * v;
-        if (s >= 1.0f || s == 0.0f) continue;
-        const float f = std::sqrt(-2.0f * std::log(s) / s) * std;
-        out[i++] = u * f;
-        if (i < n) out[i++] = v * f;
-    }
-}
 
 struct Preset {
     const char* name;
@@ -198,7 +158,7 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     if (w.open(out, &err)) return fail(err);
 
-    constexpr int64_t kChunk = 1 << 18;
+    constexpr int64_t kChunk = kInitChunk;
     std::vector<std::vector<float>> f32((size_t)threads, std::vector<float>(kChunk));
     std::vector<std::vector<uint8_t>> conv((size_t)threads, std::vector<uint8_t>(kChunk * 4));
     for (size_t ti = 0; ti < plan.size(); ti++) {
@@ -208,7 +168,6 @@ int main(int argc, char** argv) {
         const size_t esz = gguf_tensor_type_block_bytes(info.type);
         const bool is_norm = p.gguf_name.find("_norm.") != std::string::npos;
         const bool is_bias = p.gguf_name.size() > 5 && p.gguf_name.compare(p.gguf_name.size() - 5, 5, ".bias") == 0;
-        const uint64_t tseed = seed * 0x9E3779B97F4A7C15ull ^ fnv1a(p.gguf_name);
         const int64_t n_chunks = (n + kChunk - 1) / kChunk;
         for (int64_t c0 = 0; c0 < n_chunks; c0 += threads) {
             const int nt = (int)std::min<int64_t>(threads, n_chunks - c0);
@@ -217,7 +176,7 @@ int main(int argc, char** argv) {
                 float* v = f32[(size_t)k].data();
                 if (is_norm) std::fill(v, v + len, 1.0f);
                 else if (is_bias) std::fill(v, v + len, 0.0f);
-                else fill_normal(tseed + (uint64_t)c * 0xD1B54A32D192ED03ull, init_std, v, len);
+                else fill_normal(init_chunk_seed(seed, p.gguf_name, c), init_std, v, len);
                 gguf_convert(GGUF_TENSOR_F32, v, info.type, conv[(size_t)k].data(), len, nullptr);
             };
             std::vector<std::thread> pool;

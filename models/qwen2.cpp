@@ -4,11 +4,13 @@
 
 #include "gguf.h"
 #include "../src/fp16.h"
+#include "../src/init-normal.h"
 
 #include <cinttypes>
 #include <cmath>
 #include <cstring>
-#include <random>
+#include <algorithm>
+#include <thread>
 
 namespace oomb {
 
@@ -146,15 +148,38 @@ bool is_norm_or_bias(const std::string & name) {
 } // namespace
 
 void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    std::normal_distribution<float> normal(0.0f, 0.02f);
+    // chunked, seekable streams (src/init-normal.h): values depend on (seed, name) only, so the
+    // chunks of a tensor are generated on all cores (a 7B model's 7.6e9 values in seconds)
+    const int n_threads = (int) std::max(1u, std::min(64u, std::thread::hardware_concurrency()));
+    std::vector<std::vector<float>> scratch((size_t) n_threads, std::vector<float>((size_t) kInitChunk));
     for (oomb_tensor * t : m.params) {
         const std::string name = t->name;
-        std::vector<float> v((size_t) oomb_nelements(t));
-        if (name.find("norm") != std::string::npos) std::fill(v.begin(), v.end(), 1.0f);
-        else if (name.find(".bias") != std::string::npos) std::fill(v.begin(), v.end(), 0.0f);
-        else for (auto & x : v) x = normal(rng);
-        upload(t, v.data());
+        const int64_t n = oomb_nelements(t);
+        const bool bf = t->type == OOMB_TYPE_BF16, f16 = t->type == OOMB_TYPE_F16;
+        const size_t es = oomb_type_size(t->type);
+        std::vector<uint8_t> host((size_t) n * es);
+        const int64_t n_chunks = (n + kInitChunk - 1) / kInitChunk;
+        const int nt = (int) std::min<int64_t>(n_threads, n_chunks);
+        auto work = [&](int k) {
+            float * v = scratch[(size_t) k].data();
+            for (int64_t c = k; c < n_chunks; c += nt) {
+                const int64_t off = c * kInitChunk, len = std::min(kInitChunk, n - off);
+                if (name.find("norm") != std::string::npos) std::fill(v, v + len, 1.0f);
+                else if (name.find(".bias") != std::string::npos) std::fill(v, v + len, 0.0f);
+                else fill_normal(init_chunk_seed(seed, name, c), 0.02f, v, len);
+                if (bf || f16) {
+                    uint16_t * h = (uint16_t *) host.data() + off;
+                    for (int64_t i = 0; i < len; i++) h[i] = bf ? fp32_to_bf16(v[i]) : fp32_to_fp16(v[i]);
+                } else {
+                    std::copy(v, v + len, (float *) host.data() + off);
+                }
+            }
+        };
+        std::vector<std::thread> pool;
+        for (int k = 1; k < nt; k++) pool.emplace_back(work, k);
+        if (nt > 0) work(0);
+        for (auto & th : pool) th.join();
+        oomb_tensor_set(t, host.data(), 0, host.size());
     }
 }
 

@@ -80,7 +80,8 @@ struct Qwen2Model {
 /// norms stay f32).
 std::unique_ptr<Qwen2Model> qwen2_create(const Qwen2Config & cfg, oomb_backend_t backend, oomb_type wtype);
 /// HF's initialisation: normal(0, 0.02) for linear and embedding weights, ones for RMSNorm
-/// weights, zeros for biases. Deterministic for a seed.
+/// weights, zeros for biases. Deterministic for a seed (values depend on the seed and the tensor
+/// name, not on the thread count; the same as oomb-gguf-init's with that seed). Uses all cores.
 void qwen2_init_random(Qwen2Model & m, uint64_t seed);
 /// Loads a Qwen2 GGUF (llama.cpp's names and keys; F32/F16/BF16/Q8_0/Q4_0/Q4_1 tensors are
 /// converted to wtype). Errors (missing file, other architecture, missing or misshapen tensor):

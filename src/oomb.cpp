@@ -738,8 +738,8 @@ struct oomb_tensor * oomb_adamw_step(struct oomb_context * ctx, struct oomb_tens
     OOMB_CHECK(param && (param->type == OOMB_TYPE_F32 || param->type == OOMB_TYPE_BF16), "adamw_step",
                "param must be f32 or bf16, got %s", shape_str(param).c_str());
     require_f32(grad, "adamw_step", "grad");
-    require_f32(m, "adamw_step", "m");
-    require_f32(v, "adamw_step", "v");
+    OOMB_CHECK(m && v && (m->type == OOMB_TYPE_F32 || m->type == OOMB_TYPE_BF16) && v->type == m->type, "adamw_step",
+               "m and v must both be f32 or both bf16, got m %s, v %s", shape_str(m).c_str(), shape_str(v).c_str());
     require_f32(hp, "adamw_step", "hp");
     require_same_shape(param, grad, "adamw_step");
     require_same_shape(param, m, "adamw_step");

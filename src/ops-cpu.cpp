@@ -15,7 +15,7 @@
 #include "ops-cpu.h"
 #include "paged-cpu.h"
 #include "fp16.h"
-#include "paged-cpu.h"
+#include "sround.h"
 
 #include <cblas.h>
 
@@ -1137,8 +1137,13 @@ void check_opt(const char * op, const oomb_tensor * dst, const oomb_tensor * p, 
 // param -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd * param).
 void compute_forward_adamw_step(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * grad,
                                 const oomb_tensor * m, const oomb_tensor * v, const oomb_tensor * hp) {
-    const oomb_tensor * others[3] = {grad, m, v};
-    check_opt("adamw_step", dst, p, others, 3, hp, 8);
+    const oomb_tensor * others[1] = {grad};
+    check_opt("adamw_step", dst, p, others, 1, hp, 8);
+    const bool sbf = m->type == OOMB_TYPE_BF16;  // bf16 moments (stochastic rounding, sround.h)
+    if (!((m->type == OOMB_TYPE_F32 || sbf) && v->type == m->type && oomb_is_contiguous(m) && oomb_is_contiguous(v) &&
+          oomb_are_same_shape(m, p) && oomb_are_same_shape(v, p)))
+        oomb_error("adamw_step: m %s and v %s must be contiguous, both f32 or both bf16, shaped like param %s", shape_str(m).c_str(),
+                   shape_str(v).c_str(), shape_str(p).c_str());
     float h[8];
     for (int i = 0; i < 8; i++) h[i] = flat_f32(hp, i);
     const float lr = h[0], b1 = h[1], b2 = h[2], eps = h[3], wd = h[4], gs = h[5], bc1 = h[6], bc2 = h[7];
@@ -1146,6 +1151,9 @@ void compute_forward_adamw_step(exec_ctx & c, oomb_tensor * dst, const oomb_tens
     float * gp = (float *) grad->data;
     float * mp = (float *) m->data;
     float * vp = (float *) v->data;
+    uint16_t * mh = (uint16_t *) m->data;
+    uint16_t * vh = (uint16_t *) v->data;
+    const uint32_t salt = sr_salt(bc1, bc2);
     const int64_t n = oomb_nelements(p);
     const int64_t block = 4096;
     const float * ps = (const float *) p->data;
@@ -1158,10 +1166,18 @@ void compute_forward_adamw_step(exec_ctx & c, oomb_tensor * dst, const oomb_tens
         const int64_t i0 = blk0 * block, i1 = std::min(n, blk1 * block);
         auto upd = [&](int64_t i, float w) {
             const float g = gp[i] * gs_;
-            const float mi = b1_ * mp[i] + (1.0f - b1_) * g;
-            const float vi = b2_ * vp[i] + (1.0f - b2_) * g * g;
-            mp[i] = mi;
-            vp[i] = vi;
+            float mi, vi;
+            if (sbf) {
+                mi = b1_ * bf16_to_fp32(mh[i]) + (1.0f - b1_) * g;
+                vi = b2_ * bf16_to_fp32(vh[i]) + (1.0f - b2_) * g * g;
+                mh[i] = sr_bf16_bits(f32_bits(mi), (uint32_t) i, salt);
+                vh[i] = sr_bf16_bits(f32_bits(vi), (uint32_t) i, salt ^ 0x5bd1e995u);
+            } else {
+                mi = b1_ * mp[i] + (1.0f - b1_) * g;
+                vi = b2_ * vp[i] + (1.0f - b2_) * g * g;
+                mp[i] = mi;
+                vp[i] = vi;
+            }
             return w - lr_ * ((mi / bc1_) / (std::sqrt(vi / bc2_) + eps_) + wd_ * w);
         };
         if (bf) for (int64_t i = i0; i < i1; i++) pdh[i] = fp32_to_bf16(upd(i, bf16_to_fp32(ph[i])));

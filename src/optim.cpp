@@ -33,6 +33,7 @@ struct oomb_opt_params oomb_opt_default_params(enum oomb_opt_type type) {
     p.beta2 = 0.999f;
     p.eps = 1e-8f;
     p.weight_decay = type == OOMB_OPT_ADAMW ? 0.01f : 0.0f;
+    p.state_type = OOMB_TYPE_F32;
     return p;
 }
 
@@ -41,6 +42,8 @@ oomb_optimizer_t oomb_opt_init(oomb_backend_t backend, struct oomb_tensor ** par
     if (!backend) oomb_error("opt_init: backend is NULL");
     if (!params || n_params <= 0) oomb_error("opt_init: no parameters (params %p, n_params %d)", (void *) params, n_params);
     if (p.type != OOMB_OPT_ADAMW && p.type != OOMB_OPT_SGD) oomb_error("opt_init: unknown optimizer type %d", (int) p.type);
+    if (p.type == OOMB_OPT_ADAMW && p.state_type != OOMB_TYPE_F32 && p.state_type != OOMB_TYPE_BF16)
+        oomb_error("opt_init: AdamW state type must be f32 or bf16, got %s", oomb_type_name(p.state_type));
     auto * opt = new oomb_optimizer();
     opt->backend = backend;
     opt->p = p;
@@ -60,8 +63,8 @@ oomb_optimizer_t oomb_opt_init(oomb_backend_t backend, struct oomb_tensor ** par
         if (!oomb_is_contiguous(w)) oomb_error("opt_init: parameter '%s' is not contiguous", w->name);
         opt->params.push_back(w);
         if (p.type == OOMB_OPT_ADAMW) {
-            oomb_tensor * m = oomb_new_tensor(opt->ctx, OOMB_TYPE_F32, 4, w->ne);
-            oomb_tensor * v = oomb_new_tensor(opt->ctx, OOMB_TYPE_F32, 4, w->ne);
+            oomb_tensor * m = oomb_new_tensor(opt->ctx, p.state_type, 4, w->ne);
+            oomb_tensor * v = oomb_new_tensor(opt->ctx, p.state_type, 4, w->ne);
             oomb_format_name(m, "%.52s.adam_m", w->name);
             oomb_format_name(v, "%.52s.adam_v", w->name);
             opt->state.push_back(m);

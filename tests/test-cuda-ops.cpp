@@ -703,6 +703,17 @@ TEST_F(CudaOps, AdamwAndSgd) {
             oomb_tensor * hp = B.consts({1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.729f, 1.0f - 0.997002999f});
             return {oomb_adamw_step(B.ctx, p, g, m, v, hp), m, v};
         }, tol);
+        // bf16 moments (stochastic rounding with the same hash on both backends: equal up to an
+        // ulp where the f32 arithmetic differs in the last bit)
+        name = std::string("adamw_step bf16 state, param ") + oomb_type_name(t) + " [333, 7]";
+        expect_case(name.c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * p = B.input(t, 333, 7);
+            oomb_tensor * g = B.input(OOMB_TYPE_F32, 333, 7);
+            oomb_tensor * m = B.input(OOMB_TYPE_BF16, 333, 7, 1, 1, -0.1f, 0.1f);
+            oomb_tensor * v = B.input(OOMB_TYPE_BF16, 333, 7, 1, 1, 0.001f, 0.01f);
+            oomb_tensor * hp = B.consts({1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.729f, 1.0f - 0.997002999f});
+            return {oomb_adamw_step(B.ctx, p, g, m, v, hp), m, v};
+        }, 4e-3);
         name = std::string("sgd_step param ") + oomb_type_name(t) + " [1001, 3]";
         expect_case(name.c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
             oomb_tensor * p = B.input(t, 1001, 3);

@@ -61,6 +61,62 @@ TEST(Optim, AdamWMatchesHandComputedSteps) {
     oomb_opt_free(opt);
 }
 
+// AdamW with bf16 moments: each stored moment is the f32 update rounded down or up to a
+// neighbouring bf16 value (stochastic rounding), and over many steps the moments track the f32
+// ones without bias: a second moment decaying by 0.1 % per step (below half a bf16 ulp) must not
+// freeze, which round-to-nearest would do.
+TEST(Optim, AdamWBf16StateIsUnbiased) {
+    Fixture f;
+    const int64_t n = 4096;
+    std::vector<float> w0((size_t) n), g0((size_t) n);
+    for (int64_t i = 0; i < n; i++) { w0[i] = 0.01f * (float) (i % 97) - 0.5f; g0[i] = 0.3f + 0.001f * (float) (i % 13); }
+    oomb_tensor * a = f.param(n, w0, g0);
+    oomb_tensor * b = f.param(n, w0, g0);
+    oomb_opt_params p = oomb_opt_default_params(OOMB_OPT_ADAMW);
+    p.lr = 1e-4f; p.beta2 = 0.999f; p.weight_decay = 0.0f;
+    oomb_optimizer_t of = oomb_opt_init(f.cpu, &a, 1, nullptr, p);
+    p.state_type = OOMB_TYPE_BF16;
+    oomb_optimizer_t ob = oomb_opt_init(f.cpu, &b, 1, nullptr, p);
+    ASSERT_EQ(oomb_opt_n_state(ob), 2);
+    ASSERT_EQ(oomb_opt_state(ob, 0)->type, OOMB_TYPE_BF16);
+    ASSERT_EQ(oomb_opt_state(ob, 1)->type, OOMB_TYPE_BF16);
+    // step 1 with the gradient (v = 1e-3 g^2), then 300 steps with a gradient a hundred times
+    // smaller (v -> 1e-4 g^2): v decays by < 0.1 % per step
+    for (int step = 0; step < 301; step++) {
+        if (step == 1)
+            for (int64_t i = 0; i < n; i++) { oomb_set_f32_1d(a->grad, i, g0[i] * 0.01f); oomb_set_f32_1d(b->grad, i, g0[i] * 0.01f); }
+        oomb_opt_step(of, -1.0f, 1.0f, 0.0f);
+        oomb_opt_step(ob, -1.0f, 1.0f, 0.0f);
+        if (step == 0) {
+            // one step: every bf16 moment is one of the two bf16 neighbours of the f32 moment
+            for (int64_t i = 0; i < n; i += 7) {
+                const float mf = oomb_get_f32_1d(oomb_opt_state(of, 0), i), mb = oomb_get_f32_1d(oomb_opt_state(ob, 0), i);
+                EXPECT_LE(std::fabs(mb - mf), std::fabs(mf) / 128.0f) << i;
+            }
+        }
+    }
+    double vf = 0.0, vb = 0.0, v1 = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        vf += oomb_get_f32_1d(oomb_opt_state(of, 1), i);
+        vb += oomb_get_f32_1d(oomb_opt_state(ob, 1), i);
+        v1 += 0.001 * (double) g0[i] * g0[i];  // v after step 1
+    }
+    ASSERT_LT(vf, 0.85 * v1);  // the f32 moment did decay (~23 % over 300 steps)
+    EXPECT_NEAR(vb / vf, 1.0, 0.01) << "bf16 second moment mean " << vb << " vs f32 " << vf;
+    double dw = 0.0, nw = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double d = (double) oomb_get_f32_1d(a, i) - w0[i], e = (double) oomb_get_f32_1d(b, i) - oomb_get_f32_1d(a, i);
+        nw += d * d;
+        dw += e * e;
+    }
+    // per-element rounding noise gives ~1 %; frozen moments (round-to-nearest) give > 10 %
+    EXPECT_LT(std::sqrt(dw / nw), 0.03) << "parameter updates with bf16 moments vs f32 moments";
+    oomb_opt_free(of);
+    oomb_opt_free(ob);
+    p.state_type = OOMB_TYPE_I32;
+    EXPECT_OOMB_ERROR(oomb_opt_init(f.cpu, &a, 1, nullptr, p), "state type");
+}
+
 TEST(Optim, NoDecayMaskAndBf16Param) {
     Fixture f;
     oomb_tensor * a = f.param(2, {1.0f, 1.0f}, {0.0f, 0.0f});

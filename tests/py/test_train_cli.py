@@ -245,6 +245,29 @@ def test_training(tmp):
     check(rc == 0 and "bit-exact continuation needs the same thread count" in o, f"--resume with another thread count: a note {e.strip()[-200:]}")
     rc, o, e = run(base + ["--steps", "7", "--save-every", "2", "--seqs-per-step", "2", "--out", Bt, "--resume"])
     check(rc == 1 and "--seqs-per-step differs" in e, f"--resume with another --seqs-per-step: the option's spelling ({e.strip()[-200:]})")
+    # bf16 AdamW moments (--opt-state bf16): stored as BF16 in state.safetensors, resumed bit-exactly
+    # (stochastic rounding is salted by the step), and a checkpoint of the other kind is refused
+    S1, S2 = os.path.join(tmp, "S1"), os.path.join(tmp, "S2")
+    cs = common + ["--opt-state", "bf16"]
+    rc1, o1, e1 = run(cs + ["--out", S1])
+    rc2, o2, e2 = run(cs + ["--out", S2, "--stop-after", "3"])
+    rc3, o3, e3 = run(cs + ["--out", S2, "--resume"])
+    check(rc1 == 0 and rc2 == 0 and rc3 == 0, f"--opt-state bf16: straight, stop and resume run ({e1.strip()[-150:]} {e3.strip()[-150:]})")
+    if rc1 == 0 and rc3 == 0:
+        check(read_log(S1) == read_log(S2), "--opt-state bf16: identical losses, straight vs resumed")
+        check(open(os.path.join(S1, "model.gguf"), "rb").read() == open(os.path.join(S2, "model.gguf"), "rb").read(),
+              "--opt-state bf16: identical final model.gguf")
+        if np is not None:
+            raw = open(os.path.join(S1, "state.safetensors"), "rb").read()
+            hdr = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+            dts = {v["dtype"] for k, v in hdr.items() if k != "__metadata__"}
+            check(dts == {"BF16"}, f"--opt-state bf16: moments stored as BF16 ({dts})")
+        rc, o, e = run(common + ["--out", S2, "--resume", "--steps", "7"])
+        check(rc == 1 and "--opt-state" in e, f"--resume of a bf16-state checkpoint with f32 moments: refused ({e.strip()[-200:]})")
+    N = os.path.join(tmp, "N")
+    rc, o, e = run(base + ["--steps", "2", "--save-every", "-1", "--out", N])
+    check(rc == 0 and not os.path.exists(os.path.join(N, "model.gguf")) and "checkpoint:" not in o,
+          f"--save-every -1: no checkpoint at all ({e.strip()[-200:]})")
     rc, o, e = run(base + ["--steps", "1", "--eval-seqs", "0", "--seqs-per-step", "200", "--out", os.path.join(tmp, "E")])
     check(rc == 0 and "evaluation is off (--eval-seqs 0)" in o, f"--eval-seqs 0: a note that evaluation is off {e.strip()[-200:]}")
     check("one step spans several passes over the data" in o, "--seqs-per-step > training sequences: a warning")
@@ -403,9 +426,9 @@ def test_input_checks(tmp):
         [("--adam-beta1", v) for v in ("-0.1", "1", "nan")] + [("--adam-beta2", v) for v in ("1.5", "1")] + \
         [("--adam-eps", "0"), ("--adam-eps", "-1e-8"), ("--warmup", "-1"), ("--min-lr", "-1e-5"), ("--min-lr", "1"),
          ("--lr", "0"), ("--lr", "-1"), ("--lr", "inf"), ("--lr", "nan"), ("--weight-decay", "-0.1"), ("--grad-clip", "-1"),
-         ("--threads", "0"), ("--threads", "-2"), ("--save-every", "-1"), ("--stop-after", "0"), ("--eval-every", "-1"),
+         ("--threads", "0"), ("--threads", "-2"), ("--save-every", "-2"), ("--stop-after", "0"), ("--eval-every", "-1"),
          ("--eval-seqs", "-1"), ("--eval-split", "100"), ("--eval-split", "-1"), ("--log-every", "0"),
-         ("--max-bad-steps", "0"), ("--page", "2000000000")]
+         ("--max-bad-steps", "0"), ("--page", "2000000000"), ("--opt-state", "f16")]
     bad_opts = []
     for opt, v in table:
         rc, o, e = run([TRAIN, opt, v, "--out", os.path.join(d, "o-range")], timeout=30)

@@ -1,0 +1,61 @@
+// Deterministic, thread-count-independent normal(0, std) initialisation of named weights, shared by
+// qwen2_init_random (models/qwen2.cpp) and oomb-gguf-init: the same seed and tensor name give the
+// same values in both. A tensor is generated in chunks of kInitChunk values, chunk c from its own
+// xoshiro256+ stream seeded by (seed, FNV-1a of the name, c), so chunks can run on any thread.
+// Internal header.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace oomb {
+
+constexpr int64_t kInitChunk = 1 << 18;
+
+inline uint64_t splitmix64(uint64_t & x) {
+    uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+inline uint64_t fnv1a(const std::string & s) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    return h;
+}
+
+// xoshiro256+ (Blackman & Vigna) seeded through splitmix64.
+struct InitRng {
+    uint64_t s[4];
+    explicit InitRng(uint64_t seed) { for (auto & v : s) v = splitmix64(seed); }
+    uint64_t next() {
+        const uint64_t r = s[0] + s[3], t = s[1] << 17;
+        s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t;
+        s[3] = (s[3] << 45) | (s[3] >> 19);
+        return r;
+    }
+};
+
+// Seed of chunk c of the tensor `name`.
+inline uint64_t init_chunk_seed(uint64_t seed, const std::string & name, int64_t c) {
+    return (seed * 0x9E3779B97F4A7C15ull ^ fnv1a(name)) + (uint64_t) c * 0xD1B54A32D192ED03ull;
+}
+
+// n normal(0, std) samples by Marsaglia's polar method (no trigonometry), in float.
+inline void fill_normal(uint64_t seed, float std, float * out, int64_t n) {
+    InitRng g(seed);
+    int64_t i = 0;
+    while (i < n) {
+        const uint64_t r = g.next();
+        const float u = (float) (int32_t) (uint32_t) r * (1.0f / 2147483648.0f);  // [-1, 1)
+        const float v = (float) (int32_t) (uint32_t) (r >> 32) * (1.0f / 2147483648.0f);
+        const float s = u * u + v * v;
+        if (s >= 1.0f || s == 0.0f) continue;
+        const float f = std::sqrt(-2.0f * std::log(s) / s) * std;
+        out[i++] = u * f;
+        if (i < n) out[i++] = v * f;
+    }
+}
+
+} // namespace oomb
