@@ -115,6 +115,16 @@ void cuda_memset(oomb_backend_t b, void * dst, uint8_t value, size_t size) {
     set_device(c);
     CUDA_CHECK(cudaMemsetAsync(dst, value, size, c->stream));
 }
+bool cuda_memory(oomb_backend_t b, size_t * used, size_t * total) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    size_t fr = 0, tot = 0;
+    CUDA_CHECK(cudaMemGetInfo(&fr, &tot));
+    *used = tot - fr;
+    *total = tot;
+    return true;
+}
+
 void cuda_synchronize(oomb_backend_t b) {
     oomb_cuda_ctx * c = ctx_of(b);
     set_device(c);
@@ -365,6 +375,7 @@ const oomb_backend_i k_cuda_iface = {
     /* graph_compute */ cuda_graph_compute,
     /* synchronize   */ cuda_synchronize,
     /* free_backend  */ cuda_free_backend,
+    /* memory        */ cuda_memory,
 };
 
 } // namespace

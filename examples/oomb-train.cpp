@@ -792,6 +792,9 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
         j["step_s"] = dt;
         j["elapsed_s"] = T.elapsed_prev + T.run_seconds();
         j["rss_bytes"] = rss_bytes();
+        size_t dev_used = 0, dev_total = 0;
+        const bool has_dev = oomb_backend_memory(T.be, &dev_used, &dev_total);
+        if (has_dev) j["device_mem_bytes"] = dev_used;  // in use after the step = its peak (nothing is freed in a step)
         j["epoch"] = T.sampler.epoch;
         if (!good) j["skipped"] = true;
         T.log_json(j);
@@ -805,10 +808,12 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
         }
         if (o.log_every > 0 && (T.step % o.log_every == 0 || T.step == 1 || T.step == stop_at)) {
             const double eta = step_time_sum / steps_run * (double) (o.steps - T.step);
-            printf("step %*" PRId64 "/%d | loss %8.4f | lr %.3e | gnorm %7.3f | %7.0f tok/s | ETA %s | RSS %s | KV %s + arena %s\n",
+            const std::string dev = has_dev ? " | GPU " + fmt_bytes((double) dev_used) + " of " + fmt_bytes((double) dev_total) : "";
+            printf("step %*" PRId64 "/%d | loss %8.4f | lr %.3e | gnorm %7.3f | %7.0f tok/s | ETA %s | RSS %s | KV %s + arena %s%s\n",
                    (int) std::to_string(o.steps).size(), T.step, o.steps, loss, lr, gnorm, (double) o.seqs_per_step * o.ctx / dt,
                    fmt_duration(eta).c_str(), fmt_bytes((double) rss_bytes()).c_str(),
-                   fmt_bytes((double) oomb_kv_cache_nbytes(T.tr->kv_cache())).c_str(), fmt_bytes((double) T.tr->arena_bytes()).c_str());
+                   fmt_bytes((double) oomb_kv_cache_nbytes(T.tr->kv_cache())).c_str(), fmt_bytes((double) T.tr->arena_bytes()).c_str(),
+                   dev.c_str());
             fflush(stdout);
         }
         if (!T.data.eval_off.empty() && o.eval_every > 0 && (T.step % o.eval_every == 0 || T.step == o.steps)) {

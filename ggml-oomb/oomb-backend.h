@@ -29,6 +29,11 @@ bool oomb_cuda_available(void);
 void oomb_backend_free(oomb_backend_t backend);
 const char * oomb_backend_name(oomb_backend_t backend);
 bool oomb_backend_is_host(oomb_backend_t backend);   // its buffers are host memory
+/// Memory of the backend's device in bytes: *used = in use by every process (CUDA: cudaMemGetInfo's
+/// total - free, i.e. our buffers, scratch and cuBLAS workspaces, which are never freed during a
+/// step, so after a step it is the step's peak), *total = capacity. false (and zeros) when the
+/// backend has no separate device memory (CPU).
+bool oomb_backend_memory(oomb_backend_t backend, size_t * used, size_t * total);
 /// Computes every node of g in order. All tensors must have data in this backend's memory.
 /// Errors (a tensor without data, ids out of range, ...) go through the error handler.
 void oomb_backend_graph_compute(oomb_backend_t backend, struct oomb_cgraph * g);

@@ -190,6 +190,7 @@ const oomb_backend_i k_cpu_iface = {
     /* graph_compute */ cpu_graph_compute,
     /* synchronize   */ cpu_synchronize,
     /* free_backend  */ cpu_free_backend,
+    /* memory        */ nullptr,
 };
 
 } // namespace

@@ -12,6 +12,13 @@ void oomb_backend_free(oomb_backend_t backend) {
 }
 const char * oomb_backend_name(oomb_backend_t backend) { return backend->iface->name(backend); }
 bool oomb_backend_is_host(oomb_backend_t backend) { return backend->iface->is_host(backend); }
+bool oomb_backend_memory(oomb_backend_t backend, size_t * used, size_t * total) {
+    size_t u = 0, t = 0;
+    const bool ok = backend && backend->iface->memory && backend->iface->memory(backend, &u, &t);
+    if (used) *used = ok ? u : 0;
+    if (total) *total = ok ? t : 0;
+    return ok;
+}
 void oomb_backend_graph_compute(oomb_backend_t backend, struct oomb_cgraph * g) {
     if (!backend || !g) oomb_error("graph_compute: backend or graph is NULL");
     if (!oomb::graph_alloc_is_current(g)) {

@@ -40,6 +40,7 @@ struct oomb_backend_i {
     void   (*graph_compute)(oomb_backend_t b, oomb_cgraph * g);
     void   (*synchronize)(oomb_backend_t b);
     void   (*free_backend)(oomb_backend_t b);
+    bool   (*memory)(oomb_backend_t b, size_t * used, size_t * total);  // NULL: not known
 };
 
 struct oomb_backend {

@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
 # One device call on the H200: CUDA tests and/or end-to-end training throughput beside the HF
-# baseline (../shared/bench/hf_baseline.py, carried in .devcarry/) in the same run.
-#   bench/gpu/run-h200.sh tests|e2e|all [ctx ...]
+# baseline (../shared/bench/hf_baseline.py, carried in .devcarry/) in the same run, and/or
+# Qwen2.5-7B (--trainable linear, bf16 AdamW state, random weights made in memory) step times.
+#   bench/gpu/run-h200.sh tests|e2e|7b|all [ctx ...]      (MODES="tests 7b" runs several)
 # Expects .devcarry/gpu-bins.tar.xz (test-cuda-*, oomb-train, oomb-convert-hf built here with
 # static OpenBLAS/PCRE2/utf8proc, see bench/NOTES.md), .devcarry/fixtures and .devcarry/hf_baseline.py.
 set -o pipefail
 MODE=${1:-all}; shift || true
 CTXS=${*:-16384 32768}
-OUT=${OUT:-out}; mkdir -p "$OUT"
+# everything is written to a work folder and packed into $OUT/results.tgz at the end (the device
+# tool returns at most 8 files)
+FINAL=${OUT:-out}; mkdir -p "$FINAL"
+OUT=/tmp/oomb-results; rm -rf $OUT; mkdir -p $OUT
+trap 'sleep 1; tar -czf "$FINAL/results.tgz" -C $OUT . ; cp $OUT/summary.txt "$FINAL/" 2>/dev/null' EXIT
+exec > >(tee $OUT/summary.txt) 2>&1
 D=$PWD/.devcarry
 B=/tmp/oomb-bins; mkdir -p $B && tar -xJf $D/gpu-bins.tar.xz -C $B || exit 1
 export OOMB_FIXTURES=$D/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv | tee "$OUT/smi.txt"
 git log -1 --format='commit %H %s' 2>/dev/null | tee "$OUT/commit.txt"
 
-if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
+MODES=${MODES:-$MODE}
+want() { [ "$MODE" = all ] || [[ " $MODES " == *" $1 "* ]]; }
+python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<22, dtype=np.uint32).tofile('/tmp/rand.bin')"
+
+if want tests; then
     for t in test-cuda-ops test-cuda-paged-attn test-cuda-qwen2; do
         timeout 240 $B/$t > "$OUT/$t.log" 2>&1
         echo "$t rc=$?"
@@ -22,8 +32,7 @@ if [ "$MODE" = tests ] || [ "$MODE" = all ]; then
     done
 fi
 
-if [ "$MODE" = e2e ] || [ "$MODE" = all ]; then
-    python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<22, dtype=np.uint32).tofile('/tmp/rand.bin')"
+if want e2e; then
     for ctx in $CTXS; do
         rm -rf /tmp/run$ctx
         steps=2; [ $ctx -gt 32768 ] && steps=1
@@ -34,5 +43,19 @@ if [ "$MODE" = e2e ] || [ "$MODE" = all ]; then
         cp /tmp/run$ctx/train.jsonl "$OUT/oomb-0.5b-$ctx.jsonl" 2>/dev/null
         # HF runs out of memory from 64K on (baselines/hf-peft-h200.jsonl)
         [ $ctx -le 32768 ] && PYTHONUNBUFFERED=1 timeout 200 python3 $D/hf_baseline.py qwen2.5-0.5b full $ctx 2 2>/dev/null | tail -1 | tee "$OUT/hf-0.5b-$ctx.json"
+    done
+fi
+
+if want 7b; then
+    # Qwen2.5-7B shapes, linear weights + LM head trained (as the OOMB reference), AdamW with bf16
+    # moments; chunk 2048 keeps one chunk's f32 activations (all 28 layers) near 20 GB
+    for ctx in ${CTX7B:-32768 65536 131072}; do
+        rm -rf /tmp/r7b$ctx
+        steps=2; [ $ctx -gt 32768 ] && steps=1
+        OOMB_CUDA_PROFILE=1 timeout ${TRAIN_TIMEOUT_7B:-400} $B/oomb-train --preset qwen2.5-7b --device cuda --ctx $ctx --chunk ${CHUNK7B:-2048} --page 128 \
+            --steps $steps --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin \
+            --trainable linear --opt-state bf16 -o /tmp/r7b$ctx > "$OUT/oomb-7b-$ctx.log" 2>&1
+        echo "oomb 7b ctx $ctx rc=$?"; grep -E "^model|^train|^step|error|GPU time|paged_attn|mul_mat" "$OUT/oomb-7b-$ctx.log" | head -20
+        cp /tmp/r7b$ctx/train.jsonl "$OUT/oomb-7b-$ctx.jsonl" 2>/dev/null
     done
 fi
