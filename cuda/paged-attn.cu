@@ -7,15 +7,22 @@
 //     pairs of the group, so the G query heads sharing a KV head reuse every K/V tile) against the
 //     keys 0..max pos of its rows, 64 keys at a time, read through the page table (one page-table
 //     lookup per key row); online softmax in f32 with exp2; causal mask per row (key <= pos[t]).
-//   - backward: (1) a prep kernel converts q and dout to bf16 in group-row order and a meta kernel
-//     finds, per tile of rows, the min/max position; (2) the forward kernel in "lse" mode recomputes
-//     each row's log-sum-exp and delta = dout . out (the op has no saved statistics); (3) a key-major
-//     kernel owns a tile of 128 keys of one KV head, loops over the row tiles that attend it,
-//     accumulates dK/dV in registers (no atomics: it alone writes those gradient rows in this launch)
-//     and adds dQ = dS K into the f32 dq output with atomics; (4) dk_cur/dv_cur are read back from the
-//     gradient pages at pos.
+//     The op's node is packed (oomb.h): out [T][H][D], then each row's log-sum-exp in natural-log
+//     units, (m + log2 l) * ln 2 (the kernel's scores are in log2 units: s * scale * log2 e); the
+//     backward reads both (FlashAttention-2 keeps L = m + log l the same way).
+//   - backward: (1) a prep kernel converts q and dout to bf16 in group-row order and, when the op has
+//     the forward's node (src[8]), computes each row's delta = bf16(dout) . out from the saved out and
+//     converts the saved LSE to log2 units, in the backward's row order; a meta kernel finds, per
+//     tile of rows, the min/max position; (2) only without saved statistics (src[8] NULL, or saved
+//     out not 16-byte aligned): the forward kernel in "lse" mode recomputes each row's log-sum-exp
+//     and delta; (3) a key-major kernel owns a tile of 128 keys of one KV head, loops over the row
+//     tiles that attend it, accumulates dK/dV in registers (no atomics: it alone writes those
+//     gradient rows in this launch) and adds dQ = dS K into the f32 dq output with atomics; (4)
+//     dk_cur/dv_cur are read back from the gradient pages at pos.
 // Generic path (f32 / f16 pools, other head dims up to 256, unaligned strides): simple f32 kernels,
-// one warp per query row (forward, dq) or per key (dK/dV): exact f32 arithmetic like the CPU.
+// one warp per query row (forward, dq) or per key (dK/dV): exact f32 arithmetic like the CPU. Its
+// forward saves the LSE too; its backward reads the saved LSE (and computes delta from the saved
+// out) when the forward also ran the generic kernels, else it recomputes them in f32.
 
 #include "paged-attn.cuh"
 #include "oomb-impl.h"
@@ -41,6 +48,7 @@ namespace {
 
 typedef __nv_bfloat16 bf16;
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 // ---------------------------------------------------------------------------------------------
 // small device helpers
@@ -168,6 +176,7 @@ struct FwdArgs {
     int T, H, G;
     float c;                                          // scale * log2(e)
     float * out;                                      // MODE_OUT: [T][H][D]
+    float * lse_out;                                  // MODE_OUT: [T][H], natural-log units (the op's saved LSE)
     const float * dout; int64_t do_s1, do_s2;         // MODE_LSE
     float * lse; float * delta; int64_t lse_stride;   // MODE_LSE: [g * lse_stride + R], lse in log2 units
 };
@@ -382,6 +391,12 @@ __global__ void __launch_bounds__(NW * 32) pa_fwd_kernel(const FwdArgs a) {
 #pragma unroll
                     for (int nb = 0; nb < D / 8; nb++)
                         *(float2 *) (dst + nb * 8) = make_float2(o[mt][nb][hf * 2] * inv, o[mt][nb][hf * 2 + 1] * inv);
+                    if ((lane & 3) == 0) {
+                        // as the MODE_LSE epilogue below (log2 units), then in natural-log units;
+                        // a row without keys: -inf
+                        const float mu = m[mt][hf] == -INFINITY ? 0.0f : m[mt][hf];
+                        a.lse_out[(int64_t) t * a.H + h] = (mu + __log2f(lsum)) * kLn2;
+                    }
                 }
             } else {
                 float dot = 0.0f;
@@ -688,24 +703,54 @@ __global__ void pa_meta_kernel(const int32_t * pos, int T, int G, int TGp, int B
 }
 
 // q, dout (f32 [D, H, T] with strides) -> bf16 [Hkv][TGp][D] in group-row order; padding rows zero,
-// and lse/delta of padding rows zero.
+// and lse/delta of padding rows zero. With the forward's saved statistics (out_s: out [T][H][D],
+// 16-byte aligned; lse_s: [T][H] natural log), also the lse (log2 units, as the backward kernel uses
+// it) and delta = sum_d bf16(dout[d]) * out[d] of every row (dout rounded to bf16 as the backward
+// kernel's dP uses it, as the MODE_LSE epilogue does). One thread per (row, 8 dims): the NCH
+// threads of a row are consecutive lanes of one warp (NCH divides 32) and sum delta with shuffles.
 template <int D>
 __global__ void pa_prep_kernel(const float * q, int64_t q_s1, int64_t q_s2, const float * dout, int64_t do_s1, int64_t do_s2,
-                               int T, int G, int Hkv, int TGp, bf16 * qb, bf16 * dob, float * lse, float * delta) {
+                               int T, int H, int G, int Hkv, int TGp, bf16 * qb, bf16 * dob, float * lse, float * delta,
+                               const float * out_s, const float * lse_s) {
     constexpr int NCH = D / 8;
+    static_assert(32 % NCH == 0, "a row's threads must lie in one warp");
     const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t) Hkv * TGp * NCH) return;
+    // no early return: every lane of a warp takes part in the shuffles below
+    const bool inb = i < (int64_t) Hkv * TGp * NCH;
     const int ch = (int) (i % NCH);
     const int64_t gr = i / NCH;              // g * TGp + R
     const int R = (int) (gr % TGp), g = (int) (gr / TGp);
     const int TG = T * G;
+    const bool row = inb && R < TG;
     uint4 vq = make_uint4(0, 0, 0, 0), vd = make_uint4(0, 0, 0, 0);
-    if (R < TG) {
+    float dot = 0.0f;
+    int64_t orow = 0;
+    if (row) {
         const int t = R / G, h = g * G + R % G;
         const float4 * sq = (const float4 *) (q + t * q_s2 + h * q_s1 + ch * 8);
         const float4 * sd = (const float4 *) (dout + t * do_s2 + h * do_s1 + ch * 8);
+        const float4 d0 = sd[0], d1 = sd[1];
         vq = pack8(sq[0], sq[1]);
-        vd = pack8(sd[0], sd[1]);
+        vd = pack8(d0, d1);
+        if (out_s) {
+            orow = (int64_t) t * H + h;
+            const float4 * so = (const float4 *) (out_s + orow * D + ch * 8);
+            const float4 o0 = so[0], o1 = so[1];
+            auto r = [](float x) { return __bfloat162float(__float2bfloat16_rn(x)); };
+            dot = r(d0.x) * o0.x + r(d0.y) * o0.y + r(d0.z) * o0.z + r(d0.w) * o0.w +
+                  r(d1.x) * o1.x + r(d1.y) * o1.y + r(d1.z) * o1.z + r(d1.w) * o1.w;
+        }
+    }
+    if (out_s) {
+#pragma unroll
+        for (int o = NCH / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    }
+    if (!inb) return;
+    if (row) {
+        if (out_s && ch == 0) {
+            lse[gr] = lse_s[orow] * kLog2e;
+            delta[gr] = dot;
+        }
     } else if (ch == 0) {
         lse[gr] = 0.0f;
         delta[gr] = 0.0f;
@@ -747,7 +792,7 @@ struct GenArgs {
     float scale;
     float * out;                                 // [T][H][D]
     const float * dout; int64_t do_s1, do_s2;    // floats
-    float * lse; float * delta;                  // [T*H] natural-log units
+    float * lse; float * delta;                  // [T*H] natural-log units (forward: the op's saved LSE)
     float * dkp; float * dvp; int64_t gr_s1, gr_s2, gr_s3; // floats
     const int * maxpos;
     int Hkv;
@@ -758,7 +803,7 @@ __device__ __forceinline__ float gload(const char * base, int64_t off, int64_t s
     return to_f32<KT>(*(const KT *) (base + off + d * s0));
 }
 
-// MODE_OUT: out; MODE_LSE: lse and delta (with dout)
+// MODE_OUT: out and lse (the op's packed node); MODE_LSE: lse and delta (with dout)
 template <typename KT, int MODE>
 __global__ void pa_fwd_generic(const GenArgs a) {
     const int lane = threadIdx.x & 31;
@@ -807,6 +852,7 @@ __global__ void pa_fwd_generic(const GenArgs a) {
             const int d = lane + 32 * i;
             if (d < a.D) a.out[r * a.D + d] = acc[i] * inv;
         }
+        if (lane == 0) a.lse[r] = m + logf(l);  // as MODE_LSE below; a row without keys: -inf
     } else {
         float dot = 0.0f;
 #pragma unroll
@@ -820,6 +866,23 @@ __global__ void pa_fwd_generic(const GenArgs a) {
             a.delta[r] = dot;
         }
     }
+}
+
+// delta = dout . out per row from the forward's saved out [T][H][D] (one warp per row), with the
+// same f32 sum as the MODE_LSE forward.
+__global__ void pa_delta_generic(const GenArgs a, const float * out_s) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t) blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    if (r >= (int64_t) a.T * a.H) return;
+    const int t = (int) (r / a.H), h = (int) (r % a.H);
+    float dot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < GMAX; i++) {
+        const int d = lane + 32 * i;
+        if (d < a.D) dot += a.dout[t * a.do_s2 + h * a.do_s1 + d] * out_s[r * a.D + d];
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) a.delta[r] = dot;
 }
 
 template <typename KT>
@@ -1088,6 +1151,12 @@ void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
     const Geom G = make_geom(q, kp, dst->src[5], dst->src[6]);
     check_common(G, kp, "paged_attn");
     if (G.T == 0) return;
+    // dst is the packed node: out [T][H][D], then the natural-log LSE of row t*H + h
+    if (oomb_nelements(dst) != (int64_t) G.D * G.H * G.T + (int64_t) G.H * G.T)
+        oomb_error("paged_attn (cuda): %s is not the op's packed node (out and LSE, %lld elements)", oomb::shape_str(dst).c_str(),
+                   (long long) G.D * G.H * G.T + (long long) G.H * G.T);
+    float * out = (float *) dst->data;
+    float * lse = out + (int64_t) G.D * G.H * G.T;
 
     if (store) {
         const int64_t n = (int64_t) G.D * G.Hkv * G.T;
@@ -1115,11 +1184,13 @@ void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
         a.pos = G.pos;
         a.T = G.T; a.H = G.H; a.G = G.G;
         a.c = scale * kLog2e;
-        a.out = (float *) dst->data;
+        a.out = out;
+        a.lse_out = lse;
         fwd_fast<MODE_OUT>(stream, a, G.D, G.Hkv);
     } else {
         GenArgs a = gen_args(G, q, kp, vp, scale);
-        a.out = (float *) dst->data;
+        a.out = out;
+        a.lse = lse;
         fwd_generic<MODE_OUT>(stream, a, kp->type);
     }
 }
@@ -1131,6 +1202,7 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
     oomb_tensor * dkp = dst->src[3];
     oomb_tensor * dvp = dst->src[4];
     const oomb_tensor * dout = dst->src[7];
+    const oomb_tensor * fwd = dst->src[8];  // the forward's packed node (out, LSE) or NULL
     const float scale = oomb::get_op_f32(dst, 0);
     const Geom G = make_geom(q, kp, dst->src[5], dst->src[6]);
     check_common(G, kp, "paged_attn_back");
@@ -1143,8 +1215,12 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
     float * dkc = dq + (int64_t) G.D * G.H * G.T;
     float * dvc = dkc + (int64_t) G.D * G.Hkv * G.T;
     const int64_t n_keys_bound = (int64_t) G.n_logical * G.P;
+    const float * saved_out = fwd ? (const float *) fwd->data : nullptr;
+    const float * saved_lse = fwd ? saved_out + (int64_t) G.D * G.H * G.T : nullptr;
 
     if (fast_ok(q, kp, vp, dout)) {
+        // saved statistics: the prep kernel reads out with 16-byte loads
+        const bool saved = saved_out && aligned16(saved_out);
         const int BM = bwd_bm(G.D);
         const int BN = BWD_NW * 16;
         const int TG = G.T * G.G;
@@ -1168,16 +1244,20 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
         {
             const int64_t n = (int64_t) n_rows * (G.D / 8);
             const unsigned blocks = (unsigned) ((n + 255) / 256);
+            const float * os = saved ? saved_out : nullptr;
+            const float * ls = saved ? saved_lse : nullptr;
             if (G.D == 128)
                 pa_prep_kernel<128><<<blocks, 256, 0, stream>>>((const float *) q->data, q->nb[1] / 4, q->nb[2] / 4, (const float *) dout->data,
-                                                               dout->nb[1] / 4, dout->nb[2] / 4, G.T, G.G, G.Hkv, TGp, qb, dob, lse, delta);
+                                                               dout->nb[1] / 4, dout->nb[2] / 4, G.T, G.H, G.G, G.Hkv, TGp, qb, dob, lse, delta,
+                                                               os, ls);
             else
                 pa_prep_kernel<64><<<blocks, 256, 0, stream>>>((const float *) q->data, q->nb[1] / 4, q->nb[2] / 4, (const float *) dout->data,
-                                                              dout->nb[1] / 4, dout->nb[2] / 4, G.T, G.G, G.Hkv, TGp, qb, dob, lse, delta);
+                                                              dout->nb[1] / 4, dout->nb[2] / 4, G.T, G.H, G.G, G.Hkv, TGp, qb, dob, lse, delta,
+                                                              os, ls);
             PA_LAUNCH_CHECK();
         }
-        // log-sum-exp and delta (forward recomputation)
-        {
+        // log-sum-exp and delta (forward recomputation), only without saved statistics
+        if (!saved) {
             FwdArgs a{};
             a.q = (const float *) q->data; a.q_s1 = q->nb[1] / 4; a.q_s2 = q->nb[2] / 4;
             a.kp = (const bf16 *) kp->data; a.vp = (const bf16 *) vp->data;
@@ -1223,10 +1303,19 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
         a.lse = lse; a.delta = delta; a.maxpos = maxpos;
         a.dkp = (float *) dkp->data; a.dvp = (float *) dvp->data;
         a.gr_s1 = dkp->nb[1] / 4; a.gr_s2 = dkp->nb[2] / 4; a.gr_s3 = dkp->nb[3] / 4;
-        fwd_generic<MODE_LSE>(stream, a, kp->type);
-        a.out = dq;
         const int wpb = 4;
         const dim3 grid_r((unsigned) ((rows + wpb - 1) / wpb));
+        // The saved statistics are used when the forward ran these generic kernels too (same f32
+        // arithmetic); a forward on the tensor cores (bf16 q) would give an LSE slightly off the
+        // f32 scores computed here, so then they are recomputed in f32.
+        if (saved_out && !fast_ok(q, kp, vp, nullptr)) {
+            a.lse = const_cast<float *>(saved_lse);  // read only
+            pa_delta_generic<<<grid_r, wpb * 32, 0, stream>>>(a, saved_out);
+            PA_LAUNCH_CHECK();
+        } else {
+            fwd_generic<MODE_LSE>(stream, a, kp->type);
+        }
+        a.out = dq;
         const int64_t items = n_keys_bound * G.Hkv;
         const dim3 grid_k((unsigned) ((items + wpb - 1) / wpb));
         switch (kp->type) {

@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 #define OOMB_MAX_DIMS      4
-#define OOMB_MAX_SRC       8
+#define OOMB_MAX_SRC       10 // paged_attn_back uses src[0..8]
 #define OOMB_MAX_OP_PARAMS 16
 #define OOMB_MAX_NAME      64
 #define OOMB_DEFAULT_GRAPH_SIZE 16384
@@ -367,7 +367,14 @@ struct oomb_tensor * oomb_sgd_step(struct oomb_context * ctx, struct oomb_tensor
 /// slot p % page_size of physical page page_table[p / page_size].
 /// store != 0: first writes k_cur/v_cur into the pages at pos (stage 1); store == 0: the chunk's
 /// K/V are read from the pages (stage 2 recompute), k_cur/v_cur are sources only for gradients.
-/// Result: [D, H, T]. Source: OOMB (arXiv 2602.02108), FlashAttention's online softmax.
+/// Result: out [D, H, T], a contiguous view (offset 0) of the op's node, which is one flat f32
+/// tensor of D*H*T + H*T elements: out (element (t*H + h)*D + d), then the softmax statistics
+/// the backward needs, one natural-log log-sum-exp per query row at D*H*T + t*H + h:
+/// LSE = log sum_{p <= pos[t]} exp(scale * q_{t,h} . k_p) (FlashAttention-2 saves L = m + log l
+/// for its backward). A row attending no key (impossible with valid positions) gets out = 0 and
+/// LSE = -inf (log of an empty sum); the backward visits no key for such a row.
+/// The packed node is the result's view_src; only the out part is differentiable.
+/// Source: OOMB (arXiv 2602.02108), FlashAttention's online softmax, FlashAttention-2 (Dao 2023).
 struct oomb_tensor * oomb_paged_attn(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_cur,
                                      struct oomb_tensor * v_cur, struct oomb_tensor * k_pages, struct oomb_tensor * v_pages,
                                      struct oomb_tensor * page_table, struct oomb_tensor * pos, float scale, int store);
@@ -375,10 +382,15 @@ struct oomb_tensor * oomb_paged_attn(struct oomb_context * ctx, struct oomb_tens
 /// pages dk_pages/dv_pages (in place; shaped like the K/V pools) and returns one f32 tensor holding
 /// dq [D, H, T], then dk_cur and dv_cur [D, Hkv, T] read back from the gradient pages at pos (complete
 /// once every later chunk has run its backward).
+/// fwd: the result of oomb_paged_attn for the same q, pools, page table and positions (the view it
+/// returns or its packed node): the backward reads the saved out and LSE from it instead of
+/// recomputing them with an extra forward pass (delta = dout . out per row). NULL: recomputed.
+/// Stored as src[8] (dout is src[7]).
 struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_pages,
                                           struct oomb_tensor * v_pages, struct oomb_tensor * dk_pages,
                                           struct oomb_tensor * dv_pages, struct oomb_tensor * page_table,
-                                          struct oomb_tensor * pos, struct oomb_tensor * dout, float scale);
+                                          struct oomb_tensor * pos, struct oomb_tensor * dout, struct oomb_tensor * fwd,
+                                          float scale);
 
 // ---------------------------------------------------------------------------------------------
 // Graphs and automatic differentiation

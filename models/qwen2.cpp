@@ -400,11 +400,15 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
         oomb_format_name(k, "k.%" PRId64, l);
         oomb_tensor * a = oomb_paged_attn(ctx, q, k, v, oomb_kv_cache_k(kv_, (int) l), oomb_kv_cache_v(kv_, (int) l), pt, G->pos,
                                           scale, store);
+        // a is the out view [hd, n_head, T] of the op's node, which also keeps each row's LSE for
+        // the backward
         oomb_format_name(a, "attn.%" PRId64, l);
+        oomb_format_name(a->view_src, "attn.%" PRId64 ".packed", l);
         if (kind == Kind::Fill && l + 1 == c.n_layer) {
-            // stage 1 only fills the KV cache: the last layer's K/V are stored by this node; the
-            // rest of the layer, the LM head and the loss are left to stage 2
-            x = a;
+            // stage 1 only fills the KV cache: the last layer's K/V are stored by this node (the
+            // packed paged_attn node itself, the graph's output); the rest of the layer, the LM
+            // head and the loss are left to stage 2
+            x = a->view_src;
             break;
         }
         a = oomb_reshape_2d(ctx, a, c.n_head * hd, T);
@@ -415,7 +419,7 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
         if (l + 1 < c.n_layer) capture(x);
     }
     G->g = oomb_new_graph_custom(ctx, 65536);
-    oomb_tensor * out = x;  // KV fill: the last layer's paged_attn node
+    oomb_tensor * out = x;  // KV fill: the last layer's paged_attn node (packed: out and LSE)
     if (kind != Kind::Fill) {
         x = oomb_set_name(oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), m_.output_norm), "result_norm");
         capture(x);

@@ -8,6 +8,12 @@
 //
 // paged_attn (chunk-recurrent training over a paged KV cache): its backward accumulates dK/dV into the
 // gradient pages found in k_pages->grad / v_pages->grad and reads dk_cur / dv_cur back from them.
+// The op's node is packed (out [D, H, T], then the per-row log-sum-exp; oomb.h) and callers get a
+// view of its out part. The gradient of that view (contiguous, offset 0, all of out: the usual case)
+// is kept aside as the node's dout [D, H, T], without the zero tensor of the generic view path;
+// other views inside the out part go through the generic scatter. The backward op gets the packed
+// node, so it reads the saved out and LSE instead of recomputing them. Gradients cannot flow into
+// the saved LSE (nor into the packed node other than through views of out): an error.
 //
 // Gradients of views (VIEW with any offset / strides) are scattered into a zero tensor: an
 // add_inplace into a view of a FILL(0) tensor. Those add_inplace nodes are appended to the graph at
@@ -60,7 +66,27 @@ struct Acc {
     oomb_tensor * g = nullptr;   // sum of the dense contributions (logical shape)
     oomb_tensor * z = nullptr;   // scatter buffer for view contributions (owned exclusively)
     bool z_root = false;         // z spans the memory of t's view_src (t is a view) instead of t's shape
+    oomb_tensor * pa_out = nullptr; // paged_attn nodes: sum of the gradients of the out view [D, H, T]
 };
+
+// paged_attn's packed node: bytes of its out part (D*H*T f32; the LSE of each row follows).
+size_t paged_out_bytes(const oomb_tensor * t) {
+    const oomb_tensor * q = t->src[0];
+    return sizeof(float) * (size_t) (q->ne[0] * q->ne[1] * q->ne[2]);
+}
+
+// The view v of paged_attn's packed node lies inside the out part.
+bool paged_view_in_out(const oomb_tensor * v) {
+    if (oomb_nelements(v) == 0) return true;
+    size_t last = v->view_offs;
+    for (int i = 0; i < 4; i++) last += (size_t) (v->ne[i] - 1) * v->nb[i];
+    return last + sizeof(float) <= paged_out_bytes(v->view_src);
+}
+
+// The view v is all of paged_attn's out, contiguous, at offset 0 (what oomb_paged_attn returns).
+bool paged_view_is_out(const oomb_tensor * v) {
+    return v->view_offs == 0 && oomb_is_contiguous(v) && sizeof(float) * (size_t) oomb_nelements(v) == paged_out_bytes(v->view_src);
+}
 
 struct Builder {
     oomb_context * ctx;
@@ -101,6 +127,9 @@ struct Builder {
 
     void add_grad(oomb_tensor * t, oomb_tensor * c) {
         if (!need(t)) return;
+        if (t->op == OOMB_OP_PAGED_ATTN) { // the dry run reports this first
+            oomb_error("build_backward_expand: internal error: dense gradient for paged_attn's packed node %s", shape_str(t).c_str());
+        }
         if (c->type != OOMB_TYPE_F32 || !oomb_are_same_shape(c, t)) {
             oomb_error("build_backward_expand: internal error: gradient %s does not match %s (op %s)", shape_str(c).c_str(),
                        shape_str(t).c_str(), oomb_op_name(t->op));
@@ -114,6 +143,21 @@ struct Builder {
     void add_grad_view(oomb_tensor * v, oomb_tensor * dy) {
         oomb_tensor * src = v->src[0];
         if (!need(src)) return;
+        if (src->op == OOMB_OP_PAGED_ATTN && paged_view_is_out(v)) {
+            // the out view: its gradient is the backward's dout, kept in out's shape
+            const oomb_tensor * q = src->src[0];
+            oomb_tensor * d = contig(dy);
+            if (d->ne[0] != q->ne[0] || d->ne[1] != q->ne[1] || d->ne[2] != q->ne[2] || d->ne[3] != 1) {
+                d = oomb_reshape_4d(ctx, contig(d), q->ne[0], q->ne[1], q->ne[2], 1);
+            }
+            Acc & a = acc[src];
+            if (a.pa_out) {
+                a.pa_out = oomb_format_name(oomb_add(ctx, a.pa_out, d), "grad of %.44s (out)", tname(src));
+            } else {
+                a.pa_out = d;
+            }
+            return;
+        }
         oomb_tensor * root = src->view_src ? src->view_src : src;
         // a contiguous view of all of a contiguous source at its start: element i is element i
         if (oomb_nelements(v) == oomb_nelements(src) && oomb_is_contiguous(v) && oomb_is_contiguous(src) &&
@@ -157,6 +201,18 @@ struct Builder {
         auto it = acc.find(t);
         if (it == acc.end()) return nullptr;
         Acc & a = it->second;
+        if (t->op == OOMB_OP_PAGED_ATTN) {
+            // dout [D, H, T]: the out view's gradient plus the out part of the scatter buffer (views
+            // of the packed node lie inside out: checked by the dry run)
+            oomb_tensor * d = a.pa_out;
+            if (a.z) {
+                const oomb_tensor * q = t->src[0];
+                oomb_tensor * zo = oomb_view_3d(ctx, a.z, q->ne[0], q->ne[1], q->ne[2], sizeof(float) * q->ne[0],
+                                                sizeof(float) * q->ne[0] * q->ne[1], 0);
+                d = d ? named(oomb_add(ctx, d, zo), t) : zo;
+            }
+            return d;
+        }
         oomb_tensor * zg = nullptr;
         if (a.z) {
             if (!a.z_root) {
@@ -306,9 +362,10 @@ struct Builder {
             }
             case OOMB_OP_PAGED_ATTN: {
                 // dK/dV of every attended position accumulate into the gradient pages (k_pages->grad,
-                // v_pages->grad); dk_cur / dv_cur are read back from them at pos
+                // v_pages->grad); dk_cur / dv_cur are read back from them at pos. dy is the gradient of
+                // the out part [D, H, T] (get_grad); t itself holds the saved out and LSE.
                 oomb_tensor * q = t->src[0], * kc = t->src[1], * vc = t->src[2], * kp = t->src[3], * vp = t->src[4];
-                oomb_tensor * packed = oomb_paged_attn_back(ctx, q, kp, vp, kp->grad, vp->grad, t->src[5], t->src[6], dy,
+                oomb_tensor * packed = oomb_paged_attn_back(ctx, q, kp, vp, kp->grad, vp->grad, t->src[5], t->src[6], dy, t,
                                                             oomb::get_op_f32(t, 0));
                 add_packed_grads(t, packed, {q, kc, vc});
                 break;
@@ -377,7 +434,14 @@ void oomb_build_backward_expand(struct oomb_context * ctx, struct oomb_cgraph * 
             }
         }
         for (int i = 0; i < OOMB_MAX_SRC; i++) {
-            if (t->src[i] && ((m >> i) & 1) && B.needs.count(t->src[i])) reach.insert(t->src[i]);
+            const oomb_tensor * s = t->src[i];
+            if (!s || !((m >> i) & 1) || !B.needs.count(s)) continue;
+            if (s->op == OOMB_OP_PAGED_ATTN && (t->op != OOMB_OP_VIEW || !paged_view_in_out(t))) {
+                oomb_error("build_backward_expand: %s %s reads paged_attn's packed node %s: only views inside its out part "
+                           "[D, H, T] are differentiable (not the saved log-sum-exp)",
+                           oomb_op_name(t->op), shape_str(t).c_str(), shape_str(s).c_str());
+            }
+            reach.insert(t->src[i]);
         }
     }
     std::vector<oomb_tensor *> params;

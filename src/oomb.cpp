@@ -793,18 +793,23 @@ struct oomb_tensor * oomb_paged_attn(struct oomb_context * ctx, struct oomb_tens
                "paged_attn", "k_cur %s must be [D, Hkv, T] = [%" PRId64 ", %" PRId64 ", %" PRId64 "]", shape_str(k_cur).c_str(),
                k_pages->ne[0], k_pages->ne[1], q->ne[2]);
     require_same_shape(k_cur, v_cur, "paged_attn");
-    oomb_tensor * t = new_op(ctx, OOMB_OP_PAGED_ATTN, OOMB_TYPE_F32, q->ne, q, k_cur, v_cur, k_pages, v_pages);
+    // one node holding out [D, H, T] and the per-row log-sum-exp [H, T] back to back (oomb.h); the
+    // caller gets a contiguous view of the out part
+    const int64_t D = q->ne[0], H = q->ne[1], T = q->ne[2];
+    const int64_t ne[4] = {D * H * T + H * T, 1, 1, 1};
+    oomb_tensor * t = new_op(ctx, OOMB_OP_PAGED_ATTN, OOMB_TYPE_F32, ne, q, k_cur, v_cur, k_pages, v_pages);
     t->src[5] = page_table;
     t->src[6] = pos;
     oomb::set_op_f32(t, 0, scale);
     t->op_params[1] = store;
-    return t;
+    return oomb_view_3d(ctx, t, D, H, T, sizeof(float) * (size_t) D, sizeof(float) * (size_t) (D * H), 0);
 }
 
 struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_pages,
                                           struct oomb_tensor * v_pages, struct oomb_tensor * dk_pages,
                                           struct oomb_tensor * dv_pages, struct oomb_tensor * page_table,
-                                          struct oomb_tensor * pos, struct oomb_tensor * dout, float scale) {
+                                          struct oomb_tensor * pos, struct oomb_tensor * dout, struct oomb_tensor * fwd,
+                                          float scale) {
     check_paged(q, k_pages, v_pages, page_table, pos, "paged_attn_back");
     require_f32(dk_pages, "paged_attn_back", "dk_pages");
     require_f32(dv_pages, "paged_attn_back", "dv_pages");
@@ -813,12 +818,30 @@ struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb
                shape_str(k_pages).c_str());
     require_f32(dout, "paged_attn_back", "dout");
     require_same_shape(q, dout, "paged_attn_back");
+    if (fwd) {
+        // the view oomb_paged_attn returns, or its packed node
+        if (fwd->op == OOMB_OP_VIEW && fwd->view_src && fwd->view_src->op == OOMB_OP_PAGED_ATTN) fwd = fwd->view_src;
+        const int64_t D = q->ne[0], H = q->ne[1], T = q->ne[2];
+        OOMB_CHECK(fwd->op == OOMB_OP_PAGED_ATTN && !fwd->view_src, "paged_attn_back",
+                   "fwd %s (op %s) must be the result of oomb_paged_attn (its view or its packed node)", shape_str(fwd).c_str(),
+                   oomb_op_name(fwd->op));
+        OOMB_CHECK(fwd->type == OOMB_TYPE_F32 && oomb_is_contiguous(fwd) && oomb_nelements(fwd) == D * H * T + H * T &&
+                       fwd->src[0] && oomb_are_same_shape(fwd->src[0], q) && fwd->src[3] &&
+                       oomb_are_same_shape(fwd->src[3], k_pages) && fwd->src[3]->type == k_pages->type,
+                   "paged_attn_back",
+                   "fwd %s is the paged_attn of q %s over pools %s, not of q %s over pools %s (D*H*T + H*T = %" PRId64
+                   " elements expected)",
+                   shape_str(fwd).c_str(), fwd->src[0] ? shape_str(fwd->src[0]).c_str() : "none",
+                   fwd->src[3] ? shape_str(fwd->src[3]).c_str() : "none", shape_str(q).c_str(), shape_str(k_pages).c_str(),
+                   D * H * T + H * T);
+    }
     const int64_t n_kv = k_pages->ne[0] * k_pages->ne[1] * q->ne[2];
     const int64_t ne[4] = {oomb_nelements(q) + 2 * n_kv, 1, 1, 1};
     oomb_tensor * t = new_op(ctx, OOMB_OP_PAGED_ATTN_BACK, OOMB_TYPE_F32, ne, q, k_pages, v_pages, dk_pages, dv_pages);
     t->src[5] = page_table;
     t->src[6] = pos;
     t->src[7] = dout;
+    t->src[8] = fwd;  // NULL: the backward recomputes the statistics
     oomb::set_op_f32(t, 0, scale);
     return t;
 }

@@ -6,12 +6,15 @@
 // products). The tile kernels (paged-cpu-tiles.inc) are compiled for AVX-512, AVX2+FMA and the
 // baseline and picked at run time.
 // Forward: online softmax (Milakov & Gimelshein 2018) per tile over the key blocks: O(tile) scratch
-// per worker, whatever the history length.
-// Backward (FlashAttention-2, recomputing the softmax): pass 1 recomputes each row's log-sum-exp and
-// delta = dout . out per query tile; pass 2 sweeps the key blocks: each block's dK/dV is
-// accumulated by one work item over every query tile (the gradient pages are written without
-// races), and the dq contributions go to one of a fixed number of partial dq buffers, summed in a
-// fixed order. Results depend neither on the thread count nor on scheduling.
+// per worker, whatever the history length. The op's node is flat: out [D, H, T] then one log-sum-exp
+// per row (natural log, m + log l), kept for the backward (oomb.h).
+// Backward (FlashAttention-2, recomputing the softmax): pass 1 gets each row's log-sum-exp and
+// delta = dout . out: from the forward's node when the op has it (src[8]: the LSE is read, delta
+// comes from the saved out), else by running the forward again per query tile; pass 2 sweeps the
+// key blocks: each block's dK/dV is accumulated by one work item over every query tile (the
+// gradient pages are written without races), and the dq contributions go to one of a fixed number
+// of partial dq buffers, summed in a fixed order. Results depend neither on the thread count nor on
+// scheduling.
 
 #include "paged-cpu.h"
 #include "oomb-impl.h"
@@ -264,13 +267,14 @@ void load_block(const PagedGeom & G, const oomb_tensor * pool, int64_t g, const 
 }
 
 // Fills the row tables of a tile (q rows, dout rows, out rows, positions, op row ids); returns R.
-int tile_rows(const PagedGeom & G, const QueryTile & qt, const oomb_tensor * q, const oomb_tensor * dout, oomb_tensor * out, Scratch & s) {
+// out: the forward's out [T][H][D] (contiguous, the start of the op's packed node) or NULL.
+int tile_rows(const PagedGeom & G, const QueryTile & qt, const oomb_tensor * q, const oomb_tensor * dout, float * out, Scratch & s) {
     int R = 0;
     for (int64_t t = qt.t0; t < qt.t0 + qt.nt; t++)
         for (int64_t h = qt.g * G.group; h < (qt.g + 1) * G.group; h++, R++) {
             s.qr[R] = qrow(q, t, h);
             s.dr[R] = dout ? (const float *) elem_ptr(dout, 0, h, t, 0) : nullptr;
-            s.outr[R] = out ? (float *) elem_ptr(out, 0, h, t, 0) : nullptr;
+            s.outr[R] = out ? out + (t * G.H + h) * G.D : nullptr;
             s.rpos[R] = G.pos[t];
             s.rid[R] = t * G.H + h;
         }
@@ -332,12 +336,19 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
     const int nw = (int) std::max<int64_t>(1, std::min<int64_t>(n_threads, (int64_t) tiles.size()));
     std::vector<Scratch> scratch = plan.scratch(nw, G.D);
     const int D = (int) G.D;
+    // dst is the packed node: out [T][H][D], then the log-sum-exp of row t*H + h
+    float * out = (float *) dst->data;
+    float * lse = out + G.D * G.H * G.T;
     parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
         Scratch & s = scratch[w];
         const QueryTile & qt = tiles[it];
-        const int R = tile_rows(G, qt, q, nullptr, dst, s);
+        const int R = tile_rows(G, qt, q, nullptr, out, s);
         forward_tile(K, G, blocks, kp, vp, scale, qt, R, s, "paged_attn");
-        for (int i = 0; i < R; i++) std::copy(s.O.data() + (size_t) i * D, s.O.data() + (size_t) (i + 1) * D, s.outr[i]);
+        for (int i = 0; i < R; i++) {
+            std::copy(s.O.data() + (size_t) i * D, s.O.data() + (size_t) (i + 1) * D, s.outr[i]);
+            // l > 0 whenever the row attends a key (always, with valid positions); else -inf
+            lse[s.rid[i]] = s.m[i] + std::log(s.l[i]);
+        }
     });
 }
 
@@ -348,6 +359,7 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
     oomb_tensor * dkp = dst->src[3];
     oomb_tensor * dvp = dst->src[4];
     const oomb_tensor * dout = dst->src[7];
+    const oomb_tensor * fwd = dst->src[8];  // the forward's packed node (out, LSE) or NULL
     const float scale = get_op_f32(dst, 0);
     PagedGeom G(q, kp, dst->src[5], dst->src[6]);
     if (q->nb[0] != sizeof(float) || dout->nb[0] != sizeof(float)) oomb_error("paged_attn_back: q and dout must have unit stride in dim 0");
@@ -370,20 +382,39 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
 
     // pass 1: log-sum-exp and delta = dout . out per row
     std::vector<float> lse(T * H), delta(T * H);
-    parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
-        Scratch & s = scratch[w];
-        const QueryTile & qt = tiles[it];
-        const int R = tile_rows(G, qt, q, dout, nullptr, s);
-        forward_tile(K, G, blocks, kp, vp, scale, qt, R, s, op);
-        for (int i = 0; i < R; i++) {
-            const float * o = s.O.data() + (size_t) i * D;
-            const float * dv = s.dr[i];
-            float dl = 0.0f;
-            for (int d = 0; d < D; d++) dl += dv[d] * o[d];
-            lse[s.rid[i]] = s.m[i] + std::log(s.l[i]);
-            delta[s.rid[i]] = dl;
-        }
-    });
+    if (fwd) {
+        // saved by the forward: LSE as is, delta from the saved out (the same sum, in the same order,
+        // as the recomputation below, so both paths give the same values)
+        const float * fo = (const float *) fwd->data;
+        const float * fl = fo + G.D * H * T;
+        parallel_items(T, nw, [&](int64_t t, int) {
+            for (int64_t h = 0; h < H; h++) {
+                const int64_t r = t * H + h;
+                const float * o = fo + r * D;
+                const float * dv = (const float *) elem_ptr(dout, 0, h, t, 0);
+                float dl = 0.0f;
+                for (int d = 0; d < D; d++) dl += dv[d] * o[d];
+                lse[r] = fl[r];
+                delta[r] = dl;
+            }
+        });
+    } else {
+        // recomputed: the forward again, per query tile
+        parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
+            Scratch & s = scratch[w];
+            const QueryTile & qt = tiles[it];
+            const int R = tile_rows(G, qt, q, dout, nullptr, s);
+            forward_tile(K, G, blocks, kp, vp, scale, qt, R, s, op);
+            for (int i = 0; i < R; i++) {
+                const float * o = s.O.data() + (size_t) i * D;
+                const float * dv = s.dr[i];
+                float dl = 0.0f;
+                for (int d = 0; d < D; d++) dl += dv[d] * o[d];
+                lse[s.rid[i]] = s.m[i] + std::log(s.l[i]);
+                delta[s.rid[i]] = dl;
+            }
+        });
+    }
 
     // pass 2: dK, dV per (key block, KV head), over every query tile that sees the block, and the
     // blocks' dq contributions. A work item is one of NPART interleaved sets of key blocks (of one

@@ -4,6 +4,10 @@
 // 28/4, 14/2, 4/4, chunks of 1, 37 and 256 tokens after histories of 0, 1000 and 5000 positions,
 // with a shuffled page table. The kernels are called directly on device tensors (no CUDA backend
 // needed). Every test skips with a visible reason where no GPU is present.
+// oomb_paged_attn's node is packed (out [D, H, T], then each row's log-sum-exp) and the op returns
+// a view of its out part: the forward kernel runs on the packed node, the saved LSE is compared
+// with the CPU's, and the backward runs twice from the same gradient pages: with the forward's
+// saved statistics (fwd given, what autodiff builds) and recomputing them (fwd NULL).
 
 #include <gtest/gtest.h>
 
@@ -167,8 +171,8 @@ void run_case(const Case & c, uint32_t seed) {
     if (c.shuffle_pos) std::shuffle(pv.begin(), pv.end(), rng);
     for (int t = 0; t < c.T; t++) ((int32_t *) pos->data)[t] = pv[t];
 
-    oomb_tensor * out = oomb_paged_attn(hc, q, kc, vc, kp, vp, pt, pos, scale, c.store);
-    oomb_tensor * back = oomb_paged_attn_back(hc, q, kp, vp, dkp, dvp, pt, pos, dout, scale);
+    oomb_tensor * out = oomb_paged_attn(hc, q, kc, vc, kp, vp, pt, pos, scale, c.store);  // view of the packed node
+    oomb_tensor * back = oomb_paged_attn_back(hc, q, kp, vp, dkp, dvp, pt, pos, dout, out, scale);
 
     // ---- device copies (no_alloc context, data set by hand) ----
     oomb_context * dc = oomb_init({0, true});
@@ -181,9 +185,15 @@ void run_case(const Case & c, uint32_t seed) {
     oomb_tensor * d_q = dev(q), * d_kc = dev(kc), * d_vc = dev(vc), * d_kp = dev(kp), * d_vp = dev(vp);
     oomb_tensor * d_dkp = dev(dkp), * d_dvp = dev(dvp), * d_pt = dev(pt), * d_pos = dev(pos), * d_dout = dev(dout);
     oomb_tensor * d_out = oomb_paged_attn(dc, d_q, d_kc, d_vc, d_kp, d_vp, d_pt, d_pos, scale, c.store);
-    oomb_tensor * d_back = oomb_paged_attn_back(dc, d_q, d_kp, d_vp, d_dkp, d_dvp, d_pt, d_pos, d_dout, scale);
-    mem.place(d_out, nullptr);
+    oomb_tensor * d_packed = d_out->view_src;  // the op's node: out, then the LSE of each row
+    oomb_tensor * d_back = oomb_paged_attn_back(dc, d_q, d_kp, d_vp, d_dkp, d_dvp, d_pt, d_pos, d_dout, d_out, scale);
+    oomb_tensor * d_back_re = oomb_paged_attn_back(dc, d_q, d_kp, d_vp, d_dkp, d_dvp, d_pt, d_pos, d_dout, nullptr, scale);
+    ASSERT_EQ(d_back->src[8], d_packed);
+    ASSERT_EQ(d_back_re->src[8], nullptr);
+    mem.place(d_packed, nullptr);
+    d_out->data = d_packed->data;  // no_alloc context: the view's data is set by hand too
     mem.place(d_back, nullptr);
+    mem.place(d_back_re, nullptr);
     if (mem.failed) { oomb_free(dc); oomb_free(hc); return; }
 
     const std::vector<float> dk0 = host_f32(dkp), dv0 = host_f32(dvp);
@@ -195,12 +205,17 @@ void run_case(const Case & c, uint32_t seed) {
         oomb_build_forward_expand(g, out);
         oomb_backend_graph_compute(cpu(), g);
     }
-    oomb_cuda_paged_attn(0, d_out);
+    oomb_cuda_paged_attn(0, d_packed);
     CK(cudaDeviceSynchronize());
-    const double e_out = rel_err(dev_f32(d_out), host_f32(out));
+    const int64_t nq = (int64_t) c.D * c.H * c.T, nkv = (int64_t) c.D * c.Hkv * c.T;
+    auto part = [](const std::vector<float> & v, int64_t b, int64_t n) { return std::vector<float>(v.begin() + b, v.begin() + b + n); };
+    const std::vector<float> gp = dev_f32(d_packed), cp = host_f32(out->view_src);
+    const double e_out = rel_err(part(gp, 0, nq), part(cp, 0, nq));
+    const double e_lse = rel_err(part(gp, nq, (int64_t) c.H * c.T), part(cp, nq, (int64_t) c.H * c.T));
     const double e_kp = rel_err(dev_pool_f32(d_kp), host_pool_f32(kp));
     const double e_vp = rel_err(dev_pool_f32(d_vp), host_pool_f32(vp));
     EXPECT_LT(e_out, tol) << "forward output";
+    EXPECT_LT(e_lse, tol) << "forward's saved log-sum-exp";
     EXPECT_LT(e_kp, 1e-6) << "K pool after store";
     EXPECT_LT(e_vp, 1e-6) << "V pool after store";
 
@@ -210,25 +225,33 @@ void run_case(const Case & c, uint32_t seed) {
         oomb_build_forward_expand(g, back);
         oomb_backend_graph_compute(cpu(), g);
     }
-    oomb_cuda_paged_attn_back(0, d_back);
-    CK(cudaDeviceSynchronize());
-    const int64_t nq = (int64_t) c.D * c.H * c.T, nkv = (int64_t) c.D * c.Hkv * c.T;
-    const std::vector<float> gb = dev_f32(d_back), cb = host_f32(back);
-    auto part = [](const std::vector<float> & v, int64_t b, int64_t n) { return std::vector<float>(v.begin() + b, v.begin() + b + n); };
-    const double e_dq = rel_err(part(gb, 0, nq), part(cb, 0, nq));
-    const double e_dkc = rel_err(part(gb, nq, nkv), part(cb, nq, nkv));
-    const double e_dvc = rel_err(part(gb, nq + nkv, nkv), part(cb, nq + nkv, nkv));
+    const std::vector<float> cb = host_f32(back);
     // increments of the gradient pages (the initial random contents cancel)
     auto inc = [](std::vector<float> v, const std::vector<float> & v0) { for (size_t i = 0; i < v.size(); i++) v[i] -= v0[i]; return v; };
-    const double e_dkp = rel_err(inc(dev_f32(d_dkp), dk0), inc(host_f32(dkp), dk0));
-    const double e_dvp = rel_err(inc(dev_f32(d_dvp), dv0), inc(host_f32(dvp), dv0));
-    EXPECT_LT(e_dq, tol) << "dq";
-    EXPECT_LT(e_dkc, tol) << "dk_cur";
-    EXPECT_LT(e_dvc, tol) << "dv_cur";
-    EXPECT_LT(e_dkp, tol) << "dK pages increment";
-    EXPECT_LT(e_dvp, tol) << "dV pages increment";
-    printf("[ case ] %-48s out %.2e  pools %.1e/%.1e  dq %.2e  dk_cur %.2e  dv_cur %.2e  dKpages %.2e  dVpages %.2e\n",
-           case_name(c).c_str(), e_out, e_kp, e_vp, e_dq, e_dkc, e_dvc, e_dkp, e_dvp);
+    const std::vector<float> cdk = inc(host_f32(dkp), dk0), cdv = inc(host_f32(dvp), dv0);
+    printf("[ case ] %-48s out %.2e  lse %.2e  pools %.1e/%.1e\n", case_name(c).c_str(), e_out, e_lse, e_kp, e_vp);
+    // the GPU backward with the saved statistics, then (from the same gradient pages) recomputing them
+    for (oomb_tensor * db : {d_back, d_back_re}) {
+        const char * what = db->src[8] ? "saved" : "recomputed";
+        SCOPED_TRACE(std::string("backward with ") + what + " statistics");
+        CK(cudaMemcpy(d_dkp->data, dk0.data(), dk0.size() * sizeof(float), cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d_dvp->data, dv0.data(), dv0.size() * sizeof(float), cudaMemcpyHostToDevice));
+        oomb_cuda_paged_attn_back(0, db);
+        CK(cudaDeviceSynchronize());
+        const std::vector<float> gb = dev_f32(db);
+        const double e_dq = rel_err(part(gb, 0, nq), part(cb, 0, nq));
+        const double e_dkc = rel_err(part(gb, nq, nkv), part(cb, nq, nkv));
+        const double e_dvc = rel_err(part(gb, nq + nkv, nkv), part(cb, nq + nkv, nkv));
+        const double e_dkp = rel_err(inc(dev_f32(d_dkp), dk0), cdk);
+        const double e_dvp = rel_err(inc(dev_f32(d_dvp), dv0), cdv);
+        EXPECT_LT(e_dq, tol) << "dq";
+        EXPECT_LT(e_dkc, tol) << "dk_cur";
+        EXPECT_LT(e_dvc, tol) << "dv_cur";
+        EXPECT_LT(e_dkp, tol) << "dK pages increment";
+        EXPECT_LT(e_dvp, tol) << "dV pages increment";
+        printf("[ case ]   backward, %-10s statistics: dq %.2e  dk_cur %.2e  dv_cur %.2e  dKpages %.2e  dVpages %.2e\n", what, e_dq,
+               e_dkc, e_dvc, e_dkp, e_dvp);
+    }
     fflush(stdout);
     oomb_free(dc);
     oomb_free(hc);

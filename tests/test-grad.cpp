@@ -600,6 +600,55 @@ TEST(Grad, PagedAttn) {
     }
 }
 
+// paged_attn returns a view of its packed node (out, then the LSE of each row). The gradient of the
+// whole out view is the backward's dout directly; other views of the packed node (inside out) go
+// through the generic scatter; both at once add up. A gradient into the saved LSE is an error.
+TEST(Grad, PagedAttnViews) {
+    if (!paged_supported()) GTEST_SKIP() << "the CPU backend does not compute paged_attn yet";
+    const int64_t D = 4, NH = 4, NKV = 2, T = 3;
+    for (int variant = 0; variant < 3; variant++) {
+        SCOPED_TRACE("variant " + std::to_string(variant));
+        Harness H;
+        oomb_kv_cache_params kp{};
+        kp.n_layer = 1; kp.n_head_kv = (int) NKV; kp.head_dim = (int) D; kp.page_size = 2; kp.max_tokens = 8;
+        kp.type = OOMB_TYPE_F32; kp.with_grad = true;
+        oomb_kv_cache_t kv = oomb_kv_cache_init(cpu(), kp);
+        ASSERT_NE(kv, nullptr);
+        oomb_kv_cache_reserve(kv, 6);
+        oomb_tensor * k_pages = oomb_kv_cache_k(kv, 0), * v_pages = oomb_kv_cache_v(kv, 0);
+        H.fill(k_pages);
+        H.fill(v_pages);
+        k_pages->grad = oomb_kv_cache_dk(kv, 0);
+        v_pages->grad = oomb_kv_cache_dv(kv, 0);
+        H.extra_zero = {k_pages->grad, v_pages->grad};
+        oomb_tensor * q = H.param("q", {D, NH, T}, OOMB_TYPE_F32, -1.5f, 1.5f);
+        oomb_tensor * kc = H.param("k_cur", {D, NKV, T}, OOMB_TYPE_F32, -1.5f, 1.5f);
+        oomb_tensor * vc = H.param("v_cur", {D, NKV, T});
+        oomb_tensor * pos = H.ids("pos", {3, 4, 5}, T);
+        oomb_tensor * out = oomb_paged_attn(H.ctx, q, kc, vc, k_pages, v_pages, oomb_kv_cache_page_table(kv), pos, 0.5f, 1);
+        oomb_tensor * packed = out->view_src;
+        const size_t nb1 = sizeof(float) * D, nb2 = nb1 * NH;
+        if (variant == 0) {
+            // tokens 1.. of the packed node's out part: generic scatter only
+            H.check(oomb_view_3d(H.ctx, packed, D, NH, T - 1, nb1, nb2, nb2));
+        } else if (variant == 1) {
+            // out * (token 0 of out, read through the packed node): the out view and a scatter
+            oomb_tensor * first = oomb_view_3d(H.ctx, packed, D, NH, 1, nb1, nb2, 0);
+            H.check(oomb_mul(H.ctx, out, oomb_repeat(H.ctx, first, out)));
+        } else {
+            // the saved LSE [H, T] after out: not differentiable
+            oomb_tensor * lse = oomb_view_2d(H.ctx, packed, NH, T, sizeof(float) * NH, sizeof(float) * D * NH * T);
+            oomb_tensor * loss = oomb_sum(H.ctx, oomb_add(H.ctx, lse, oomb_reshape_2d(H.ctx, oomb_cont(H.ctx, oomb_view_3d(H.ctx, out, 1, NH, T, nb1, nb2, 0)), NH, T)));
+            oomb_cgraph * g = oomb_new_graph(H.ctx);
+            oomb_build_forward_expand(g, loss);
+            const int n0 = oomb_graph_n_nodes(g);
+            EXPECT_OOMB_ERROR(oomb_build_backward_expand(H.ctx, g, loss, nullptr), "saved log-sum-exp");
+            EXPECT_EQ(oomb_graph_n_nodes(g), n0) << "the error comes before the graph changes";
+        }
+        oomb_kv_cache_free(kv);
+    }
+}
+
 // Chunk-recurrent use of paged_attn: the sequence in two chunks, each chunk's K/V stored by a forward
 // pass, then the chunks' backward graphs (recomputing with store = 0) run in reverse order; the
 // gradient pages carry the later chunk's dK/dV into the earlier one. The accumulated parameter

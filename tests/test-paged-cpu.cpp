@@ -5,9 +5,13 @@
 // block, a chunk whose positions start mid-page, bf16 pools, and a non-contiguous page table.
 // Results must also be bit-identical with 1 and 2 threads. Every case runs with each kernel variant
 // (OOMB_PAGED_ISA=avx512, avx2, base; a variant the CPU lacks falls back to the best it has).
+// The forward's saved log-sum-exp (the tail of the op's packed node) is checked against the
+// reference, and the backward runs both with the saved statistics (fwd given) and recomputing them
+// (fwd NULL): the two agree to 1e-6.
 #include "oomb.h"
 #include "oomb-backend.h"
 #include "oomb-paged.h"
+#include "test-common.h"
 
 #include <gtest/gtest.h>
 
@@ -65,6 +69,15 @@ double rel(const std::vector<double> & ref, const float * got, size_t n) {
     for (size_t i = 0; i < n; i++) {
         num += (got[i] - ref[i]) * (got[i] - ref[i]);
         den += ref[i] * ref[i];
+    }
+    return std::sqrt(num / std::max(den, 1e-30));
+}
+double rel_f(const std::vector<float> & ref, const std::vector<float> & got) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        num += ((double) got[i] - ref[i]) * ((double) got[i] - ref[i]);
+        den += (double) ref[i] * ref[i];
     }
     return std::sqrt(num / std::max(den, 1e-30));
 }
@@ -139,6 +152,12 @@ TEST_P(PagedCpu, MatchesReference) {
             }
 
     oomb_tensor * out = oomb_paged_attn(ctx, q, kc, vc, kpool, vpool, oomb_kv_cache_page_table(kv), pos, scale, c.store ? 1 : 0);
+    // the result is the out view [D, H, T] at offset 0 of the packed node (out, then the LSE per row)
+    oomb_tensor * packed = out->view_src;
+    ASSERT_NE(packed, nullptr);
+    ASSERT_EQ(packed->op, OOMB_OP_PAGED_ATTN);
+    ASSERT_EQ(oomb_nelements(packed), D * H * T + H * T);
+    ASSERT_TRUE(out->ne[0] == D && out->ne[1] == H && out->ne[2] == T && out->ne[3] == 1 && oomb_is_contiguous(out) && out->view_offs == 0);
     oomb_cgraph * gf = oomb_new_graph(ctx);
     oomb_build_forward_expand(gf, out);
     oomb_backend_graph_compute(be, gf);
@@ -154,7 +173,7 @@ TEST_P(PagedCpu, MatchesReference) {
     }
 
     // reference, in double
-    std::vector<double> ro((size_t) (T * H * D)), rdq(ro.size()), rdk = dk0, rdv = dv0;
+    std::vector<double> ro((size_t) (T * H * D)), rdq(ro.size()), rdk = dk0, rdv = dv0, rlse((size_t) (T * H));
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < H; h++) {
             const int64_t g = h / group, n = c.hist + t + 1;
@@ -171,6 +190,7 @@ TEST_P(PagedCpu, MatchesReference) {
             }
             double l = 0;
             for (int64_t p = 0; p < n; p++) { s[p] = std::exp(s[p] - mx); l += s[p]; }
+            rlse[t * H + h] = mx + std::log(l);  // log sum_p exp(scale * q . k_p)
             double delta = 0;
             for (int64_t p = 0; p < n; p++) { s[p] /= l; delta += s[p] * dp[p]; }
             for (int64_t p = 0; p < n; p++) {
@@ -184,10 +204,22 @@ TEST_P(PagedCpu, MatchesReference) {
             }
         }
     EXPECT_LT(rel(ro, (const float *) out->data, ro.size()), 1e-5);
+    {  // the saved LSE, natural log, row t*H + h after out
+        const float * lse = (const float *) packed->data + D * H * T;
+        double worst = 0;
+        for (int64_t r = 0; r < T * H; r++) worst = std::max(worst, std::fabs(lse[r] - rlse[r]) / std::max(1.0, std::fabs(rlse[r])));
+        EXPECT_LT(worst, 2e-6) << "saved log-sum-exp";
+    }
 
-    // backward, with 2 threads then (from the same starting gradient pages) with 1 thread
-    std::vector<std::vector<float>> results;
-    for (int threads : {2, 1}) {
+    // backward, with 2 threads then (from the same starting gradient pages) with 1 thread; each with
+    // the forward's saved statistics (fwd: the view, or the packed node) and recomputing them (NULL)
+    std::vector<std::vector<float>> results[2];  // [saved]
+    std::vector<float> incs[2];                  // [saved]: dq, then the gradient pages' increments (2 threads)
+    for (int run = 0; run < 4; run++) {
+        const int threads = run < 2 ? 2 : 1;
+        const bool saved = run % 2 == 0;
+        oomb_tensor * fwd = saved ? (threads == 2 ? out : packed) : nullptr;
+        SCOPED_TRACE(std::string(saved ? "saved statistics" : "recomputed statistics") + ", threads " + std::to_string(threads));
         for (int64_t p = 0; p < S; p++)
             for (int64_t g = 0; g < Hkv; g++)
                 for (int64_t d = 0; d < D; d++) {
@@ -195,7 +227,8 @@ TEST_P(PagedCpu, MatchesReference) {
                     set_pool(dvpool, d, g, p % c.page, pt[p / c.page], (float) dv0[(p * Hkv + g) * D + d]);
                 }
         oomb_backend_cpu_set_n_threads(be, threads);
-        oomb_tensor * back = oomb_paged_attn_back(ctx, q, kpool, vpool, dkpool, dvpool, oomb_kv_cache_page_table(kv), pos, dout, scale);
+        oomb_tensor * back = oomb_paged_attn_back(ctx, q, kpool, vpool, dkpool, dvpool, oomb_kv_cache_page_table(kv), pos, dout, fwd, scale);
+        ASSERT_EQ(back->src[8], saved ? packed : nullptr);
         oomb_cgraph * gb = oomb_new_graph(ctx);
         oomb_build_forward_expand(gb, back);
         oomb_backend_graph_compute(be, gb);
@@ -221,12 +254,49 @@ TEST_P(PagedCpu, MatchesReference) {
         std::vector<float> all(bd, bd + oomb_nelements(back));
         all.insert(all.end(), gk.begin(), gk.end());
         all.insert(all.end(), gv.begin(), gv.end());
-        results.push_back(all);
+        results[saved].push_back(all);
+        if (threads == 2) {
+            std::vector<float> inc(bd, bd + D * H * T);
+            for (size_t i = 0; i < gk.size(); i++) inc.push_back((float) (gk[i] - dk0[i]));
+            for (size_t i = 0; i < gv.size(); i++) inc.push_back((float) (gv[i] - dv0[i]));
+            incs[saved] = inc;
+        }
     }
-    EXPECT_TRUE(results[0] == results[1]) << "results differ between 1 and 2 threads";
+    EXPECT_TRUE(results[0][0] == results[0][1]) << "recomputed statistics: results differ between 1 and 2 threads";
+    EXPECT_TRUE(results[1][0] == results[1][1]) << "saved statistics: results differ between 1 and 2 threads";
+    // saved vs recomputed statistics: dq and the increments of the gradient pages
+    EXPECT_LT(rel_f(incs[0], incs[1]), 1e-6) << "backward with saved statistics vs recomputed";
     oomb_free(ctx);
     oomb_kv_cache_free(kv);
     oomb_backend_free(be);
+}
+
+// oomb_paged_attn_back checks its fwd argument: the result of oomb_paged_attn (view or packed node)
+// for q's shape and the pools' shape and type.
+TEST(PagedCpuErrors, BackwardFwdArgument) {
+    oomb_context * ctx = oomb_init({0, true});
+    const int64_t D = 8, H = 4, Hkv = 2, T = 5, P = 4, NP = 3;
+    oomb_tensor * q = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, T);
+    oomb_tensor * q2 = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, T + 1);
+    oomb_tensor * kc = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T);
+    oomb_tensor * kc2 = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T + 1);
+    oomb_tensor * kp = oomb_new_tensor_4d(ctx, OOMB_TYPE_F32, D, Hkv, P, NP);
+    oomb_tensor * dkp = oomb_new_tensor_4d(ctx, OOMB_TYPE_F32, D, Hkv, P, NP);
+    oomb_tensor * pt = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, NP);
+    oomb_tensor * pos = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T);
+    oomb_tensor * pos2 = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T + 1);
+    oomb_tensor * dout = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, T);
+    oomb_tensor * out = oomb_paged_attn(ctx, q, kc, kc, kp, kp, pt, pos, 0.5f, 1);
+    oomb_tensor * other = oomb_paged_attn(ctx, q2, kc2, kc2, kp, kp, pt, pos2, 0.5f, 1);
+    // accepted: the view and the packed node, both stored as the packed node
+    EXPECT_EQ(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, out, 0.5f)->src[8], out->view_src);
+    EXPECT_EQ(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, out->view_src, 0.5f)->src[8], out->view_src);
+    EXPECT_EQ(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, nullptr, 0.5f)->src[8], nullptr);
+    EXPECT_OOMB_ERROR(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, dout, 0.5f), "must be the result of oomb_paged_attn");
+    EXPECT_OOMB_ERROR(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, oomb_scale(ctx, out, 1.0f), 0.5f),
+                      "must be the result of oomb_paged_attn");
+    EXPECT_OOMB_ERROR(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, other, 0.5f), "is the paged_attn of q");
+    oomb_free(ctx);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PagedCpu,

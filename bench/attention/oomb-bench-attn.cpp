@@ -3,10 +3,13 @@
 // chunks in order (each chunk stores its K/V into the pages, store = 1), backward over the chunks in
 // reverse order (dq, dK/dV accumulated into the f32 gradient pages). Prints one JSON line per
 // sequence length. FLOPs as FlashAttention counts them: causal forward 2*S^2*H*D, forward+backward
-// 3.5 times that.
+// 3.5 times that. Each chunk's forward keeps its out and row log-sum-exp (the op's packed node) and
+// its backward reads them; --recompute-lse makes the backward recompute them instead (fwd = NULL,
+// the op before version 4 in bench/NOTES.md).
 //
 // usage: oomb-bench-attn [--seq 8192,32768,131072] [--chunk 4096] [--page 128] [--heads 28]
 //                        [--kv-heads 4] [--dim 128] [--reps 3] [--no-shuffle] [--fwd-only]
+//                        [--recompute-lse]
 // Kernel variants for tuning: OOMB_PAGED_ATTN_FWD / OOMB_PAGED_ATTN_BWD (see cuda/paged-attn.cu).
 
 #include "oomb.h"
@@ -68,6 +71,7 @@ int main(int argc, char ** argv) {
     int reps = 3;
     bool shuffle = true;
     bool fwd_only = false;
+    bool recompute_lse = false;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         auto next = [&]() { if (i + 1 >= argc) { fprintf(stderr, "missing value for %s\n", a.c_str()); exit(2); } return argv[++i]; };
@@ -80,6 +84,7 @@ int main(int argc, char ** argv) {
         else if (a == "--reps") reps = atoi(next());
         else if (a == "--no-shuffle") shuffle = false;
         else if (a == "--fwd-only") fwd_only = true;
+        else if (a == "--recompute-lse") recompute_lse = true;
         else { fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
     }
     cudaDeviceProp prop;
@@ -100,7 +105,9 @@ int main(int argc, char ** argv) {
         CK(cudaMalloc(&dout, nq * 4));
         CK(cudaMalloc(&kc, nkv * 4));
         CK(cudaMalloc(&vc, nkv * 4));
-        CK(cudaMalloc(&out, (size_t) chunk * H * D * 4));
+        // one packed forward result per chunk: out [D, H, chunk], then the LSE of each row
+        const size_t n_packed = (size_t) chunk * H * (D + 1);
+        CK(cudaMalloc(&out, n_chunks * n_packed * 4));
         CK(cudaMalloc(&back, (size_t) chunk * (H + 2 * Hkv) * D * 4));
         CK(cudaMalloc(&kp, npool * 2));
         CK(cudaMalloc(&vp, npool * 2));
@@ -144,9 +151,10 @@ int main(int argc, char ** argv) {
             tq->data = q + t0 * H * D; tdo->data = dout + t0 * H * D;
             tkc->data = kc + t0 * Hkv * D; tvc->data = vc + t0 * Hkv * D;
             tpos->data = pos + t0;
-            oomb_tensor * f = oomb_paged_attn(ctx, tq, tkc, tvc, t_kp, t_vp, t_pt, tpos, scale, 1);
-            f->data = out;
-            oomb_tensor * b = oomb_paged_attn_back(ctx, tq, t_kp, t_vp, t_dkp, t_dvp, t_pt, tpos, tdo, scale);
+            // the op's node is the packed one (the view oomb_paged_attn returns is its out part)
+            oomb_tensor * f = oomb_paged_attn(ctx, tq, tkc, tvc, t_kp, t_vp, t_pt, tpos, scale, 1)->view_src;
+            f->data = out + c * n_packed;
+            oomb_tensor * b = oomb_paged_attn_back(ctx, tq, t_kp, t_vp, t_dkp, t_dvp, t_pt, tpos, tdo, recompute_lse ? nullptr : f, scale);
             b->data = back;
             fwd.push_back(f);
             bwd.push_back(b);
@@ -176,16 +184,17 @@ int main(int argc, char ** argv) {
         const double fwd_ms = time(run_fwd);
         const double bwd_ms = fwd_only ? 0.0 : time(run_bwd);
         CK(cudaGetLastError());
-        // sanity: the last chunk's output must be finite
+        // sanity: the last chunk's output (and its LSE) must be finite
         {
-            std::vector<float> h((size_t) std::min<int64_t>(chunk, S) * H * D);
-            CK(cudaMemcpy(h.data(), out, h.size() * 4, cudaMemcpyDeviceToHost));
+            const int64_t T_last = S - (n_chunks - 1) * chunk;
+            std::vector<float> h((size_t) T_last * H * (D + 1));
+            CK(cudaMemcpy(h.data(), out + (n_chunks - 1) * n_packed, h.size() * 4, cudaMemcpyDeviceToHost));
             for (float x : h) if (!std::isfinite(x)) { fprintf(stderr, "non-finite output at S=%lld\n", (long long) S); exit(1); }
         }
         const double flop_fwd = 2.0 * (double) S * S * H * D;
         printf("{\"seq\": %lld, \"chunk\": %lld, \"page\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"dim\": %lld, "
-               "\"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, \"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f, \"fwdbwd_tflops\": %.1f}\n",
-               (long long) S, (long long) chunk, (long long) page, (long long) H, (long long) Hkv, (long long) D, fwd_ms, bwd_ms,
+               "\"lse\": \"%s\", \"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, \"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f, \"fwdbwd_tflops\": %.1f}\n",
+               (long long) S, (long long) chunk, (long long) page, (long long) H, (long long) Hkv, (long long) D, recompute_lse ? "recompute" : "saved", fwd_ms, bwd_ms,
                fwd_ms + bwd_ms, flop_fwd / fwd_ms * 1e-9, fwd_only ? 0.0 : 2.5 * flop_fwd / bwd_ms * 1e-9,
                fwd_only ? 0.0 : 3.5 * flop_fwd / (fwd_ms + bwd_ms) * 1e-9);
         fflush(stdout);
