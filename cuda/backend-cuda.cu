@@ -7,6 +7,7 @@
 #include "cross-entropy.cuh"
 #include "elementwise.cuh"
 #include "get-rows.cuh"
+#include "linear-ce.cuh"
 #include "mul-mat.cuh"
 #include "norm.cuh"
 #include "optim.cuh"
@@ -259,6 +260,10 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
         case OOMB_OP_CROSS_ENTROPY: need(2); f32(1); oomb_cuda_cross_entropy(c, node, s[0], s[1]); break;
         case OOMB_OP_CROSS_ENTROPY_BACK:
                                     need(3); f32(1); oomb_cuda_cross_entropy_back(c, node, s[0], s[1], s[2]); break;
+        case OOMB_OP_LINEAR_CROSS_ENTROPY:
+                                    need(3); oomb_cuda_linear_ce(c, node, s[0], s[1], s[2]); break;
+        case OOMB_OP_LINEAR_CROSS_ENTROPY_BACK:
+                                    need(4); oomb_cuda_linear_ce_back(c, node, s[0], s[1], s[2], s[3], s[4]); break;
         case OOMB_OP_ADAMW_STEP:    need(5); oomb_cuda_adamw_step(c, node, s[0], s[1], s[2], s[3], s[4]); break;
         case OOMB_OP_SGD_STEP:      need(3); oomb_cuda_sgd_step(c, node, s[0], s[1], s[2]); break;
         default:
@@ -283,6 +288,12 @@ void check_recorded_error(oomb_cuda_ctx & c, oomb_cgraph * g) {
         const int64_t n_rows = table->ne[1];
         oomb_error("%s: id %lld at position %lld of ids %s is out of range: %s has %lld rows", opn, rec.value, rec.pos,
                    shape_str(node->src[1]).c_str(), shape_str(table).c_str(), (long long) n_rows);
+    }
+    if (rec.kind == OOMB_CUDA_ERR_LABEL &&
+        (node->op == OOMB_OP_LINEAR_CROSS_ENTROPY || node->op == OOMB_OP_LINEAR_CROSS_ENTROPY_BACK)) {
+        const oomb_tensor * w = node->src[0];
+        oomb_error("%s: label %lld at row %lld is out of range [0, %lld) (ignore_index %d), w %s", opn, rec.value, rec.pos,
+                   (long long) w->ne[1], node->op_params[0], shape_str(w).c_str());
     }
     if (rec.kind == OOMB_CUDA_ERR_LABEL) {
         const char * name = node->op == OOMB_OP_CROSS_ENTROPY ? "cross_entropy_loss" : "cross_entropy_loss_back";

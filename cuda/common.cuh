@@ -50,7 +50,7 @@
 enum oomb_cuda_err_kind {
     OOMB_CUDA_ERR_NONE = 0,
     OOMB_CUDA_ERR_ID = 1,    // get_rows / get_rows_back: id out of range (pos = index in ids, value = id)
-    OOMB_CUDA_ERR_LABEL = 2, // cross_entropy(_back): label out of range (pos = row, value = label)
+    OOMB_CUDA_ERR_LABEL = 2, // (linear_)cross_entropy(_back): label out of range (pos = row, value = label)
 };
 struct oomb_cuda_err_rec {
     int flag;   // 0: none; set with atomicCAS by the first reporter

@@ -97,6 +97,8 @@ enum oomb_op {
     OOMB_OP_ATTN_BACK,
     OOMB_OP_CROSS_ENTROPY,
     OOMB_OP_CROSS_ENTROPY_BACK,
+    OOMB_OP_LINEAR_CROSS_ENTROPY,      // LM head + cross-entropy over vocabulary tiles
+    OOMB_OP_LINEAR_CROSS_ENTROPY_BACK,
 
     // optimizers (update src[0] in place; result is a view of src[0])
     OOMB_OP_ADAMW_STEP,
@@ -345,6 +347,50 @@ struct oomb_tensor * oomb_cross_entropy_loss(struct oomb_context * ctx, struct o
 /// d(logits) given dloss: f32 [2] (only dloss[0], the gradient of the sum, is used):
 /// (softmax(logits) - onehot(label)) * dloss[0] for counted rows, 0 for ignored rows.
 struct oomb_tensor * oomb_cross_entropy_loss_back(struct oomb_context * ctx, struct oomb_tensor * logits, struct oomb_tensor * labels, struct oomb_tensor * dloss, int32_t ignore_index);
+
+/// Fused linear + cross-entropy over vocabulary tiles: the loss of the logits w^T x without storing
+/// them. w: [E, V] (f32, f16 or bf16; the LM head in llama.cpp layout, ne = {in, out}: row v is the
+/// weight vector of class v; any strides); x: [E, N] f32 (or [E, N, B2, B3]: every ne1..ne3 row is
+/// one token; any strides); labels: i32 with one entry per row of x (a label equal to ignore_index
+/// contributes nothing; other labels must be in [0, V), else an error at compute naming the label
+/// and its row, as for oomb_cross_entropy_loss). Errors when built: w not 2-D, E or V zero,
+/// x->ne[0] != E, x not f32, labels not i32 or not one per row of x.
+/// Result: f32 [2] = { sum over counted rows of -log softmax(w^T x)[label], number of counted rows },
+/// the value of oomb_cross_entropy_loss(oomb_mul_mat(w, x), labels, ignore_index).
+/// The [V, N] logits are never stored: the kernels compute them Vt rows of w at a time (a [Vt, N] f32
+/// scratch; Vt = oomb_linear_cross_entropy_tile(V, N, 0): the largest multiple of 128 with
+/// Vt * N * 4 <= 256 MiB, within [128, 16384] and at most V) and keep a running max / sum of exp per
+/// row (online log-sum-exp). The result is a view of the first 2 elements of the op's node, an f32
+/// [2 + N] tensor (result->view_src) whose tail holds each row's log-sum-exp (ignored rows included),
+/// which the backward pass reads instead of recomputing it (the tail itself carries no gradient).
+/// Source: Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary Language Models" (Apple, CCE);
+/// Liger-Kernel's fused linear cross-entropy; Milakov & Gimelshein 2018 (online softmax).
+struct oomb_tensor * oomb_linear_cross_entropy(struct oomb_context * ctx, struct oomb_tensor * w, struct oomb_tensor * x,
+                                               struct oomb_tensor * labels, int32_t ignore_index);
+/// Sets the vocabulary tile (rows of w per step, > 0) of a linear_cross_entropy result (or of its
+/// node, or of a linear_cross_entropy_back node); 0 restores the automatic choice. Its backward
+/// pass inherits it. For tests and tuning; results do not depend on it beyond rounding.
+void oomb_linear_cross_entropy_set_tile(struct oomb_tensor * t, int64_t rows);
+/// The tile the kernels use for V classes and N rows: `rows` when > 0 (capped at V), else the
+/// environment variable OOMB_LCE_TILE when set (> 0), else the automatic choice above.
+int64_t oomb_linear_cross_entropy_tile(int64_t V, int64_t N, int64_t rows);
+
+/// Which gradients oomb_linear_cross_entropy_back computes (bit mask, not 0).
+enum oomb_lce_grad {
+    OOMB_LCE_GRAD_X = 1,  // dx = w dlogits: [E, N(, B2, B3)] in x's shape
+    OOMB_LCE_GRAD_W = 2,  // dw = x dlogits^T: [E, V] in w's shape
+};
+/// Backward of oomb_linear_cross_entropy given dloss: f32 [2] (only dloss[0], the gradient of the
+/// sum, is used): with dlogits = (softmax(w^T x) - onehot(label)) * dloss[0] for counted rows and 0
+/// for ignored rows, one contiguous f32 tensor holding dx (E*N elements) when grads has
+/// OOMB_LCE_GRAD_X, followed by dw (E*V elements) when grads has OOMB_LCE_GRAD_W; a gradient not
+/// asked for costs neither its product nor its memory (a frozen LM head: no dw, no [E, V] buffer).
+/// lse: f32 [N] contiguous, each row's log-sum-exp (the tail of the forward's node), or NULL: then
+/// the kernels recompute it with one more pass over the tiles. Per tile: the logits again, dlogits,
+/// dx += w_tile dlogits_tile, dw_tile = x dlogits_tile^T. Label errors as in the forward.
+struct oomb_tensor * oomb_linear_cross_entropy_back(struct oomb_context * ctx, struct oomb_tensor * w, struct oomb_tensor * x,
+                                                    struct oomb_tensor * labels, struct oomb_tensor * dloss,
+                                                    struct oomb_tensor * lse, int32_t ignore_index, int grads);
 
 /// AdamW step (Loshchilov & Hutter 2019, decoupled weight decay, bias-corrected moments), in place:
 /// g = grad * hp[5]; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;

@@ -423,12 +423,18 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
     if (kind != Kind::Fill) {
         x = oomb_set_name(oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), m_.output_norm), "result_norm");
         capture(x);
-        oomb_tensor * logits = oomb_set_name(oomb_mul_mat(ctx, m_.lm_head(), x), "logits");
         if (capture_hidden_ && kind == Kind::Loss) {
+            // the parity hook reads the logits: the unfused head
+            oomb_tensor * logits = oomb_set_name(oomb_mul_mat(ctx, m_.lm_head(), x), "logits");
             oomb_set_output(logits);
             G->logits = logits;
+            G->loss = oomb_cross_entropy_loss(ctx, logits, G->labels, p_.ignore_index);
+        } else {
+            // LM head fused with the loss over vocabulary tiles: the [V, T] logits (and, in the
+            // backward, their gradient) are never stored whole
+            G->loss = oomb_linear_cross_entropy(ctx, m_.lm_head(), x, G->labels, p_.ignore_index);
         }
-        G->loss = out = oomb_set_name(oomb_cross_entropy_loss(ctx, logits, G->labels, p_.ignore_index), "loss");
+        G->loss = out = oomb_set_name(G->loss, "loss");
         oomb_set_loss(G->loss);
     }
     oomb_set_output(out);

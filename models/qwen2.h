@@ -115,7 +115,9 @@ struct ChunkStats {
 };
 
 /// OOMB chunk-recurrent training of a Qwen2 model over paged KV caches. Graphs are built and
-/// planned once per (chunk length, with/without backward) and re-run.
+/// planned once per (chunk length, with/without backward) and re-run. The LM head and the loss are
+/// one oomb_linear_cross_entropy (vocabulary tiles: no [n_vocab, T] logits in the arena), except in
+/// the Loss graph with set_capture_hidden on, which keeps mul_mat + cross_entropy_loss for logits().
 class ChunkTrainer {
 public:
     ChunkTrainer(Qwen2Model & model, const ChunkTrainerParams & p);

@@ -6,6 +6,11 @@
 // positions, constants) costs nothing. For every parameter reached, an in-place accumulation
 // param->grad += d(loss)/d(param) is appended, so gradients accumulate across evaluations.
 //
+// linear_cross_entropy: its node is { sum, count, lse[N] } and the caller's loss a view of the first
+// two elements; the backward op reads the lse tail (no recompute) and gets one packed [dx ; dw]
+// result holding only the gradients needed (a frozen LM head gets no dw product or buffer). The
+// lse tail itself carries no gradient.
+//
 // paged_attn (chunk-recurrent training over a paged KV cache): its backward accumulates dK/dV into the
 // gradient pages found in k_pages->grad / v_pages->grad and reads dk_cur / dv_cur back from them.
 // The op's node is packed (out [D, H, T], then the per-row log-sum-exp; oomb.h) and callers get a
@@ -53,6 +58,7 @@ int diff_srcs(const oomb_tensor * t) {
             return 1;
         case OOMB_OP_ADD: case OOMB_OP_SUB: case OOMB_OP_MUL: case OOMB_OP_ADD_INPLACE:
         case OOMB_OP_SWIGLU: case OOMB_OP_MUL_MAT:
+        case OOMB_OP_LINEAR_CROSS_ENTROPY: // w, x (labels get none)
             return 3;
         case OOMB_OP_ATTN:
         case OOMB_OP_PAGED_ATTN: // q, k_cur, v_cur (the pools, page table and positions get none)
@@ -136,7 +142,16 @@ struct Builder {
         }
         if (!c->name[0]) named(c, t);
         Acc & a = acc[t];
-        a.g = a.g ? named(oomb_add(ctx, a.g, c), t) : c;
+        if (!a.g) {
+            a.g = c;
+        } else if (a.g->view_src && !c->view_src) {
+            // the sum in place on the operand that owns its memory (the allocator runs an add in
+            // place on src[0] only when src[0] is not a view): e.g. a packed backward's view
+            // (linear_cross_entropy's dw) plus get_rows_back's table gradient for a tied embedding
+            a.g = named(oomb_add(ctx, c, a.g), t);
+        } else {
+            a.g = named(oomb_add(ctx, a.g, c), t);
+        }
     }
 
     // Adds dy (the gradient of the view v) into the gradient of v->src[0] at v's place in memory.
@@ -373,6 +388,29 @@ struct Builder {
             case OOMB_OP_CROSS_ENTROPY:
                 if (need(a)) add_grad(a, oomb_cross_entropy_loss_back(ctx, a, b, dy, t->op_params[0]));
                 break;
+            case OOMB_OP_LINEAR_CROSS_ENTROPY: {
+                // t = { sum, count, lse[N] }: only d(sum) (dy[0]) matters; the backward reads the
+                // forward's per-row log-sum-exp from t's tail and computes only the gradients needed
+                oomb_tensor * w = a, * x = b;
+                const int grads = (need(x) ? OOMB_LCE_GRAD_X : 0) | (need(w) ? OOMB_LCE_GRAD_W : 0);
+                if (!grads) break;
+                const int64_t N = oomb_nrows(x), E = x->ne[0], V = w->ne[1];
+                oomb_tensor * dl = oomb_view_1d(ctx, contig(dy), 2, 0);
+                oomb_tensor * lse = oomb_view_1d(ctx, t, N, 2 * sizeof(float));
+                oomb_tensor * packed = oomb_linear_cross_entropy_back(ctx, w, x, t->src[2], dl, lse, t->op_params[0], grads);
+                packed->op_params[1] = t->op_params[1]; // the forward's vocabulary tile
+                oomb_format_name(packed, "grad of %.44s (x, w)", tname(t));
+                size_t off = 0;
+                if (grads & OOMB_LCE_GRAD_X) {
+                    const size_t nb1 = sizeof(float) * E, nb2 = nb1 * x->ne[1], nb3 = nb2 * x->ne[2];
+                    add_grad(x, named(oomb_view_4d(ctx, packed, E, x->ne[1], x->ne[2], x->ne[3], nb1, nb2, nb3, 0), x));
+                    off += sizeof(float) * (size_t) (E * N);
+                }
+                if (grads & OOMB_LCE_GRAD_W) {
+                    add_grad(w, named(oomb_view_2d(ctx, packed, E, V, sizeof(float) * E, off), w));
+                }
+                break;
+            }
             case OOMB_OP_NONE:
             case OOMB_OP_FILL:
                 break;

@@ -4,6 +4,7 @@
 #include "oomb-impl.h"
 #include "fp16.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdarg>
@@ -37,6 +38,7 @@ static const char * k_op_name[OOMB_OP_COUNT] = {
     "sum", "mean", "sum_sq",
     "get_rows", "get_rows_back", "mul_mat", "rms_norm", "rms_norm_back", "rope", "rope_back",
     "soft_max", "soft_max_back", "attn", "attn_back", "cross_entropy_loss", "cross_entropy_loss_back",
+    "linear_cross_entropy", "linear_cross_entropy_back",
     "adamw_step", "sgd_step", "paged_attn", "paged_attn_back", "custom",
 };
 
@@ -730,6 +732,79 @@ struct oomb_tensor * oomb_cross_entropy_loss_back(struct oomb_context * ctx, str
     OOMB_CHECK(oomb_nelements(dloss) == 2, "cross_entropy_loss_back", "dloss must have 2 elements, got %s", shape_str(dloss).c_str());
     oomb_tensor * t = new_op(ctx, OOMB_OP_CROSS_ENTROPY_BACK, OOMB_TYPE_F32, logits->ne, logits, labels, dloss);
     t->op_params[0] = ignore_index;
+    return t;
+}
+
+static void check_linear_ce(const oomb_tensor * w, const oomb_tensor * x, const oomb_tensor * labels, const char * op) {
+    require_float(w, op, "w");
+    require_f32(x, op, "x");
+    OOMB_CHECK(w->ne[2] == 1 && w->ne[3] == 1, op, "w must be 2-D [E, V], got %s", shape_str(w).c_str());
+    OOMB_CHECK(w->ne[0] > 0 && w->ne[1] > 0, op, "w %s must have E > 0 and V > 0", shape_str(w).c_str());
+    OOMB_CHECK(x->ne[0] == w->ne[0], op, "inner dimensions differ (ne0): w %s, x %s", shape_str(w).c_str(), shape_str(x).c_str());
+    OOMB_CHECK(labels && labels->type == OOMB_TYPE_I32, op, "labels must be i32, got %s", shape_str(labels).c_str());
+    OOMB_CHECK(oomb_nelements(labels) == oomb_nrows(x), op, "labels %s must have one entry per row of x %s",
+               shape_str(labels).c_str(), shape_str(x).c_str());
+}
+
+struct oomb_tensor * oomb_linear_cross_entropy(struct oomb_context * ctx, struct oomb_tensor * w, struct oomb_tensor * x,
+                                               struct oomb_tensor * labels, int32_t ignore_index) {
+    check_linear_ce(w, x, labels, "linear_cross_entropy");
+    // the node holds { sum, count, lse_0 .. lse_{N-1} }; callers see its first 2 elements
+    const int64_t ne[4] = {2 + oomb_nrows(x), 1, 1, 1};
+    oomb_tensor * t = new_op(ctx, OOMB_OP_LINEAR_CROSS_ENTROPY, OOMB_TYPE_F32, ne, w, x, labels);
+    t->op_params[0] = ignore_index;
+    t->op_params[1] = 0; // vocabulary tile (0: automatic)
+    oomb_set_name(t, "linear_cross_entropy (sum, count, lse)");
+    oomb_tensor * r = oomb_view_1d(ctx, t, 2, 0);
+    oomb_set_name(r, "linear_cross_entropy");
+    return r;
+}
+
+void oomb_linear_cross_entropy_set_tile(struct oomb_tensor * t, int64_t rows) {
+    OOMB_CHECK(t, "linear_cross_entropy_set_tile", "tensor is NULL");
+    if (t->op == OOMB_OP_VIEW && t->view_src && t->view_src->op == OOMB_OP_LINEAR_CROSS_ENTROPY) t = t->view_src;
+    OOMB_CHECK(t->op == OOMB_OP_LINEAR_CROSS_ENTROPY || t->op == OOMB_OP_LINEAR_CROSS_ENTROPY_BACK, "linear_cross_entropy_set_tile",
+               "%s is not a linear_cross_entropy result (op %s)", shape_str(t).c_str(), oomb_op_name(t->op));
+    OOMB_CHECK(rows >= 0 && rows <= INT32_MAX, "linear_cross_entropy_set_tile", "rows = %" PRId64 " out of range", rows);
+    t->op_params[1] = (int32_t) rows;
+}
+
+int64_t oomb_linear_cross_entropy_tile(int64_t V, int64_t N, int64_t rows) {
+    if (V <= 0) return 0;
+    int64_t t = rows;
+    if (t <= 0) {
+        const char * e = getenv("OOMB_LCE_TILE");
+        if (e) t = atoll(e);
+    }
+    if (t <= 0) {
+        // [Vt, N] f32 logits tile of at most 256 MiB; a multiple of 128 rows in [128, 16384]
+        const int64_t budget = ((int64_t) 256 << 20) / (int64_t) sizeof(float);
+        t = budget / std::max<int64_t>(N, 1) / 128 * 128;
+        t = std::min<int64_t>(std::max<int64_t>(t, 128), 16384);
+    }
+    return std::min(t, V);
+}
+
+struct oomb_tensor * oomb_linear_cross_entropy_back(struct oomb_context * ctx, struct oomb_tensor * w, struct oomb_tensor * x,
+                                                    struct oomb_tensor * labels, struct oomb_tensor * dloss,
+                                                    struct oomb_tensor * lse, int32_t ignore_index, int grads) {
+    const char * op = "linear_cross_entropy_back";
+    check_linear_ce(w, x, labels, op);
+    require_f32(dloss, op, "dloss");
+    OOMB_CHECK(oomb_nelements(dloss) == 2, op, "dloss must have 2 elements, got %s", shape_str(dloss).c_str());
+    const int64_t N = oomb_nrows(x), E = w->ne[0], V = w->ne[1];
+    if (lse) {
+        require_f32(lse, op, "lse");
+        OOMB_CHECK(oomb_nelements(lse) == N && oomb_is_contiguous(lse), op, "lse %s must be contiguous with one entry per row of x %s",
+                   shape_str(lse).c_str(), shape_str(x).c_str());
+    }
+    OOMB_CHECK(grads > 0 && (grads & ~(OOMB_LCE_GRAD_X | OOMB_LCE_GRAD_W)) == 0, op,
+               "grads = %d must be OOMB_LCE_GRAD_X, OOMB_LCE_GRAD_W or both", grads);
+    const int64_t ne[4] = {((grads & OOMB_LCE_GRAD_X) ? E * N : 0) + ((grads & OOMB_LCE_GRAD_W) ? E * V : 0), 1, 1, 1};
+    oomb_tensor * t = new_op(ctx, OOMB_OP_LINEAR_CROSS_ENTROPY_BACK, OOMB_TYPE_F32, ne, w, x, labels, dloss, lse);
+    t->op_params[0] = ignore_index;
+    t->op_params[1] = 0;
+    t->op_params[2] = grads;
     return t;
 }
 

@@ -685,6 +685,182 @@ TEST_F(CudaOps, CrossEntropyAndBack) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Fused linear + cross-entropy over vocabulary tiles
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(CudaOps, LinearCrossEntropyAndBack) {
+    REQUIRE_CUDA();
+    struct Case {
+        int64_t E, V, N, tile;
+        oomb_type wt;
+    };
+    const Case cases[] = {
+        {64, 1000, 37, 256, OOMB_TYPE_BF16},  // 4 tiles, the last one 232 rows
+        {48, 3000, 5, 512, OOMB_TYPE_F32},    // f32 head converted per tile; 6 tiles
+        {40, 130, 1, 128, OOMB_TYPE_BF16},    // N = 1; the last tile has 2 rows
+        {96, 777, 64, 0, OOMB_TYPE_F16},      // automatic tile: one tile holds every class
+    };
+    for (const Case & cs : cases) {
+        char name[160];
+        snprintf(name, sizeof(name), "linear_cross_entropy / back w %s [%lld, %lld] x [%lld, %lld] tile %lld", oomb_type_name(cs.wt),
+                 (long long) cs.E, (long long) cs.V, (long long) cs.E, (long long) cs.N, (long long) cs.tile);
+        expect_case(name, [&cs](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * w = B.input(cs.wt, cs.E, cs.V, 1, 1, -1.0f, 1.0f);
+            oomb_tensor * x = B.input(OOMB_TYPE_F32, cs.E, cs.N, 1, 1, -1.0f, 1.0f);
+            std::vector<int32_t> lab = B.rand_ids(cs.N, (int32_t) cs.V);
+            lab[0] = (int32_t) cs.V - 1;
+            if (cs.N > 1) lab[1] = -100;
+            oomb_tensor * labels = B.ids(lab, cs.N);
+            oomb_tensor * dloss = B.input(OOMB_TYPE_F32, 2, 1, 1, 1, 0.2f, 0.9f);
+            oomb_tensor * l = oomb_linear_cross_entropy(B.ctx, w, x, labels, -100);
+            oomb_linear_cross_entropy_set_tile(l, cs.tile);
+            oomb_tensor * lse = oomb_view_1d(B.ctx, l->view_src, cs.N, 2 * sizeof(float));
+            oomb_tensor * both = oomb_linear_cross_entropy_back(B.ctx, w, x, labels, dloss, lse, -100, OOMB_LCE_GRAD_X | OOMB_LCE_GRAD_W);
+            oomb_tensor * only_x = oomb_linear_cross_entropy_back(B.ctx, w, x, labels, dloss, nullptr, -100, OOMB_LCE_GRAD_X);
+            oomb_tensor * only_w = oomb_linear_cross_entropy_back(B.ctx, w, x, labels, dloss, nullptr, -100, OOMB_LCE_GRAD_W);
+            for (oomb_tensor * t : {both, only_x, only_w}) oomb_linear_cross_entropy_set_tile(t, cs.tile);
+            // outputs: { sum, count }, the lse tail, [dx ; dw] (lse from the forward), dx and dw alone (lse recomputed)
+            return {l, lse, both, only_x, only_w};
+        }, k_bf16);
+    }
+    // through autodiff: a strided 3-D x (a view with padded rows), loss and both gradients
+    expect_case("linear_cross_entropy autodiff: loss, dw, dx (strided 3-D x)", [](Builder & B) -> std::vector<oomb_tensor *> {
+        const int64_t E = 72, V = 1500, T = 11;
+        oomb_tensor * w = B.param(OOMB_TYPE_F32, E, V, 1, 1, -0.5f, 0.5f);
+        oomb_tensor * xb = B.param(OOMB_TYPE_F32, E + 8, T, 2, 1, -1.0f, 1.0f);
+        oomb_tensor * x = oomb_view_3d(B.ctx, xb, E, T, 2, xb->nb[1], xb->nb[2], 4 * sizeof(float));
+        std::vector<int32_t> lab = B.rand_ids(2 * T, (int32_t) V);
+        lab[3] = -1;
+        oomb_tensor * labels = B.ids(lab, T, 2);
+        oomb_tensor * l = oomb_linear_cross_entropy(B.ctx, w, oomb_silu(B.ctx, x), labels, -1);
+        oomb_linear_cross_entropy_set_tile(l, 320);
+        B.loss = l;
+        return {l, w->grad, xb->grad};
+    }, k_bf16);
+}
+
+// On the GPU itself, the fused op against mul_mat + cross_entropy_loss(_back) + mul_mat (the same
+// bf16 products): the loss and the log-sum-exp to f32 accuracy, the gradients closely (both round
+// dlogits to bf16 for their products). Tighter than the GPU-vs-CPU gate above, so a tile that is
+// dropped or counted twice cannot hide in bf16 noise.
+TEST_F(CudaOps, LinearCrossEntropyMatchesUnfusedOnGpu) {
+    REQUIRE_CUDA();
+    oomb_backend_t cu = cuda_backend();
+    const int64_t E = 64, V = 2000, N = 33;
+    oomb_context * in = oomb_init({0, true});
+    oomb_context * ctx = oomb_init({0, true});
+    oomb_tensor * w = oomb_new_tensor_2d(in, OOMB_TYPE_BF16, E, V);
+    oomb_tensor * x = oomb_new_tensor_2d(in, OOMB_TYPE_F32, E, N);
+    oomb_tensor * labels = oomb_new_tensor_1d(in, OOMB_TYPE_I32, N);
+    oomb_tensor * dl = oomb_new_tensor_1d(in, OOMB_TYPE_F32, 2);
+    oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(in, cu);
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<uint16_t> wv((size_t) (E * V));
+    for (auto & v : wv) v = oomb_fp32_to_bf16(u(rng));
+    std::vector<float> xv((size_t) (E * N));
+    for (auto & v : xv) v = u(rng);
+    std::vector<int32_t> lv((size_t) N);
+    for (int64_t i = 0; i < N; i++) lv[(size_t) i] = (int32_t) ((i * 613 + 11) % V);
+    lv[5] = -100;
+    const float dlv[2] = {0.7f, 3.0f};
+    oomb_tensor_set(w, wv.data(), 0, wv.size() * 2);
+    oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
+    oomb_tensor_set(labels, lv.data(), 0, lv.size() * 4);
+    oomb_tensor_set(dl, dlv, 0, sizeof(dlv));
+
+    oomb_tensor * l = oomb_linear_cross_entropy(ctx, w, x, labels, -100);
+    oomb_linear_cross_entropy_set_tile(l, 384);  // 6 tiles, the last one 80 rows
+    oomb_tensor * lse = oomb_view_1d(ctx, l->view_src, N, 2 * sizeof(float));
+    oomb_tensor * back = oomb_linear_cross_entropy_back(ctx, w, x, labels, dl, lse, -100, OOMB_LCE_GRAD_X | OOMB_LCE_GRAD_W);
+    oomb_linear_cross_entropy_set_tile(back, 384);
+    oomb_tensor * logits = oomb_mul_mat(ctx, w, x);                                        // [V, N]
+    oomb_tensor * lu = oomb_cross_entropy_loss(ctx, logits, labels, -100);
+    oomb_tensor * dlog = oomb_cross_entropy_loss_back(ctx, logits, labels, dl, -100);      // [V, N]
+    oomb_tensor * dxu = oomb_mul_mat(ctx, oomb_transpose(ctx, w), dlog);                   // [E, N]
+    oomb_tensor * dwu = oomb_mul_mat(ctx, oomb_transpose(ctx, x), oomb_transpose(ctx, dlog)); // [E, V]
+    oomb_cgraph * g = oomb_new_graph(ctx);
+    for (oomb_tensor * t : {l, back, logits, lu, dxu, dwu}) {
+        oomb_set_output(t);
+        oomb_build_forward_expand(g, t);
+    }
+    oomb_gallocr_t ga = oomb_gallocr_new(cu);
+    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+    oomb_backend_graph_compute(cu, g);
+    oomb_backend_synchronize(cu);
+    const vec packed = device_values(l->view_src), lossu = device_values(lu), b = device_values(back);
+    const vec dx = device_values(dxu), dw = device_values(dwu);
+    // log-sum-exp of the unfused logits, on the host
+    const vec lg = device_values(logits);
+    vec lse_ref((size_t) N);
+    for (int64_t n = 0; n < N; n++) {
+        double mx = -INFINITY, s = 0;
+        for (int64_t v = 0; v < V; v++) mx = std::max(mx, lg[(size_t) (n * V + v)]);
+        for (int64_t v = 0; v < V; v++) s += std::exp(lg[(size_t) (n * V + v)] - mx);
+        lse_ref[(size_t) n] = mx + std::log(s);
+    }
+    const double e_loss = rel_err(vec(packed.begin(), packed.begin() + 2), lossu);
+    const double e_lse = rel_err(vec(packed.begin() + 2, packed.end()), lse_ref);
+    const double e_dx = rel_err(vec(b.begin(), b.begin() + E * N), dx);
+    const double e_dw = rel_err(vec(b.begin() + E * N, b.end()), dw);
+    printf("  fused vs unfused on the GPU: loss %.3e, lse %.3e, dx %.3e, dw %.3e\n", e_loss, e_lse, e_dx, e_dw);
+    EXPECT_LT(e_loss, k_f32);
+    EXPECT_EQ(packed[1], (double) (N - 1));
+    EXPECT_LT(e_lse, k_f32);
+    EXPECT_LT(e_dx, 1e-2);
+    EXPECT_LT(e_dw, 1e-2);
+    oomb_gallocr_free(ga);
+    oomb_buffer_free(buf);
+    oomb_free(ctx);
+    oomb_free(in);
+}
+
+TEST_F(CudaOps, LinearCrossEntropyLabelErrors) {
+    REQUIRE_CUDA();
+    if (harness_on_cpu()) GTEST_SKIP() << "CUDA error messages (harness run on the CPU)";
+    oomb_backend_t cu = cuda_backend();
+    oomb_context * in = oomb_init({0, true});
+    oomb_context * ctx = oomb_init({0, true});
+    oomb_tensor * w = oomb_new_tensor_2d(in, OOMB_TYPE_BF16, 8, 6);
+    oomb_tensor * x = oomb_new_tensor_2d(in, OOMB_TYPE_F32, 8, 3);
+    oomb_tensor * labels = oomb_new_tensor_1d(in, OOMB_TYPE_I32, 3);
+    oomb_tensor * dl = oomb_new_tensor_1d(in, OOMB_TYPE_F32, 2);
+    oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(in, cu);
+    std::vector<uint16_t> wv(48, oomb_fp32_to_bf16(0.25f));
+    std::vector<float> xv(24, 0.5f), dv = {1.0f, 0.0f};
+    oomb_tensor_set(w, wv.data(), 0, wv.size() * 2);
+    oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
+    oomb_tensor_set(dl, dv.data(), 0, dv.size() * 4);
+    const int32_t bad[3] = {2, -1, 6};
+    oomb_tensor_set(labels, bad, 0, sizeof(bad));
+    oomb_tensor * l = oomb_linear_cross_entropy(ctx, w, x, labels, -1);
+    oomb_tensor * b = oomb_linear_cross_entropy_back(ctx, w, x, labels, dl, nullptr, -1, OOMB_LCE_GRAD_X | OOMB_LCE_GRAD_W);
+    for (oomb_tensor * t : {l, b}) {
+        oomb_cgraph * g = oomb_new_graph(ctx);
+        oomb_build_forward_expand(g, t);
+        oomb_gallocr_t ga = oomb_gallocr_new(cu);
+        ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+        EXPECT_OOMB_ERROR(oomb_backend_graph_compute(cu, g), "label 6 at row 2 is out of range [0, 6)");
+        // the error state is cleared: with valid labels the graph computes; all logits are equal,
+        // so each counted row's loss is log(6)
+        const int32_t good[3] = {2, -1, 5};
+        oomb_tensor_set(labels, good, 0, sizeof(good));
+        oomb_backend_graph_compute(cu, g);
+        if (t == l) {
+            float out[2];
+            oomb_tensor_get(l, out, 0, sizeof(out));
+            EXPECT_NEAR(out[0], 2.0 * std::log(6.0), 1e-5);
+            EXPECT_EQ(out[1], 2.0f);
+        }
+        oomb_tensor_set(labels, bad, 0, sizeof(bad));
+        oomb_gallocr_free(ga);
+    }
+    oomb_buffer_free(buf);
+    oomb_free(ctx);
+    oomb_free(in);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Optimizers
 // ---------------------------------------------------------------------------------------------
 

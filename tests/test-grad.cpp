@@ -730,6 +730,125 @@ TEST(Grad, CrossEntropy) {
     }
 }
 
+// Fused LM head + loss over vocabulary tiles: dx and dw through autodiff (the backward reads the
+// forward's log-sum-exp tail), with tiles forcing several steps (the last one short), bf16 heads,
+// ignored labels, 3-D x, a tied embedding, and a frozen head / frozen input.
+oomb_tensor * lce(Harness & H, oomb_tensor * w, oomb_tensor * x, oomb_tensor * labels, int32_t ignore, int64_t tile) {
+    oomb_tensor * l = oomb_linear_cross_entropy(H.ctx, w, x, labels, ignore);
+    oomb_linear_cross_entropy_set_tile(l, tile);
+    return l;
+}
+
+// The linear_cross_entropy_back nodes appended to g.
+std::vector<oomb_tensor *> lce_back_nodes(oomb_cgraph * g) {
+    std::vector<oomb_tensor *> r;
+    for (int i = 0; i < oomb_graph_n_nodes(g); i++) {
+        if (oomb_graph_node(g, i)->op == OOMB_OP_LINEAR_CROSS_ENTROPY_BACK) r.push_back(oomb_graph_node(g, i));
+    }
+    return r;
+}
+
+TEST(Grad, LinearCrossEntropy) {
+    { // several tiles (4 + 4 + 4 + 1 classes), one ignored label
+        Harness H;
+        H.check(lce(H, H.param("w", {5, 13}), H.param("x", {5, 4}, OOMB_TYPE_F32, -2, 2), H.ids("labels", {12, -100, 0, 7}, 4), -100, 4));
+    }
+    { // one tile holds every class; N = 1
+        Harness H;
+        H.check(lce(H, H.param("w", {6, 9}), H.param("x", {6, 1}), H.ids("labels", {3}, 1), -100, 0));
+    }
+    { // bf16 head (values on the bf16 grid), 3-D x, ignore index inside [0, V)
+        Harness H;
+        H.grid = true;
+        oomb_tensor * w = H.param("w", {4, 11}, OOMB_TYPE_BF16);
+        oomb_tensor * x = H.param("x", {4, 3, 2});
+        H.check(lce(H, w, x, H.ids("labels", {1, 2, 10, 2, 0, 5}, 6), 2, 3));
+    }
+    { // tied embedding: the table is both the input (get_rows) and the head
+        Harness H;
+        oomb_tensor * emb = H.param("emb", {4, 7});
+        oomb_tensor * h = oomb_rms_norm(H.ctx, oomb_get_rows(H.ctx, emb, H.ids("tok", {1, 6, 3}, 3)), 1e-5f);
+        H.check(lce(H, emb, h, H.ids("labels", {6, 3, 0}, 3), -1, 2));
+    }
+}
+
+TEST(Grad, LinearCrossEntropyComputesOnlyTheNeededGradients) {
+    { // frozen head: dx only, no [E, V] buffer
+        Harness H;
+        oomb_tensor * w = H.input("w", {5, 13});
+        oomb_tensor * x = H.param("x", {5, 4}, OOMB_TYPE_F32, -2, 2);
+        oomb_tensor * l = lce(H, w, x, H.ids("labels", {12, -100, 0, 7}, 4), -100, 4);
+        oomb_cgraph * g = oomb_new_graph(H.ctx);
+        oomb_build_forward_expand(g, l);
+        oomb_build_backward_expand(H.ctx, g, l, nullptr);
+        const std::vector<oomb_tensor *> b = lce_back_nodes(g);
+        ASSERT_EQ(b.size(), 1u);
+        EXPECT_EQ(b[0]->op_params[2], OOMB_LCE_GRAD_X);
+        EXPECT_EQ(oomb_nelements(b[0]), 5 * 4);
+        EXPECT_EQ(b[0]->op_params[1], 4) << "the backward inherits the forward's tile";
+        ASSERT_NE(b[0]->src[4], nullptr) << "the backward reads the forward's log-sum-exp";
+        EXPECT_EQ(b[0]->src[4]->view_src, l->view_src);
+        Harness H2;
+        H2.check(lce(H2, H2.input("w", {5, 13}), H2.param("x", {5, 4}, OOMB_TYPE_F32, -2, 2), H2.ids("labels", {12, -100, 0, 7}, 4), -100, 4));
+    }
+    { // frozen input: dw only
+        Harness H;
+        oomb_tensor * w = H.param("w", {5, 13}, OOMB_TYPE_BF16);
+        oomb_tensor * x = H.input("x", {5, 4}, -2, 2);
+        oomb_tensor * l = lce(H, w, x, H.ids("labels", {12, -100, 0, 7}, 4), -100, 5);
+        oomb_cgraph * g = oomb_new_graph(H.ctx);
+        oomb_build_forward_expand(g, l);
+        oomb_build_backward_expand(H.ctx, g, l, nullptr);
+        const std::vector<oomb_tensor *> b = lce_back_nodes(g);
+        ASSERT_EQ(b.size(), 1u);
+        EXPECT_EQ(b[0]->op_params[2], OOMB_LCE_GRAD_W);
+        EXPECT_EQ(oomb_nelements(b[0]), 5 * 13);
+        Harness H2;
+        H2.grid = true;
+        H2.check(lce(H2, H2.param("w", {5, 13}, OOMB_TYPE_BF16), H2.input("x", {5, 4}, -2, 2), H2.ids("labels", {12, -100, 0, 7}, 4), -100, 5));
+    }
+}
+
+// The fused loss equals mul_mat + cross_entropy_loss, gradients included, through a graph planned by
+// the graph allocator (the packed node's tail must outlive the forward until the backward reads it).
+TEST(Grad, LinearCrossEntropyMatchesUnfusedWithGraphAllocator) {
+    const int64_t E = 6, V = 23, N = 5;
+    std::vector<std::vector<double>> grads[2];
+    double loss[2][2];
+    for (int fused = 0; fused < 2; fused++) {
+        Harness H(99);
+        oomb_tensor * w = H.param("w", {E, V}, OOMB_TYPE_F32, -1, 1);
+        oomb_tensor * emb = H.param("emb", {E, 9}, OOMB_TYPE_F32, -1, 1);
+        oomb_context * gctx = oomb_init({0, true});
+        oomb_tensor * tok = H.ids("tok", {1, 8, 3, 3, 0}, N);
+        oomb_tensor * lab = H.ids("lab", {22, 0, -100, 7, 11}, N);
+        oomb_tensor * x = oomb_silu(gctx, oomb_get_rows(gctx, emb, tok));
+        oomb_tensor * l = fused ? oomb_linear_cross_entropy(gctx, w, x, lab, -100)
+                                : oomb_cross_entropy_loss(gctx, oomb_mul_mat(gctx, w, x), lab, -100);
+        if (fused) oomb_linear_cross_entropy_set_tile(l, 7);
+        oomb_set_loss(l);
+        oomb_set_output(l);
+        oomb_cgraph * g = oomb_new_graph(gctx);
+        oomb_build_forward_expand(g, l);
+        oomb_build_backward_expand(gctx, g, l, nullptr);
+        oomb_gallocr_t ga = oomb_gallocr_new(cpu());
+        ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+        H.zero_grads();
+        oomb_backend_graph_compute(cpu(), g);
+        float lv[2];
+        oomb_tensor_get(l, lv, 0, sizeof(lv));
+        loss[fused][0] = lv[0];
+        loss[fused][1] = lv[1];
+        for (oomb_tensor * p : H.params) grads[fused].push_back(oombtest::to_vector(p->grad));
+        oomb_gallocr_free(ga);
+        oomb_free(gctx);
+    }
+    EXPECT_NEAR(loss[1][0], loss[0][0], 1e-5 * std::fabs(loss[0][0]));
+    EXPECT_EQ(loss[1][1], 4.0);
+    EXPECT_EQ(loss[0][1], 4.0);
+    for (size_t i = 0; i < grads[0].size(); i++) EXPECT_LT(rel_err(grads[1][i], grads[0][i]), 1e-5) << "param " << i;
+}
+
 // ---------------------------------------------------------------------------------------------
 // a whole block: embedding, norm, attention with RoPE and GQA, SwiGLU MLP, residuals, loss
 // ---------------------------------------------------------------------------------------------

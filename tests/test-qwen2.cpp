@@ -112,6 +112,53 @@ TEST(Qwen2Memory, PlannedPeakIndependentOfContext) {
     oomb_backend_free(cpu);
 }
 
+// The LM head and the loss are fused over vocabulary tiles: the chunk graph's arena holds no
+// [n_vocab, T] logits (nor their gradient), so it no longer grows by ~V*T*4 bytes per chunk. The
+// Loss graph with the parity hook on (capture_hidden) keeps the unfused head and is the "before".
+TEST(Qwen2Memory, ArenaDoesNotScaleWithVocabTimesTokens) {
+    oomb_backend_t cpu = oomb_backend_cpu_init(1);
+    Qwen2Config c;
+    ASSERT_TRUE(qwen2_preset("tiny", &c));  // the real 151,936-token vocabulary, n_embd 64
+    auto m = qwen2_create(c, cpu, OOMB_TYPE_BF16);
+    qwen2_set_trainable(*m, Qwen2Trainable::All);
+    const int64_t V = c.n_vocab, E = c.n_embd;
+    ChunkTrainerParams tp;
+    tp.chunk = 1024;
+    tp.page = 64;
+    tp.max_tokens = 1024;
+    size_t loss_fused[2], back_fused[2], loss_unfused[2];
+    const int64_t Ts[2] = {512, 1024};
+    {
+        ChunkTrainer tr(*m, tp);
+        for (int i = 0; i < 2; i++) {
+            loss_fused[i] = tr.planned_bytes(Ts[i], ChunkTrainer::Kind::Loss);
+            back_fused[i] = tr.planned_bytes(Ts[i], ChunkTrainer::Kind::Backward);
+        }
+    }
+    {
+        ChunkTrainer tr(*m, tp);
+        tr.set_capture_hidden(true);
+        for (int i = 0; i < 2; i++) loss_unfused[i] = tr.planned_bytes(Ts[i], ChunkTrainer::Kind::Loss);
+    }
+    for (int i = 0; i < 2; i++) {
+        const size_t vt4 = (size_t) (V * Ts[i] * 4);
+        printf("  T = %lld: V*T*4 = %zu; Loss arena %zu fused, %zu unfused; Backward arena %zu fused\n", (long long) Ts[i], vt4,
+               loss_fused[i], loss_unfused[i], back_fused[i]);
+        EXPECT_GE(loss_unfused[i], vt4) << "the unfused head stores the logits";
+        EXPECT_LT(loss_fused[i], vt4 / 8) << "the fused Loss graph holds no [V, T] logits";
+        // the Backward graph: a few [E, V] f32 gradient buffers (LM head, embedding), not [V, T]
+        EXPECT_LT(back_fused[i], vt4 / 2);
+        EXPECT_LT(back_fused[i], (size_t) (4 * E * V * 4) + vt4 / 8);
+    }
+    // doubling the chunk adds activations of ~E-sized rows per token, not V per token
+    const size_t dV = (size_t) (V * (Ts[1] - Ts[0]) * 4);
+    EXPECT_GE(loss_unfused[1] - loss_unfused[0], dV);
+    EXPECT_LT(loss_fused[1] - loss_fused[0], dV / 16);
+    EXPECT_LT(back_fused[1] - back_fused[0], dV / 16);
+    m.reset();
+    oomb_backend_free(cpu);
+}
+
 TEST(Qwen2Errors, BadInputs) {
     oomb_backend_t cpu = oomb_backend_cpu_init(1);
     std::string err;

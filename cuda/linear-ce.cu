@@ -1,0 +1,307 @@
+// Fused linear + cross-entropy over vocabulary tiles (see linear-ce.cuh).
+
+#include "linear-ce.cuh"
+#include "elementwise.cuh"
+#include "norm.cuh"
+#include "reduce.cuh"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+using oomb::shape_str;
+
+namespace {
+
+enum {
+    SLOT_X = oomb_cuda_ctx::SLOT_K0,  // x as contiguous bf16 [E, N]
+    SLOT_C = oomb_cuda_ctx::SLOT_K0 + 1,  // logits tile f32 [Vt, N]
+    SLOT_W = oomb_cuda_ctx::SLOT_K0 + 2,  // w's tile rows as contiguous bf16 [E, Vt] (when converted)
+    SLOT_G = oomb_cuda_ctx::SLOT_K0 + 3,  // dlogits tile bf16 [Vt, N] (backward)
+    SLOT_S = oomb_cuda_ctx::SLOT_K0 + 4,  // per-row state
+};
+
+__device__ __forceinline__ int32_t lce_label(const oomb_tv & labels, int64_t r) {
+    return *(const int32_t *) (labels.d + oomb_flat_off<uint64_t>(labels, (uint64_t) r));
+}
+
+// One block per token r: merges the max and sum of exp of C[r*vt .. r*vt + vt) (the logits of classes
+// v0 .. v0+vt) into the running (m[r], s[r]); picks the label's logit when picked != NULL.
+__global__ void k_lce_stats(const float * C, int64_t vt, int64_t v0, int first, oomb_tv labels, float * m, double * s,
+                            float * picked) {
+    __shared__ float shf[32];
+    __shared__ double shd[32];
+    const int64_t r = blockIdx.x;
+    const float * x = C + r * vt;
+    // per thread: one pass, online (a larger value rescales the thread's sum)
+    float mt = -INFINITY, st = 0.0f;
+    for (int64_t i = threadIdx.x; i < vt; i += blockDim.x) {
+        const float v = x[i];
+        if (v > mt) {
+            st = st * expf(mt - v) + 1.0f;
+            mt = v;
+        } else {
+            st += expf(v - mt);
+        }
+    }
+    const float M = oomb_block_max(mt, shf);
+    const double S = oomb_block_sum((double) (mt == -INFINITY ? 0.0f : st * expf(mt - M)), shd);
+    if (threadIdx.x == 0) {
+        if (first) {
+            m[r] = M;
+            s[r] = S;
+        } else {
+            const float mo = m[r];
+            const float mn = fmaxf(mo, M);
+            const double so = s[r];
+            s[r] = (so == 0.0 ? 0.0 : so * exp((double) mo - (double) mn)) + (S == 0.0 ? 0.0 : S * exp((double) M - (double) mn));
+            m[r] = mn;
+        }
+        if (picked) {
+            const int32_t lab = lce_label(labels, r);
+            if (lab >= v0 && lab < v0 + vt) picked[r] = x[lab - v0];
+        }
+    }
+}
+
+// Per row: lse = m + log(s) (to lse_out); with part != NULL, the row's loss and count (labels out of
+// range are recorded, counted, with loss 0, as cross_entropy_loss does).
+__global__ void k_lce_finish(int64_t N, int64_t V, const float * m, const double * s, const float * picked, oomb_tv labels,
+                             int32_t ignore, float * lse_out, double * part, double * cnt, oomb_cuda_err_rec * err, int node) {
+    for (int64_t r = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; r < N; r += (int64_t) gridDim.x * blockDim.x) {
+        const double lse = (double) m[r] + log(s[r]);
+        lse_out[r] = (float) lse;
+        if (!part) continue;
+        const int32_t lab = lce_label(labels, r);
+        double p = 0.0, k = 0.0;
+        if (lab != ignore) {
+            k = 1.0;
+            if (lab < 0 || lab >= V) oomb_cuda_record_err(err, OOMB_CUDA_ERR_LABEL, node, r, lab);
+            else p = lse - (double) picked[r];
+        }
+        part[r] = p;
+        cnt[r] = k;
+    }
+}
+
+// One block per token r: G[r*vt + i] = bf16((exp(C[r*vt + i] - lse[r]) - [v0 + i == label]) * dloss[0]),
+// 0 for ignored rows (and rows with a label out of range, which are recorded).
+__global__ void k_lce_dlogits(const float * C, __nv_bfloat16 * G, int64_t vt, int64_t v0, int64_t V, oomb_tv labels, int32_t ignore,
+                              const float * lse, const float * dloss, oomb_cuda_err_rec * err, int node) {
+    const int64_t r = blockIdx.x;
+    const float * x = C + r * vt;
+    __nv_bfloat16 * g = G + r * vt;
+    const int32_t lab = lce_label(labels, r);
+    const bool bad = lab != ignore && (lab < 0 || lab >= V);
+    if (bad && v0 == 0 && threadIdx.x == 0) oomb_cuda_record_err(err, OOMB_CUDA_ERR_LABEL, node, r, lab);
+    if (lab == ignore || bad) {
+        for (int64_t i = threadIdx.x; i < vt; i += blockDim.x) g[i] = __float2bfloat16_rn(0.0f);
+        return;
+    }
+    const float gs = *dloss, l = lse[r];
+    const int64_t li = (int64_t) lab - v0;
+    for (int64_t i = threadIdx.x; i < vt; i += blockDim.x) {
+        float e = expf(x[i] - l) * gs;
+        if (i == li) e -= gs;
+        g[i] = __float2bfloat16_rn(e);
+    }
+}
+
+void set_contiguous(oomb_tensor * t) {
+    t->nb[0] = oomb_type_size(t->type);
+    for (int i = 1; i < 4; i++) t->nb[i] = t->nb[i - 1] * (size_t) t->ne[i - 1];
+}
+
+struct lce_dims {
+    int64_t E, V, N;
+};
+
+lce_dims check_operands(const char * op, const oomb_tensor * w, const oomb_tensor * x, const oomb_tensor * labels) {
+    const int64_t E = w->ne[0], V = w->ne[1], N = oomb_nrows(x);
+    if (w->type == OOMB_TYPE_I32 || x->type != OOMB_TYPE_F32 || x->ne[0] != E || w->ne[2] != 1 || w->ne[3] != 1 || E <= 0 || V <= 0) {
+        oomb_error("%s: invalid operands w %s, x %s", op, shape_str(w).c_str(), shape_str(x).c_str());
+    }
+    if (labels->type != OOMB_TYPE_I32 || oomb_nelements(labels) != N) {
+        oomb_error("%s: labels %s must be i32 with one entry per row of x %s", op, shape_str(labels).c_str(), shape_str(x).c_str());
+    }
+    if (E > INT_MAX || V > INT_MAX || N > INT_MAX) {
+        oomb_error("%s: sizes exceed cuBLAS's int range: w %s, x %s", op, shape_str(w).c_str(), shape_str(x).c_str());
+    }
+    return {E, V, N};
+}
+
+// Scratch of one op, taken before anything is enqueued (a slot that grows synchronizes and frees its
+// old block).
+struct lce_scratch {
+    __nv_bfloat16 * xb = nullptr;  // [E, N]
+    float * C = nullptr;           // [vt, N]
+    __nv_bfloat16 * wt = nullptr;  // [E, vt] when w's rows are converted
+    __nv_bfloat16 * G = nullptr;   // [vt, N] (backward)
+    double * s = nullptr;          // running sum of exp [N]
+    double * part = nullptr;       // per-row loss [N]
+    double * cnt = nullptr;        // per-row count [N]
+    float * m = nullptr;           // running max [N]
+    float * picked = nullptr;      // label logit [N]
+    float * lse = nullptr;         // recomputed lse [N] (backward without an lse source)
+};
+
+bool w_in_place(const oomb_tensor * w) {
+    const int64_t E = w->ne[0];
+    return w->type == OOMB_TYPE_BF16 && (uintptr_t) w->data % 2 == 0 && (E <= 1 || w->nb[0] == 2) && w->nb[1] % 2 == 0 &&
+           (w->ne[1] <= 1 || (int64_t) (w->nb[1] / 2) >= E);
+}
+
+lce_scratch take_scratch(oomb_cuda_ctx & c, const oomb_tensor * w, const lce_dims & d, int64_t vt, bool backward) {
+    lce_scratch S;
+    const size_t N = (size_t) d.N, E = (size_t) d.E, T = (size_t) vt;
+    S.xb = (__nv_bfloat16 *) c.scratch(SLOT_X, E * N * 2);
+    S.C = (float *) c.scratch(SLOT_C, T * N * sizeof(float));
+    if (!w_in_place(w)) S.wt = (__nv_bfloat16 *) c.scratch(SLOT_W, E * T * 2);
+    if (backward) S.G = (__nv_bfloat16 *) c.scratch(SLOT_G, T * N * 2);
+    char * st = (char *) c.scratch(SLOT_S, N * (3 * sizeof(double) + 3 * sizeof(float)));
+    S.s = (double *) st;
+    S.part = S.s + N;
+    S.cnt = S.part + N;
+    S.m = (float *) (S.cnt + N);
+    S.picked = S.m + N;
+    S.lse = S.picked + N;
+    return S;
+}
+
+// x as contiguous bf16 [E, N] (column n = token n): once per op.
+void convert_x(oomb_cuda_ctx & c, const oomb_tensor * x, __nv_bfloat16 * xb) {
+    oomb_tensor d = *x;
+    d.type = OOMB_TYPE_BF16;
+    d.view_src = nullptr;
+    set_contiguous(&d);
+    d.data = xb;
+    oomb_cuda_copy_tensor(c, x, &d);
+}
+
+// Rows [v0, v0 + n) of w as a bf16 column-major E x n matrix with leading dimension ld (w's rows
+// in place, or converted into S.wt).
+const __nv_bfloat16 * w_rows(oomb_cuda_ctx & c, const oomb_tensor * w, const lce_scratch & S, int64_t v0, int64_t n, int64_t & ld) {
+    const int64_t E = w->ne[0];
+    if (w_in_place(w)) {
+        ld = n <= 1 ? E : (int64_t) (w->nb[1] / 2);
+        return (const __nv_bfloat16 *) ((const char *) w->data + v0 * w->nb[1]);
+    }
+    oomb_tensor src = *w;
+    src.ne[1] = n;
+    src.view_src = nullptr;
+    src.data = (char *) w->data + v0 * w->nb[1];
+    oomb_tensor d = src;
+    d.type = OOMB_TYPE_BF16;
+    set_contiguous(&d);
+    d.data = S.wt;
+    oomb_cuda_copy_tensor(c, &src, &d);
+    ld = E;
+    return S.wt;
+}
+
+// C [n, N] (ld n) = W_tile^T X: logits of classes v0 .. v0+n for every token.
+void gemm_logits(oomb_cuda_ctx & c, const __nv_bfloat16 * W, int64_t ldw, const lce_scratch & S, const lce_dims & d, int64_t n) {
+    const float alpha = 1.0f, beta = 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int) n, (int) d.N, (int) d.E, &alpha, W, CUDA_R_16BF, (int) ldw, S.xb,
+                              CUDA_R_16BF, (int) d.E, &beta, S.C, CUDA_R_32F, (int) n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// The forward's pass over the tiles: running (m, s) per row, and the label logits when picked.
+void lse_pass(oomb_cuda_ctx & c, const oomb_tensor * w, const oomb_tensor * labels, const lce_scratch & S, const lce_dims & d,
+              int64_t vt, float * picked) {
+    const oomb_tv tl = oomb_make_tv(labels);
+    for (int64_t v0 = 0; v0 < d.V; v0 += vt) {
+        const int64_t n = std::min(vt, d.V - v0);
+        int64_t ldw;
+        const __nv_bfloat16 * W = w_rows(c, w, S, v0, n, ldw);
+        gemm_logits(c, W, ldw, S, d, n);
+        k_lce_stats<<<(unsigned) d.N, oomb_cuda_row_threads(n), 0, c.stream>>>(S.C, n, v0, v0 == 0 ? 1 : 0, tl, S.m, S.s, picked);
+        OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy (tile stats)");
+    }
+}
+
+} // namespace
+
+void oomb_cuda_linear_ce(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * w, const oomb_tensor * x,
+                         const oomb_tensor * labels) {
+    const char * op = "linear_cross_entropy";
+    const lce_dims d = check_operands(op, w, x, labels);
+    if (oomb_nelements(dst) != 2 + d.N || !oomb_is_contiguous(dst)) {
+        oomb_error("%s: result %s must be contiguous with 2 + %lld elements", op, shape_str(dst).c_str(), (long long) d.N);
+    }
+    float * out = (float *) dst->data;
+    if (d.N == 0) {
+        CUDA_CHECK(cudaMemsetAsync(out, 0, 2 * sizeof(float), c.stream));
+        return;
+    }
+    const int64_t vt = oomb_linear_cross_entropy_tile(d.V, d.N, dst->op_params[1]);
+    const lce_scratch S = take_scratch(c, w, d, vt, false);
+    CUBLAS_CHECK(cublasSetStream(c.cublas, c.stream));
+    convert_x(c, x, S.xb);
+    lse_pass(c, w, labels, S, d, vt, S.picked);
+    k_lce_finish<<<oomb_cuda_grid(d.N, 256), 256, 0, c.stream>>>(d.N, d.V, S.m, S.s, S.picked, oomb_make_tv(labels), dst->op_params[0],
+                                                                 out + 2, S.part, S.cnt, c.d_err, c.cur_node);
+    OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy (finish)");
+    c.check_err = true;
+    oomb_cuda_sum_partials(c, S.part, d.N, 1.0, out);
+    oomb_cuda_sum_partials(c, S.cnt, d.N, 1.0, out + 1);
+}
+
+void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * w, const oomb_tensor * x,
+                              const oomb_tensor * labels, const oomb_tensor * dloss, const oomb_tensor * lse) {
+    const char * op = "linear_cross_entropy_back";
+    const lce_dims d = check_operands(op, w, x, labels);
+    const int grads = dst->op_params[2];
+    const bool want_dx = (grads & OOMB_LCE_GRAD_X) != 0, want_dw = (grads & OOMB_LCE_GRAD_W) != 0;
+    const int64_t n_dx = want_dx ? d.E * d.N : 0, n_dw = want_dw ? d.E * d.V : 0;
+    if (!(want_dx || want_dw) || oomb_nelements(dst) != n_dx + n_dw || !oomb_is_contiguous(dst)) {
+        oomb_error("%s: result %s must be contiguous with %lld elements (grads %d)", op, shape_str(dst).c_str(), (long long) (n_dx + n_dw),
+                   grads);
+    }
+    if (dloss->type != OOMB_TYPE_F32 || oomb_nelements(dloss) < 1) oomb_error("%s: dloss %s must be f32 [2]", op, shape_str(dloss).c_str());
+    if (lse && (lse->type != OOMB_TYPE_F32 || oomb_nelements(lse) != d.N || !oomb_is_contiguous(lse))) {
+        oomb_error("%s: lse %s must be contiguous f32 with one entry per row of x %s", op, shape_str(lse).c_str(), shape_str(x).c_str());
+    }
+    if (d.N == 0) {
+        CUDA_CHECK(cudaMemsetAsync(dst->data, 0, oomb_nbytes(dst), c.stream));
+        return;
+    }
+    float * dX = want_dx ? (float *) dst->data : nullptr;
+    float * dW = want_dw ? (float *) dst->data + n_dx : nullptr;
+    const int32_t ignore = dst->op_params[0];
+    const int64_t vt = oomb_linear_cross_entropy_tile(d.V, d.N, dst->op_params[1]);
+    const lce_scratch S = take_scratch(c, w, d, vt, true);
+    const oomb_tv tl = oomb_make_tv(labels);
+    CUBLAS_CHECK(cublasSetStream(c.cublas, c.stream));
+    convert_x(c, x, S.xb);
+    const float * L = lse ? (const float *) lse->data : S.lse;
+    if (!lse) {
+        lse_pass(c, w, labels, S, d, vt, nullptr);
+        k_lce_finish<<<oomb_cuda_grid(d.N, 256), 256, 0, c.stream>>>(d.N, d.V, S.m, S.s, nullptr, tl, ignore, S.lse, nullptr, nullptr,
+                                                                     c.d_err, c.cur_node);
+        OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy_back (lse)");
+    }
+    const float one = 1.0f, zero = 0.0f;
+    for (int64_t v0 = 0; v0 < d.V; v0 += vt) {
+        const int64_t n = std::min(vt, d.V - v0);
+        int64_t ldw;
+        const __nv_bfloat16 * W = w_rows(c, w, S, v0, n, ldw);
+        gemm_logits(c, W, ldw, S, d, n);
+        k_lce_dlogits<<<(unsigned) d.N, oomb_cuda_row_threads(n), 0, c.stream>>>(S.C, S.G, n, v0, d.V, tl, ignore, L,
+                                                                                 (const float *) dloss->data, c.d_err, c.cur_node);
+        OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy_back (dlogits)");
+        if (dX) {
+            // dX [E, N] (+)= W_tile [E, n] G [n, N]
+            CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int) d.E, (int) d.N, (int) n, &one, W, CUDA_R_16BF, (int) ldw,
+                                      S.G, CUDA_R_16BF, (int) n, v0 == 0 ? &zero : &one, dX, CUDA_R_32F, (int) d.E, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+        }
+        if (dW) {
+            // dW_tile [E, n] = X [E, N] G^T [N, n]
+            CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_N, CUBLAS_OP_T, (int) d.E, (int) n, (int) d.N, &one, S.xb, CUDA_R_16BF, (int) d.E,
+                                      S.G, CUDA_R_16BF, (int) n, &zero, dW + v0 * d.E, CUDA_R_32F, (int) d.E, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+        }
+    }
+    c.check_err = true;
+}

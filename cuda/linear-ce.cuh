@@ -1,0 +1,28 @@
+// Fused linear + cross-entropy over vocabulary tiles (oomb_linear_cross_entropy / _back) on the CUDA
+// backend: the [V, N] logits are never stored whole.
+//
+// Per tile of Vt rows of w (Vt = oomb_linear_cross_entropy_tile(V, N, op_params[1])):
+//   - logits tile C [Vt, N] f32 (column n = token n's Vt logits) = cuBLAS bf16 GEMM with f32
+//     accumulation of w's tile rows and x (converted to bf16 once per op, not per tile; w used in
+//     place when it is bf16 with unit-stride rows, else its tile rows are converted to bf16);
+//   - forward: one block per token merges the tile's max and sum of exp into the token's running
+//     (max, sum) (online log-sum-exp) and picks the label's logit; at the end each row's loss and
+//     log-sum-exp (written to the node's tail) and a fixed-order sum of the per-row losses;
+//   - backward: the tile's logits again, dlogits = (exp(logit - lse) - onehot) * dloss[0] written
+//     as bf16 (0 for ignored rows), then dx += w_tile dlogits (beta = 1 after the first tile) and
+//     dw_tile = x dlogits^T, two bf16 GEMMs with f32 accumulation; each gradient only when asked
+//     for (op_params[2]). Without an lse source the backward first runs the forward's tile pass.
+// Scratch (slots from SLOT_K0): x in bf16 (E*N*2 bytes), the f32 tile (Vt*N*4), the bf16 dlogits
+// tile (Vt*N*2, backward), w's bf16 tile rows when converted (E*Vt*2), O(N) per-row state.
+// Labels out of range are recorded (ctx.d_err) and reported at the end of graph_compute.
+#pragma once
+
+#include "common.cuh"
+
+// dst f32 [2 + N] = { sum over counted rows of lse - logit[label], count, lse[0..N) }.
+void oomb_cuda_linear_ce(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * w, const oomb_tensor * x,
+                         const oomb_tensor * labels);
+// dst f32 = [dx (E*N, when op_params[2] has OOMB_LCE_GRAD_X) ; dw (E*V, when it has OOMB_LCE_GRAD_W)].
+// lse: f32 [N] contiguous (the forward's tail) or NULL (recomputed).
+void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * w, const oomb_tensor * x,
+                              const oomb_tensor * labels, const oomb_tensor * dloss, const oomb_tensor * lse);
