@@ -72,8 +72,8 @@ struct oomb_cuda_ctx {
 
     // Persistent scratch blocks that grow on demand (contents are not kept when one grows).
     // Slots [0, OOMB_MAX_SRC) hold prepared sources; kernels use the ones after.
-    enum { N_SLOTS = 16, SLOT_K0 = OOMB_MAX_SRC };
-    static_assert(SLOT_K0 + 3 <= N_SLOTS, "kernels use scratch slots up to SLOT_K0 + 2");
+    enum { N_SLOTS = 24, SLOT_K0 = OOMB_MAX_SRC };
+    static_assert(SLOT_K0 + 5 <= N_SLOTS, "kernels use scratch slots up to SLOT_K0 + 4 (linear_cross_entropy)");
     void * slot_ptr[N_SLOTS] = {nullptr};
     size_t slot_cap[N_SLOTS] = {0};
 

@@ -30,6 +30,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
@@ -440,6 +441,8 @@ struct BwdArgs {
     int T, H, G, TGp;
     float c, scale;
     float * dq;                               // [T][H][D] f32, accumulated with atomics
+    int nsplit;                               // blocks per key tile (blockIdx.z): each takes every
+                                              // nsplit-th row tile; > 1: dK/dV added with atomics
 };
 
 template <int D, int BM, int NW>
@@ -495,8 +498,10 @@ __global__ void __launch_bounds__(NW * 32, 1) pa_bwd_kernel(const BwdArgs a) {
     }
     cp_async_commit();
 
+    // this block's row tiles: z, z + nsplit, z + 2 nsplit, ... (those attending this key tile)
+    const int zs = a.nsplit;
     auto next_rt = [&](int j) {
-        while (j < a.n_rt && a.rt_max[j] < k0) j++;
+        while (j < a.n_rt && a.rt_max[j] < k0) j += zs;
         return j;
     };
     auto load_rows = [&](int j, int buf) {
@@ -522,8 +527,8 @@ __global__ void __launch_bounds__(NW * 32, 1) pa_bwd_kernel(const BwdArgs a) {
         for (int e = 0; e < 4; e++) dk[nb][e] = dv[nb][e] = 0.0f;
 
     const int krow0 = warp * 16;
-    int j = next_rt(0);
-    int jn = j < a.n_rt ? next_rt(j + 1) : a.n_rt;
+    int j = next_rt((int) blockIdx.z);
+    int jn = j < a.n_rt ? next_rt(j + zs) : a.n_rt;
     if (j < a.n_rt) load_rows(j, 0);
     cp_async_commit();
     int buf = 0;
@@ -531,7 +536,7 @@ __global__ void __launch_bounds__(NW * 32, 1) pa_bwd_kernel(const BwdArgs a) {
         if (jn < a.n_rt) load_rows(jn, buf ^ 1);
         cp_async_commit();
         // the tile after jn: its max position is loaded now and looked at after this step's math
-        const int cand = jn + 1;
+        const int cand = jn + zs;
         const int cand_max = cand < a.n_rt ? a.rt_max[cand] : -1;
         const int rt_min_j = a.rt_min[j];
         cp_async_wait<1>();
@@ -645,14 +650,15 @@ __global__ void __launch_bounds__(NW * 32, 1) pa_bwd_kernel(const BwdArgs a) {
             }
         }
         __syncthreads();
-        const int jnn = cand >= a.n_rt ? a.n_rt : (cand_max >= k0 ? cand : next_rt(cand + 1));
+        const int jnn = cand >= a.n_rt ? a.n_rt : (cand_max >= k0 ? cand : next_rt(cand + zs));
         j = jn;
         jn = jnn;
         buf ^= 1;
     }
     cp_async_wait<0>();
 
-    // add dK/dV into the gradient pages (this block alone owns these rows in this launch)
+    // add dK/dV into the gradient pages (with nsplit == 1 this block alone owns these rows in this
+    // launch; otherwise the nsplit blocks of the key tile add with atomics)
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int p = k0 + krow0 + (lane >> 2) + hf * 8;
@@ -662,6 +668,14 @@ __global__ void __launch_bounds__(NW * 32, 1) pa_bwd_kernel(const BwdArgs a) {
         const int64_t off = (int64_t) pg * a.gr_s3 + (int64_t) (p % a.P) * a.gr_s2 + (int64_t) g * a.gr_s1 + (lane & 3) * 2;
         float * dkr = a.dkp + off;
         float * dvr = a.dvp + off;
+        if (zs > 1) {
+#pragma unroll
+            for (int nb = 0; nb < D / 8; nb++) {
+                atomicAdd((float2 *) (dkr + nb * 8), make_float2(dk[nb][hf * 2], dk[nb][hf * 2 + 1]));
+                atomicAdd((float2 *) (dvr + nb * 8), make_float2(dv[nb][hf * 2], dv[nb][hf * 2 + 1]));
+            }
+            continue;
+        }
 #pragma unroll
         for (int nb = 0; nb < D / 8; nb++) {
             float2 x = *(float2 *) (dkr + nb * 8);
@@ -1045,6 +1059,24 @@ int bwd_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_BWD", 1); 
 int fwd_bn(int D) { return D == 64 ? 64 : (fwd_variant() == 0 ? 32 : 64); }
 // backward D=128 variants: rows per step 0: 32, 1 (default): 64, 2: 16 (op backward incl. the LSE
 // pass at 32K: 144 / 160 / 115 counted TFLOP/s)
+// Blocks per key tile in the backward. Parallelism is over (key tile, KV head) only: a chunk's
+// own keys alone give T/128 * Hkv tiles (64 for Qwen2.5-0.5B at chunk 4096), half the H200's 132
+// SMs at one block per SM, and a few tiles more than a wave leave most of the last wave idle. So
+// the row tiles of a key tile are dealt to nsplit blocks, enough that the chunk's own tiles fill
+// about two waves; dK/dV are then added with atomics. OOMB_PAGED_ATTN_SPLIT=n forces n.
+int bwd_split(int own_tiles, int n_rt) {
+    const char * e = getenv("OOMB_PAGED_ATTN_SPLIT");
+    int ns;
+    if (e && *e) ns = atoi(e);
+    else {
+        int dev = 0, n_sm = 132;
+        if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+        ns = (2 * n_sm + own_tiles - 1) / std::max(own_tiles, 1);
+        ns = std::min(ns, 4);
+    }
+    return std::max(1, std::min(ns, std::max(n_rt, 1)));
+}
+
 int bwd_bm(int D) { return D == 64 ? 64 : (bwd_variant() == 1 ? 64 : bwd_variant() == 2 ? 16 : 32); }
 
 // Can the tensor-core kernels run on these operands?
@@ -1096,7 +1128,7 @@ void launch_bwd(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv
     using C = BwdCfg<D, BM, BWD_NW>;
     static bool attr_set = false;
     if (!attr_set) { set_smem(pa_bwd_kernel<D, BM, BWD_NW>, C::smem); attr_set = true; }
-    dim3 grid(n_key_tiles, Hkv);
+    dim3 grid(n_key_tiles, Hkv, a.nsplit);
     pa_bwd_kernel<D, BM, BWD_NW><<<grid, BWD_NW * 32, C::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
 }
@@ -1284,6 +1316,7 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
             a.c = scale * kLog2e; a.scale = scale;
             a.dq = dq;
             const int n_key_tiles = (int) ((n_keys_bound + BN - 1) / BN);
+            a.nsplit = bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt);
             if (G.D == 64) launch_bwd<64, 64>(stream, a, n_key_tiles, G.Hkv);
             else if (BM == 64) launch_bwd<128, 64>(stream, a, n_key_tiles, G.Hkv);
             else if (BM == 16) launch_bwd<128, 16>(stream, a, n_key_tiles, G.Hkv);

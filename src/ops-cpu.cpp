@@ -77,7 +77,7 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 
 const int N_PREP_SLOTS_END = OOMB_MAX_SRC; // slots [0, OOMB_MAX_SRC) hold prepared sources; kernels use the next ones
-static_assert(OOMB_MAX_SRC + 2 <= exec_ctx::N_SLOTS, "kernels use scratch slots up to N_PREP_SLOTS_END + 1");
+static_assert(OOMB_MAX_SRC + 7 <= exec_ctx::N_SLOTS, "kernels use scratch slots up to N_PREP_SLOTS_END + 6 (linear_cross_entropy)");
 
 // Calls f(begin, end, ith) over [0, n) split into chunks that the threads take in turn (a few
 // chunks per thread, so rows of uneven cost, as in causal attention, balance out). Each item is

@@ -41,11 +41,14 @@ struct exec_ctx {
     thread_pool * pool = nullptr;
     int n_threads = 1;
     int64_t min_parallel_work = 32 * 1024; // ops with less work (elements touched) stay on one thread
-    enum { N_SLOTS = 16 };
+    enum { N_SLOTS = 24 };
     scratch_buf slots[N_SLOTS];         // main-thread scratch (prepared sources, conversions)
     std::vector<scratch_buf> tscratch;  // one per thread, sized on the main thread before dispatch
 
-    void * slot(int i, size_t bytes) { return slots[i].get(bytes); }
+    void * slot(int i, size_t bytes) {
+        if (i < 0 || i >= N_SLOTS) oomb_error("cpu: scratch slot %d out of range (%d slots)", i, (int) N_SLOTS);
+        return slots[i].get(bytes);
+    }
     // Makes every thread's scratch at least `bytes` (call on the main thread, before parallel work).
     void reserve_thread_scratch(size_t bytes);
     void * thread_scratch(int ith) { return tscratch[(size_t) ith].p; }

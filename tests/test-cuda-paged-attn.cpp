@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -283,6 +284,29 @@ TEST(CudaPagedAttn, Bf16Pools) {
     };
     uint32_t seed = 1234;
     for (const Case & c : cases) run_case(c, seed++);
+#endif
+}
+
+// The backward's split of a key tile's row tiles over several blocks (dK/dV added with atomics):
+// forced to 1 (one block owns each key tile: plain adds) and 3 (uneven deal), on a few shapes with
+// history and GQA. The default run above uses the automatic choice (up to 4 for short chunks).
+TEST(CudaPagedAttn, Bf16PoolsBackwardSplit) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    const oomb_type B = OOMB_TYPE_BF16;
+    const Case cases[] = {
+        {128, 128, 28, 4, 256, 5000, B, 1, false},
+        {64, 64, 14, 2, 256, 1000, B, 0, false},
+        {128, 64, 14, 2, 37, 1000, B, 1, true},
+    };
+    for (const char * ns : {"1", "3"}) {
+        setenv("OOMB_PAGED_ATTN_SPLIT", ns, 1);
+        SCOPED_TRACE(std::string("OOMB_PAGED_ATTN_SPLIT=") + ns);
+        printf("[ split ] OOMB_PAGED_ATTN_SPLIT=%s\n", ns);
+        uint32_t seed = 4321;
+        for (const Case & c : cases) run_case(c, seed++);
+    }
+    unsetenv("OOMB_PAGED_ATTN_SPLIT");
 #endif
 }
 

@@ -2,8 +2,8 @@
 # One device call on the H200: CUDA tests and/or end-to-end training throughput beside the HF
 # baseline (../shared/bench/hf_baseline.py, carried in .devcarry/) in the same run, and/or
 # Qwen2.5-7B (--trainable linear, bf16 AdamW state, random weights made in memory) step times.
-#   bench/gpu/run-h200.sh tests|e2e|7b|all [ctx ...]      (MODES="tests 7b" runs several)
-# Expects .devcarry/gpu-bins.tar.xz (test-cuda-*, oomb-train, oomb-convert-hf built here with
+#   bench/gpu/run-h200.sh tests|e2e|7b|attn|all [ctx ...]      (MODES="tests 7b" runs several)
+# Expects .devcarry/gpu-bins.tar.xz (test-cuda-*, oomb-train, oomb-convert-hf, oomb-bench-attn built here with
 # static OpenBLAS/PCRE2/utf8proc, see bench/NOTES.md), .devcarry/fixtures and .devcarry/hf_baseline.py.
 set -o pipefail
 MODE=${1:-all}; shift || true
@@ -58,4 +58,12 @@ if want 7b; then
         echo "oomb 7b ctx $ctx rc=$?"; grep -E "^model|^train|^step|error|GPU time|paged_attn|mul_mat" "$OUT/oomb-7b-$ctx.log" | head -20
         cp /tmp/r7b$ctx/train.jsonl "$OUT/oomb-7b-$ctx.jsonl" 2>/dev/null
     done
+fi
+
+if want attn; then
+    # attention kernel beside PyTorch SDPA (flash, cuDNN) in the same run, then two ablations at 32K:
+    # the LSE recomputed (as before the saved statistics) and the backward without the row split
+    PYTHONUNBUFFERED=1 timeout 240 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --out $OUT 2>&1 | tee "$OUT/attn-bench.log" | grep -v "^running"
+    echo "ablation at 32K: --recompute-lse"; timeout 60 $B/oomb-bench-attn --seq 32768 --reps 3 --recompute-lse 2>&1 | tail -3
+    echo "ablation at 32K: OOMB_PAGED_ATTN_SPLIT=1"; OOMB_PAGED_ATTN_SPLIT=1 timeout 60 $B/oomb-bench-attn --seq 32768 --reps 3 2>&1 | tail -3
 fi
