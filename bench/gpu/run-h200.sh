@@ -49,14 +49,15 @@ fi
 if want 7b; then
     # Qwen2.5-7B shapes, linear weights + LM head trained (as the OOMB reference), AdamW with bf16
     # moments; chunk 2048 keeps one chunk's f32 activations (all 28 layers) near 20 GB
-    for ctx in ${CTX7B:-32768 65536 131072}; do
+    for spec in ${CTX7B:-32768 65536 131072}; do   # ctx or ctx:chunk
+        ctx=${spec%%:*}; chunk=${CHUNK7B:-2048}; [[ $spec == *:* ]] && chunk=${spec##*:}
         rm -rf /tmp/r7b$ctx
         steps=2; [ $ctx -gt 32768 ] && steps=1
-        OOMB_CUDA_PROFILE=1 timeout ${TRAIN_TIMEOUT_7B:-400} $B/oomb-train --preset qwen2.5-7b --device cuda --ctx $ctx --chunk ${CHUNK7B:-2048} --page 128 \
+        OOMB_CUDA_PROFILE=1 timeout ${TRAIN_TIMEOUT_7B:-400} $B/oomb-train --preset qwen2.5-7b --device cuda --ctx $ctx --chunk $chunk --page 128 \
             --steps $steps --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin \
-            --trainable linear --opt-state bf16 -o /tmp/r7b$ctx > "$OUT/oomb-7b-$ctx.log" 2>&1
-        echo "oomb 7b ctx $ctx rc=$?"; grep -E "^model|^train|^step|error|GPU time|paged_attn|mul_mat" "$OUT/oomb-7b-$ctx.log" | head -20
-        cp /tmp/r7b$ctx/train.jsonl "$OUT/oomb-7b-$ctx.jsonl" 2>/dev/null
+            --trainable linear --opt-state bf16 -o /tmp/r7b$ctx > "$OUT/oomb-7b-$ctx-c$chunk.log" 2>&1
+        echo "oomb 7b ctx $ctx chunk $chunk rc=$?"; grep -E "^train|^step|error|GPU time|paged_attn|mul_mat" "$OUT/oomb-7b-$ctx-c$chunk.log" | head -20
+        cp /tmp/r7b$ctx/train.jsonl "$OUT/oomb-7b-$ctx-c$chunk.jsonl" 2>/dev/null
     done
 fi
 
