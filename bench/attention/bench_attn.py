@@ -144,7 +144,7 @@ def main():
                 continue
             note = r.get("gqa", "")
             if r["impl"] == "oomb-paged":
-                note = f"chunk {r['chunk']}, page {r['page']}; bwd {r['bwd_ms']} ms ({r['bwd_tflops']} TFLOP/s, includes the LSE recompute)"
+                note = f"chunk {r['chunk']}, page {r['page']}; bwd {r['bwd_ms']} ms ({r['bwd_tflops']} TFLOP/s, " + ("LSE recomputed" if r.get("lse") == "recompute" else "saved forward LSE") + ")"
             lines.append(f"| {r['impl']} | {S} | {r['fwd_ms']} | {r['fwd_tflops']} | {r['fwdbwd_ms']} | {r['fwdbwd_tflops']} | {note} |")
     table = "\n".join(lines)
     with open(os.path.join(a.out, "attn.md"), "w") as f:
