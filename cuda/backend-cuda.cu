@@ -199,22 +199,15 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
         default:
             break;
     }
-    if (node->type != OOMB_TYPE_I32 && op != OOMB_OP_CPY && op != OOMB_OP_CAST && op != OOMB_OP_CONT &&
-        op != OOMB_OP_ADAMW_STEP && op != OOMB_OP_SGD_STEP && node->type != OOMB_TYPE_F32) {
-        oomb_error("%s: result %s must be f32", oomb_op_name(op), shape_str(node).c_str());
-    }
-    if (op != OOMB_OP_CPY && op != OOMB_OP_ADD_INPLACE && op != OOMB_OP_FILL && node->ne[0] > 1 &&
-        node->nb[0] != oomb_type_size(node->type)) {
-        oomb_error("%s: result %s must have unit stride in dim 0", oomb_op_name(op), shape_str(node).c_str());
-    }
+    oomb::check_op_result(node);
 
     oomb_tensor srcs[OOMB_MAX_SRC];
     const oomb_tensor * s[OOMB_MAX_SRC] = {nullptr};
     for (int i = 0; i < OOMB_MAX_SRC; i++) {
         const oomb_tensor * t = node->src[i];
         if (!t) continue;
-        if (!oomb::op_reads_src(op, i) || t->type == OOMB_TYPE_I32 || op == OOMB_OP_ADAMW_STEP || op == OOMB_OP_SGD_STEP) {
-            s[i] = t; // optimizer steps update their sources in place by design
+        if (!oomb::op_prepares_src(op, i, t)) {
+            s[i] = t;
             continue;
         }
         srcs[i] = prep_src(c, t, node, i, oomb::op_needs_unit_rows(op, i));

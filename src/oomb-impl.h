@@ -85,6 +85,33 @@ bool op_can_inplace(enum oomb_op op);
 static inline bool op_reads_src(enum oomb_op op, int i) {
     return !(i == 1 && (op == OOMB_OP_CPY || op == OOMB_OP_REPEAT || op == OOMB_OP_REPEAT_BACK));
 }
+// Whether a backend's graph_compute prepares src[i] of op (a contiguous / in-place-safe copy where
+// needed) before calling the kernel: not for sources the op does not read, i32 sources, the
+// optimizer steps (they update their sources in place by design) and paged attention (its kernels
+// read node->src themselves; the forward writes the pools). Shared by the CPU and CUDA backends.
+static inline bool op_prepares_src(enum oomb_op op, int i, const oomb_tensor * src) {
+    if (!op_reads_src(op, i) || src->type == OOMB_TYPE_I32) return false;
+    switch (op) {
+        case OOMB_OP_ADAMW_STEP: case OOMB_OP_SGD_STEP: case OOMB_OP_PAGED_ATTN: case OOMB_OP_PAGED_ATTN_BACK:
+            return false;
+        default:
+            return true;
+    }
+}
+// The result layout every backend kernel assumes: f32 (except copies, casts and the optimizer
+// steps, which write the parameter's type, and i32 results), unit-stride rows (except copies,
+// in-place adds and fills, which take any strides). Errors name the op and the result.
+static inline void check_op_result(const oomb_tensor * node) {
+    const enum oomb_op op = node->op;
+    if (node->type != OOMB_TYPE_I32 && op != OOMB_OP_CPY && op != OOMB_OP_CAST && op != OOMB_OP_CONT &&
+        op != OOMB_OP_ADAMW_STEP && op != OOMB_OP_SGD_STEP && node->type != OOMB_TYPE_F32) {
+        oomb_error("%s: result %s must be f32", oomb_op_name(op), shape_str(node).c_str());
+    }
+    if (op != OOMB_OP_CPY && op != OOMB_OP_ADD_INPLACE && op != OOMB_OP_FILL && node->ne[0] > 1 &&
+        node->nb[0] != oomb_type_size(node->type)) {
+        oomb_error("%s: result %s must have unit stride in dim 0", oomb_op_name(op), shape_str(node).c_str());
+    }
+}
 // Whether the backends' kernels of op need unit-stride rows (nb0 == element size) in src[i].
 static inline bool op_needs_unit_rows(enum oomb_op op, int i) {
     switch (op) {

@@ -1450,14 +1450,7 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
         default:
             break;
     }
-    if (node->type != OOMB_TYPE_I32 && op != OOMB_OP_CPY && op != OOMB_OP_CAST && op != OOMB_OP_CONT &&
-        op != OOMB_OP_ADAMW_STEP && op != OOMB_OP_SGD_STEP && node->type != OOMB_TYPE_F32) {
-        oomb_error("%s: result %s must be f32", oomb_op_name(op), shape_str(node).c_str());
-    }
-    // The row kernels write dst rows as plain float arrays.
-    if (op != OOMB_OP_CPY && op != OOMB_OP_ADD_INPLACE && op != OOMB_OP_FILL && node->ne[0] > 1 && node->nb[0] != tsize(node->type)) {
-        oomb_error("%s: result %s must have unit stride in dim 0", oomb_op_name(op), shape_str(node).c_str());
-    }
+    oomb::check_op_result(node);  // the row kernels write dst rows as plain float arrays
 
     // Prepare the sources (in-place safety, unit-stride rows where needed).
     oomb_tensor srcs[OOMB_MAX_SRC];
@@ -1465,9 +1458,8 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
     for (int i = 0; i < OOMB_MAX_SRC; i++) {
         const oomb_tensor * t = node->src[i];
         if (!t) continue;
-        if (!oomb::op_reads_src(op, i) || t->type == OOMB_TYPE_I32 || op == OOMB_OP_ADAMW_STEP || op == OOMB_OP_SGD_STEP ||
-            op == OOMB_OP_PAGED_ATTN || op == OOMB_OP_PAGED_ATTN_BACK) {
-            s[i] = t; // optimizer steps update their sources in place by design
+        if (!oomb::op_prepares_src(op, i, t)) {
+            s[i] = t;
             continue;
         }
         srcs[i] = prep_src(c, t, node, i, oomb::op_needs_unit_rows(op, i));
