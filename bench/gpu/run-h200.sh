@@ -18,7 +18,7 @@ D=$PWD/.devcarry
 B=/tmp/oomb-bins; mkdir -p $B && tar -xJf $D/gpu-bins.tar.xz -C $B || exit 1
 export OOMB_FIXTURES=$D/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv | tee "$OUT/smi.txt"
-git log -1 --format='commit %H %s' 2>/dev/null | tee "$OUT/commit.txt"
+cat $D/bins-commit.txt 2>/dev/null | tee "$OUT/commit.txt"  # written by bench/gpu/pack.sh
 
 MODES=${MODES:-$MODE}
 want() { [ "$MODE" = all ] || [[ " $MODES " == *" $1 "* ]]; }
@@ -33,16 +33,22 @@ if want tests; then
 fi
 
 if want e2e; then
-    for ctx in $CTXS; do
+    # entries: ctx or ctx:chunk (default chunk 4096, the reference's); HF once per ctx (NO_HF=1: skip)
+    declare -A hf_done
+    for spec in $CTXS; do
+        ctx=${spec%%:*}; chunk=4096; [[ $spec == *:* ]] && chunk=${spec##*:}
         rm -rf /tmp/run$ctx
         steps=2; [ $ctx -gt 32768 ] && steps=1
-        OOMB_CUDA_PROFILE=1 timeout ${TRAIN_TIMEOUT:-240} $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx $ctx --chunk 4096 --page 128 --steps $steps \
-            --warmup 1 --eval-every 0 --eval-split 1 --save-every 0 --stop-after $steps --data-bin /tmp/rand.bin \
-            --trainable all -o /tmp/run$ctx > "$OUT/oomb-0.5b-$ctx.log" 2>&1
-        echo "oomb 0.5b ctx $ctx rc=$?"; tail -30 "$OUT/oomb-0.5b-$ctx.log"
-        cp /tmp/run$ctx/train.jsonl "$OUT/oomb-0.5b-$ctx.jsonl" 2>/dev/null
+        OOMB_CUDA_PROFILE=1 timeout ${TRAIN_TIMEOUT:-240} $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx $ctx --chunk $chunk --page 128 --steps $steps \
+            --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin \
+            --trainable all -o /tmp/run$ctx > "$OUT/oomb-0.5b-$ctx-c$chunk.log" 2>&1
+        echo "oomb 0.5b ctx $ctx chunk $chunk rc=$?"; grep -E "^step|error" "$OUT/oomb-0.5b-$ctx-c$chunk.log"; grep -A4 "CUDA profile" "$OUT/oomb-0.5b-$ctx-c$chunk.log"
+        cp /tmp/run$ctx/train.jsonl "$OUT/oomb-0.5b-$ctx-c$chunk.jsonl" 2>/dev/null
         # HF runs out of memory from 64K on (baselines/hf-peft-h200.jsonl)
-        [ $ctx -le 32768 ] && PYTHONUNBUFFERED=1 timeout 200 python3 $D/hf_baseline.py qwen2.5-0.5b full $ctx 2 2>/dev/null | tail -1 | tee "$OUT/hf-0.5b-$ctx.json"
+        if [ $ctx -le 32768 ] && [ -z "${NO_HF:-}" ] && [ -z "${hf_done[$ctx]:-}" ]; then
+            PYTHONUNBUFFERED=1 timeout 200 python3 $D/hf_baseline.py qwen2.5-0.5b full $ctx 2 2>/dev/null | tail -1 | tee "$OUT/hf-0.5b-$ctx.json"
+            hf_done[$ctx]=1
+        fi
     done
 fi
 

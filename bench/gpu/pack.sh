@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Packs the GPU binaries built here (build-gpu, configured as in bench/NOTES.md) into
+# .devcarry/gpu-bins.tar.xz with the commit they were built from (.devcarry/bins-commit.txt), for
+# bench/gpu/run-h200.sh on the GPU machine (the device copy's git metadata may be older).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+B=${1:-build-gpu}/bin
+mkdir -p .devcarry
+bins="oomb-convert-hf oomb-train test-cuda-ops test-cuda-paged-attn test-cuda-qwen2"
+[ -x "$B/oomb-bench-attn" ] && bins="$bins oomb-bench-attn"
+(cd "$B" && tar -cJf ../../.devcarry/gpu-bins.tar.xz $bins)
+{ git log -1 --format='binaries of commit %H %s'; git status --short --untracked-files=no | sed 's/^/  uncommitted: /'; } > .devcarry/bins-commit.txt
+cat .devcarry/bins-commit.txt
