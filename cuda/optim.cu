@@ -25,7 +25,7 @@ template <typename P, typename S>
 __global__ void k_adamw(P * w, const float * grad, S * m, S * v, oomb_tv hp, int64_t n) {
     const float lr = hp_at(hp, 0), b1 = hp_at(hp, 1), b2 = hp_at(hp, 2), eps = hp_at(hp, 3);
     const float wd = hp_at(hp, 4), gs = hp_at(hp, 5), bc1 = hp_at(hp, 6), bc2 = hp_at(hp, 7);
-    const uint32_t salt = oomb::sr_salt(bc1, bc2);
+    const uint32_t salt = sizeof(S) == 2 ? oomb::sr_salt(hp_at(hp, 8)) : 0u;  // bf16 moments: hp[8] = step
     for (int64_t i = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; i < n; i += (int64_t) gridDim.x * blockDim.x) {
         const float g = grad[i] * gs;
         const float mi = b1 * st_load(m, i) + (1.0f - b1) * g;
@@ -61,8 +61,11 @@ void check_opt(const char * op, const oomb_tensor * dst, const oomb_tensor * p, 
 void oomb_cuda_adamw_step(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * grad, const oomb_tensor * m,
                           const oomb_tensor * v, const oomb_tensor * hp) {
     const oomb_tensor * others[1] = {grad};
-    check_opt("adamw_step", dst, p, others, 1, hp, 8);
+    const int64_t n_hp = oomb_nelements(hp);
+    if (n_hp != 8 && n_hp != 9) oomb_error("adamw_step: hp %s must have 8 or 9 elements", shape_str(hp).c_str());
+    check_opt("adamw_step", dst, p, others, 1, hp, n_hp);
     const bool sbf = m->type == OOMB_TYPE_BF16;
+    if (sbf && n_hp != 9) oomb_error("adamw_step: bf16 moments need hp[8] (the step number, the stochastic-rounding seed)");
     if (!((m->type == OOMB_TYPE_F32 || sbf) && v->type == m->type && oomb_is_contiguous(m) && oomb_is_contiguous(v) &&
           oomb_are_same_shape(m, p) && oomb_are_same_shape(v, p)))
         oomb_error("adamw_step: m %s and v %s must be contiguous, both f32 or both bf16, shaped like param %s", shape_str(m).c_str(),

@@ -733,9 +733,19 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
             printf("resume: the checkpoint is already at step %" PRId64 " of %d; nothing to do\n", T.step, o.steps);
             return 0;
         }
+        if (o.stop_after > 0 && T.step >= o.stop_after) {
+            printf("resume: the checkpoint is already at step %" PRId64 ", at or past --stop-after %d; nothing to do\n", T.step, o.stop_after);
+            return 0;
+        }
     }
-    if (!o.resume && is_file(ckpt_state))
+    if (!o.resume && is_file(ckpt_state)) {
+        // a run that never saves would leave the old checkpoint beside its new log: a later --resume
+        // would continue the old run under the new run's first log lines
+        if (o.save_every < 0)
+            fail(PROG, o.out + " already holds a checkpoint, which --save-every -1 would leave beside this run's log; use another "
+                           "--out, or remove model.gguf and state.safetensors there");
         printf("note: %s already holds a checkpoint; this fresh run replaces it at its first save (--resume continues it)\n", o.out.c_str());
+    }
     T.jsonl = fopen(T.path("train.jsonl").c_str(), o.resume ? "a" : "w");
     if (!T.jsonl) fail(PROG, "cannot write " + T.path("train.jsonl") + ": " + strerror(errno));
 
@@ -848,6 +858,7 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
         }
     }
     // summary
+    T.plot();  // the curve exists even when no evaluation or checkpoint drew it
     double first = NAN, last = NAN;
     for (const auto & e : T.history)
         if (!e.eval) { if (std::isnan(first)) first = e.loss; last = e.loss; }
@@ -926,6 +937,8 @@ int main(int argc, char ** argv) {
         if (given("--threads")) need(o.threads >= 1, "--threads", o.threads, ">= 1");
         need(o.save_every >= -1, "--save-every", o.save_every, ">= -1 (0: only at the end, -1: never)");
         if (given("--stop-after")) need(o.stop_after >= 1, "--stop-after", o.stop_after, ">= 1");
+        if (given("--stop-after") && o.save_every < 0)
+            fail(PROG, "--stop-after stops with a checkpoint to resume from, which --save-every -1 never writes: drop one of them");
         need(o.eval_every >= 0, "--eval-every", o.eval_every, ">= 0 (0: only at the last step)");
         need(o.eval_seqs >= 0, "--eval-seqs", o.eval_seqs, ">= 0");
         need(o.eval_split >= 0 && o.eval_split < 100, "--eval-split", o.eval_split, "in [0, 100) (percent)");

@@ -396,8 +396,10 @@ struct oomb_tensor * oomb_linear_cross_entropy_back(struct oomb_context * ctx, s
 /// g = grad * hp[5]; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
 /// param -= lr * ( (m / hp[6]) / (sqrt(v / hp[7]) + eps) + wd * param )
 /// hp: f32 [8] = { lr, beta1, beta2, eps, weight_decay, grad_scale, 1-beta1^t, 1-beta2^t }.
+/// hp: f32 [8] or [9]; hp[8] = the step number t (exact in f32 up to 2^24), the seed of the
+/// stochastic rounding of bf16 moments (required with them).
 /// param f32 (or bf16: updated through f32); grad f32, m and v both f32 or both bf16 (stored with
-/// stochastic rounding salted by hp[6], hp[7], identical on every backend), of param's shape.
+/// stochastic rounding, identical on every backend), of param's shape.
 /// Result: view of param.
 struct oomb_tensor * oomb_adamw_step(struct oomb_context * ctx, struct oomb_tensor * param, struct oomb_tensor * grad,
                                      struct oomb_tensor * m, struct oomb_tensor * v, struct oomb_tensor * hp);

@@ -89,6 +89,15 @@ bool paged_view_in_out(const oomb_tensor * v) {
     return last + sizeof(float) <= paged_out_bytes(v->view_src);
 }
 
+// The view v of a linear_cross_entropy node lies inside its { sum, count } head (the per-row LSE
+// tail carries no gradient).
+bool lce_view_in_head(const oomb_tensor * v) {
+    if (oomb_nelements(v) == 0) return true;
+    size_t last = v->view_offs;
+    for (int i = 0; i < 4; i++) last += (size_t) (v->ne[i] - 1) * v->nb[i];
+    return last + sizeof(float) <= 2 * sizeof(float);
+}
+
 // The view v is all of paged_attn's out, contiguous, at offset 0 (what oomb_paged_attn returns).
 bool paged_view_is_out(const oomb_tensor * v) {
     return v->view_offs == 0 && oomb_is_contiguous(v) && sizeof(float) * (size_t) oomb_nelements(v) == paged_out_bytes(v->view_src);
@@ -477,6 +486,11 @@ void oomb_build_backward_expand(struct oomb_context * ctx, struct oomb_cgraph * 
             if (s->op == OOMB_OP_PAGED_ATTN && (t->op != OOMB_OP_VIEW || !paged_view_in_out(t))) {
                 oomb_error("build_backward_expand: %s %s reads paged_attn's packed node %s: only views inside its out part "
                            "[D, H, T] are differentiable (not the saved log-sum-exp)",
+                           oomb_op_name(t->op), shape_str(t).c_str(), shape_str(s).c_str());
+            }
+            if (s->op == OOMB_OP_LINEAR_CROSS_ENTROPY && (t->op != OOMB_OP_VIEW || !lce_view_in_head(t))) {
+                oomb_error("build_backward_expand: %s %s reads linear_cross_entropy's node %s beyond its { sum, count } "
+                           "result: the saved per-row log-sum-exp carries no gradient",
                            oomb_op_name(t->op), shape_str(t).c_str(), shape_str(s).c_str());
             }
             reach.insert(t->src[i]);

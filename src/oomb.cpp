@@ -819,7 +819,10 @@ struct oomb_tensor * oomb_adamw_step(struct oomb_context * ctx, struct oomb_tens
     require_same_shape(param, grad, "adamw_step");
     require_same_shape(param, m, "adamw_step");
     require_same_shape(param, v, "adamw_step");
-    OOMB_CHECK(oomb_nelements(hp) == 8, "adamw_step", "hp must have 8 elements, got %s", shape_str(hp).c_str());
+    OOMB_CHECK(oomb_nelements(hp) == 8 || oomb_nelements(hp) == 9, "adamw_step", "hp must have 8 or 9 elements, got %s",
+               shape_str(hp).c_str());
+    OOMB_CHECK(m->type != OOMB_TYPE_BF16 || oomb_nelements(hp) == 9, "adamw_step",
+               "bf16 moments need hp[8] (the step number, the stochastic-rounding seed): hp %s", shape_str(hp).c_str());
     OOMB_CHECK(oomb_is_contiguous(param) && oomb_is_contiguous(grad) && oomb_is_contiguous(m) && oomb_is_contiguous(v),
                "adamw_step", "param, grad, m and v must be contiguous");
     oomb_tensor * t = view_impl(ctx, param, 4, param->ne, param->nb, 0, OOMB_OP_ADAMW_STEP);
@@ -894,8 +897,8 @@ struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb
     require_f32(dout, "paged_attn_back", "dout");
     require_same_shape(q, dout, "paged_attn_back");
     if (fwd) {
-        // the view oomb_paged_attn returns, or its packed node
-        if (fwd->op == OOMB_OP_VIEW && fwd->view_src && fwd->view_src->op == OOMB_OP_PAGED_ATTN) fwd = fwd->view_src;
+        // the view oomb_paged_attn returns (or any view / reshape of it), or its packed node
+        if (fwd->view_src && fwd->view_src->op == OOMB_OP_PAGED_ATTN) fwd = fwd->view_src;
         const int64_t D = q->ne[0], H = q->ne[1], T = q->ne[2];
         OOMB_CHECK(fwd->op == OOMB_OP_PAGED_ATTN && !fwd->view_src, "paged_attn_back",
                    "fwd %s (op %s) must be the result of oomb_paged_attn (its view or its packed node)", shape_str(fwd).c_str(),
@@ -909,6 +912,13 @@ struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb
                    shape_str(fwd).c_str(), fwd->src[0] ? shape_str(fwd->src[0]).c_str() : "none",
                    fwd->src[3] ? shape_str(fwd->src[3]).c_str() : "none", shape_str(q).c_str(), shape_str(k_pages).c_str(),
                    D * H * T + H * T);
+        // its statistics belong to exactly these inputs: the same q, pools, page table, positions, scale
+        OOMB_CHECK(fwd->src[0] == q && fwd->src[3] == k_pages && fwd->src[4] == v_pages && fwd->src[5] == page_table &&
+                       fwd->src[6] == pos && oomb::get_op_f32(fwd, 0) == scale,
+                   "paged_attn_back",
+                   "fwd %s was computed from other inputs (q, pools, page table, positions or scale %g vs %g differ): its saved "
+                   "log-sum-exp does not belong to this backward (pass NULL to recompute)",
+                   shape_str(fwd).c_str(), (double) oomb::get_op_f32(fwd, 0), (double) scale);
     }
     const int64_t n_kv = k_pages->ne[0] * k_pages->ne[1] * q->ne[2];
     const int64_t ne[4] = {oomb_nelements(q) + 2 * n_kv, 1, 1, 1};

@@ -1349,8 +1349,11 @@ void check_opt(const char * op, const oomb_tensor * dst, const oomb_tensor * p, 
 void compute_forward_adamw_step(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * grad,
                                 const oomb_tensor * m, const oomb_tensor * v, const oomb_tensor * hp) {
     const oomb_tensor * others[1] = {grad};
-    check_opt("adamw_step", dst, p, others, 1, hp, 8);
+    const int64_t n_hp = oomb_nelements(hp);
+    if (n_hp != 8 && n_hp != 9) oomb_error("adamw_step: hp %s must have 8 or 9 elements", shape_str(hp).c_str());
+    check_opt("adamw_step", dst, p, others, 1, hp, n_hp);
     const bool sbf = m->type == OOMB_TYPE_BF16;  // bf16 moments (stochastic rounding, sround.h)
+    if (sbf && n_hp != 9) oomb_error("adamw_step: bf16 moments need hp[8] (the step number, the stochastic-rounding seed)");
     if (!((m->type == OOMB_TYPE_F32 || sbf) && v->type == m->type && oomb_is_contiguous(m) && oomb_is_contiguous(v) &&
           oomb_are_same_shape(m, p) && oomb_are_same_shape(v, p)))
         oomb_error("adamw_step: m %s and v %s must be contiguous, both f32 or both bf16, shaped like param %s", shape_str(m).c_str(),
@@ -1364,7 +1367,7 @@ void compute_forward_adamw_step(exec_ctx & c, oomb_tensor * dst, const oomb_tens
     float * vp = (float *) v->data;
     uint16_t * mh = (uint16_t *) m->data;
     uint16_t * vh = (uint16_t *) v->data;
-    const uint32_t salt = sr_salt(bc1, bc2);
+    const uint32_t salt = sbf ? sr_salt(flat_f32(hp, 8)) : 0u;
     const int64_t n = oomb_nelements(p);
     const int64_t block = 4096;
     const float * ps = (const float *) p->data;

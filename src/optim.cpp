@@ -48,7 +48,7 @@ oomb_optimizer_t oomb_opt_init(oomb_backend_t backend, struct oomb_tensor ** par
     opt->backend = backend;
     opt->p = p;
     opt->ctx = oomb_init({0, true});
-    const int n_hp = p.type == OOMB_OPT_ADAMW ? 8 : 3;
+    const int n_hp = p.type == OOMB_OPT_ADAMW ? 9 : 3;  // AdamW: hp[8] = step (stochastic-rounding seed)
     opt->hp_decay = oomb_set_name(oomb_new_tensor_1d(opt->ctx, OOMB_TYPE_F32, n_hp), "opt.hp_decay");
     opt->hp_nodecay = oomb_set_name(oomb_new_tensor_1d(opt->ctx, OOMB_TYPE_F32, n_hp), "opt.hp_nodecay");
     oomb_set_input(opt->hp_decay);
@@ -129,8 +129,9 @@ float oomb_opt_step(oomb_optimizer_t opt, float lr, float grad_scale, float max_
     const oomb_opt_params & p = opt->p;
     if (p.type == OOMB_OPT_ADAMW) {
         const double t = (double) opt->n_steps;
-        float hp[8] = {lr, p.beta1, p.beta2, p.eps, p.weight_decay, scale,
-                       (float) (1.0 - std::pow((double) p.beta1, t)), (float) (1.0 - std::pow((double) p.beta2, t))};
+        float hp[9] = {lr, p.beta1, p.beta2, p.eps, p.weight_decay, scale,
+                       (float) (1.0 - std::pow((double) p.beta1, t)), (float) (1.0 - std::pow((double) p.beta2, t)),
+                       (float) (opt->n_steps & 0xffffff)};
         oomb_tensor_set(opt->hp_decay, hp, 0, sizeof(hp));
         hp[4] = 0.0f;
         oomb_tensor_set(opt->hp_nodecay, hp, 0, sizeof(hp));

@@ -33,8 +33,10 @@ OOMB_SR_HD uint32_t f32_bits(float x) {
 #endif
 }
 
-// Per-step salt: AdamW's bias corrections 1 - beta^t change every step (hp[6], hp[7]).
-OOMB_SR_HD uint32_t sr_salt(float bc1, float bc2) { return f32_bits(bc2) * 0x85ebca6bu ^ f32_bits(bc1); }
+// Per-step salt from the step number t (AdamW's hp[8], an exact integer in f32 up to 2^24): every
+// step draws new random bits. (The bias corrections 1 - beta^t are no seed: they reach 1.0f after
+// a few hundred steps and then stop changing.)
+OOMB_SR_HD uint32_t sr_salt(float step) { return sr_hash(f32_bits(step) ^ 0x9E3779B9u) * 0x85ebca6bu; }
 
 // bits of f32 x -> bf16 bits, rounded up in magnitude with probability (discarded low 16 bits) / 2^16,
 // using the 16 random bits of sr_hash(i * 0x9E3779B9 ^ salt). NaN stays NaN; inf stays inf; a value

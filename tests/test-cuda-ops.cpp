@@ -887,7 +887,8 @@ TEST_F(CudaOps, AdamwAndSgd) {
             oomb_tensor * g = B.input(OOMB_TYPE_F32, 333, 7);
             oomb_tensor * m = B.input(OOMB_TYPE_BF16, 333, 7, 1, 1, -0.1f, 0.1f);
             oomb_tensor * v = B.input(OOMB_TYPE_BF16, 333, 7, 1, 1, 0.001f, 0.01f);
-            oomb_tensor * hp = B.consts({1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.729f, 1.0f - 0.997002999f});
+            // hp[8]: the step number, the seed of the stochastic rounding
+            oomb_tensor * hp = B.consts({1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.729f, 1.0f - 0.997002999f, 3.0f});
             return {oomb_adamw_step(B.ctx, p, g, m, v, hp), m, v};
         }, 4e-3);
         name = std::string("sgd_step param ") + oomb_type_name(t) + " [1001, 3]";

@@ -1104,3 +1104,27 @@ TEST(Grad, NegativeControl) {
 }
 
 } // namespace
+
+// The per-row log-sum-exp tail of linear_cross_entropy's node carries no gradient: a loss built on
+// it (e.g. a z-loss, sum of lse^2) is refused when the backward is built, instead of its gradient
+// being silently dropped (found by a review: relative errors 0.33-1.0 against finite differences).
+TEST(Grad, LinearCrossEntropyLseTailIsNotDifferentiable) {
+    Harness H;
+    oomb_tensor * w = H.param("w", {5, 13}, OOMB_TYPE_F32);
+    oomb_tensor * x = H.param("x", {5, 4}, OOMB_TYPE_F32, -2, 2);
+    oomb_tensor * l = lce(H, w, x, H.ids("labels", {12, -100, 0, 7}, 4), -100, 4);
+    ASSERT_NE(l->view_src, nullptr);
+    oomb_tensor * tail = oomb_view_1d(H.ctx, l->view_src, 4, 2 * sizeof(float));
+    oomb_tensor * zloss = oomb_add(H.ctx, oomb_view_1d(H.ctx, l, 1, 0), oomb_sum_sq(H.ctx, tail));
+    oomb_cgraph * g = oomb_new_graph(H.ctx);
+    oomb_build_forward_expand(g, zloss);
+    const int n_before = oomb_graph_n_nodes(g);
+    EXPECT_OOMB_ERROR(oomb_build_backward_expand(H.ctx, g, zloss, nullptr), "log-sum-exp carries no gradient");
+    EXPECT_EQ(oomb_graph_n_nodes(g), n_before) << "the graph is left unchanged";
+    // the { sum, count } head itself stays differentiable (a view of the sum element)
+    oomb_tensor * head = oomb_view_1d(H.ctx, l, 1, 0);
+    oomb_cgraph * g2 = oomb_new_graph(H.ctx);
+    oomb_build_forward_expand(g2, head);
+    oomb_build_backward_expand(H.ctx, g2, head, nullptr);
+    EXPECT_GT(oomb_graph_n_nodes(g2), 3);
+}

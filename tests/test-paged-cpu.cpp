@@ -296,6 +296,18 @@ TEST(PagedCpuErrors, BackwardFwdArgument) {
     EXPECT_OOMB_ERROR(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, oomb_scale(ctx, out, 1.0f), 0.5f),
                       "must be the result of oomb_paged_attn");
     EXPECT_OOMB_ERROR(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, other, 0.5f), "is the paged_attn of q");
+    // a reshape of the out view is the same forward
+    EXPECT_EQ(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, oomb_reshape_2d(ctx, out, D * H, T), 0.5f)->src[8],
+              out->view_src);
+    // same shapes, other inputs: its saved statistics would be wrong for this backward (review finding:
+    // relative errors 0.2-1.3 against the recompute path, silently)
+    oomb_tensor * q_other = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, T);
+    oomb_tensor * pos_other = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T);
+    oomb_tensor * f_scale = oomb_paged_attn(ctx, q, kc, kc, kp, kp, pt, pos, 0.25f, 1);
+    oomb_tensor * f_q = oomb_paged_attn(ctx, q_other, kc, kc, kp, kp, pt, pos, 0.5f, 1);
+    oomb_tensor * f_pos = oomb_paged_attn(ctx, q, kc, kc, kp, kp, pt, pos_other, 0.5f, 1);
+    for (oomb_tensor * f : {f_scale, f_q, f_pos})
+        EXPECT_OOMB_ERROR(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, f, 0.5f), "computed from other inputs");
     oomb_free(ctx);
 }
 

@@ -265,9 +265,18 @@ def test_training(tmp):
         rc, o, e = run(common + ["--out", S2, "--resume", "--steps", "7"])
         check(rc == 1 and "--opt-state" in e, f"--resume of a bf16-state checkpoint with f32 moments: refused ({e.strip()[-200:]})")
     N = os.path.join(tmp, "N")
-    rc, o, e = run(base + ["--steps", "2", "--save-every", "-1", "--out", N])
+    rc, o, e = run(base + ["--steps", "2", "--save-every", "-1", "--eval-every", "0", "--eval-seqs", "0", "--out", N])
     check(rc == 0 and not os.path.exists(os.path.join(N, "model.gguf")) and "checkpoint:" not in o,
           f"--save-every -1: no checkpoint at all ({e.strip()[-200:]})")
+    check(os.path.exists(os.path.join(N, "loss.png")), "--save-every -1 without evaluation: loss.png still drawn (the done line names it)")
+    # review findings: --stop-after needs a checkpoint; a never-saving run must not leave an old
+    # checkpoint beside its new log; --resume --stop-after at or before the checkpoint says so
+    rc, o, e = run(base + ["--steps", "4", "--save-every", "-1", "--stop-after", "2", "--out", os.path.join(tmp, "N2")])
+    check(rc == 1 and "--stop-after" in e and "--save-every -1" in e, f"--stop-after with --save-every -1: refused ({e.strip()[-200:]})")
+    rc, o, e = run(base + ["--steps", "6", "--save-every", "-1", "--out", B])
+    check(rc == 1 and "already holds a checkpoint" in e, f"--save-every -1 into a folder with a checkpoint: refused ({e.strip()[-200:]})")
+    rc, o, e = run(base + ["--steps", "10", "--save-every", "2", "--out", B, "--resume", "--stop-after", "3"])
+    check(rc == 0 and "nothing to do" in o, f"--resume --stop-after at or before the checkpoint's step: says nothing to do ({o.strip()[-200:]})")
     rc, o, e = run(base + ["--steps", "1", "--eval-seqs", "0", "--seqs-per-step", "200", "--out", os.path.join(tmp, "E")])
     check(rc == 0 and "evaluation is off (--eval-seqs 0)" in o, f"--eval-seqs 0: a note that evaluation is off {e.strip()[-200:]}")
     check("one step spans several passes over the data" in o, "--seqs-per-step > training sequences: a warning")
