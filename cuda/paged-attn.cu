@@ -188,8 +188,8 @@ struct FwdCfg {
     static constexpr size_t smem = (size_t) (BM * D + 4 * BN * D) * sizeof(bf16) + BM * sizeof(int);
 };
 
-template <int D, int WM, int BN, int NW, int MODE>
-__global__ void __launch_bounds__(NW * 32) pa_fwd_kernel(const FwdArgs a) {
+template <int D, int WM, int BN, int NW, int MODE, int MINB = 1>
+__global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) {
     constexpr int BM = NW * 16 * WM;
     constexpr int NCH = D / 8;
     constexpr int NT = NW * 32;
@@ -452,8 +452,8 @@ struct BwdCfg {
     static constexpr size_t smem = (size_t) (2 * BN * D + 4 * BM * D + BN * SDS) * sizeof(bf16) + 6 * BM * sizeof(float);
 };
 
-template <int D, int BM, int NW>
-__global__ void __launch_bounds__(NW * 32, 1) pa_bwd_kernel(const BwdArgs a) {
+template <int D, int BM, int NW, int MINB = 1>
+__global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) {
     constexpr int BN = NW * 16;
     constexpr int NCH = D / 8;
     constexpr int NT = NW * 32;
@@ -1077,7 +1077,16 @@ int bwd_split(int own_tiles, int n_rt) {
     return std::max(1, std::min(ns, std::max(n_rt, 1)));
 }
 
-int bwd_bm(int D) { return D == 64 ? 64 : (bwd_variant() == 1 ? 64 : bwd_variant() == 2 ? 16 : 32); }
+// D = 64 variants (OOMB_PAGED_ATTN_FWD64 / OOMB_PAGED_ATTN_BWD64, for tuning): registers are not
+// the limit there, so more blocks per SM (latency hiding) can be asked of the compiler.
+//   forward 0 (default): 4 warps x 32 rows, 64-key tiles, 220 registers (2 blocks/SM);
+//           1: the same with at most 168 registers (3 blocks/SM, 44 B of spills); 2: 8 warps x 16 rows,
+//           64-key tiles (145 registers)
+//   backward 0 (default): 64 rows per step, 1 block/SM (240 registers); 1: 32 rows, 2 blocks/SM
+//           (128 registers, 44 B of spills); 2: 32 rows, 1 block/SM
+int fwd64_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_FWD64", 0); return v; }
+int bwd64_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_BWD64", 0); return v; }
+int bwd_bm(int D) { return D == 64 ? (bwd64_variant() >= 1 ? 32 : 64) : (bwd_variant() == 1 ? 64 : bwd_variant() == 2 ? 16 : 32); }
 
 // Can the tensor-core kernels run on these operands?
 bool fast_ok(const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * vp, const oomb_tensor * dout) {
@@ -1100,20 +1109,28 @@ template <typename F> void set_smem(F * kernel, size_t smem) {
     PA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
 }
 
-template <int D, int WM, int BN, int NW, int MODE>
+template <int D, int WM, int BN, int NW, int MODE, int MINB = 1>
 void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
     using C = FwdCfg<D, WM, BN, NW>;
     static bool attr_set = false; // benign race: setting the attribute twice is harmless
-    if (!attr_set) { set_smem(pa_fwd_kernel<D, WM, BN, NW, MODE>, C::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_fwd_kernel<D, WM, BN, NW, MODE, MINB>, C::smem); attr_set = true; }
     const int TG = a.T * a.G;
     dim3 grid((TG + C::BM - 1) / C::BM, Hkv);
-    pa_fwd_kernel<D, WM, BN, NW, MODE><<<grid, NW * 32, C::smem, stream>>>(a);
+    pa_fwd_kernel<D, WM, BN, NW, MODE, MINB><<<grid, NW * 32, C::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
 }
 
+
 template <int MODE>
 void fwd_fast(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
-    if (D == 64) { launch_fwd<64, 2, 64, 4, MODE>(stream, a, Hkv); return; }
+    if (D == 64) {
+        switch (fwd64_variant()) {
+            case 1: launch_fwd<64, 2, 64, 4, MODE, 3>(stream, a, Hkv); break;
+            case 2: launch_fwd<64, 1, 64, 8, MODE>(stream, a, Hkv); break;
+            default: launch_fwd<64, 2, 64, 4, MODE>(stream, a, Hkv); break;
+        }
+        return;
+    }
     switch (fwd_variant()) {
         case 1: launch_fwd<128, 1, 64, 8, MODE>(stream, a, Hkv); break;
         case 2: launch_fwd<128, 2, 64, 4, MODE>(stream, a, Hkv); break;
@@ -1123,13 +1140,13 @@ void fwd_fast(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
 
 constexpr int BWD_NW = 8;
 
-template <int D, int BM>
+template <int D, int BM, int MINB = 1>
 void launch_bwd(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     using C = BwdCfg<D, BM, BWD_NW>;
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_bwd_kernel<D, BM, BWD_NW>, C::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_bwd_kernel<D, BM, BWD_NW, MINB>, C::smem); attr_set = true; }
     dim3 grid(n_key_tiles, Hkv, a.nsplit);
-    pa_bwd_kernel<D, BM, BWD_NW><<<grid, BWD_NW * 32, C::smem, stream>>>(a);
+    pa_bwd_kernel<D, BM, BWD_NW, MINB><<<grid, BWD_NW * 32, C::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
 }
 
@@ -1317,7 +1334,12 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
             a.dq = dq;
             const int n_key_tiles = (int) ((n_keys_bound + BN - 1) / BN);
             a.nsplit = bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt);
-            if (G.D == 64) launch_bwd<64, 64>(stream, a, n_key_tiles, G.Hkv);
+            if (G.D == 64) {
+                const int v = bwd64_variant();
+                if (v == 1) launch_bwd<64, 32, 2>(stream, a, n_key_tiles, G.Hkv);
+                else if (v == 2) launch_bwd<64, 32>(stream, a, n_key_tiles, G.Hkv);
+                else launch_bwd<64, 64>(stream, a, n_key_tiles, G.Hkv);
+            }
             else if (BM == 64) launch_bwd<128, 64>(stream, a, n_key_tiles, G.Hkv);
             else if (BM == 16) launch_bwd<128, 16>(stream, a, n_key_tiles, G.Hkv);
             else launch_bwd<128, 32>(stream, a, n_key_tiles, G.Hkv);

@@ -2,7 +2,7 @@
 # One device call on the H200: CUDA tests and/or end-to-end training throughput beside the HF
 # baseline (../shared/bench/hf_baseline.py, carried in .devcarry/) in the same run, and/or
 # Qwen2.5-7B (--trainable linear, bf16 AdamW state, random weights made in memory) step times.
-#   bench/gpu/run-h200.sh tests|e2e|7b|attn|all [ctx ...]      (MODES="tests 7b" runs several)
+#   bench/gpu/run-h200.sh tests|e2e|7b|attn|sweep64|all [ctx ...]      (MODES="tests 7b" runs several)
 # Expects .devcarry/gpu-bins.tar.xz (test-cuda-*, oomb-train, oomb-convert-hf, oomb-bench-attn built here with
 # static OpenBLAS/PCRE2/utf8proc, see bench/NOTES.md), .devcarry/fixtures and .devcarry/hf_baseline.py.
 set -o pipefail
@@ -73,4 +73,16 @@ if want attn; then
     PYTHONUNBUFFERED=1 timeout 240 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --out $OUT 2>&1 | tee "$OUT/attn-bench.log" | grep -v "^running"
     echo "ablation at 32K: --recompute-lse"; timeout 60 $B/oomb-bench-attn --seq 32768 --reps 3 --recompute-lse 2>&1 | tail -3
     echo "ablation at 32K: OOMB_PAGED_ATTN_SPLIT=1"; OOMB_PAGED_ATTN_SPLIT=1 timeout 60 $B/oomb-bench-attn --seq 32768 --reps 3 2>&1 | tail -3
+fi
+
+if want sweep64; then
+    # head dim 64 (Qwen2.5-0.5B layer: 14 query heads, 2 KV heads) kernel variants at 32K, and the
+    # paged-attention tests under the non-default variants
+    A="--seq 32768 --heads 14 --kv-heads 2 --dim 64 --reps 3"
+    for f in 0 1 2; do echo "fwd64 variant $f"; OOMB_PAGED_ATTN_FWD64=$f timeout 60 $B/oomb-bench-attn $A --fwd-only 2>&1 | grep '"seq"'; done
+    for b in 0 1 2; do echo "bwd64 variant $b"; OOMB_PAGED_ATTN_BWD64=$b timeout 60 $B/oomb-bench-attn $A 2>&1 | grep '"seq"'; done
+    for v in 1 2; do
+        OOMB_PAGED_ATTN_FWD64=$v OOMB_PAGED_ATTN_BWD64=$v timeout 120 $B/test-cuda-paged-attn > "$OUT/test-pa-variant$v.log" 2>&1
+        echo "test-cuda-paged-attn with FWD64=BWD64=$v rc=$?"; grep -E "FAILED|PASSED" "$OUT/test-pa-variant$v.log" | head -5
+    done
 fi
