@@ -1189,6 +1189,27 @@ void check_common(const Geom & G, const oomb_tensor * kp, const char * op) {
 // Entry points
 // ---------------------------------------------------------------------------------------------
 
+// oomb_paged_attn_cached: copies the chunk's block of the result cache (it starts at float
+// pos[0] * row, read on the device) into the packed node (to_cache 0) or the packed node into it
+// (to_cache 1). A block outside the cache loads as NaN (the loss then says so) and is not saved.
+static __global__ void pa_cache_copy_kernel(float * cache, int64_t cache_n, float * packed, int64_t n, int64_t row, const int32_t * pos,
+                                     int to_cache) {
+    const int64_t off = (int64_t) pos[0] * row;
+    const bool ok = pos[0] >= 0 && off + n <= cache_n;
+    for (int64_t i = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; i < n; i += (int64_t) gridDim.x * blockDim.x) {
+        if (to_cache) { if (ok) cache[off + i] = packed[i]; }
+        else packed[i] = ok ? cache[off + i] : __int_as_float(0x7fc00000);
+    }
+}
+
+static void cache_copy(cudaStream_t stream, oomb_tensor * dst, const int32_t * pos, int64_t n, int64_t row, int to_cache) {
+    const oomb_tensor * cache = dst->src[7];
+    const unsigned blocks = (unsigned) std::min<int64_t>((n + 255) / 256, 4096);
+    pa_cache_copy_kernel<<<blocks, 256, 0, stream>>>((float *) cache->data, oomb_nelements(cache), (float *) dst->data, n, row, pos,
+                                                     to_cache);
+    PA_LAUNCH_CHECK();
+}
+
 void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
     const oomb_tensor * q = dst->src[0];
     const oomb_tensor * kc = dst->src[1];
@@ -1206,6 +1227,12 @@ void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
                    (long long) G.D * G.H * G.T + (long long) G.H * G.T);
     float * out = (float *) dst->data;
     float * lse = out + (int64_t) G.D * G.H * G.T;
+    const int cache_mode = dst->op_params[2];  // oomb_paged_attn_cached: 1 save, 2 load
+    const int64_t cache_row = (int64_t) G.D * G.H + G.H, packed_n = cache_row * G.T;
+    if (cache_mode == 2) {
+        cache_copy(stream, dst, G.pos, packed_n, cache_row, 0);
+        return;
+    }
 
     if (store) {
         const int64_t n = (int64_t) G.D * G.Hkv * G.T;
@@ -1242,6 +1269,7 @@ void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
         a.lse = lse;
         fwd_generic<MODE_OUT>(stream, a, kp->type);
     }
+    if (cache_mode == 1) cache_copy(stream, dst, G.pos, packed_n, cache_row, 1);
 }
 
 void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {

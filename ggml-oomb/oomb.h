@@ -426,6 +426,18 @@ struct oomb_tensor * oomb_sgd_step(struct oomb_context * ctx, struct oomb_tensor
 struct oomb_tensor * oomb_paged_attn(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_cur,
                                      struct oomb_tensor * v_cur, struct oomb_tensor * k_pages, struct oomb_tensor * v_pages,
                                      struct oomb_tensor * page_table, struct oomb_tensor * pos, float scale, int store);
+/// oomb_paged_attn with a cache of its results, so OOMB's stage 2 need not recompute the attention
+/// forward of stage 1 (a memory-for-compute trade: (D*H + H) f32 per position and layer).
+/// out_cache: contiguous f32, (D*H + H) floats per position, at least up to the largest position;
+/// the chunk's block starts at float pos[0] * (D*H + H) and holds the packed result (out [D, H, T],
+/// then the LSE [H, T]), so the chunk's positions must be consecutive (pos[t] = pos[0] + t: not
+/// checked on the GPU). load = 0: compute as oomb_paged_attn (with store), then write the block;
+/// load = 1 (store 0): copy the block written by an earlier load-0 call over the same K/V instead of
+/// computing (bit-identical to recomputing with the same kernels). Gradients as oomb_paged_attn.
+struct oomb_tensor * oomb_paged_attn_cached(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_cur,
+                                            struct oomb_tensor * v_cur, struct oomb_tensor * k_pages, struct oomb_tensor * v_pages,
+                                            struct oomb_tensor * page_table, struct oomb_tensor * pos, float scale, int store,
+                                            struct oomb_tensor * out_cache, int load);
 /// Backward of oomb_paged_attn: accumulates dK/dV of every attended position into the f32 gradient
 /// pages dk_pages/dv_pages (in place; shaped like the K/V pools) and returns one f32 tensor holding
 /// dq [D, H, T], then dk_cur and dv_cur [D, Hkv, T] read back from the gradient pages at pos (complete

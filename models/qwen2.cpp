@@ -352,11 +352,29 @@ ChunkTrainer::ChunkTrainer(Qwen2Model & model, const ChunkTrainerParams & p) : m
     kp.with_grad = true;
     kv_ = oomb_kv_cache_init(m_.backend, kp);
     if (!kv_) oomb_error("ChunkTrainer: cannot allocate the KV cache for %" PRId64 " tokens", p.max_tokens);
+    if (p.cache_attn) {
+        const int64_t row = m_.cfg.n_head * m_.cfg.head_dim + m_.cfg.n_head;  // out row + LSEs per position
+        attn_ctx_ = oomb_init({0, true});
+        for (int64_t l = 0; l < m_.cfg.n_layer; l++) {
+            oomb_tensor * t = oomb_new_tensor_1d(attn_ctx_, OOMB_TYPE_F32, row * p.max_tokens);
+            attn_cache_.push_back(oomb_format_name(t, "attn_cache.%" PRId64, l));
+        }
+        attn_buf_ = oomb_backend_alloc_ctx_tensors(attn_ctx_, m_.backend);
+        if (!attn_buf_) oomb_error("ChunkTrainer: cannot allocate the attention cache (%.2f GiB)", (double) (row * p.max_tokens * 4 * m_.cfg.n_layer) / (1 << 30));
+    }
 }
 
 ChunkTrainer::~ChunkTrainer() {
     graphs_.clear();
+    oomb_buffer_free(attn_buf_);
+    oomb_free(attn_ctx_);
     oomb_kv_cache_free(kv_);
+}
+
+size_t ChunkTrainer::attn_cache_bytes() const {
+    size_t n = 0;
+    for (const oomb_tensor * t : attn_cache_) n += oomb_nbytes(t);
+    return n;
 }
 
 ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
@@ -398,8 +416,15 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
         v = oomb_reshape_3d(ctx, v, hd, c.n_head_kv, T);
         oomb_format_name(q, "q.%" PRId64, l);
         oomb_format_name(k, "k.%" PRId64, l);
-        oomb_tensor * a = oomb_paged_attn(ctx, q, k, v, oomb_kv_cache_k(kv_, (int) l), oomb_kv_cache_v(kv_, (int) l), pt, G->pos,
-                                          scale, store);
+        // with the attention cache, stage 1 (Fill) saves each layer's result and stage 2 (Backward)
+        // loads it instead of recomputing; a one-chunk sequence (BackwardStore) and evaluation compute
+        oomb_tensor * a;
+        if (!attn_cache_.empty() && (kind == Kind::Fill || kind == Kind::Backward)) {
+            a = oomb_paged_attn_cached(ctx, q, k, v, oomb_kv_cache_k(kv_, (int) l), oomb_kv_cache_v(kv_, (int) l), pt, G->pos, scale,
+                                       store, attn_cache_[l], kind == Kind::Backward ? 1 : 0);
+        } else {
+            a = oomb_paged_attn(ctx, q, k, v, oomb_kv_cache_k(kv_, (int) l), oomb_kv_cache_v(kv_, (int) l), pt, G->pos, scale, store);
+        }
         // a is the out view [hd, n_head, T] of the op's node, which also keeps each row's LSE for
         // the backward
         oomb_format_name(a, "attn.%" PRId64, l);

@@ -316,6 +316,25 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
     PagedGeom G(q, kp, dst->src[5], dst->src[6]);
     if (q->nb[0] != sizeof(float)) oomb_error("paged_attn: q must have unit stride in dim 0");
     check_pos(G, "paged_attn");
+    // oomb_paged_attn_cached: the chunk's block of the result cache (mode 1: save after computing,
+    // mode 2: load instead of computing)
+    const int cache_mode = dst->op_params[2];
+    float * cache_block = nullptr;
+    if (cache_mode && G.T > 0) {
+        const oomb_tensor * cache = dst->src[7];
+        for (int64_t t = 1; t < G.T; t++)
+            if (G.pos[t] != G.pos[0] + t)
+                oomb_error("paged_attn_cached: positions must be consecutive (pos[%" PRId64 "] = %d after pos[0] = %d)", t, G.pos[t], G.pos[0]);
+        const int64_t row = G.D * G.H + G.H;
+        if (G.pos[0] < 0 || (G.pos[0] + G.T) * row > oomb_nelements(cache))
+            oomb_error("paged_attn_cached: positions %d..%" PRId64 " lie outside the cache %s", G.pos[0], G.pos[0] + G.T - 1,
+                       shape_str(cache).c_str());
+        cache_block = (float *) cache->data + G.pos[0] * row;
+        if (cache_mode == 2) {
+            std::memcpy(dst->data, cache_block, (size_t) (G.T * row) * sizeof(float));
+            return;
+        }
+    }
 
     if (store_kv) {
         for (int64_t t = 0; t < G.T; t++)
@@ -350,6 +369,7 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
             lse[s.rid[i]] = s.m[i] + std::log(s.l[i]);
         }
     });
+    if (cache_block) std::memcpy(cache_block, dst->data, (size_t) (G.T * (G.D * G.H + G.H)) * sizeof(float));
 }
 
 void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {

@@ -322,3 +322,67 @@ INSTANTIATE_TEST_SUITE_P(Shapes, PagedCpu,
                                             ::testing::Values("avx512", "avx2", "base")));
 
 } // namespace
+
+// oomb_paged_attn_cached: a load-mode node reproduces the computed result exactly, positions must
+// be consecutive and inside the cache, and store + load together is refused.
+TEST(PagedCpuCache, SaveThenLoadIsBitIdentical) {
+    const int64_t D = 16, H = 4, Hkv = 2, T = 6, P = 4, S = 32;
+    oomb_backend_t be = oomb_backend_cpu_init(2);
+    oomb_kv_cache_params kp;
+    kp.n_layer = 1; kp.n_head_kv = (int) Hkv; kp.head_dim = (int) D; kp.page_size = (int) P; kp.max_tokens = S;
+    kp.type = OOMB_TYPE_F32; kp.with_grad = false;
+    oomb_kv_cache_t kv = oomb_kv_cache_init(be, kp);
+    oomb_kv_cache_reserve(kv, 16);
+    oomb_context * ctx = oomb_init({0, false});
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> U(-1.0f, 1.0f);
+    auto rnd = [&](oomb_tensor * t) { for (int64_t i = 0; i < oomb_nelements(t); i++) oomb_set_f32_1d(t, i, U(rng)); return t; };
+    oomb_tensor * q = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, T));
+    oomb_tensor * kc = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T));
+    oomb_tensor * vc = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T));
+    oomb_tensor * pos = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T);
+    for (int64_t t = 0; t < T; t++) oomb_set_i32_1d(pos, t, (int32_t) (10 + t));
+    oomb_tensor * cache = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, S * (D * H + H));
+    oomb_tensor * kpool = oomb_kv_cache_k(kv, 0), * vpool = oomb_kv_cache_v(kv, 0), * pt = oomb_kv_cache_page_table(kv);
+    // history 0..9 first (plain), then the chunk at 10..15 saved, then recomputed and loaded
+    oomb_tensor * qh = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, 10));
+    oomb_tensor * kh = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, 10));
+    oomb_tensor * vh = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, 10));
+    oomb_tensor * ph = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, 10);
+    for (int t = 0; t < 10; t++) oomb_set_i32_1d(ph, t, t);
+    oomb_tensor * o_hist = oomb_paged_attn(ctx, qh, kh, vh, kpool, vpool, pt, ph, 0.3f, 1);
+    oomb_tensor * o_save = oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 1, cache, 0);
+    oomb_tensor * o_re = oomb_paged_attn(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0);
+    oomb_tensor * o_load = oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, cache, 1);
+    for (oomb_tensor * o : {o_hist, o_save, o_re, o_load}) {
+        oomb_cgraph * g = oomb_new_graph(ctx);
+        oomb_build_forward_expand(g, o->view_src);
+        oomb_backend_graph_compute(be, g);
+    }
+    const int64_t n = oomb_nelements(o_save->view_src);
+    int diff_re = 0, diff_load = 0;
+    for (int64_t i = 0; i < n; i++) {
+        diff_re += ((float *) o_save->view_src->data)[i] != ((float *) o_re->view_src->data)[i];
+        diff_load += ((float *) o_save->view_src->data)[i] != ((float *) o_load->view_src->data)[i];
+    }
+    EXPECT_EQ(diff_re, 0) << "recompute over the stored K/V equals the first computation";
+    EXPECT_EQ(diff_load, 0) << "the loaded block equals the computed result (out and LSE)";
+    // the block sits at float pos[0] * (D*H + H)
+    EXPECT_EQ(((float *) cache->data)[10 * (D * H + H)], ((float *) o_save->view_src->data)[0]);
+    // errors: store and load together; positions not consecutive; outside the cache
+    EXPECT_OOMB_ERROR(oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 1, cache, 1), "store must be 0");
+    oomb_tensor * bad = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T);
+    for (int64_t t = 0; t < T; t++) oomb_set_i32_1d(bad, t, (int32_t) (t < 5 ? 9 + t : 15));  // 9..13, 15
+    oomb_tensor * o_bad = oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, bad, 0.3f, 0, cache, 1);
+    oomb_cgraph * gb = oomb_new_graph(ctx);
+    oomb_build_forward_expand(gb, o_bad->view_src);
+    EXPECT_OOMB_ERROR(oomb_backend_graph_compute(be, gb), "consecutive");
+    oomb_tensor * small = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, 12 * (D * H + H));
+    oomb_tensor * o_out = oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, small, 1);
+    oomb_cgraph * go = oomb_new_graph(ctx);
+    oomb_build_forward_expand(go, o_out->view_src);
+    EXPECT_OOMB_ERROR(oomb_backend_graph_compute(be, go), "outside the cache");
+    oomb_free(ctx);
+    oomb_kv_cache_free(kv);
+    oomb_backend_free(be);
+}

@@ -69,6 +69,33 @@ TEST(Qwen2Parity, MicroShortGradientsTinyChunks) { check_cpu("qwen2-micro", "sho
 TEST(Qwen2Parity, MicroLongChunk512) { check_cpu("qwen2-micro", "long", 512, 64); }
 TEST(Qwen2Parity, MicroLongChunk1000) { check_cpu("qwen2-micro", "long", 1000, 64); }
 TEST(Qwen2Parity, MicroLongWholeSequence) { check_cpu("qwen2-micro", "long", 4096, 64); }
+// stage 2 loading stage 1's attention results (ChunkTrainerParams::cache_attn) instead of
+// recomputing them: the references as above, and bit-identical gradients to the recompute
+TEST(Qwen2Parity, MicroLongChunk512AttnCache) {
+    ModelRun run(converted("qwen2-micro"));
+    check_gradients(run, "qwen2-micro", "long", 512, 64, {}, OOMB_TYPE_F32, true);
+}
+TEST(Qwen2Parity, MiniShortChunkedAttnCacheBitIdentical) {
+    Reference ref(fixtures_dir() + "/qwen2-mini/reference-short.safetensors");
+    std::vector<std::vector<float>> g[2];
+    double loss[2] = {0, 0};
+    for (int c = 0; c < 2; c++) {
+        ModelRun run(converted("qwen2-mini"));
+        ChunkTrainerParams tp;
+        tp.chunk = 24;
+        tp.page = 16;
+        tp.max_tokens = ref.T;
+        tp.cache_attn = c == 1;
+        ChunkTrainer tr(*run.model, tp);
+        EXPECT_EQ(tr.attn_cache_bytes() > 0, c == 1);
+        for (int64_t b = 0; b < ref.B; b++) loss[c] += tr.forward_backward(ref.ids.data() + b * ref.T, ref.T).loss_sum;
+        for (oomb_tensor * p : run.params) g[c].push_back(run.grad(p->name));
+    }
+    EXPECT_EQ(loss[0], loss[1]);
+    ASSERT_EQ(g[0].size(), g[1].size());
+    ASSERT_GT(g[0].size(), 10u);
+    for (size_t i = 0; i < g[0].size(); i++) EXPECT_EQ(g[0][i], g[1][i]) << "gradient " << i;
+}
 
 TEST(Qwen2Parity, MicroLongLastLogits) {
     Reference ref(oombtest::fixtures_dir() + "/qwen2-micro/reference-long.safetensors");

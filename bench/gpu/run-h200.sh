@@ -33,17 +33,19 @@ if want tests; then
 fi
 
 if want e2e; then
-    # entries: ctx or ctx:chunk (default chunk 4096, the reference's); HF once per ctx (NO_HF=1: skip)
+    # entries: ctx, ctx:chunk or ctx:chunk:cache (default chunk 4096, the reference's; "cache" adds
+    # --attn-cache); HF once per ctx (NO_HF=1: skip)
     declare -A hf_done
     for spec in $CTXS; do
-        ctx=${spec%%:*}; chunk=4096; [[ $spec == *:* ]] && chunk=${spec##*:}
+        IFS=: read -r ctx chunk cache <<< "$spec"; chunk=${chunk:-4096}
+        extra=""; [ "$cache" = cache ] && extra="--attn-cache" && chunk_tag="$chunk-cache" || chunk_tag=$chunk
         rm -rf /tmp/run$ctx
         steps=2; [ $ctx -gt 32768 ] && steps=1
         OOMB_CUDA_PROFILE=1 timeout ${TRAIN_TIMEOUT:-240} $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx $ctx --chunk $chunk --page 128 --steps $steps \
             --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin \
-            --trainable all -o /tmp/run$ctx > "$OUT/oomb-0.5b-$ctx-c$chunk.log" 2>&1
-        echo "oomb 0.5b ctx $ctx chunk $chunk rc=$?"; grep -E "^step|error" "$OUT/oomb-0.5b-$ctx-c$chunk.log"; grep -A4 "CUDA profile" "$OUT/oomb-0.5b-$ctx-c$chunk.log"
-        cp /tmp/run$ctx/train.jsonl "$OUT/oomb-0.5b-$ctx-c$chunk.jsonl" 2>/dev/null
+            --trainable all $extra -o /tmp/run$ctx > "$OUT/oomb-0.5b-$ctx-c$chunk_tag.log" 2>&1
+        echo "oomb 0.5b ctx $ctx chunk $chunk $extra rc=$?"; grep -E "^step|error" "$OUT/oomb-0.5b-$ctx-c$chunk_tag.log"; grep -A4 "CUDA profile" "$OUT/oomb-0.5b-$ctx-c$chunk_tag.log"
+        cp /tmp/run$ctx/train.jsonl "$OUT/oomb-0.5b-$ctx-c$chunk_tag.jsonl" 2>/dev/null
         # HF runs out of memory from 64K on (baselines/hf-peft-h200.jsonl)
         if [ $ctx -le 32768 ] && [ -z "${NO_HF:-}" ] && [ -z "${hf_done[$ctx]:-}" ]; then
             PYTHONUNBUFFERED=1 timeout 200 python3 $D/hf_baseline.py qwen2.5-0.5b full $ctx 2 2>/dev/null | tail -1 | tee "$OUT/hf-0.5b-$ctx.json"
@@ -55,15 +57,16 @@ fi
 if want 7b; then
     # Qwen2.5-7B shapes, linear weights + LM head trained (as the OOMB reference), AdamW with bf16
     # moments; chunk 2048 keeps one chunk's f32 activations (all 28 layers) near 20 GB
-    for spec in ${CTX7B:-32768 65536 131072}; do   # ctx or ctx:chunk
-        ctx=${spec%%:*}; chunk=${CHUNK7B:-2048}; [[ $spec == *:* ]] && chunk=${spec##*:}
+    for spec in ${CTX7B:-32768 65536 131072}; do   # ctx, ctx:chunk or ctx:chunk:cache
+        IFS=: read -r ctx chunk cache <<< "$spec"; chunk=${chunk:-${CHUNK7B:-2048}}
+        extra=""; [ "$cache" = cache ] && extra="--attn-cache"
         rm -rf /tmp/r7b$ctx
         steps=2; [ $ctx -gt 32768 ] && steps=1
         OOMB_CUDA_PROFILE=1 timeout ${TRAIN_TIMEOUT_7B:-400} $B/oomb-train --preset qwen2.5-7b --device cuda --ctx $ctx --chunk $chunk --page 128 \
             --steps $steps --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin \
-            --trainable linear --opt-state bf16 -o /tmp/r7b$ctx > "$OUT/oomb-7b-$ctx-c$chunk.log" 2>&1
-        echo "oomb 7b ctx $ctx chunk $chunk rc=$?"; grep -E "^train|^step|error|GPU time|paged_attn|mul_mat" "$OUT/oomb-7b-$ctx-c$chunk.log" | head -20
-        cp /tmp/r7b$ctx/train.jsonl "$OUT/oomb-7b-$ctx-c$chunk.jsonl" 2>/dev/null
+            --trainable linear --opt-state bf16 $extra -o /tmp/r7b$ctx > "$OUT/oomb-7b-$ctx-c$chunk$cache.log" 2>&1
+        echo "oomb 7b ctx $ctx chunk $chunk $extra rc=$?"; grep -E "^train|^step|error|GPU time|paged_attn|mul_mat" "$OUT/oomb-7b-$ctx-c$chunk$cache.log" | head -20
+        cp /tmp/r7b$ctx/train.jsonl "$OUT/oomb-7b-$ctx-c$chunk$cache.jsonl" 2>/dev/null
     done
 fi
 
