@@ -201,6 +201,7 @@ int dump_grads(const Options & o) {
     tp.page = o.page;
     tp.max_tokens = T;
     tp.kv_type = compute_type(be);
+    tp.cache_attn = o.attn_cache;  // the verification can check the attention-cache path too
     if (tp.chunk <= 0 || tp.page <= 0) fail(PROG, "--chunk and --page must be positive");
     ChunkTrainer tr(*model, tp);
     double loss_sum = 0;
@@ -534,6 +535,14 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
 
     // ---- model
     const std::string ckpt_model = T.path("model.gguf"), ckpt_state = T.path("state.safetensors");
+    if (o.save_every < 0 && o.resume)
+        fail(PROG, "--resume with --save-every -1 would train past the checkpoint without saving, leaving the log ahead of it: "
+                   "give --save-every 0 (save at the end) or more");
+    if (o.save_every < 0 && (is_file(ckpt_state) || is_file(ckpt_model)))
+        // a run that never saves would leave the old checkpoint beside its new log: a later --resume
+        // would continue the old run under the new run's first log lines
+        fail(PROG, o.out + " already holds a checkpoint, which --save-every -1 would leave beside this run's log; use another "
+                       "--out, or remove model.gguf and state.safetensors there");
     if (o.resume) {
         if (!is_file(ckpt_model)) fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + ckpt_model + " not found)");
         T.model = qwen2_load_gguf(ckpt_model, T.be, compute_type(T.be), &err);
@@ -633,6 +642,8 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
     tp.max_tokens = o.ctx;
     tp.kv_type = compute_type(T.be);
     tp.cache_attn = o.attn_cache;
+    if (o.attn_cache && o.chunk >= o.ctx)
+        printf("note: --attn-cache is unused: a sequence of --ctx %" PRId64 " tokens is one chunk (no stage 1 to keep results from)\n", o.ctx);
     T.tr = std::make_unique<ChunkTrainer>(M, tp);
 
     // ---- resume
@@ -741,11 +752,6 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
         }
     }
     if (!o.resume && is_file(ckpt_state)) {
-        // a run that never saves would leave the old checkpoint beside its new log: a later --resume
-        // would continue the old run under the new run's first log lines
-        if (o.save_every < 0)
-            fail(PROG, o.out + " already holds a checkpoint, which --save-every -1 would leave beside this run's log; use another "
-                           "--out, or remove model.gguf and state.safetensors there");
         printf("note: %s already holds a checkpoint; this fresh run replaces it at its first save (--resume continues it)\n", o.out.c_str());
     }
     T.jsonl = fopen(T.path("train.jsonl").c_str(), o.resume ? "a" : "w");
@@ -959,12 +965,13 @@ int main(int argc, char ** argv) {
     try {
         if (!o.tokens.empty() || !o.dump_grads.empty()) {
             validate();
-            // the verification run reads only the model, the tokens, --chunk, --page, --device, --threads
+            // the verification run reads only the model, the tokens, --chunk, --page, --attn-cache, --device, --threads
             std::string ignored;
             for (const char * opt : {"--preset", "--data", "--data-bin", "--eval-data", "--eval-split", "--eval-every", "--eval-seqs",
                                      "--ctx", "--steps", "--seqs-per-step", "--lr", "--min-lr", "--warmup", "--weight-decay",
                                      "--adam-beta1", "--adam-beta2", "--adam-eps", "--grad-clip", "--trainable", "--out",
-                                     "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every"}) {
+                                     "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every", "--opt-state",
+                                     "--seed"}) {
                 if (given(opt)) ignored += std::string(ignored.empty() ? "" : ", ") + opt;
             }
             if (!ignored.empty()) fprintf(stderr, "%s: note: --dump-grads ignores the training options given: %s\n", PROG, ignored.c_str());

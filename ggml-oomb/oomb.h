@@ -395,9 +395,9 @@ struct oomb_tensor * oomb_linear_cross_entropy_back(struct oomb_context * ctx, s
 /// AdamW step (Loshchilov & Hutter 2019, decoupled weight decay, bias-corrected moments), in place:
 /// g = grad * hp[5]; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
 /// param -= lr * ( (m / hp[6]) / (sqrt(v / hp[7]) + eps) + wd * param )
-/// hp: f32 [8] = { lr, beta1, beta2, eps, weight_decay, grad_scale, 1-beta1^t, 1-beta2^t }.
-/// hp: f32 [8] or [9]; hp[8] = the step number t (exact in f32 up to 2^24), the seed of the
-/// stochastic rounding of bf16 moments (required with them).
+/// hp: f32 [8] or [9] = { lr, beta1, beta2, eps, weight_decay, grad_scale, 1-beta1^t, 1-beta2^t[, t] }:
+/// hp[8] = the step number t (exact in f32 up to 2^24), the seed of the stochastic rounding of
+/// bf16 moments (required with them).
 /// param f32 (or bf16: updated through f32); grad f32, m and v both f32 or both bf16 (stored with
 /// stochastic rounding, identical on every backend), of param's shape.
 /// Result: view of param.
@@ -433,7 +433,10 @@ struct oomb_tensor * oomb_paged_attn(struct oomb_context * ctx, struct oomb_tens
 /// then the LSE [H, T]), so the chunk's positions must be consecutive (pos[t] = pos[0] + t: not
 /// checked on the GPU). load = 0: compute as oomb_paged_attn (with store), then write the block;
 /// load = 1 (store 0): copy the block written by an earlier load-0 call over the same K/V instead of
-/// computing (bit-identical to recomputing with the same kernels). Gradients as oomb_paged_attn.
+/// computing (bit-identical to recomputing with the same kernels). A block never saved loads as
+/// whatever the cache holds (zeros when fresh): the caller orders saves before loads, in separate
+/// graphs or through a dependency (a save and a load of one cache in the same graph are not ordered
+/// by the graph). store and load are 0 or 1. Gradients as oomb_paged_attn.
 struct oomb_tensor * oomb_paged_attn_cached(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_cur,
                                             struct oomb_tensor * v_cur, struct oomb_tensor * k_pages, struct oomb_tensor * v_pages,
                                             struct oomb_tensor * page_table, struct oomb_tensor * pos, float scale, int store,

@@ -822,7 +822,8 @@ struct oomb_tensor * oomb_adamw_step(struct oomb_context * ctx, struct oomb_tens
     OOMB_CHECK(oomb_nelements(hp) == 8 || oomb_nelements(hp) == 9, "adamw_step", "hp must have 8 or 9 elements, got %s",
                shape_str(hp).c_str());
     OOMB_CHECK(m->type != OOMB_TYPE_BF16 || oomb_nelements(hp) == 9, "adamw_step",
-               "bf16 moments need hp[8] (the step number, the stochastic-rounding seed): hp %s", shape_str(hp).c_str());
+               "bf16 moments need a 9th hyper-parameter, hp[8] = the step number (the stochastic-rounding seed); hp %s has %" PRId64
+               " elements", shape_str(hp).c_str(), oomb_nelements(hp));
     OOMB_CHECK(oomb_is_contiguous(param) && oomb_is_contiguous(grad) && oomb_is_contiguous(m) && oomb_is_contiguous(v),
                "adamw_step", "param, grad, m and v must be contiguous");
     oomb_tensor * t = view_impl(ctx, param, 4, param->ne, param->nb, 0, OOMB_OP_ADAMW_STEP);
@@ -889,6 +890,8 @@ struct oomb_tensor * oomb_paged_attn_cached(struct oomb_context * ctx, struct oo
                                             struct oomb_tensor * out_cache, int load) {
     OOMB_CHECK(out_cache && out_cache->type == OOMB_TYPE_F32 && oomb_is_contiguous(out_cache), "paged_attn_cached",
                "out_cache must be a contiguous f32 tensor, got %s", out_cache ? shape_str(out_cache).c_str() : "NULL");
+    OOMB_CHECK((load == 0 || load == 1) && (store == 0 || store == 1), "paged_attn_cached", "store (%d) and load (%d) must be 0 or 1",
+               store, load);
     OOMB_CHECK(!(load && store), "paged_attn_cached", "load = 1 reads a result computed earlier over stored K/V: store must be 0");
     oomb_tensor * out = oomb_paged_attn(ctx, q, k_cur, v_cur, k_pages, v_pages, page_table, pos, scale, store);
     const int64_t row = q->ne[0] * q->ne[1] + q->ne[1];  // floats per query position: out row + its LSEs

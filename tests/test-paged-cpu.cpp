@@ -371,6 +371,8 @@ TEST(PagedCpuCache, SaveThenLoadIsBitIdentical) {
     EXPECT_EQ(((float *) cache->data)[10 * (D * H + H)], ((float *) o_save->view_src->data)[0]);
     // errors: store and load together; positions not consecutive; outside the cache
     EXPECT_OOMB_ERROR(oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 1, cache, 1), "store must be 0");
+    EXPECT_OOMB_ERROR(oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, cache, 7), "must be 0 or 1");
+    EXPECT_OOMB_ERROR(oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 2, cache, 0), "must be 0 or 1");
     oomb_tensor * bad = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T);
     for (int64_t t = 0; t < T; t++) oomb_set_i32_1d(bad, t, (int32_t) (t < 5 ? 9 + t : 15));  // 9..13, 15
     oomb_tensor * o_bad = oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, bad, 0.3f, 0, cache, 1);

@@ -88,6 +88,11 @@ TEST(Qwen2Parity, MiniShortChunkedAttnCacheBitIdentical) {
         tp.cache_attn = c == 1;
         ChunkTrainer tr(*run.model, tp);
         EXPECT_EQ(tr.attn_cache_bytes() > 0, c == 1);
+        if (c == 1) {  // one chunk per sequence: no stage 1, so no cache is allocated
+            ChunkTrainerParams one = tp;
+            one.chunk = ref.T;
+            EXPECT_EQ(ChunkTrainer(*run.model, one).attn_cache_bytes(), 0u);
+        }
         for (int64_t b = 0; b < ref.B; b++) loss[c] += tr.forward_backward(ref.ids.data() + b * ref.T, ref.T).loss_sum;
         for (oomb_tensor * p : run.params) g[c].push_back(run.grad(p->name));
     }

@@ -59,7 +59,7 @@ if want 7b; then
     # moments; chunk 2048 keeps one chunk's f32 activations (all 28 layers) near 20 GB
     for spec in ${CTX7B:-32768 65536 131072}; do   # ctx, ctx:chunk or ctx:chunk:cache
         IFS=: read -r ctx chunk cache <<< "$spec"; chunk=${chunk:-${CHUNK7B:-2048}}
-        extra=""; [ "$cache" = cache ] && extra="--attn-cache"
+        extra=""; [ "$cache" = cache ] && extra="--attn-cache"; cache=${cache:+-$cache}
         rm -rf /tmp/r7b$ctx
         steps=2; [ $ctx -gt 32768 ] && steps=1
         OOMB_CUDA_PROFILE=1 timeout ${TRAIN_TIMEOUT_7B:-400} $B/oomb-train --preset qwen2.5-7b --device cuda --ctx $ctx --chunk $chunk --page 128 \

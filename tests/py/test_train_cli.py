@@ -126,6 +126,13 @@ def test_dump_grads(tmp):
         check(rc == 0, f"{model} chunk {chunk} page {page}: --dump-grads runs ({e.strip()[-300:]})")
         if rc:
             continue
+        if chunk == 16:
+            # the attention-cache path (stage 2 loads stage 1's attention results): bit-identical on the CPU
+            out_c = os.path.join(tmp, f"grads-{model}-{chunk}-cache.safetensors")
+            rc, o, e = run([TRAIN, "-m", g, "--tokens", ref_path, "--chunk", str(chunk), "--page", str(page),
+                            "--threads", "2", "--attn-cache", "--dump-grads", out_c])
+            check(rc == 0 and open(out, "rb").read() == open(out_c, "rb").read(),
+                  f"{model} chunk {chunk}: --dump-grads --attn-cache gives the same bytes ({e.strip()[-200:]})")
         ref = stn.load_file(ref_path)
         got = stn.load_file(out)
         check(got["loss"].dtype == np.float32 and got["loss"].shape == (1,), "loss is F32 [1]")
@@ -275,6 +282,17 @@ def test_training(tmp):
     check(rc == 1 and "--stop-after" in e and "--save-every -1" in e, f"--stop-after with --save-every -1: refused ({e.strip()[-200:]})")
     rc, o, e = run(base + ["--steps", "6", "--save-every", "-1", "--out", B])
     check(rc == 1 and "already holds a checkpoint" in e, f"--save-every -1 into a folder with a checkpoint: refused ({e.strip()[-200:]})")
+    rc, o, e = run(base + ["--steps", "10", "--save-every", "-1", "--out", B, "--resume"])
+    check(rc == 1 and "--resume with --save-every -1" in e, f"--resume with --save-every -1: refused ({e.strip()[-200:]})")
+    stale = os.path.join(tmp, "stale-model")
+    os.makedirs(stale, exist_ok=True)
+    shutil.copy(os.path.join(B, "model.gguf"), os.path.join(stale, "model.gguf"))
+    rc, o, e = run(base + ["--steps", "2", "--save-every", "-1", "--out", stale])
+    check(rc == 1 and "already holds a checkpoint" in e and "model:" not in o,
+          f"--save-every -1 over a lone model.gguf: refused before loading anything ({e.strip()[-200:]})")
+    rc, o, e = run([TRAIN, "-m", model, "--data-bin", data, "--ctx", "32", "--chunk", "64", "--page", "16", "--threads", "2",
+                    "--steps", "1", "--attn-cache", "--out", os.path.join(tmp, "AC")])
+    check(rc == 0 and "--attn-cache is unused" in o, f"--attn-cache with one chunk per sequence: a note ({o.strip()[-200:]})")
     rc, o, e = run(base + ["--steps", "10", "--save-every", "2", "--out", B, "--resume", "--stop-after", "3"])
     check(rc == 0 and "nothing to do" in o, f"--resume --stop-after at or before the checkpoint's step: says nothing to do ({o.strip()[-200:]})")
     rc, o, e = run(base + ["--steps", "1", "--eval-seqs", "0", "--seqs-per-step", "200", "--out", os.path.join(tmp, "E")])
