@@ -363,6 +363,7 @@ ChunkTrainer::ChunkTrainer(Qwen2Model & model, const ChunkTrainerParams & p) : m
         for (int64_t l = 0; l < m_.cfg.n_layer; l++) {
             oomb_tensor * t = oomb_new_tensor_1d(attn_ctx_, OOMB_TYPE_F32, row * p.max_tokens);
             oomb_tensor_alloc(attn_buf_, t, (size_t) l * bytes);
+            oomb_tensor_memset(t, 0);  // a block never saved loads as zeros, not as stale memory
             attn_cache_.push_back(oomb_format_name(t, "attn_cache.%" PRId64, l));
         }
     }
