@@ -1513,8 +1513,6 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
                                     need(4); compute_forward_linear_cross_entropy_back(c, node, s[0], s[1], s[2], s[3], s[4]); break;
         case OOMB_OP_ADAMW_STEP:    need(5); compute_forward_adamw_step(c, node, s[0], s[1], s[2], s[3], s[4]); break;
         case OOMB_OP_SGD_STEP:      need(3); compute_forward_sgd_step(c, node, s[0], s[1], s[2]); break;
-        case OOMB_OP_PAGED_ATTN:      cpu_paged_attn(node, c.n_threads); break;
-        case OOMB_OP_PAGED_ATTN_BACK: cpu_paged_attn_back(node, c.n_threads); break;
         default:
             oomb_error("graph_compute: node %s: op %s is not supported by the CPU backend", shape_str(node).c_str(), opn);
     }
