@@ -213,52 +213,43 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
         srcs[i] = prep_src(c, t, node, i, oomb::op_needs_unit_rows(op, i));
         s[i] = &srcs[i];
     }
-    auto need = [&](int n) {
-        for (int i = 0; i < n; i++) {
-            if (!s[i]) oomb_error("%s: node %s is missing src[%d]", oomb_op_name(op), shape_str(node).c_str(), i);
-        }
-    };
+    oomb::check_op_sources(node, s);  // presence and f32-ness per op (oomb-impl.h)
     const char * opn = oomb_op_name(op);
-    auto f32 = [&](int n) {
-        for (int i = 0; i < n; i++) {
-            if (s[i]->type != OOMB_TYPE_F32) oomb_error("%s: %s must be f32", opn, shape_str(s[i]).c_str());
-        }
-    };
 
     switch (op) {
-        case OOMB_OP_CONT:          need(1); oomb_cuda_cont(c, node, s[0]); break;
-        case OOMB_OP_CPY:           need(1); oomb_cuda_cpy(c, node, s[0]); break;
-        case OOMB_OP_CAST:          need(1); oomb_cuda_cast(c, node, s[0]); break;
+        case OOMB_OP_CONT:          oomb_cuda_cont(c, node, s[0]); break;
+        case OOMB_OP_CPY:           oomb_cuda_cpy(c, node, s[0]); break;
+        case OOMB_OP_CAST:          oomb_cuda_cast(c, node, s[0]); break;
         case OOMB_OP_FILL:          oomb_cuda_fill(c, node); break;
         case OOMB_OP_ADD: case OOMB_OP_SUB: case OOMB_OP_MUL: case OOMB_OP_ADD_INPLACE:
         case OOMB_OP_SILU_BACK: case OOMB_OP_SWIGLU:
-                                    need(2); f32(2); oomb_cuda_binary(c, node, s[0], s[1]); break;
+                                    oomb_cuda_binary(c, node, s[0], s[1]); break;
         case OOMB_OP_SCALE: case OOMB_OP_SILU:
-                                    need(1); f32(1); oomb_cuda_unary(c, node, s[0]); break;
-        case OOMB_OP_REPEAT:        need(1); f32(1); oomb_cuda_repeat(c, node, s[0]); break;
-        case OOMB_OP_REPEAT_BACK:   need(1); f32(1); oomb_cuda_repeat_back(c, node, s[0]); break;
+                                    oomb_cuda_unary(c, node, s[0]); break;
+        case OOMB_OP_REPEAT:        oomb_cuda_repeat(c, node, s[0]); break;
+        case OOMB_OP_REPEAT_BACK:   oomb_cuda_repeat_back(c, node, s[0]); break;
         case OOMB_OP_SUM: case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ:
-                                    need(1); f32(1); oomb_cuda_sum(c, node, s[0]); break;
-        case OOMB_OP_GET_ROWS:      need(2); oomb_cuda_get_rows(c, node, s[0], s[1]); break;
-        case OOMB_OP_GET_ROWS_BACK: need(2); f32(1); oomb_cuda_get_rows_back(c, node, s[0], s[1]); break;
-        case OOMB_OP_MUL_MAT:       need(2); oomb_cuda_mul_mat(c, node, s[0], s[1]); break;
-        case OOMB_OP_RMS_NORM:      need(1); f32(1); oomb_cuda_rms_norm(c, node, s[0]); break;
-        case OOMB_OP_RMS_NORM_BACK: need(2); f32(2); oomb_cuda_rms_norm_back(c, node, s[0], s[1]); break;
+                                    oomb_cuda_sum(c, node, s[0]); break;
+        case OOMB_OP_GET_ROWS:      oomb_cuda_get_rows(c, node, s[0], s[1]); break;
+        case OOMB_OP_GET_ROWS_BACK: oomb_cuda_get_rows_back(c, node, s[0], s[1]); break;
+        case OOMB_OP_MUL_MAT:       oomb_cuda_mul_mat(c, node, s[0], s[1]); break;
+        case OOMB_OP_RMS_NORM:      oomb_cuda_rms_norm(c, node, s[0]); break;
+        case OOMB_OP_RMS_NORM_BACK: oomb_cuda_rms_norm_back(c, node, s[0], s[1]); break;
         case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK:
-                                    need(2); f32(1); oomb_cuda_rope(c, node, s[0], s[1]); break;
-        case OOMB_OP_SOFT_MAX:      need(1); f32(1); oomb_cuda_soft_max(c, node, s[0]); break;
-        case OOMB_OP_SOFT_MAX_BACK: need(2); f32(2); oomb_cuda_soft_max_back(c, node, s[0], s[1]); break;
-        case OOMB_OP_ATTN:          need(3); oomb_cuda_attn(c, node, s[0], s[1], s[2]); break;
-        case OOMB_OP_ATTN_BACK:     need(4); f32(4); oomb_cuda_attn_back(c, node, s[0], s[1], s[2], s[3]); break;
-        case OOMB_OP_CROSS_ENTROPY: need(2); f32(1); oomb_cuda_cross_entropy(c, node, s[0], s[1]); break;
+                                    oomb_cuda_rope(c, node, s[0], s[1]); break;
+        case OOMB_OP_SOFT_MAX:      oomb_cuda_soft_max(c, node, s[0]); break;
+        case OOMB_OP_SOFT_MAX_BACK: oomb_cuda_soft_max_back(c, node, s[0], s[1]); break;
+        case OOMB_OP_ATTN:          oomb_cuda_attn(c, node, s[0], s[1], s[2]); break;
+        case OOMB_OP_ATTN_BACK:     oomb_cuda_attn_back(c, node, s[0], s[1], s[2], s[3]); break;
+        case OOMB_OP_CROSS_ENTROPY: oomb_cuda_cross_entropy(c, node, s[0], s[1]); break;
         case OOMB_OP_CROSS_ENTROPY_BACK:
-                                    need(3); f32(1); oomb_cuda_cross_entropy_back(c, node, s[0], s[1], s[2]); break;
+                                    oomb_cuda_cross_entropy_back(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_LINEAR_CROSS_ENTROPY:
-                                    need(3); oomb_cuda_linear_ce(c, node, s[0], s[1], s[2]); break;
+                                    oomb_cuda_linear_ce(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_LINEAR_CROSS_ENTROPY_BACK:
-                                    need(4); oomb_cuda_linear_ce_back(c, node, s[0], s[1], s[2], s[3], s[4]); break;
-        case OOMB_OP_ADAMW_STEP:    need(5); oomb_cuda_adamw_step(c, node, s[0], s[1], s[2], s[3], s[4]); break;
-        case OOMB_OP_SGD_STEP:      need(3); oomb_cuda_sgd_step(c, node, s[0], s[1], s[2]); break;
+                                    oomb_cuda_linear_ce_back(c, node, s[0], s[1], s[2], s[3], s[4]); break;
+        case OOMB_OP_ADAMW_STEP:    oomb_cuda_adamw_step(c, node, s[0], s[1], s[2], s[3], s[4]); break;
+        case OOMB_OP_SGD_STEP:      oomb_cuda_sgd_step(c, node, s[0], s[1], s[2]); break;
         default:
             oomb_error("graph_compute: node %s: op %s is not supported by the CUDA backend", shape_str(node).c_str(), opn);
     }

@@ -98,6 +98,39 @@ static inline bool op_prepares_src(enum oomb_op op, int i, const oomb_tensor * s
             return true;
     }
 }
+// The sources every backend kernel of op takes: src[0..n_required) must be present and
+// src[0..n_f32) f32 (the rest may be f16/bf16/i32 as the op allows). Both backends check them
+// before dispatching (check_op_sources), so the kernels' calls carry no per-op checks.
+struct op_src_req { int n_required; int n_f32; };
+static inline op_src_req op_sources_required(enum oomb_op op) {
+    switch (op) {
+        case OOMB_OP_CONT: case OOMB_OP_CPY: case OOMB_OP_CAST:                         return {1, 0};
+        case OOMB_OP_FILL:                                                              return {0, 0};
+        case OOMB_OP_ADD: case OOMB_OP_SUB: case OOMB_OP_MUL: case OOMB_OP_ADD_INPLACE:
+        case OOMB_OP_SILU_BACK: case OOMB_OP_SWIGLU: case OOMB_OP_RMS_NORM_BACK:
+        case OOMB_OP_SOFT_MAX_BACK:                                                     return {2, 2};
+        case OOMB_OP_SCALE: case OOMB_OP_SILU: case OOMB_OP_REPEAT: case OOMB_OP_REPEAT_BACK:
+        case OOMB_OP_SUM: case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ: case OOMB_OP_RMS_NORM:
+        case OOMB_OP_SOFT_MAX:                                                          return {1, 1};
+        case OOMB_OP_GET_ROWS: case OOMB_OP_MUL_MAT:                                    return {2, 0};
+        case OOMB_OP_GET_ROWS_BACK: case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK:
+        case OOMB_OP_CROSS_ENTROPY:                                                     return {2, 1};
+        case OOMB_OP_ATTN: case OOMB_OP_LINEAR_CROSS_ENTROPY:                           return {3, 0};
+        case OOMB_OP_ATTN_BACK:                                                         return {4, 4};
+        case OOMB_OP_CROSS_ENTROPY_BACK:                                                return {3, 1};
+        case OOMB_OP_LINEAR_CROSS_ENTROPY_BACK:                                         return {4, 0};
+        case OOMB_OP_ADAMW_STEP:                                                        return {5, 0};
+        case OOMB_OP_SGD_STEP:                                                          return {3, 0};
+        default:                                                                        return {0, 0};
+    }
+}
+static inline void check_op_sources(const oomb_tensor * node, const oomb_tensor * const * s) {
+    const op_src_req r = op_sources_required(node->op);
+    for (int i = 0; i < r.n_required; i++)
+        if (!s[i]) oomb_error("%s: node %s is missing src[%d]", oomb_op_name(node->op), shape_str(node).c_str(), i);
+    for (int i = 0; i < r.n_f32; i++)
+        if (s[i]->type != OOMB_TYPE_F32) oomb_error("%s: %s must be f32", oomb_op_name(node->op), shape_str(s[i]).c_str());
+}
 // The result layout every backend kernel assumes: f32 (except copies, casts and the optimizer
 // steps, which write the parameter's type, and i32 results), unit-stride rows (except copies,
 // in-place adds and fills, which take any strides). Errors name the op and the result.

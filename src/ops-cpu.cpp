@@ -411,10 +411,6 @@ void check_broadcast(const char * op, const oomb_tensor * dst, const oomb_tensor
 void check_same_shape(const char * op, const oomb_tensor * a, const oomb_tensor * b) {
     if (!oomb_are_same_shape(a, b)) oomb_error("%s: shapes differ: %s vs %s", op, shape_str(a).c_str(), shape_str(b).c_str());
 }
-void check_f32(const char * op, const oomb_tensor * t) {
-    if (t->type != OOMB_TYPE_F32) oomb_error("%s: %s must be f32", op, shape_str(t).c_str());
-}
-
 void compute_forward_add(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
     check_broadcast(oomb_op_name(dst->op), dst, a, b);
     binary_rows(c, dst, a, b, [](float x, float y) { return x + y; });
@@ -1468,51 +1464,46 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
         srcs[i] = prep_src(c, t, node, i, oomb::op_needs_unit_rows(op, i));
         s[i] = &srcs[i];
     }
-    auto need = [&](int n) {
-        for (int i = 0; i < n; i++) {
-            if (!s[i]) oomb_error("%s: node %s is missing src[%d]", oomb_op_name(op), shape_str(node).c_str(), i);
-        }
-    };
+    oomb::check_op_sources(node, s);  // presence and f32-ness per op (oomb-impl.h)
     const char * opn = oomb_op_name(op);
-    auto f32 = [&](int n) { for (int i = 0; i < n; i++) check_f32(opn, s[i]); };
 
     switch (op) {
-        case OOMB_OP_CONT:          need(1); compute_forward_cont(c, node, s[0]); break;
-        case OOMB_OP_CPY:           need(1); compute_forward_cpy(c, node, s[0]); break;
-        case OOMB_OP_CAST:          need(1); compute_forward_cast(c, node, s[0]); break;
+        case OOMB_OP_CONT:          compute_forward_cont(c, node, s[0]); break;
+        case OOMB_OP_CPY:           compute_forward_cpy(c, node, s[0]); break;
+        case OOMB_OP_CAST:          compute_forward_cast(c, node, s[0]); break;
         case OOMB_OP_FILL:          compute_forward_fill(c, node); break;
-        case OOMB_OP_ADD:           need(2); f32(2); compute_forward_add(c, node, s[0], s[1]); break;
-        case OOMB_OP_SUB:           need(2); f32(2); compute_forward_sub(c, node, s[0], s[1]); break;
-        case OOMB_OP_MUL:           need(2); f32(2); compute_forward_mul(c, node, s[0], s[1]); break;
-        case OOMB_OP_SCALE:         need(1); f32(1); compute_forward_scale(c, node, s[0]); break;
-        case OOMB_OP_ADD_INPLACE:   need(2); f32(2); compute_forward_add_inplace(c, node, s[0], s[1]); break;
-        case OOMB_OP_REPEAT:        need(1); f32(1); compute_forward_repeat(c, node, s[0]); break;
-        case OOMB_OP_REPEAT_BACK:   need(1); f32(1); compute_forward_repeat_back(c, node, s[0]); break;
-        case OOMB_OP_SILU:          need(1); f32(1); compute_forward_silu(c, node, s[0]); break;
-        case OOMB_OP_SILU_BACK:     need(2); f32(2); compute_forward_silu_back(c, node, s[0], s[1]); break;
-        case OOMB_OP_SWIGLU:        need(2); f32(2); compute_forward_swiglu(c, node, s[0], s[1]); break;
+        case OOMB_OP_ADD:           compute_forward_add(c, node, s[0], s[1]); break;
+        case OOMB_OP_SUB:           compute_forward_sub(c, node, s[0], s[1]); break;
+        case OOMB_OP_MUL:           compute_forward_mul(c, node, s[0], s[1]); break;
+        case OOMB_OP_SCALE:         compute_forward_scale(c, node, s[0]); break;
+        case OOMB_OP_ADD_INPLACE:   compute_forward_add_inplace(c, node, s[0], s[1]); break;
+        case OOMB_OP_REPEAT:        compute_forward_repeat(c, node, s[0]); break;
+        case OOMB_OP_REPEAT_BACK:   compute_forward_repeat_back(c, node, s[0]); break;
+        case OOMB_OP_SILU:          compute_forward_silu(c, node, s[0]); break;
+        case OOMB_OP_SILU_BACK:     compute_forward_silu_back(c, node, s[0], s[1]); break;
+        case OOMB_OP_SWIGLU:        compute_forward_swiglu(c, node, s[0], s[1]); break;
         case OOMB_OP_SUM: case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ:
-                                    need(1); f32(1); compute_forward_sum(c, node, s[0]); break;
-        case OOMB_OP_GET_ROWS:      need(2); compute_forward_get_rows(c, node, s[0], s[1]); break;
-        case OOMB_OP_GET_ROWS_BACK: need(2); f32(1); compute_forward_get_rows_back(c, node, s[0], s[1]); break;
-        case OOMB_OP_MUL_MAT:       need(2); compute_forward_mul_mat(c, node, s[0], s[1]); break;
-        case OOMB_OP_RMS_NORM:      need(1); f32(1); compute_forward_rms_norm(c, node, s[0]); break;
-        case OOMB_OP_RMS_NORM_BACK: need(2); f32(2); compute_forward_rms_norm_back(c, node, s[0], s[1]); break;
+                                    compute_forward_sum(c, node, s[0]); break;
+        case OOMB_OP_GET_ROWS:      compute_forward_get_rows(c, node, s[0], s[1]); break;
+        case OOMB_OP_GET_ROWS_BACK: compute_forward_get_rows_back(c, node, s[0], s[1]); break;
+        case OOMB_OP_MUL_MAT:       compute_forward_mul_mat(c, node, s[0], s[1]); break;
+        case OOMB_OP_RMS_NORM:      compute_forward_rms_norm(c, node, s[0]); break;
+        case OOMB_OP_RMS_NORM_BACK: compute_forward_rms_norm_back(c, node, s[0], s[1]); break;
         case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK:
-                                    need(2); f32(1); compute_forward_rope(c, node, s[0], s[1]); break;
-        case OOMB_OP_SOFT_MAX:      need(1); f32(1); compute_forward_soft_max(c, node, s[0]); break;
-        case OOMB_OP_SOFT_MAX_BACK: need(2); f32(2); compute_forward_soft_max_back(c, node, s[0], s[1]); break;
-        case OOMB_OP_ATTN:          need(3); compute_forward_attn(c, node, s[0], s[1], s[2]); break;
-        case OOMB_OP_ATTN_BACK:     need(4); f32(4); compute_forward_attn_back(c, node, s[0], s[1], s[2], s[3]); break;
-        case OOMB_OP_CROSS_ENTROPY: need(2); f32(1); compute_forward_cross_entropy(c, node, s[0], s[1]); break;
+                                    compute_forward_rope(c, node, s[0], s[1]); break;
+        case OOMB_OP_SOFT_MAX:      compute_forward_soft_max(c, node, s[0]); break;
+        case OOMB_OP_SOFT_MAX_BACK: compute_forward_soft_max_back(c, node, s[0], s[1]); break;
+        case OOMB_OP_ATTN:          compute_forward_attn(c, node, s[0], s[1], s[2]); break;
+        case OOMB_OP_ATTN_BACK:     compute_forward_attn_back(c, node, s[0], s[1], s[2], s[3]); break;
+        case OOMB_OP_CROSS_ENTROPY: compute_forward_cross_entropy(c, node, s[0], s[1]); break;
         case OOMB_OP_CROSS_ENTROPY_BACK:
-                                    need(3); f32(1); compute_forward_cross_entropy_back(c, node, s[0], s[1], s[2]); break;
+                                    compute_forward_cross_entropy_back(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_LINEAR_CROSS_ENTROPY:
-                                    need(3); compute_forward_linear_cross_entropy(c, node, s[0], s[1], s[2]); break;
+                                    compute_forward_linear_cross_entropy(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_LINEAR_CROSS_ENTROPY_BACK:
-                                    need(4); compute_forward_linear_cross_entropy_back(c, node, s[0], s[1], s[2], s[3], s[4]); break;
-        case OOMB_OP_ADAMW_STEP:    need(5); compute_forward_adamw_step(c, node, s[0], s[1], s[2], s[3], s[4]); break;
-        case OOMB_OP_SGD_STEP:      need(3); compute_forward_sgd_step(c, node, s[0], s[1], s[2]); break;
+                                    compute_forward_linear_cross_entropy_back(c, node, s[0], s[1], s[2], s[3], s[4]); break;
+        case OOMB_OP_ADAMW_STEP:    compute_forward_adamw_step(c, node, s[0], s[1], s[2], s[3], s[4]); break;
+        case OOMB_OP_SGD_STEP:      compute_forward_sgd_step(c, node, s[0], s[1], s[2]); break;
         default:
             oomb_error("graph_compute: node %s: op %s is not supported by the CPU backend", shape_str(node).c_str(), opn);
     }
