@@ -49,12 +49,6 @@ void launch_copy(oomb_cuda_ctx & c, const oomb_tensor * src, const oomb_tensor *
 }
 
 
-void check_cvt_types(const char * op, const oomb_tensor * src, const oomb_tensor * dst) {
-    const bool si = src->type == OOMB_TYPE_I32, di = dst->type == OOMB_TYPE_I32;
-    if (si != di || (unsigned) src->type >= OOMB_TYPE_COUNT || (unsigned) dst->type >= OOMB_TYPE_COUNT) {
-        oomb_error("%s: cannot convert %s to %s", op, shape_str(src).c_str(), shape_str(dst).c_str());
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Element-wise
@@ -271,26 +265,17 @@ void oomb_cuda_copy_tensor(oomb_cuda_ctx & c, const oomb_tensor * src, const oom
 }
 
 void oomb_cuda_cont(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
-    if (a->type != dst->type) oomb_error("cont: type of %s differs from result %s", shape_str(a).c_str(), shape_str(dst).c_str());
-    if (oomb_nelements(a) != oomb_nelements(dst)) {
-        oomb_error("cont: element counts differ: %s vs %s", shape_str(a).c_str(), shape_str(dst).c_str());
-    }
+    oomb::check_copy_operands("cont", a, dst, true);
     oomb_cuda_copy_tensor(c, a, dst);
 }
 
 void oomb_cuda_cpy(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
-    check_cvt_types("cpy", a, dst);
-    if (oomb_nelements(a) != oomb_nelements(dst)) {
-        oomb_error("cpy: element counts differ: %s vs %s", shape_str(a).c_str(), shape_str(dst).c_str());
-    }
+    oomb::check_copy_operands("cpy", a, dst, false);
     oomb_cuda_copy_tensor(c, a, dst);
 }
 
 void oomb_cuda_cast(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
-    check_cvt_types("cast", a, dst);
-    if (oomb_nelements(a) != oomb_nelements(dst)) {
-        oomb_error("cast: element counts differ: %s vs %s", shape_str(a).c_str(), shape_str(dst).c_str());
-    }
+    oomb::check_copy_operands("cast", a, dst, false);
     oomb_cuda_copy_tensor(c, a, dst);
 }
 

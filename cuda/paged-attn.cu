@@ -1150,6 +1150,19 @@ void launch_bwd(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv
     PA_LAUNCH_CHECK();
 }
 
+// Arguments of the tensor-core forward kernel common to its output and LSE modes.
+FwdArgs fwd_args(const Geom & G, const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * vp, float scale) {
+    FwdArgs a{};
+    a.q = (const float *) q->data; a.q_s1 = q->nb[1] / 4; a.q_s2 = q->nb[2] / 4;
+    a.kp = (const bf16 *) kp->data; a.vp = (const bf16 *) vp->data;
+    a.kv_s1 = kp->nb[1] / 2; a.kv_s2 = kp->nb[2] / 2; a.kv_s3 = kp->nb[3] / 2;
+    a.pt = G.pt; a.n_logical = G.n_logical; a.n_pages = G.n_pages; a.P = G.P;
+    a.pos = G.pos;
+    a.T = G.T; a.H = G.H; a.G = G.G;
+    a.c = scale * kLog2e;
+    return a;
+}
+
 GenArgs gen_args(const Geom & G, const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * vp, float scale) {
     GenArgs a{};
     a.q = (const float *) q->data; a.q_s1 = q->nb[1] / 4; a.q_s2 = q->nb[2] / 4;
@@ -1252,14 +1265,7 @@ void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
     }
 
     if (fast_ok(q, kp, vp, nullptr)) {
-        FwdArgs a{};
-        a.q = (const float *) q->data; a.q_s1 = q->nb[1] / 4; a.q_s2 = q->nb[2] / 4;
-        a.kp = (const bf16 *) kp->data; a.vp = (const bf16 *) vp->data;
-        a.kv_s1 = kp->nb[1] / 2; a.kv_s2 = kp->nb[2] / 2; a.kv_s3 = kp->nb[3] / 2;
-        a.pt = G.pt; a.n_logical = G.n_logical; a.n_pages = G.n_pages; a.P = G.P;
-        a.pos = G.pos;
-        a.T = G.T; a.H = G.H; a.G = G.G;
-        a.c = scale * kLog2e;
+        FwdArgs a = fwd_args(G, q, kp, vp, scale);
         a.out = out;
         a.lse_out = lse;
         fwd_fast<MODE_OUT>(stream, a, G.D, G.Hkv);
@@ -1335,14 +1341,7 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
         }
         // log-sum-exp and delta (forward recomputation), only without saved statistics
         if (!saved) {
-            FwdArgs a{};
-            a.q = (const float *) q->data; a.q_s1 = q->nb[1] / 4; a.q_s2 = q->nb[2] / 4;
-            a.kp = (const bf16 *) kp->data; a.vp = (const bf16 *) vp->data;
-            a.kv_s1 = kp->nb[1] / 2; a.kv_s2 = kp->nb[2] / 2; a.kv_s3 = kp->nb[3] / 2;
-            a.pt = G.pt; a.n_logical = G.n_logical; a.n_pages = G.n_pages; a.P = G.P;
-            a.pos = G.pos;
-            a.T = G.T; a.H = G.H; a.G = G.G;
-            a.c = scale * kLog2e;
+            FwdArgs a = fwd_args(G, q, kp, vp, scale);
             a.dout = (const float *) dout->data; a.do_s1 = dout->nb[1] / 4; a.do_s2 = dout->nb[2] / 4;
             a.lse = lse; a.delta = delta; a.lse_stride = TGp;
             fwd_fast<MODE_LSE>(stream, a, G.D, G.Hkv);

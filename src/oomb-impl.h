@@ -131,6 +131,19 @@ static inline void check_op_sources(const oomb_tensor * node, const oomb_tensor 
     for (int i = 0; i < r.n_f32; i++)
         if (s[i]->type != OOMB_TYPE_F32) oomb_error("%s: %s must be f32", oomb_op_name(node->op), shape_str(s[i]).c_str());
 }
+// Operands of the copy ops (cont, cpy, cast), checked alike by both backends: the same element
+// count; cont keeps the type, cpy / cast convert between float types (f32, f16, bf16) or copy i32.
+static inline void check_copy_operands(const char * op, const oomb_tensor * src, const oomb_tensor * dst, bool same_type) {
+    if (same_type) {
+        if (src->type != dst->type) oomb_error("%s: type of %s differs from result %s", op, shape_str(src).c_str(), shape_str(dst).c_str());
+    } else {
+        const bool si = src->type == OOMB_TYPE_I32, di = dst->type == OOMB_TYPE_I32;
+        if (si != di || (unsigned) src->type >= OOMB_TYPE_COUNT || (unsigned) dst->type >= OOMB_TYPE_COUNT)
+            oomb_error("%s: cannot convert %s to %s", op, shape_str(src).c_str(), shape_str(dst).c_str());
+    }
+    if (oomb_nelements(src) != oomb_nelements(dst))
+        oomb_error("%s: element counts differ: %s vs %s", op, shape_str(src).c_str(), shape_str(dst).c_str());
+}
 // The result layout every backend kernel assumes: f32 (except copies, casts and the optimizer
 // steps, which write the parameter's type, and i32 results), unit-stride rows (except copies,
 // in-place adds and fills, which take any strides). Errors name the op and the result.

@@ -228,13 +228,6 @@ void cvt_row(const char * s, int64_t ss, oomb_type st_, char * d, int64_t ds, oo
 #undef OOMB_CVT
 }
 
-void check_cvt_types(const char * op, const oomb_tensor * src, const oomb_tensor * dst) {
-    const bool si = src->type == OOMB_TYPE_I32, di = dst->type == OOMB_TYPE_I32;
-    if (si != di || (unsigned) src->type >= OOMB_TYPE_COUNT || (unsigned) dst->type >= OOMB_TYPE_COUNT) {
-        oomb_error("%s: cannot convert %s to %s", op, shape_str(src).c_str(), shape_str(dst).c_str());
-    }
-}
-
 // Copies src into dst element by element in logical order (same element count; shapes may
 // differ), converting the type. Any strides on both sides.
 void copy_tensor(exec_ctx & c, const oomb_tensor * src, const oomb_tensor * dst) {
@@ -303,25 +296,19 @@ oomb_tensor prep_src(exec_ctx & c, const oomb_tensor * t, const oomb_tensor * ds
 
 // cont: contiguous copy of src[0] in logical order (same type; dst may have another shape).
 void compute_forward_cont(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
-    if (a->type != dst->type) oomb_error("cont: type of %s differs from result %s", shape_str(a).c_str(), shape_str(dst).c_str());
-    if (oomb_nelements(a) != oomb_nelements(dst)) {
-        oomb_error("cont: element counts differ: %s vs %s", shape_str(a).c_str(), shape_str(dst).c_str());
-    }
+    oomb::check_copy_operands("cont", a, dst, true);
     copy_tensor(c, a, dst);
 }
 
 // cpy: src[0] -> dst (a view of src[1]), converting the type; element order = logical order.
 void compute_forward_cpy(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
-    check_cvt_types("cpy", a, dst);
-    if (oomb_nelements(a) != oomb_nelements(dst)) {
-        oomb_error("cpy: element counts differ: %s vs %s", shape_str(a).c_str(), shape_str(dst).c_str());
-    }
+    oomb::check_copy_operands("cpy", a, dst, false);
     copy_tensor(c, a, dst);
 }
 
 // cast: new contiguous tensor of another type.
 void compute_forward_cast(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
-    check_cvt_types("cast", a, dst);
+    oomb::check_copy_operands("cast", a, dst, false);
     copy_tensor(c, a, dst);
 }
 
