@@ -26,6 +26,7 @@
 
 #include "paged-attn.cuh"
 #include "oomb-impl.h"
+#include "wgmma.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -688,6 +689,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
     }
 }
 
+#include "paged-attn-sm90.inc"
+
 // Row positions, per-tile min/max and the global max position (one block).
 __global__ void pa_meta_kernel(const int32_t * pos, int T, int G, int TGp, int BM, int * rowpos, int * rt_max, int * rt_min, int * maxpos) {
     __shared__ int smax;
@@ -1088,6 +1091,34 @@ int fwd64_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_FWD64", 
 int bwd64_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_BWD64", 0); return v; }
 int bwd_bm(int D) { return D == 64 ? (bwd64_variant() >= 1 ? 32 : 64) : (bwd_variant() == 1 ? 64 : bwd_variant() == 2 ? 16 : 32); }
 
+// The wgmma backward (paged-attn-sm90.inc) for head dim 128: on a compute capability 9.0 device
+// with this file compiled for sm_90a (a probe kernel says so, once per process), unless
+// OOMB_PAGED_ATTN_WGMMA=0 (read at every call: the tests compare both kernels).
+bool bwd_wgmma(int D) {
+    if (D != 128) return false;
+    const char * e = getenv("OOMB_PAGED_ATTN_WGMMA");
+    if (e && *e == '0') return false;
+    static int avail = -1;
+    static std::mutex m;
+    std::lock_guard<std::mutex> lock(m);
+    if (avail < 0) {
+        avail = 0;
+        int dev = 0, major = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            major == 9) {
+            int * flag = nullptr;
+            int h = 0;
+            PA_CHECK(cudaMalloc(&flag, sizeof(int)));
+            pa_wgmma_probe_kernel<<<1, 1>>>(flag);
+            PA_LAUNCH_CHECK();
+            PA_CHECK(cudaMemcpy(&h, flag, sizeof(int), cudaMemcpyDeviceToHost));
+            PA_CHECK(cudaFree(flag));
+            avail = h;
+        }
+    }
+    return avail == 1;
+}
+
 // Can the tensor-core kernels run on these operands?
 bool fast_ok(const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * vp, const oomb_tensor * dout) {
     if (getenv("OOMB_PAGED_ATTN_GENERIC")) return false;
@@ -1304,7 +1335,8 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
     if (fast_ok(q, kp, vp, dout)) {
         // saved statistics: the prep kernel reads out with 16-byte loads
         const bool saved = saved_out && aligned16(saved_out);
-        const int BM = bwd_bm(G.D);
+        const bool wg = bwd_wgmma(G.D);
+        const int BM = wg ? BwdW::BM : bwd_bm(G.D);
         const int BN = BWD_NW * 16;
         const int TG = G.T * G.G;
         const int TGp = (TG + 127) / 128 * 128; // multiple of every row tile
@@ -1361,7 +1393,13 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
             a.dq = dq;
             const int n_key_tiles = (int) ((n_keys_bound + BN - 1) / BN);
             a.nsplit = bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt);
-            if (G.D == 64) {
+            if (wg) {
+                static bool attr_set = false;
+                if (!attr_set) { set_smem(pa_bwd_wgmma_kernel, BwdW::smem); attr_set = true; }
+                dim3 grid(n_key_tiles, G.Hkv, a.nsplit);
+                pa_bwd_wgmma_kernel<<<grid, BwdW::NT, BwdW::smem, stream>>>(a);
+                PA_LAUNCH_CHECK();
+            } else if (G.D == 64) {
                 const int v = bwd64_variant();
                 if (v == 1) launch_bwd<64, 32, 2>(stream, a, n_key_tiles, G.Hkv);
                 else if (v == 2) launch_bwd<64, 32>(stream, a, n_key_tiles, G.Hkv);

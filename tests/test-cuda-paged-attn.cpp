@@ -310,6 +310,32 @@ TEST(CudaPagedAttn, Bf16PoolsBackwardSplit) {
 #endif
 }
 
+// The backward at head dim 128 runs the wgmma kernel on an sm_90a build on Hopper (the default
+// above); OOMB_PAGED_ATTN_WGMMA=0 selects the mma.sync kernel, checked here on the same shapes
+// (with the split forced to 1 and 3 too).
+TEST(CudaPagedAttn, Bf16PoolsMmaSyncBackward) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    const oomb_type B = OOMB_TYPE_BF16;
+    const Case cases[] = {
+        {128, 128, 28, 4, 256, 5000, B, 1, false},
+        {128, 64, 28, 4, 37, 1000, B, 0, false},
+        {128, 128, 14, 2, 1, 5000, B, 1, false},
+        {128, 64, 14, 2, 256, 1000, B, 1, true},
+    };
+    setenv("OOMB_PAGED_ATTN_WGMMA", "0", 1);
+    printf("[ mma.sync ] OOMB_PAGED_ATTN_WGMMA=0\n");
+    uint32_t seed = 777;
+    for (const char * ns : {"", "1", "3"}) {
+        if (*ns) setenv("OOMB_PAGED_ATTN_SPLIT", ns, 1);
+        SCOPED_TRACE(std::string("OOMB_PAGED_ATTN_WGMMA=0 OOMB_PAGED_ATTN_SPLIT=") + ns);
+        for (const Case & c : cases) run_case(c, seed++);
+    }
+    unsetenv("OOMB_PAGED_ATTN_SPLIT");
+    unsetenv("OOMB_PAGED_ATTN_WGMMA");
+#endif
+}
+
 // f32 (and f16) pools, and shapes the tensor-core kernels do not take: the generic f32 kernels
 TEST(CudaPagedAttn, GenericPools) {
     SKIP_WITHOUT_GPU();

@@ -78,6 +78,15 @@ if want attn; then
     echo "ablation at 32K: OOMB_PAGED_ATTN_SPLIT=1"; OOMB_PAGED_ATTN_SPLIT=1 timeout 60 $B/oomb-bench-attn --seq 32768 --reps 3 2>&1 | tail -3
 fi
 
+if want wgmma; then
+    # the attention backward on wgmma (default on sm_90a) against the mma.sync kernel, same run
+    for s in ${WG_SEQS:-8192 32768 131072}; do
+        for w in 1 0; do
+            echo "seq $s OOMB_PAGED_ATTN_WGMMA=$w"; OOMB_PAGED_ATTN_WGMMA=$w timeout 120 $B/oomb-bench-attn --seq $s --reps 3 2>&1 | grep '"seq"'
+        done
+    done
+fi
+
 if want sweep64; then
     # head dim 64 (Qwen2.5-0.5B layer: 14 query heads, 2 KV heads) kernel variants at 32K, and the
     # paged-attention tests under the non-default variants
