@@ -1091,13 +1091,11 @@ int fwd64_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_FWD64", 
 int bwd64_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_BWD64", 0); return v; }
 int bwd_bm(int D) { return D == 64 ? (bwd64_variant() >= 1 ? 32 : 64) : (bwd_variant() == 1 ? 64 : bwd_variant() == 2 ? 16 : 32); }
 
-// The wgmma backward (paged-attn-sm90.inc) for head dim 128: on a compute capability 9.0 device
-// with this file compiled for sm_90a (a probe kernel says so, once per process), unless
-// OOMB_PAGED_ATTN_WGMMA=0 (read at every call: the tests compare both kernels).
-bool bwd_wgmma(int D) {
-    if (D != 128) return false;
-    const char * e = getenv("OOMB_PAGED_ATTN_WGMMA");
-    if (e && *e == '0') return false;
+// The wgmma kernels (paged-attn-sm90.inc) for head dim 128 run on a compute capability 9.0 device
+// with this file compiled for sm_90a (a probe kernel says so, once per process).
+// OOMB_PAGED_ATTN_WGMMA (read at every call: the tests compare the kernels) selects them: bit 0 the
+// forward (page size a multiple of 128), bit 1 the backward; unset: 3 (both), 0: the mma.sync kernels.
+bool wgmma_available() {
     static int avail = -1;
     static std::mutex m;
     std::lock_guard<std::mutex> lock(m);
@@ -1118,6 +1116,12 @@ bool bwd_wgmma(int D) {
     }
     return avail == 1;
 }
+int wgmma_bits() {
+    const char * e = getenv("OOMB_PAGED_ATTN_WGMMA");
+    return e && *e ? atoi(e) : 3;
+}
+bool fwd_wgmma(int D, int P) { return D == 128 && P % FwdW::BN == 0 && (wgmma_bits() & 1) && wgmma_available(); }
+bool bwd_wgmma(int D) { return D == 128 && (wgmma_bits() & 2) && wgmma_available(); }
 
 // Can the tensor-core kernels run on these operands?
 bool fast_ok(const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * vp, const oomb_tensor * dout) {
@@ -1154,6 +1158,14 @@ void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
 
 template <int MODE>
 void fwd_fast(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
+    if (fwd_wgmma(D, a.P)) {
+        static bool attr_set = false;
+        if (!attr_set) { set_smem(pa_fwd_wgmma_kernel<MODE>, FwdW::smem); attr_set = true; }
+        dim3 grid((a.T * a.G + FwdW::BM - 1) / FwdW::BM, Hkv);
+        pa_fwd_wgmma_kernel<MODE><<<grid, FwdW::NT, FwdW::smem, stream>>>(a);
+        PA_LAUNCH_CHECK();
+        return;
+    }
     if (D == 64) {
         switch (fwd64_variant()) {
             case 1: launch_fwd<64, 2, 64, 4, MODE, 3>(stream, a, Hkv); break;

@@ -310,10 +310,11 @@ TEST(CudaPagedAttn, Bf16PoolsBackwardSplit) {
 #endif
 }
 
-// The backward at head dim 128 runs the wgmma kernel on an sm_90a build on Hopper (the default
-// above); OOMB_PAGED_ATTN_WGMMA=0 selects the mma.sync kernel, checked here on the same shapes
-// (with the split forced to 1 and 3 too).
-TEST(CudaPagedAttn, Bf16PoolsMmaSyncBackward) {
+// At head dim 128 the forward (page size a multiple of 128) and the backward run the wgmma kernels
+// on an sm_90a build on Hopper (the default above). OOMB_PAGED_ATTN_WGMMA selects them (bit 0
+// forward, bit 1 backward): 0 (the mma.sync kernels, also with the backward split forced to 1 and
+// 3), 1 and 2 (one of each: the statistics of one kernel feed the other's backward).
+TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
     SKIP_WITHOUT_GPU();
 #ifdef OOMB_USE_CUDA
     const oomb_type B = OOMB_TYPE_BF16;
@@ -321,14 +322,16 @@ TEST(CudaPagedAttn, Bf16PoolsMmaSyncBackward) {
         {128, 128, 28, 4, 256, 5000, B, 1, false},
         {128, 64, 28, 4, 37, 1000, B, 0, false},
         {128, 128, 14, 2, 1, 5000, B, 1, false},
-        {128, 64, 14, 2, 256, 1000, B, 1, true},
+        {128, 128, 14, 2, 256, 1000, B, 1, true},
     };
-    setenv("OOMB_PAGED_ATTN_WGMMA", "0", 1);
-    printf("[ mma.sync ] OOMB_PAGED_ATTN_WGMMA=0\n");
     uint32_t seed = 777;
-    for (const char * ns : {"", "1", "3"}) {
-        if (*ns) setenv("OOMB_PAGED_ATTN_SPLIT", ns, 1);
-        SCOPED_TRACE(std::string("OOMB_PAGED_ATTN_WGMMA=0 OOMB_PAGED_ATTN_SPLIT=") + ns);
+    const char * settings[][2] = {{"0", ""}, {"0", "1"}, {"0", "3"}, {"1", ""}, {"2", ""}};
+    for (const auto & st : settings) {
+        setenv("OOMB_PAGED_ATTN_WGMMA", st[0], 1);
+        if (*st[1]) setenv("OOMB_PAGED_ATTN_SPLIT", st[1], 1);
+        else unsetenv("OOMB_PAGED_ATTN_SPLIT");
+        SCOPED_TRACE(std::string("OOMB_PAGED_ATTN_WGMMA=") + st[0] + " OOMB_PAGED_ATTN_SPLIT=" + st[1]);
+        printf("[ kernels ] OOMB_PAGED_ATTN_WGMMA=%s OOMB_PAGED_ATTN_SPLIT=%s\n", st[0], st[1]);
         for (const Case & c : cases) run_case(c, seed++);
     }
     unsetenv("OOMB_PAGED_ATTN_SPLIT");

@@ -79,9 +79,9 @@ if want attn; then
 fi
 
 if want wgmma; then
-    # the attention backward on wgmma (default on sm_90a) against the mma.sync kernel, same run
+    # attention on wgmma (OOMB_PAGED_ATTN_WGMMA: 3 both, 2 backward only, 0 the mma.sync kernels), same run
     for s in ${WG_SEQS:-8192 32768 131072}; do
-        for w in 1 0; do
+        for w in ${WG_VARIANTS:-3 2 0}; do
             echo "seq $s OOMB_PAGED_ATTN_WGMMA=$w"; OOMB_PAGED_ATTN_WGMMA=$w timeout 120 $B/oomb-bench-attn --seq $s --reps 3 2>&1 | grep '"seq"'
         done
     done
