@@ -1245,24 +1245,41 @@ void check_common(const Geom & G, const oomb_tensor * kp, const char * op) {
 // Entry points
 // ---------------------------------------------------------------------------------------------
 
-// oomb_paged_attn_cached: copies the chunk's block of the result cache (it starts at float
+// oomb_paged_attn_cached: copies the chunk's block of the result cache (it starts at element
 // pos[0] * row, read on the device) into the packed node (to_cache 0) or the packed node into it
-// (to_cache 1). A block outside the cache loads as NaN (the loss then says so) and is not saved.
-static __global__ void pa_cache_copy_kernel(float * cache, int64_t cache_n, float * packed, int64_t n, int64_t row, const int32_t * pos,
-                                     int to_cache) {
+// (to_cache 1). f32 cache: the packed node as is; bf16 cache: the n_out outputs rounded to bf16,
+// then the n_lse LSEs as f32 bits (two elements each). A block outside the cache loads as NaN (the
+// loss then says so) and is not saved.
+template <typename CT>
+static __global__ void pa_cache_copy_kernel(CT * cache, int64_t cache_n, float * packed, int64_t n_out, int64_t n_lse, int64_t row,
+                                            const int32_t * pos, int to_cache) {
+    constexpr int lse_el = 4 / (int) sizeof(CT);  // cache elements per LSE
     const int64_t off = (int64_t) pos[0] * row;
-    const bool ok = pos[0] >= 0 && off + n <= cache_n;
+    const bool ok = pos[0] >= 0 && off + n_out + n_lse * lse_el <= cache_n;
+    const int64_t n = n_out + n_lse;
     for (int64_t i = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; i < n; i += (int64_t) gridDim.x * blockDim.x) {
-        if (to_cache) { if (ok) cache[off + i] = packed[i]; }
-        else packed[i] = ok ? cache[off + i] : __int_as_float(0x7fc00000);
+        if (i < n_out) {
+            CT * c = cache + off + i;
+            if (to_cache) { if (ok) *c = from_f32<CT>(packed[i]); }
+            else packed[i] = ok ? to_f32<CT>(*c) : __int_as_float(0x7fc00000);
+        } else {
+            float * c = (float *) (cache + off + n_out) + (i - n_out);  // 4-byte aligned: off and n_out are even for bf16
+            if (to_cache) { if (ok) *c = packed[i]; }
+            else packed[i] = ok ? *c : __int_as_float(0x7fc00000);
+        }
     }
 }
 
-static void cache_copy(cudaStream_t stream, oomb_tensor * dst, const int32_t * pos, int64_t n, int64_t row, int to_cache) {
+static void cache_copy(cudaStream_t stream, oomb_tensor * dst, const int32_t * pos, int64_t n_out, int64_t n_lse, int64_t row,
+                       int to_cache) {
     const oomb_tensor * cache = dst->src[7];
-    const unsigned blocks = (unsigned) std::min<int64_t>((n + 255) / 256, 4096);
-    pa_cache_copy_kernel<<<blocks, 256, 0, stream>>>((float *) cache->data, oomb_nelements(cache), (float *) dst->data, n, row, pos,
-                                                     to_cache);
+    const unsigned blocks = (unsigned) std::min<int64_t>((n_out + n_lse + 255) / 256, 4096);
+    if (cache->type == OOMB_TYPE_BF16)
+        pa_cache_copy_kernel<bf16><<<blocks, 256, 0, stream>>>((bf16 *) cache->data, oomb_nelements(cache), (float *) dst->data, n_out,
+                                                               n_lse, row, pos, to_cache);
+    else
+        pa_cache_copy_kernel<float><<<blocks, 256, 0, stream>>>((float *) cache->data, oomb_nelements(cache), (float *) dst->data, n_out,
+                                                                n_lse, row, pos, to_cache);
     PA_LAUNCH_CHECK();
 }
 
@@ -1284,9 +1301,10 @@ void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
     float * out = (float *) dst->data;
     float * lse = out + (int64_t) G.D * G.H * G.T;
     const int cache_mode = dst->op_params[2];  // oomb_paged_attn_cached: 1 save, 2 load
-    const int64_t cache_row = (int64_t) G.D * G.H + G.H, packed_n = cache_row * G.T;
+    const int64_t cache_row = cache_mode ? oomb_paged_attn_cache_row(G.D, G.H, dst->src[7]->type) : 0;
+    const int64_t n_out = (int64_t) G.D * G.H * G.T, n_lse = (int64_t) G.H * G.T;
     if (cache_mode == 2) {
-        cache_copy(stream, dst, G.pos, packed_n, cache_row, 0);
+        cache_copy(stream, dst, G.pos, n_out, n_lse, cache_row, 0);
         return;
     }
 
@@ -1318,7 +1336,7 @@ void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
         a.lse = lse;
         fwd_generic<MODE_OUT>(stream, a, kp->type);
     }
-    if (cache_mode == 1) cache_copy(stream, dst, G.pos, packed_n, cache_row, 1);
+    if (cache_mode == 1) cache_copy(stream, dst, G.pos, n_out, n_lse, cache_row, 1);
 }
 
 void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {

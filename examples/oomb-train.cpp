@@ -87,6 +87,7 @@ struct Options {
     std::string trainable = "all";
     std::string opt_state = "f32";
     bool attn_cache = false;
+    std::string attn_cache_type = "f32";
     int threads = 0;
     std::string device = "cpu";
     double rope_theta = 0;
@@ -202,6 +203,7 @@ int dump_grads(const Options & o) {
     tp.max_tokens = T;
     tp.kv_type = compute_type(be);
     tp.cache_attn = o.attn_cache;  // the verification can check the attention-cache path too
+    tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
     if (tp.chunk <= 0 || tp.page <= 0) fail(PROG, "--chunk and --page must be positive");
     ChunkTrainer tr(*model, tp);
     double loss_sum = 0;
@@ -316,7 +318,7 @@ json config_json(const Options & o) {
     j["ctx"] = o.ctx; j["chunk"] = o.chunk; j["page"] = o.page; j["steps"] = o.steps; j["seqs_per_step"] = o.seqs_per_step;
     j["lr"] = o.lr; j["min_lr"] = o.min_lr < 0 ? o.lr * 0.1 : o.min_lr; j["warmup"] = o.warmup;
     j["weight_decay"] = o.weight_decay; j["adam_beta1"] = o.beta1; j["adam_beta2"] = o.beta2; j["adam_eps"] = o.adam_eps;
-    j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable; j["opt_state"] = o.opt_state; j["attn_cache"] = o.attn_cache; j["threads"] = o.threads; j["device"] = o.device;
+    j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable; j["opt_state"] = o.opt_state; j["attn_cache"] = o.attn_cache; j["attn_cache_type"] = o.attn_cache_type; j["threads"] = o.threads; j["device"] = o.device;
     j["rope_theta"] = o.rope_theta; j["seed"] = o.seed;
     j["threads_used"] = threads_default(o.threads);
     return j;
@@ -642,6 +644,7 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
     tp.max_tokens = o.ctx;
     tp.kv_type = compute_type(T.be);
     tp.cache_attn = o.attn_cache;
+    tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
     if (o.attn_cache && o.chunk >= o.ctx)
         printf("note: --attn-cache is unused: a sequence of --ctx %" PRId64 " tokens is one chunk (no stage 1 to keep results from)\n", o.ctx);
     T.tr = std::make_unique<ChunkTrainer>(M, tp);
@@ -916,6 +919,10 @@ int main(int argc, char ** argv) {
     app.add_flag("--attn-cache", o.attn_cache,
                  "keep stage 1's attention results for stage 2 instead of recomputing them: faster, (heads * (head dim + 1)) "
                  "* 4 bytes per token and layer more memory (0.5B: 87 KB/token, 7B: 404 KB/token)");
+    app.add_option("--attn-cache-type", o.attn_cache_type,
+                   "with --attn-cache: f32 (bit-identical to recomputing) or bf16 (attention output rounded to bf16, as the "
+                   "output projection's bf16 GEMM reads it; about half the memory: 7B 204 KB/token)")
+        ->capture_default_str();
     app.add_option("--opt-state", o.opt_state, "AdamW moments: f32, or bf16 (half the memory, stochastic rounding; e.g. for 7B)")
         ->capture_default_str();
     app.add_option("-t,--threads", o.threads, "CPU threads (default: all)");
@@ -961,11 +968,14 @@ int main(int argc, char ** argv) {
         if (given("--page")) need(o.page <= o.ctx, "--page", o.page, ("at most --ctx (" + std::to_string(o.ctx) + "): the page size is too large").c_str());
         need(o.steps >= 1, "--steps", o.steps, ">= 1");
         need(o.seqs_per_step >= 1, "--seqs-per-step", o.seqs_per_step, ">= 1");
+        if (o.attn_cache_type != "f32" && o.attn_cache_type != "bf16")
+            fail(PROG, "--attn-cache-type must be f32 or bf16, got '" + o.attn_cache_type + "'");
+        if (given("--attn-cache-type") && !o.attn_cache) fail(PROG, "--attn-cache-type needs --attn-cache");
     };
     try {
         if (!o.tokens.empty() || !o.dump_grads.empty()) {
             validate();
-            // the verification run reads only the model, the tokens, --chunk, --page, --attn-cache, --device, --threads
+            // the verification run reads only the model, the tokens, --chunk, --page, --attn-cache(-type), --device, --threads
             std::string ignored;
             for (const char * opt : {"--preset", "--data", "--data-bin", "--eval-data", "--eval-split", "--eval-every", "--eval-seqs",
                                      "--ctx", "--steps", "--seqs-per-step", "--lr", "--min-lr", "--warmup", "--weight-decay",

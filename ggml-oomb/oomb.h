@@ -427,16 +427,25 @@ struct oomb_tensor * oomb_paged_attn(struct oomb_context * ctx, struct oomb_tens
                                      struct oomb_tensor * v_cur, struct oomb_tensor * k_pages, struct oomb_tensor * v_pages,
                                      struct oomb_tensor * page_table, struct oomb_tensor * pos, float scale, int store);
 /// oomb_paged_attn with a cache of its results, so OOMB's stage 2 need not recompute the attention
-/// forward of stage 1 (a memory-for-compute trade: (D*H + H) f32 per position and layer).
-/// out_cache: contiguous f32, (D*H + H) floats per position, at least up to the largest position;
-/// the chunk's block starts at float pos[0] * (D*H + H) and holds the packed result (out [D, H, T],
-/// then the LSE [H, T]), so the chunk's positions must be consecutive (pos[t] = pos[0] + t: not
-/// checked on the GPU). load = 0: compute as oomb_paged_attn (with store), then write the block;
-/// load = 1 (store 0): copy the block written by an earlier load-0 call over the same K/V instead of
-/// computing (bit-identical to recomputing with the same kernels). A block never saved loads as
+/// forward of stage 1 (a memory-for-compute trade: (D*H + H) f32 per position and layer, or about
+/// half that in bf16).
+/// out_cache: contiguous, f32 or bf16, at least up to the largest position. f32: (D*H + H) floats
+/// per position; the chunk's block starts at float pos[0] * (D*H + H) and holds the packed result
+/// (out [D, H, T], then the LSE [H, T]). bf16: (D*H + 2H) 16-bit elements per position; the block
+/// starts at element pos[0] * (D*H + 2H) and holds out [D, H, T] rounded to bf16 (nearest even),
+/// then the LSE [H, T] as f32 kept bit for bit (two elements each). The chunk's positions must be
+/// consecutive (pos[t] = pos[0] + t: not checked on the GPU). load = 0: compute as oomb_paged_attn
+/// (with store), then write the block; load = 1 (store 0): copy the block written by an earlier
+/// load-0 call over the same K/V instead of computing (f32: bit-identical to recomputing with the
+/// same kernels; bf16: out rounded to bf16, which is what a bf16 GEMM of the output projection reads
+/// anyway; the LSE exact). A block never saved loads as
 /// whatever the cache holds (zeros when fresh): the caller orders saves before loads, in separate
 /// graphs or through a dependency (a save and a load of one cache in the same graph are not ordered
 /// by the graph). store and load are 0 or 1. Gradients as oomb_paged_attn.
+/// Elements per position of an oomb_paged_attn_cached result cache of head dim D, H query heads and
+/// the given type: D*H + H (f32), D*H + 2H (bf16: out in bf16, the LSE as f32 bits). Other types:
+/// an error.
+int64_t oomb_paged_attn_cache_row(int64_t D, int64_t H, enum oomb_type type);
 struct oomb_tensor * oomb_paged_attn_cached(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_cur,
                                             struct oomb_tensor * v_cur, struct oomb_tensor * k_pages, struct oomb_tensor * v_pages,
                                             struct oomb_tensor * page_table, struct oomb_tensor * pos, float scale, int store,

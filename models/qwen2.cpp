@@ -353,15 +353,15 @@ ChunkTrainer::ChunkTrainer(Qwen2Model & model, const ChunkTrainerParams & p) : m
     kv_ = oomb_kv_cache_init(m_.backend, kp);
     if (!kv_) oomb_error("ChunkTrainer: cannot allocate the KV cache for %" PRId64 " tokens", p.max_tokens);
     if (p.cache_attn && p.max_tokens > p.chunk) {  // a one-chunk sequence has no stage 1 to keep results from
-        const int64_t row = m_.cfg.n_head * m_.cfg.head_dim + m_.cfg.n_head;  // out row + LSEs per position
-        const size_t bytes = (size_t) (row * p.max_tokens) * sizeof(float);
+        const int64_t row = oomb_paged_attn_cache_row(m_.cfg.head_dim, m_.cfg.n_head, p.cache_attn_type);  // per position
+        const size_t bytes = ((size_t) (row * p.max_tokens) * oomb_type_size(p.cache_attn_type) + 255) / 256 * 256;
         attn_ctx_ = oomb_init({0, true});
         attn_buf_ = oomb_backend_alloc_buffer(m_.backend, bytes * (size_t) m_.cfg.n_layer);
         if (!attn_buf_)
             oomb_error("ChunkTrainer: cannot allocate the attention cache (cache_attn, oomb-train --attn-cache): %.2f GiB for %" PRId64
                        " tokens x %" PRId64 " layers", (double) bytes * (double) m_.cfg.n_layer / (1 << 30), p.max_tokens, m_.cfg.n_layer);
         for (int64_t l = 0; l < m_.cfg.n_layer; l++) {
-            oomb_tensor * t = oomb_new_tensor_1d(attn_ctx_, OOMB_TYPE_F32, row * p.max_tokens);
+            oomb_tensor * t = oomb_new_tensor_1d(attn_ctx_, p.cache_attn_type, row * p.max_tokens);
             oomb_tensor_alloc(attn_buf_, t, (size_t) l * bytes);
             oomb_tensor_memset(t, 0);  // a block never saved loads as zeros, not as stale memory
             attn_cache_.push_back(oomb_format_name(t, "attn_cache.%" PRId64, l));

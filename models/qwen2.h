@@ -111,6 +111,9 @@ struct ChunkTrainerParams {
     // i.e. 87 KB per token over all layers of Qwen2.5-0.5B, 404 KB for 7B. Bit-identical results.
     // Not allocated when max_tokens <= chunk (one chunk: no stage 1).
     bool cache_attn = false;
+    // The cache's type: f32 (bit-identical) or bf16 (out rounded to bf16, LSE exact: about half the
+    // memory, (H*D + 2H) * 2 bytes per token and layer, 204 KB per token for 7B).
+    oomb_type cache_attn_type = OOMB_TYPE_F32;
 };
 
 /// Statistics of one forward(/backward) over a sequence.
@@ -171,7 +174,7 @@ private:
     Qwen2Model & m_;
     ChunkTrainerParams p_;
     oomb_kv_cache_t kv_ = nullptr;
-    oomb_context * attn_ctx_ = nullptr;          // cache_attn: one f32 tensor per layer
+    oomb_context * attn_ctx_ = nullptr;          // cache_attn: one tensor per layer
     oomb_buffer_t attn_buf_ = nullptr;
     std::vector<oomb_tensor *> attn_cache_;
     std::map<std::pair<int64_t, int>, std::unique_ptr<Graph>> graphs_;

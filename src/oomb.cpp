@@ -884,19 +884,26 @@ struct oomb_tensor * oomb_paged_attn(struct oomb_context * ctx, struct oomb_tens
     return oomb_view_3d(ctx, t, D, H, T, sizeof(float) * (size_t) D, sizeof(float) * (size_t) (D * H), 0);
 }
 
+int64_t oomb_paged_attn_cache_row(int64_t D, int64_t H, enum oomb_type type) {
+    OOMB_CHECK(type == OOMB_TYPE_F32 || type == OOMB_TYPE_BF16, "paged_attn_cache_row", "cache type must be f32 or bf16, got %s",
+               oomb_type_name(type));
+    return type == OOMB_TYPE_F32 ? D * H + H : D * H + 2 * H;
+}
+
 struct oomb_tensor * oomb_paged_attn_cached(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_cur,
                                             struct oomb_tensor * v_cur, struct oomb_tensor * k_pages, struct oomb_tensor * v_pages,
                                             struct oomb_tensor * page_table, struct oomb_tensor * pos, float scale, int store,
                                             struct oomb_tensor * out_cache, int load) {
-    OOMB_CHECK(out_cache && out_cache->type == OOMB_TYPE_F32 && oomb_is_contiguous(out_cache), "paged_attn_cached",
-               "out_cache must be a contiguous f32 tensor, got %s", out_cache ? shape_str(out_cache).c_str() : "NULL");
+    OOMB_CHECK(out_cache && (out_cache->type == OOMB_TYPE_F32 || out_cache->type == OOMB_TYPE_BF16) && oomb_is_contiguous(out_cache),
+               "paged_attn_cached", "out_cache must be a contiguous f32 or bf16 tensor, got %s",
+               out_cache ? shape_str(out_cache).c_str() : "NULL");
     OOMB_CHECK((load == 0 || load == 1) && (store == 0 || store == 1), "paged_attn_cached", "store (%d) and load (%d) must be 0 or 1",
                store, load);
     OOMB_CHECK(!(load && store), "paged_attn_cached", "load = 1 reads a result computed earlier over stored K/V: store must be 0");
     oomb_tensor * out = oomb_paged_attn(ctx, q, k_cur, v_cur, k_pages, v_pages, page_table, pos, scale, store);
-    const int64_t row = q->ne[0] * q->ne[1] + q->ne[1];  // floats per query position: out row + its LSEs
+    const int64_t row = oomb_paged_attn_cache_row(q->ne[0], q->ne[1], out_cache->type);  // elements per query position
     OOMB_CHECK(oomb_nelements(out_cache) >= row * q->ne[2], "paged_attn_cached",
-               "out_cache %s holds fewer than T = %" PRId64 " positions of %" PRId64 " floats", shape_str(out_cache).c_str(), q->ne[2],
+               "out_cache %s holds fewer than T = %" PRId64 " positions of %" PRId64 " elements", shape_str(out_cache).c_str(), q->ne[2],
                row);
     oomb_tensor * t = out->view_src;
     t->src[7] = out_cache;

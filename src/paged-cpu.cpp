@@ -305,6 +305,28 @@ void forward_tile(const TileKernels & K, const PagedGeom & G, const std::vector<
 
 } // namespace
 
+
+// Copies a chunk's packed attention result (n_out f32 outputs, then n_lse f32 LSEs) into
+// (to_cache) or out of a oomb_paged_attn_cached cache block starting at element `off`: f32 caches
+// hold it as is; bf16 caches hold the outputs rounded to bf16, then the LSEs bit for bit (two
+// 16-bit elements each).
+static void cache_block_copy(const oomb_tensor * cache, int64_t off, float * packed, int64_t n_out, int64_t n_lse, bool to_cache) {
+    if (cache->type == OOMB_TYPE_F32) {
+        float * c = (float *) cache->data + off;
+        if (to_cache) std::memcpy(c, packed, (size_t) (n_out + n_lse) * sizeof(float));
+        else std::memcpy(packed, c, (size_t) (n_out + n_lse) * sizeof(float));
+        return;
+    }
+    uint16_t * c = (uint16_t *) cache->data + off;
+    if (to_cache) {
+        for (int64_t i = 0; i < n_out; i++) c[i] = oomb_fp32_to_bf16(packed[i]);
+        std::memcpy(c + n_out, packed + n_out, (size_t) n_lse * sizeof(float));
+    } else {
+        for (int64_t i = 0; i < n_out; i++) packed[i] = oomb_bf16_to_fp32(c[i]);
+        std::memcpy(packed + n_out, c + n_out, (size_t) n_lse * sizeof(float));
+    }
+}
+
 void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
     const oomb_tensor * q = dst->src[0];
     const oomb_tensor * k_cur = dst->src[1];
@@ -319,19 +341,19 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
     // oomb_paged_attn_cached: the chunk's block of the result cache (mode 1: save after computing,
     // mode 2: load instead of computing)
     const int cache_mode = dst->op_params[2];
-    float * cache_block = nullptr;
+    const oomb_tensor * cache = cache_mode ? dst->src[7] : nullptr;
+    int64_t cache_off = -1;  // the chunk's block, in cache elements
     if (cache_mode && G.T > 0) {
-        const oomb_tensor * cache = dst->src[7];
         for (int64_t t = 1; t < G.T; t++)
             if (G.pos[t] != G.pos[0] + t)
                 oomb_error("paged_attn_cached: positions must be consecutive (pos[%" PRId64 "] = %d after pos[0] = %d)", t, G.pos[t], G.pos[0]);
-        const int64_t row = G.D * G.H + G.H;
+        const int64_t row = oomb_paged_attn_cache_row(G.D, G.H, cache->type);
         if (G.pos[0] < 0 || (G.pos[0] + G.T) * row > oomb_nelements(cache))
             oomb_error("paged_attn_cached: positions %d..%" PRId64 " lie outside the cache %s", G.pos[0], G.pos[0] + G.T - 1,
                        shape_str(cache).c_str());
-        cache_block = (float *) cache->data + G.pos[0] * row;
+        cache_off = G.pos[0] * row;
         if (cache_mode == 2) {
-            std::memcpy(dst->data, cache_block, (size_t) (G.T * row) * sizeof(float));
+            cache_block_copy(cache, cache_off, (float *) dst->data, G.D * G.H * G.T, G.H * G.T, false);
             return;
         }
     }
@@ -369,7 +391,7 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
             lse[s.rid[i]] = s.m[i] + std::log(s.l[i]);
         }
     });
-    if (cache_block) std::memcpy(cache_block, dst->data, (size_t) (G.T * (G.D * G.H + G.H)) * sizeof(float));
+    if (cache_off >= 0) cache_block_copy(cache, cache_off, (float *) dst->data, G.D * G.H * G.T, G.H * G.T, true);
 }
 
 void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {

@@ -22,11 +22,12 @@ struct Cuda {
 #define REQUIRE_GPU(c) \
     if (!(c).b) GTEST_SKIP() << "no CUDA GPU"
 
-void check_cuda(const std::string & model, const std::string & ref, int64_t chunk, int page, bool cache_attn = false) {
+void check_cuda(const std::string & model, const std::string & ref, int64_t chunk, int page, bool cache_attn = false,
+                oomb_type cache_type = OOMB_TYPE_F32) {
     Cuda c;
     REQUIRE_GPU(c);
     ModelRun run(converted(model), c.b, OOMB_TYPE_BF16);
-    check_gradients(run, model, ref, chunk, page, k_bf16, OOMB_TYPE_BF16, cache_attn);
+    check_gradients(run, model, ref, chunk, page, k_bf16, OOMB_TYPE_BF16, cache_attn, cache_type);
 }
 
 TEST(CudaQwen2Parity, MicroShort) { check_cuda("qwen2-micro", "short", 64, 64); }
@@ -35,6 +36,7 @@ TEST(CudaQwen2Parity, MiniShortPage128) { check_cuda("qwen2-mini", "short", 64, 
 TEST(CudaQwen2Parity, MicroLongChunk1000) { check_cuda("qwen2-micro", "long", 1000, 64); }
 // stage 2 loading stage 1's attention results from the cache (oomb_paged_attn_cached on the GPU)
 TEST(CudaQwen2Parity, MicroLongChunk1000AttnCache) { check_cuda("qwen2-micro", "long", 1000, 64, true); }
+TEST(CudaQwen2Parity, MicroLongChunk1000AttnCacheBf16) { check_cuda("qwen2-micro", "long", 1000, 64, true, OOMB_TYPE_BF16); }
 
 // The CUDA backend's gradients against the CPU backend's on the same chunking.
 TEST(CudaQwen2Parity, MatchesCpuBackend) {

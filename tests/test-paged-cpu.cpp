@@ -384,6 +384,46 @@ TEST(PagedCpuCache, SaveThenLoadIsBitIdentical) {
     oomb_cgraph * go = oomb_new_graph(ctx);
     oomb_build_forward_expand(go, o_out->view_src);
     EXPECT_OOMB_ERROR(oomb_backend_graph_compute(be, go), "outside the cache");
+
+    // bf16 cache: (D*H + 2H) elements per position; out comes back rounded to bf16 (nearest even),
+    // the LSE bit for bit
+    EXPECT_EQ(oomb_paged_attn_cache_row(D, H, OOMB_TYPE_BF16), D * H + 2 * H);
+    EXPECT_OOMB_ERROR(oomb_paged_attn_cache_row(D, H, OOMB_TYPE_F16), "f32 or bf16");
+    oomb_tensor * cache16 = oomb_new_tensor_1d(ctx, OOMB_TYPE_BF16, S * (D * H + 2 * H));
+    for (int64_t i = 0; i < oomb_nelements(cache16); i++) ((uint16_t *) cache16->data)[i] = 0x7fc0;  // NaN: unsaved blocks show
+    oomb_tensor * o_save16 = oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, cache16, 0);
+    oomb_tensor * o_load16 = oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, cache16, 1);
+    for (oomb_tensor * o : {o_save16, o_load16}) {
+        oomb_cgraph * g = oomb_new_graph(ctx);
+        oomb_build_forward_expand(g, o->view_src);
+        oomb_backend_graph_compute(be, g);
+    }
+    const int64_t n_out = D * H * T;
+    int bad_out = 0, bad_lse = 0, diff_save = 0;
+    const float * ps = (const float *) o_save16->view_src->data, * pl = (const float *) o_load16->view_src->data;
+    for (int64_t i = 0; i < n; i++) {
+        diff_save += ps[i] != ((float *) o_save->view_src->data)[i];  // computing is not changed by the cache type
+        if (i < n_out) bad_out += pl[i] != oomb_bf16_to_fp32(oomb_fp32_to_bf16(ps[i]));
+        else bad_lse += memcmp(&pl[i], &ps[i], 4) != 0;
+    }
+    EXPECT_EQ(diff_save, 0);
+    EXPECT_EQ(bad_out, 0) << "the loaded out is the computed out rounded to bf16";
+    EXPECT_EQ(bad_lse, 0) << "the loaded LSE is the computed LSE, bit for bit";
+    int rounded = 0;
+    for (int64_t i = 0; i < n_out; i++) rounded += pl[i] != ps[i];
+    EXPECT_GT(rounded, n_out / 2) << "bf16 rounding changes most outputs (the test would not see a cache kept in f32)";
+    // the block sits at element pos[0] * (D*H + 2H); the positions before it were never saved
+    EXPECT_EQ(((uint16_t *) cache16->data)[10 * (D * H + 2 * H)], oomb_fp32_to_bf16(ps[0]));
+    EXPECT_EQ(((uint16_t *) cache16->data)[10 * (D * H + 2 * H) - 1], 0x7fc0);
+    oomb_tensor * small16 = oomb_new_tensor_1d(ctx, OOMB_TYPE_BF16, 16 * (D * H + 2 * H) - 1);
+    oomb_tensor * tiny16 = oomb_new_tensor_1d(ctx, OOMB_TYPE_BF16, T * (D * H + 2 * H) - 1);
+    EXPECT_OOMB_ERROR(oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, tiny16, 1), "holds fewer");  // < T positions
+    oomb_tensor * o_out16 = oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, small16, 1);
+    oomb_cgraph * go16 = oomb_new_graph(ctx);
+    oomb_build_forward_expand(go16, o_out16->view_src);
+    EXPECT_OOMB_ERROR(oomb_backend_graph_compute(be, go16), "outside the cache");
+    oomb_tensor * c16 = oomb_new_tensor_1d(ctx, OOMB_TYPE_F16, S * (D * H + 2 * H));
+    EXPECT_OOMB_ERROR(oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, c16, 1), "f32 or bf16");
     oomb_free(ctx);
     oomb_kv_cache_free(kv);
     oomb_backend_free(be);

@@ -34,11 +34,13 @@ fi
 
 if want e2e; then
     # entries: ctx, ctx:chunk or ctx:chunk:cache (default chunk 4096, the reference's; "cache" adds
-    # --attn-cache); HF once per ctx (NO_HF=1: skip)
+    # --attn-cache, "bf16" --attn-cache --attn-cache-type bf16); HF once per ctx (NO_HF=1: skip)
     declare -A hf_done
     for spec in $CTXS; do
         IFS=: read -r ctx chunk cache <<< "$spec"; chunk=${chunk:-4096}
-        extra=""; [ "$cache" = cache ] && extra="--attn-cache" && chunk_tag="$chunk-cache" || chunk_tag=$chunk
+        extra=""; chunk_tag=$chunk
+        [ "$cache" = cache ] && extra="--attn-cache" && chunk_tag="$chunk-cache"
+        [ "$cache" = bf16 ] && extra="--attn-cache --attn-cache-type bf16" && chunk_tag="$chunk-cache-bf16"
         rm -rf /tmp/run$ctx
         steps=2; [ $ctx -gt 32768 ] && steps=1
         OOMB_CUDA_PROFILE=1 timeout ${TRAIN_TIMEOUT:-240} $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx $ctx --chunk $chunk --page 128 --steps $steps \
@@ -57,9 +59,10 @@ fi
 if want 7b; then
     # Qwen2.5-7B shapes, linear weights + LM head trained (as the OOMB reference), AdamW with bf16
     # moments; chunk 2048 keeps one chunk's f32 activations (all 28 layers) near 20 GB
-    for spec in ${CTX7B:-32768 65536 131072}; do   # ctx, ctx:chunk or ctx:chunk:cache
+    for spec in ${CTX7B:-32768 65536 131072}; do   # ctx, ctx:chunk or ctx:chunk:cache|bf16
         IFS=: read -r ctx chunk cache <<< "$spec"; chunk=${chunk:-${CHUNK7B:-2048}}
-        extra=""; [ "$cache" = cache ] && extra="--attn-cache"; cache=${cache:+-$cache}
+        extra=""; [ "$cache" = cache ] && extra="--attn-cache"; [ "$cache" = bf16 ] && extra="--attn-cache --attn-cache-type bf16"
+        cache=${cache:+-$cache}
         rm -rf /tmp/r7b$ctx
         steps=2; [ $ctx -gt 32768 ] && steps=1
         OOMB_CUDA_PROFILE=1 timeout ${TRAIN_TIMEOUT_7B:-400} $B/oomb-train --preset qwen2.5-7b --device cuda --ctx $ctx --chunk $chunk --page 128 \

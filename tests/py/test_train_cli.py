@@ -133,6 +133,16 @@ def test_dump_grads(tmp):
                             "--threads", "2", "--attn-cache", "--dump-grads", out_c])
             check(rc == 0 and open(out, "rb").read() == open(out_c, "rb").read(),
                   f"{model} chunk {chunk}: --dump-grads --attn-cache gives the same bytes ({e.strip()[-200:]})")
+            # a bf16 cache: the attention output rounded to bf16 in stage 2, so close but not the same bytes
+            out_b = os.path.join(tmp, f"grads-{model}-{chunk}-cache-bf16.safetensors")
+            rc, o, e = run([TRAIN, "-m", g, "--tokens", ref_path, "--chunk", str(chunk), "--page", str(page),
+                            "--threads", "2", "--attn-cache", "--attn-cache-type", "bf16", "--dump-grads", out_b])
+            check(rc == 0, f"{model} chunk {chunk}: --dump-grads --attn-cache-type bf16 runs ({e.strip()[-200:]})")
+            if rc == 0:
+                g32, g16 = stn.load_file(out), stn.load_file(out_b)
+                worst = max(float(np.linalg.norm(g16[k] - g32[k]) / max(np.linalg.norm(g32[k]), 1e-30)) for k in g32)
+                check(open(out, "rb").read() != open(out_b, "rb").read() and worst < 1e-2,
+                      f"{model} chunk {chunk}: --attn-cache-type bf16 gradients within 1e-2 of f32 and not identical (worst {worst:.2e})")
         ref = stn.load_file(ref_path)
         got = stn.load_file(out)
         check(got["loss"].dtype == np.float32 and got["loss"].shape == (1,), "loss is F32 [1]")
@@ -293,6 +303,10 @@ def test_training(tmp):
     rc, o, e = run([TRAIN, "-m", model, "--data-bin", data, "--ctx", "32", "--chunk", "64", "--page", "16", "--threads", "2",
                     "--steps", "1", "--attn-cache", "--out", os.path.join(tmp, "AC")])
     check(rc == 0 and "--attn-cache is unused" in o, f"--attn-cache with one chunk per sequence: a note ({o.strip()[-200:]})")
+    rc, o, e = run(base + ["--steps", "1", "--attn-cache-type", "bf16", "--out", os.path.join(tmp, "ACT")])
+    check(rc == 1 and "--attn-cache-type needs --attn-cache" in e, f"--attn-cache-type without --attn-cache: refused ({e.strip()[-200:]})")
+    rc, o, e = run(base + ["--steps", "1", "--attn-cache", "--attn-cache-type", "f16", "--out", os.path.join(tmp, "ACT")])
+    check(rc == 1 and "must be f32 or bf16" in e, f"--attn-cache-type f16: refused ({e.strip()[-200:]})")
     rc, o, e = run(base + ["--steps", "10", "--save-every", "2", "--out", B, "--resume", "--stop-after", "3"])
     check(rc == 0 and "nothing to do" in o, f"--resume --stop-after at or before the checkpoint's step: says nothing to do ({o.strip()[-200:]})")
     rc, o, e = run(base + ["--steps", "1", "--eval-seqs", "0", "--seqs-per-step", "200", "--out", os.path.join(tmp, "E")])
