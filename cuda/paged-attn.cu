@@ -1091,7 +1091,7 @@ int fwd64_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_FWD64", 
 int bwd64_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_BWD64", 0); return v; }
 int bwd_bm(int D) { return D == 64 ? (bwd64_variant() >= 1 ? 32 : 64) : (bwd_variant() == 1 ? 64 : bwd_variant() == 2 ? 16 : 32); }
 
-// The wgmma kernels (paged-attn-sm90.inc) for head dim 128 run on a compute capability 9.0 device
+// The wgmma kernels (paged-attn-sm90.inc) for head dims 64 and 128 run on a compute capability 9.0 device
 // with this file compiled for sm_90a (a probe kernel says so, once per process).
 // OOMB_PAGED_ATTN_WGMMA (read at every call: the tests compare the kernels) selects them: bit 0 the
 // forward (page size a multiple of 128), bit 1 the backward; unset: 3 (both), 0: the mma.sync kernels.
@@ -1120,8 +1120,9 @@ int wgmma_bits() {
     const char * e = getenv("OOMB_PAGED_ATTN_WGMMA");
     return e && *e ? atoi(e) : 3;
 }
-bool fwd_wgmma(int D, int P) { return D == 128 && P % FwdW::BN == 0 && (wgmma_bits() & 1) && wgmma_available(); }
-bool bwd_wgmma(int D) { return D == 128 && (wgmma_bits() & 2) && wgmma_available(); }
+bool fwd_wgmma(int D, int P) { return (D == 64 || D == 128) && P % FwdW<128>::BN == 0 && (wgmma_bits() & 1) && wgmma_available(); }
+bool bwd_wgmma(int D) { return (D == 64 || D == 128) && (wgmma_bits() & 2) && wgmma_available(); }
+
 
 // Can the tensor-core kernels run on these operands?
 bool fast_ok(const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * vp, const oomb_tensor * dout) {
@@ -1144,6 +1145,24 @@ template <typename F> void set_smem(F * kernel, size_t smem) {
     PA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
 }
 
+template <int D, int MODE> void launch_fwd_wgmma(cudaStream_t stream, const FwdArgs & a, int Hkv) {
+    using W = FwdW<D>;
+    static bool attr_set = false;
+    if (!attr_set) { set_smem(pa_fwd_wgmma_kernel<D, MODE>, W::smem); attr_set = true; }
+    dim3 grid((a.T * a.G + W::BM - 1) / W::BM, Hkv);
+    pa_fwd_wgmma_kernel<D, MODE><<<grid, W::NT, W::smem, stream>>>(a);
+    PA_LAUNCH_CHECK();
+}
+
+template <int D> void launch_bwd_wgmma(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
+    using W = BwdW<D>;
+    static bool attr_set = false;
+    if (!attr_set) { set_smem(pa_bwd_wgmma_kernel<D>, W::smem); attr_set = true; }
+    dim3 grid(n_key_tiles, Hkv, a.nsplit);
+    pa_bwd_wgmma_kernel<D><<<grid, W::NT, W::smem, stream>>>(a);
+    PA_LAUNCH_CHECK();
+}
+
 template <int D, int WM, int BN, int NW, int MODE, int MINB = 1>
 void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
     using C = FwdCfg<D, WM, BN, NW>;
@@ -1159,11 +1178,8 @@ void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
 template <int MODE>
 void fwd_fast(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
     if (fwd_wgmma(D, a.P)) {
-        static bool attr_set = false;
-        if (!attr_set) { set_smem(pa_fwd_wgmma_kernel<MODE>, FwdW::smem); attr_set = true; }
-        dim3 grid((a.T * a.G + FwdW::BM - 1) / FwdW::BM, Hkv);
-        pa_fwd_wgmma_kernel<MODE><<<grid, FwdW::NT, FwdW::smem, stream>>>(a);
-        PA_LAUNCH_CHECK();
+        if (D == 128) launch_fwd_wgmma<128, MODE>(stream, a, Hkv);
+        else launch_fwd_wgmma<64, MODE>(stream, a, Hkv);
         return;
     }
     if (D == 64) {
@@ -1366,7 +1382,7 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
         // saved statistics: the prep kernel reads out with 16-byte loads
         const bool saved = saved_out && aligned16(saved_out);
         const bool wg = bwd_wgmma(G.D);
-        const int BM = wg ? BwdW::BM : bwd_bm(G.D);
+        const int BM = wg ? BwdW<128>::BM : bwd_bm(G.D);
         const int BN = BWD_NW * 16;
         const int TG = G.T * G.G;
         const int TGp = (TG + 127) / 128 * 128; // multiple of every row tile
@@ -1424,11 +1440,8 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
             const int n_key_tiles = (int) ((n_keys_bound + BN - 1) / BN);
             a.nsplit = bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt);
             if (wg) {
-                static bool attr_set = false;
-                if (!attr_set) { set_smem(pa_bwd_wgmma_kernel, BwdW::smem); attr_set = true; }
-                dim3 grid(n_key_tiles, G.Hkv, a.nsplit);
-                pa_bwd_wgmma_kernel<<<grid, BwdW::NT, BwdW::smem, stream>>>(a);
-                PA_LAUNCH_CHECK();
+                if (G.D == 128) launch_bwd_wgmma<128>(stream, a, n_key_tiles, G.Hkv);
+                else launch_bwd_wgmma<64>(stream, a, n_key_tiles, G.Hkv);
             } else if (G.D == 64) {
                 const int v = bwd64_variant();
                 if (v == 1) launch_bwd<64, 32, 2>(stream, a, n_key_tiles, G.Hkv);

@@ -310,7 +310,7 @@ TEST(CudaPagedAttn, Bf16PoolsBackwardSplit) {
 #endif
 }
 
-// At head dim 128 the forward (page size a multiple of 128) and the backward run the wgmma kernels
+// At head dims 64 and 128 the forward (page size a multiple of 128) and the backward run the wgmma kernels
 // on an sm_90a build on Hopper (the default above). OOMB_PAGED_ATTN_WGMMA selects them (bit 0
 // forward, bit 1 backward): 0 (the mma.sync kernels, also with the backward split forced to 1 and
 // 3), 1 and 2 (one of each: the statistics of one kernel feed the other's backward).
@@ -323,6 +323,9 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         {128, 64, 28, 4, 37, 1000, B, 0, false},
         {128, 128, 14, 2, 1, 5000, B, 1, false},
         {128, 128, 14, 2, 256, 1000, B, 1, true},
+        {64, 128, 14, 2, 256, 1000, B, 1, true},
+        {64, 64, 28, 4, 37, 5000, B, 0, false},
+        {64, 128, 4, 4, 1, 1000, B, 1, false},
     };
     uint32_t seed = 777;
     const char * settings[][2] = {{"0", ""}, {"0", "1"}, {"0", "3"}, {"1", ""}, {"2", ""}};
