@@ -82,10 +82,11 @@ if want attn; then
 fi
 
 if want wgmma; then
-    # attention on wgmma (OOMB_PAGED_ATTN_WGMMA: 3 both, 2 backward only, 0 the mma.sync kernels), same run
+    # attention on wgmma (OOMB_PAGED_ATTN_WGMMA: 3 both, 2 backward only, 0 the mma.sync kernels), same run;
+    # WG_ARGS: shape options for oomb-bench-attn (e.g. "--heads 14 --kv-heads 2 --dim 64", the 0.5B layer)
     for s in ${WG_SEQS:-8192 32768 131072}; do
         for w in ${WG_VARIANTS:-3 2 0}; do
-            echo "seq $s OOMB_PAGED_ATTN_WGMMA=$w"; OOMB_PAGED_ATTN_WGMMA=$w timeout 120 $B/oomb-bench-attn --seq $s --reps 3 2>&1 | grep '"seq"'
+            echo "seq $s OOMB_PAGED_ATTN_WGMMA=$w ${WG_ARGS:-}"; OOMB_PAGED_ATTN_WGMMA=$w timeout 120 $B/oomb-bench-attn --seq $s --reps 3 ${WG_ARGS:-} 2>&1 | grep '"seq"'
         done
     done
 fi
