@@ -88,7 +88,7 @@ __device__ __forceinline__ void mma_rs_n{n}(float (&d)[{m}], const uint32_t (&a)
 '''
 
 body = HEAD
-for n in (64, 128):
+for n in (32, 64, 128):
     body += ss(n)
 for n in (64, 128):
     body += rs(n)

@@ -1120,7 +1120,7 @@ int wgmma_bits() {
     const char * e = getenv("OOMB_PAGED_ATTN_WGMMA");
     return e && *e ? atoi(e) : 3;
 }
-bool fwd_wgmma(int D, int P) { return (D == 64 || D == 128) && P % FwdW<128>::BN == 0 && (wgmma_bits() & 1) && wgmma_available(); }
+bool fwd_wgmma(int D, int P) { return (D == 64 || D == 128) && P % FwdW<128, false>::BN == 0 && (wgmma_bits() & 1) && wgmma_available(); }
 bool bwd_wgmma(int D) { return (D == 64 || D == 128) && (wgmma_bits() & 2) && wgmma_available(); }
 
 
@@ -1145,13 +1145,21 @@ template <typename F> void set_smem(F * kernel, size_t smem) {
     PA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
 }
 
-template <int D, int MODE> void launch_fwd_wgmma(cudaStream_t stream, const FwdArgs & a, int Hkv) {
-    using W = FwdW<D>;
+template <int D, int MODE, bool PIPE> void launch_fwd_wgmma(cudaStream_t stream, const FwdArgs & a, int Hkv) {
+    using W = FwdW<D, PIPE>;
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_fwd_wgmma_kernel<D, MODE>, W::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_fwd_wgmma_kernel<D, MODE, PIPE>, W::smem); attr_set = true; }
     dim3 grid((a.T * a.G + W::BM - 1) / W::BM, Hkv);
-    pa_fwd_wgmma_kernel<D, MODE><<<grid, W::NT, W::smem, stream>>>(a);
+    pa_fwd_wgmma_kernel<D, MODE, PIPE><<<grid, W::NT, W::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
+}
+
+// The wgmma forward's S of the next key tile overlapping the softmax of the current one (a second
+// S accumulator: registers allow it at head dim 64 only). OOMB_PAGED_ATTN_FWDPIPE=0 turns it off
+// (read at every call), for measurements and tests.
+bool fwd_pipe(int D) {
+    const char * e = getenv("OOMB_PAGED_ATTN_FWDPIPE");
+    return D == 64 && !(e && *e == '0');
 }
 
 template <int D> void launch_bwd_wgmma(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
@@ -1178,8 +1186,9 @@ void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
 template <int MODE>
 void fwd_fast(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
     if (fwd_wgmma(D, a.P)) {
-        if (D == 128) launch_fwd_wgmma<128, MODE>(stream, a, Hkv);
-        else launch_fwd_wgmma<64, MODE>(stream, a, Hkv);
+        if (D == 128) launch_fwd_wgmma<128, MODE, false>(stream, a, Hkv);
+        else if (fwd_pipe(D)) launch_fwd_wgmma<64, MODE, true>(stream, a, Hkv);
+        else launch_fwd_wgmma<64, MODE, false>(stream, a, Hkv);
         return;
     }
     if (D == 64) {

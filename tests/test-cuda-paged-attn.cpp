@@ -339,6 +339,12 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
     }
     unsetenv("OOMB_PAGED_ATTN_SPLIT");
     unsetenv("OOMB_PAGED_ATTN_WGMMA");
+    // head dim 64: the wgmma forward without the overlap of the next tile's S (OOMB_PAGED_ATTN_FWDPIPE=0)
+    setenv("OOMB_PAGED_ATTN_FWDPIPE", "0", 1);
+    printf("[ kernels ] OOMB_PAGED_ATTN_FWDPIPE=0\n");
+    for (const Case & c : cases)
+        if (c.D == 64) run_case(c, seed++);
+    unsetenv("OOMB_PAGED_ATTN_FWDPIPE");
 #endif
 }
 

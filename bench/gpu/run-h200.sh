@@ -86,7 +86,7 @@ if want wgmma; then
     # WG_ARGS: shape options for oomb-bench-attn (e.g. "--heads 14 --kv-heads 2 --dim 64", the 0.5B layer)
     for s in ${WG_SEQS:-8192 32768 131072}; do
         for w in ${WG_VARIANTS:-3 2 0}; do
-            echo "seq $s OOMB_PAGED_ATTN_WGMMA=$w ${WG_ARGS:-}"; OOMB_PAGED_ATTN_WGMMA=$w timeout 120 $B/oomb-bench-attn --seq $s --reps 3 ${WG_ARGS:-} 2>&1 | grep '"seq"'
+            echo "seq $s OOMB_PAGED_ATTN_WGMMA=$w ${WG_ARGS:-} ${WG_ENV:-}"; env ${WG_ENV:-} OOMB_PAGED_ATTN_WGMMA=$w timeout 120 $B/oomb-bench-attn --seq $s --reps 3 ${WG_ARGS:-} 2>&1 | grep '"seq"'
         done
     done
 fi
