@@ -1155,11 +1155,11 @@ template <int D, int MODE, bool PIPE> void launch_fwd_wgmma(cudaStream_t stream,
 }
 
 // The wgmma forward's S of the next key tile overlapping the softmax of the current one (a second
-// S accumulator: registers allow it at head dim 64 only). OOMB_PAGED_ATTN_FWDPIPE=0 turns it off
-// (read at every call), for measurements and tests.
+// S accumulator: registers allow it at head dim 64 only): OOMB_PAGED_ATTN_FWDPIPE=1 (read at every
+// call). Off by default: measured slower (0.5B layer at 32K: 223 vs 247 TFLOP/s, bench/NOTES.md).
 bool fwd_pipe(int D) {
     const char * e = getenv("OOMB_PAGED_ATTN_FWDPIPE");
-    return D == 64 && !(e && *e == '0');
+    return D == 64 && e && *e == '1';
 }
 
 template <int D> void launch_bwd_wgmma(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
