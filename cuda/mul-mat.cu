@@ -26,6 +26,26 @@ const __nv_bfloat16 * to_bf16(oomb_cuda_ctx & c, const oomb_tensor * t, int slot
     return (const __nv_bfloat16 *) d.data;
 }
 
+// A matrix operand [ne0, ne1] (no batches) whose dim 1 is the unit-stride one and whose dim-0 rows
+// are packed (nb[0] == ne1 * size: a transposed view of contiguous memory, as the autodiff makes
+// for weight gradients): converted to bf16 in its memory order (a flat, coalesced copy) instead of
+// a transposing copy; the caller flips the cuBLAS op. NULL when t is not such a view.
+const __nv_bfloat16 * to_bf16_transposed(oomb_cuda_ctx & c, const oomb_tensor * t, int slot) {
+    const size_t es = oomb_type_size(t->type);
+    if (t->type == OOMB_TYPE_I32 || t->ne[2] != 1 || t->ne[3] != 1 || t->ne[0] <= 1 || t->ne[1] <= 1) return nullptr;
+    if (t->nb[1] != es || t->nb[0] != es * (size_t) t->ne[1]) return nullptr;
+    oomb_tensor s = *t;  // the same memory seen as [ne1, ne0], contiguous
+    s.view_src = nullptr;
+    s.ne[0] = t->ne[1]; s.ne[1] = t->ne[0];
+    s.nb[0] = t->nb[1]; s.nb[1] = t->nb[0];
+    oomb_tensor d = s;
+    d.type = OOMB_TYPE_BF16;
+    set_contiguous(&d);
+    d.data = c.scratch(slot, oomb_nbytes(&d));
+    oomb_cuda_copy_tensor(c, &s, &d);
+    return (const __nv_bfloat16 *) d.data;
+}
+
 bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
 } // namespace
@@ -45,8 +65,13 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
     }
     const int64_t r2 = B2 / A2, r3 = B3 / A3;
 
-    // b: contiguous bf16 [K, N, B2, B3]
-    const __nv_bfloat16 * B = to_bf16(c, b, oomb_cuda_ctx::SLOT_K0 + 1);
+    // b: bf16 [K, N, B2, B3] contiguous (op N, ldb K), or a transposed view converted in its memory
+    // order (op T, ldb N)
+    cublasOperation_t opb = CUBLAS_OP_N;
+    int64_t ldb = K;
+    const __nv_bfloat16 * B = to_bf16_transposed(c, b, oomb_cuda_ctx::SLOT_K0 + 1);
+    if (B) { opb = CUBLAS_OP_T; ldb = N; }
+    else B = to_bf16(c, b, oomb_cuda_ctx::SLOT_K0 + 1);
 
     // a: in place (bf16, unit stride in dim 0 or 1) or a contiguous bf16 copy
     const __nv_bfloat16 * A = nullptr;
@@ -67,6 +92,12 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
             sA3 = (int64_t) a->nb[3] / e;
         }
     }
+    if (!A && (A = to_bf16_transposed(c, a, oomb_cuda_ctx::SLOT_K0 + 2))) {
+        opa = CUBLAS_OP_N;  // [K, M] with M the unit-stride dim: column-major M x K
+        lda = M;
+        sA2 = K * M;
+        sA3 = K * M * A2;
+    }
     if (!A) {
         A = to_bf16(c, a, oomb_cuda_ctx::SLOT_K0 + 2);
         opa = CUBLAS_OP_T;
@@ -83,8 +114,9 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
         if (!fits_int(M) || !fits_int(NN) || !fits_int(K) || !fits_int(lda)) {
             oomb_error("mul_mat: sizes exceed cuBLAS's int range: a %s, b %s", shape_str(a).c_str(), shape_str(b).c_str());
         }
-        CUBLAS_CHECK(cublasGemmEx(c.cublas, opa, CUBLAS_OP_N, (int) M, (int) NN, (int) K, &alpha, A, CUDA_R_16BF, (int) lda, B,
-                                  CUDA_R_16BF, (int) K, &beta, C, CUDA_R_32F, (int) M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        if (!fits_int(ldb)) oomb_error("mul_mat: sizes exceed cuBLAS's int range: b %s", shape_str(b).c_str());
+        CUBLAS_CHECK(cublasGemmEx(c.cublas, opa, opb, (int) M, (int) NN, (int) K, &alpha, A, CUDA_R_16BF, (int) lda, B,
+                                  CUDA_R_16BF, (int) ldb, &beta, C, CUDA_R_32F, (int) M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return;
     }
     const int64_t NN = N * r2;

@@ -544,6 +544,21 @@ TEST_F(CudaOps, MulMat) {
             return {oomb_mul_mat(B.ctx, B.input(t, 40, 24), B.input(OOMB_TYPE_F32, 40, 19, 3, 2))};
         }, k_bf16);
     }
+    // weight-gradient products (autodiff: dW = x^T dy): both operands transposed views of f32
+    // activations, converted to bf16 in memory order with the cuBLAS ops flipped; and a transposed
+    // view with padded rows (ld > ne1: the transposing copy)
+    expect_case("mul_mat transposed f32 a x transposed f32 b", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * a = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, 45, 267));  // [267, 45]
+        oomb_tensor * b = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, 31, 267));  // [267, 31]
+        return {oomb_mul_mat(B.ctx, a, b)};
+    }, k_bf16);
+    expect_case("mul_mat transposed padded-row views", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * wa = B.input(OOMB_TYPE_F32, 50, 67);
+        oomb_tensor * a = oomb_transpose(B.ctx, oomb_view_2d(B.ctx, wa, 45, 67, wa->nb[1], 0));  // [67, 45], ld 50
+        oomb_tensor * wb = B.input(OOMB_TYPE_F32, 40, 67);
+        oomb_tensor * b = oomb_transpose(B.ctx, oomb_view_2d(B.ctx, wb, 31, 67, wb->nb[1], 4 * 4));  // [67, 31], ld 40
+        return {oomb_mul_mat(B.ctx, a, b)};
+    }, k_bf16);
     // attention-style products: q . k^T and p . v with permuted operands
     expect_case("mul_mat permuted k x permuted q (scores)", [](Builder & B) -> std::vector<oomb_tensor *> {
         oomb_tensor * q = oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, 32, 4, 21), 0, 2, 1, 3); // [32, 21, 4]
