@@ -43,9 +43,6 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// keeps the compiler from moving accesses of an accumulator across an asynchronous wgmma
-__device__ __forceinline__ void reg_fence(float & r) { asm volatile("" : "+f"(r)::"memory"); }
-__device__ __forceinline__ void reg_fence(uint32_t & r) { asm volatile("" : "+r"(r)::"memory"); }
 '''
 
 TAIL = r'''#endif // OOMB_WGMMA

@@ -1118,7 +1118,10 @@ bool wgmma_available() {
 }
 int wgmma_bits() {
     const char * e = getenv("OOMB_PAGED_ATTN_WGMMA");
-    return e && *e ? atoi(e) : 3;
+    if (!e || !*e) return 3;
+    if (e[1] || e[0] < '0' || e[0] > '3')
+        oomb_error("OOMB_PAGED_ATTN_WGMMA must be 0-3 (bit 0: wgmma forward, bit 1: wgmma backward), got '%s'", e);
+    return e[0] - '0';
 }
 bool fwd_wgmma(int D, int P) { return (D == 64 || D == 128) && P % FwdW<128, false>::BN == 0 && (wgmma_bits() & 1) && wgmma_available(); }
 bool bwd_wgmma(int D) { return (D == 64 || D == 128) && (wgmma_bits() & 2) && wgmma_available(); }
@@ -1154,12 +1157,15 @@ template <int D, int MODE, bool PIPE> void launch_fwd_wgmma(cudaStream_t stream,
     PA_LAUNCH_CHECK();
 }
 
-// The wgmma forward's S of the next key tile overlapping the softmax of the current one (a second
-// S accumulator: registers allow it at head dim 64 only): OOMB_PAGED_ATTN_FWDPIPE=1 (read at every
-// call). Off by default: measured slower (0.5B layer at 32K: 223 vs 247 TFLOP/s, bench/NOTES.md).
+// The wgmma forward issuing the next key tile's S before the current tile's softmax (a second S
+// accumulator: registers allow it at head dim 64 only): OOMB_PAGED_ATTN_FWDPIPE=1 (read at every
+// call). Off by default: ptxas serializes its wgmmas (C7515), and it measured slower (0.5B layer
+// at 32K: 223 vs 247 TFLOP/s, bench/NOTES.md version 11).
 bool fwd_pipe(int D) {
     const char * e = getenv("OOMB_PAGED_ATTN_FWDPIPE");
-    return D == 64 && e && *e == '1';
+    if (!e || !*e) return false;
+    if (e[1] || (e[0] != '0' && e[0] != '1')) oomb_error("OOMB_PAGED_ATTN_FWDPIPE must be 0 or 1, got '%s'", e);
+    return D == 64 && e[0] == '1';
 }
 
 template <int D> void launch_bwd_wgmma(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
@@ -1266,6 +1272,10 @@ void check_common(const Geom & G, const oomb_tensor * kp, const char * op) {
 
 } // namespace
 
+bool oomb_cuda_paged_attn_uses_wgmma(int head_dim, int page_size, int backward) {
+    return backward ? bwd_wgmma(head_dim) : fwd_wgmma(head_dim, page_size);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Entry points
 // ---------------------------------------------------------------------------------------------
@@ -1288,9 +1298,18 @@ static __global__ void pa_cache_copy_kernel(CT * cache, int64_t cache_n, float *
             if (to_cache) { if (ok) *c = from_f32<CT>(packed[i]); }
             else packed[i] = ok ? to_f32<CT>(*c) : __int_as_float(0x7fc00000);
         } else {
-            float * c = (float *) (cache + off + n_out) + (i - n_out);  // 4-byte aligned: off and n_out are even for bf16
-            if (to_cache) { if (ok) *c = packed[i]; }
-            else packed[i] = ok ? *c : __int_as_float(0x7fc00000);
+            // the LSE as its 32 bits, in lse_el elements (two 16-bit halves in a bf16 cache, whose LSE
+            // part need not be 4-byte aligned: D*H may be odd)
+            uint16_t * c = (uint16_t *) (cache + off + n_out) + (i - n_out) * (4 / sizeof(uint16_t));
+            if (to_cache) {
+                if (ok) {
+                    const uint32_t b = __float_as_uint(packed[i]);
+                    c[0] = (uint16_t) (b & 0xffffu);
+                    c[1] = (uint16_t) (b >> 16);
+                }
+            } else {
+                packed[i] = ok ? __uint_as_float((uint32_t) c[0] | ((uint32_t) c[1] << 16)) : __int_as_float(0x7fc00000);
+            }
         }
     }
 }
@@ -1393,6 +1412,8 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
         const bool wg = bwd_wgmma(G.D);
         const int BM = wg ? BwdW<128>::BM : bwd_bm(G.D);
         const int BN = BWD_NW * 16;
+        static_assert(BWD_NW * 16 == BwdW<128>::BN && BwdW<128>::BN == BwdW<64>::BN && BwdW<128>::BM == BwdW<64>::BM,
+                      "the mma.sync and wgmma backward kernels share the key-tile grid and the row-tile metadata");
         const int TG = G.T * G.G;
         const int TGp = (TG + 127) / 128 * 128; // multiple of every row tile
         const int n_rt = TGp / BM;

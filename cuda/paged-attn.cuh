@@ -9,3 +9,9 @@
 
 void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst);
 void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst);
+
+/// Whether the Hopper wgmma kernels run the forward (backward = 0) or the backward (1) of paged
+/// attention with bf16 pools of this head dim and page size on the current device: an sm_90a build
+/// on a compute capability 9.0 GPU, head dim 64 or 128 (the forward: a page size multiple of 128),
+/// not turned off by OOMB_PAGED_ATTN_WGMMA. An invalid OOMB_PAGED_ATTN_WGMMA is an error.
+bool oomb_cuda_paged_attn_uses_wgmma(int head_dim, int page_size, int backward);

@@ -318,7 +318,7 @@ json config_json(const Options & o) {
     j["ctx"] = o.ctx; j["chunk"] = o.chunk; j["page"] = o.page; j["steps"] = o.steps; j["seqs_per_step"] = o.seqs_per_step;
     j["lr"] = o.lr; j["min_lr"] = o.min_lr < 0 ? o.lr * 0.1 : o.min_lr; j["warmup"] = o.warmup;
     j["weight_decay"] = o.weight_decay; j["adam_beta1"] = o.beta1; j["adam_beta2"] = o.beta2; j["adam_eps"] = o.adam_eps;
-    j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable; j["opt_state"] = o.opt_state; j["attn_cache"] = o.attn_cache; j["attn_cache_type"] = o.attn_cache_type; j["threads"] = o.threads; j["device"] = o.device;
+    j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable; j["opt_state"] = o.opt_state; j["attn_cache"] = o.attn_cache; j["attn_cache_type"] = o.attn_cache ? o.attn_cache_type : "none"; j["threads"] = o.threads; j["device"] = o.device;
     j["rope_theta"] = o.rope_theta; j["seed"] = o.seed;
     j["threads_used"] = threads_default(o.threads);
     return j;

@@ -437,8 +437,8 @@ struct oomb_tensor * oomb_paged_attn(struct oomb_context * ctx, struct oomb_tens
 /// consecutive (pos[t] = pos[0] + t: not checked on the GPU). load = 0: compute as oomb_paged_attn
 /// (with store), then write the block; load = 1 (store 0): copy the block written by an earlier
 /// load-0 call over the same K/V instead of computing (f32: bit-identical to recomputing with the
-/// same kernels; bf16: out rounded to bf16, which is what a bf16 GEMM of the output projection reads
-/// anyway; the LSE exact). A block never saved loads as
+/// same kernels; bf16: out rounded to bf16 (on the GPU the output projection's bf16 GEMM rounds it
+/// the same way; the backward's delta = dout . out then uses the rounded out), the LSE exact). A block never saved loads as
 /// whatever the cache holds (zeros when fresh): the caller orders saves before loads, in separate
 /// graphs or through a dependency (a save and a load of one cache in the same graph are not ordered
 /// by the graph). store and load are 0 or 1. Gradients as oomb_paged_attn.

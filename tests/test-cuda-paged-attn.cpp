@@ -216,6 +216,16 @@ void run_case(const Case & c, uint32_t seed) {
     const double e_kp = rel_err(dev_pool_f32(d_kp), host_pool_f32(kp));
     const double e_vp = rel_err(dev_pool_f32(d_vp), host_pool_f32(vp));
     EXPECT_LT(e_out, tol) << "forward output";
+    {
+        // largest single error against the largest reference value: a wrong mask or a skipped key
+        // tile changes whole rows, which the relative L2 error over all rows could dilute
+        double mx_err = 0, mx_ref = 0;
+        for (int64_t i = 0; i < nq; i++) {
+            mx_err = std::max(mx_err, std::fabs((double) gp[i] - cp[i]));
+            mx_ref = std::max(mx_ref, std::fabs((double) cp[i]));
+        }
+        EXPECT_LE(mx_err, tol * mx_ref) << "forward output: largest element error " << mx_err << " (largest |ref| " << mx_ref << ")";
+    }
     EXPECT_LT(e_lse, tol) << "forward's saved log-sum-exp";
     EXPECT_LT(e_kp, 1e-6) << "K pool after store";
     EXPECT_LT(e_vp, 1e-6) << "V pool after store";
@@ -254,6 +264,85 @@ void run_case(const Case & c, uint32_t seed) {
                e_dkc, e_dvc, e_dkp, e_dvp);
     }
     fflush(stdout);
+    oomb_free(dc);
+    oomb_free(hc);
+}
+
+// oomb_paged_attn_cached on the GPU: a save then a load of the chunk's block (pos0 .. pos0 + T - 1)
+// in a cache of `ct` poisoned with 0xffff elements. Checks the loaded result (bf16: out rounded to
+// nearest even, the LSE bit for bit; f32: identical), the block's layout in the cache (the same
+// definition as the CPU's: out, then each LSE as f32 bits) and that nothing outside it is written.
+void run_cache_case(int D, int H, int Hkv, int T, int pos0, int P, oomb_type pool, oomb_type ct, uint32_t seed) {
+    char name[160];
+    snprintf(name, sizeof(name), "cache D%d H%d/%d T%d pos0 %d page %d pool %s cache %s", D, H, Hkv, T, pos0, P, oomb_type_name(pool),
+             oomb_type_name(ct));
+    SCOPED_TRACE(name);
+    std::mt19937 rng(seed);
+    const int n_pos = pos0 + T + 3, n_pages = (n_pos + P - 1) / P;
+    oomb_context * hc = oomb_init({0, false});
+    oomb_tensor * q = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, D, H, T);
+    oomb_tensor * kc = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, D, Hkv, T);
+    oomb_tensor * vc = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, D, Hkv, T);
+    oomb_tensor * kp = oomb_new_tensor_4d(hc, pool, D, Hkv, P, n_pages);
+    oomb_tensor * vp = oomb_new_tensor_4d(hc, pool, D, Hkv, P, n_pages);
+    oomb_tensor * pt = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, n_pages);
+    oomb_tensor * pos = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, T);
+    const int64_t row = oomb_paged_attn_cache_row(D, H, ct);
+    oomb_tensor * cache = oomb_new_tensor_1d(hc, ct, row * n_pos);
+    for (oomb_tensor * t : {q, kc, vc, kp, vp}) oombtest::fill_uniform(t, rng, -1.0f, 1.0f);
+    for (int i = 0; i < n_pages; i++) ((int32_t *) pt->data)[i] = n_pages - 1 - i;
+    for (int t = 0; t < T; t++) ((int32_t *) pos->data)[t] = pos0 + t;
+    memset(cache->data, 0xff, oomb_nbytes(cache));
+
+    oomb_context * dc = oomb_init({0, true});
+    DevMem mem;
+    auto dev = [&](const oomb_tensor * h) {
+        oomb_tensor * t = oomb_dup_tensor(dc, h);
+        mem.place(t, h);
+        return t;
+    };
+    oomb_tensor * d_q = dev(q), * d_kc = dev(kc), * d_vc = dev(vc), * d_kp = dev(kp), * d_vp = dev(vp), * d_pt = dev(pt), * d_pos = dev(pos);
+    oomb_tensor * d_cache = dev(cache);
+    oomb_tensor * save = oomb_paged_attn_cached(dc, d_q, d_kc, d_vc, d_kp, d_vp, d_pt, d_pos, 0.3f, 1, d_cache, 0)->view_src;
+    oomb_tensor * load = oomb_paged_attn_cached(dc, d_q, d_kc, d_vc, d_kp, d_vp, d_pt, d_pos, 0.3f, 0, d_cache, 1)->view_src;
+    mem.place(save, nullptr);
+    mem.place(load, nullptr);
+    if (mem.failed) { oomb_free(dc); oomb_free(hc); return; }
+    oomb_cuda_paged_attn(0, save);
+    oomb_cuda_paged_attn(0, load);
+    CK(cudaDeviceSynchronize());
+    const std::vector<float> vs = dev_f32(save), vl = dev_f32(load);
+    std::vector<uint16_t> cb(oomb_nbytes(cache) / 2);
+    CK(cudaMemcpy(cb.data(), d_cache->data, oomb_nbytes(cache), cudaMemcpyDeviceToHost));
+    const int64_t n_out = (int64_t) D * H * T, n_lse = (int64_t) H * T;
+    const int64_t esz = ct == OOMB_TYPE_BF16 ? 1 : 2;  // 16-bit units per cache element
+    const int64_t b0 = (int64_t) pos0 * row * esz, b1 = (int64_t) (pos0 + T) * row * esz;  // the block, 16-bit units
+    int bad_load = 0, bad_layout = 0, outside = 0;
+    for (int64_t i = 0; i < n_out + n_lse; i++) {
+        uint32_t want;
+        if (i < n_out && ct == OOMB_TYPE_BF16) {
+            const uint16_t h = oomb_fp32_to_bf16(vs[i]);
+            const float r = oomb_bf16_to_fp32(h);
+            memcpy(&want, &r, 4);
+            bad_layout += cb[b0 + i] != h;
+        } else {
+            memcpy(&want, &vs[i], 4);
+            const int64_t u = b0 + (i < n_out ? 2 * i : (ct == OOMB_TYPE_BF16 ? n_out + 2 * (i - n_out) : 2 * i));
+            bad_layout += ((uint32_t) cb[u] | ((uint32_t) cb[u + 1] << 16)) != want;
+        }
+        uint32_t got;
+        memcpy(&got, &vl[i], 4);
+        bad_load += got != want;
+    }
+    for (int64_t u = 0; u < (int64_t) cb.size(); u++)
+        if (u < b0 || u >= b1) outside += cb[u] != 0xffff;
+    EXPECT_EQ(bad_load, 0) << "loaded block vs the saved result (bf16: out rounded, LSE exact)";
+    EXPECT_EQ(bad_layout, 0) << "the block's layout in the cache";
+    EXPECT_EQ(outside, 0) << "cache elements written outside the block";
+    // the block written and read is exactly (pos0 + T) * row - pos0 * row elements: the last
+    // element of the block was written (not poison)
+    EXPECT_NE(cb[b1 - 1], 0xffff);
+    printf("[ cache ] %s: load %d, layout %d, outside %d mismatches\n", name, bad_load, bad_layout, outside);
     oomb_free(dc);
     oomb_free(hc);
 }
@@ -317,6 +406,37 @@ TEST(CudaPagedAttn, Bf16PoolsBackwardSplit) {
 TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
     SKIP_WITHOUT_GPU();
 #ifdef OOMB_USE_CUDA
+    {
+        // an sm_90a build (the CMake default) on a compute capability 9.0 GPU must run the wgmma
+        // kernels, or this test would only compare the mma.sync kernels with themselves
+        int dev = 0, major = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+#ifdef OOMB_TEST_CUDA_ARCHS
+        const bool built_90a = std::string(OOMB_TEST_CUDA_ARCHS).find("90a") != std::string::npos;
+#else
+        const bool built_90a = false;
+#endif
+        const bool fwd = oomb_cuda_paged_attn_uses_wgmma(128, 128, 0), bwd = oomb_cuda_paged_attn_uses_wgmma(64, 64, 1);
+        printf("[ kernels ] compute capability %d.x, build archs %s: wgmma forward %s, backward %s\n", major,
+#ifdef OOMB_TEST_CUDA_ARCHS
+               OOMB_TEST_CUDA_ARCHS,
+#else
+               "?",
+#endif
+               fwd ? "yes" : "no", bwd ? "yes" : "no");
+        if (major == 9 && built_90a) {
+            EXPECT_TRUE(fwd && bwd) << "sm_90a build on a Hopper GPU: the wgmma kernels should run";
+            EXPECT_FALSE(oomb_cuda_paged_attn_uses_wgmma(128, 64, 0)) << "forward: page 64 is not a multiple of 128";
+            EXPECT_FALSE(oomb_cuda_paged_attn_uses_wgmma(96, 128, 1)) << "head dim 96";
+        }
+        setenv("OOMB_PAGED_ATTN_WGMMA", "2", 1);
+        EXPECT_FALSE(oomb_cuda_paged_attn_uses_wgmma(128, 128, 0));
+        EXPECT_EQ(oomb_cuda_paged_attn_uses_wgmma(128, 128, 1), major == 9 && built_90a);
+        setenv("OOMB_PAGED_ATTN_WGMMA", "abc", 1);
+        EXPECT_OOMB_ERROR(oomb_cuda_paged_attn_uses_wgmma(128, 128, 1), "OOMB_PAGED_ATTN_WGMMA must be 0-3");
+        unsetenv("OOMB_PAGED_ATTN_WGMMA");
+    }
     const oomb_type B = OOMB_TYPE_BF16;
     const Case cases[] = {
         {128, 128, 28, 4, 256, 5000, B, 1, false},
@@ -326,6 +446,15 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         {64, 128, 14, 2, 256, 1000, B, 1, true},
         {64, 64, 28, 4, 37, 5000, B, 0, false},
         {64, 128, 4, 4, 1, 1000, B, 1, false},
+        // short histories: the causal mask inside the first key tiles; hist 118 with 7 heads per
+        // KV head: a block's first warpgroup needs one key tile, its second two; 1100 + 37: an odd
+        // number of key tiles
+        {128, 128, 28, 4, 256, 0, B, 1, false},
+        {64, 128, 14, 2, 256, 0, B, 1, false},
+        {128, 128, 14, 2, 37, 118, B, 1, false},
+        {64, 128, 14, 2, 37, 118, B, 1, false},
+        {64, 128, 14, 2, 37, 1100, B, 1, false},
+        {64, 128, 14, 2, 5, 0, B, 1, false},
     };
     uint32_t seed = 777;
     const char * settings[][2] = {{"0", ""}, {"0", "1"}, {"0", "3"}, {"1", ""}, {"2", ""}};
@@ -345,6 +474,22 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
     for (const Case & c : cases)
         if (c.D == 64) run_case(c, seed++);
     unsetenv("OOMB_PAGED_ATTN_FWDPIPE");
+#endif
+}
+
+// The attention-result cache on the GPU (oomb_paged_attn_cached): f32 and bf16 caches, the generic
+// kernels with an odd D*H (the bf16 cache's LSE part is then only 2-byte aligned) and the
+// tensor-core kernels at head dim 128.
+TEST(CudaPagedAttn, ResultCache) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    uint32_t seed = 99;
+    for (oomb_type ct : {OOMB_TYPE_BF16, OOMB_TYPE_F32}) {
+        run_cache_case(7, 3, 1, 2, 1, 4, OOMB_TYPE_F32, ct, seed++);
+        run_cache_case(5, 3, 3, 3, 0, 8, OOMB_TYPE_F32, ct, seed++);
+        run_cache_case(128, 28, 4, 37, 130, 128, OOMB_TYPE_BF16, ct, seed++);
+        run_cache_case(64, 14, 2, 1, 255, 64, OOMB_TYPE_BF16, ct, seed++);
+    }
 #endif
 }
 

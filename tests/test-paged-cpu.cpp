@@ -428,3 +428,62 @@ TEST(PagedCpuCache, SaveThenLoadIsBitIdentical) {
     oomb_kv_cache_free(kv);
     oomb_backend_free(be);
 }
+
+// bf16 result cache with odd sizes (D*H odd, so the LSE part starts at an odd 16-bit element: the
+// CUDA copy kernel moves it in 16-bit halves, tests/test-cuda-paged-attn.cpp), T = 1, odd pos[0], a
+// load before any save (zeros), wrong cache types, a non-contiguous view as cache. (From a review.)
+TEST(PagedCpuCache, Bf16OddShapes) {
+    for (auto [D, H, Hkv, T, p0] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int>>{
+             {3, 3, 1, 1, 7}, {5, 1, 1, 3, 9}, {3, 3, 3, 5, 11}, {7, 3, 1, 2, 1}}) {
+        SCOPED_TRACE("D " + std::to_string(D) + " H " + std::to_string(H) + " T " + std::to_string(T) + " p0 " + std::to_string(p0));
+        const int64_t P = 4, S = 32;
+        oomb_backend_t be = oomb_backend_cpu_init(2);
+        oomb_kv_cache_params kp;
+        kp.n_layer = 1; kp.n_head_kv = (int) Hkv; kp.head_dim = (int) D; kp.page_size = (int) P; kp.max_tokens = S;
+        kp.type = OOMB_TYPE_F32; kp.with_grad = false;
+        oomb_kv_cache_t kv = oomb_kv_cache_init(be, kp);
+        oomb_kv_cache_reserve(kv, p0 + T);
+        oomb_context * ctx = oomb_init({0, false});
+        std::mt19937 rng(5);
+        std::uniform_real_distribution<float> U(-1.0f, 1.0f);
+        auto rnd = [&](oomb_tensor * t) { for (int64_t i = 0; i < oomb_nelements(t); i++) oomb_set_f32_1d(t, i, U(rng)); return t; };
+        oomb_tensor * q = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, T));
+        oomb_tensor * kc = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T));
+        oomb_tensor * vc = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T));
+        oomb_tensor * pos = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T);
+        for (int64_t t = 0; t < T; t++) oomb_set_i32_1d(pos, t, (int32_t) (p0 + t));
+        const int64_t row = oomb_paged_attn_cache_row(D, H, OOMB_TYPE_BF16);
+        oomb_tensor * cache = oomb_new_tensor_1d(ctx, OOMB_TYPE_BF16, S * row);
+        memset(cache->data, 0, oomb_nbytes(cache));
+        oomb_tensor * kpool = oomb_kv_cache_k(kv, 0), * vpool = oomb_kv_cache_v(kv, 0), * pt = oomb_kv_cache_page_table(kv);
+        // load before save: zeros
+        oomb_tensor * o_pre = oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, cache, 1);
+        oomb_tensor * o_save = oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 1, cache, 0);
+        oomb_tensor * o_load = oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, cache, 1);
+        for (oomb_tensor * o : {o_pre, o_save, o_load}) {
+            oomb_cgraph * g = oomb_new_graph(ctx);
+            oomb_build_forward_expand(g, o->view_src);
+            oomb_backend_graph_compute(be, g);
+        }
+        const int64_t n = oomb_nelements(o_save->view_src), n_out = D * H * T;
+        int nz_pre = 0, bad_out = 0, bad_lse = 0;
+        const float * ps = (const float *) o_save->view_src->data, * pl = (const float *) o_load->view_src->data;
+        for (int64_t i = 0; i < n; i++) {
+            nz_pre += ((const float *) o_pre->view_src->data)[i] != 0.0f;
+            if (i < n_out) bad_out += pl[i] != oomb_bf16_to_fp32(oomb_fp32_to_bf16(ps[i]));
+            else bad_lse += memcmp(&pl[i], &ps[i], 4) != 0;
+        }
+        EXPECT_EQ(nz_pre, 0);
+        EXPECT_EQ(bad_out, 0);
+        EXPECT_EQ(bad_lse, 0);
+        // wrong types / views
+        oomb_tensor * ci = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, S * row);
+        EXPECT_OOMB_ERROR(oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, ci, 1), "f32 or bf16");
+        oomb_tensor * c2 = oomb_new_tensor_2d(ctx, OOMB_TYPE_BF16, 2 * row, S);
+        oomb_tensor * cv = oomb_view_2d(ctx, c2, row, S, c2->nb[1], 0);  // not contiguous
+        EXPECT_OOMB_ERROR(oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, cv, 1), "contiguous");
+        oomb_free(ctx);
+        oomb_kv_cache_free(kv);
+        oomb_backend_free(be);
+    }
+}

@@ -2,7 +2,7 @@
 # One device call on the H200: CUDA tests and/or end-to-end training throughput beside the HF
 # baseline (../shared/bench/hf_baseline.py, carried in .devcarry/) in the same run, and/or
 # Qwen2.5-7B (--trainable linear, bf16 AdamW state, random weights made in memory) step times.
-#   bench/gpu/run-h200.sh tests|e2e|7b|attn|sweep64|all [ctx ...]      (MODES="tests 7b" runs several)
+#   bench/gpu/run-h200.sh tests|e2e|7b|attn|wgmma|sweep64|all [ctx ...]      (MODES="tests 7b" runs several)
 # Expects .devcarry/gpu-bins.tar.xz (test-cuda-*, oomb-train, oomb-convert-hf, oomb-bench-attn built here with
 # static OpenBLAS/PCRE2/utf8proc, see bench/NOTES.md), .devcarry/fixtures and .devcarry/hf_baseline.py.
 set -o pipefail
@@ -41,6 +41,7 @@ if want e2e; then
         extra=""; chunk_tag=$chunk
         [ "$cache" = cache ] && extra="--attn-cache" && chunk_tag="$chunk-cache"
         [ "$cache" = bf16 ] && extra="--attn-cache --attn-cache-type bf16" && chunk_tag="$chunk-cache-bf16"
+        case "$cache" in ""|cache|bf16) ;; *) echo "unknown cache token '$cache' in '$spec' (cache or bf16)"; continue ;; esac
         rm -rf /tmp/run$ctx
         steps=2; [ $ctx -gt 32768 ] && steps=1
         OOMB_CUDA_PROFILE=1 timeout ${TRAIN_TIMEOUT:-240} $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx $ctx --chunk $chunk --page 128 --steps $steps \
@@ -61,6 +62,7 @@ if want 7b; then
     # moments; chunk 2048 keeps one chunk's f32 activations (all 28 layers) near 20 GB
     for spec in ${CTX7B:-32768 65536 131072}; do   # ctx, ctx:chunk or ctx:chunk:cache|bf16
         IFS=: read -r ctx chunk cache <<< "$spec"; chunk=${chunk:-${CHUNK7B:-2048}}
+        case "$cache" in ""|cache|bf16) ;; *) echo "unknown cache token '$cache' in '$spec' (cache or bf16)"; continue ;; esac
         extra=""; [ "$cache" = cache ] && extra="--attn-cache"; [ "$cache" = bf16 ] && extra="--attn-cache --attn-cache-type bf16"
         cache=${cache:+-$cache}
         rm -rf /tmp/r7b$ctx
@@ -86,7 +88,8 @@ if want wgmma; then
     # WG_ARGS: shape options for oomb-bench-attn (e.g. "--heads 14 --kv-heads 2 --dim 64", the 0.5B layer)
     for s in ${WG_SEQS:-8192 32768 131072}; do
         for w in ${WG_VARIANTS:-3 2 0}; do
-            echo "seq $s OOMB_PAGED_ATTN_WGMMA=$w ${WG_ARGS:-} ${WG_ENV:-}"; env ${WG_ENV:-} OOMB_PAGED_ATTN_WGMMA=$w timeout 120 $B/oomb-bench-attn --seq $s --reps 3 ${WG_ARGS:-} 2>&1 | grep '"seq"'
+            echo "seq $s OOMB_PAGED_ATTN_WGMMA=$w ${WG_ARGS:-} ${WG_ENV:-}"; env ${WG_ENV:-} OOMB_PAGED_ATTN_WGMMA=$w timeout 120 $B/oomb-bench-attn --seq $s --reps 3 ${WG_ARGS:-} > /tmp/wg.log 2>&1
+            echo "rc=$?"; grep '"seq"' /tmp/wg.log || tail -3 /tmp/wg.log
         done
     done
 fi
