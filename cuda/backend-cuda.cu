@@ -226,6 +226,7 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
                                     oomb_cuda_binary(c, node, s[0], s[1]); break;
         case OOMB_OP_SCALE: case OOMB_OP_SILU:
                                     oomb_cuda_unary(c, node, s[0]); break;
+        case OOMB_OP_SWIGLU_BACK:   oomb_cuda_swiglu_back(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_REPEAT:        oomb_cuda_repeat(c, node, s[0]); break;
         case OOMB_OP_REPEAT_BACK:   oomb_cuda_repeat_back(c, node, s[0]); break;
         case OOMB_OP_SUM: case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ:

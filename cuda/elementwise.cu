@@ -110,6 +110,27 @@ void launch_binary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, 
     OOMB_CUDA_LAUNCHED(c, oomb_op_name(dst->op));
 }
 
+// swiglu_back: dst = [dgate; dup] contiguous (2n elements), g / u / dy of one shape (any strides
+// unless CONTIG).
+template <typename I, bool CONTIG>
+__global__ void k_swiglu_back(float * dst, oomb_tv g, oomb_tv u, oomb_tv dy, int64_t n) {
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n; k += (int64_t) gridDim.x * blockDim.x) {
+        float gv, uv, yv;
+        if constexpr (CONTIG) {
+            gv = ((const float *) g.d)[k]; uv = ((const float *) u.d)[k]; yv = ((const float *) dy.d)[k];
+        } else {
+            I i0, i1, i2, i3;
+            oomb_unravel<I>((I) k, g.ne, i0, i1, i2, i3);
+            gv = *(const float *) (g.d + oomb_off(g, i0, i1, i2, i3));
+            uv = *(const float *) (u.d + oomb_off(u, i0, i1, i2, i3));
+            yv = *(const float *) (dy.d + oomb_off(dy, i0, i1, i2, i3));
+        }
+        const float s = sigmoid_f(gv);
+        dst[k] = yv * uv * s * (1.0f + gv * (1.0f - s));
+        dst[n + k] = yv * gv * s;
+    }
+}
+
 template <int OP, typename I, bool CONTIG>
 __global__ void k_unary(oomb_tv dst, oomb_tv a, int64_t n, float s) {
     for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n; k += (int64_t) gridDim.x * blockDim.x) {
@@ -287,6 +308,24 @@ void oomb_cuda_fill(oomb_cuda_ctx & c, oomb_tensor * dst) {
     if (oomb_fits_u32(dst)) k_fill<uint32_t><<<grid, k_threads, 0, c.stream>>>(oomb_make_tv(dst), n, v);
     else k_fill<uint64_t><<<grid, k_threads, 0, c.stream>>>(oomb_make_tv(dst), n, v);
     OOMB_CUDA_LAUNCHED(c, "fill");
+}
+
+void oomb_cuda_swiglu_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * g, const oomb_tensor * u, const oomb_tensor * dy) {
+    check_same_shape("swiglu_back", g, u);
+    check_same_shape("swiglu_back", g, dy);
+    if (!oomb_is_contiguous(dst) || dst->ne[0] != g->ne[0] || dst->ne[1] != g->ne[1] || dst->ne[2] != g->ne[2] || dst->ne[3] != 2 * g->ne[3])
+        oomb_error("swiglu_back: result %s must be contiguous [%s with ne3 doubled]", shape_str(dst).c_str(), shape_str(g).c_str());
+    const int64_t n = oomb_nelements(g);
+    if (n == 0) return;
+    const oomb_tv tg = oomb_make_tv(g), tu = oomb_make_tv(u), ty = oomb_make_tv(dy);
+    const unsigned grid = oomb_cuda_grid(n, k_threads);
+    if (oomb_is_contiguous(g) && oomb_is_contiguous(u) && oomb_is_contiguous(dy))
+        k_swiglu_back<uint64_t, true><<<grid, k_threads, 0, c.stream>>>((float *) dst->data, tg, tu, ty, n);
+    else if (oomb_fits_u32(g))
+        k_swiglu_back<uint32_t, false><<<grid, k_threads, 0, c.stream>>>((float *) dst->data, tg, tu, ty, n);
+    else
+        k_swiglu_back<uint64_t, false><<<grid, k_threads, 0, c.stream>>>((float *) dst->data, tg, tu, ty, n);
+    OOMB_CUDA_LAUNCHED(c, "swiglu_back");
 }
 
 void oomb_cuda_binary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {

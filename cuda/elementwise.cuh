@@ -21,6 +21,8 @@ void oomb_cuda_fill(oomb_cuda_ctx & c, oomb_tensor * dst);
 void oomb_cuda_binary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b);
 // dst = f(a) for dst->op in scale / silu.
 void oomb_cuda_unary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a);
+// oomb_swiglu_back: [dgate; dup] in one pass (see oomb.h).
+void oomb_cuda_swiglu_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * g, const oomb_tensor * u, const oomb_tensor * dy);
 
 // OOMB_OP_REPEAT (dst has src[1]'s shape) / OOMB_OP_REPEAT_BACK (sum a down to dst's shape).
 void oomb_cuda_repeat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a);

@@ -77,6 +77,7 @@ enum oomb_op {
     OOMB_OP_SILU,
     OOMB_OP_SILU_BACK,
     OOMB_OP_SWIGLU,
+    OOMB_OP_SWIGLU_BACK, // gate, up, dy -> [dgate; dup] packed
 
     // reductions
     OOMB_OP_SUM,
@@ -290,6 +291,12 @@ struct oomb_tensor * oomb_silu(struct oomb_context * ctx, struct oomb_tensor * a
 struct oomb_tensor * oomb_silu_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
 /// swiglu(gate, up) = silu(gate) * up (same shapes), as in the Qwen2 / LLaMA MLP.
 struct oomb_tensor * oomb_swiglu(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up);
+/// Backward of oomb_swiglu in one pass: gate, up and dy f32 of one shape [ne0, ne1, ne2, ne3] (any
+/// strides). Returns one contiguous f32 tensor [ne0, ne1, ne2, 2 * ne3]: dgate (the first ne3
+/// slabs) then dup, with s = sigmoid(gate): dgate = dy * up * s * (1 + gate * (1 - s)),
+/// dup = dy * gate * s. The autodiff uses it for swiglu (views of the two halves).
+struct oomb_tensor * oomb_swiglu_back(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up,
+                                      struct oomb_tensor * dy);
 
 /// Sum / mean / sum of squares of all elements: result f32 [1].
 struct oomb_tensor * oomb_sum(struct oomb_context * ctx, struct oomb_tensor * a);

@@ -117,6 +117,7 @@ static inline op_src_req op_sources_required(enum oomb_op op) {
         case OOMB_OP_CROSS_ENTROPY:                                                     return {2, 1};
         case OOMB_OP_ATTN: case OOMB_OP_LINEAR_CROSS_ENTROPY:                           return {3, 0};
         case OOMB_OP_ATTN_BACK:                                                         return {4, 4};
+        case OOMB_OP_SWIGLU_BACK:                                                       return {3, 3};
         case OOMB_OP_CROSS_ENTROPY_BACK:                                                return {3, 1};
         case OOMB_OP_LINEAR_CROSS_ENTROPY_BACK:                                         return {4, 0};
         case OOMB_OP_ADAMW_STEP:                                                        return {5, 0};

@@ -34,7 +34,7 @@ float    oomb_fp16_to_fp32(uint16_t x) { return oomb::fp16_to_fp32(x); }
 
 static const char * k_op_name[OOMB_OP_COUNT] = {
     "none", "view", "reshape", "permute", "transpose", "cont", "cpy", "cast",
-    "fill", "add", "sub", "mul", "scale", "add_inplace", "repeat", "repeat_back", "silu", "silu_back", "swiglu",
+    "fill", "add", "sub", "mul", "scale", "add_inplace", "repeat", "repeat_back", "silu", "silu_back", "swiglu", "swiglu_back",
     "sum", "mean", "sum_sq",
     "get_rows", "get_rows_back", "mul_mat", "rms_norm", "rms_norm_back", "rope", "rope_back",
     "soft_max", "soft_max_back", "attn", "attn_back", "cross_entropy_loss", "cross_entropy_loss_back",
@@ -584,6 +584,18 @@ struct oomb_tensor * oomb_swiglu(struct oomb_context * ctx, struct oomb_tensor *
     require_f32(up, "swiglu", "up");
     require_same_shape(gate, up, "swiglu");
     return new_op(ctx, OOMB_OP_SWIGLU, OOMB_TYPE_F32, gate->ne, gate, up);
+}
+struct oomb_tensor * oomb_swiglu_back(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up,
+                                      struct oomb_tensor * dy) {
+    require_f32(gate, "swiglu_back", "gate");
+    require_f32(up, "swiglu_back", "up");
+    require_f32(dy, "swiglu_back", "dy");
+    require_same_shape(gate, up, "swiglu_back");
+    require_same_shape(gate, dy, "swiglu_back");
+    const int64_t ne[4] = {gate->ne[0], gate->ne[1], gate->ne[2], 2 * gate->ne[3]};
+    oomb_tensor * t = new_op(ctx, OOMB_OP_SWIGLU_BACK, OOMB_TYPE_F32, ne, gate, up);
+    t->src[2] = dy;
+    return t;
 }
 
 static const int64_t k_scalar_ne[4] = {1, 1, 1, 1};

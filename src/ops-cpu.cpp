@@ -442,6 +442,32 @@ void compute_forward_swiglu(exec_ctx & c, oomb_tensor * dst, const oomb_tensor *
     check_same_shape("swiglu", dst, up);
     binary_rows(c, dst, gate, up, [](float g, float u) { return silu_f(g) * u; });
 }
+// swiglu_back: [dgate; dup] (dst [ne0, ne1, ne2, 2 ne3], contiguous) from gate, up, dy (any strides).
+void compute_forward_swiglu_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * g, const oomb_tensor * u, const oomb_tensor * dy) {
+    check_same_shape("swiglu_back", g, u);
+    check_same_shape("swiglu_back", g, dy);
+    if (!oomb_is_contiguous(dst) || dst->ne[0] != g->ne[0] || dst->ne[1] != g->ne[1] || dst->ne[2] != g->ne[2] || dst->ne[3] != 2 * g->ne[3])
+        oomb_error("swiglu_back: result %s must be contiguous [%s with ne3 doubled]", shape_str(dst).c_str(), shape_str(g).c_str());
+    const int64_t ne0 = g->ne[0];
+    if (ne0 == 0) return;
+    const int64_t half = oomb_nelements(g);
+    parallel_for(c, oomb_nrows(g), ne0, [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; r++) {
+            int64_t i1, i2, i3;
+            row_index(g, r, i1, i2, i3);
+            const char * gp = row_ptr(g, i1, i2, i3), * up = row_ptr(u, i1, i2, i3), * yp = row_ptr(dy, i1, i2, i3);
+            float * dg = (float *) dst->data + r * ne0;
+            float * du = dg + half;
+            for (int64_t i = 0; i < ne0; i++) {
+                const float gv = *(const float *) (gp + i * g->nb[0]), uv = *(const float *) (up + i * u->nb[0]);
+                const float yv = *(const float *) (yp + i * dy->nb[0]);
+                const float s = 1.0f / (1.0f + exp_f(-gv));
+                dg[i] = yv * uv * s * (1.0f + gv * (1.0f - s));
+                du[i] = yv * gv * s;
+            }
+        }
+    });
+}
 
 // repeat: dst[i] = a[i % a->ne] (dst has the shape of src[1]).
 void compute_forward_repeat(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
@@ -1469,6 +1495,7 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
         case OOMB_OP_SILU:          compute_forward_silu(c, node, s[0]); break;
         case OOMB_OP_SILU_BACK:     compute_forward_silu_back(c, node, s[0], s[1]); break;
         case OOMB_OP_SWIGLU:        compute_forward_swiglu(c, node, s[0], s[1]); break;
+        case OOMB_OP_SWIGLU_BACK:   compute_forward_swiglu_back(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_SUM: case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ:
                                     compute_forward_sum(c, node, s[0]); break;
         case OOMB_OP_GET_ROWS:      compute_forward_get_rows(c, node, s[0], s[1]); break;

@@ -409,9 +409,16 @@ TEST_F(CudaOps, UnaryAndGatedOps) {
         expect_case(view ? "swiglu (transposed)" : "swiglu", [&](Builder & B) -> std::vector<oomb_tensor *> {
             return {oomb_swiglu(B.ctx, src(B, -12.0f, 12.0f), src(B))};
         }, k_f32);
+        expect_case(view ? "swiglu_back (transposed)" : "swiglu_back", [&](Builder & B) -> std::vector<oomb_tensor *> {
+            return {oomb_swiglu_back(B.ctx, src(B, -12.0f, 12.0f), src(B), src(B))};
+        }, k_f32);
     }
     expect_case("swiglu large [4864, 67]", [](Builder & B) -> std::vector<oomb_tensor *> {
         return {oomb_swiglu(B.ctx, B.input(OOMB_TYPE_F32, 4864, 67, 1, 1, -6, 6), B.input(OOMB_TYPE_F32, 4864, 67))};
+    }, k_f32);
+    expect_case("swiglu_back large [4864, 67, 1, 2]", [](Builder & B) -> std::vector<oomb_tensor *> {
+        return {oomb_swiglu_back(B.ctx, B.input(OOMB_TYPE_F32, 4864, 67, 1, 2, -6, 6), B.input(OOMB_TYPE_F32, 4864, 67, 1, 2),
+                                 B.input(OOMB_TYPE_F32, 4864, 67, 1, 2))};
     }, k_f32);
 }
 

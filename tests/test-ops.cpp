@@ -195,7 +195,9 @@ TEST_F(Ops, UnaryOps) {
     oomb_tensor * si = oomb_silu(ctx, x);
     oomb_tensor * sb = oomb_silu_back(ctx, x, y);
     oomb_tensor * sw = oomb_swiglu(ctx, x, y);
-    for (oomb_tensor * t : {sc, si, sb, sw}) compute(t);
+    oomb_tensor * dy = rnd(OOMB_TYPE_F32, 17, 33, 2);
+    oomb_tensor * swb = oomb_swiglu_back(ctx, x, y, dy);  // [dgate; dup], x transposed
+    for (oomb_tensor * t : {sc, si, sb, sw, swb}) compute(t);
     const vec X = to_vector(x), Y = to_vector(y);
     vec rsc, rsi, rsb, rsw;
     for (size_t i = 0; i < X.size(); i++) {
@@ -208,6 +210,18 @@ TEST_F(Ops, UnaryOps) {
     EXPECT_REL(to_vector(sc), rsc, 1e-6);
     EXPECT_REL(to_vector(si), rsi, 1e-6);
     EXPECT_REL(to_vector(sb), rsb, 1e-6);
+    {
+        const vec DY = to_vector(dy);
+        vec rswb(2 * X.size());
+        for (size_t i = 0; i < X.size(); i++) {
+            const double s = 1.0 / (1.0 + std::exp(-X[i]));
+            rswb[i] = DY[i] * Y[i] * s * (1.0 + X[i] * (1.0 - s));
+            rswb[X.size() + i] = DY[i] * X[i] * s;
+        }
+        EXPECT_EQ(swb->ne[3], 2);
+        EXPECT_REL(to_vector(swb), rswb, 1e-6);
+        EXPECT_OOMB_ERROR(oomb_swiglu_back(ctx, x, y, rnd(OOMB_TYPE_F32, 17, 33)), "swiglu_back");
+    }
     EXPECT_REL(to_vector(sw), rsw, 1e-6);
     // silu_back against a central difference of silu
     vec fd;
