@@ -123,6 +123,9 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
     if (!fits_int(M) || !fits_int(NN) || !fits_int(K) || !fits_int(lda) || !fits_int(A2)) {
         oomb_error("mul_mat: sizes exceed cuBLAS's int range: a %s, b %s", shape_str(a).c_str(), shape_str(b).c_str());
     }
+    // a batched product never has a flipped b: to_bf16_transposed takes only unbatched b (B2 = B3 = 1),
+    // which forces A2 = A3 = 1 (B2 % A2 == 0), i.e. the single GEMM above
+    if (opb != CUBLAS_OP_N) oomb_error("mul_mat: internal: transposed b in a batched product");
     for (int64_t i3 = 0; i3 < B3; i3++) {
         const int64_t a3 = i3 / r3;
         CUBLAS_CHECK(cublasGemmStridedBatchedEx(c.cublas, opa, CUBLAS_OP_N, (int) M, (int) NN, (int) K, &alpha, A + a3 * sA3, CUDA_R_16BF,

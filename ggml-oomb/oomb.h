@@ -77,7 +77,6 @@ enum oomb_op {
     OOMB_OP_SILU,
     OOMB_OP_SILU_BACK,
     OOMB_OP_SWIGLU,
-    OOMB_OP_SWIGLU_BACK, // gate, up, dy -> [dgate; dup] packed
 
     // reductions
     OOMB_OP_SUM,
@@ -110,6 +109,9 @@ enum oomb_op {
     OOMB_OP_PAGED_ATTN_BACK,
 
     OOMB_OP_CUSTOM,
+
+    // added later (appended: the values above stay stable for programs built against older headers)
+    OOMB_OP_SWIGLU_BACK, // gate, up, dy -> [dgate; dup] packed
 
     OOMB_OP_COUNT,
 };

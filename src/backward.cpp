@@ -341,14 +341,19 @@ struct Builder {
                 if (need(a)) add_grad(a, oomb_silu_back(ctx, a, dy));
                 break;
             case OOMB_OP_SWIGLU: {
-                // y = silu(gate) * up: both gradients in one pass (oomb_swiglu_back: [dgate; dup])
+                // y = silu(gate) * up. Only one side needed (a frozen gate or up): its gradient alone
+                if (!(need(a) && need(b))) {
+                    if (need(b)) add_grad(b, oomb_mul(ctx, dy, oomb_silu(ctx, a)));
+                    if (need(a)) add_grad(a, oomb_silu_back(ctx, a, oomb_mul(ctx, dy, b)));
+                    break;
+                }
+                // both gradients in one pass (oomb_swiglu_back: [dgate; dup])
                 oomb_tensor * packed = oomb_swiglu_back(ctx, a, b, dy);
                 oomb_format_name(packed, "grad of %.44s (gate, up)", tname(t));
                 const size_t nb1 = sizeof(float) * a->ne[0], nb2 = nb1 * a->ne[1], nb3 = nb2 * a->ne[2];
-                if (need(a)) add_grad(a, named(oomb_view_4d(ctx, packed, a->ne[0], a->ne[1], a->ne[2], a->ne[3], nb1, nb2, nb3, 0), a));
-                if (need(b))
-                    add_grad(b, named(oomb_view_4d(ctx, packed, b->ne[0], b->ne[1], b->ne[2], b->ne[3], nb1, nb2, nb3,
-                                                   sizeof(float) * (size_t) oomb_nelements(a)), b));
+                add_grad(a, named(oomb_view_4d(ctx, packed, a->ne[0], a->ne[1], a->ne[2], a->ne[3], nb1, nb2, nb3, 0), a));
+                add_grad(b, named(oomb_view_4d(ctx, packed, b->ne[0], b->ne[1], b->ne[2], b->ne[3], nb1, nb2, nb3,
+                                               sizeof(float) * (size_t) oomb_nelements(a)), b));
                 break;
             }
             case OOMB_OP_SUM:

@@ -32,15 +32,17 @@ float    oomb_bf16_to_fp32(uint16_t x) { return oomb::bf16_to_fp32(x); }
 uint16_t oomb_fp32_to_fp16(float x) { return oomb::fp32_to_fp16(x); }
 float    oomb_fp16_to_fp32(uint16_t x) { return oomb::fp16_to_fp32(x); }
 
-static const char * k_op_name[OOMB_OP_COUNT] = {
+static const char * k_op_name[] = {
     "none", "view", "reshape", "permute", "transpose", "cont", "cpy", "cast",
-    "fill", "add", "sub", "mul", "scale", "add_inplace", "repeat", "repeat_back", "silu", "silu_back", "swiglu", "swiglu_back",
+    "fill", "add", "sub", "mul", "scale", "add_inplace", "repeat", "repeat_back", "silu", "silu_back", "swiglu",
     "sum", "mean", "sum_sq",
     "get_rows", "get_rows_back", "mul_mat", "rms_norm", "rms_norm_back", "rope", "rope_back",
     "soft_max", "soft_max_back", "attn", "attn_back", "cross_entropy_loss", "cross_entropy_loss_back",
     "linear_cross_entropy", "linear_cross_entropy_back",
     "adamw_step", "sgd_step", "paged_attn", "paged_attn_back", "custom",
+    "swiglu_back",
 };
+static_assert(sizeof(k_op_name) / sizeof(k_op_name[0]) == OOMB_OP_COUNT, "k_op_name lists every op of enum oomb_op, in order");
 
 const char * oomb_op_name(enum oomb_op op) {
     return (unsigned) op < OOMB_OP_COUNT ? k_op_name[op] : "unknown";

@@ -566,6 +566,40 @@ TEST_F(CudaOps, MulMat) {
         oomb_tensor * b = oomb_transpose(B.ctx, oomb_view_2d(B.ctx, wb, 31, 67, wb->nb[1], 4 * 4));  // [67, 31], ld 40
         return {oomb_mul_mat(B.ctx, a, b)};
     }, k_bf16);
+    // (from a review) flipped-op paths with view offsets, broadcast b, minimal sizes, and the
+    // autodiff's actual dW pattern on the packed swiglu gradient (the dup half sits at an offset)
+    expect_case("mul_mat transposed x transposed offset view", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * p = B.input(OOMB_TYPE_F32, 31, 267, 1, 2);
+        oomb_tensor * b = oomb_transpose(B.ctx, oomb_view_2d(B.ctx, p, 31, 267, p->nb[1], p->nb[3]));  // [267, 31] at offset
+        oomb_tensor * wa = B.input(OOMB_TYPE_F32, 45, 270);
+        oomb_tensor * a = oomb_transpose(B.ctx, oomb_view_2d(B.ctx, wa, 45, 267, wa->nb[1], 3 * wa->nb[1]));  // [267, 45] at offset
+        return {oomb_mul_mat(B.ctx, a, b)};
+    }, k_bf16);
+    expect_case("mul_mat transposed f32 a x broadcast batched b", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * a = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, 45, 67));  // [67, 45]
+        return {oomb_mul_mat(B.ctx, a, B.input(OOMB_TYPE_F32, 67, 19, 3, 2))};
+    }, k_bf16);
+    expect_case("mul_mat transposed 2x2 x transposed 2x2", [](Builder & B) -> std::vector<oomb_tensor *> {
+        return {oomb_mul_mat(B.ctx, oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, 2, 2)), oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, 2, 2)))};
+    }, k_bf16);
+    expect_case("mul_mat bf16 a x transposed b (dx pattern)", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * a = oomb_transpose(B.ctx, B.input(OOMB_TYPE_BF16, 45, 67));  // [67, 45] in place, op N
+        oomb_tensor * b = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, 31, 67));   // [67, 31] op T
+        return {oomb_mul_mat(B.ctx, a, b)};
+    }, k_bf16);
+    expect_case("swiglu_back -> dW of both halves", [](Builder & B) -> std::vector<oomb_tensor *> {
+        const int64_t F = 48, T = 133, E = 40;
+        oomb_tensor * p = oomb_swiglu_back(B.ctx, B.input(OOMB_TYPE_F32, F, T, 1, 1, -4, 4), B.input(OOMB_TYPE_F32, F, T), B.input(OOMB_TYPE_F32, F, T));
+        oomb_tensor * dg = oomb_view_4d(B.ctx, p, F, T, 1, 1, p->nb[1], p->nb[2], p->nb[3], 0);
+        oomb_tensor * du = oomb_view_4d(B.ctx, p, F, T, 1, 1, p->nb[1], p->nb[2], p->nb[3], p->nb[3]);
+        oomb_tensor * xt = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, E, T));
+        return {oomb_mul_mat(B.ctx, xt, oomb_transpose(B.ctx, dg)), oomb_mul_mat(B.ctx, xt, oomb_transpose(B.ctx, du))};
+    }, k_bf16);
+    expect_case("swiglu_back 4-D ne3 = 3, permuted operands", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * g = oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, 3, 37, 2, 3, -6, 6), 1, 0, 2, 3);
+        oomb_tensor * u = oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, 2, 3, 37, 3), 2, 1, 0, 3);
+        return {oomb_swiglu_back(B.ctx, g, u, B.input(OOMB_TYPE_F32, 37, 3, 2, 3))};
+    }, k_f32);
     // attention-style products: q . k^T and p . v with permuted operands
     expect_case("mul_mat permuted k x permuted q (scores)", [](Builder & B) -> std::vector<oomb_tensor *> {
         oomb_tensor * q = oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, 32, 4, 21), 0, 2, 1, 3); // [32, 21, 4]

@@ -1128,3 +1128,109 @@ TEST(Grad, LinearCrossEntropyLseTailIsNotDifferentiable) {
     oomb_build_backward_expand(H.ctx, g2, head, nullptr);
     EXPECT_GT(oomb_graph_n_nodes(g2), 3);
 }
+
+// ---- the fused swiglu backward (923d910; cases from a review) ----------------------------------------------
+TEST(Grad, SwigluShapesViewsAndPartialNeeds) {
+    { // 4-D, ne3 > 1 (the packed result is [.., 2*ne3]: the up half starts at slab ne3)
+        Harness H;
+        H.check(oomb_swiglu(H.ctx, H.param("gate", {4, 3, 2, 3}, OOMB_TYPE_F32, -3, 3), H.param("up", {4, 3, 2, 3})));
+    }
+    { // 1-D
+        Harness H;
+        H.check(oomb_swiglu(H.ctx, H.param("gate", {9}, OOMB_TYPE_F32, -3, 3), H.param("up", {9})));
+    }
+    { // up only
+        Harness H;
+        H.check(oomb_swiglu(H.ctx, H.input("gate", {5, 2, 1, 2}, -3, 3), H.param("up", {5, 2, 1, 2})));
+    }
+    { // gate only, 4-D
+        Harness H;
+        H.check(oomb_swiglu(H.ctx, H.param("gate", {5, 2, 1, 2}, OOMB_TYPE_F32, -3, 3), H.input("up", {5, 2, 1, 2})));
+    }
+    { // transposed gate and permuted up (4-D)
+        Harness H;
+        oomb_tensor * g = oomb_permute(H.ctx, H.param("gate", {3, 4, 2, 2}, OOMB_TYPE_F32, -3, 3), 1, 0, 2, 3); // [4, 3, 2, 2]
+        oomb_tensor * u = oomb_permute(H.ctx, H.param("up", {2, 3, 4, 2}), 2, 1, 0, 3);                        // [4, 3, 2, 2]
+        H.check(oomb_swiglu(H.ctx, g, u));
+    }
+    { // the same tensor on both sides (two packed-view contributions to one gradient)
+        Harness H;
+        oomb_tensor * x = H.param("x", {6, 3, 1, 2}, OOMB_TYPE_F32, -3, 3);
+        H.check(oomb_swiglu(H.ctx, x, x));
+    }
+    { // gate and up as views of one fused projection (gradients scattered back through the views)
+        Harness H;
+        oomb_tensor * gu = oomb_mul_mat(H.ctx, H.param("w_gu", {4, 10}), H.param("x", {4, 3, 2})); // [10, 3, 2]
+        oomb_tensor * g = oomb_view_3d(H.ctx, gu, 5, 3, 2, gu->nb[1], gu->nb[2], 0);
+        oomb_tensor * u = oomb_view_3d(H.ctx, gu, 5, 3, 2, gu->nb[1], gu->nb[2], 5 * sizeof(float));
+        H.check(oomb_swiglu(H.ctx, g, u));
+    }
+    { // inside a larger graph: gate/up from mul_mats, gate also used elsewhere, output permuted
+        Harness H;
+        oomb_tensor * x = H.param("x", {4, 3, 1, 2});
+        oomb_tensor * g = oomb_mul_mat(H.ctx, H.param("wg", {4, 6}), x); // [6, 3, 1, 2]
+        oomb_tensor * u = oomb_mul_mat(H.ctx, H.param("wu", {4, 6}), x);
+        oomb_tensor * s = oomb_swiglu(H.ctx, g, u);
+        oomb_tensor * y = oomb_add(H.ctx, oomb_cont(H.ctx, oomb_permute(H.ctx, s, 1, 0, 2, 3)),
+                                   oomb_cont(H.ctx, oomb_permute(H.ctx, oomb_silu(H.ctx, g), 1, 0, 2, 3)));
+        H.check(oomb_mul_mat(H.ctx, H.param("wd", {3, 2}), y));
+    }
+}
+
+// swiglu's gradients from a graph planned by the graph allocator equal the host-context ones
+TEST(Grad, SwigluWithGraphAllocator) {
+    auto build = [](Harness & H, oomb_context * c) {
+        oomb_tensor * x = H.param("x", {8, 5, 2, 3});
+        oomb_tensor * wg = H.param("wg", {8, 7});
+        oomb_tensor * wu = H.param("wu", {8, 7});
+        oomb_tensor * wd = H.param("wd", {7, 8});
+        oomb_tensor * g = oomb_mul_mat(c, wg, x);
+        oomb_tensor * u = oomb_mul_mat(c, wu, x);
+        oomb_tensor * m = oomb_swiglu(c, g, u);
+        oomb_tensor * y = oomb_add(c, oomb_mul_mat(c, wd, m), x);
+        oomb_tensor * m2 = oomb_swiglu(c, y, oomb_scale(c, y, 0.5f));
+        return oomb_sum_sq(c, m2);
+    };
+    Harness H(5);
+    oomb_tensor * loss_ref = build(H, H.ctx);
+    oomb_cgraph * g_ref = oomb_new_graph(H.ctx);
+    oomb_build_forward_expand(g_ref, loss_ref);
+    oomb_build_backward_expand(H.ctx, g_ref, loss_ref, nullptr);
+    H.zero_grads();
+    oomb_backend_graph_compute(cpu(), g_ref);
+    std::vector<std::vector<double>> ref;
+    for (oomb_tensor * p : H.params) ref.push_back(oombtest::to_vector(p->grad));
+
+    Harness H2(5);
+    oomb_context * gctx = oomb_init({0, true});
+    oomb_tensor * loss = build(H2, gctx);
+    oomb_set_loss(loss);
+    oomb_set_output(loss);
+    oomb_cgraph * g = oomb_new_graph(gctx);
+    oomb_build_forward_expand(g, loss);
+    oomb_build_backward_expand(gctx, g, loss, nullptr);
+    oomb_gallocr_t ga = oomb_gallocr_new(cpu());
+    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+    for (int rep = 0; rep < 2; rep++) {
+        H2.zero_grads();
+        oomb_backend_graph_compute(cpu(), g);
+        for (size_t i = 0; i < H2.params.size(); i++) {
+            EXPECT_LT(rel_err(oombtest::to_vector(H2.params[i]->grad), ref[i]), 1e-5) << H2.params[i]->name << " rep " << rep;
+        }
+    }
+    oomb_gallocr_free(ga);
+    oomb_free(gctx);
+}
+
+TEST(Grad, OpNameTableMatchesEnum) {
+    EXPECT_STREQ(oomb_op_name(OOMB_OP_SWIGLU), "swiglu");
+    EXPECT_STREQ(oomb_op_name(OOMB_OP_SWIGLU_BACK), "swiglu_back");
+    EXPECT_STREQ(oomb_op_name(OOMB_OP_SUM), "sum");
+    EXPECT_STREQ(oomb_op_name(OOMB_OP_MUL_MAT), "mul_mat");
+    EXPECT_STREQ(oomb_op_name(OOMB_OP_PAGED_ATTN_BACK), "paged_attn_back");
+    EXPECT_STREQ(oomb_op_name(OOMB_OP_CUSTOM), "custom");
+    for (int op = 0; op < OOMB_OP_COUNT; op++) {
+        ASSERT_NE(oomb_op_name((oomb_op) op), nullptr) << op;
+        for (int o2 = 0; o2 < op; o2++) EXPECT_STRNE(oomb_op_name((oomb_op) op), oomb_op_name((oomb_op) o2));
+    }
+}

@@ -1125,3 +1125,48 @@ TEST_F(Ops, BackendBasics) {
 }
 
 } // namespace
+
+// ---- oomb_swiglu_back: direct checks, non-contiguous 4-D operands (cases from a review) --------
+TEST_F(Ops, SwigluBackNonContiguous4D) {
+    // gate transposed, up permuted 4-D, dy an offset strided view; ne3 = 3
+    oomb_tensor * gb = rnd(OOMB_TYPE_F32, 3, 7, 2, 3, -6.0f, 6.0f);
+    oomb_tensor * g = oomb_permute(ctx, gb, 1, 0, 2, 3);                       // [7, 3, 2, 3]
+    oomb_tensor * ub = rnd(OOMB_TYPE_F32, 2, 3, 7, 3);
+    oomb_tensor * u = oomb_permute(ctx, ub, 2, 1, 0, 3);                       // [7, 3, 2, 3]
+    oomb_tensor * yb = rnd(OOMB_TYPE_F32, 9, 3, 2, 4);
+    oomb_tensor * dy = oomb_view_4d(ctx, yb, 7, 3, 2, 3, yb->nb[1], yb->nb[2], yb->nb[3], 2 * sizeof(float) + yb->nb[3]);
+    for (oomb_backend_t be : {g_cpu, g_cpu1}) {
+        oomb_tensor * r = oomb_swiglu_back(ctx, g, u, dy);
+        ASSERT_EQ(r->ne[0], 7); ASSERT_EQ(r->ne[1], 3); ASSERT_EQ(r->ne[2], 2); ASSERT_EQ(r->ne[3], 6);
+        compute(r, be);
+        const vec G = to_vector(g), U = to_vector(u), Y = to_vector(dy), R = to_vector(r);
+        vec ref(2 * G.size());
+        for (size_t i = 0; i < G.size(); i++) {
+            const double s = 1.0 / (1.0 + std::exp(-G[i]));
+            ref[i] = Y[i] * U[i] * s * (1.0 + G[i] * (1.0 - s));
+            ref[G.size() + i] = Y[i] * G[i] * s;
+        }
+        EXPECT_LT(rel_err(R, ref), 1e-6);
+        // also against the unfused ops
+        oomb_tensor * dg = oomb_silu_back(ctx, g, oomb_mul(ctx, dy, u));
+        oomb_tensor * du = oomb_mul(ctx, dy, oomb_silu(ctx, g));
+        compute(dg, be); compute(du, be);
+        vec un = to_vector(dg);
+        const vec dv = to_vector(du);
+        un.insert(un.end(), dv.begin(), dv.end());
+        EXPECT_LT(rel_err(R, un), 1e-6);
+    }
+    // extreme gate values: finite, matching the unfused silu_back
+    oomb_tensor * ge = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, 6);
+    const float vals[6] = {-200.f, -88.f, -30.f, 30.f, 88.f, 200.f};
+    for (int i = 0; i < 6; i++) oomb_set_f32_1d(ge, i, vals[i]);
+    oomb_tensor * one = oomb_fill(ctx, 6, 1, 1, 1, 1.0f);
+    oomb_tensor * r = oomb_swiglu_back(ctx, ge, one, one);
+    oomb_tensor * sb = oomb_silu_back(ctx, ge, one);
+    compute(r); compute(sb);
+    for (int i = 0; i < 6; i++) {
+        EXPECT_TRUE(std::isfinite(oomb_get_f32_1d(r, i))) << vals[i];
+        EXPECT_TRUE(std::isfinite(oomb_get_f32_1d(r, 6 + i))) << vals[i];
+        EXPECT_NEAR(oomb_get_f32_1d(r, i), oomb_get_f32_1d(sb, i), 1e-6) << vals[i];
+    }
+}
