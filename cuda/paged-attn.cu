@@ -19,6 +19,9 @@
 //     tiles that attend it, accumulates dK/dV in registers (no atomics: it alone writes those
 //     gradient rows in this launch) and adds dQ = dS K into the f32 dq output with atomics; (4)
 //     dk_cur/dv_cur are read back from the gradient pages at pos.
+// On Hopper (an sm_90a build on a compute capability 9.0 GPU) the same forward and backward run on
+// warpgroup MMA instead (paged-attn-sm90.inc: wgmma, 128-row / 128-key tiles; the forward needs a
+// page size multiple of 128); OOMB_PAGED_ATTN_WGMMA=0 keeps the mma.sync kernels above.
 // Generic path (f32 / f16 pools, other head dims up to 256, unaligned strides): simple f32 kernels,
 // one warp per query row (forward, dq) or per key (dK/dV): exact f32 arithmetic like the CPU. Its
 // forward saves the LSE too; its backward reads the saved LSE (and computes delta from the saved
@@ -1125,7 +1128,6 @@ int wgmma_bits() {
 }
 bool fwd_wgmma(int D, int P) { return (D == 64 || D == 128) && P % FwdW<128, false>::BN == 0 && (wgmma_bits() & 1) && wgmma_available(); }
 bool bwd_wgmma(int D) { return (D == 64 || D == 128) && (wgmma_bits() & 2) && wgmma_available(); }
-
 
 // Can the tensor-core kernels run on these operands?
 bool fast_ok(const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * vp, const oomb_tensor * dout) {
