@@ -325,25 +325,50 @@ INSTANTIATE_TEST_SUITE_P(Shapes, PagedCpu,
 
 // oomb_paged_attn_cached: a load-mode node reproduces the computed result exactly, positions must
 // be consecutive and inside the cache, and store + load together is refused.
+// One layer's f32 KV pool (page 4, 32 positions, reserved up to p0 + T), random q / k_cur / v_cur
+// of a chunk at positions p0 .. p0 + T - 1: the set-up of the result-cache tests below.
+struct CacheChunk {
+    oomb_backend_t be;
+    oomb_kv_cache_t kv;
+    oomb_context * ctx;
+    std::mt19937 rng{5};
+    oomb_tensor * q, * kc, * vc, * pos, * kpool, * vpool, * pt;
+    CacheChunk(int64_t D, int64_t H, int64_t Hkv, int64_t T, int p0, int64_t P = 4, int64_t S = 32) {
+        be = oomb_backend_cpu_init(2);
+        oomb_kv_cache_params kp;
+        kp.n_layer = 1; kp.n_head_kv = (int) Hkv; kp.head_dim = (int) D; kp.page_size = (int) P; kp.max_tokens = S;
+        kp.type = OOMB_TYPE_F32; kp.with_grad = false;
+        kv = oomb_kv_cache_init(be, kp);
+        oomb_kv_cache_reserve(kv, p0 + T);
+        ctx = oomb_init({0, false});
+        q = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, T));
+        kc = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T));
+        vc = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T));
+        pos = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T);
+        for (int64_t t = 0; t < T; t++) oomb_set_i32_1d(pos, t, (int32_t) (p0 + t));
+        kpool = oomb_kv_cache_k(kv, 0); vpool = oomb_kv_cache_v(kv, 0); pt = oomb_kv_cache_page_table(kv);
+    }
+    ~CacheChunk() {
+        oomb_free(ctx);
+        oomb_kv_cache_free(kv);
+        oomb_backend_free(be);
+    }
+    oomb_tensor * rnd(oomb_tensor * t) {
+        std::uniform_real_distribution<float> U(-1.0f, 1.0f);
+        for (int64_t i = 0; i < oomb_nelements(t); i++) oomb_set_f32_1d(t, i, U(rng));
+        return t;
+    }
+};
+
 TEST(PagedCpuCache, SaveThenLoadIsBitIdentical) {
-    const int64_t D = 16, H = 4, Hkv = 2, T = 6, P = 4, S = 32;
-    oomb_backend_t be = oomb_backend_cpu_init(2);
-    oomb_kv_cache_params kp;
-    kp.n_layer = 1; kp.n_head_kv = (int) Hkv; kp.head_dim = (int) D; kp.page_size = (int) P; kp.max_tokens = S;
-    kp.type = OOMB_TYPE_F32; kp.with_grad = false;
-    oomb_kv_cache_t kv = oomb_kv_cache_init(be, kp);
-    oomb_kv_cache_reserve(kv, 16);
-    oomb_context * ctx = oomb_init({0, false});
-    std::mt19937 rng(5);
-    std::uniform_real_distribution<float> U(-1.0f, 1.0f);
-    auto rnd = [&](oomb_tensor * t) { for (int64_t i = 0; i < oomb_nelements(t); i++) oomb_set_f32_1d(t, i, U(rng)); return t; };
-    oomb_tensor * q = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, T));
-    oomb_tensor * kc = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T));
-    oomb_tensor * vc = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T));
-    oomb_tensor * pos = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T);
-    for (int64_t t = 0; t < T; t++) oomb_set_i32_1d(pos, t, (int32_t) (10 + t));
+    const int64_t D = 16, H = 4, Hkv = 2, T = 6, S = 32;
+    CacheChunk C(D, H, Hkv, T, 10);
+    oomb_backend_t be = C.be;
+    oomb_context * ctx = C.ctx;
+    auto rnd = [&](oomb_tensor * t) { return C.rnd(t); };
+    oomb_tensor * q = C.q, * kc = C.kc, * vc = C.vc, * pos = C.pos;
     oomb_tensor * cache = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, S * (D * H + H));
-    oomb_tensor * kpool = oomb_kv_cache_k(kv, 0), * vpool = oomb_kv_cache_v(kv, 0), * pt = oomb_kv_cache_page_table(kv);
+    oomb_tensor * kpool = C.kpool, * vpool = C.vpool, * pt = C.pt;
     // history 0..9 first (plain), then the chunk at 10..15 saved, then recomputed and loaded
     oomb_tensor * qh = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, 10));
     oomb_tensor * kh = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, 10));
@@ -424,9 +449,6 @@ TEST(PagedCpuCache, SaveThenLoadIsBitIdentical) {
     EXPECT_OOMB_ERROR(oomb_backend_graph_compute(be, go16), "outside the cache");
     oomb_tensor * c16 = oomb_new_tensor_1d(ctx, OOMB_TYPE_F16, S * (D * H + 2 * H));
     EXPECT_OOMB_ERROR(oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, c16, 1), "f32 or bf16");
-    oomb_free(ctx);
-    oomb_kv_cache_free(kv);
-    oomb_backend_free(be);
 }
 
 // bf16 result cache with odd sizes (D*H odd, so the LSE part starts at an odd 16-bit element: the
@@ -436,26 +458,15 @@ TEST(PagedCpuCache, Bf16OddShapes) {
     for (auto [D, H, Hkv, T, p0] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int>>{
              {3, 3, 1, 1, 7}, {5, 1, 1, 3, 9}, {3, 3, 3, 5, 11}, {7, 3, 1, 2, 1}}) {
         SCOPED_TRACE("D " + std::to_string(D) + " H " + std::to_string(H) + " T " + std::to_string(T) + " p0 " + std::to_string(p0));
-        const int64_t P = 4, S = 32;
-        oomb_backend_t be = oomb_backend_cpu_init(2);
-        oomb_kv_cache_params kp;
-        kp.n_layer = 1; kp.n_head_kv = (int) Hkv; kp.head_dim = (int) D; kp.page_size = (int) P; kp.max_tokens = S;
-        kp.type = OOMB_TYPE_F32; kp.with_grad = false;
-        oomb_kv_cache_t kv = oomb_kv_cache_init(be, kp);
-        oomb_kv_cache_reserve(kv, p0 + T);
-        oomb_context * ctx = oomb_init({0, false});
-        std::mt19937 rng(5);
-        std::uniform_real_distribution<float> U(-1.0f, 1.0f);
-        auto rnd = [&](oomb_tensor * t) { for (int64_t i = 0; i < oomb_nelements(t); i++) oomb_set_f32_1d(t, i, U(rng)); return t; };
-        oomb_tensor * q = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, T));
-        oomb_tensor * kc = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T));
-        oomb_tensor * vc = rnd(oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T));
-        oomb_tensor * pos = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T);
-        for (int64_t t = 0; t < T; t++) oomb_set_i32_1d(pos, t, (int32_t) (p0 + t));
+        const int64_t S = 32;
+        CacheChunk C(D, H, Hkv, T, p0);
+        oomb_backend_t be = C.be;
+        oomb_context * ctx = C.ctx;
+        oomb_tensor * q = C.q, * kc = C.kc, * vc = C.vc, * pos = C.pos;
         const int64_t row = oomb_paged_attn_cache_row(D, H, OOMB_TYPE_BF16);
         oomb_tensor * cache = oomb_new_tensor_1d(ctx, OOMB_TYPE_BF16, S * row);
         memset(cache->data, 0, oomb_nbytes(cache));
-        oomb_tensor * kpool = oomb_kv_cache_k(kv, 0), * vpool = oomb_kv_cache_v(kv, 0), * pt = oomb_kv_cache_page_table(kv);
+        oomb_tensor * kpool = C.kpool, * vpool = C.vpool, * pt = C.pt;
         // load before save: zeros
         oomb_tensor * o_pre = oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, cache, 1);
         oomb_tensor * o_save = oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 1, cache, 0);
@@ -482,8 +493,5 @@ TEST(PagedCpuCache, Bf16OddShapes) {
         oomb_tensor * c2 = oomb_new_tensor_2d(ctx, OOMB_TYPE_BF16, 2 * row, S);
         oomb_tensor * cv = oomb_view_2d(ctx, c2, row, S, c2->nb[1], 0);  // not contiguous
         EXPECT_OOMB_ERROR(oomb_paged_attn_cached(ctx, q, kc, vc, kpool, vpool, pt, pos, 0.3f, 0, cv, 1), "contiguous");
-        oomb_free(ctx);
-        oomb_kv_cache_free(kv);
-        oomb_backend_free(be);
     }
 }
