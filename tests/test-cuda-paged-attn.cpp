@@ -132,6 +132,12 @@ struct DevMem {
         if (src) cudaMemcpy(p, src->data, n, cudaMemcpyHostToDevice);
         else cudaMemset(p, 0xff, n); // NaN poison
     }
+    // a device tensor in the no_alloc context dc shaped and filled like the host tensor h
+    oomb_tensor * copy_of(oomb_context * dc, const oomb_tensor * h) {
+        oomb_tensor * t = oomb_dup_tensor(dc, h);
+        place(t, h);
+        return t;
+    }
 };
 
 void run_case(const Case & c, uint32_t seed) {
@@ -178,11 +184,7 @@ void run_case(const Case & c, uint32_t seed) {
     // ---- device copies (no_alloc context, data set by hand) ----
     oomb_context * dc = oomb_init({0, true});
     DevMem mem;
-    auto dev = [&](const oomb_tensor * h) {
-        oomb_tensor * t = oomb_dup_tensor(dc, h);
-        mem.place(t, h);
-        return t;
-    };
+    auto dev = [&](const oomb_tensor * h) { return mem.copy_of(dc, h); };
     oomb_tensor * d_q = dev(q), * d_kc = dev(kc), * d_vc = dev(vc), * d_kp = dev(kp), * d_vp = dev(vp);
     oomb_tensor * d_dkp = dev(dkp), * d_dvp = dev(dvp), * d_pt = dev(pt), * d_pos = dev(pos), * d_dout = dev(dout);
     oomb_tensor * d_out = oomb_paged_attn(dc, d_q, d_kc, d_vc, d_kp, d_vp, d_pt, d_pos, scale, c.store);
@@ -296,11 +298,7 @@ void run_cache_case(int D, int H, int Hkv, int T, int pos0, int P, oomb_type poo
 
     oomb_context * dc = oomb_init({0, true});
     DevMem mem;
-    auto dev = [&](const oomb_tensor * h) {
-        oomb_tensor * t = oomb_dup_tensor(dc, h);
-        mem.place(t, h);
-        return t;
-    };
+    auto dev = [&](const oomb_tensor * h) { return mem.copy_of(dc, h); };
     oomb_tensor * d_q = dev(q), * d_kc = dev(kc), * d_vc = dev(vc), * d_kp = dev(kp), * d_vp = dev(vp), * d_pt = dev(pt), * d_pos = dev(pos);
     oomb_tensor * d_cache = dev(cache);
     oomb_tensor * save = oomb_paged_attn_cached(dc, d_q, d_kc, d_vc, d_kp, d_vp, d_pt, d_pos, 0.3f, 1, d_cache, 0)->view_src;

@@ -890,11 +890,13 @@ TEST(Grad, TransformerBlock) {
     H.check(build_block(H, H.ctx));
 }
 
-// The same block with its graph in a no_alloc context planned by the graph allocator: the gradients
-// match the host-context ones (in-place reuse and lifetimes respect the backward's scatter nodes).
-TEST(Grad, TransformerBlockWithGraphAllocator) {
-    Harness H(77);
-    oomb_tensor * loss_ref = build_block(H, H.ctx);
+// Builds the loss twice from params of one seed: in the host context (computed directly) and in a
+// no_alloc context whose forward + backward graph the graph allocator plans; the planned graph's
+// gradients, over two runs, match the host-context ones (in-place reuse and lifetimes respect the
+// backward's scatter nodes and packed gradients).
+template <typename Build> void expect_allocator_matches_host(uint32_t seed, Build build) {
+    Harness H(seed);
+    oomb_tensor * loss_ref = build(H, H.ctx);
     oomb_cgraph * g_ref = oomb_new_graph(H.ctx);
     oomb_build_forward_expand(g_ref, loss_ref);
     oomb_build_backward_expand(H.ctx, g_ref, loss_ref, nullptr);
@@ -903,10 +905,9 @@ TEST(Grad, TransformerBlockWithGraphAllocator) {
     std::vector<std::vector<double>> ref;
     for (oomb_tensor * p : H.params) ref.push_back(oombtest::to_vector(p->grad));
 
-    // second copy of the graph over the same parameters
-    Harness H2(77);
+    Harness H2(seed);  // second copy of the graph over the same parameters
     oomb_context * gctx = oomb_init({0, true});
-    oomb_tensor * loss = build_block(H2, gctx);
+    oomb_tensor * loss = build(H2, gctx);
     oomb_set_loss(loss);
     oomb_set_output(loss);
     oomb_cgraph * g = oomb_new_graph(gctx);
@@ -925,6 +926,9 @@ TEST(Grad, TransformerBlockWithGraphAllocator) {
     oomb_gallocr_free(ga);
     oomb_free(gctx);
 }
+
+// The same block with its graph in a no_alloc context planned by the graph allocator.
+TEST(Grad, TransformerBlockWithGraphAllocator) { expect_allocator_matches_host(77, build_block); }
 
 // ---------------------------------------------------------------------------------------------
 // seeds, accumulation, zeroing, errors, negative control
@@ -1191,35 +1195,7 @@ TEST(Grad, SwigluWithGraphAllocator) {
         oomb_tensor * m2 = oomb_swiglu(c, y, oomb_scale(c, y, 0.5f));
         return oomb_sum_sq(c, m2);
     };
-    Harness H(5);
-    oomb_tensor * loss_ref = build(H, H.ctx);
-    oomb_cgraph * g_ref = oomb_new_graph(H.ctx);
-    oomb_build_forward_expand(g_ref, loss_ref);
-    oomb_build_backward_expand(H.ctx, g_ref, loss_ref, nullptr);
-    H.zero_grads();
-    oomb_backend_graph_compute(cpu(), g_ref);
-    std::vector<std::vector<double>> ref;
-    for (oomb_tensor * p : H.params) ref.push_back(oombtest::to_vector(p->grad));
-
-    Harness H2(5);
-    oomb_context * gctx = oomb_init({0, true});
-    oomb_tensor * loss = build(H2, gctx);
-    oomb_set_loss(loss);
-    oomb_set_output(loss);
-    oomb_cgraph * g = oomb_new_graph(gctx);
-    oomb_build_forward_expand(g, loss);
-    oomb_build_backward_expand(gctx, g, loss, nullptr);
-    oomb_gallocr_t ga = oomb_gallocr_new(cpu());
-    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
-    for (int rep = 0; rep < 2; rep++) {
-        H2.zero_grads();
-        oomb_backend_graph_compute(cpu(), g);
-        for (size_t i = 0; i < H2.params.size(); i++) {
-            EXPECT_LT(rel_err(oombtest::to_vector(H2.params[i]->grad), ref[i]), 1e-5) << H2.params[i]->name << " rep " << rep;
-        }
-    }
-    oomb_gallocr_free(ga);
-    oomb_free(gctx);
+    expect_allocator_matches_host(5, build);
 }
 
 TEST(Grad, OpNameTableMatchesEnum) {
