@@ -16,6 +16,7 @@
 #include "softmax.cuh"
 #include "paged-attn.cuh"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -288,6 +289,24 @@ void check_recorded_error(oomb_cuda_ctx & c, oomb_cgraph * g) {
     oomb_error("cuda: node %s (op %s) reported error kind %d", shape_str(node).c_str(), opn, rec.kind);
 }
 
+// OOMB_CUDA_PROFILE=2: a node's op, result and operand shapes and types (digits of names dropped,
+// so the layers of a model share one row).
+std::string profile_key(const oomb_tensor * n) {
+    auto one = [](const oomb_tensor * t) {
+        char buf[128];
+        std::string name;
+        for (const char * p = t->name; *p; p++)
+            if (*p < '0' || *p > '9') name += *p;
+        snprintf(buf, sizeof(buf), "%s[%lld,%lld,%lld,%lld]%s%s", name.c_str(), (long long) t->ne[0], (long long) t->ne[1],
+                 (long long) t->ne[2], (long long) t->ne[3], oomb_type_name(t->type), oomb_is_contiguous(t) ? "" : "T");
+        return std::string(buf);
+    };
+    std::string k = std::string(oomb_op_name(n->op)) + " " + one(n) + " <-";
+    for (int i = 0; i < OOMB_MAX_SRC; i++)
+        if (n->src[i]) k += " " + one(n->src[i]);
+    return k;
+}
+
 void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
     oomb_cuda_ctx * c = ctx_of(b);
     set_device(c);
@@ -325,6 +344,11 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
             CUDA_CHECK(cudaEventElapsedTime(&ms, c->prof_events[2 * i], c->prof_events[2 * i + 1]));
             c->prof_ms[op] += ms;
             c->prof_count[op]++;
+            if (c->profile_level >= 2) {
+                auto & d = c->prof_detail[profile_key(g->nodes[i])];
+                d.first += ms;
+                d.second++;
+            }
         }
     }
     if (c->check_err) check_recorded_error(*c, g);
@@ -346,6 +370,17 @@ void cuda_free_backend(oomb_backend_t b) {
             fprintf(stderr, "  %-24s %10.1f ms %6.1f%% %8lld calls\n", oomb_op_name((oomb_op) best), c->prof_ms[best],
                     100.0 * c->prof_ms[best] / (total > 0 ? total : 1), (long long) c->prof_count[best]);
             c->prof_count[best] = 0;
+        }
+        if (!c->prof_detail.empty()) {
+            std::vector<std::pair<double, std::string>> rows;
+            for (const auto & kv : c->prof_detail) {
+                char buf[64];
+                snprintf(buf, sizeof(buf), "%9.1f ms %7lld calls  ", kv.second.first, (long long) kv.second.second);
+                rows.push_back({kv.second.first, buf + kv.first});
+            }
+            std::sort(rows.begin(), rows.end(), [](const auto & x, const auto & y) { return x.first > y.first; });
+            fprintf(stderr, "oomb CUDA profile by op and operands (dst <- srcs; T: not contiguous):\n");
+            for (size_t i = 0; i < rows.size() && i < 40; i++) fprintf(stderr, "  %s\n", rows[i].second.c_str());
         }
         for (cudaEvent_t e : c->prof_events) cudaEventDestroy(e);
     }
@@ -408,7 +443,10 @@ oomb_backend_t oomb_backend_cuda_init(int device) {
     auto * c = new oomb_cuda_ctx();
     c->device = device;
     if (const char * s = getenv("OOMB_CUDA_SYNC")) c->sync_each = atoi(s) != 0;
-    if (const char * s = getenv("OOMB_CUDA_PROFILE")) c->profile = atoi(s) != 0;
+    if (const char * s = getenv("OOMB_CUDA_PROFILE")) {
+        c->profile_level = atoi(s);
+        c->profile = c->profile_level != 0;
+    }
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->cublas));
     CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));

@@ -17,6 +17,8 @@
 //     through oomb_error at the end of graph_compute.
 #pragma once
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -82,8 +84,10 @@ struct oomb_cuda_ctx {
     int cur_node = 0;
 
     // OOMB_CUDA_PROFILE=1: per-op GPU time (CUDA events around each node), printed when the
-    // backend is freed.
+    // backend is freed; OOMB_CUDA_PROFILE=2 also per op and operand shapes (the 40 costliest).
     bool profile = false;
+    int profile_level = 0;
+    std::map<std::string, std::pair<double, int64_t>> prof_detail;
     std::vector<cudaEvent_t> prof_events;
     double prof_ms[OOMB_OP_COUNT] = {0};
     int64_t prof_count[OOMB_OP_COUNT] = {0};

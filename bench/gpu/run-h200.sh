@@ -44,10 +44,10 @@ if want e2e; then
         case "$cache" in ""|cache|bf16) ;; *) echo "unknown cache token '$cache' in '$spec' (cache or bf16)"; continue ;; esac
         rm -rf /tmp/run$ctx
         steps=2; [ $ctx -gt 32768 ] && steps=1
-        OOMB_CUDA_PROFILE=1 timeout ${TRAIN_TIMEOUT:-240} $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx $ctx --chunk $chunk --page 128 --steps $steps \
+        OOMB_CUDA_PROFILE=${PROF:-1} timeout ${TRAIN_TIMEOUT:-240} $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx $ctx --chunk $chunk --page 128 --steps $steps \
             --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin \
             --trainable all $extra -o /tmp/run$ctx > "$OUT/oomb-0.5b-$ctx-c$chunk_tag.log" 2>&1
-        echo "oomb 0.5b ctx $ctx chunk $chunk $extra rc=$?"; grep -E "^step|error" "$OUT/oomb-0.5b-$ctx-c$chunk_tag.log"; grep -A4 "CUDA profile" "$OUT/oomb-0.5b-$ctx-c$chunk_tag.log"
+        echo "oomb 0.5b ctx $ctx chunk $chunk $extra rc=$?"; grep -E "^step|error" "$OUT/oomb-0.5b-$ctx-c$chunk_tag.log"; grep -A${PROFLINES:-4} "CUDA profile" "$OUT/oomb-0.5b-$ctx-c$chunk_tag.log"
         cp /tmp/run$ctx/train.jsonl "$OUT/oomb-0.5b-$ctx-c$chunk_tag.jsonl" 2>/dev/null
         # HF runs out of memory from 64K on (baselines/hf-peft-h200.jsonl)
         if [ $ctx -le 32768 ] && [ -z "${NO_HF:-}" ] && [ -z "${hf_done[$ctx]:-}" ]; then
