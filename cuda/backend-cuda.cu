@@ -46,6 +46,33 @@ void oomb_cuda_after_launch(oomb_cuda_ctx & c, const char * kernel, const char *
     if (e != cudaSuccess) oomb_error("cuda: kernel %s failed at %s:%d: %s", kernel, file, line, cudaGetErrorString(e));
 }
 
+void oomb_cuda_ctx::bf16_copies_after(const oomb_tensor * node) {
+    switch (node->op) {
+        case OOMB_OP_NONE: case OOMB_OP_VIEW: case OOMB_OP_RESHAPE: case OOMB_OP_PERMUTE: case OOMB_OP_TRANSPOSE:
+            return;
+        // ops that write only their result's bytes (CPY and ADD_INPLACE: a view of the memory written)
+        case OOMB_OP_CONT: case OOMB_OP_CPY: case OOMB_OP_CAST: case OOMB_OP_FILL: case OOMB_OP_ADD: case OOMB_OP_SUB:
+        case OOMB_OP_MUL: case OOMB_OP_SCALE: case OOMB_OP_ADD_INPLACE: case OOMB_OP_REPEAT: case OOMB_OP_REPEAT_BACK:
+        case OOMB_OP_SILU: case OOMB_OP_SILU_BACK: case OOMB_OP_SWIGLU: case OOMB_OP_SWIGLU_BACK: case OOMB_OP_SUM:
+        case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ: case OOMB_OP_GET_ROWS: case OOMB_OP_GET_ROWS_BACK: case OOMB_OP_MUL_MAT:
+        case OOMB_OP_RMS_NORM: case OOMB_OP_RMS_NORM_BACK: case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK: case OOMB_OP_SOFT_MAX:
+        case OOMB_OP_SOFT_MAX_BACK: case OOMB_OP_ATTN: case OOMB_OP_ATTN_BACK: case OOMB_OP_CROSS_ENTROPY:
+        case OOMB_OP_CROSS_ENTROPY_BACK: case OOMB_OP_LINEAR_CROSS_ENTROPY: case OOMB_OP_LINEAR_CROSS_ENTROPY_BACK: {
+            if (oomb_nelements(node) == 0) return;
+            const size_t lo = (size_t) node->data;
+            size_t last = 0;
+            for (int i = 0; i < 4; i++) last += (size_t) (node->ne[i] - 1) * node->nb[i];
+            const size_t hi = lo + last + oomb_type_size(node->type);
+            for (auto & e : bf16_copies)
+                if (e.valid && e.lo < hi && lo < e.hi) e.valid = false;
+            return;
+        }
+        default: // optimizer steps (moments), paged attention (KV pools, gradient pages), custom ops
+            bf16_copies_clear();
+            return;
+    }
+}
+
 void * oomb_cuda_ctx::scratch(int slot, size_t bytes) {
     if (slot < 0 || slot >= N_SLOTS) oomb_error("cuda: scratch slot %d out of range", slot);
     if (bytes <= slot_cap[slot] && slot_ptr[slot]) return slot_ptr[slot];
@@ -310,6 +337,7 @@ std::string profile_key(const oomb_tensor * n) {
 void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
     oomb_cuda_ctx * c = ctx_of(b);
     set_device(c);
+    c->bf16_copies_clear();  // the host may have written any tensor since the last graph
     if (c->profile) {
         while (c->prof_events.size() < 2 * g->nodes.size()) {
             cudaEvent_t e;
@@ -333,6 +361,7 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
         }
         c->cur_node = (int) i;
         compute_node(*c, node);
+        c->bf16_copies_after(node);
         if (c->profile) CUDA_CHECK(cudaEventRecord(c->prof_events[2 * i + 1], c->stream));
     }
     if (c->profile) {

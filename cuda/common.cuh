@@ -74,8 +74,8 @@ struct oomb_cuda_ctx {
 
     // Persistent scratch blocks that grow on demand (contents are not kept when one grows).
     // Slots [0, OOMB_MAX_SRC) hold prepared sources; kernels use the ones after.
-    enum { N_SLOTS = 24, SLOT_K0 = OOMB_MAX_SRC };
-    static_assert(SLOT_K0 + 5 <= N_SLOTS, "kernels use scratch slots up to SLOT_K0 + 4 (linear_cross_entropy)");
+    enum { N_SLOTS = 24, SLOT_K0 = OOMB_MAX_SRC, N_BF16_COPIES = 4, SLOT_BF16 = N_SLOTS - N_BF16_COPIES };
+    static_assert(SLOT_K0 + 5 <= SLOT_BF16, "kernels use scratch slots up to SLOT_K0 + 4 (linear_cross_entropy)");
     void * slot_ptr[N_SLOTS] = {nullptr};
     size_t slot_cap[N_SLOTS] = {0};
 
@@ -93,6 +93,25 @@ struct oomb_cuda_ctx {
     int64_t prof_count[OOMB_OP_COUNT] = {0};
 
     void * scratch(int slot, size_t bytes);
+
+    // bf16 copies of f32 GEMM operands (mul-mat.cu) in scratch slots SLOT_BF16..: a copy is reused
+    // while its source is unchanged (the same activation feeds the Q, K and V products; a gradient
+    // the dX and dW products). Dropped when a node writes over the source's bytes, when a node that
+    // may write into its operands runs, and at the start of every graph.
+    struct bf16_copy {
+        bool valid = false;
+        const char * src = nullptr;   // source layout (type f32 or f16)
+        int type = 0;
+        int64_t ne[4] = {0};
+        size_t nb[4] = {0};
+        size_t lo = 0, hi = 0;        // source byte range [lo, hi)
+        uint64_t used = 0;
+    };
+    bf16_copy bf16_copies[N_BF16_COPIES];
+    uint64_t bf16_clock = 0;
+    void bf16_copies_clear() { for (auto & e : bf16_copies) e.valid = false; }
+    // after `node` ran: drops the copies whose source it may have written
+    void bf16_copies_after(const oomb_tensor * node);
 };
 
 // After every kernel launch: checks the launch (and, with sync_each, the execution).

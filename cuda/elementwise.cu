@@ -34,10 +34,30 @@ __global__ void k_copy(oomb_tv dst, oomb_tv src, int64_t n) {
     }
 }
 
+// f32 -> bf16, contiguous, 4 elements at a time (n % 4 == 0, src 16-byte and dst 8-byte aligned)
+__global__ void k_f32_to_bf16_4(uint2 * dst, const float4 * src, int64_t n4) {
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n4; k += (int64_t) gridDim.x * blockDim.x) {
+        const float4 x = src[k];
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+        uint2 o;
+        o.x = *(const uint32_t *) &lo;
+        o.y = *(const uint32_t *) &hi;
+        dst[k] = o;
+    }
+}
+
 template <typename S, typename D>
 void launch_copy(oomb_cuda_ctx & c, const oomb_tensor * src, const oomb_tensor * dst, int64_t n) {
     const oomb_tv s = oomb_make_tv(src), d = oomb_make_tv(dst);
     const unsigned grid = oomb_cuda_grid(n, k_threads);
+    if constexpr (std::is_same<S, float>::value && std::is_same<D, __nv_bfloat16>::value) {
+        if (oomb_is_contiguous(src) && oomb_is_contiguous(dst) && n % 4 == 0 && (uintptr_t) src->data % 16 == 0 &&
+            (uintptr_t) dst->data % 8 == 0) {
+            k_f32_to_bf16_4<<<oomb_cuda_grid(n / 4, k_threads), k_threads, 0, c.stream>>>((uint2 *) dst->data, (const float4 *) src->data, n / 4);
+            OOMB_CUDA_LAUNCHED(c, "copy f32 -> bf16");
+            return;
+        }
+    }
     if (oomb_is_contiguous(src) && oomb_is_contiguous(dst)) {
         k_copy<S, D, uint64_t, true><<<grid, k_threads, 0, c.stream>>>(d, s, n);
     } else if (oomb_fits_u32(src)) {
@@ -90,6 +110,21 @@ __global__ void k_binary(oomb_tv dst, oomb_tv a, oomb_tv b, int64_t n) {
     }
 }
 
+// MODE 1 / 2 four elements at a time (n, ne0 and b's ne0 multiples of 4, every pointer 16-byte aligned):
+// same results as the scalar kernel, fewer index operations and wider accesses.
+template <int OP, int MODE, typename I>
+__global__ void k_binary4(float4 * dst, const float4 * a, const float4 * b, int64_t n4, uint32_t ne0_4, uint32_t bne0_4) {
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n4; k += (int64_t) gridDim.x * blockDim.x) {
+        const float4 x = a[k];
+        float4 y;
+        if constexpr (MODE == 1) y = b[k];
+        else y = b[((uint32_t) ((I) k % (I) ne0_4)) % bne0_4];
+        dst[k] = make_float4(bop<OP>(x.x, y.x), bop<OP>(x.y, y.y), bop<OP>(x.z, y.z), bop<OP>(x.w, y.w));
+    }
+}
+
+bool aligned16(const void * p) { return (uintptr_t) p % 16 == 0; }
+
 template <int OP>
 void launch_binary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
     const int64_t n = oomb_nelements(dst);
@@ -98,7 +133,20 @@ void launch_binary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, 
     const unsigned grid = oomb_cuda_grid(n, k_threads);
     const bool contig = oomb_is_contiguous(dst) && oomb_is_contiguous(a) && oomb_is_contiguous(b);
     const bool row_b = b->ne[1] == 1 && b->ne[2] == 1 && b->ne[3] == 1;
-    if (contig && oomb_are_same_shape(a, b)) {
+    const bool al = aligned16(dst->data) && aligned16(a->data) && aligned16(b->data) && n % 4 == 0;
+    if (contig && al && oomb_are_same_shape(a, b)) {
+        const unsigned g4 = oomb_cuda_grid(n / 4, k_threads);
+        k_binary4<OP, 1, uint64_t><<<g4, k_threads, 0, c.stream>>>((float4 *) dst->data, (const float4 *) a->data, (const float4 *) b->data, n / 4, 1, 1);
+    } else if (contig && al && row_b && dst->ne[0] % 4 == 0 && b->ne[0] % 4 == 0 && dst->ne[0] / 4 <= 0xFFFFFFFFll) {
+        const unsigned g4 = oomb_cuda_grid(n / 4, k_threads);
+        const uint32_t ne0_4 = (uint32_t) (dst->ne[0] / 4), bne0_4 = (uint32_t) (b->ne[0] / 4);
+        if (n / 4 <= 0xFFFFFFFFll)
+            k_binary4<OP, 2, uint32_t><<<g4, k_threads, 0, c.stream>>>((float4 *) dst->data, (const float4 *) a->data, (const float4 *) b->data,
+                                                                       n / 4, ne0_4, bne0_4);
+        else
+            k_binary4<OP, 2, uint64_t><<<g4, k_threads, 0, c.stream>>>((float4 *) dst->data, (const float4 *) a->data, (const float4 *) b->data,
+                                                                       n / 4, ne0_4, bne0_4);
+    } else if (contig && oomb_are_same_shape(a, b)) {
         k_binary<OP, uint64_t, 1><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
     } else if (contig && row_b && oomb_fits_u32(dst)) {
         k_binary<OP, uint32_t, 2><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
@@ -128,6 +176,23 @@ __global__ void k_swiglu_back(float * dst, oomb_tv g, oomb_tv u, oomb_tv dy, int
         const float s = sigmoid_f(gv);
         dst[k] = yv * uv * s * (1.0f + gv * (1.0f - s));
         dst[n + k] = yv * gv * s;
+    }
+}
+
+// contiguous operands, n % 4 == 0, 16-byte aligned
+__global__ void k_swiglu_back4(float4 * dst, const float4 * g, const float4 * u, const float4 * dy, int64_t n4) {
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n4; k += (int64_t) gridDim.x * blockDim.x) {
+        const float4 gv = g[k], uv = u[k], yv = dy[k];
+        float dg[4], du[4];
+        const float gs[4] = {gv.x, gv.y, gv.z, gv.w}, us[4] = {uv.x, uv.y, uv.z, uv.w}, ys[4] = {yv.x, yv.y, yv.z, yv.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float s = sigmoid_f(gs[j]);
+            dg[j] = ys[j] * us[j] * s * (1.0f + gs[j] * (1.0f - s));
+            du[j] = ys[j] * gs[j] * s;
+        }
+        dst[k] = make_float4(dg[0], dg[1], dg[2], dg[3]);
+        dst[n4 + k] = make_float4(du[0], du[1], du[2], du[3]);
     }
 }
 
@@ -222,14 +287,20 @@ __global__ void k_repeat_back(oomb_tv dst, oomb_tv a, int64_t n) {
 // Pass 2 adds the partials of each column in a fixed order (deterministic, no atomics).
 constexpr int k_cs_cols = 32, k_cs_rows = 8;
 
+// FLAT: row r starts at r * nb[1] (dims 1..3 packed), no index division per element.
+template <bool FLAT>
 __global__ void k_colsum_partial(oomb_tv a, int64_t n_rows, double * partial) {
     __shared__ double sh[k_cs_rows][k_cs_cols + 1];
     const int64_t j = blockIdx.x * (int64_t) k_cs_cols + threadIdx.x;
     double acc = 0.0;
     if (j < a.ne[0]) {
         for (int64_t r = blockIdx.y * (int64_t) k_cs_rows + threadIdx.y; r < n_rows; r += (int64_t) gridDim.y * k_cs_rows) {
-            const int64_t i1 = r % a.ne[1], i2 = (r / a.ne[1]) % a.ne[2], i3 = r / (a.ne[1] * a.ne[2]);
-            acc += *(const float *) (a.d + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3] + j * a.nb[0]);
+            if constexpr (FLAT) {
+                acc += *(const float *) (a.d + r * a.nb[1] + j * a.nb[0]);
+            } else {
+                const int64_t i1 = r % a.ne[1], i2 = (r / a.ne[1]) % a.ne[2], i3 = r / (a.ne[1] * a.ne[2]);
+                acc += *(const float *) (a.d + i1 * a.nb[1] + i2 * a.nb[2] + i3 * a.nb[3] + j * a.nb[0]);
+            }
         }
     }
     sh[threadIdx.y][threadIdx.x] = acc;
@@ -319,7 +390,11 @@ void oomb_cuda_swiglu_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tens
     if (n == 0) return;
     const oomb_tv tg = oomb_make_tv(g), tu = oomb_make_tv(u), ty = oomb_make_tv(dy);
     const unsigned grid = oomb_cuda_grid(n, k_threads);
-    if (oomb_is_contiguous(g) && oomb_is_contiguous(u) && oomb_is_contiguous(dy))
+    const bool contig = oomb_is_contiguous(g) && oomb_is_contiguous(u) && oomb_is_contiguous(dy);
+    if (contig && n % 4 == 0 && aligned16(dst->data) && aligned16(g->data) && aligned16(u->data) && aligned16(dy->data))
+        k_swiglu_back4<<<oomb_cuda_grid(n / 4, k_threads), k_threads, 0, c.stream>>>((float4 *) dst->data, (const float4 *) g->data,
+                                                                                     (const float4 *) u->data, (const float4 *) dy->data, n / 4);
+    else if (contig)
         k_swiglu_back<uint64_t, true><<<grid, k_threads, 0, c.stream>>>((float *) dst->data, tg, tu, ty, n);
     else if (oomb_fits_u32(g))
         k_swiglu_back<uint32_t, false><<<grid, k_threads, 0, c.stream>>>((float *) dst->data, tg, tu, ty, n);
@@ -400,7 +475,9 @@ void oomb_cuda_repeat_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tens
         const int64_t n_part = std::max<int64_t>(1, std::min<int64_t>(512, n_rows / (k_cs_rows * 16)));
         double * partial = (double *) c.scratch(oomb_cuda_ctx::SLOT_K0, (size_t) n_part * (size_t) a->ne[0] * sizeof(double));
         const dim3 grid1((unsigned) ((a->ne[0] + k_cs_cols - 1) / k_cs_cols), (unsigned) n_part), block1(k_cs_cols, k_cs_rows);
-        k_colsum_partial<<<grid1, block1, 0, c.stream>>>(oomb_make_tv(a), n_rows, partial);
+        const bool flat = a->nb[2] == a->nb[1] * (size_t) a->ne[1] && a->nb[3] == a->nb[2] * (size_t) a->ne[2];
+        if (flat) k_colsum_partial<true><<<grid1, block1, 0, c.stream>>>(oomb_make_tv(a), n_rows, partial);
+        else k_colsum_partial<false><<<grid1, block1, 0, c.stream>>>(oomb_make_tv(a), n_rows, partial);
         OOMB_CUDA_LAUNCHED(c, "repeat_back (column partial sums)");
         k_colsum_final<<<(unsigned) ((a->ne[0] + 255) / 256), 256, 0, c.stream>>>(partial, n_part, a->ne[0], oomb_make_tv(dst));
         OOMB_CUDA_LAUNCHED(c, "repeat_back (column sums)");

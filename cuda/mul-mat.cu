@@ -15,22 +15,74 @@ void set_contiguous(oomb_tensor * t) {
     for (int i = 1; i < 4; i++) t->nb[i] = t->nb[i - 1] * (size_t) t->ne[i - 1];
 }
 
-// Contiguous bf16 copy of t in scratch slot `slot`.
-const __nv_bfloat16 * to_bf16(oomb_cuda_ctx & c, const oomb_tensor * t, int slot) {
-    oomb_tensor d = *t;
+// Byte range [lo, hi) that t's elements span.
+void byte_range(const oomb_tensor * t, size_t & lo, size_t & hi) {
+    lo = (size_t) t->data;
+    hi = lo;
+    if (oomb_nelements(t) == 0) return;
+    size_t last = 0;
+    for (int i = 0; i < 4; i++) last += (size_t) (t->ne[i] - 1) * t->nb[i];
+    hi = lo + last + oomb_type_size(t->type);
+}
+
+// A contiguous bf16 copy of src (any layout): a kept copy of the same source layout when one is
+// valid (oomb_cuda_ctx::bf16_copies), else a new one in the least recently used slot other than
+// `keep` (the other operand's copy). cacheable: src is graph memory (not a scratch copy).
+const __nv_bfloat16 * bf16_copy_of(oomb_cuda_ctx & c, const oomb_tensor * src, bool cacheable, const void * keep) {
+    oomb_tensor d = *src;
     d.type = OOMB_TYPE_BF16;
     d.view_src = nullptr;
     set_contiguous(&d);
-    d.data = c.scratch(slot, oomb_nbytes(&d));
-    oomb_cuda_copy_tensor(c, t, &d);
+    const size_t bytes = oomb_nbytes(&d);
+    auto same = [&](const oomb_cuda_ctx::bf16_copy & e) {
+        if (!e.valid || e.src != (const char *) src->data || e.type != (int) src->type) return false;
+        for (int i = 0; i < 4; i++)
+            if (e.ne[i] != src->ne[i] || e.nb[i] != src->nb[i]) return false;
+        return true;
+    };
+    int pick = -1;
+    for (int i = 0; i < oomb_cuda_ctx::N_BF16_COPIES && cacheable; i++) {
+        if (same(c.bf16_copies[i])) {
+            c.bf16_copies[i].used = ++c.bf16_clock;
+            return (const __nv_bfloat16 *) c.slot_ptr[oomb_cuda_ctx::SLOT_BF16 + i];
+        }
+    }
+    // the least recently used slot big enough, else the least recently used one (it grows)
+    for (int pass = 0; pass < 2 && pick < 0; pass++) {
+        for (int i = 0; i < oomb_cuda_ctx::N_BF16_COPIES; i++) {
+            const int slot = oomb_cuda_ctx::SLOT_BF16 + i;
+            if (keep && c.slot_ptr[slot] == keep) continue;
+            if (pass == 0 && (!c.slot_ptr[slot] || c.slot_cap[slot] < bytes)) continue;
+            const oomb_cuda_ctx::bf16_copy & e = c.bf16_copies[i];
+            if (pick < 0 || !e.valid || (c.bf16_copies[pick].valid && e.used < c.bf16_copies[pick].used)) pick = i;
+        }
+    }
+    if (pick < 0) oomb_error("mul_mat: internal: no free bf16 copy slot");
+    oomb_cuda_ctx::bf16_copy & e = c.bf16_copies[pick];
+    e.valid = false;
+    d.data = c.scratch(oomb_cuda_ctx::SLOT_BF16 + pick, bytes);
+    oomb_cuda_copy_tensor(c, src, &d);
+    if (cacheable) {
+        e.valid = true;
+        e.src = (const char *) src->data;
+        e.type = (int) src->type;
+        for (int i = 0; i < 4; i++) { e.ne[i] = src->ne[i]; e.nb[i] = src->nb[i]; }
+        byte_range(src, e.lo, e.hi);
+    }
+    e.used = ++c.bf16_clock;
     return (const __nv_bfloat16 *) d.data;
+}
+
+// Contiguous bf16 copy of t.
+const __nv_bfloat16 * to_bf16(oomb_cuda_ctx & c, const oomb_tensor * t, bool cacheable, const void * keep) {
+    return bf16_copy_of(c, t, cacheable, keep);
 }
 
 // A matrix operand [ne0, ne1] (no batches) whose dim 1 is the unit-stride one and whose dim-0 rows
 // are packed (nb[0] == ne1 * size: a transposed view of contiguous memory, as the autodiff makes
 // for weight gradients): converted to bf16 in its memory order (a flat, coalesced copy) instead of
 // a transposing copy; the caller flips the cuBLAS op. NULL when t is not such a view.
-const __nv_bfloat16 * to_bf16_transposed(oomb_cuda_ctx & c, const oomb_tensor * t, int slot) {
+const __nv_bfloat16 * to_bf16_transposed(oomb_cuda_ctx & c, const oomb_tensor * t, bool cacheable, const void * keep) {
     const size_t es = oomb_type_size(t->type);
     if (t->type == OOMB_TYPE_I32 || t->ne[2] != 1 || t->ne[3] != 1 || t->ne[0] <= 1 || t->ne[1] <= 1) return nullptr;
     if (t->nb[1] != es || t->nb[0] != es * (size_t) t->ne[1]) return nullptr;
@@ -38,12 +90,7 @@ const __nv_bfloat16 * to_bf16_transposed(oomb_cuda_ctx & c, const oomb_tensor * 
     s.view_src = nullptr;
     s.ne[0] = t->ne[1]; s.ne[1] = t->ne[0];
     s.nb[0] = t->nb[1]; s.nb[1] = t->nb[0];
-    oomb_tensor d = s;
-    d.type = OOMB_TYPE_BF16;
-    set_contiguous(&d);
-    d.data = c.scratch(slot, oomb_nbytes(&d));
-    oomb_cuda_copy_tensor(c, &s, &d);
-    return (const __nv_bfloat16 *) d.data;
+    return bf16_copy_of(c, &s, cacheable, keep);
 }
 
 bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
@@ -69,9 +116,12 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
     // order (op T, ldb N)
     cublasOperation_t opb = CUBLAS_OP_N;
     int64_t ldb = K;
-    const __nv_bfloat16 * B = to_bf16_transposed(c, b, oomb_cuda_ctx::SLOT_K0 + 1);
+    // operands that are graph memory (not a prepared scratch copy) may reuse a kept bf16 copy
+    const bool a_graph = dst->src[0] && a->data == dst->src[0]->data;
+    const bool b_graph = dst->src[1] && b->data == dst->src[1]->data;
+    const __nv_bfloat16 * B = to_bf16_transposed(c, b, b_graph, nullptr);
     if (B) { opb = CUBLAS_OP_T; ldb = N; }
-    else B = to_bf16(c, b, oomb_cuda_ctx::SLOT_K0 + 1);
+    else B = to_bf16(c, b, b_graph, nullptr);
 
     // a: in place (bf16, unit stride in dim 0 or 1) or a contiguous bf16 copy
     const __nv_bfloat16 * A = nullptr;
@@ -92,14 +142,14 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
             sA3 = (int64_t) a->nb[3] / e;
         }
     }
-    if (!A && (A = to_bf16_transposed(c, a, oomb_cuda_ctx::SLOT_K0 + 2))) {
+    if (!A && (A = to_bf16_transposed(c, a, a_graph, B))) {
         opa = CUBLAS_OP_N;  // [K, M] with M the unit-stride dim: column-major M x K
         lda = M;
         sA2 = K * M;
         sA3 = K * M * A2;
     }
     if (!A) {
-        A = to_bf16(c, a, oomb_cuda_ctx::SLOT_K0 + 2);
+        A = to_bf16(c, a, a_graph, B);
         opa = CUBLAS_OP_T;
         lda = K;
         sA2 = K * M;

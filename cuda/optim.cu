@@ -72,7 +72,9 @@ void oomb_cuda_adamw_step(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tenso
                    shape_str(v).c_str(), shape_str(p).c_str());
     const int64_t n = oomb_nelements(p);
     if (n == 0) return;
-    const unsigned grid = oomb_cuda_grid(n, k_threads);
+    // at most 4096 blocks: each thread reads the 8-9 hyper-parameters once (index arithmetic per
+    // read), then updates many elements
+    const unsigned grid = oomb_cuda_grid(n, k_threads, 4096);
     const oomb_tv tv = oomb_make_tv(hp);
     const float * g = (const float *) grad->data;
     if (p->type == OOMB_TYPE_BF16) {

@@ -29,6 +29,43 @@ __global__ void k_rope(oomb_tv dst, oomb_tv a, oomb_tv pos, int n_dims, double t
     }
 }
 
+// One block per token (i2, i3) for every head of it: the n_dims/2 angles of the token (double, as in
+// k_rope) once into shared memory, then threads over (head, pair). k_rope computes each angle once
+// per head, in blocks of n_dims/2 threads.
+__global__ void k_rope_tok(oomb_tv dst, oomb_tv a, oomb_tv pos, int n_dims, double theta, float sign) {
+    extern __shared__ float2 cs_sh[];
+    const int64_t t = blockIdx.x;
+    const int64_t i2 = t % a.ne[2], i3 = t / a.ne[2];
+    const double p = (double) *(const int32_t *) (pos.d + oomb_flat_off<uint64_t>(pos, (uint64_t) i2));
+    const int half = n_dims / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double ang = p * pow(theta, -2.0 * (double) i / (double) n_dims);
+        double sd, cd;
+        sincos(ang, &sd, &cd);
+        cs_sh[i] = make_float2((float) cd, sign * (float) sd);
+    }
+    __syncthreads();
+    const int nh = (int) a.ne[1];
+    const char * xb = a.d + i2 * a.nb[2] + i3 * a.nb[3];
+    char * yb = dst.d + i2 * dst.nb[2] + i3 * dst.nb[3];
+    for (int k = threadIdx.x; k < nh * half; k += blockDim.x) {
+        const int h = k / half, i = k - h * half;
+        const float * x = (const float *) (xb + h * a.nb[1]);
+        float * y = (float *) (yb + h * dst.nb[1]);
+        const float2 c = cs_sh[i];
+        const float x0 = x[i], x1 = x[i + half];
+        y[i] = x0 * c.x - x1 * c.y;
+        y[i + half] = x0 * c.y + x1 * c.x;
+    }
+    if (xb != yb || a.nb[1] != dst.nb[1]) {
+        const int rest = (int) a.ne[0] - n_dims;
+        for (int k = threadIdx.x; k < nh * rest; k += blockDim.x) {
+            const int h = k / rest, i = n_dims + (k - h * rest);
+            ((float *) (yb + h * dst.nb[1]))[i] = ((const float *) (xb + h * a.nb[1]))[i];
+        }
+    }
+}
+
 } // namespace
 
 void oomb_cuda_rope(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * pos) {
@@ -44,8 +81,17 @@ void oomb_cuda_rope(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a,
     if (nr == 0) return;
     if (nr > 0x7fffffffll) oomb_error("%s: too many rows in %s", opn, shape_str(a).c_str());
     const float sign = dst->op == OOMB_OP_ROPE_BACK ? -1.0f : 1.0f;
-    int th = 32;
-    while (th < 256 && th < n_dims / 2) th *= 2;
-    k_rope<<<(unsigned) nr, th, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a), oomb_make_tv(pos), n_dims, theta, sign);
+    const int64_t n_tok = a->ne[2] * a->ne[3];
+    if (a->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float) && a->ne[1] * (n_dims / 2) <= (int64_t) 1 << 24 && n_dims <= 8192 &&
+        n_tok <= 0x7fffffffll) {
+        int th = 32;
+        while (th < 256 && th < a->ne[1] * (n_dims / 2)) th *= 2;
+        k_rope_tok<<<(unsigned) n_tok, th, (size_t) (n_dims / 2) * sizeof(float2), c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a),
+                                                                                               oomb_make_tv(pos), n_dims, theta, sign);
+    } else {
+        int th = 32;
+        while (th < 256 && th < n_dims / 2) th *= 2;
+        k_rope<<<(unsigned) nr, th, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a), oomb_make_tv(pos), n_dims, theta, sign);
+    }
     OOMB_CUDA_LAUNCHED(c, opn);
 }

@@ -368,6 +368,19 @@ TEST_F(CudaOps, BinaryBroadcastAndViews) {
             }
         }
     }
+    // four elements at a time: same shapes, a row of the full width, a row dividing it; and an
+    // operand at an odd offset (not 16-byte aligned: the one-at-a-time kernel)
+    expect_case("add / sub / mul [64, 12, 3] with [64, 12, 3], [64], [16]", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * a = B.input(OOMB_TYPE_F32, 64, 12, 3);
+        oomb_tensor * r = oomb_add(B.ctx, a, B.input(OOMB_TYPE_F32, 64, 12, 3));
+        r = oomb_sub(B.ctx, r, B.input(OOMB_TYPE_F32, 64));
+        return {oomb_mul(B.ctx, r, B.input(OOMB_TYPE_F32, 16))};
+    }, k_f32);
+    expect_case("add [64, 12] + view at element offset 1", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * a = B.input(OOMB_TYPE_F32, 64, 12);
+        oomb_tensor * b = oomb_view_2d(B.ctx, B.input(OOMB_TYPE_F32, 64 * 12 + 1), 64, 12, 64 * sizeof(float), sizeof(float));
+        return {oomb_add(B.ctx, a, b), oomb_mul(B.ctx, a, b)};
+    }, k_f32);
     // a large row broadcast (the residual / norm-weight pattern) and in-place chains
     expect_case("mul [896, 301] * [896] then add, scale (in place)", [](Builder & B) -> std::vector<oomb_tensor *> {
         oomb_tensor * x = B.input(OOMB_TYPE_F32, 896, 301);
@@ -451,6 +464,14 @@ TEST_F(CudaOps, FillRepeatRepeatBack) {
     }
     expect_case("repeat_back bias gradient [896, 1000] -> [896]", [](Builder & B) -> std::vector<oomb_tensor *> {
         return {oomb_repeat_back(B.ctx, B.input(OOMB_TYPE_F32, 896, 1000), B.input(OOMB_TYPE_F32, 896))};
+    }, k_f32);
+    // column sums over rows in three dims: packed (flat row offsets) and permuted (index arithmetic)
+    expect_case("repeat_back [96, 40, 7, 2] -> [96]", [](Builder & B) -> std::vector<oomb_tensor *> {
+        return {oomb_repeat_back(B.ctx, B.input(OOMB_TYPE_F32, 96, 40, 7, 2), B.input(OOMB_TYPE_F32, 96))};
+    }, k_f32);
+    expect_case("repeat_back [96, 7, 40] (dims 1, 2 permuted) -> [96]", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * a = oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, 96, 40, 7), 0, 2, 1, 3);
+        return {oomb_repeat_back(B.ctx, a, B.input(OOMB_TYPE_F32, 96))};
     }, k_f32);
 }
 
@@ -551,6 +572,19 @@ TEST_F(CudaOps, MulMat) {
             return {oomb_mul_mat(B.ctx, B.input(t, 40, 24), B.input(OOMB_TYPE_F32, 40, 19, 3, 2))};
         }, k_bf16);
     }
+    // the backend keeps bf16 copies of f32 operands while their bytes are unchanged: reused by the
+    // second product (plain and transposed view of the same memory), dropped once x is written in place
+    expect_case("mul_mat kept bf16 copy: reused, then x written in place", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * x = B.input(OOMB_TYPE_F32, 64, 33);
+        oomb_tensor * w1 = B.input(OOMB_TYPE_BF16, 64, 20);
+        oomb_tensor * w2 = B.input(OOMB_TYPE_BF16, 64, 20);
+        oomb_tensor * y1 = oomb_mul_mat(B.ctx, w1, x);
+        oomb_tensor * y2 = oomb_mul_mat(B.ctx, w2, x);
+        oomb_tensor * y3 = oomb_mul_mat(B.ctx, oomb_transpose(B.ctx, x), B.input(OOMB_TYPE_F32, 33, 9));  // [64, 9]
+        oomb_tensor * x2 = oomb_add_inplace(B.ctx, x, B.input(OOMB_TYPE_F32, 64, 33));
+        oomb_tensor * y4 = oomb_mul_mat(B.ctx, w1, x2);
+        return {y1, y2, y3, y4};
+    }, k_bf16);
     // weight-gradient products (autodiff: dW = x^T dy): both operands transposed views of f32
     // activations, converted to bf16 in memory order with the cuBLAS ops flipped; and a transposed
     // view with padded rows (ld > ne1: the transposing copy)
@@ -623,7 +657,9 @@ TEST_F(CudaOps, MulMat) {
 
 TEST_F(CudaOps, RmsNormAndBack) {
     REQUIRE_CUDA();
-    const int64_t shapes[][3] = {{896, 13, 1}, {37, 5, 3}, {1, 9, 1}, {3000, 4, 2}};
+    // one warp per row (ne0 % 4 == 0, up to 4096: 896, 3000, 4096) and one block per row (37, 1, 4100,
+    // 898: rows not 16-byte aligned, transposed views)
+    const int64_t shapes[][3] = {{896, 13, 1}, {37, 5, 3}, {1, 9, 1}, {3000, 4, 2}, {4096, 3, 1}, {4100, 3, 1}, {898, 5, 1}};
     for (const auto & s : shapes) {
         for (int view = 0; view < 2; view++) {
             char name[128];
@@ -649,7 +685,7 @@ TEST_F(CudaOps, RopeAndBack) {
     REQUIRE_CUDA();
     struct C { int64_t D, H, T, B; int n_dims; float theta; int32_t pmax; };
     const C cases[] = {{64, 4, 9, 2, 64, 1000000.0f, 200000}, {128, 3, 17, 1, 128, 10000.0f, 40}, {16, 2, 5, 1, 8, 10000.0f, 131072},
-                       {34, 1, 3, 1, 30, 500.0f, 7}};
+                       {34, 1, 3, 1, 30, 500.0f, 7}, {64, 14, 33, 1, 64, 1000000.0f, 32768}, {6, 300, 4, 1, 4, 10000.0f, 100}};
     for (const C & cs : cases) {
         for (int view = 0; view < 2; view++) {
             char name[160];
@@ -932,6 +968,16 @@ TEST_F(CudaOps, AdamwAndSgd) {
             oomb_tensor * m = B.input(OOMB_TYPE_F32, 333, 7, 1, 1, -0.1f, 0.1f);
             oomb_tensor * v = B.input(OOMB_TYPE_F32, 333, 7, 1, 1, 0.001f, 0.01f);
             // lr, beta1, beta2, eps, weight_decay, grad_scale, 1-beta1^t, 1-beta2^t (t = 3)
+            oomb_tensor * hp = B.consts({1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.729f, 1.0f - 0.997002999f});
+            return {oomb_adamw_step(B.ctx, p, g, m, v, hp), m, v};
+        }, tol);
+        // more elements than the kernel's threads (4096 blocks x 256): each thread updates several
+        name = std::string("adamw_step param ") + oomb_type_name(t) + " [1100, 1000] (grid-stride)";
+        expect_case(name.c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * p = B.input(t, 1100, 1000);
+            oomb_tensor * g = B.input(OOMB_TYPE_F32, 1100, 1000);
+            oomb_tensor * m = B.input(OOMB_TYPE_F32, 1100, 1000, 1, 1, -0.1f, 0.1f);
+            oomb_tensor * v = B.input(OOMB_TYPE_F32, 1100, 1000, 1, 1, 0.001f, 0.01f);
             oomb_tensor * hp = B.consts({1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.729f, 1.0f - 0.997002999f});
             return {oomb_adamw_step(B.ctx, p, g, m, v, hp), m, v};
         }, tol);
