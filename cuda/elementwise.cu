@@ -92,70 +92,92 @@ template <int OP> __device__ __forceinline__ float bop(float x, float y) {
 
 // MODE 0: any strides (b broadcast); 1: a, b, dst contiguous, same shape;
 // 2: a and dst contiguous, b one contiguous row broadcast over dims 1..3 (b index = (k % ne0) % bne0).
-template <int OP, typename I, int MODE>
+// D: the result type (f32, or bf16 for oomb_mul_ext / oomb_swiglu_ext).
+template <int OP, typename I, int MODE, typename D>
 __global__ void k_binary(oomb_tv dst, oomb_tv a, oomb_tv b, int64_t n) {
     for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n; k += (int64_t) gridDim.x * blockDim.x) {
         if constexpr (MODE == 1) {
-            ((float *) dst.d)[k] = bop<OP>(((const float *) a.d)[k], ((const float *) b.d)[k]);
+            ((D *) dst.d)[k] = oomb_from_f<D>(bop<OP>(((const float *) a.d)[k], ((const float *) b.d)[k]));
         } else if constexpr (MODE == 2) {
             const I i0 = (I) k % (I) dst.ne[0];
-            ((float *) dst.d)[k] = bop<OP>(((const float *) a.d)[k], ((const float *) b.d)[i0 % (I) b.ne[0]]);
+            ((D *) dst.d)[k] = oomb_from_f<D>(bop<OP>(((const float *) a.d)[k], ((const float *) b.d)[i0 % (I) b.ne[0]]));
         } else {
             I i0, i1, i2, i3;
             oomb_unravel<I>((I) k, dst.ne, i0, i1, i2, i3);
             const float x = *(const float *) (a.d + oomb_off(a, i0, i1, i2, i3));
             const float y = *(const float *) (b.d + oomb_off(b, i0 % (I) b.ne[0], i1 % (I) b.ne[1], i2 % (I) b.ne[2], i3 % (I) b.ne[3]));
-            *(float *) (dst.d + oomb_off(dst, i0, i1, i2, i3)) = bop<OP>(x, y);
+            *(D *) (dst.d + oomb_off(dst, i0, i1, i2, i3)) = oomb_from_f<D>(bop<OP>(x, y));
         }
     }
 }
 
-// MODE 1 / 2 four elements at a time (n, ne0 and b's ne0 multiples of 4, every pointer 16-byte aligned):
-// same results as the scalar kernel, fewer index operations and wider accesses.
-template <int OP, int MODE, typename I>
-__global__ void k_binary4(float4 * dst, const float4 * a, const float4 * b, int64_t n4, uint32_t ne0_4, uint32_t bne0_4) {
+__device__ __forceinline__ void store4(float4 * p, float4 v) { *p = v; }
+__device__ __forceinline__ void store4(uint2 * p, float4 v) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    uint2 o;
+    o.x = *(const uint32_t *) &lo;
+    o.y = *(const uint32_t *) &hi;
+    *p = o;
+}
+
+// MODE 1 / 2 four elements at a time (n, ne0 and b's ne0 multiples of 4, a / b 16-byte and dst
+// 4-element aligned): same results as the scalar kernel, fewer index operations and wider accesses.
+// V: float4 (f32 result) or uint2 (four bf16).
+template <int OP, int MODE, typename I, typename V>
+__global__ void k_binary4(V * dst, const float4 * a, const float4 * b, int64_t n4, uint32_t ne0_4, uint32_t bne0_4) {
     for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n4; k += (int64_t) gridDim.x * blockDim.x) {
         const float4 x = a[k];
         float4 y;
         if constexpr (MODE == 1) y = b[k];
         else y = b[((uint32_t) ((I) k % (I) ne0_4)) % bne0_4];
-        dst[k] = make_float4(bop<OP>(x.x, y.x), bop<OP>(x.y, y.y), bop<OP>(x.z, y.z), bop<OP>(x.w, y.w));
+        store4(dst + k, make_float4(bop<OP>(x.x, y.x), bop<OP>(x.y, y.y), bop<OP>(x.z, y.z), bop<OP>(x.w, y.w)));
     }
 }
 
 bool aligned16(const void * p) { return (uintptr_t) p % 16 == 0; }
 
-template <int OP>
-void launch_binary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
+template <int OP, typename D>
+void launch_binary_t(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
+    using V = typename std::conditional<std::is_same<D, float>::value, float4, uint2>::type;
     const int64_t n = oomb_nelements(dst);
     if (n == 0) return;
     const oomb_tv d = oomb_make_tv(dst), ta = oomb_make_tv(a), tb = oomb_make_tv(b);
     const unsigned grid = oomb_cuda_grid(n, k_threads);
     const bool contig = oomb_is_contiguous(dst) && oomb_is_contiguous(a) && oomb_is_contiguous(b);
     const bool row_b = b->ne[1] == 1 && b->ne[2] == 1 && b->ne[3] == 1;
-    const bool al = aligned16(dst->data) && aligned16(a->data) && aligned16(b->data) && n % 4 == 0;
+    const bool al = (uintptr_t) dst->data % sizeof(V) == 0 && aligned16(a->data) && aligned16(b->data) && n % 4 == 0;
+    V * dv = (V *) dst->data;
+    const float4 * av = (const float4 *) a->data, * bv = (const float4 *) b->data;
     if (contig && al && oomb_are_same_shape(a, b)) {
         const unsigned g4 = oomb_cuda_grid(n / 4, k_threads);
-        k_binary4<OP, 1, uint64_t><<<g4, k_threads, 0, c.stream>>>((float4 *) dst->data, (const float4 *) a->data, (const float4 *) b->data, n / 4, 1, 1);
+        k_binary4<OP, 1, uint64_t, V><<<g4, k_threads, 0, c.stream>>>(dv, av, bv, n / 4, 1, 1);
     } else if (contig && al && row_b && dst->ne[0] % 4 == 0 && b->ne[0] % 4 == 0 && dst->ne[0] / 4 <= 0xFFFFFFFFll) {
         const unsigned g4 = oomb_cuda_grid(n / 4, k_threads);
         const uint32_t ne0_4 = (uint32_t) (dst->ne[0] / 4), bne0_4 = (uint32_t) (b->ne[0] / 4);
-        if (n / 4 <= 0xFFFFFFFFll)
-            k_binary4<OP, 2, uint32_t><<<g4, k_threads, 0, c.stream>>>((float4 *) dst->data, (const float4 *) a->data, (const float4 *) b->data,
-                                                                       n / 4, ne0_4, bne0_4);
-        else
-            k_binary4<OP, 2, uint64_t><<<g4, k_threads, 0, c.stream>>>((float4 *) dst->data, (const float4 *) a->data, (const float4 *) b->data,
-                                                                       n / 4, ne0_4, bne0_4);
+        if (n / 4 <= 0xFFFFFFFFll) k_binary4<OP, 2, uint32_t, V><<<g4, k_threads, 0, c.stream>>>(dv, av, bv, n / 4, ne0_4, bne0_4);
+        else k_binary4<OP, 2, uint64_t, V><<<g4, k_threads, 0, c.stream>>>(dv, av, bv, n / 4, ne0_4, bne0_4);
     } else if (contig && oomb_are_same_shape(a, b)) {
-        k_binary<OP, uint64_t, 1><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
+        k_binary<OP, uint64_t, 1, D><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
     } else if (contig && row_b && oomb_fits_u32(dst)) {
-        k_binary<OP, uint32_t, 2><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
+        k_binary<OP, uint32_t, 2, D><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
     } else if (oomb_fits_u32(dst)) {
-        k_binary<OP, uint32_t, 0><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
+        k_binary<OP, uint32_t, 0, D><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
     } else {
-        k_binary<OP, uint64_t, 0><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
+        k_binary<OP, uint64_t, 0, D><<<grid, k_threads, 0, c.stream>>>(d, ta, tb, n);
     }
     OOMB_CUDA_LAUNCHED(c, oomb_op_name(dst->op));
+}
+
+template <int OP>
+void launch_binary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
+    if constexpr (OP == OP_MUL || OP == OP_SWIGLU) {
+        if (dst->type == OOMB_TYPE_BF16) {
+            launch_binary_t<OP, __nv_bfloat16>(c, dst, a, b);
+            return;
+        }
+    }
+    if (dst->type != OOMB_TYPE_F32) oomb_error("%s: result %s must be f32", oomb_op_name(dst->op), shape_str(dst).c_str());
+    launch_binary_t<OP, float>(c, dst, a, b);
 }
 
 // swiglu_back: dst = [dgate; dup] contiguous (2n elements), g / u / dy of one shape (any strides

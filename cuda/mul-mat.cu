@@ -100,7 +100,7 @@ bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int64_t A2 = a->ne[2], A3 = a->ne[3], B2 = b->ne[2], B3 = b->ne[3];
-    if (a->type == OOMB_TYPE_I32 || b->type != OOMB_TYPE_F32 || b->ne[0] != K || A2 <= 0 || A3 <= 0 || B2 % A2 != 0 ||
+    if (a->type == OOMB_TYPE_I32 || b->type == OOMB_TYPE_I32 || b->ne[0] != K || A2 <= 0 || A3 <= 0 || B2 % A2 != 0 ||
         B3 % A3 != 0 || dst->ne[0] != M || dst->ne[1] != N || dst->ne[2] != B2 || dst->ne[3] != B3) {
         oomb_error("mul_mat: invalid operands a %s, b %s, result %s", shape_str(a).c_str(), shape_str(b).c_str(), shape_str(dst).c_str());
     }
@@ -119,9 +119,26 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
     // operands that are graph memory (not a prepared scratch copy) may reuse a kept bf16 copy
     const bool a_graph = dst->src[0] && a->data == dst->src[0]->data;
     const bool b_graph = dst->src[1] && b->data == dst->src[1]->data;
-    const __nv_bfloat16 * B = to_bf16_transposed(c, b, b_graph, nullptr);
-    if (B) { opb = CUBLAS_OP_T; ldb = N; }
-    else B = to_bf16(c, b, b_graph, nullptr);
+    const __nv_bfloat16 * B = nullptr;
+    if (b->type == OOMB_TYPE_BF16 && (uintptr_t) b->data % 2 == 0) {
+        // in place (oomb_mul_ext / oomb_swiglu_ext results, their transposed views in dW products)
+        const size_t e = 2;
+        if (oomb_is_contiguous(b)) {
+            B = (const __nv_bfloat16 *) b->data;
+        } else if (B2 == 1 && B3 == 1 && (K <= 1 || b->nb[0] == e) && b->nb[1] % e == 0 && (N <= 1 || (int64_t) (b->nb[1] / e) >= K)) {
+            B = (const __nv_bfloat16 *) b->data;
+            ldb = N <= 1 ? K : (int64_t) (b->nb[1] / e);
+        } else if (B2 == 1 && B3 == 1 && (N <= 1 || b->nb[1] == e) && b->nb[0] % e == 0 && (K <= 1 || (int64_t) (b->nb[0] / e) >= N)) {
+            B = (const __nv_bfloat16 *) b->data;
+            opb = CUBLAS_OP_T;
+            ldb = K <= 1 ? N : (int64_t) (b->nb[0] / e);
+        }
+    }
+    if (!B) {
+        B = to_bf16_transposed(c, b, b_graph, nullptr);
+        if (B) { opb = CUBLAS_OP_T; ldb = N; }
+        else B = to_bf16(c, b, b_graph, nullptr);
+    }
 
     // a: in place (bf16, unit stride in dim 0 or 1) or a contiguous bf16 copy
     const __nv_bfloat16 * A = nullptr;
@@ -175,7 +192,7 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
     }
     // a batched product never has a flipped b: to_bf16_transposed takes only unbatched b (B2 = B3 = 1),
     // which forces A2 = A3 = 1 (B2 % A2 == 0), i.e. the single GEMM above
-    if (opb != CUBLAS_OP_N) oomb_error("mul_mat: internal: transposed b in a batched product");
+    if (opb != CUBLAS_OP_N || ldb != K) oomb_error("mul_mat: internal: transposed or strided b in a batched product");
     for (int64_t i3 = 0; i3 < B3; i3++) {
         const int64_t a3 = i3 / r3;
         CUBLAS_CHECK(cublasGemmStridedBatchedEx(c.cublas, opa, CUBLAS_OP_N, (int) M, (int) NN, (int) K, &alpha, A + a3 * sA3, CUDA_R_16BF,

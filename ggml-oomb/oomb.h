@@ -279,6 +279,12 @@ struct oomb_tensor * oomb_fill(struct oomb_context * ctx, int64_t ne0, int64_t n
 struct oomb_tensor * oomb_add(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
 struct oomb_tensor * oomb_sub(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
 struct oomb_tensor * oomb_mul(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
+/// a * b (as oomb_mul) with the result stored as `type`: f32, or bf16 (round to nearest even) for a
+/// result that only feeds oomb_mul_mat as its b operand, whose CUDA kernel reads bf16 operands in
+/// place (an f32 b is rounded to bf16 there anyway, so on the GPU the products are unchanged and a
+/// conversion pass and half the bytes are saved). Gradients flowing through the result stay f32.
+/// Errors: type not f32 / bf16, plus those of oomb_mul.
+struct oomb_tensor * oomb_mul_ext(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b, enum oomb_type type);
 /// a * s.
 struct oomb_tensor * oomb_scale(struct oomb_context * ctx, struct oomb_tensor * a, float s);
 /// a += b in place (b broadcast to a); the result is a view of a. a may be f32 only.
@@ -293,6 +299,8 @@ struct oomb_tensor * oomb_silu(struct oomb_context * ctx, struct oomb_tensor * a
 struct oomb_tensor * oomb_silu_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
 /// swiglu(gate, up) = silu(gate) * up (same shapes), as in the Qwen2 / LLaMA MLP.
 struct oomb_tensor * oomb_swiglu(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up);
+/// oomb_swiglu with the result stored as `type` (f32 or bf16; see oomb_mul_ext for when bf16 pays).
+struct oomb_tensor * oomb_swiglu_ext(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up, enum oomb_type type);
 /// Backward of oomb_swiglu in one pass: gate, up and dy f32 of one shape [ne0, ne1, ne2, ne3] (any
 /// strides). Returns one contiguous f32 tensor [ne0, ne1, ne2, 2 * ne3]: dgate (the first ne3
 /// slabs) then dup, with s = sigmoid(gate): dgate = dy * up * s * (1 + gate * (1 - s)),
@@ -311,7 +319,8 @@ struct oomb_tensor * oomb_get_rows(struct oomb_context * ctx, struct oomb_tensor
 /// Adjoint of get_rows: scatter-add the rows of dy [n_embd, n(, m)] into a zero f32 [n_embd, n_rows].
 struct oomb_tensor * oomb_get_rows_back(struct oomb_context * ctx, struct oomb_tensor * dy, struct oomb_tensor * ids, int64_t n_rows);
 
-/// Matrix product with ggml semantics: a [K, M, A2, A3] (f32, f16 or bf16), b [K, N, B2, B3] f32,
+/// Matrix product with ggml semantics: a [K, M, A2, A3] (f32, f16 or bf16), b [K, N, B2, B3] (f32,
+/// or f16 / bf16: the CPU backend converts such a b to f32, the CUDA backend reads a bf16 b in place),
 /// B2 % A2 == 0 and B3 % A3 == 0 (a is broadcast over the batch dims).
 /// Result f32 [M, N, B2, B3] with res[n][m] = sum_k a[m][k] * b[n][k], i.e. in PyTorch terms
 /// res = b @ a^T: with a = W (a Linear weight [out, in] = ne [in, out]) and b = x [in, tokens],

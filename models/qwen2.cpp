@@ -408,11 +408,16 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
         G->hidden.push_back(t);
     };
 
+    // Activations that only feed matrix products (the normed inputs of the Q/K/V and gate/up
+    // projections, the SwiGLU output) are stored in bf16 on the CUDA backend, whose products read
+    // bf16 operands anyway (the same results, without a conversion pass per product and with half
+    // the bytes); in f32 on the CPU, whose products are f32.
+    const oomb_type gemm_in = oomb_backend_is_host(m_.backend) ? OOMB_TYPE_F32 : OOMB_TYPE_BF16;
     oomb_tensor * x = oomb_set_name(oomb_get_rows(ctx, m_.tok_embd, G->tokens), "inp_embd");
     capture(x);
     for (int64_t l = 0; l < c.n_layer; l++) {
         const Qwen2Layer & L = m_.layers[l];
-        oomb_tensor * h = oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.attn_norm);
+        oomb_tensor * h = oomb_mul_ext(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.attn_norm, gemm_in);
         oomb_tensor * q = oomb_add(ctx, oomb_mul_mat(ctx, L.wq, h), L.bq);
         oomb_tensor * k = oomb_add(ctx, oomb_mul_mat(ctx, L.wk, h), L.bk);
         oomb_tensor * v = oomb_add(ctx, oomb_mul_mat(ctx, L.wv, h), L.bv);
@@ -443,8 +448,8 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
         }
         a = oomb_reshape_2d(ctx, a, c.n_head * hd, T);
         x = oomb_add(ctx, x, oomb_mul_mat(ctx, L.wo, a));
-        oomb_tensor * h2 = oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.ffn_norm);
-        oomb_tensor * f = oomb_mul_mat(ctx, L.w_down, oomb_swiglu(ctx, oomb_mul_mat(ctx, L.w_gate, h2), oomb_mul_mat(ctx, L.w_up, h2)));
+        oomb_tensor * h2 = oomb_mul_ext(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.ffn_norm, gemm_in);
+        oomb_tensor * f = oomb_mul_mat(ctx, L.w_down, oomb_swiglu_ext(ctx, oomb_mul_mat(ctx, L.w_gate, h2), oomb_mul_mat(ctx, L.w_up, h2), gemm_in));
         x = oomb_format_name(oomb_add(ctx, x, f), "l_out.%" PRId64, l);
         if (l + 1 < c.n_layer) capture(x);
     }

@@ -372,7 +372,8 @@ struct Builder {
                 // res[n][m] = sum_k a[m][k] b[n][k]  =>  da[m][k] = sum_n dy[n][m] b[n][k],  db[n][k] = sum_m dy[n][m] a[m][k]
                 if (need(a)) {
                     oomb_tensor * bt = oomb_transpose(ctx, b);
-                    if (bt->nb[0] != sizeof(float) && bt->nb[1] != sizeof(float)) bt = oomb_transpose(ctx, oomb_cont(ctx, b));
+                    const size_t es = oomb_type_size(b->type);
+                    if (bt->nb[0] != es && bt->nb[1] != es) bt = oomb_transpose(ctx, oomb_cont(ctx, b));
                     oomb_tensor * da = oomb_mul_mat(ctx, bt, oomb_transpose(ctx, dy)); // [K, M, B2, B3]
                     add_grad(a, reduce_batches(da, a));
                 }

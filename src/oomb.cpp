@@ -529,16 +529,24 @@ struct oomb_tensor * oomb_fill(struct oomb_context * ctx, int64_t ne0, int64_t n
     return t;
 }
 
-static oomb_tensor * binary_op(oomb_context * ctx, enum oomb_op op, oomb_tensor * a, oomb_tensor * b) {
+static oomb_tensor * binary_op(oomb_context * ctx, enum oomb_op op, oomb_tensor * a, oomb_tensor * b,
+                               enum oomb_type type = OOMB_TYPE_F32) {
     const char * opn = oomb_op_name(op);
     require_f32(a, opn, "a");
     require_f32(b, opn, "b");
     OOMB_CHECK(oomb_can_repeat(b, a), opn, "b %s cannot be broadcast to a %s", shape_str(b).c_str(), shape_str(a).c_str());
-    return new_op(ctx, op, OOMB_TYPE_F32, a->ne, a, b);
+    return new_op(ctx, op, type, a->ne, a, b);
 }
 struct oomb_tensor * oomb_add(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) { return binary_op(ctx, OOMB_OP_ADD, a, b); }
 struct oomb_tensor * oomb_sub(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) { return binary_op(ctx, OOMB_OP_SUB, a, b); }
 struct oomb_tensor * oomb_mul(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) { return binary_op(ctx, OOMB_OP_MUL, a, b); }
+static void require_result_type(enum oomb_type type, const char * op) {
+    OOMB_CHECK(type == OOMB_TYPE_F32 || type == OOMB_TYPE_BF16, op, "result type %s must be f32 or bf16", oomb_type_name(type));
+}
+struct oomb_tensor * oomb_mul_ext(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b, enum oomb_type type) {
+    require_result_type(type, "mul_ext");
+    return binary_op(ctx, OOMB_OP_MUL, a, b, type);
+}
 
 struct oomb_tensor * oomb_scale(struct oomb_context * ctx, struct oomb_tensor * a, float s) {
     require_f32(a, "scale", "a");
@@ -587,6 +595,13 @@ struct oomb_tensor * oomb_swiglu(struct oomb_context * ctx, struct oomb_tensor *
     require_same_shape(gate, up, "swiglu");
     return new_op(ctx, OOMB_OP_SWIGLU, OOMB_TYPE_F32, gate->ne, gate, up);
 }
+struct oomb_tensor * oomb_swiglu_ext(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up, enum oomb_type type) {
+    require_result_type(type, "swiglu_ext");
+    require_f32(gate, "swiglu", "gate");
+    require_f32(up, "swiglu", "up");
+    require_same_shape(gate, up, "swiglu");
+    return new_op(ctx, OOMB_OP_SWIGLU, type, gate->ne, gate, up);
+}
 struct oomb_tensor * oomb_swiglu_back(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up,
                                       struct oomb_tensor * dy) {
     require_f32(gate, "swiglu_back", "gate");
@@ -634,7 +649,7 @@ struct oomb_tensor * oomb_get_rows_back(struct oomb_context * ctx, struct oomb_t
 
 struct oomb_tensor * oomb_mul_mat(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) {
     require_float(a, "mul_mat", "a");
-    require_f32(b, "mul_mat", "b");
+    require_float(b, "mul_mat", "b");
     OOMB_CHECK(a->ne[0] == b->ne[0], "mul_mat", "inner dimensions differ (ne0): a %s, b %s", shape_str(a).c_str(), shape_str(b).c_str());
     OOMB_CHECK(a->ne[2] > 0 && a->ne[3] > 0 && b->ne[2] % a->ne[2] == 0 && b->ne[3] % a->ne[3] == 0, "mul_mat",
                "batch dims of a %s cannot be broadcast to b %s", shape_str(a).c_str(), shape_str(b).c_str());

@@ -406,9 +406,23 @@ void compute_forward_sub(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a,
     check_broadcast("sub", dst, a, b);
     binary_rows(c, dst, a, b, [](float x, float y) { return x - y; });
 }
+// A bf16 result (oomb_mul_ext, oomb_swiglu_ext): f(tmp) on a contiguous f32 stand-in in scratch,
+// then rounded into dst. f32: f(dst).
+template <class F>
+void via_f32_result(exec_ctx & c, oomb_tensor * dst, F f) {
+    if (dst->type == OOMB_TYPE_F32) { f(dst); return; }
+    oomb_tensor tmp = *dst;
+    tmp.type = OOMB_TYPE_F32;
+    tmp.view_src = nullptr;
+    set_contiguous_strides(&tmp);
+    tmp.data = c.slot(N_PREP_SLOTS_END, (size_t) oomb_nelements(&tmp) * 4);
+    f(&tmp);
+    copy_tensor(c, &tmp, dst);
+}
+
 void compute_forward_mul(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
     check_broadcast("mul", dst, a, b);
-    binary_rows(c, dst, a, b, [](float x, float y) { return x * y; });
+    via_f32_result(c, dst, [&](oomb_tensor * d) { binary_rows(c, d, a, b, [](float x, float y) { return x * y; }); });
 }
 // add_inplace: dst (a view of src[0]) += src[1] broadcast.
 void compute_forward_add_inplace(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
@@ -440,7 +454,7 @@ void compute_forward_silu_back(exec_ctx & c, oomb_tensor * dst, const oomb_tenso
 void compute_forward_swiglu(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * gate, const oomb_tensor * up) {
     check_same_shape("swiglu", dst, gate);
     check_same_shape("swiglu", dst, up);
-    binary_rows(c, dst, gate, up, [](float g, float u) { return silu_f(g) * u; });
+    via_f32_result(c, dst, [&](oomb_tensor * d) { binary_rows(c, d, gate, up, [](float g, float u) { return silu_f(g) * u; }); });
 }
 // swiglu_back: [dgate; dup] (dst [ne0, ne1, ne2, 2 ne3], contiguous) from gate, up, dy (any strides).
 void compute_forward_swiglu_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * g, const oomb_tensor * u, const oomb_tensor * dy) {
@@ -674,13 +688,24 @@ const float * tensor_to_f32(exec_ctx & c, const oomb_tensor * t, int slot) {
 void compute_forward_mul_mat(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int64_t A2 = a->ne[2], A3 = a->ne[3], B2 = b->ne[2], B3 = b->ne[3];
-    if (a->type == OOMB_TYPE_I32 || b->type != OOMB_TYPE_F32 || b->ne[0] != K || A2 <= 0 || A3 <= 0 || B2 % A2 != 0 ||
+    if (a->type == OOMB_TYPE_I32 || b->type == OOMB_TYPE_I32 || b->ne[0] != K || A2 <= 0 || A3 <= 0 || B2 % A2 != 0 ||
         B3 % A3 != 0 || dst->ne[0] != M || dst->ne[1] != N || dst->ne[2] != B2 || dst->ne[3] != B3) {
         oomb_error("mul_mat: invalid operands a %s, b %s, result %s", shape_str(a).c_str(), shape_str(b).c_str(), shape_str(dst).c_str());
     }
     if (!oomb_is_contiguous(dst)) oomb_error("mul_mat: result %s must be contiguous", shape_str(dst).c_str());
     if (oomb_nelements(dst) == 0) return;
     if (K == 0) { memset(dst->data, 0, oomb_nbytes(dst)); return; }
+    oomb_tensor b32;
+    if (b->type != OOMB_TYPE_F32) {
+        // f16 / bf16 b (oomb_mul_ext, oomb_swiglu_ext results): a contiguous f32 copy (slot N_PREP_SLOTS_END + 1,
+        // b's; a contiguous f32 b is never copied again below)
+        b32 = *b;
+        b32.type = OOMB_TYPE_F32;
+        b32.view_src = nullptr;
+        set_contiguous_strides(&b32);
+        b32.data = (void *) tensor_to_f32(c, b, N_PREP_SLOTS_END + 1);
+        b = &b32;
+    }
     if (K > INT_MAX || M > INT_MAX || N * B2 * B3 > INT_MAX) {
         oomb_error("mul_mat: sizes exceed sgemm's int range: a %s, b %s", shape_str(a).c_str(), shape_str(b).c_str());
     }

@@ -426,6 +426,17 @@ TEST_F(CudaOps, UnaryAndGatedOps) {
             return {oomb_swiglu_back(B.ctx, src(B, -12.0f, 12.0f), src(B), src(B))};
         }, k_f32);
     }
+    // bf16 results (oomb_mul_ext, oomb_swiglu_ext): four at a time, one at a time (odd sizes, views)
+    for (int view = 0; view < 2; view++) {
+        expect_case(view ? "mul_ext / swiglu_ext bf16 results (views, odd sizes)" : "mul_ext / swiglu_ext bf16 results",
+                    [view](Builder & B) -> std::vector<oomb_tensor *> {
+            const int64_t n0 = view ? 37 : 896, n1 = view ? 5 : 33;
+            oomb_tensor * x = view ? oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, n1, n0, 1, 1, -6, 6)) : B.input(OOMB_TYPE_F32, n0, n1, 1, 1, -6, 6);
+            oomb_tensor * y = B.input(OOMB_TYPE_F32, n0, n1);
+            return {oomb_mul_ext(B.ctx, x, B.input(OOMB_TYPE_F32, n0), OOMB_TYPE_BF16), oomb_swiglu_ext(B.ctx, x, y, OOMB_TYPE_BF16),
+                    oomb_mul_ext(B.ctx, x, y, OOMB_TYPE_BF16)};
+        }, 1e-3);
+    }
     expect_case("swiglu large [4864, 67]", [](Builder & B) -> std::vector<oomb_tensor *> {
         return {oomb_swiglu(B.ctx, B.input(OOMB_TYPE_F32, 4864, 67, 1, 1, -6, 6), B.input(OOMB_TYPE_F32, 4864, 67))};
     }, k_f32);
@@ -572,6 +583,19 @@ TEST_F(CudaOps, MulMat) {
             return {oomb_mul_mat(B.ctx, B.input(t, 40, 24), B.input(OOMB_TYPE_F32, 40, 19, 3, 2))};
         }, k_bf16);
     }
+    // bf16 b operands read in place (oomb_mul_ext / oomb_swiglu_ext results): contiguous (also
+    // batched), transposed (the dW pattern), rows with ld > K; and a permuted batched one (copied)
+    expect_case("mul_mat bf16 b: contiguous, batched, transposed, strided, permuted", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * b16 = oomb_cast(B.ctx, B.input(OOMB_TYPE_F32, 40, 67, 2, 3), OOMB_TYPE_BF16);  // [40, 67, 2, 3]
+        oomb_tensor * w = B.input(OOMB_TYPE_BF16, 40, 24);
+        oomb_tensor * flat = oomb_view_2d(B.ctx, b16, 40, 67, b16->nb[1], 0);
+        oomb_tensor * r1 = oomb_mul_mat(B.ctx, w, flat);
+        oomb_tensor * r2 = oomb_mul_mat(B.ctx, B.input(OOMB_TYPE_BF16, 40, 24, 2, 1), b16);
+        oomb_tensor * r3 = oomb_mul_mat(B.ctx, oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, 19, 67)), oomb_transpose(B.ctx, flat));  // [19, 40]
+        oomb_tensor * r4 = oomb_mul_mat(B.ctx, B.input(OOMB_TYPE_BF16, 33, 24), oomb_view_2d(B.ctx, b16, 33, 67, b16->nb[1], 3 * 2));
+        oomb_tensor * r5 = oomb_mul_mat(B.ctx, w, oomb_permute(B.ctx, b16, 0, 2, 1, 3));
+        return {r1, r2, r3, r4, r5};
+    }, k_bf16);
     // the backend keeps bf16 copies of f32 operands while their bytes are unchanged: reused by the
     // second product (plain and transposed view of the same memory), dropped once x is written in place
     expect_case("mul_mat kept bf16 copy: reused, then x written in place", [](Builder & B) -> std::vector<oomb_tensor *> {

@@ -1126,6 +1126,51 @@ TEST_F(Ops, BackendBasics) {
 
 } // namespace
 
+// ---- bf16 results (oomb_mul_ext, oomb_swiglu_ext) and bf16 b operands of mul_mat ---------------
+TEST_F(Ops, Bf16ResultsAndBf16MulMatOperand) {
+    oomb_tensor * x = oomb_transpose(ctx, rnd(OOMB_TYPE_F32, 33, 17, 2, 1, -6.0f, 6.0f)); // [17, 33, 2]
+    oomb_tensor * y = rnd(OOMB_TYPE_F32, 17, 33, 2);
+    oomb_tensor * w = rnd(OOMB_TYPE_F32, 17);
+    for (oomb_backend_t be : {g_cpu, g_cpu1}) {
+        oomb_tensor * m32 = oomb_mul(ctx, x, w);
+        oomb_tensor * m16 = oomb_mul_ext(ctx, x, w, OOMB_TYPE_BF16);
+        oomb_tensor * s32 = oomb_swiglu(ctx, x, y);
+        oomb_tensor * s16 = oomb_swiglu_ext(ctx, x, y, OOMB_TYPE_BF16);
+        oomb_tensor * sf = oomb_swiglu_ext(ctx, x, y, OOMB_TYPE_F32);
+        ASSERT_EQ(m16->type, OOMB_TYPE_BF16);
+        ASSERT_EQ(s16->type, OOMB_TYPE_BF16);
+        ASSERT_EQ(m16->nb[0], 2u);
+        for (oomb_tensor * t : {m32, m16, s32, s16, sf}) compute(t, be);
+        // the bf16 results are the f32 ones rounded to nearest even
+        const vec M32 = to_vector(m32), M16 = to_vector(m16), S32 = to_vector(s32), S16 = to_vector(s16);
+        for (size_t i = 0; i < M32.size(); i++) {
+            ASSERT_EQ((float) M16[i], oomb_bf16_to_fp32(oomb_fp32_to_bf16((float) M32[i]))) << i;
+            ASSERT_EQ((float) S16[i], oomb_bf16_to_fp32(oomb_fp32_to_bf16((float) S32[i]))) << i;
+        }
+        EXPECT_EQ(to_vector(sf), S32);
+        // mul_mat with a bf16 b (contiguous, transposed view, strided rows): the product of the
+        // rounded values
+        oomb_tensor * a = rnd(OOMB_TYPE_F32, 17, 9);
+        oomb_tensor * b16 = oomb_cont(ctx, s16);                                   // [17, 33, 2] bf16
+        oomb_tensor * b32 = oomb_cast(ctx, b16, OOMB_TYPE_F32);
+        oomb_tensor * p16 = oomb_mul_mat(ctx, a, b16);
+        oomb_tensor * p32 = oomb_mul_mat(ctx, a, b32);
+        oomb_tensor * aT = oomb_transpose(ctx, rnd(OOMB_TYPE_F32, 5, 33));     // [33, 5]
+        oomb_tensor * t16 = oomb_mul_mat(ctx, aT, oomb_transpose(ctx, oomb_view_2d(ctx, b16, 17, 33, b16->nb[1], 0)));  // dW pattern
+        oomb_tensor * t32 = oomb_mul_mat(ctx, aT, oomb_transpose(ctx, oomb_view_2d(ctx, b32, 17, 33, b32->nb[1], 0)));
+        oomb_tensor * a15 = oomb_view_2d(ctx, a, 15, 9, a->nb[1], 0);
+        oomb_tensor * v16 = oomb_mul_mat(ctx, a15, oomb_view_2d(ctx, b16, 15, 33, b16->nb[1], 2 * sizeof(uint16_t)));  // ld 17 > K 15
+        oomb_tensor * v32 = oomb_mul_mat(ctx, a15, oomb_view_2d(ctx, b32, 15, 33, b32->nb[1], 2 * sizeof(float)));
+        for (oomb_tensor * t : {p16, p32, t16, t32, v16, v32}) compute(t, be);
+        EXPECT_REL(to_vector(p16), to_vector(p32), 1e-6);
+        EXPECT_REL(to_vector(t16), to_vector(t32), 1e-6);
+        EXPECT_REL(to_vector(v16), to_vector(v32), 1e-6);
+    }
+    EXPECT_OOMB_ERROR(oomb_mul_ext(ctx, x, w, OOMB_TYPE_F16), "mul_ext");
+    EXPECT_OOMB_ERROR(oomb_swiglu_ext(ctx, x, y, OOMB_TYPE_I32), "swiglu_ext");
+    EXPECT_OOMB_ERROR(oomb_mul_mat(ctx, rnd(OOMB_TYPE_F32, 4, 3), oomb_new_tensor_2d(ctx, OOMB_TYPE_I32, 4, 2)), "mul_mat");
+}
+
 // ---- oomb_swiglu_back: direct checks, non-contiguous 4-D operands (cases from a review) --------
 TEST_F(Ops, SwigluBackNonContiguous4D) {
     // gate transposed, up permuted 4-D, dy an offset strided view; ne3 = 3
