@@ -182,8 +182,8 @@ void launch_binary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, 
 
 // swiglu_back: dst = [dgate; dup] contiguous (2n elements), g / u / dy of one shape (any strides
 // unless CONTIG).
-template <typename I, bool CONTIG>
-__global__ void k_swiglu_back(float * dst, oomb_tv g, oomb_tv u, oomb_tv dy, int64_t n) {
+template <typename I, bool CONTIG, typename D>
+__global__ void k_swiglu_back(D * dst, oomb_tv g, oomb_tv u, oomb_tv dy, int64_t n) {
     for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n; k += (int64_t) gridDim.x * blockDim.x) {
         float gv, uv, yv;
         if constexpr (CONTIG) {
@@ -196,13 +196,14 @@ __global__ void k_swiglu_back(float * dst, oomb_tv g, oomb_tv u, oomb_tv dy, int
             yv = *(const float *) (dy.d + oomb_off(dy, i0, i1, i2, i3));
         }
         const float s = sigmoid_f(gv);
-        dst[k] = yv * uv * s * (1.0f + gv * (1.0f - s));
-        dst[n + k] = yv * gv * s;
+        dst[k] = oomb_from_f<D>(yv * uv * s * (1.0f + gv * (1.0f - s)));
+        dst[n + k] = oomb_from_f<D>(yv * gv * s);
     }
 }
 
 // contiguous operands, n % 4 == 0, 16-byte aligned
-__global__ void k_swiglu_back4(float4 * dst, const float4 * g, const float4 * u, const float4 * dy, int64_t n4) {
+template <typename V>
+__global__ void k_swiglu_back4(V * dst, const float4 * g, const float4 * u, const float4 * dy, int64_t n4) {
     for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n4; k += (int64_t) gridDim.x * blockDim.x) {
         const float4 gv = g[k], uv = u[k], yv = dy[k];
         float dg[4], du[4];
@@ -213,8 +214,8 @@ __global__ void k_swiglu_back4(float4 * dst, const float4 * g, const float4 * u,
             dg[j] = ys[j] * us[j] * s * (1.0f + gs[j] * (1.0f - s));
             du[j] = ys[j] * gs[j] * s;
         }
-        dst[k] = make_float4(dg[0], dg[1], dg[2], dg[3]);
-        dst[n4 + k] = make_float4(du[0], du[1], du[2], du[3]);
+        store4(dst + k, make_float4(dg[0], dg[1], dg[2], dg[3]));
+        store4(dst + n4 + k, make_float4(du[0], du[1], du[2], du[3]));
     }
 }
 
@@ -403,6 +404,29 @@ void oomb_cuda_fill(oomb_cuda_ctx & c, oomb_tensor * dst) {
     OOMB_CUDA_LAUNCHED(c, "fill");
 }
 
+namespace {
+
+template <typename D>
+void launch_swiglu_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * g, const oomb_tensor * u, const oomb_tensor * dy, int64_t n) {
+    using V = typename std::conditional<std::is_same<D, float>::value, float4, uint2>::type;
+    const oomb_tv tg = oomb_make_tv(g), tu = oomb_make_tv(u), ty = oomb_make_tv(dy);
+    const unsigned grid = oomb_cuda_grid(n, k_threads);
+    D * d = (D *) dst->data;
+    const bool contig = oomb_is_contiguous(g) && oomb_is_contiguous(u) && oomb_is_contiguous(dy);
+    if (contig && n % 4 == 0 && (uintptr_t) dst->data % sizeof(V) == 0 && aligned16(g->data) && aligned16(u->data) && aligned16(dy->data))
+        k_swiglu_back4<V><<<oomb_cuda_grid(n / 4, k_threads), k_threads, 0, c.stream>>>((V *) dst->data, (const float4 *) g->data,
+                                                                                        (const float4 *) u->data, (const float4 *) dy->data, n / 4);
+    else if (contig)
+        k_swiglu_back<uint64_t, true, D><<<grid, k_threads, 0, c.stream>>>(d, tg, tu, ty, n);
+    else if (oomb_fits_u32(g))
+        k_swiglu_back<uint32_t, false, D><<<grid, k_threads, 0, c.stream>>>(d, tg, tu, ty, n);
+    else
+        k_swiglu_back<uint64_t, false, D><<<grid, k_threads, 0, c.stream>>>(d, tg, tu, ty, n);
+    OOMB_CUDA_LAUNCHED(c, "swiglu_back");
+}
+
+} // namespace
+
 void oomb_cuda_swiglu_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * g, const oomb_tensor * u, const oomb_tensor * dy) {
     check_same_shape("swiglu_back", g, u);
     check_same_shape("swiglu_back", g, dy);
@@ -410,19 +434,9 @@ void oomb_cuda_swiglu_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tens
         oomb_error("swiglu_back: result %s must be contiguous [%s with ne3 doubled]", shape_str(dst).c_str(), shape_str(g).c_str());
     const int64_t n = oomb_nelements(g);
     if (n == 0) return;
-    const oomb_tv tg = oomb_make_tv(g), tu = oomb_make_tv(u), ty = oomb_make_tv(dy);
-    const unsigned grid = oomb_cuda_grid(n, k_threads);
-    const bool contig = oomb_is_contiguous(g) && oomb_is_contiguous(u) && oomb_is_contiguous(dy);
-    if (contig && n % 4 == 0 && aligned16(dst->data) && aligned16(g->data) && aligned16(u->data) && aligned16(dy->data))
-        k_swiglu_back4<<<oomb_cuda_grid(n / 4, k_threads), k_threads, 0, c.stream>>>((float4 *) dst->data, (const float4 *) g->data,
-                                                                                     (const float4 *) u->data, (const float4 *) dy->data, n / 4);
-    else if (contig)
-        k_swiglu_back<uint64_t, true><<<grid, k_threads, 0, c.stream>>>((float *) dst->data, tg, tu, ty, n);
-    else if (oomb_fits_u32(g))
-        k_swiglu_back<uint32_t, false><<<grid, k_threads, 0, c.stream>>>((float *) dst->data, tg, tu, ty, n);
-    else
-        k_swiglu_back<uint64_t, false><<<grid, k_threads, 0, c.stream>>>((float *) dst->data, tg, tu, ty, n);
-    OOMB_CUDA_LAUNCHED(c, "swiglu_back");
+    if (dst->type == OOMB_TYPE_BF16) launch_swiglu_back<__nv_bfloat16>(c, dst, g, u, dy, n);
+    else if (dst->type == OOMB_TYPE_F32) launch_swiglu_back<float>(c, dst, g, u, dy, n);
+    else oomb_error("swiglu_back: result %s must be f32 or bf16", shape_str(dst).c_str());
 }
 
 void oomb_cuda_binary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {

@@ -307,6 +307,12 @@ struct oomb_tensor * oomb_swiglu_ext(struct oomb_context * ctx, struct oomb_tens
 /// dup = dy * gate * s. The autodiff uses it for swiglu (views of the two halves).
 struct oomb_tensor * oomb_swiglu_back(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up,
                                       struct oomb_tensor * dy);
+/// oomb_swiglu_back with the packed result stored as `type` (f32 or bf16). The autodiff uses bf16
+/// for a swiglu whose result is bf16 (oomb_swiglu_ext: it feeds matrix products, and so then do
+/// the gradients of its gate and up, the outputs of matrix products): they are read by the products
+/// of the backward only (summed in f32 where a tensor gets several).
+struct oomb_tensor * oomb_swiglu_back_ext(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up,
+                                          struct oomb_tensor * dy, enum oomb_type type);
 
 /// Sum / mean / sum of squares of all elements: result f32 [1].
 struct oomb_tensor * oomb_sum(struct oomb_context * ctx, struct oomb_tensor * a);

@@ -118,6 +118,14 @@ struct Builder {
 
     oomb_tensor * contig(oomb_tensor * x) { return oomb_is_contiguous(x) ? x : oomb_cont(ctx, x); }
 
+    // x as f32 (a bf16 gradient converted; f32 as it is)
+    oomb_tensor * as_f32(oomb_tensor * x) {
+        if (x->type == OOMB_TYPE_F32) return x;
+        oomb_tensor * r = oomb_cast(ctx, x, OOMB_TYPE_F32);
+        oomb_format_name(r, "%.50s (f32)", x->name);
+        return r;
+    }
+
     // x (same element count as ref) in ref's shape.
     oomb_tensor * as_shape(oomb_tensor * x, const oomb_tensor * ref) {
         if (oomb_are_same_shape(x, ref)) return x;
@@ -145,13 +153,16 @@ struct Builder {
         if (t->op == OOMB_OP_PAGED_ATTN) { // the dry run reports this first
             oomb_error("build_backward_expand: internal error: dense gradient for paged_attn's packed node %s", shape_str(t).c_str());
         }
-        if (c->type != OOMB_TYPE_F32 || !oomb_are_same_shape(c, t)) {
+        if ((c->type != OOMB_TYPE_F32 && c->type != OOMB_TYPE_BF16) || !oomb_are_same_shape(c, t)) {
             oomb_error("build_backward_expand: internal error: gradient %s does not match %s (op %s)", shape_str(c).c_str(),
                        shape_str(t).c_str(), oomb_op_name(t->op));
         }
         if (!c->name[0]) named(c, t);
         Acc & a = acc[t];
-        if (!a.g) {
+        if (a.g && (a.g->type != OOMB_TYPE_F32 || c->type != OOMB_TYPE_F32)) {
+            // bf16 gradients (swiglu_back_ext's, for matrix products) are summed in f32
+            a.g = named(oomb_add(ctx, as_f32(a.g), as_f32(c)), t);
+        } else if (!a.g) {
             a.g = c;
         } else if (a.g->view_src && !c->view_src) {
             // the sum in place on the operand that owns its memory (the allocator runs an add in
@@ -248,7 +259,9 @@ struct Builder {
                 zg = named(oomb_cont(ctx, strided_view(a.z, t->ne, nb, t->view_offs / es * sizeof(float))), t);
             }
         }
-        if (a.g && zg) return named(oomb_add(ctx, a.g, zg), t);
+        if (a.g && zg) return named(oomb_add(ctx, as_f32(a.g), zg), t);
+        // a bf16 gradient goes as it is only to a matrix product (its backward reads it as a bf16 operand)
+        if (a.g && a.g->type != OOMB_TYPE_F32 && t->op != OOMB_OP_MUL_MAT) return as_f32(a.g);
         return a.g ? a.g : zg;
     }
 
@@ -347,13 +360,16 @@ struct Builder {
                     if (need(a)) add_grad(a, oomb_silu_back(ctx, a, oomb_mul(ctx, dy, b)));
                     break;
                 }
-                // both gradients in one pass (oomb_swiglu_back: [dgate; dup])
-                oomb_tensor * packed = oomb_swiglu_back(ctx, a, b, dy);
+                // both gradients in one pass (oomb_swiglu_back: [dgate; dup]); stored in bf16 when the
+                // result is (oomb_swiglu_ext: it feeds matrix products, as gate and up come from them)
+                const oomb_type gt = t->type == OOMB_TYPE_BF16 ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
+                oomb_tensor * packed = oomb_swiglu_back_ext(ctx, a, b, dy, gt);
                 oomb_format_name(packed, "grad of %.44s (gate, up)", tname(t));
-                const size_t nb1 = sizeof(float) * a->ne[0], nb2 = nb1 * a->ne[1], nb3 = nb2 * a->ne[2];
+                const size_t es = oomb_type_size(gt);
+                const size_t nb1 = es * a->ne[0], nb2 = nb1 * a->ne[1], nb3 = nb2 * a->ne[2];
                 add_grad(a, named(oomb_view_4d(ctx, packed, a->ne[0], a->ne[1], a->ne[2], a->ne[3], nb1, nb2, nb3, 0), a));
                 add_grad(b, named(oomb_view_4d(ctx, packed, b->ne[0], b->ne[1], b->ne[2], b->ne[3], nb1, nb2, nb3,
-                                               sizeof(float) * (size_t) oomb_nelements(a)), b));
+                                               es * (size_t) oomb_nelements(a)), b));
                 break;
             }
             case OOMB_OP_SUM:

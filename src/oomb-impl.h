@@ -152,7 +152,7 @@ static inline void check_op_result(const oomb_tensor * node) {
     const enum oomb_op op = node->op;
     if (node->type != OOMB_TYPE_I32 && op != OOMB_OP_CPY && op != OOMB_OP_CAST && op != OOMB_OP_CONT &&
         op != OOMB_OP_ADAMW_STEP && op != OOMB_OP_SGD_STEP && node->type != OOMB_TYPE_F32 &&
-        !((op == OOMB_OP_MUL || op == OOMB_OP_SWIGLU) && node->type == OOMB_TYPE_BF16)) {  // oomb_mul_ext, oomb_swiglu_ext
+        !((op == OOMB_OP_MUL || op == OOMB_OP_SWIGLU || op == OOMB_OP_SWIGLU_BACK) && node->type == OOMB_TYPE_BF16)) {  // *_ext
         oomb_error("%s: result %s must be f32", oomb_op_name(op), shape_str(node).c_str());
     }
     if (op != OOMB_OP_CPY && op != OOMB_OP_ADD_INPLACE && op != OOMB_OP_FILL && node->ne[0] > 1 &&

@@ -614,6 +614,19 @@ struct oomb_tensor * oomb_swiglu_back(struct oomb_context * ctx, struct oomb_ten
     t->src[2] = dy;
     return t;
 }
+struct oomb_tensor * oomb_swiglu_back_ext(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up,
+                                          struct oomb_tensor * dy, enum oomb_type type) {
+    require_result_type(type, "swiglu_back_ext");
+    require_f32(gate, "swiglu_back", "gate");
+    require_f32(up, "swiglu_back", "up");
+    require_f32(dy, "swiglu_back", "dy");
+    require_same_shape(gate, up, "swiglu_back");
+    require_same_shape(gate, dy, "swiglu_back");
+    const int64_t ne[4] = {gate->ne[0], gate->ne[1], gate->ne[2], 2 * gate->ne[3]};
+    oomb_tensor * t = new_op(ctx, OOMB_OP_SWIGLU_BACK, type, ne, gate, up);
+    t->src[2] = dy;
+    return t;
+}
 
 static const int64_t k_scalar_ne[4] = {1, 1, 1, 1};
 struct oomb_tensor * oomb_sum(struct oomb_context * ctx, struct oomb_tensor * a) {

@@ -462,6 +462,10 @@ void compute_forward_swiglu_back(exec_ctx & c, oomb_tensor * dst, const oomb_ten
     check_same_shape("swiglu_back", g, dy);
     if (!oomb_is_contiguous(dst) || dst->ne[0] != g->ne[0] || dst->ne[1] != g->ne[1] || dst->ne[2] != g->ne[2] || dst->ne[3] != 2 * g->ne[3])
         oomb_error("swiglu_back: result %s must be contiguous [%s with ne3 doubled]", shape_str(dst).c_str(), shape_str(g).c_str());
+    if (dst->type != OOMB_TYPE_F32) {  // oomb_swiglu_back_ext: f32 into scratch, then rounded
+        via_f32_result(c, dst, [&](oomb_tensor * d) { compute_forward_swiglu_back(c, d, g, u, dy); });
+        return;
+    }
     const int64_t ne0 = g->ne[0];
     if (ne0 == 0) return;
     const int64_t half = oomb_nelements(g);

@@ -437,6 +437,12 @@ TEST_F(CudaOps, UnaryAndGatedOps) {
                     oomb_mul_ext(B.ctx, x, y, OOMB_TYPE_BF16)};
         }, 1e-3);
     }
+    expect_case("swiglu_back_ext bf16 [4864, 67, 1, 2] and transposed [37, 5]", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * g = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, 5, 37, 1, 1, -6, 6));
+        return {oomb_swiglu_back_ext(B.ctx, B.input(OOMB_TYPE_F32, 4864, 67, 1, 2, -6, 6), B.input(OOMB_TYPE_F32, 4864, 67, 1, 2),
+                                     B.input(OOMB_TYPE_F32, 4864, 67, 1, 2), OOMB_TYPE_BF16),
+                oomb_swiglu_back_ext(B.ctx, g, B.input(OOMB_TYPE_F32, 37, 5), B.input(OOMB_TYPE_F32, 37, 5), OOMB_TYPE_BF16)};
+    }, 1e-3);
     expect_case("swiglu large [4864, 67]", [](Builder & B) -> std::vector<oomb_tensor *> {
         return {oomb_swiglu(B.ctx, B.input(OOMB_TYPE_F32, 4864, 67, 1, 1, -6, 6), B.input(OOMB_TYPE_F32, 4864, 67))};
     }, k_f32);

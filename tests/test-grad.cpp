@@ -1206,6 +1206,13 @@ TEST(Grad, Bf16GemmInputs) {
         oomb_cgraph * g = oomb_new_graph(H->ctx);
         oomb_build_forward_expand(g, l);
         oomb_build_backward_expand(H->ctx, g, l, nullptr);
+        // the bf16 graph's swiglu backward stores its [dgate; dup] in bf16 (read by the products only)
+        int n_bf16_back = 0;
+        for (int i = 0; i < oomb_graph_n_nodes(g); i++) {
+            const oomb_tensor * n = oomb_graph_node(g, i);
+            if (n->op == OOMB_OP_SWIGLU_BACK) n_bf16_back += n->type == OOMB_TYPE_BF16;
+        }
+        EXPECT_EQ(n_bf16_back, H == &B ? 1 : 0);
         H->zero_grads();
         oomb_backend_graph_compute(cpu(), g);
     }
@@ -1214,6 +1221,49 @@ TEST(Grad, Bf16GemmInputs) {
         const double e = rel_err(gb, ga);
         EXPECT_LT(e, 2e-2) << A.params[i]->name;
         EXPECT_GT(e, 0.0) << A.params[i]->name << ": the bf16 graph should round (a test that cannot fail otherwise)";
+    }
+}
+
+// bf16 gradients of a bf16 swiglu (oomb_swiglu_back_ext) where they are not only read by one matrix
+// product: gate also used elsewhere (summed in f32), gate and up views of one projection (scattered
+// through the views), the same tensor on both sides; against the f32 graph and the graph allocator
+TEST(Grad, Bf16SwigluGradientsAccumulated) {
+    auto cases = [](int which, oomb_type act) {
+        return [which, act](Harness & H, oomb_context * c) -> oomb_tensor * {
+            oomb_tensor * x = H.param("x", {8, 5, 2});
+            if (which == 0) {
+                oomb_tensor * g = oomb_mul_mat(c, H.param("wg", {8, 6}), x);
+                oomb_tensor * u = oomb_mul_mat(c, H.param("wu", {8, 6}), x);
+                oomb_tensor * m = oomb_swiglu_ext(c, g, u, act);
+                oomb_tensor * y = oomb_add(c, oomb_mul_mat(c, H.param("wd", {6, 4}), m), oomb_mul_mat(c, H.param("we", {6, 4}), g));
+                return oomb_sum_sq(c, y);
+            }
+            if (which == 1) {
+                oomb_tensor * gu = oomb_mul_mat(c, H.param("w_gu", {8, 12}), x);  // [12, 5, 2]
+                oomb_tensor * g = oomb_view_3d(c, gu, 6, 5, 2, gu->nb[1], gu->nb[2], 0);
+                oomb_tensor * u = oomb_view_3d(c, gu, 6, 5, 2, gu->nb[1], gu->nb[2], 6 * sizeof(float));
+                return oomb_sum_sq(c, oomb_mul_mat(c, H.param("wd", {6, 4}), oomb_swiglu_ext(c, g, u, act)));
+            }
+            oomb_tensor * g = oomb_mul_mat(c, H.param("wg", {8, 6}), x);
+            return oomb_sum_sq(c, oomb_mul_mat(c, H.param("wd", {6, 4}), oomb_swiglu_ext(c, g, g, act)));
+        };
+    };
+    for (int which = 0; which < 3; which++) {
+        expect_allocator_matches_host(21 + which, cases(which, OOMB_TYPE_BF16));
+        Harness A(31), B(31);
+        oomb_tensor * la = cases(which, OOMB_TYPE_F32)(A, A.ctx);
+        oomb_tensor * lb = cases(which, OOMB_TYPE_BF16)(B, B.ctx);
+        for (auto [H, l] : {std::make_pair(&A, la), std::make_pair(&B, lb)}) {
+            oomb_cgraph * g = oomb_new_graph(H->ctx);
+            oomb_build_forward_expand(g, l);
+            oomb_build_backward_expand(H->ctx, g, l, nullptr);
+            H->zero_grads();
+            oomb_backend_graph_compute(cpu(), g);
+        }
+        for (size_t i = 0; i < A.params.size(); i++) {
+            const double e = rel_err(oombtest::to_vector(B.params[i]->grad), oombtest::to_vector(A.params[i]->grad));
+            EXPECT_LT(e, 2e-2) << "case " << which << " " << A.params[i]->name;
+        }
     }
 }
 

@@ -1148,6 +1148,14 @@ TEST_F(Ops, Bf16ResultsAndBf16MulMatOperand) {
             ASSERT_EQ((float) S16[i], oomb_bf16_to_fp32(oomb_fp32_to_bf16((float) S32[i]))) << i;
         }
         EXPECT_EQ(to_vector(sf), S32);
+        // swiglu_back_ext: the f32 [dgate; dup] rounded
+        oomb_tensor * dy = rnd(OOMB_TYPE_F32, 17, 33, 2);
+        oomb_tensor * gb32 = oomb_swiglu_back(ctx, x, y, dy);
+        oomb_tensor * gb16 = oomb_swiglu_back_ext(ctx, x, y, dy, OOMB_TYPE_BF16);
+        compute(gb32, be); compute(gb16, be);
+        const vec G32 = to_vector(gb32), G16 = to_vector(gb16);
+        ASSERT_EQ(G32.size(), G16.size());
+        for (size_t i = 0; i < G32.size(); i++) ASSERT_EQ((float) G16[i], oomb_bf16_to_fp32(oomb_fp32_to_bf16((float) G32[i]))) << i;
         // mul_mat with a bf16 b (contiguous, transposed view, strided rows): the product of the
         // rounded values
         oomb_tensor * a = rnd(OOMB_TYPE_F32, 17, 9);
