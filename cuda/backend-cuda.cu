@@ -419,12 +419,6 @@ void cuda_free_backend(oomb_backend_t b) {
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->cublas_ws) cudaFree(c->cublas_ws);
     if (c->d_err) cudaFree(c->d_err);
-    for (cudaEvent_t e : c->side_ev)
-        if (e) cudaEventDestroy(e);
-    if (c->side) {
-        cudaStreamSynchronize(c->side);
-        cudaStreamDestroy(c->side);
-    }
     if (c->stream) cudaStreamDestroy(c->stream);
     delete c;
     delete b;
@@ -483,8 +477,6 @@ oomb_backend_t oomb_backend_cuda_init(int device) {
         c->profile = c->profile_level != 0;
     }
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
-    for (cudaEvent_t & e : c->side_ev) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasCreate(&c->cublas));
     CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
     c->cublas_ws_size = (size_t) 32 << 20;

@@ -67,11 +67,6 @@ struct oomb_cuda_err_rec {
 struct oomb_cuda_ctx {
     int device = 0;
     cudaStream_t stream = nullptr;
-    // A second stream for work overlapped with cuBLAS on `stream` inside one op (linear-ce.cu), and
-    // its events (no timing). An op that uses it makes `stream` wait for it before returning.
-    cudaStream_t side = nullptr;
-    enum { N_SIDE_EVENTS = 8 };
-    cudaEvent_t side_ev[N_SIDE_EVENTS] = {nullptr};
     cublasHandle_t cublas = nullptr;
     void * cublas_ws = nullptr;
     size_t cublas_ws_size = 0;
@@ -80,7 +75,7 @@ struct oomb_cuda_ctx {
     // Persistent scratch blocks that grow on demand (contents are not kept when one grows).
     // Slots [0, OOMB_MAX_SRC) hold prepared sources; kernels use the ones after.
     enum { N_SLOTS = 24, SLOT_K0 = OOMB_MAX_SRC, N_BF16_COPIES = 4, SLOT_BF16 = N_SLOTS - N_BF16_COPIES };
-    static_assert(SLOT_K0 + 7 <= SLOT_BF16, "kernels use scratch slots up to SLOT_K0 + 6 (linear_cross_entropy)");
+    static_assert(SLOT_K0 + 5 <= SLOT_BF16, "kernels use scratch slots up to SLOT_K0 + 4 (linear_cross_entropy)");
     void * slot_ptr[N_SLOTS] = {nullptr};
     size_t slot_cap[N_SLOTS] = {0};
 

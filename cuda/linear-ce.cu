@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
 
 using oomb::shape_str;
 
@@ -19,8 +18,6 @@ enum {
     SLOT_W = oomb_cuda_ctx::SLOT_K0 + 2,  // w's tile rows as contiguous bf16 [E, Vt] (when converted)
     SLOT_G = oomb_cuda_ctx::SLOT_K0 + 3,  // dlogits tile bf16 [Vt, N] (backward)
     SLOT_S = oomb_cuda_ctx::SLOT_K0 + 4,  // per-row state
-    SLOT_C2 = oomb_cuda_ctx::SLOT_K0 + 5,  // second logits tile (two tiles in flight)
-    SLOT_G2 = oomb_cuda_ctx::SLOT_K0 + 6,  // second dlogits tile
 };
 
 __device__ __forceinline__ int32_t lce_label(const oomb_tv & labels, int64_t r) {
@@ -164,8 +161,6 @@ lce_dims check_operands(const char * op, const oomb_tensor * w, const oomb_tenso
 struct lce_scratch {
     __nv_bfloat16 * xb = nullptr;  // [E, N]
     float * C = nullptr;           // [vt, N]
-    float * C2 = nullptr;          // [vt, N] when two tiles are in flight (overlap)
-    __nv_bfloat16 * G2 = nullptr;  // [vt, N] (backward, overlap)
     __nv_bfloat16 * wt = nullptr;  // [E, vt] when w's rows are converted
     __nv_bfloat16 * G = nullptr;   // [vt, N] (backward)
     double * s = nullptr;          // running sum of exp [N]
@@ -182,28 +177,13 @@ bool w_in_place(const oomb_tensor * w) {
            (w->ne[1] <= 1 || (int64_t) (w->nb[1] / 2) >= E);
 }
 
-// Two vocabulary tiles in flight: cuBLAS computes the logits of tile t+1 on c.stream while the
-// side stream reduces (forward) or differentiates (backward) tile t; the memory-bound kernels hide
-// behind the products. Needs w's rows in place (a converted tile would be overwritten);
-// OOMB_LCE_OVERLAP=0 turns it off.
-bool lce_overlap(const oomb_tensor * w) {
-    static const int env = [] {
-        const char * e = getenv("OOMB_LCE_OVERLAP");
-        return e ? atoi(e) : 1;
-    }();
-    return env != 0 && w_in_place(w);
-}
-
 lce_scratch take_scratch(oomb_cuda_ctx & c, const oomb_tensor * w, const lce_dims & d, int64_t vt, bool backward) {
     lce_scratch S;
     const size_t N = (size_t) d.N, E = (size_t) d.E, T = (size_t) vt;
-    const bool ov = lce_overlap(w) && d.V > vt;
     S.xb = (__nv_bfloat16 *) c.scratch(SLOT_X, E * N * 2);
     S.C = (float *) c.scratch(SLOT_C, T * N * sizeof(float));
-    if (ov) S.C2 = (float *) c.scratch(SLOT_C2, T * N * sizeof(float));
     if (!w_in_place(w)) S.wt = (__nv_bfloat16 *) c.scratch(SLOT_W, E * T * 2);
     if (backward) S.G = (__nv_bfloat16 *) c.scratch(SLOT_G, T * N * 2);
-    if (backward && ov) S.G2 = (__nv_bfloat16 *) c.scratch(SLOT_G2, T * N * 2);
     char * st = (char *) c.scratch(SLOT_S, N * (3 * sizeof(double) + 3 * sizeof(float)));
     S.s = (double *) st;
     S.part = S.s + N;
@@ -246,51 +226,26 @@ const __nv_bfloat16 * w_rows(oomb_cuda_ctx & c, const oomb_tensor * w, const lce
 }
 
 // C [n, N] (ld n) = W_tile^T X: logits of classes v0 .. v0+n for every token.
-void gemm_logits(oomb_cuda_ctx & c, const __nv_bfloat16 * W, int64_t ldw, const lce_scratch & S, float * C, const lce_dims & d, int64_t n) {
+void gemm_logits(oomb_cuda_ctx & c, const __nv_bfloat16 * W, int64_t ldw, const lce_scratch & S, const lce_dims & d, int64_t n) {
     const float alpha = 1.0f, beta = 0.0f;
     CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int) n, (int) d.N, (int) d.E, &alpha, W, CUDA_R_16BF, (int) ldw, S.xb,
-                              CUDA_R_16BF, (int) d.E, &beta, C, CUDA_R_32F, (int) n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-}
-
-// Events of the two-tile pipeline (oomb_cuda_ctx::side_ev)
-enum { EV_START = 0, EV_GEMM = 1 /* +buf */, EV_SIDE = 3 /* +buf: stats or dlogits done */, EV_USED = 5 /* +buf */, EV_DONE = 7 };
-
-void side_begin(oomb_cuda_ctx & c) {
-    CUDA_CHECK(cudaEventRecord(c.side_ev[EV_START], c.stream));
-    CUDA_CHECK(cudaStreamWaitEvent(c.side, c.side_ev[EV_START], 0));
-}
-void side_end(oomb_cuda_ctx & c) {
-    CUDA_CHECK(cudaEventRecord(c.side_ev[EV_DONE], c.side));
-    CUDA_CHECK(cudaStreamWaitEvent(c.stream, c.side_ev[EV_DONE], 0));
+                              CUDA_R_16BF, (int) d.E, &beta, S.C, CUDA_R_32F, (int) n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 // The forward's pass over the tiles: running (m, s) per row, and the label logits when picked.
 void lse_pass(oomb_cuda_ctx & c, const oomb_tensor * w, const oomb_tensor * labels, const lce_scratch & S, const lce_dims & d,
               int64_t vt, float * picked) {
     const oomb_tv tl = oomb_make_tv(labels);
-    const bool ov = S.C2 != nullptr;
-    cudaStream_t ks = ov ? c.side : c.stream;
-    if (ov) side_begin(c);
-    int64_t t = 0;
-    for (int64_t v0 = 0; v0 < d.V; v0 += vt, t++) {
+    for (int64_t v0 = 0; v0 < d.V; v0 += vt) {
         const int64_t n = std::min(vt, d.V - v0);
-        const int buf = ov ? (int) (t & 1) : 0;
-        float * C = buf ? S.C2 : S.C;
-        if (ov && t >= 2) CUDA_CHECK(cudaStreamWaitEvent(c.stream, c.side_ev[EV_SIDE + buf], 0));  // tile t-2's stats read C
         int64_t ldw;
         const __nv_bfloat16 * W = w_rows(c, w, S, v0, n, ldw);
-        gemm_logits(c, W, ldw, S, C, d, n);
-        if (ov) {
-            CUDA_CHECK(cudaEventRecord(c.side_ev[EV_GEMM + buf], c.stream));
-            CUDA_CHECK(cudaStreamWaitEvent(c.side, c.side_ev[EV_GEMM + buf], 0));
-        }
+        gemm_logits(c, W, ldw, S, d, n);
         const unsigned gw = (unsigned) ((d.N + 7) / 8);
-        if (n % 4 == 0) k_lce_stats_warp<true><<<gw, 256, 0, ks>>>(C, n, v0, v0 == 0 ? 1 : 0, tl, S.m, S.s, picked, d.N);
-        else k_lce_stats_warp<false><<<gw, 256, 0, ks>>>(C, n, v0, v0 == 0 ? 1 : 0, tl, S.m, S.s, picked, d.N);
+        if (n % 4 == 0) k_lce_stats_warp<true><<<gw, 256, 0, c.stream>>>(S.C, n, v0, v0 == 0 ? 1 : 0, tl, S.m, S.s, picked, d.N);
+        else k_lce_stats_warp<false><<<gw, 256, 0, c.stream>>>(S.C, n, v0, v0 == 0 ? 1 : 0, tl, S.m, S.s, picked, d.N);
         OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy (tile stats)");
-        if (ov) CUDA_CHECK(cudaEventRecord(c.side_ev[EV_SIDE + buf], c.side));
     }
-    if (ov) side_end(c);
 }
 
 } // namespace
@@ -355,60 +310,31 @@ void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_t
         OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy_back (lse)");
     }
     const float one = 1.0f, zero = 0.0f;
-    const bool ov = S.C2 != nullptr;
-    const int64_t nt = (d.V + vt - 1) / vt;
-    // logits of tile t (c.stream) and their gradient G (the side stream when overlapping)
-    auto issue_dlogits = [&](int64_t t) {
-        const int64_t v0 = t * vt, n = std::min(vt, d.V - v0);
-        const int buf = ov ? (int) (t & 1) : 0;
-        float * C = buf ? S.C2 : S.C;
-        __nv_bfloat16 * G = buf ? S.G2 : S.G;
+    const unsigned gw = (unsigned) ((d.N + 7) / 8);
+    for (int64_t v0 = 0; v0 < d.V; v0 += vt) {
+        const int64_t n = std::min(vt, d.V - v0);
         int64_t ldw;
         const __nv_bfloat16 * W = w_rows(c, w, S, v0, n, ldw);
-        gemm_logits(c, W, ldw, S, C, d, n);
-        if (ov) {
-            CUDA_CHECK(cudaEventRecord(c.side_ev[EV_GEMM + buf], c.stream));
-            CUDA_CHECK(cudaStreamWaitEvent(c.side, c.side_ev[EV_GEMM + buf], 0));
-            if (t >= 2) CUDA_CHECK(cudaStreamWaitEvent(c.side, c.side_ev[EV_USED + buf], 0));  // tile t-2's products read G
-        }
-        const unsigned gw = (unsigned) ((d.N + 7) / 8);
+        gemm_logits(c, W, ldw, S, d, n);
         if (n % 4 == 0)
-            k_lce_dlogits<true><<<gw, 256, 0, ov ? c.side : c.stream>>>(C, G, n, v0, d.V, tl, ignore, L, (const float *) dloss->data,
-                                                                        c.d_err, c.cur_node, d.N);
+            k_lce_dlogits<true><<<gw, 256, 0, c.stream>>>(S.C, S.G, n, v0, d.V, tl, ignore, L, (const float *) dloss->data, c.d_err,
+                                                          c.cur_node, d.N);
         else
-            k_lce_dlogits<false><<<gw, 256, 0, ov ? c.side : c.stream>>>(C, G, n, v0, d.V, tl, ignore, L, (const float *) dloss->data,
-                                                                         c.d_err, c.cur_node, d.N);
+            k_lce_dlogits<false><<<gw, 256, 0, c.stream>>>(S.C, S.G, n, v0, d.V, tl, ignore, L, (const float *) dloss->data, c.d_err,
+                                                           c.cur_node, d.N);
         OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy_back (dlogits)");
-        if (ov) CUDA_CHECK(cudaEventRecord(c.side_ev[EV_SIDE + buf], c.side));
-    };
-    if (ov) {
-        side_begin(c);
-        issue_dlogits(0);
-    }
-    for (int64_t t = 0; t < nt; t++) {
-        // overlapping: tile t+1's logits go to cuBLAS before tile t's products, while G of tile t is made
-        if (!ov) issue_dlogits(t);
-        else if (t + 1 < nt) issue_dlogits(t + 1);
-        const int64_t v0 = t * vt, n = std::min(vt, d.V - v0);
-        const int buf = ov ? (int) (t & 1) : 0;
-        const __nv_bfloat16 * G = buf ? S.G2 : S.G;
-        if (ov) CUDA_CHECK(cudaStreamWaitEvent(c.stream, c.side_ev[EV_SIDE + buf], 0));
-        int64_t ldw;
-        const __nv_bfloat16 * W = w_rows(c, w, S, v0, n, ldw);  // in place when overlapping (no conversion)
         if (dX) {
             // dX [E, N] (+)= W_tile [E, n] G [n, N]
             CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int) d.E, (int) d.N, (int) n, &one, W, CUDA_R_16BF, (int) ldw,
-                                      G, CUDA_R_16BF, (int) n, v0 == 0 ? &zero : &one, dX, CUDA_R_32F, (int) d.E, CUBLAS_COMPUTE_32F,
+                                      S.G, CUDA_R_16BF, (int) n, v0 == 0 ? &zero : &one, dX, CUDA_R_32F, (int) d.E, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT));
         }
         if (dW) {
             // dW_tile [E, n] = X [E, N] G^T [N, n]
             CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_N, CUBLAS_OP_T, (int) d.E, (int) n, (int) d.N, &one, S.xb, CUDA_R_16BF, (int) d.E,
-                                      G, CUDA_R_16BF, (int) n, &zero, dW + v0 * d.E, CUDA_R_32F, (int) d.E, CUBLAS_COMPUTE_32F,
+                                      S.G, CUDA_R_16BF, (int) n, &zero, dW + v0 * d.E, CUDA_R_32F, (int) d.E, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT));
         }
-        if (ov) CUDA_CHECK(cudaEventRecord(c.side_ev[EV_USED + buf], c.stream));
     }
-    if (ov) side_end(c);
     c.check_err = true;
 }
