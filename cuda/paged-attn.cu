@@ -1148,14 +1148,28 @@ bool fast_ok(const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * 
 template <typename F> void set_smem(F * kernel, size_t smem) {
     // once per kernel and device is enough, but the call is cheap
     PA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
+    // all of the SM's unified memory as shared memory: two CTAs of the head-dim-64 wgmma kernels fit
+    PA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
 }
 
-template <int D, int MODE, bool PIPE> void launch_fwd_wgmma(cudaStream_t stream, const FwdArgs & a, int Hkv) {
+// Two CTAs per SM for the head-dim-64 wgmma kernels (registers capped at 128: a few spill), so that
+// one CTA's softmax overlaps the other's products: OOMB_PAGED_ATTN_OCC64 bit 0 the forward, bit 1
+// the backward (read at every call; unset: see k_occ64_default).
+constexpr int k_occ64_default = 0;
+int occ64_bits() {
+    const char * e = getenv("OOMB_PAGED_ATTN_OCC64");
+    if (!e || !*e) return k_occ64_default;
+    if (e[1] || e[0] < '0' || e[0] > '3')
+        oomb_error("OOMB_PAGED_ATTN_OCC64 must be 0-3 (bit 0: forward, bit 1: backward with two CTAs per SM), got '%s'", e);
+    return e[0] - '0';
+}
+
+template <int D, int MODE, bool PIPE, int MINB> void launch_fwd_wgmma(cudaStream_t stream, const FwdArgs & a, int Hkv) {
     using W = FwdW<D, PIPE>;
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_fwd_wgmma_kernel<D, MODE, PIPE>, W::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_fwd_wgmma_kernel<D, MODE, PIPE, MINB>, W::smem); attr_set = true; }
     dim3 grid((a.T * a.G + W::BM - 1) / W::BM, Hkv);
-    pa_fwd_wgmma_kernel<D, MODE, PIPE><<<grid, W::NT, W::smem, stream>>>(a);
+    pa_fwd_wgmma_kernel<D, MODE, PIPE, MINB><<<grid, W::NT, W::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
 }
 
@@ -1170,12 +1184,12 @@ bool fwd_pipe(int D) {
     return D == 64 && e[0] == '1';
 }
 
-template <int D> void launch_bwd_wgmma(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
+template <int D, int MINB> void launch_bwd_wgmma(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     using W = BwdW<D>;
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_bwd_wgmma_kernel<D>, W::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_bwd_wgmma_kernel<D, MINB>, W::smem); attr_set = true; }
     dim3 grid(n_key_tiles, Hkv, a.nsplit);
-    pa_bwd_wgmma_kernel<D><<<grid, W::NT, W::smem, stream>>>(a);
+    pa_bwd_wgmma_kernel<D, MINB><<<grid, W::NT, W::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
 }
 
@@ -1194,9 +1208,10 @@ void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
 template <int MODE>
 void fwd_fast(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
     if (fwd_wgmma(D, a.P)) {
-        if (D == 128) launch_fwd_wgmma<128, MODE, false>(stream, a, Hkv);
-        else if (fwd_pipe(D)) launch_fwd_wgmma<64, MODE, true>(stream, a, Hkv);
-        else launch_fwd_wgmma<64, MODE, false>(stream, a, Hkv);
+        if (D == 128) launch_fwd_wgmma<128, MODE, false, 1>(stream, a, Hkv);
+        else if (fwd_pipe(D)) launch_fwd_wgmma<64, MODE, true, 1>(stream, a, Hkv);
+        else if (occ64_bits() & 1) launch_fwd_wgmma<64, MODE, false, 2>(stream, a, Hkv);
+        else launch_fwd_wgmma<64, MODE, false, 1>(stream, a, Hkv);
         return;
     }
     if (D == 64) {
@@ -1472,8 +1487,9 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
             const int n_key_tiles = (int) ((n_keys_bound + BN - 1) / BN);
             a.nsplit = bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt);
             if (wg) {
-                if (G.D == 128) launch_bwd_wgmma<128>(stream, a, n_key_tiles, G.Hkv);
-                else launch_bwd_wgmma<64>(stream, a, n_key_tiles, G.Hkv);
+                if (G.D == 128) launch_bwd_wgmma<128, 1>(stream, a, n_key_tiles, G.Hkv);
+                else if (occ64_bits() & 2) launch_bwd_wgmma<64, 2>(stream, a, n_key_tiles, G.Hkv);
+                else launch_bwd_wgmma<64, 1>(stream, a, n_key_tiles, G.Hkv);
             } else if (G.D == 64) {
                 const int v = bwd64_variant();
                 if (v == 1) launch_bwd<64, 32, 2>(stream, a, n_key_tiles, G.Hkv);
