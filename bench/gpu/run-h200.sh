@@ -43,7 +43,7 @@ if want e2e; then
         [ "$cache" = bf16 ] && extra="--attn-cache --attn-cache-type bf16" && chunk_tag="$chunk-cache-bf16"
         case "$cache" in ""|cache|bf16) ;; *) echo "unknown cache token '$cache' in '$spec' (cache or bf16)"; continue ;; esac
         rm -rf /tmp/run$ctx
-        steps=2; [ $ctx -gt 32768 ] && steps=1
+        steps=${STEPS:-2}; [ $ctx -gt 32768 ] && steps=1
         OOMB_CUDA_PROFILE=${PROF:-1} timeout ${TRAIN_TIMEOUT:-240} $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx $ctx --chunk $chunk --page 128 --steps $steps \
             --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin \
             --trainable all $extra -o /tmp/run$ctx > "$OUT/oomb-0.5b-$ctx-c$chunk_tag.log" 2>&1
