@@ -472,6 +472,15 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
     for (const Case & c : cases)
         if (c.D == 64) run_case(c, seed++);
     unsetenv("OOMB_PAGED_ATTN_FWDPIPE");
+    // head dim 64: the wgmma kernels with one / two CTAs per SM (OOMB_PAGED_ATTN_OCC64; default 1, the
+    // forward with two)
+    for (const char * occ : {"0", "2", "3"}) {
+        setenv("OOMB_PAGED_ATTN_OCC64", occ, 1);
+        printf("[ kernels ] OOMB_PAGED_ATTN_OCC64=%s\n", occ);
+        for (const Case & c : cases)
+            if (c.D == 64) run_case(c, seed++);
+    }
+    unsetenv("OOMB_PAGED_ATTN_OCC64");
 #endif
 }
 
