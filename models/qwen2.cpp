@@ -342,6 +342,8 @@ ChunkTrainer::ChunkTrainer(Qwen2Model & model, const ChunkTrainerParams & p) : m
     if (p.chunk <= 0) oomb_error("ChunkTrainer: chunk = %" PRId64 " must be positive", p.chunk);
     if (p.page <= 0) oomb_error("ChunkTrainer: page = %d must be positive", p.page);
     if (p.max_tokens <= 0) oomb_error("ChunkTrainer: max_tokens = %" PRId64 " must be positive", p.max_tokens);
+    if (p.gemm_input_type != OOMB_TYPE_F32 && p.gemm_input_type != OOMB_TYPE_BF16 && p.gemm_input_type != OOMB_TYPE_COUNT)
+        oomb_error("ChunkTrainer: gemm_input_type must be f32, bf16 or OOMB_TYPE_COUNT (automatic), got %d", (int) p.gemm_input_type);
     oomb_kv_cache_params kp;
     kp.n_layer = (int) m_.cfg.n_layer;
     kp.n_head_kv = (int) m_.cfg.n_head_kv;
@@ -411,8 +413,10 @@ ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
     // Activations that only feed matrix products (the normed inputs of the Q/K/V and gate/up
     // projections, the SwiGLU output) are stored in bf16 on the CUDA backend, whose products read
     // bf16 operands anyway (the same results, without a conversion pass per product and with half
-    // the bytes); in f32 on the CPU, whose products are f32.
-    const oomb_type gemm_in = oomb_backend_is_host(m_.backend) ? OOMB_TYPE_F32 : OOMB_TYPE_BF16;
+    // the bytes); in f32 on the CPU, whose products are f32 (ChunkTrainerParams::gemm_input_type).
+    const oomb_type gemm_in = p_.gemm_input_type != OOMB_TYPE_COUNT ? p_.gemm_input_type
+                              : oomb_backend_is_host(m_.backend)  ? OOMB_TYPE_F32
+                                                                  : OOMB_TYPE_BF16;
     oomb_tensor * x = oomb_set_name(oomb_get_rows(ctx, m_.tok_embd, G->tokens), "inp_embd");
     capture(x);
     for (int64_t l = 0; l < c.n_layer; l++) {

@@ -114,6 +114,11 @@ struct ChunkTrainerParams {
     // The cache's type: f32 (bit-identical) or bf16 (out rounded to bf16, LSE exact: about half the
     // memory, (H*D + 2H) * 2 bytes per token and layer, 204 KB per token for 7B).
     oomb_type cache_attn_type = OOMB_TYPE_F32;
+    // Storage of the activations that only feed matrix products (the normed inputs of the Q/K/V and
+    // gate/up projections, the SwiGLU output, and the SwiGLU's gradients): OOMB_TYPE_BF16 or
+    // OOMB_TYPE_F32; OOMB_TYPE_COUNT (default): bf16 on a GPU backend, whose products read bf16
+    // operands anyway (the same results, less memory and traffic), f32 on the CPU (f32 products).
+    oomb_type gemm_input_type = OOMB_TYPE_COUNT;
 };
 
 /// Statistics of one forward(/backward) over a sequence.

@@ -1,7 +1,10 @@
 // Automatic differentiation: oomb_build_backward_expand appends the backward pass of a loss to a graph.
 //
 // Reverse-mode AD over the graph's nodes in reverse execution order. Gradients are f32 tensors in the
-// logical shape of the tensor they belong to (also for f16/bf16 tensors). Only tensors that depend on
+// logical shape of the tensor they belong to (also for f16/bf16 tensors), with one exception: the
+// gradients of a bf16 swiglu's gate and up (oomb_swiglu_ext) are bf16 views of oomb_swiglu_back_ext's
+// result, handed as they are only to the backward of a mul_mat producing them (which reads them as
+// bf16 operands) and converted to f32 anywhere else or when summed (as_f32, get_grad). Only tensors that depend on
 // a PARAM leaf through a differentiable input get gradients; the rest of the graph (ids, labels,
 // positions, constants) costs nothing. For every parameter reached, an in-place accumulation
 // param->grad += d(loss)/d(param) is appended, so gradients accumulate across evaluations.

@@ -530,8 +530,8 @@ struct oomb_tensor * oomb_fill(struct oomb_context * ctx, int64_t ne0, int64_t n
 }
 
 static oomb_tensor * binary_op(oomb_context * ctx, enum oomb_op op, oomb_tensor * a, oomb_tensor * b,
-                               enum oomb_type type = OOMB_TYPE_F32) {
-    const char * opn = oomb_op_name(op);
+                               enum oomb_type type = OOMB_TYPE_F32, const char * name = nullptr) {
+    const char * opn = name ? name : oomb_op_name(op);
     require_f32(a, opn, "a");
     require_f32(b, opn, "b");
     OOMB_CHECK(oomb_can_repeat(b, a), opn, "b %s cannot be broadcast to a %s", shape_str(b).c_str(), shape_str(a).c_str());
@@ -545,7 +545,7 @@ static void require_result_type(enum oomb_type type, const char * op) {
 }
 struct oomb_tensor * oomb_mul_ext(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b, enum oomb_type type) {
     require_result_type(type, "mul_ext");
-    return binary_op(ctx, OOMB_OP_MUL, a, b, type);
+    return binary_op(ctx, OOMB_OP_MUL, a, b, type, "mul_ext");
 }
 
 struct oomb_tensor * oomb_scale(struct oomb_context * ctx, struct oomb_tensor * a, float s) {
@@ -597,9 +597,9 @@ struct oomb_tensor * oomb_swiglu(struct oomb_context * ctx, struct oomb_tensor *
 }
 struct oomb_tensor * oomb_swiglu_ext(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up, enum oomb_type type) {
     require_result_type(type, "swiglu_ext");
-    require_f32(gate, "swiglu", "gate");
-    require_f32(up, "swiglu", "up");
-    require_same_shape(gate, up, "swiglu");
+    require_f32(gate, "swiglu_ext", "gate");
+    require_f32(up, "swiglu_ext", "up");
+    require_same_shape(gate, up, "swiglu_ext");
     return new_op(ctx, OOMB_OP_SWIGLU, type, gate->ne, gate, up);
 }
 struct oomb_tensor * oomb_swiglu_back(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up,
@@ -617,11 +617,11 @@ struct oomb_tensor * oomb_swiglu_back(struct oomb_context * ctx, struct oomb_ten
 struct oomb_tensor * oomb_swiglu_back_ext(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up,
                                           struct oomb_tensor * dy, enum oomb_type type) {
     require_result_type(type, "swiglu_back_ext");
-    require_f32(gate, "swiglu_back", "gate");
-    require_f32(up, "swiglu_back", "up");
-    require_f32(dy, "swiglu_back", "dy");
-    require_same_shape(gate, up, "swiglu_back");
-    require_same_shape(gate, dy, "swiglu_back");
+    require_f32(gate, "swiglu_back_ext", "gate");
+    require_f32(up, "swiglu_back_ext", "up");
+    require_f32(dy, "swiglu_back_ext", "dy");
+    require_same_shape(gate, up, "swiglu_back_ext");
+    require_same_shape(gate, dy, "swiglu_back_ext");
     const int64_t ne[4] = {gate->ne[0], gate->ne[1], gate->ne[2], 2 * gate->ne[3]};
     oomb_tensor * t = new_op(ctx, OOMB_OP_SWIGLU_BACK, type, ne, gate, up);
     t->src[2] = dy;

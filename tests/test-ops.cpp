@@ -1175,6 +1175,11 @@ TEST_F(Ops, Bf16ResultsAndBf16MulMatOperand) {
         EXPECT_REL(to_vector(v16), to_vector(v32), 1e-6);
     }
     EXPECT_OOMB_ERROR(oomb_mul_ext(ctx, x, w, OOMB_TYPE_F16), "mul_ext");
+    // input errors name the function called (from a review)
+    EXPECT_OOMB_ERROR(oomb_mul_ext(ctx, oomb_new_tensor_2d(ctx, OOMB_TYPE_I32, 17, 33), w, OOMB_TYPE_BF16), "mul_ext: a must be f32");
+    EXPECT_OOMB_ERROR(oomb_swiglu_ext(ctx, oomb_cast(ctx, y, OOMB_TYPE_BF16), y, OOMB_TYPE_BF16), "swiglu_ext: gate must be f32");
+    EXPECT_OOMB_ERROR(oomb_swiglu_back_ext(ctx, x, y, oomb_cast(ctx, y, OOMB_TYPE_BF16), OOMB_TYPE_BF16), "swiglu_back_ext: dy must be f32");
+    EXPECT_OOMB_ERROR(oomb_swiglu_back_ext(ctx, x, y, y, OOMB_TYPE_I32), "swiglu_back_ext");
     EXPECT_OOMB_ERROR(oomb_swiglu_ext(ctx, x, y, OOMB_TYPE_I32), "swiglu_ext");
     EXPECT_OOMB_ERROR(oomb_mul_mat(ctx, rnd(OOMB_TYPE_F32, 4, 3), oomb_new_tensor_2d(ctx, OOMB_TYPE_I32, 4, 2)), "mul_mat");
 }

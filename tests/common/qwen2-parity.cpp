@@ -117,7 +117,8 @@ std::vector<float> ModelRun::grad(const std::string & gguf_name) const {
 
 // One forward/backward over every sequence of the reference; checks loss and all gradients.
 int64_t check_gradients(ModelRun & run, const std::string & model_name, const std::string & ref_name, int64_t chunk, int page,
-                        const ParityTolerance & tol, oomb_type kv_type, bool cache_attn, oomb_type cache_type) {
+                        const ParityTolerance & tol, oomb_type kv_type, bool cache_attn, oomb_type cache_type,
+                        oomb_type gemm_input_type) {
     SCOPED_TRACE(model_name + " " + ref_name + " chunk " + std::to_string(chunk) + " page " + std::to_string(page));
     Reference ref(oombtest::fixtures_dir() + "/" + model_name + "/reference-" + ref_name + ".safetensors");
     ChunkTrainerParams tp;
@@ -127,6 +128,7 @@ int64_t check_gradients(ModelRun & run, const std::string & model_name, const st
     tp.kv_type = kv_type;
     tp.cache_attn = cache_attn;
     tp.cache_attn_type = cache_type;
+    tp.gemm_input_type = gemm_input_type;
     ChunkTrainer tr(*run.model, tp);
     double loss_sum = 0;
     int64_t count = 0;
