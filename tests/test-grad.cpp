@@ -1226,7 +1226,9 @@ TEST(Grad, Bf16GemmInputs) {
 
 // bf16 gradients of a bf16 swiglu (oomb_swiglu_back_ext) where they are not only read by one matrix
 // product: gate also used elsewhere (summed in f32), gate and up views of one projection (scattered
-// through the views), the same tensor on both sides; against the f32 graph and the graph allocator
+// through the views), the same tensor on both sides, gate and up parameters, a permute between the
+// swiglu and its product, the result as a product's a and as a batched b; against the f32 graph and
+// the graph allocator
 TEST(Grad, Bf16SwigluGradientsAccumulated) {
     auto cases = [](int which, oomb_type act) {
         return [which, act](Harness & H, oomb_context * c) -> oomb_tensor * {
@@ -1244,11 +1246,33 @@ TEST(Grad, Bf16SwigluGradientsAccumulated) {
                 oomb_tensor * u = oomb_view_3d(c, gu, 6, 5, 2, gu->nb[1], gu->nb[2], 6 * sizeof(float));
                 return oomb_sum_sq(c, oomb_mul_mat(c, H.param("wd", {6, 4}), oomb_swiglu_ext(c, g, u, act)));
             }
+            if (which == 2) {
+                oomb_tensor * g = oomb_mul_mat(c, H.param("wg", {8, 6}), x);
+                return oomb_sum_sq(c, oomb_mul_mat(c, H.param("wd", {6, 4}), oomb_swiglu_ext(c, g, g, act)));
+            }
+            // (cases from a review) gate and up parameters themselves (no product below them)
+            if (which == 3) {
+                oomb_tensor * m = oomb_swiglu_ext(c, H.param("g", {6, 5, 2}, OOMB_TYPE_F32, -3, 3), H.param("u", {6, 5, 2}), act);
+                return oomb_sum_sq(c, oomb_add(c, oomb_mul_mat(c, H.param("wd", {6, 4}), m), oomb_mul_mat(c, H.param("we", {8, 4}), x)));
+            }
+            // a permute / reshape between the swiglu and its product
+            if (which == 4) {
+                oomb_tensor * g = oomb_mul_mat(c, H.param("wg", {8, 6}), x);
+                oomb_tensor * u = oomb_mul_mat(c, H.param("wu", {8, 6}), x);
+                oomb_tensor * m = oomb_swiglu_ext(c, g, u, act);                       // [6, 5, 2]
+                oomb_tensor * p = oomb_reshape_2d(c, oomb_cont(c, oomb_permute(c, m, 0, 2, 1, 3)), 6, 10);
+                return oomb_sum_sq(c, oomb_mul_mat(c, H.param("wd", {6, 4}), p));
+            }
+            // the swiglu result as mul_mat's a operand, and as a batched b
             oomb_tensor * g = oomb_mul_mat(c, H.param("wg", {8, 6}), x);
-            return oomb_sum_sq(c, oomb_mul_mat(c, H.param("wd", {6, 4}), oomb_swiglu_ext(c, g, g, act)));
+            oomb_tensor * u = oomb_mul_mat(c, H.param("wu", {8, 6}), x);
+            oomb_tensor * m = oomb_swiglu_ext(c, g, u, act);                           // [6, 5, 2]
+            oomb_tensor * ya = oomb_mul_mat(c, m, H.param("b", {6, 3, 2}));            // [5, 3, 2]
+            oomb_tensor * yb = oomb_mul_mat(c, H.param("wb", {6, 4, 2}), m);           // [4, 5, 2]
+            return oomb_add(c, oomb_sum_sq(c, ya), oomb_sum_sq(c, yb));
         };
     };
-    for (int which = 0; which < 3; which++) {
+    for (int which = 0; which < 6; which++) {
         expect_allocator_matches_host(21 + which, cases(which, OOMB_TYPE_BF16));
         Harness A(31), B(31);
         oomb_tensor * la = cases(which, OOMB_TYPE_F32)(A, A.ctx);
