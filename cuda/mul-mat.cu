@@ -73,11 +73,6 @@ const __nv_bfloat16 * bf16_copy_of(oomb_cuda_ctx & c, const oomb_tensor * src, b
     return (const __nv_bfloat16 *) d.data;
 }
 
-// Contiguous bf16 copy of t.
-const __nv_bfloat16 * to_bf16(oomb_cuda_ctx & c, const oomb_tensor * t, bool cacheable, const void * keep) {
-    return bf16_copy_of(c, t, cacheable, keep);
-}
-
 // A matrix operand [ne0, ne1] (no batches) whose dim 1 is the unit-stride one and whose dim-0 rows
 // are packed (nb[0] == ne1 * size: a transposed view of contiguous memory, as the autodiff makes
 // for weight gradients): converted to bf16 in its memory order (a flat, coalesced copy) instead of
@@ -137,7 +132,7 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
     if (!B) {
         B = to_bf16_transposed(c, b, b_graph, nullptr);
         if (B) { opb = CUBLAS_OP_T; ldb = N; }
-        else B = to_bf16(c, b, b_graph, nullptr);
+        else B = bf16_copy_of(c, b, b_graph, nullptr);
     }
 
     // a: in place (bf16, unit stride in dim 0 or 1) or a contiguous bf16 copy
@@ -166,7 +161,7 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
         sA3 = K * M * A2;
     }
     if (!A) {
-        A = to_bf16(c, a, a_graph, B);
+        A = bf16_copy_of(c, a, a_graph, B);
         opa = CUBLAS_OP_T;
         lda = K;
         sA2 = K * M;

@@ -6,6 +6,15 @@ using oomb::shape_str;
 
 namespace {
 
+// cos and sign * sin of the angle of pair i at position p: p * theta^(-2i / n_dims), in double (as
+// the CPU kernel), rounded to f32
+__device__ __forceinline__ float2 rope_cs(double p, int i, int n_dims, double theta, float sign) {
+    const double ang = p * pow(theta, -2.0 * (double) i / (double) n_dims);
+    double sd, cd;
+    sincos(ang, &sd, &cd);
+    return make_float2((float) cd, sign * (float) sd);
+}
+
 // One block per row (head i1, token i2, batch i3); threads over the n_dims/2 rotated pairs, then
 // over the dimensions past n_dims (copied unless in place).
 __global__ void k_rope(oomb_tv dst, oomb_tv a, oomb_tv pos, int n_dims, double theta, float sign) {
@@ -16,10 +25,8 @@ __global__ void k_rope(oomb_tv dst, oomb_tv a, oomb_tv pos, int n_dims, double t
     const double p = (double) *(const int32_t *) (pos.d + oomb_flat_off<uint64_t>(pos, (uint64_t) i2));
     const int half = n_dims / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const double ang = p * pow(theta, -2.0 * (double) i / (double) n_dims);
-        double sd, cd;
-        sincos(ang, &sd, &cd);
-        const float cs = (float) cd, sn = sign * (float) sd;
+        const float2 c = rope_cs(p, i, n_dims, theta, sign);
+        const float cs = c.x, sn = c.y;
         const float x0 = x[i], x1 = x[i + half];
         y[i] = x0 * cs - x1 * sn;
         y[i + half] = x0 * sn + x1 * cs;
@@ -38,12 +45,7 @@ __global__ void k_rope_tok(oomb_tv dst, oomb_tv a, oomb_tv pos, int n_dims, doub
     const int64_t i2 = t % a.ne[2], i3 = t / a.ne[2];
     const double p = (double) *(const int32_t *) (pos.d + oomb_flat_off<uint64_t>(pos, (uint64_t) i2));
     const int half = n_dims / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const double ang = p * pow(theta, -2.0 * (double) i / (double) n_dims);
-        double sd, cd;
-        sincos(ang, &sd, &cd);
-        cs_sh[i] = make_float2((float) cd, sign * (float) sd);
-    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x) cs_sh[i] = rope_cs(p, i, n_dims, theta, sign);
     __syncthreads();
     const int nh = (int) a.ne[1];
     const char * xb = a.d + i2 * a.nb[2] + i3 * a.nb[3];

@@ -589,43 +589,40 @@ struct oomb_tensor * oomb_silu_back(struct oomb_context * ctx, struct oomb_tenso
     require_same_shape(a, b, "silu_back");
     return new_op(ctx, OOMB_OP_SILU_BACK, OOMB_TYPE_F32, a->ne, a, b);
 }
-struct oomb_tensor * oomb_swiglu(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up) {
-    require_f32(gate, "swiglu", "gate");
-    require_f32(up, "swiglu", "up");
-    require_same_shape(gate, up, "swiglu");
-    return new_op(ctx, OOMB_OP_SWIGLU, OOMB_TYPE_F32, gate->ne, gate, up);
-}
-struct oomb_tensor * oomb_swiglu_ext(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up, enum oomb_type type) {
-    require_result_type(type, "swiglu_ext");
-    require_f32(gate, "swiglu_ext", "gate");
-    require_f32(up, "swiglu_ext", "up");
-    require_same_shape(gate, up, "swiglu_ext");
+// swiglu / swiglu_back with the result type; `opn` names the function called in errors
+static oomb_tensor * swiglu_impl(oomb_context * ctx, oomb_tensor * gate, oomb_tensor * up, enum oomb_type type, const char * opn) {
+    require_result_type(type, opn);
+    require_f32(gate, opn, "gate");
+    require_f32(up, opn, "up");
+    require_same_shape(gate, up, opn);
     return new_op(ctx, OOMB_OP_SWIGLU, type, gate->ne, gate, up);
 }
-struct oomb_tensor * oomb_swiglu_back(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up,
-                                      struct oomb_tensor * dy) {
-    require_f32(gate, "swiglu_back", "gate");
-    require_f32(up, "swiglu_back", "up");
-    require_f32(dy, "swiglu_back", "dy");
-    require_same_shape(gate, up, "swiglu_back");
-    require_same_shape(gate, dy, "swiglu_back");
-    const int64_t ne[4] = {gate->ne[0], gate->ne[1], gate->ne[2], 2 * gate->ne[3]};
-    oomb_tensor * t = new_op(ctx, OOMB_OP_SWIGLU_BACK, OOMB_TYPE_F32, ne, gate, up);
-    t->src[2] = dy;
-    return t;
-}
-struct oomb_tensor * oomb_swiglu_back_ext(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up,
-                                          struct oomb_tensor * dy, enum oomb_type type) {
-    require_result_type(type, "swiglu_back_ext");
-    require_f32(gate, "swiglu_back_ext", "gate");
-    require_f32(up, "swiglu_back_ext", "up");
-    require_f32(dy, "swiglu_back_ext", "dy");
-    require_same_shape(gate, up, "swiglu_back_ext");
-    require_same_shape(gate, dy, "swiglu_back_ext");
+static oomb_tensor * swiglu_back_impl(oomb_context * ctx, oomb_tensor * gate, oomb_tensor * up, oomb_tensor * dy, enum oomb_type type,
+                                      const char * opn) {
+    require_result_type(type, opn);
+    require_f32(gate, opn, "gate");
+    require_f32(up, opn, "up");
+    require_f32(dy, opn, "dy");
+    require_same_shape(gate, up, opn);
+    require_same_shape(gate, dy, opn);
     const int64_t ne[4] = {gate->ne[0], gate->ne[1], gate->ne[2], 2 * gate->ne[3]};
     oomb_tensor * t = new_op(ctx, OOMB_OP_SWIGLU_BACK, type, ne, gate, up);
     t->src[2] = dy;
     return t;
+}
+struct oomb_tensor * oomb_swiglu(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up) {
+    return swiglu_impl(ctx, gate, up, OOMB_TYPE_F32, "swiglu");
+}
+struct oomb_tensor * oomb_swiglu_ext(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up, enum oomb_type type) {
+    return swiglu_impl(ctx, gate, up, type, "swiglu_ext");
+}
+struct oomb_tensor * oomb_swiglu_back(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up,
+                                      struct oomb_tensor * dy) {
+    return swiglu_back_impl(ctx, gate, up, dy, OOMB_TYPE_F32, "swiglu_back");
+}
+struct oomb_tensor * oomb_swiglu_back_ext(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up,
+                                          struct oomb_tensor * dy, enum oomb_type type) {
+    return swiglu_back_impl(ctx, gate, up, dy, type, "swiglu_back_ext");
 }
 
 static const int64_t k_scalar_ne[4] = {1, 1, 1, 1};
