@@ -995,26 +995,21 @@ TEST_F(CudaOps, AdamwAndSgd) {
     const oomb_type types[2] = {OOMB_TYPE_F32, OOMB_TYPE_BF16};
     for (oomb_type t : types) {
         const double tol = t == OOMB_TYPE_F32 ? k_f32 : 1e-3;
-        std::string name = std::string("adamw_step param ") + oomb_type_name(t) + " [333, 7]";
-        expect_case(name.c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
-            oomb_tensor * p = B.input(t, 333, 7);
-            oomb_tensor * g = B.input(OOMB_TYPE_F32, 333, 7);
-            oomb_tensor * m = B.input(OOMB_TYPE_F32, 333, 7, 1, 1, -0.1f, 0.1f);
-            oomb_tensor * v = B.input(OOMB_TYPE_F32, 333, 7, 1, 1, 0.001f, 0.01f);
-            // lr, beta1, beta2, eps, weight_decay, grad_scale, 1-beta1^t, 1-beta2^t (t = 3)
-            oomb_tensor * hp = B.consts({1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.729f, 1.0f - 0.997002999f});
-            return {oomb_adamw_step(B.ctx, p, g, m, v, hp), m, v};
-        }, tol);
-        // more elements than the kernel's threads (4096 blocks x 256): each thread updates several
-        name = std::string("adamw_step param ") + oomb_type_name(t) + " [1100, 1000] (grid-stride)";
-        expect_case(name.c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
-            oomb_tensor * p = B.input(t, 1100, 1000);
-            oomb_tensor * g = B.input(OOMB_TYPE_F32, 1100, 1000);
-            oomb_tensor * m = B.input(OOMB_TYPE_F32, 1100, 1000, 1, 1, -0.1f, 0.1f);
-            oomb_tensor * v = B.input(OOMB_TYPE_F32, 1100, 1000, 1, 1, 0.001f, 0.01f);
-            oomb_tensor * hp = B.consts({1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.729f, 1.0f - 0.997002999f});
-            return {oomb_adamw_step(B.ctx, p, g, m, v, hp), m, v};
-        }, tol);
+        // [333, 7], and more elements than the kernel's threads (4096 blocks x 256: grid-stride)
+        const int64_t shapes[2][2] = {{333, 7}, {1100, 1000}};
+        std::string name;
+        for (const auto & sh : shapes) {
+            name = std::string("adamw_step param ") + oomb_type_name(t) + " [" + std::to_string(sh[0]) + ", " + std::to_string(sh[1]) + "]";
+            expect_case(name.c_str(), [t, &sh](Builder & B) -> std::vector<oomb_tensor *> {
+                oomb_tensor * p = B.input(t, sh[0], sh[1]);
+                oomb_tensor * g = B.input(OOMB_TYPE_F32, sh[0], sh[1]);
+                oomb_tensor * m = B.input(OOMB_TYPE_F32, sh[0], sh[1], 1, 1, -0.1f, 0.1f);
+                oomb_tensor * v = B.input(OOMB_TYPE_F32, sh[0], sh[1], 1, 1, 0.001f, 0.01f);
+                // lr, beta1, beta2, eps, weight_decay, grad_scale, 1-beta1^t, 1-beta2^t (t = 3)
+                oomb_tensor * hp = B.consts({1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.729f, 1.0f - 0.997002999f});
+                return {oomb_adamw_step(B.ctx, p, g, m, v, hp), m, v};
+            }, tol);
+        }
         // bf16 moments (stochastic rounding with the same hash on both backends: equal up to an
         // ulp where the f32 arithmetic differs in the last bit)
         name = std::string("adamw_step bf16 state, param ") + oomb_type_name(t) + " [333, 7]";
