@@ -45,11 +45,11 @@ int main(int argc, char ** argv) {
         double t_step;
         ChunkStats st;
         {
-            ChunkTrainerParams tp;
+            ChunkParams tp;
             tp.chunk = std::min(chunk, ctx);
             tp.page = page;
             tp.max_tokens = ctx;
-            ChunkTrainer tr(*m, tp);
+            ChunkDriver tr(qwen2_chunk_builder(*m), tp);
             kv_bytes = oomb_kv_cache_nbytes(tr.kv_cache());
             rss_trainer = bench::cur_rss_bytes();
             const double t0 = bench::now_s();
@@ -57,8 +57,8 @@ int main(int argc, char ** argv) {
             t_step = bench::now_s() - t0;
             rss_after = bench::cur_rss_bytes();
             peak = bench::peak_rss_bytes();
-            arena_f = tr.planned_bytes(tp.chunk, ChunkTrainer::Kind::Loss);
-            arena_b = tr.planned_bytes(tp.chunk, ChunkTrainer::Kind::Backward);
+            arena_f = tr.planned_bytes(tp.chunk, ChunkKind::Loss);
+            arena_b = tr.planned_bytes(tp.chunk, ChunkKind::Backward);
             arena_max = tr.arena_bytes();
         }
         const Qwen2Config & c = m->cfg;

@@ -49,14 +49,14 @@ int main(int argc, char ** argv) {
         auto m = bench::make_model(mo, be);
         std::vector<oomb_tensor *> params = qwen2_set_trainable(*m, Qwen2Trainable::All);
         const std::vector<int32_t> ids = bench::make_ids(ctx, m->cfg.n_vocab);
-        ChunkTrainerParams tp;
+        ChunkParams tp;
         tp.chunk = std::min(chunk, ctx);
         tp.page = page;
         tp.max_tokens = ctx;
         std::vector<double> secs, fsecs;
         ChunkStats st;
         {
-        ChunkTrainer tr(*m, tp);
+        ChunkDriver tr(qwen2_chunk_builder(*m), tp);
         for (int r = 0; r < warmup + reps; r++) {
             for (oomb_tensor * p : params) oomb_tensor_memset(p->grad, 0);
             const double t0 = bench::now_s();

@@ -1,5 +1,5 @@
 // oomb-eval: perplexity of a long text under a Qwen2 GGUF model, computed chunk by chunk through
-// the same paged-KV path as training (ChunkTrainer::forward: stage 1 only, no gradients).
+// the same paged-KV path as training (ChunkDriver::forward: stage 1 only, no gradients).
 //
 //   oomb-eval -m MODEL.gguf --data FILE [--ctx N] [--chunk C] [--page P] [--threads T]
 //
@@ -110,11 +110,11 @@ int main(int argc, char ** argv) {
     ctx = std::min<int64_t>(ctx, n);
     chunk = std::min(chunk, ctx);
 
-    ChunkTrainerParams tp;
+    ChunkParams tp;
     tp.chunk = chunk;
     tp.page = page;
     tp.max_tokens = ctx;
-    ChunkTrainer tr(*m, tp);
+    ChunkDriver tr(qwen2_chunk_builder(*m), tp);
     double nll = 0;
     int64_t targets = 0, windows = 0;
     const auto t1 = std::chrono::steady_clock::now();

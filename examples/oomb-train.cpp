@@ -1,5 +1,5 @@
 // oomb-train: trains or fine-tunes a Qwen2 / Qwen2.5 model with OOMB chunk-recurrent training over
-// paged KV caches (models/qwen2.h ChunkTrainer), AdamW, a warmup + cosine learning-rate schedule,
+// paged KV caches (ggml-oomb/oomb-chunk.h ChunkDriver, models/qwen2.h its builder), AdamW, a warmup + cosine learning-rate schedule,
 // held-out evaluation, a JSONL log, a loss-curve PNG and exactly resumable checkpoints.
 //
 //   oomb-train                                       the built-in default run: pre-train the tiny
@@ -197,7 +197,7 @@ int dump_grads(const Options & o) {
                            " is outside the model's vocabulary (" + std::to_string(model->cfg.n_vocab) + " entries)");
     std::vector<oomb_tensor *> params = qwen2_set_trainable(*model, Qwen2Trainable::All);
     for (oomb_tensor * p : params) oomb_tensor_memset(p->grad, 0);
-    ChunkTrainerParams tp;
+    ChunkParams tp;
     tp.chunk = std::min<int64_t>(o.chunk, T);
     tp.page = o.page;
     tp.max_tokens = T;
@@ -205,7 +205,7 @@ int dump_grads(const Options & o) {
     tp.cache_attn = o.attn_cache;  // the verification can check the attention-cache path too
     tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
     if (tp.chunk <= 0 || tp.page <= 0) fail(PROG, "--chunk and --page must be positive");
-    ChunkTrainer tr(*model, tp);
+    ChunkDriver tr(qwen2_chunk_builder(*model), tp);
     double loss_sum = 0;
     int64_t count = 0;
     for (int64_t b = 0; b < B; b++) {
@@ -348,7 +348,7 @@ public:
     std::string vocab_src;            // GGUF whose tokenizer keys go into saved models
     std::vector<oomb_tensor *> params;
     oomb_optimizer_t opt = nullptr;
-    std::unique_ptr<ChunkTrainer> tr;
+    std::unique_ptr<ChunkDriver> tr;
     Data data;
     Sampler sampler;
     int64_t step = 0;                 // completed steps
@@ -638,7 +638,7 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
     op.weight_decay = (float) o.weight_decay;
     op.state_type = o.opt_state == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
     T.opt = oomb_opt_init(T.be, T.params.data(), (int) T.params.size(), decay.get(), op);
-    ChunkTrainerParams tp;
+    ChunkParams tp;
     tp.chunk = o.chunk;
     tp.page = o.page;
     tp.max_tokens = o.ctx;
@@ -647,7 +647,7 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
     tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
     if (o.attn_cache && o.chunk >= o.ctx)
         printf("note: --attn-cache is unused: a sequence of --ctx %" PRId64 " tokens is one chunk (no stage 1 to keep results from)\n", o.ctx);
-    T.tr = std::make_unique<ChunkTrainer>(M, tp);
+    T.tr = std::make_unique<ChunkDriver>(qwen2_chunk_builder(M), tp);
 
     // ---- resume
     T.sampler.init(T.data.n_seqs, o.seed);

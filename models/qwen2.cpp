@@ -1,4 +1,4 @@
-// Qwen2 on ggml-oomb: weights, GGUF load/save, and OOMB chunk-recurrent training (see qwen2.h).
+// Qwen2 on ggml-oomb: weights, GGUF load/save, and the chunk graph for OOMB training (see qwen2.h).
 
 #include "qwen2.h"
 
@@ -319,276 +319,86 @@ std::vector<oomb_tensor *> qwen2_set_trainable(Qwen2Model & m, Qwen2Trainable wh
 }
 
 // ---------------------------------------------------------------------------------------------
-// Chunk-recurrent training
+// The chunk graph (the ChunkDriver of oomb-chunk.h runs it)
 // ---------------------------------------------------------------------------------------------
 
-struct ChunkTrainer::Graph {
-    oomb_context * ctx = nullptr;
-    oomb_cgraph * g = nullptr;
-    oomb_gallocr_t galloc = nullptr;
-    oomb_tensor * tokens = nullptr;  // i32 [T]
-    oomb_tensor * labels = nullptr;  // i32 [T]
-    oomb_tensor * pos = nullptr;     // i32 [T]
-    oomb_tensor * loss = nullptr;    // f32 [2]: sum, count
-    std::vector<oomb_tensor *> hidden;
-    oomb_tensor * logits = nullptr;  // captured logits (capture mode only)
-    ~Graph() {
-        oomb_gallocr_free(galloc);
-        oomb_free(ctx);
+namespace {
+
+class Qwen2ChunkBuilder final : public ChunkGraphBuilder {
+public:
+    explicit Qwen2ChunkBuilder(const Qwen2Model & m) : m_(m) {}
+
+    ChunkModelShape shape() const override {
+        ChunkModelShape s;
+        s.backend = m_.backend;
+        s.n_vocab = m_.cfg.n_vocab;
+        s.n_layer = m_.cfg.n_layer;
+        s.n_head = m_.cfg.n_head;
+        s.n_head_kv = m_.cfg.n_head_kv;
+        s.head_dim = m_.cfg.head_dim;
+        return s;
     }
-};
 
-ChunkTrainer::ChunkTrainer(Qwen2Model & model, const ChunkTrainerParams & p) : m_(model), p_(p) {
-    if (p.chunk <= 0) oomb_error("ChunkTrainer: chunk = %" PRId64 " must be positive", p.chunk);
-    if (p.page <= 0) oomb_error("ChunkTrainer: page = %d must be positive", p.page);
-    if (p.max_tokens <= 0) oomb_error("ChunkTrainer: max_tokens = %" PRId64 " must be positive", p.max_tokens);
-    if (p.gemm_input_type != OOMB_TYPE_F32 && p.gemm_input_type != OOMB_TYPE_BF16 && p.gemm_input_type != OOMB_TYPE_COUNT)
-        oomb_error("ChunkTrainer: gemm_input_type must be f32, bf16 or OOMB_TYPE_COUNT (automatic), got %d", (int) p.gemm_input_type);
-    oomb_kv_cache_params kp;
-    kp.n_layer = (int) m_.cfg.n_layer;
-    kp.n_head_kv = (int) m_.cfg.n_head_kv;
-    kp.head_dim = (int) m_.cfg.head_dim;
-    kp.page_size = p.page;
-    kp.max_tokens = p.max_tokens;
-    kp.type = p.kv_type;
-    kp.with_grad = true;
-    kv_ = oomb_kv_cache_init(m_.backend, kp);
-    if (!kv_) oomb_error("ChunkTrainer: cannot allocate the KV cache for %" PRId64 " tokens", p.max_tokens);
-    if (p.cache_attn && p.max_tokens > p.chunk) {  // a one-chunk sequence has no stage 1 to keep results from
-        const int64_t row = oomb_paged_attn_cache_row(m_.cfg.head_dim, m_.cfg.n_head, p.cache_attn_type);  // per position
-        const size_t bytes = ((size_t) (row * p.max_tokens) * oomb_type_size(p.cache_attn_type) + 255) / 256 * 256;
-        attn_ctx_ = oomb_init({0, true});
-        attn_buf_ = oomb_backend_alloc_buffer(m_.backend, bytes * (size_t) m_.cfg.n_layer);
-        if (!attn_buf_)
-            oomb_error("ChunkTrainer: cannot allocate the attention cache (cache_attn, oomb-train --attn-cache): %.2f GiB for %" PRId64
-                       " tokens x %" PRId64 " layers", (double) bytes * (double) m_.cfg.n_layer / (1 << 30), p.max_tokens, m_.cfg.n_layer);
-        for (int64_t l = 0; l < m_.cfg.n_layer; l++) {
-            oomb_tensor * t = oomb_new_tensor_1d(attn_ctx_, p.cache_attn_type, row * p.max_tokens);
-            oomb_tensor_alloc(attn_buf_, t, (size_t) l * bytes);
-            oomb_tensor_memset(t, 0);  // a block never saved loads as zeros, not as stale memory
-            attn_cache_.push_back(oomb_format_name(t, "attn_cache.%" PRId64, l));
+    ChunkGraphOutputs build(oomb_context * ctx, const ChunkGraphInputs & in) override {
+        ChunkGraphOutputs out;
+        const Qwen2Config & c = m_.cfg;
+        const int64_t hd = c.head_dim, T = in.T;
+        const float scale = 1.0f / std::sqrt((float) hd);
+        auto capture = [&](oomb_tensor * t) {
+            if (in.capture) out.hidden.push_back(t);
+        };
+        // in.gemm_input_type: the storage of the activations that only feed matrix products (the
+        // normed inputs of the Q/K/V and gate/up projections, the SwiGLU output)
+        const oomb_type gemm_in = in.gemm_input_type;
+        oomb_tensor * x = oomb_set_name(oomb_get_rows(ctx, m_.tok_embd, in.tokens), "inp_embd");
+        capture(x);
+        for (int64_t l = 0; l < c.n_layer; l++) {
+            const Qwen2Layer & L = m_.layers[l];
+            oomb_tensor * h = oomb_mul_ext(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.attn_norm, gemm_in);
+            oomb_tensor * q = oomb_add(ctx, oomb_mul_mat(ctx, L.wq, h), L.bq);
+            oomb_tensor * k = oomb_add(ctx, oomb_mul_mat(ctx, L.wk, h), L.bk);
+            oomb_tensor * v = oomb_add(ctx, oomb_mul_mat(ctx, L.wv, h), L.bv);
+            q = oomb_rope(ctx, oomb_reshape_3d(ctx, q, hd, c.n_head, T), in.pos, (int) hd, c.rope_theta);
+            k = oomb_rope(ctx, oomb_reshape_3d(ctx, k, hd, c.n_head_kv, T), in.pos, (int) hd, c.rope_theta);
+            v = oomb_reshape_3d(ctx, v, hd, c.n_head_kv, T);
+            oomb_format_name(q, "q.%" PRId64, l);
+            oomb_format_name(k, "k.%" PRId64, l);
+            oomb_tensor * a = chunk_attention(ctx, in, (int) l, q, k, v, scale);
+            if (in.kind == ChunkKind::Fill && l + 1 == c.n_layer) {
+                // filling the KV cache: the last layer's K/V are stored by the packed attention
+                // node itself, the graph's output; the rest of the layer, the LM head and the loss
+                // are not needed
+                out.out = a->view_src;
+                return out;
+            }
+            a = oomb_reshape_2d(ctx, a, c.n_head * hd, T);
+            x = oomb_add(ctx, x, oomb_mul_mat(ctx, L.wo, a));
+            oomb_tensor * h2 = oomb_mul_ext(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.ffn_norm, gemm_in);
+            oomb_tensor * f = oomb_mul_mat(ctx, L.w_down, oomb_swiglu_ext(ctx, oomb_mul_mat(ctx, L.w_gate, h2), oomb_mul_mat(ctx, L.w_up, h2), gemm_in));
+            x = oomb_format_name(oomb_add(ctx, x, f), "l_out.%" PRId64, l);
+            if (l + 1 < c.n_layer) capture(x);
         }
-    }
-}
-
-ChunkTrainer::~ChunkTrainer() {
-    graphs_.clear();
-    oomb_buffer_free(attn_buf_);
-    oomb_free(attn_ctx_);
-    oomb_kv_cache_free(kv_);
-}
-
-size_t ChunkTrainer::attn_cache_bytes() const {
-    size_t n = 0;
-    for (const oomb_tensor * t : attn_cache_) n += oomb_nbytes(t);
-    return n;
-}
-
-ChunkTrainer::Graph & ChunkTrainer::graph(int64_t T, Kind kind) {
-    const bool backward = kind == Kind::Backward || kind == Kind::BackwardStore;
-    const int store = kind == Kind::Backward ? 0 : 1;  // stage 2 reads its K/V from the cache
-    auto key = std::make_pair(T, (int) kind);
-    auto it = graphs_.find(key);
-    if (it != graphs_.end()) return *it->second;
-    auto G = std::make_unique<Graph>();
-    G->ctx = oomb_init({0, true});
-    oomb_context * ctx = G->ctx;
-    const Qwen2Config & c = m_.cfg;
-    const int64_t hd = c.head_dim;
-    G->tokens = oomb_set_name(oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T), "tokens");
-    G->labels = oomb_set_name(oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T), "labels");
-    G->pos = oomb_set_name(oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T), "pos");
-    oomb_set_input(G->tokens);
-    oomb_set_input(G->labels);
-    oomb_set_input(G->pos);
-    const float scale = 1.0f / std::sqrt((float) hd);
-    oomb_tensor * pt = oomb_kv_cache_page_table(kv_);
-
-    auto capture = [&](oomb_tensor * t) {
-        if (!capture_hidden_ || kind != Kind::Loss) return;
-        oomb_set_output(t);
-        G->hidden.push_back(t);
-    };
-
-    // Activations that only feed matrix products (the normed inputs of the Q/K/V and gate/up
-    // projections, the SwiGLU output) are stored in bf16 on the CUDA backend, whose products read
-    // bf16 operands anyway (the same results, without a conversion pass per product and with half
-    // the bytes); in f32 on the CPU, whose products are f32 (ChunkTrainerParams::gemm_input_type).
-    const oomb_type gemm_in = p_.gemm_input_type != OOMB_TYPE_COUNT ? p_.gemm_input_type
-                              : oomb_backend_is_host(m_.backend)  ? OOMB_TYPE_F32
-                                                                  : OOMB_TYPE_BF16;
-    oomb_tensor * x = oomb_set_name(oomb_get_rows(ctx, m_.tok_embd, G->tokens), "inp_embd");
-    capture(x);
-    for (int64_t l = 0; l < c.n_layer; l++) {
-        const Qwen2Layer & L = m_.layers[l];
-        oomb_tensor * h = oomb_mul_ext(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.attn_norm, gemm_in);
-        oomb_tensor * q = oomb_add(ctx, oomb_mul_mat(ctx, L.wq, h), L.bq);
-        oomb_tensor * k = oomb_add(ctx, oomb_mul_mat(ctx, L.wk, h), L.bk);
-        oomb_tensor * v = oomb_add(ctx, oomb_mul_mat(ctx, L.wv, h), L.bv);
-        q = oomb_rope(ctx, oomb_reshape_3d(ctx, q, hd, c.n_head, T), G->pos, (int) hd, c.rope_theta);
-        k = oomb_rope(ctx, oomb_reshape_3d(ctx, k, hd, c.n_head_kv, T), G->pos, (int) hd, c.rope_theta);
-        v = oomb_reshape_3d(ctx, v, hd, c.n_head_kv, T);
-        oomb_format_name(q, "q.%" PRId64, l);
-        oomb_format_name(k, "k.%" PRId64, l);
-        // with the attention cache, stage 1 (Fill) saves each layer's result and stage 2 (Backward)
-        // loads it instead of recomputing; a one-chunk sequence (BackwardStore) and evaluation compute
-        oomb_tensor * a;
-        if (!attn_cache_.empty() && (kind == Kind::Fill || kind == Kind::Backward)) {
-            a = oomb_paged_attn_cached(ctx, q, k, v, oomb_kv_cache_k(kv_, (int) l), oomb_kv_cache_v(kv_, (int) l), pt, G->pos, scale,
-                                       store, attn_cache_[l], kind == Kind::Backward ? 1 : 0);
-        } else {
-            a = oomb_paged_attn(ctx, q, k, v, oomb_kv_cache_k(kv_, (int) l), oomb_kv_cache_v(kv_, (int) l), pt, G->pos, scale, store);
-        }
-        // a is the out view [hd, n_head, T] of the op's node, which also keeps each row's LSE for
-        // the backward
-        oomb_format_name(a, "attn.%" PRId64, l);
-        oomb_format_name(a->view_src, "attn.%" PRId64 ".packed", l);
-        if (kind == Kind::Fill && l + 1 == c.n_layer) {
-            // stage 1 only fills the KV cache: the last layer's K/V are stored by this node (the
-            // packed paged_attn node itself, the graph's output); the rest of the layer, the LM
-            // head and the loss are left to stage 2
-            x = a->view_src;
-            break;
-        }
-        a = oomb_reshape_2d(ctx, a, c.n_head * hd, T);
-        x = oomb_add(ctx, x, oomb_mul_mat(ctx, L.wo, a));
-        oomb_tensor * h2 = oomb_mul_ext(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.ffn_norm, gemm_in);
-        oomb_tensor * f = oomb_mul_mat(ctx, L.w_down, oomb_swiglu_ext(ctx, oomb_mul_mat(ctx, L.w_gate, h2), oomb_mul_mat(ctx, L.w_up, h2), gemm_in));
-        x = oomb_format_name(oomb_add(ctx, x, f), "l_out.%" PRId64, l);
-        if (l + 1 < c.n_layer) capture(x);
-    }
-    G->g = oomb_new_graph_custom(ctx, 65536);
-    oomb_tensor * out = x;  // KV fill: the last layer's paged_attn node (packed: out and LSE)
-    if (kind != Kind::Fill) {
         x = oomb_set_name(oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), m_.output_norm), "result_norm");
         capture(x);
-        if (capture_hidden_ && kind == Kind::Loss) {
+        if (in.capture) {
             // the parity hook reads the logits: the unfused head
-            oomb_tensor * logits = oomb_set_name(oomb_mul_mat(ctx, m_.lm_head(), x), "logits");
-            oomb_set_output(logits);
-            G->logits = logits;
-            G->loss = oomb_cross_entropy_loss(ctx, logits, G->labels, p_.ignore_index);
+            out.logits = oomb_set_name(oomb_mul_mat(ctx, m_.lm_head(), x), "logits");
+            out.out = oomb_cross_entropy_loss(ctx, out.logits, in.labels, in.ignore_index);
         } else {
             // LM head fused with the loss over vocabulary tiles: the [V, T] logits (and, in the
             // backward, their gradient) are never stored whole
-            G->loss = oomb_linear_cross_entropy(ctx, m_.lm_head(), x, G->labels, p_.ignore_index);
+            out.out = oomb_linear_cross_entropy(ctx, m_.lm_head(), x, in.labels, in.ignore_index);
         }
-        G->loss = out = oomb_set_name(G->loss, "loss");
-        oomb_set_loss(G->loss);
+        out.has_loss = true;
+        return out;
     }
-    oomb_set_output(out);
-    oomb_build_forward_expand(G->g, out);
-    if (backward) oomb_build_backward_expand(ctx, G->g, G->loss, nullptr);
-    G->galloc = oomb_gallocr_new(m_.backend);
-    if (!oomb_gallocr_alloc_graph(G->galloc, G->g)) {
-        oomb_error("ChunkTrainer: cannot allocate the %s graph (T = %" PRId64 ", %zu bytes)", kind == Kind::Fill ? "KV-fill" : "chunk",
-                   T, oomb_gallocr_planned_size(G->galloc));
-    }
-    Graph & ref = *G;
-    graphs_[key] = std::move(G);
-    return ref;
-}
 
-size_t ChunkTrainer::planned_bytes(int64_t T, Kind kind) { return oomb_gallocr_planned_size(graph(T, kind).galloc); }
+private:
+    const Qwen2Model & m_;
+};
 
-size_t ChunkTrainer::arena_bytes() const {
-    size_t mx = 0;
-    for (const auto & kv : graphs_) mx = std::max(mx, oomb_gallocr_buffer_size(kv.second->galloc));
-    return mx;
-}
+} // namespace
 
-void ChunkTrainer::run_chunk(Graph & G, const int32_t * ids, int64_t n, int64_t p0, int64_t T, ChunkStats & st) {
-    std::vector<int32_t> tok((size_t) T), lab((size_t) T), pos((size_t) T);
-    for (int64_t t = 0; t < T; t++) {
-        const int64_t i = p0 + t;
-        tok[t] = ids[i];
-        lab[t] = i + 1 < n ? ids[i + 1] : p_.ignore_index;
-        pos[t] = (int32_t) i;
-    }
-    oomb_gallocr_alloc_graph(G.galloc, G.g);
-    oomb_tensor_set(G.tokens, tok.data(), 0, tok.size() * 4);
-    if (G.loss) oomb_tensor_set(G.labels, lab.data(), 0, lab.size() * 4);  // the KV-fill graph has no loss
-    oomb_tensor_set(G.pos, pos.data(), 0, pos.size() * 4);
-    oomb_backend_graph_compute(m_.backend, G.g);
-    if (G.loss) {
-        float loss[2];
-        oomb_tensor_get(G.loss, loss, 0, sizeof(loss));
-        st.loss_sum += loss[0];
-        st.n_targets += (int64_t) loss[1];
-    }
-    last_ = &G;
-}
-
-static void check_ids(const int32_t * ids, int64_t n, int64_t n_vocab) {
-    if (n < 2) oomb_error("ChunkTrainer: a sequence needs at least 2 tokens, got %" PRId64, n);
-    for (int64_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= n_vocab) {
-            oomb_error("ChunkTrainer: token id %d at position %" PRId64 " is outside the vocabulary (%" PRId64 " entries)", ids[i], i,
-                       n_vocab);
-        }
-    }
-}
-
-void ChunkTrainer::check_sequence(const int32_t * ids, int64_t n) const {
-    check_ids(ids, n, m_.cfg.n_vocab);
-    if (n > p_.max_tokens) oomb_error("ChunkTrainer: sequence of %" PRId64 " tokens exceeds max_tokens %" PRId64, n, p_.max_tokens);
-}
-
-void ChunkTrainer::forward_chunks(const int32_t * ids, int64_t n, Kind kind, ChunkStats & st) {
-    oomb_kv_cache_clear(kv_);
-    for (int64_t p0 = 0; p0 < n; p0 += p_.chunk) {
-        const int64_t T = std::min(p_.chunk, n - p0);
-        oomb_kv_cache_reserve(kv_, p0 + T);
-        run_chunk(graph(T, kind), ids, n, p0, T, st);
-    }
-}
-
-ChunkStats ChunkTrainer::forward(const int32_t * ids, int64_t n) {
-    check_sequence(ids, n);
-    ChunkStats st;
-    forward_chunks(ids, n, Kind::Loss, st);
-    return st;
-}
-
-ChunkStats ChunkTrainer::forward_backward(const int32_t * ids, int64_t n) {
-    check_sequence(ids, n);
-    if (n <= p_.chunk) {
-        // one chunk: its backward graph stores its own K/V, no stage 1 needed
-        ChunkStats st;
-        oomb_kv_cache_clear(kv_);
-        oomb_kv_cache_reserve(kv_, n);
-        oomb_kv_cache_zero_grad(kv_);
-        run_chunk(graph(n, Kind::BackwardStore), ids, n, 0, n, st);
-        return st;
-    }
-    // stage 1: fill the KV cache chunk by chunk, in order
-    ChunkStats none;
-    forward_chunks(ids, n, Kind::Fill, none);
-    // stage 2: reverse order, recompute with gradients; the loss is summed here
-    oomb_kv_cache_zero_grad(kv_);
-    ChunkStats st;
-    const int64_t n_chunks = (n + p_.chunk - 1) / p_.chunk;
-    for (int64_t ci = n_chunks - 1; ci >= 0; ci--) {
-        const int64_t p0 = ci * p_.chunk;
-        const int64_t T = std::min(p_.chunk, n - p0);
-        run_chunk(graph(T, Kind::Backward), ids, n, p0, T, st);
-    }
-    return st;
-}
-
-std::vector<float> ChunkTrainer::hidden(int k) const {
-    if (!last_ || k < 0 || k >= (int) last_->hidden.size()) oomb_error("ChunkTrainer::hidden: no captured hidden state %d", k);
-    const oomb_tensor * t = last_->hidden[k];
-    std::vector<float> v((size_t) oomb_nelements(t));
-    oomb_tensor_get(t, v.data(), 0, v.size() * 4);
-    return v;
-}
-
-std::vector<float> ChunkTrainer::logits() const {
-    if (!last_ || !last_->logits) oomb_error("ChunkTrainer::logits: logits were not captured (set_capture_hidden before forward)");
-    std::vector<float> v((size_t) oomb_nelements(last_->logits));
-    oomb_tensor_get(last_->logits, v.data(), 0, v.size() * 4);
-    return v;
-}
+std::unique_ptr<ChunkGraphBuilder> qwen2_chunk_builder(const Qwen2Model & m) { return std::make_unique<Qwen2ChunkBuilder>(m); }
 
 } // namespace oomb

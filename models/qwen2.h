@@ -1,4 +1,4 @@
-// Qwen2 / Qwen2.5 defined on ggml-oomb, and OOMB chunk-recurrent training of it.
+// Qwen2 / Qwen2.5 defined on ggml-oomb, and its chunk graph for OOMB chunk-recurrent training.
 //
 // The model follows HF transformers' Qwen2ForCausalLM: token embedding, per layer RMSNorm ->
 // q/k/v projections with biases -> RoPE (NEOX layout) -> grouped-query causal attention -> o_proj
@@ -6,18 +6,16 @@
 // separate). Weights use llama.cpp's GGUF names and layouts (a Linear weight [out, in] is a tensor
 // with ne = {in, out}), so mul_mat(W, x) = x W^T.
 //
-// Training (OOMB, arXiv 2602.02108, mechanisms 1 and 2): a sequence is split into chunks. One
-// chunk's graph is built and planned once (per chunk length) and re-run for every chunk; the
-// history enters only through the paged KV cache's page table. Stage 1 runs the chunks forward in
-// order (filling the KV cache, summing the loss); stage 2 runs them in reverse, recomputing each
-// chunk's forward with gradients and its backward, whose attention accumulates dK/dV into the
-// KV-gradient pages; parameter gradients accumulate over chunks and sequences.
+// Training (OOMB, arXiv 2602.02108, mechanisms 1 and 2) is the architecture-independent
+// ChunkDriver of oomb-chunk.h (KV cache, stages, graphs); this file supplies its chunk-graph
+// builder (qwen2_chunk_builder), which knows nothing of stages.
 #pragma once
 
 #include "oomb.h"
 #include "oomb-alloc.h"
 #include "oomb-backend.h"
 #include "oomb-paged.h"
+#include "oomb-chunk.h"
 
 #include <cstdint>
 #include <map>
@@ -100,91 +98,12 @@ enum class Qwen2Trainable { All, Linear };
 /// Returns them in GGUF order.
 std::vector<oomb_tensor *> qwen2_set_trainable(Qwen2Model & m, Qwen2Trainable which);
 
-struct ChunkTrainerParams {
-    int64_t chunk = 4096;     // tokens per chunk
-    int     page = 128;       // tokens per KV page
-    int64_t max_tokens = 0;   // longest sequence (the KV cache capacity)
-    oomb_type kv_type = OOMB_TYPE_F32;
-    int32_t ignore_index = -100;
-    // Keep stage 1's attention results (out and LSE, f32) for stage 2 instead of recomputing the
-    // attention forward there (oomb_paged_attn_cached): (H*D + H) * 4 bytes per token and layer,
-    // i.e. 87 KB per token over all layers of Qwen2.5-0.5B, 404 KB for 7B. Bit-identical results.
-    // Not allocated when max_tokens <= chunk (one chunk: no stage 1).
-    bool cache_attn = false;
-    // The cache's type: f32 (bit-identical) or bf16 (out rounded to bf16, LSE exact: about half the
-    // memory, (H*D + 2H) * 2 bytes per token and layer, 204 KB per token for 7B).
-    oomb_type cache_attn_type = OOMB_TYPE_F32;
-    // Storage of the activations that only feed matrix products (the normed inputs of the Q/K/V and
-    // gate/up projections, the SwiGLU output, and the SwiGLU's gradients): OOMB_TYPE_BF16 or
-    // OOMB_TYPE_F32; OOMB_TYPE_COUNT (default): bf16 on a GPU backend, whose products read bf16
-    // operands anyway (the same results, less memory and traffic), f32 on the CPU (f32 products).
-    oomb_type gemm_input_type = OOMB_TYPE_COUNT;
-};
-
-/// Statistics of one forward(/backward) over a sequence.
-struct ChunkStats {
-    double  loss_sum = 0.0;  // sum of the per-target cross-entropies
-    int64_t n_targets = 0;   // number of targets counted
-};
-
-/// OOMB chunk-recurrent training of a Qwen2 model over paged KV caches. Graphs are built and
-/// planned once per (chunk length, with/without backward) and re-run. The LM head and the loss are
-/// one oomb_linear_cross_entropy (vocabulary tiles: no [n_vocab, T] logits in the arena), except in
-/// the Loss graph with set_capture_hidden on, which keeps mul_mat + cross_entropy_loss for logits().
-class ChunkTrainer {
-public:
-    ChunkTrainer(Qwen2Model & model, const ChunkTrainerParams & p);
-    ~ChunkTrainer();
-    ChunkTrainer(const ChunkTrainer &) = delete;
-    ChunkTrainer & operator=(const ChunkTrainer &) = delete;
-
-    /// Stage 1 only (no gradients): the loss of one sequence of n tokens (targets ids[1..n)).
-    ChunkStats forward(const int32_t * ids, int64_t n);
-    /// Stage 1 (KV fill only) then stage 2 (recompute with gradients, reverse chunk order; the loss
-    /// is summed here): the loss, and the gradient of the loss SUM accumulated into the
-    /// parameters' gradient tensors (divide by the total target count, e.g. through the
-    /// optimizer's grad_scale).
-    ChunkStats forward_backward(const int32_t * ids, int64_t n);
-
-    /// The three graphs of a chunk length: Fill (stage 1 of training: only what fills the KV cache,
-    /// no LM head or loss), Loss (forward with the loss: evaluation) and Backward (stage 2).
-    /// BackwardStore is Backward that also stores the chunk's K/V: a sequence of one chunk needs
-    /// no stage 1.
-    enum class Kind { Fill = 0, Loss = 1, Backward = 2, BackwardStore = 3 };
-    /// Arena bytes planned for the chunk graph of length T and kind; plans it if needed.
-    size_t planned_bytes(int64_t T, Kind kind);
-    oomb_kv_cache_t kv_cache() const { return kv_; }
-    /// Bytes of the attention-result cache (0 unless ChunkTrainerParams::cache_attn).
-    size_t attn_cache_bytes() const;
-    /// Peak arena bytes over the graphs used so far.
-    size_t arena_bytes() const;
-
-    /// Optional hook: hidden state outputs (for parity tests): when set before the first call,
-    /// the forward graphs expose the embedding output, each layer's output and the final norm.
-    void set_capture_hidden(bool on) { capture_hidden_ = on; }
-    /// After forward(): hidden state k (0 = embeddings, 1..L-1 = layer outputs, L = final norm)
-    /// of the last chunk run, [n_embd, T] f32 copied to host; and its logits when captured.
-    std::vector<float> hidden(int k) const;
-    /// After forward() with capture on: the last chunk's logits, [n_vocab, T] f32.
-    std::vector<float> logits() const;
-
-private:
-    struct Graph;
-    Graph & graph(int64_t T, Kind kind);
-    void run_chunk(Graph & g, const int32_t * ids, int64_t n, int64_t p0, int64_t T, ChunkStats & st);
-    void check_sequence(const int32_t * ids, int64_t n) const;
-    // Clears the KV cache and runs the chunks of ids in order with graphs of this kind.
-    void forward_chunks(const int32_t * ids, int64_t n, Kind kind, ChunkStats & st);
-
-    Qwen2Model & m_;
-    ChunkTrainerParams p_;
-    oomb_kv_cache_t kv_ = nullptr;
-    oomb_context * attn_ctx_ = nullptr;          // cache_attn: one tensor per layer
-    oomb_buffer_t attn_buf_ = nullptr;
-    std::vector<oomb_tensor *> attn_cache_;
-    std::map<std::pair<int64_t, int>, std::unique_ptr<Graph>> graphs_;
-    bool capture_hidden_ = false;
-    Graph * last_ = nullptr;
-};
+/// The Qwen2 chunk graph for the OOMB driver (oomb-chunk.h): embedding, the blocks (each layer's
+/// attention through chunk_attention), final norm, and the LM head with the loss as one
+/// oomb_linear_cross_entropy (vocabulary tiles: no [n_vocab, T] logits in the arena), except with
+/// ChunkGraphInputs::capture, which keeps mul_mat + cross_entropy_loss for the logits. Hidden
+/// states captured: 0 = embeddings, 1..L-1 = layer outputs, L = final norm. The model must outlive
+/// the builder. Use: ChunkDriver tr(qwen2_chunk_builder(model), params);
+std::unique_ptr<ChunkGraphBuilder> qwen2_chunk_builder(const Qwen2Model & m);
 
 } // namespace oomb

@@ -33,11 +33,11 @@ TEST(Qwen2Parity, MicroShortForwardLogitsHidden) {
         SCOPED_TRACE(model_name);
         Reference ref(oombtest::fixtures_dir() + "/" + model_name + "/reference-short.safetensors");
         ModelRun run(converted(model_name));
-        ChunkTrainerParams tp;
+        ChunkParams tp;
         tp.chunk = ref.T;
         tp.page = 16;
         tp.max_tokens = ref.T;
-        ChunkTrainer tr(*run.model, tp);
+        ChunkDriver tr(qwen2_chunk_builder(*run.model), tp);
         tr.set_capture_hidden(true);
         const int64_t V = run.model->cfg.n_vocab, E = run.model->cfg.n_embd, L = run.model->cfg.n_layer;
         const std::vector<double> logits = ref.get("logits");
@@ -69,7 +69,7 @@ TEST(Qwen2Parity, MicroShortGradientsTinyChunks) { check_cpu("qwen2-micro", "sho
 TEST(Qwen2Parity, MicroLongChunk512) { check_cpu("qwen2-micro", "long", 512, 64); }
 TEST(Qwen2Parity, MicroLongChunk1000) { check_cpu("qwen2-micro", "long", 1000, 64); }
 TEST(Qwen2Parity, MicroLongWholeSequence) { check_cpu("qwen2-micro", "long", 4096, 64); }
-// stage 2 loading stage 1's attention results (ChunkTrainerParams::cache_attn) instead of
+// stage 2 loading stage 1's attention results (ChunkParams::cache_attn) instead of
 // recomputing them: the references as above, and bit-identical gradients to the recompute
 TEST(Qwen2Parity, MicroLongChunk512AttnCache) {
     ModelRun run(converted("qwen2-micro"));
@@ -85,7 +85,7 @@ TEST(Qwen2Parity, MicroLongChunk512AttnCacheBf16) {
     check_gradients(run, "qwen2-micro", "long", 512, 64, tol, OOMB_TYPE_F32, true, OOMB_TYPE_BF16);
 }
 // the GPU backend's graph on the CPU: bf16 storage of the activations and SwiGLU gradients that
-// only feed matrix products (ChunkTrainerParams::gemm_input_type; the CPU's f32 products then see
+// only feed matrix products (ChunkParams::gemm_input_type; the CPU's f32 products then see
 // bf16-rounded operands, as the GPU's bf16 products do), against the float64 references at the
 // issue's bf16 gate
 TEST(Qwen2Parity, MicroLongChunk512Bf16GemmInputs) {
@@ -105,12 +105,12 @@ TEST(Qwen2Parity, MiniShortChunkedBf16GemmInputs) {
     Reference ref(fixtures_dir() + "/qwen2-mini/reference-short.safetensors");
     double loss[2];
     for (int i = 0; i < 2; i++) {
-        ChunkTrainerParams tp;
+        ChunkParams tp;
         tp.chunk = 24;
         tp.page = 16;
         tp.max_tokens = ref.T;
         tp.gemm_input_type = i ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
-        ChunkTrainer tr(*run.model, tp);
+        ChunkDriver tr(qwen2_chunk_builder(*run.model), tp);
         loss[i] = tr.forward_backward(ref.ids.data(), ref.T).loss_sum;
     }
     EXPECT_NE(loss[0], loss[1]);
@@ -118,10 +118,10 @@ TEST(Qwen2Parity, MiniShortChunkedBf16GemmInputs) {
 }
 TEST(Qwen2Errors, BadGemmInputType) {
     ModelRun run(converted("qwen2-micro"));
-    ChunkTrainerParams tp;
+    ChunkParams tp;
     tp.max_tokens = 64;
     tp.gemm_input_type = OOMB_TYPE_I32;
-    EXPECT_OOMB_ERROR(ChunkTrainer(*run.model, tp), "gemm_input_type must be f32, bf16");
+    EXPECT_OOMB_ERROR(ChunkDriver(qwen2_chunk_builder(*run.model), tp), "gemm_input_type must be f32, bf16");
 }
 TEST(Qwen2Parity, MiniShortChunkedAttnCacheBitIdentical) {
     Reference ref(fixtures_dir() + "/qwen2-mini/reference-short.safetensors");
@@ -129,17 +129,17 @@ TEST(Qwen2Parity, MiniShortChunkedAttnCacheBitIdentical) {
     double loss[2] = {0, 0};
     for (int c = 0; c < 2; c++) {
         ModelRun run(converted("qwen2-mini"));
-        ChunkTrainerParams tp;
+        ChunkParams tp;
         tp.chunk = 24;
         tp.page = 16;
         tp.max_tokens = ref.T;
         tp.cache_attn = c == 1;
-        ChunkTrainer tr(*run.model, tp);
+        ChunkDriver tr(qwen2_chunk_builder(*run.model), tp);
         EXPECT_EQ(tr.attn_cache_bytes() > 0, c == 1);
         if (c == 1) {  // one chunk per sequence: no stage 1, so no cache is allocated
-            ChunkTrainerParams one = tp;
+            ChunkParams one = tp;
             one.chunk = ref.T;
-            EXPECT_EQ(ChunkTrainer(*run.model, one).attn_cache_bytes(), 0u);
+            EXPECT_EQ(ChunkDriver(qwen2_chunk_builder(*run.model), one).attn_cache_bytes(), 0u);
         }
         for (int64_t b = 0; b < ref.B; b++) loss[c] += tr.forward_backward(ref.ids.data() + b * ref.T, ref.T).loss_sum;
         for (oomb_tensor * p : run.params) g[c].push_back(run.grad(p->name));
@@ -153,11 +153,11 @@ TEST(Qwen2Parity, MiniShortChunkedAttnCacheBitIdentical) {
 TEST(Qwen2Parity, MicroLongLastLogits) {
     Reference ref(oombtest::fixtures_dir() + "/qwen2-micro/reference-long.safetensors");
     ModelRun run(converted("qwen2-micro"));
-    ChunkTrainerParams tp;
+    ChunkParams tp;
     tp.chunk = 512;
     tp.page = 64;
     tp.max_tokens = ref.T;
-    ChunkTrainer tr(*run.model, tp);
+    ChunkDriver tr(qwen2_chunk_builder(*run.model), tp);
     tr.set_capture_hidden(true);
     ChunkStats st = tr.forward(ref.ids.data(), ref.T);
     EXPECT_LT(std::fabs(st.loss_sum / st.n_targets - ref.loss) / ref.loss, 1e-5);
@@ -178,14 +178,14 @@ TEST(Qwen2Memory, PlannedPeakIndependentOfContext) {
     size_t planned[2];
     const int64_t ctxs[2] = {4096, 65536};
     for (int i = 0; i < 2; i++) {
-        ChunkTrainerParams tp;
+        ChunkParams tp;
         tp.chunk = 256;
         tp.page = 64;
         tp.max_tokens = ctxs[i];
-        ChunkTrainer tr(*m, tp);
-        planned[i] = tr.planned_bytes(256, ChunkTrainer::Kind::Backward);
-        EXPECT_LE(tr.planned_bytes(256, ChunkTrainer::Kind::Loss), planned[i]);
-        EXPECT_LE(tr.planned_bytes(256, ChunkTrainer::Kind::Fill), tr.planned_bytes(256, ChunkTrainer::Kind::Loss));
+        ChunkDriver tr(qwen2_chunk_builder(*m), tp);
+        planned[i] = tr.planned_bytes(256, ChunkKind::Backward);
+        EXPECT_LE(tr.planned_bytes(256, ChunkKind::Loss), planned[i]);
+        EXPECT_LE(tr.planned_bytes(256, ChunkKind::Fill), tr.planned_bytes(256, ChunkKind::Loss));
     }
     EXPECT_EQ(planned[0], planned[1]);
     m.reset();
@@ -202,23 +202,23 @@ TEST(Qwen2Memory, ArenaDoesNotScaleWithVocabTimesTokens) {
     auto m = qwen2_create(c, cpu, OOMB_TYPE_BF16);
     qwen2_set_trainable(*m, Qwen2Trainable::All);
     const int64_t V = c.n_vocab, E = c.n_embd;
-    ChunkTrainerParams tp;
+    ChunkParams tp;
     tp.chunk = 1024;
     tp.page = 64;
     tp.max_tokens = 1024;
     size_t loss_fused[2], back_fused[2], loss_unfused[2];
     const int64_t Ts[2] = {512, 1024};
     {
-        ChunkTrainer tr(*m, tp);
+        ChunkDriver tr(qwen2_chunk_builder(*m), tp);
         for (int i = 0; i < 2; i++) {
-            loss_fused[i] = tr.planned_bytes(Ts[i], ChunkTrainer::Kind::Loss);
-            back_fused[i] = tr.planned_bytes(Ts[i], ChunkTrainer::Kind::Backward);
+            loss_fused[i] = tr.planned_bytes(Ts[i], ChunkKind::Loss);
+            back_fused[i] = tr.planned_bytes(Ts[i], ChunkKind::Backward);
         }
     }
     {
-        ChunkTrainer tr(*m, tp);
+        ChunkDriver tr(qwen2_chunk_builder(*m), tp);
         tr.set_capture_hidden(true);
-        for (int i = 0; i < 2; i++) loss_unfused[i] = tr.planned_bytes(Ts[i], ChunkTrainer::Kind::Loss);
+        for (int i = 0; i < 2; i++) loss_unfused[i] = tr.planned_bytes(Ts[i], ChunkKind::Loss);
     }
     for (int i = 0; i < 2; i++) {
         const size_t vt4 = (size_t) (V * Ts[i] * 4);
@@ -249,12 +249,12 @@ TEST(Qwen2Errors, BadInputs) {
     c.n_vocab = 100;
     auto m = qwen2_create(c, cpu, OOMB_TYPE_F32);
     qwen2_set_trainable(*m, Qwen2Trainable::All);
-    ChunkTrainerParams tp;
+    ChunkParams tp;
     tp.chunk = 8;
     tp.page = 4;
     tp.max_tokens = 16;
     {
-        ChunkTrainer tr(*m, tp);
+        ChunkDriver tr(qwen2_chunk_builder(*m), tp);
         std::vector<int32_t> ids(16, 3);
         ids[5] = 100;
         EXPECT_OOMB_ERROR(tr.forward(ids.data(), 16), "token id 100 at position 5 is outside the vocabulary");

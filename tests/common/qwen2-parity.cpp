@@ -121,7 +121,7 @@ int64_t check_gradients(ModelRun & run, const std::string & model_name, const st
                         oomb_type gemm_input_type) {
     SCOPED_TRACE(model_name + " " + ref_name + " chunk " + std::to_string(chunk) + " page " + std::to_string(page));
     Reference ref(oombtest::fixtures_dir() + "/" + model_name + "/reference-" + ref_name + ".safetensors");
-    ChunkTrainerParams tp;
+    ChunkParams tp;
     tp.chunk = chunk;
     tp.page = page;
     tp.max_tokens = ref.T;
@@ -129,7 +129,7 @@ int64_t check_gradients(ModelRun & run, const std::string & model_name, const st
     tp.cache_attn = cache_attn;
     tp.cache_attn_type = cache_type;
     tp.gemm_input_type = gemm_input_type;
-    ChunkTrainer tr(*run.model, tp);
+    ChunkDriver tr(qwen2_chunk_builder(*run.model), tp);
     double loss_sum = 0;
     int64_t count = 0;
     for (int64_t b = 0; b < ref.B; b++) {

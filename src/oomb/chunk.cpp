@@ -1,0 +1,254 @@
+// The chunk-recurrent driver (see oomb-chunk.h): KV cache, attention-result cache, the stage-1 /
+// stage-2 schedule and the per-(chunk length, kind) graphs; the model's part is its
+// ChunkGraphBuilder.
+
+#include "oomb-chunk.h"
+
+#include <algorithm>
+#include <cinttypes>
+
+namespace oomb {
+
+struct ChunkDriver::Graph {
+    oomb_context * ctx = nullptr;
+    oomb_cgraph * g = nullptr;
+    oomb_gallocr_t galloc = nullptr;
+    oomb_tensor * tokens = nullptr;  // i32 [T]
+    oomb_tensor * labels = nullptr;  // i32 [T]
+    oomb_tensor * pos = nullptr;     // i32 [T]
+    oomb_tensor * loss = nullptr;    // f32 [2]: sum, count (NULL for Fill)
+    std::vector<oomb_tensor *> hidden;
+    oomb_tensor * logits = nullptr;  // captured logits (capture mode only)
+    ~Graph() {
+        oomb_gallocr_free(galloc);
+        oomb_free(ctx);
+    }
+};
+
+oomb_tensor * chunk_attention(oomb_context * ctx, const ChunkGraphInputs & in, int layer, oomb_tensor * q, oomb_tensor * k,
+                              oomb_tensor * v, float scale) {
+    const int store = in.kind == ChunkKind::Backward ? 0 : 1;  // stage 2 reads its K/V from the cache
+    oomb_tensor * kp = oomb_kv_cache_k(in.kv, layer), * vp = oomb_kv_cache_v(in.kv, layer);
+    // with the attention cache, stage 1 (Fill) saves each layer's result and stage 2 (Backward)
+    // loads it instead of recomputing; a one-chunk sequence (BackwardStore) and evaluation compute
+    oomb_tensor * a;
+    if (in.attn_cache && !in.attn_cache->empty() && (in.kind == ChunkKind::Fill || in.kind == ChunkKind::Backward)) {
+        a = oomb_paged_attn_cached(ctx, q, k, v, kp, vp, in.page_table, in.pos, scale, store, (*in.attn_cache)[(size_t) layer],
+                                   in.kind == ChunkKind::Backward ? 1 : 0);
+    } else {
+        a = oomb_paged_attn(ctx, q, k, v, kp, vp, in.page_table, in.pos, scale, store);
+    }
+    // a is the out view [hd, n_head, T] of the op's node, which also keeps each row's LSE for the
+    // backward
+    oomb_format_name(a, "attn.%d", layer);
+    oomb_format_name(a->view_src, "attn.%d.packed", layer);
+    return a;
+}
+
+ChunkDriver::ChunkDriver(std::unique_ptr<ChunkGraphBuilder> builder, const ChunkParams & p) : builder_(std::move(builder)), p_(p) {
+    if (!builder_) oomb_error("ChunkDriver: no chunk-graph builder");
+    shape_ = builder_->shape();
+    if (p.chunk <= 0) oomb_error("ChunkDriver: chunk = %" PRId64 " must be positive", p.chunk);
+    if (p.page <= 0) oomb_error("ChunkDriver: page = %d must be positive", p.page);
+    if (p.max_tokens <= 0) oomb_error("ChunkDriver: max_tokens = %" PRId64 " must be positive", p.max_tokens);
+    if (p.gemm_input_type != OOMB_TYPE_F32 && p.gemm_input_type != OOMB_TYPE_BF16 && p.gemm_input_type != OOMB_TYPE_COUNT)
+        oomb_error("ChunkDriver: gemm_input_type must be f32, bf16 or OOMB_TYPE_COUNT (automatic), got %d", (int) p.gemm_input_type);
+    // Activations that only feed matrix products are stored in bf16 on the CUDA backend, whose
+    // products read bf16 operands anyway; in f32 on the CPU, whose products are f32.
+    gemm_in_ = p.gemm_input_type != OOMB_TYPE_COUNT ? p.gemm_input_type
+               : oomb_backend_is_host(shape_.backend) ? OOMB_TYPE_F32
+                                                      : OOMB_TYPE_BF16;
+    oomb_kv_cache_params kp;
+    kp.n_layer = (int) shape_.n_layer;
+    kp.n_head_kv = (int) shape_.n_head_kv;
+    kp.head_dim = (int) shape_.head_dim;
+    kp.page_size = p.page;
+    kp.max_tokens = p.max_tokens;
+    kp.type = p.kv_type;
+    kp.with_grad = p.with_grad;
+    kv_ = oomb_kv_cache_init(shape_.backend, kp);
+    if (!kv_) oomb_error("ChunkDriver: cannot allocate the KV cache for %" PRId64 " tokens", p.max_tokens);
+    // a one-chunk sequence has no stage 1 to keep results from, and forward() alone no stage 2
+    if (p.cache_attn && p.with_grad && p.max_tokens > p.chunk) {
+        const int64_t row = oomb_paged_attn_cache_row(shape_.head_dim, shape_.n_head, p.cache_attn_type);  // per position
+        const size_t bytes = ((size_t) (row * p.max_tokens) * oomb_type_size(p.cache_attn_type) + 255) / 256 * 256;
+        attn_ctx_ = oomb_init({0, true});
+        attn_buf_ = oomb_backend_alloc_buffer(shape_.backend, bytes * (size_t) shape_.n_layer);
+        if (!attn_buf_)
+            oomb_error("ChunkDriver: cannot allocate the attention cache (cache_attn, oomb-train --attn-cache): %.2f GiB for %" PRId64
+                       " tokens x %" PRId64 " layers", (double) bytes * (double) shape_.n_layer / (1 << 30), p.max_tokens, shape_.n_layer);
+        for (int64_t l = 0; l < shape_.n_layer; l++) {
+            oomb_tensor * t = oomb_new_tensor_1d(attn_ctx_, p.cache_attn_type, row * p.max_tokens);
+            oomb_tensor_alloc(attn_buf_, t, (size_t) l * bytes);
+            oomb_tensor_memset(t, 0);  // a block never saved loads as zeros, not as stale memory
+            attn_cache_.push_back(oomb_format_name(t, "attn_cache.%" PRId64, l));
+        }
+    }
+}
+
+ChunkDriver::~ChunkDriver() {
+    graphs_.clear();
+    oomb_buffer_free(attn_buf_);
+    oomb_free(attn_ctx_);
+    oomb_kv_cache_free(kv_);
+}
+
+size_t ChunkDriver::attn_cache_bytes() const {
+    size_t n = 0;
+    for (const oomb_tensor * t : attn_cache_) n += oomb_nbytes(t);
+    return n;
+}
+
+ChunkDriver::Graph & ChunkDriver::graph(int64_t T, ChunkKind kind) {
+    const bool backward = kind == ChunkKind::Backward || kind == ChunkKind::BackwardStore;
+    if (backward && !p_.with_grad) oomb_error("ChunkDriver: a backward graph needs the KV-gradient pages (ChunkParams::with_grad)");
+    auto key = std::make_pair(T, (int) kind);
+    auto it = graphs_.find(key);
+    if (it != graphs_.end()) return *it->second;
+    auto G = std::make_unique<Graph>();
+    G->ctx = oomb_init({0, true});
+    oomb_context * ctx = G->ctx;
+    G->tokens = oomb_set_name(oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T), "tokens");
+    G->labels = oomb_set_name(oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T), "labels");
+    G->pos = oomb_set_name(oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T), "pos");
+    oomb_set_input(G->tokens);
+    oomb_set_input(G->labels);
+    oomb_set_input(G->pos);
+
+    ChunkGraphInputs in;
+    in.kind = kind;
+    in.T = T;
+    in.tokens = G->tokens;
+    in.labels = G->labels;
+    in.pos = G->pos;
+    in.kv = kv_;
+    in.page_table = oomb_kv_cache_page_table(kv_);
+    in.attn_cache = &attn_cache_;
+    in.ignore_index = p_.ignore_index;
+    in.gemm_input_type = gemm_in_;
+    in.capture = capture_hidden_ && kind == ChunkKind::Loss;
+    ChunkGraphOutputs out = builder_->build(ctx, in);
+    if (!out.out || out.has_loss != (kind != ChunkKind::Fill))
+        oomb_error("ChunkDriver: the chunk-graph builder gave no %s output (T = %" PRId64 ")", kind == ChunkKind::Fill ? "KV-fill" : "loss", T);
+    for (oomb_tensor * h : out.hidden) oomb_set_output(h);
+    if (out.logits) oomb_set_output(out.logits);
+    G->hidden = std::move(out.hidden);
+    G->logits = out.logits;
+    if (out.has_loss) {
+        G->loss = oomb_set_name(out.out, "loss");
+        oomb_set_loss(G->loss);
+    }
+    G->g = oomb_new_graph_custom(ctx, 65536);
+    oomb_set_output(out.out);
+    oomb_build_forward_expand(G->g, out.out);
+    if (backward) oomb_build_backward_expand(ctx, G->g, G->loss, nullptr);
+    G->galloc = oomb_gallocr_new(shape_.backend);
+    if (!oomb_gallocr_alloc_graph(G->galloc, G->g)) {
+        oomb_error("ChunkDriver: cannot allocate the %s graph (T = %" PRId64 ", %zu bytes)", kind == ChunkKind::Fill ? "KV-fill" : "chunk",
+                   T, oomb_gallocr_planned_size(G->galloc));
+    }
+    Graph & ref = *G;
+    graphs_[key] = std::move(G);
+    return ref;
+}
+
+size_t ChunkDriver::planned_bytes(int64_t T, ChunkKind kind) { return oomb_gallocr_planned_size(graph(T, kind).galloc); }
+
+size_t ChunkDriver::arena_bytes() const {
+    size_t mx = 0;
+    for (const auto & kv : graphs_) mx = std::max(mx, oomb_gallocr_buffer_size(kv.second->galloc));
+    return mx;
+}
+
+void ChunkDriver::run_chunk(Graph & G, const int32_t * ids, int64_t n, int64_t p0, int64_t T, ChunkStats & st) {
+    std::vector<int32_t> tok((size_t) T), lab((size_t) T), pos((size_t) T);
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t i = p0 + t;
+        tok[t] = ids[i];
+        lab[t] = i + 1 < n ? ids[i + 1] : p_.ignore_index;
+        pos[t] = (int32_t) i;
+    }
+    oomb_gallocr_alloc_graph(G.galloc, G.g);
+    oomb_tensor_set(G.tokens, tok.data(), 0, tok.size() * 4);
+    if (G.loss) oomb_tensor_set(G.labels, lab.data(), 0, lab.size() * 4);  // the KV-fill graph has no loss
+    oomb_tensor_set(G.pos, pos.data(), 0, pos.size() * 4);
+    oomb_backend_graph_compute(shape_.backend, G.g);
+    if (G.loss) {
+        float loss[2];
+        oomb_tensor_get(G.loss, loss, 0, sizeof(loss));
+        st.loss_sum += loss[0];
+        st.n_targets += (int64_t) loss[1];
+    }
+    last_ = &G;
+}
+
+void ChunkDriver::check_sequence(const int32_t * ids, int64_t n) const {
+    if (n < 2) oomb_error("ChunkDriver: a sequence needs at least 2 tokens, got %" PRId64, n);
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= shape_.n_vocab) {
+            oomb_error("ChunkDriver: token id %d at position %" PRId64 " is outside the vocabulary (%" PRId64 " entries)", ids[i], i,
+                       shape_.n_vocab);
+        }
+    }
+    if (n > p_.max_tokens) oomb_error("ChunkDriver: sequence of %" PRId64 " tokens exceeds max_tokens %" PRId64, n, p_.max_tokens);
+}
+
+void ChunkDriver::forward_chunks(const int32_t * ids, int64_t n, ChunkKind kind, ChunkStats & st) {
+    oomb_kv_cache_clear(kv_);
+    for (int64_t p0 = 0; p0 < n; p0 += p_.chunk) {
+        const int64_t T = std::min(p_.chunk, n - p0);
+        oomb_kv_cache_reserve(kv_, p0 + T);
+        run_chunk(graph(T, kind), ids, n, p0, T, st);
+    }
+}
+
+ChunkStats ChunkDriver::forward(const int32_t * ids, int64_t n) {
+    check_sequence(ids, n);
+    ChunkStats st;
+    forward_chunks(ids, n, ChunkKind::Loss, st);
+    return st;
+}
+
+ChunkStats ChunkDriver::forward_backward(const int32_t * ids, int64_t n) {
+    if (!p_.with_grad) oomb_error("ChunkDriver::forward_backward: this driver has no KV-gradient pages (ChunkParams::with_grad = false)");
+    check_sequence(ids, n);
+    if (n <= p_.chunk) {
+        // one chunk: its backward graph stores its own K/V, no stage 1 needed
+        ChunkStats st;
+        oomb_kv_cache_clear(kv_);
+        oomb_kv_cache_reserve(kv_, n);
+        oomb_kv_cache_zero_grad(kv_);
+        run_chunk(graph(n, ChunkKind::BackwardStore), ids, n, 0, n, st);
+        return st;
+    }
+    // stage 1: fill the KV cache chunk by chunk, in order
+    ChunkStats none;
+    forward_chunks(ids, n, ChunkKind::Fill, none);
+    // stage 2: reverse order, recompute with gradients; the loss is summed here
+    oomb_kv_cache_zero_grad(kv_);
+    ChunkStats st;
+    const int64_t n_chunks = (n + p_.chunk - 1) / p_.chunk;
+    for (int64_t ci = n_chunks - 1; ci >= 0; ci--) {
+        const int64_t p0 = ci * p_.chunk;
+        const int64_t T = std::min(p_.chunk, n - p0);
+        run_chunk(graph(T, ChunkKind::Backward), ids, n, p0, T, st);
+    }
+    return st;
+}
+
+std::vector<float> ChunkDriver::hidden(int k) const {
+    if (!last_ || k < 0 || k >= (int) last_->hidden.size()) oomb_error("ChunkDriver::hidden: no captured hidden state %d", k);
+    const oomb_tensor * t = last_->hidden[k];
+    std::vector<float> v((size_t) oomb_nelements(t));
+    oomb_tensor_get(t, v.data(), 0, v.size() * 4);
+    return v;
+}
+
+std::vector<float> ChunkDriver::logits() const {
+    if (!last_ || !last_->logits) oomb_error("ChunkDriver::logits: logits were not captured (set_capture_hidden before forward)");
+    std::vector<float> v((size_t) oomb_nelements(last_->logits));
+    oomb_tensor_get(last_->logits, v.data(), 0, v.size() * 4);
+    return v;
+}
+
+} // namespace oomb
