@@ -1,5 +1,6 @@
 // oomb-eval: perplexity of a long text under a Qwen2 GGUF model, computed chunk by chunk through
-// the same paged-KV path as training (ChunkDriver::forward: stage 1 only, no gradients).
+// the same paged-KV path as training (ChunkDriver::forward: stage 1 only; no gradients and no
+// KV-gradient pages).
 //
 //   oomb-eval -m MODEL.gguf --data FILE [--ctx N] [--chunk C] [--page P] [--threads T]
 //
@@ -114,6 +115,7 @@ int main(int argc, char ** argv) {
     tp.chunk = chunk;
     tp.page = page;
     tp.max_tokens = ctx;
+    tp.with_grad = false;  // forward only: no KV-gradient pages
     ChunkDriver tr(qwen2_chunk_builder(*m), tp);
     double nll = 0;
     int64_t targets = 0, windows = 0;

@@ -167,6 +167,36 @@ TEST(Qwen2Parity, MicroLongLastLogits) {
     EXPECT_LT(rel_err(last8, ref.get("logits_last8")), 1e-5);
 }
 
+// An evaluation-only driver (ChunkParams::with_grad = false, as oomb-eval) has no KV-gradient
+// pages: with f32 K/V its KV cache is half the training one's (K, V vs K, V, dK, dV; the page
+// table aside), forward() gives bit-identical losses over several chunks, and
+// forward_backward() and backward graphs are refused with a message.
+TEST(Qwen2Eval, NoGradientPages) {
+    Reference ref(oombtest::fixtures_dir() + "/qwen2-micro/reference-long.safetensors");
+    ModelRun run(converted("qwen2-micro"));
+    ChunkParams tp;
+    tp.chunk = 1000;  // several chunks, the last one shorter
+    tp.page = 64;
+    tp.max_tokens = ref.T;
+    tp.cache_attn = true;  // unused without stage 2: not allocated
+    ChunkDriver train(qwen2_chunk_builder(*run.model), tp);
+    tp.with_grad = false;
+    ChunkDriver eval(qwen2_chunk_builder(*run.model), tp);
+    EXPECT_EQ(oomb_kv_cache_dk(eval.kv_cache(), 0), nullptr);
+    EXPECT_EQ(oomb_kv_cache_dv(eval.kv_cache(), 0), nullptr);
+    EXPECT_NE(oomb_kv_cache_dk(train.kv_cache(), 0), nullptr);
+    EXPECT_EQ(eval.attn_cache_bytes(), 0u);
+    EXPECT_GT(train.attn_cache_bytes(), 0u);
+    const size_t kv_eval = oomb_kv_cache_nbytes(eval.kv_cache()), kv_train = oomb_kv_cache_nbytes(train.kv_cache());
+    EXPECT_LT(kv_eval, kv_train * 51 / 100) << kv_eval << " vs " << kv_train;
+    const ChunkStats a = train.forward(ref.ids.data(), ref.T), b = eval.forward(ref.ids.data(), ref.T);
+    EXPECT_EQ(a.n_targets, b.n_targets);
+    EXPECT_EQ(a.loss_sum, b.loss_sum);
+    EXPECT_LT(std::fabs(b.loss_sum / b.n_targets - ref.loss) / ref.loss, 1e-5);
+    EXPECT_OOMB_ERROR(eval.forward_backward(ref.ids.data(), ref.T), "no KV-gradient pages");
+    EXPECT_OOMB_ERROR(eval.planned_bytes(64, ChunkKind::Backward), "needs the KV-gradient pages");
+}
+
 // Activation memory does not grow with the sequence: the chunk graph's plan is the same at 4K and 64K.
 TEST(Qwen2Memory, PlannedPeakIndependentOfContext) {
     oomb_backend_t cpu = oomb_backend_cpu_init(1);
