@@ -56,14 +56,8 @@ int main(int argc, char ** argv) {
     app.add_option("--rope-theta", rope_theta, "override the RoPE base");
     app.add_option("--json", json_out, "also write the results as JSON to this file");
     if (const int rc = parse_command_line(app, argc, argv, PROG); rc >= 0) return rc;
-    auto need = [&](bool ok, const char * name, double v, const std::string & range) { need_in_range(PROG, ok, name, v, range); };
-    need(ctx >= 2, "--ctx", (double) ctx, ">= 2");
-    need(chunk >= 1, "--chunk", (double) chunk, ">= 1");
-    need(page >= 1, "--page", page, ">= 1");
-    need(page <= ctx, "--page", page, "at most --ctx (" + std::to_string(ctx) + "): the page size is too large");
-    if (app.count("--max-tokens")) need(max_tokens >= 1, "--max-tokens", (double) max_tokens, ">= 1");
-    if (app.count("--threads")) need(threads >= 1, "--threads", threads, ">= 1");
-    if (app.count("--rope-theta")) need(std::isfinite(rope_theta) && rope_theta > 0, "--rope-theta", rope_theta, "a finite number > 0");
+    check_chunk_options(PROG, app, ctx, chunk, page, threads, rope_theta);
+    if (app.count("--max-tokens")) need_in_range(PROG, max_tokens >= 1, "--max-tokens", (double) max_tokens, ">= 1");
     if (data.empty() == data_bin.empty()) fail(PROG, "give --data FILE (text) or --data-bin FILE (ids)");
     if (!json_out.empty()) {   // fail before evaluating when the result could not be written
         const size_t sl = json_out.rfind('/');
@@ -71,7 +65,7 @@ int main(int argc, char ** argv) {
         if (!is_dir(dir) || access(dir.c_str(), W_OK) != 0)
             fail(PROG, "--json: cannot write '" + json_out + "': folder '" + dir + "' " + (is_dir(dir) ? "is not writable" : "does not exist"));
     }
-    if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
+    threads = threads_default(threads);
     if (!is_file(model)) fail(PROG, "-m: '" + model + "': no such file");
 
     std::string err;

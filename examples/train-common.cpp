@@ -46,6 +46,23 @@ void need_in_range(const char * prog, bool ok, const char * name, double v, cons
     fail(prog, std::string(name) + " " + b + " is out of range: it must be " + range);
 }
 
+void check_chunk_options(const char * prog, const CLI::App & app, int64_t ctx, int64_t chunk, int page, int threads, double rope_theta) {
+    need_in_range(prog, ctx >= 2, "--ctx", (double) ctx, ">= 2");
+    need_in_range(prog, chunk >= 1, "--chunk", (double) chunk, ">= 1");
+    need_in_range(prog, page >= 1, "--page", page, ">= 1");
+    if (app.count("--page"))
+        need_in_range(prog, page <= ctx, "--page", page, "at most --ctx (" + std::to_string(ctx) + "): the page size is too large");
+    if (app.count("--threads")) need_in_range(prog, threads >= 1, "--threads", threads, ">= 1");
+    if (app.count("--rope-theta"))
+        need_in_range(prog, std::isfinite(rope_theta) && rope_theta > 0, "--rope-theta", rope_theta, "a finite number > 0");
+}
+
+int threads_default(int n) {
+    if (n > 0) return n;
+    const unsigned h = std::thread::hardware_concurrency();
+    return h ? (int) h : 1;
+}
+
 int parse_command_line(CLI::App & app, int argc, char ** argv, const char * prog) {
     try {
         app.parse(argc, argv);

@@ -26,6 +26,13 @@ void print_error(const char * prog, const std::string & msg);
 // Range check of a numeric option: when !ok, fail with "<name> <v> is out of range: it must be <range>".
 void need_in_range(const char * prog, bool ok, const char * name, double v, const std::string & range);
 
+// The checks of the options oomb-train and oomb-eval share, in one place: --ctx >= 2, --chunk >= 1,
+// --page >= 1 (and at most --ctx when given), --threads >= 1 and a finite --rope-theta > 0 when
+// given. Fails (exit 1) naming the option and its range.
+void check_chunk_options(const char * prog, const CLI::App & app, int64_t ctx, int64_t chunk, int page, int threads, double rope_theta);
+// The CPU thread count: n when positive, else every core.
+int threads_default(int n);
+
 // Parses the command line: returns -1 when the program should go on, else the exit code (0 after
 // --help; 1 after a parse error, printed as "<prog>: error: ... (see --help)").
 int parse_command_line(CLI::App & app, int argc, char ** argv, const char * prog);

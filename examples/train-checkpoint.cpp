@@ -1,0 +1,253 @@
+// oomb-train's checkpoints (see train-checkpoint.h).
+#include "train-checkpoint.h"
+
+#include "gguf.h"
+#include "safetensors.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <fstream>
+#include <sys/file.h>
+#include <unistd.h>
+
+namespace oomb {
+namespace train {
+
+using json = nlohmann::json;
+
+namespace {
+
+const char * PROG = TRAIN_PROG;
+constexpr const char * STATE_FORMAT = "oomb-train-state-1";
+
+std::string path(const Options & o, const std::string & name) { return o.out + "/" + name; }
+
+// Crash hook for tests of checkpoint atomicity: OOMB_TRAIN_CRASH_IN_SAVE=<stage>:<step> kills the
+// process (SIGKILL) at that point of the save of that step (stage "model": the new model is
+// written under its temporary name; "rename": the new model has replaced the old one, the new
+// state file is still under its temporary name).
+void crash_hook(const char * stage, int64_t step) {
+    const char * e = getenv("OOMB_TRAIN_CRASH_IN_SAVE");
+    if (!e) return;
+    const std::string s(e);
+    const size_t c = s.find(':');
+    if (s.substr(0, c) != stage) return;
+    if (c != std::string::npos && std::atoll(s.c_str() + c + 1) != step) return;
+    fflush(stdout);
+    fflush(stderr);
+    raise(SIGKILL);
+}
+
+} // namespace
+
+std::vector<int64_t> torch_shape(const oomb_tensor * t) {
+    std::vector<int64_t> s;
+    for (int i = oomb_n_dims(t) - 1; i >= 0; i--) s.push_back(t->ne[i]);
+    return s;
+}
+
+// Hash of every weight's bytes, in GGUF order (weights are f32).
+uint64_t weights_hash(const Qwen2Model & m) {
+    uint64_t h = hash64("qwen2", 5);
+    std::vector<uint8_t> buf;
+    for (const oomb_tensor * t : m.params) {
+        buf.resize(oomb_nbytes(t));
+        oomb_tensor_get(t, buf.data(), 0, buf.size());
+        h = hash64(t->name, strlen(t->name), h);
+        h = hash64(buf.data(), buf.size(), h);
+    }
+    return h;
+}
+
+// Removes temporary files of saves that a killed process left in `out` ("<name>.tmp.<pid>" of our
+// output files, e.g. model.gguf.saving.tmp.1234) whose process no longer exists.
+void remove_stale_temp_files(const std::string & out) {
+    static const char * bases[] = {"model.gguf.saving", "state.safetensors.saving", "loss.png", "train.jsonl"};
+    DIR * d = opendir(out.c_str());
+    if (!d) return;
+    std::vector<std::string> names;
+    while (dirent * e = readdir(d)) names.push_back(e->d_name);
+    closedir(d);
+    std::sort(names.begin(), names.end());
+    for (const auto & n : names) {
+        const size_t t = n.rfind(".tmp.");
+        if (t == std::string::npos || t + 5 >= n.size()) continue;
+        const std::string base = n.substr(0, t), num = n.substr(t + 5);
+        if (num.find_first_not_of("0123456789") != std::string::npos || num.size() > 9) continue;
+        bool ours = false;
+        for (const char * b : bases) ours |= base == b;
+        if (!ours) continue;
+        const long pid = std::atol(num.c_str());
+        if (pid <= 0 || pid == (long) getpid()) continue;
+        if (kill((pid_t) pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+        const std::string p = out + "/" + n;
+        if (unlink(p.c_str()) == 0) printf("note: removed %s, left by an interrupted save of process %ld (no longer running)\n", p.c_str(), pid);
+    }
+}
+
+void lock_output_folder(const std::string & out) {
+    const std::string lp = out + "/.lock";
+    const int fd = open(lp.c_str(), O_RDWR | O_CREAT, 0644);
+    if (fd < 0) fail(PROG, "cannot open " + lp + ": " + strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char b[32] = {0};
+        const ssize_t n = pread(fd, b, sizeof(b) - 1, 0);
+        const long pid = n > 0 ? std::atol(b) : 0;
+        fail(PROG, "output folder " + out + " is in use by another oomb-train" + (pid > 0 ? " (pid " + std::to_string(pid) + ")" : ""));
+    }
+    const std::string me = std::to_string((long) getpid()) + "\n";
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, me.data(), me.size(), 0) != (ssize_t) me.size()) { /* the pid is informative only */ }
+    // fd stays open (and locked) for the run's lifetime.
+}
+
+bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string & vocab_src, oomb_optimizer_t opt, const Sampler & s,
+                     uint64_t data_hash, const TrainProgress & p, std::string * err) {
+    const std::string m_tmp = path(o, "model.gguf.saving"), s_tmp = path(o, "state.safetensors.saving");
+    std::string name = o.preset.empty() ? "oomb-train" : ("oomb-train " + o.preset);
+    if (!qwen2_save_gguf(m, m_tmp, vocab_src, OOMB_TYPE_F32, name, err)) return false;
+    crash_hook("model", p.step);
+    SafetensorsWriter w;
+    std::vector<std::vector<uint8_t>> keep;  // raw f32 or bf16 moments (--opt-state)
+    keep.reserve((size_t) oomb_opt_n_state(opt));
+    for (int i = 0; i < oomb_opt_n_state(opt); i++) {
+        oomb_tensor * t = oomb_opt_state(opt, i);
+        keep.emplace_back(oomb_nbytes(t));
+        oomb_tensor_get(t, keep.back().data(), 0, keep.back().size());
+        const SafetensorsDtype dt = t->type == OOMB_TYPE_BF16 ? SafetensorsDtype::BF16 : SafetensorsDtype::F32;
+        if (w.add(t->name, dt, torch_shape(t), keep.back().data(), err) != GGUF_OK) return false;
+    }
+    w.set_metadata("format", STATE_FORMAT);
+    w.set_metadata("step", std::to_string(p.step));
+    w.set_metadata("opt_steps", std::to_string(oomb_opt_n_steps(opt)));
+    w.set_metadata("epoch", std::to_string(s.epoch));
+    w.set_metadata("seq_pos", std::to_string(s.pos));
+    w.set_metadata("n_seqs", std::to_string(s.n));
+    w.set_metadata("rng_epoch_start", s.rng_epoch_start);
+    w.set_metadata("bad_steps", std::to_string(p.bad_run));
+    w.set_metadata("tokens_seen", std::to_string(p.tokens_seen));
+    char el[64];
+    snprintf(el, sizeof(el), "%.17g", p.elapsed_s);
+    w.set_metadata("elapsed_s", el);
+    w.set_metadata("data_hash", hex64(data_hash));
+    w.set_metadata("weights_hash", hex64(weights_hash(m)));
+    w.set_metadata("config", config_json(o).dump());
+    if (w.write(s_tmp, err) != GGUF_OK) return false;
+    if (rename(m_tmp.c_str(), path(o, "model.gguf").c_str()) != 0) {
+        *err = "cannot rename " + m_tmp + ": " + strerror(errno);
+        return false;
+    }
+    crash_hook("rename", p.step);
+    if (rename(s_tmp.c_str(), path(o, "state.safetensors").c_str()) != 0) {
+        *err = "cannot rename " + s_tmp + ": " + strerror(errno);
+        return false;
+    }
+    return true;
+}
+
+void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t opt, uint64_t data_hash, int64_t n_seqs, int threads,
+                       Sampler * sampler, TrainProgress * p, std::vector<LogEntry> * history) {
+    std::string err;
+    const std::string ckpt_model = path(o, "model.gguf"), ckpt_state = path(o, "state.safetensors");
+    SafetensorsFile sf;
+    const uint64_t wh = weights_hash(m);
+    auto state_hash = [&](const std::string & file, std::string * e) -> std::string {
+        SafetensorsFile f;
+        if (f.open(file, e) != GGUF_OK) return "";
+        auto it = f.metadata().find("weights_hash");
+        return it == f.metadata().end() ? "" : it->second;
+    };
+    std::string e1, e2;
+    if (state_hash(ckpt_state, &e1) != hex64(wh)) {
+        // An interrupted save may have replaced the model but not yet the state: roll forward.
+        const std::string pending = path(o, "state.safetensors.saving");
+        if (is_file(pending) && state_hash(pending, &e2) == hex64(wh)) {
+            if (rename(pending.c_str(), ckpt_state.c_str()) != 0) fail(PROG, "--resume: cannot rename " + pending);
+            printf("resume: completed an interrupted save (%s -> %s)\n", pending.c_str(), ckpt_state.c_str());
+        } else if (!is_file(ckpt_state)) {
+            fail(PROG, "--resume: " + ckpt_state + " not found");
+        } else if (!e1.empty()) {
+            fail(PROG, "--resume: " + e1);
+        } else {
+            fail(PROG, "--resume: " + ckpt_state + " does not belong to " + ckpt_model + " (weights hash differs)");
+        }
+    }
+    if (sf.open(ckpt_state, &err) != GGUF_OK) fail(PROG, "--resume: " + err);
+    const auto & md = sf.metadata();
+    auto get = [&](const char * k) -> std::string {
+        auto it = md.find(k);
+        if (it == md.end()) fail(PROG, "--resume: " + ckpt_state + " lacks metadata '" + k + "'");
+        return it->second;
+    };
+    if (get("format") != STATE_FORMAT) fail(PROG, "--resume: " + ckpt_state + " has format '" + get("format") + "', expected " + STATE_FORMAT);
+    if (get("data_hash") != hex64(data_hash))
+        fail(PROG, "--resume: the training data differ from the checkpoint's (data hash " + hex64(data_hash) + " vs " +
+                       get("data_hash") + "): give the same --data/--data-bin, --ctx and --eval-* options");
+    json saved = json::parse(get("config"), nullptr, false);
+    if (saved.is_discarded()) fail(PROG, "--resume: bad config metadata in " + ckpt_state);
+    const json now = config_json(o);
+    auto opt_name = [](std::string k) {   // config key -> the option's spelling
+        for (char & c : k) if (c == '_') c = '-';
+        return "--" + k;
+    };
+    for (const char * k : {"ctx", "seqs_per_step", "seed", "trainable", "opt_state"}) {
+        if (!saved.contains(k) && std::string(k) == "opt_state") continue;  // older checkpoints: f32 (the dtype check below)
+        if (saved[k] != now[k])
+            fail(PROG, "--resume: " + opt_name(k) + " differs from the checkpoint's (" + saved[k].dump() + " vs " + now[k].dump() + ")");
+    }
+    for (auto it = now.begin(); it != now.end(); ++it) {
+        if (saved.contains(it.key()) && saved[it.key()] != it.value() && it.key() != "threads" && it.key() != "threads_used")
+            printf("resume: note: %s changed from %s to %s\n", opt_name(it.key()).c_str(), saved[it.key()].dump().c_str(), it.value().dump().c_str());
+    }
+    if (saved.contains("threads_used") && saved["threads_used"].is_number_integer() && saved["threads_used"].get<int>() != threads)
+        printf("resume: note: the checkpoint was trained with %d thread(s), this run uses %d; a bit-exact continuation needs the same "
+               "thread count (--threads %d)\n", saved["threads_used"].get<int>(), threads, saved["threads_used"].get<int>());
+    if ((int) sf.tensors().size() != oomb_opt_n_state(opt))
+        fail(PROG, "--resume: " + ckpt_state + " holds " + std::to_string(sf.tensors().size()) + " optimizer tensors, expected " +
+                       std::to_string(oomb_opt_n_state(opt)));
+    for (int i = 0; i < oomb_opt_n_state(opt); i++) {
+        oomb_tensor * t = oomb_opt_state(opt, i);
+        const SafetensorsTensor * st = sf.find(t->name);
+        if (!st || st->shape != torch_shape(t))
+            fail(PROG, std::string("--resume: optimizer tensor '") + t->name + "' is missing or misshapen in " + ckpt_state);
+        const SafetensorsDtype want = t->type == OOMB_TYPE_BF16 ? SafetensorsDtype::BF16 : SafetensorsDtype::F32;
+        if (st->dtype != want)
+            fail(PROG, std::string("--resume: optimizer tensor '") + t->name + "' is " + safetensors_dtype_name(st->dtype) + " in " +
+                           ckpt_state + ", this run keeps " + safetensors_dtype_name(want) + " moments (--opt-state)");
+        oomb_tensor_set(t, st->data, 0, st->nbytes);
+    }
+    oomb_opt_set_n_steps(opt, std::atoll(get("opt_steps").c_str()));
+    p->step = std::atoll(get("step").c_str());
+    p->bad_run = std::atoi(get("bad_steps").c_str());
+    p->tokens_seen = std::atoll(get("tokens_seen").c_str());
+    p->elapsed_s = std::atof(get("elapsed_s").c_str());
+    if (std::atoll(get("n_seqs").c_str()) != n_seqs) fail(PROG, "--resume: the number of sequences differs from the checkpoint's");
+    if (!sampler->restore(n_seqs, std::atoll(get("epoch").c_str()), std::atoll(get("seq_pos").c_str()), get("rng_epoch_start")))
+        fail(PROG, "--resume: bad data position / RNG state in " + ckpt_state);
+    // The log keeps the entries up to the checkpoint.
+    std::ifstream in(path(o, "train.jsonl"));
+    std::string line, kept;
+    while (std::getline(in, line)) {
+        json j = json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer() ||
+            j["step"].get<int64_t>() > p->step)
+            continue;
+        kept += line + "\n";
+        if (j.contains("loss") && j["loss"].is_number()) history->push_back({j["step"].get<int64_t>(), j["loss"].get<double>(), false});
+        if (j.contains("eval_loss") && j["eval_loss"].is_number())
+            history->push_back({j["step"].get<int64_t>(), j["eval_loss"].get<double>(), true});
+    }
+    in.close();
+    if (!write_file_atomic(path(o, "train.jsonl"), kept, &err)) fail(PROG, err);
+    printf("resume: from step %" PRId64 " (epoch %" PRId64 ", sequence %" PRId64 "/%" PRId64 ")\n", p->step, sampler->epoch,
+           sampler->pos, sampler->n);
+}
+
+} // namespace train
+} // namespace oomb

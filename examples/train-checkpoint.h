@@ -1,0 +1,61 @@
+// oomb-train's checkpoints: OUT/model.gguf (f32 weights, llama.cpp-loadable, tokenizer keys from
+// the vocabulary) and OUT/state.safetensors (AdamW moments and metadata: step, data position, RNG
+// state, configuration, hashes of the data and the weights). Both are first written completely
+// under temporary names ("<name>.saving") and then renamed, model first: an interrupted save never
+// damages the previous checkpoint, and a save interrupted between the renames is completed by
+// --resume (the pending state file matches the new model's weights hash). Also the output folder's
+// lock and the clean-up of temporary files that a killed process left.
+#pragma once
+
+#include "train-data.h"
+#include "train-options.h"
+
+#include "oomb-opt.h"
+#include "qwen2.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace oomb {
+namespace train {
+
+/// One point of the loss curve: a training step's loss, or a held-out evaluation's.
+struct LogEntry { int64_t step; double loss; bool eval; };
+
+/// The run's progress, stored in the state file beside the moments and the sampler's position.
+struct TrainProgress {
+    int64_t step = 0;          // completed steps
+    int bad_run = 0;           // consecutive non-finite steps
+    int64_t tokens_seen = 0;
+    double elapsed_s = 0;      // training seconds up to this point, over all resumed runs
+};
+
+/// PyTorch's shape of t (ne reversed), as safetensors stores it.
+std::vector<int64_t> torch_shape(const oomb_tensor * t);
+/// Hash of every weight's bytes, in GGUF order: ties a state file to its model file.
+uint64_t weights_hash(const Qwen2Model & m);
+
+/// One trainer per output folder: takes an exclusive lock on OUT/.lock (writing the pid into it),
+/// held until the process exits. Fails (exit 1) naming the other process when it is taken.
+void lock_output_folder(const std::string & out);
+/// Removes the temporary files of saves ("<name>.tmp.<pid>" of our output files) that a killed
+/// process, no longer running, left in `out`.
+void remove_stale_temp_files(const std::string & out);
+
+/// Writes the checkpoint of the run (see the top of this file). false + *err on error; the
+/// previous checkpoint is then intact.
+bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string & vocab_src, oomb_optimizer_t opt, const Sampler & s,
+                     uint64_t data_hash, const TrainProgress & p, std::string * err);
+
+/// --resume: checks OUT/state.safetensors against the loaded checkpoint model m (weights hash;
+/// completes a save interrupted between its renames), the data (hash, sequence count) and the
+/// options that must not change (--ctx, --seqs-per-step, --seed, --trainable, --opt-state; notes
+/// the others that changed); loads the AdamW moments and step count into opt, the data position
+/// into *sampler and the progress into *p; truncates OUT/train.jsonl to the checkpoint's step and
+/// refills *history from it. Fails (exit 1) with a message naming the mismatch.
+void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t opt, uint64_t data_hash, int64_t n_seqs, int threads,
+                       Sampler * sampler, TrainProgress * p, std::vector<LogEntry> * history);
+
+} // namespace train
+} // namespace oomb

@@ -1,0 +1,185 @@
+// oomb-train's options (see train-options.h).
+#include "train-options.h"
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace oomb {
+namespace train {
+
+namespace {
+
+const char * PROG = TRAIN_PROG;
+const char * PRESETS[] = {"tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"};
+
+// Settings of the built-in default run (no model and no data given); each applies only when the
+// option is not given on the command line. Measured on a 2-core CPU: see README "Training".
+struct DefaultRun {
+    int64_t ctx = 256, chunk = 128;
+    int steps = 300, warmup = 30, eval_every = 50, save_every = 100, eval_seqs = 8;
+    double lr = 3e-3, min_lr = 3e-4;
+};
+} // namespace
+
+double min_lr_of(const Options & o) { return o.min_lr < 0 ? o.lr * 0.1 : o.min_lr; }
+
+nlohmann::json config_json(const Options & o) {
+    nlohmann::json j;
+    j["model"] = o.model; j["preset"] = o.preset; j["vocab"] = o.vocab;
+    j["data"] = o.data; j["data_bin"] = o.data_bin; j["eval_data"] = o.eval_data; j["eval_split"] = o.eval_split;
+    j["eval_every"] = o.eval_every; j["eval_seqs"] = o.eval_seqs;
+    j["ctx"] = o.ctx; j["chunk"] = o.chunk; j["page"] = o.page; j["steps"] = o.steps; j["seqs_per_step"] = o.seqs_per_step;
+    j["lr"] = o.lr; j["min_lr"] = min_lr_of(o); j["warmup"] = o.warmup;
+    j["weight_decay"] = o.weight_decay; j["adam_beta1"] = o.beta1; j["adam_beta2"] = o.beta2; j["adam_eps"] = o.adam_eps;
+    j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable; j["opt_state"] = o.opt_state; j["attn_cache"] = o.attn_cache; j["attn_cache_type"] = o.attn_cache ? o.attn_cache_type : "none"; j["threads"] = o.threads; j["device"] = o.device;
+    j["rope_theta"] = o.rope_theta; j["seed"] = o.seed;
+    j["threads_used"] = threads_default(o.threads);
+    return j;
+}
+
+int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
+    Options & o = cmd->o;
+    DefaultRun dr;
+    CLI::App app{"oomb-train: train or fine-tune a Qwen2/Qwen2.5 model with OOMB chunk-recurrent training over paged KV caches.\n"
+                 "With no arguments: pre-train the 'tiny' preset (real Qwen vocabulary) on the shipped Python documentation text\n"
+                 "(data/python-docs.txt.gz), ctx 256, chunk 128, 300 steps; outputs in out/.",
+                 "oomb-train"};
+    app.get_formatter()->column_width(34);
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later value wins
+    app.add_option("-m,--model", o.model, "GGUF model to train (qwen2 architecture)");
+    app.add_option("--preset", o.preset, "fresh model: tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b");
+    app.add_option("--vocab", o.vocab, "tokenizer GGUF for --preset (default: models/qwen2.5-vocab.gguf of the source tree)");
+    app.add_option("--data", o.data, "training text: files or folders (recursive; .gz read directly); repeatable")->take_all();
+    app.add_option("--data-bin", o.data_bin, "training ids: little-endian uint32, no header");
+    app.add_option("--eval-data", o.eval_data, "held-out data (same format as the training data); default: the last --eval-split %")->take_all();
+    app.add_option("--eval-split", o.eval_split, "percent of the data held out when no --eval-data")->capture_default_str();
+    app.add_option("--eval-every", o.eval_every, "evaluate every N steps (0: never; always at the last step)")->capture_default_str();
+    app.add_option("--eval-seqs", o.eval_seqs, "held-out sequences of --ctx tokens per evaluation")->capture_default_str();
+    app.add_option("--ctx", o.ctx, "tokens per training sequence")->capture_default_str();
+    app.add_option("--chunk", o.chunk, "tokens per chunk (capped to --ctx)")->capture_default_str();
+    app.add_option("--page", o.page, "tokens per KV page")->capture_default_str();
+    app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+    app.add_option("--seqs-per-step", o.seqs_per_step, "sequences per step (gradient accumulation)")->capture_default_str();
+    app.add_option("--lr", o.lr, "peak learning rate")->capture_default_str();
+    app.add_option("--min-lr", o.min_lr, "final learning rate of the cosine decay (default lr/10)");
+    app.add_option("--warmup", o.warmup, "linear warmup steps (default: min(100, steps/10))");
+    app.add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (not on norms and biases)")->capture_default_str();
+    app.add_option("--adam-beta1", o.beta1, "AdamW beta1")->capture_default_str();
+    app.add_option("--adam-beta2", o.beta2, "AdamW beta2")->capture_default_str();
+    app.add_option("--adam-eps", o.adam_eps, "AdamW epsilon")->capture_default_str();
+    app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to this (0: off)")->capture_default_str();
+    app.add_option("--trainable", o.trainable, "all, or linear (block projections + LM head, as the OOMB reference)")->capture_default_str();
+    app.add_flag("--attn-cache", o.attn_cache,
+                 "keep stage 1's attention results for stage 2 instead of recomputing them: faster, (heads * (head dim + 1)) "
+                 "* 4 bytes per token and layer more memory (0.5B: 87 KB/token, 7B: 404 KB/token)");
+    app.add_option("--attn-cache-type", o.attn_cache_type,
+                   "with --attn-cache: f32 (bit-identical to recomputing) or bf16 (attention output rounded to bf16, as the "
+                   "output projection's bf16 GEMM reads it; about half the memory: 7B 204 KB/token)")
+        ->capture_default_str();
+    app.add_option("--opt-state", o.opt_state, "AdamW moments: f32, or bf16 (half the memory, stochastic rounding; e.g. for 7B)")
+        ->capture_default_str();
+    app.add_option("-t,--threads", o.threads, "CPU threads (default: all)");
+    app.add_option("--device", o.device, "cpu or cuda")->capture_default_str();
+    app.add_option("--rope-theta", o.rope_theta, "override the RoPE base (context extension)");
+    app.add_option("-o,--out", o.out, "output folder: train.jsonl, loss.png, model.gguf, state.safetensors")->capture_default_str();
+    app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end; -1: never, e.g. benchmarks)")->capture_default_str();
+    app.add_flag("--resume", o.resume, "continue from OUT/model.gguf + OUT/state.safetensors (same command line otherwise)");
+    app.add_option("--seed", o.seed, "seed of the initialisation and of the data order")->capture_default_str();
+    app.add_option("--log-every", o.log_every, "progress line every N steps")->capture_default_str();
+    app.add_option("--stop-after", o.stop_after, "stop (with a checkpoint) after this step, as if interrupted; resume later");
+    app.add_option("--max-bad-steps", o.max_bad_steps, "stop (exit 2) after this many consecutive non-finite steps")->capture_default_str();
+    app.add_option("--tokens", o.tokens, "verification: safetensors file with input_ids int32 [B, T] (with --dump-grads)");
+    app.add_option("--dump-grads", o.dump_grads,
+                   "verification: one forward/backward over --tokens (every weight trainable, no update); writes loss and grad.<GGUF name>");
+    if (const int rc = parse_command_line(app, argc, argv, PROG); rc >= 0) return rc;
+    // Range checks of the numeric options: exit 1 naming the option and its allowed range.
+    auto given = [&](const char * name) { return app.count(name) > 0; };
+    auto need = [&](bool ok, const char * name, double v, const std::string & range) { need_in_range(PROG, ok, name, v, range); };
+    auto validate = [&]() {
+        need(std::isfinite(o.lr) && o.lr > 0, "--lr", o.lr, "a finite number > 0");
+        if (given("--min-lr")) need(std::isfinite(o.min_lr) && o.min_lr >= 0 && o.min_lr <= o.lr, "--min-lr", o.min_lr, "in [0, --lr]");
+        need(o.beta1 >= 0 && o.beta1 < 1, "--adam-beta1", o.beta1, "in [0, 1)");
+        need(o.beta2 >= 0 && o.beta2 < 1, "--adam-beta2", o.beta2, "in [0, 1)");
+        need(std::isfinite(o.adam_eps) && o.adam_eps > 0, "--adam-eps", o.adam_eps, "a finite number > 0");
+        need(o.warmup >= 0, "--warmup", o.warmup, ">= 0");
+        need(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight-decay", o.weight_decay, "a finite number >= 0");
+        need(std::isfinite(o.grad_clip) && o.grad_clip >= 0, "--grad-clip", o.grad_clip, ">= 0 (0: off)");
+        need(o.save_every >= -1, "--save-every", o.save_every, ">= -1 (0: only at the end, -1: never)");
+        if (given("--stop-after")) need(o.stop_after >= 1, "--stop-after", o.stop_after, ">= 1");
+        if (given("--stop-after") && o.save_every < 0)
+            fail(PROG, "--stop-after stops with a checkpoint to resume from, which --save-every -1 never writes: drop one of them");
+        need(o.eval_every >= 0, "--eval-every", o.eval_every, ">= 0 (0: only at the last step)");
+        need(o.eval_seqs >= 0, "--eval-seqs", o.eval_seqs, ">= 0");
+        need(o.eval_split >= 0 && o.eval_split < 100, "--eval-split", o.eval_split, "in [0, 100) (percent)");
+        need(o.log_every >= 1, "--log-every", o.log_every, ">= 1");
+        need(o.max_bad_steps >= 1, "--max-bad-steps", o.max_bad_steps, ">= 1");
+        check_chunk_options(PROG, app, o.ctx, o.chunk, o.page, o.threads, o.rope_theta);
+        need(o.steps >= 1, "--steps", o.steps, ">= 1");
+        need(o.seqs_per_step >= 1, "--seqs-per-step", o.seqs_per_step, ">= 1");
+        if (o.trainable != "all" && o.trainable != "linear") fail(PROG, "--trainable must be all or linear, got '" + o.trainable + "'");
+        if (o.opt_state != "f32" && o.opt_state != "bf16") fail(PROG, "--opt-state must be f32 or bf16, got '" + o.opt_state + "'");
+        if (o.attn_cache_type != "f32" && o.attn_cache_type != "bf16")
+            fail(PROG, "--attn-cache-type must be f32 or bf16, got '" + o.attn_cache_type + "'");
+        if (given("--attn-cache-type") && !o.attn_cache) fail(PROG, "--attn-cache-type needs --attn-cache");
+    };
+    if (!o.tokens.empty() || !o.dump_grads.empty()) {
+        validate();
+        // the verification run reads only the model, the tokens, --chunk, --page, --attn-cache(-type), --device, --threads
+        std::string ignored;
+        for (const char * opt : {"--preset", "--data", "--data-bin", "--eval-data", "--eval-split", "--eval-every", "--eval-seqs",
+                                 "--ctx", "--steps", "--seqs-per-step", "--lr", "--min-lr", "--warmup", "--weight-decay",
+                                 "--adam-beta1", "--adam-beta2", "--adam-eps", "--grad-clip", "--trainable", "--out",
+                                 "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every", "--opt-state",
+                                 "--seed"}) {
+            if (given(opt)) ignored += std::string(ignored.empty() ? "" : ", ") + opt;
+        }
+        if (!ignored.empty()) fprintf(stderr, "%s: note: --dump-grads ignores the training options given: %s\n", PROG, ignored.c_str());
+        cmd->verify = true;
+        return -1;
+    }
+
+    if (!o.model.empty() && !o.preset.empty()) fail(PROG, "give either -m MODEL.gguf or --preset NAME, not both");
+    if (!o.data.empty() && !o.data_bin.empty()) fail(PROG, "give either --data or --data-bin, not both");
+    if (!o.preset.empty()) {
+        bool ok = false;
+        for (const char * p : PRESETS) ok |= o.preset == p;
+        if (!ok) fail(PROG, "unknown preset '" + o.preset + "' (choose tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b or qwen2.5-7b)");
+    }
+    const bool default_run = o.model.empty() && o.preset.empty() && o.data.empty() && o.data_bin.empty();
+    if (default_run) {
+        const std::string d = find_project_file("data/python-docs.txt.gz");
+        if (d.empty()) fail(PROG, "default run: data/python-docs.txt.gz not found next to the executable or in the current folder "
+                                  "(regenerate it with scripts/make-default-data.sh)");
+        o.data = {d};
+        o.preset = "tiny";
+        auto unset = [&](const char * name) { return app.count(name) == 0; };
+        if (unset("--ctx")) o.ctx = dr.ctx;
+        if (unset("--chunk")) o.chunk = dr.chunk;
+        if (unset("--steps")) o.steps = dr.steps;
+        if (unset("--warmup")) o.warmup = dr.warmup;
+        if (unset("--eval-every")) o.eval_every = dr.eval_every;
+        if (unset("--eval-seqs")) o.eval_seqs = dr.eval_seqs;
+        if (unset("--save-every")) o.save_every = dr.save_every;
+        if (unset("--lr")) o.lr = dr.lr;
+        if (unset("--min-lr")) o.min_lr = dr.min_lr;
+        printf("default run: pre-training the tiny preset on %s (give -m/--preset and --data to train something else; --help)\n", d.c_str());
+    } else if (o.data.empty() && o.data_bin.empty()) {
+        fail(PROG, "no training data: give --data FILES/FOLDERS or --data-bin IDS.bin");
+    } else if (o.model.empty() && o.preset.empty()) {
+        o.preset = "tiny";
+        printf("note: no model given: training a fresh --preset tiny\n");
+    }
+    validate();
+    if (!default_run && app.count("--warmup") == 0) o.warmup = std::min(o.warmup, o.steps / 10);
+    if (o.model.empty() && o.vocab.empty()) o.vocab = find_project_file("models/qwen2.5-vocab.gguf");
+    o.chunk = std::min(o.chunk, o.ctx);
+    cmd->default_run = default_run;
+    cmd->eval_every_given = app.count("--eval-every") > 0;
+    return -1;
+}
+
+} // namespace train
+} // namespace oomb

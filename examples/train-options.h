@@ -1,0 +1,79 @@
+// oomb-train's options: the command line, its checks (each in one place; the ones oomb-eval shares
+// are check_chunk_options of train-common.h) and their JSON form, stored in checkpoints.
+#pragma once
+
+#include "train-common.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace oomb {
+namespace train {
+
+constexpr const char * TRAIN_PROG = "oomb-train";
+
+// Storage type of the linear weights and of the KV pages: f32 on the CPU, bf16 on a GPU (bf16
+// operands with f32 accumulation; the KV-gradient pages stay f32).
+inline oomb_type compute_type(oomb_backend_t be) { return oomb_backend_is_host(be) ? OOMB_TYPE_F32 : OOMB_TYPE_BF16; }
+
+struct Options {
+    std::string model, preset, vocab;
+    std::vector<std::string> data;
+    std::string data_bin;
+    std::vector<std::string> eval_data;
+    double eval_split = 5.0;
+    int eval_every = 100;
+    int eval_seqs = 8;
+    int64_t ctx = 4096;
+    int64_t chunk = 4096;
+    int page = 128;
+    int steps = 1000;
+    int seqs_per_step = 1;
+    double lr = 3e-4;
+    double min_lr = -1;   // < 0: lr / 10
+    int warmup = 100;
+    double weight_decay = 0.1;
+    double beta1 = 0.9, beta2 = 0.98, adam_eps = 1e-8;
+    double grad_clip = 1.0;
+    std::string trainable = "all";
+    std::string opt_state = "f32";
+    bool attn_cache = false;
+    std::string attn_cache_type = "f32";
+    int threads = 0;
+    std::string device = "cpu";
+    double rope_theta = 0;
+    std::string out = "out";
+    int save_every = 100;
+    bool resume = false;
+    uint64_t seed = 42;
+    int log_every = 1;
+    int stop_after = 0;
+    int max_bad_steps = 3;
+    // verification
+    std::string tokens, dump_grads;
+};
+
+// The parsed command line and the mode it selects.
+struct TrainCommand {
+    Options o;
+    bool verify = false;            // --dump-grads / --tokens: one forward/backward, no training
+    bool default_run = false;       // no model and no data: the built-in run (DefaultRun)
+    bool eval_every_given = false;  // --eval-every on the command line
+};
+
+/// Parses and checks argv (every range and combination check of oomb-train's options); fills the
+/// defaults that depend on other options (the built-in default run, --warmup, --vocab). Returns -1
+/// when the program should go on, else its exit code (0 after --help, 1 after an error, printed).
+int parse_train_options(int argc, char ** argv, TrainCommand * cmd);
+
+/// The final learning rate of the cosine decay (--min-lr, default --lr / 10).
+double min_lr_of(const Options & o);
+
+/// The options as stored in a checkpoint's metadata (the keys are the options' names with '_').
+nlohmann::json config_json(const Options & o);
+
+} // namespace train
+} // namespace oomb

@@ -1,0 +1,100 @@
+// oomb-train --dump-grads (see train-verify.h).
+#include "train-verify.h"
+
+#include "train-checkpoint.h"
+
+#include "gguf.h"
+#include "qwen2.h"
+#include "safetensors.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+
+namespace oomb {
+namespace train {
+
+namespace {
+
+const char * PROG = TRAIN_PROG;
+
+std::vector<float> get_f32(const oomb_tensor * t) {
+    std::vector<float> v((size_t) oomb_nelements(t));
+    oomb_tensor_get_f32(t, v.data(), (int64_t) v.size());
+    return v;
+}
+
+} // namespace
+
+int dump_grads(const Options & o) {
+    if (o.model.empty()) fail(PROG, "--dump-grads needs -m MODEL.gguf");
+    if (o.tokens.empty() || o.dump_grads.empty()) fail(PROG, "--dump-grads and --tokens go together");
+    std::string err;
+    oomb_backend_t be = make_backend(o.device, threads_default(o.threads), &err);
+    if (!be) fail(PROG, err);
+    SafetensorsFile f;
+    if (f.open(o.tokens, &err) != GGUF_OK) fail(PROG, err);
+    const SafetensorsTensor * it = f.find("input_ids");
+    if (!it) fail(PROG, o.tokens + ": no tensor 'input_ids'");
+    if (it->shape.empty() || it->shape.size() > 2) fail(PROG, o.tokens + ": input_ids must be [B, T] or [T]");
+    const int64_t B = it->shape.size() == 2 ? it->shape[0] : 1, T = it->shape.back();
+    if (T < 2 || B < 1) fail(PROG, o.tokens + ": input_ids needs at least one sequence of 2 tokens");
+    std::vector<int32_t> ids((size_t) (B * T));
+    if (it->dtype == SafetensorsDtype::I32) memcpy(ids.data(), it->data, ids.size() * 4);
+    else if (it->dtype == SafetensorsDtype::I64) {
+        for (size_t i = 0; i < ids.size(); i++) {
+            int64_t v;
+            memcpy(&v, it->data + 8 * i, 8);
+            ids[i] = (v < INT32_MIN || v > INT32_MAX) ? -1 : (int32_t) v;
+        }
+    } else fail(PROG, o.tokens + ": input_ids must be I32 or I64");
+
+    auto model = qwen2_load_gguf(o.model, be, compute_type(be), &err);
+    if (!model) fail(PROG, err);
+    if (o.rope_theta > 0) model->cfg.rope_theta = (float) o.rope_theta;
+    for (size_t i = 0; i < ids.size(); i++)
+        if (ids[i] < 0 || ids[i] >= model->cfg.n_vocab)
+            fail(PROG, o.tokens + ": token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                           " is outside the model's vocabulary (" + std::to_string(model->cfg.n_vocab) + " entries)");
+    std::vector<oomb_tensor *> params = qwen2_set_trainable(*model, Qwen2Trainable::All);
+    for (oomb_tensor * p : params) oomb_tensor_memset(p->grad, 0);
+    ChunkParams tp;
+    tp.chunk = std::min<int64_t>(o.chunk, T);
+    tp.page = o.page;
+    tp.max_tokens = T;
+    tp.kv_type = compute_type(be);
+    tp.cache_attn = o.attn_cache;  // the verification can check the attention-cache path too
+    tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
+    ChunkDriver tr(qwen2_chunk_builder(*model), tp);
+    double loss_sum = 0;
+    int64_t count = 0;
+    for (int64_t b = 0; b < B; b++) {
+        ChunkStats st = tr.forward_backward(ids.data() + b * T, T);
+        loss_sum += st.loss_sum;
+        count += st.n_targets;
+    }
+    if (count <= 0) fail(PROG, "no targets");
+    const float loss = (float) (loss_sum / (double) count);
+    const float scale = 1.0f / (float) count;
+    SafetensorsWriter w;
+    w.add_copy("loss", SafetensorsDtype::F32, {1}, &loss);
+    for (oomb_tensor * p : params) {
+        std::vector<float> g = get_f32(p->grad);
+        for (float & x : g) x *= scale;
+        if (w.add_copy(std::string("grad.") + p->name, SafetensorsDtype::F32, torch_shape(p), g.data(), &err) != GGUF_OK)
+            fail(PROG, err);
+    }
+    w.set_metadata("model", o.model);
+    w.set_metadata("chunk", std::to_string(tp.chunk));
+    w.set_metadata("page", std::to_string(tp.page));
+    w.set_metadata("n_targets", std::to_string(count));
+    if (w.write(o.dump_grads, &err) != GGUF_OK) fail(PROG, err);
+    printf("loss %.8f over %" PRId64 " targets (B=%" PRId64 ", T=%" PRId64 ", chunk %" PRId64 ", page %d, %s); %zu gradients -> %s\n",
+           loss, count, B, T, tp.chunk, tp.page, oomb_backend_name(be), params.size(), o.dump_grads.c_str());
+    return 0;
+}
+
+} // namespace train
+} // namespace oomb
