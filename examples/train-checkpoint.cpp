@@ -29,22 +29,6 @@ constexpr const char * STATE_FORMAT = "oomb-train-state-1";
 
 std::string path(const Options & o, const std::string & name) { return o.out + "/" + name; }
 
-// Crash hook for tests of checkpoint atomicity: OOMB_TRAIN_CRASH_IN_SAVE=<stage>:<step> kills the
-// process (SIGKILL) at that point of the save of that step (stage "model": the new model is
-// written under its temporary name; "rename": the new model has replaced the old one, the new
-// state file is still under its temporary name).
-void crash_hook(const char * stage, int64_t step) {
-    const char * e = getenv("OOMB_TRAIN_CRASH_IN_SAVE");
-    if (!e) return;
-    const std::string s(e);
-    const size_t c = s.find(':');
-    if (s.substr(0, c) != stage) return;
-    if (c != std::string::npos && std::atoll(s.c_str() + c + 1) != step) return;
-    fflush(stdout);
-    fflush(stderr);
-    raise(SIGKILL);
-}
-
 } // namespace
 
 std::vector<int64_t> torch_shape(const oomb_tensor * t) {
@@ -112,7 +96,6 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
     const std::string m_tmp = path(o, "model.gguf.saving"), s_tmp = path(o, "state.safetensors.saving");
     std::string name = o.preset.empty() ? "oomb-train" : ("oomb-train " + o.preset);
     if (!qwen2_save_gguf(m, m_tmp, vocab_src, OOMB_TYPE_F32, name, err)) return false;
-    crash_hook("model", p.step);
     SafetensorsWriter w;
     std::vector<std::vector<uint8_t>> keep;  // raw f32 or bf16 moments (--opt-state)
     keep.reserve((size_t) oomb_opt_n_state(opt));
@@ -143,7 +126,6 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
         *err = "cannot rename " + m_tmp + ": " + strerror(errno);
         return false;
     }
-    crash_hook("rename", p.step);
     if (rename(s_tmp.c_str(), path(o, "state.safetensors").c_str()) != 0) {
         *err = "cannot rename " + s_tmp + ": " + strerror(errno);
         return false;

@@ -8,7 +8,7 @@
     the checkpoint (GGUF readable by llama.cpp's `gguf` package) are written;
   - resume equivalence: 6 steps straight == 3 steps, stop, --resume 3 more (identical losses and
     identical final weights, bit for bit);
-  - an interrupted save (SIGKILL injected inside the save, before and between the renames) leaves
+  - an interrupted save (SIGKILL from an LD_PRELOAD shim, before and between the renames) leaves
     a loadable checkpoint, and resuming from it reproduces the straight run;
   - oomb-eval's perplexity equals oomb-train's held-out loss on the same windows;
   - text data through the real Qwen tokenizer with --preset tiny (end-of-text joins, saved
@@ -334,11 +334,18 @@ def test_training(tmp):
         sa, sb = stn.load_file(os.path.join(A, "state.safetensors")), stn.load_file(os.path.join(B, "state.safetensors"))
         check(sa.keys() == sb.keys() and all(np.array_equal(sa[k], sb[k]) for k in sa), "identical optimizer state")
 
-    # interrupted saves: SIGKILL inside the save of step 4 (checkpoints every 2 steps)
+    # interrupted saves: SIGKILL inside the save of step 4 (checkpoints every 2 steps, so the
+    # second save), from an LD_PRELOAD shim built for the tests (tests/common/kill-on-rename.c):
+    # "model": the new model and state are complete under their temporary names, before the first
+    # rename; "rename": the new model has replaced the old one, its state is still temporary
+    shim = os.environ.get("OOMB_KILL_ON_RENAME_LIB") or os.path.join(BIN, "..", "lib", "liboomb_test_kill_on_rename.so")
+    check(os.path.exists(shim), f"the kill-on-rename shim is built ({shim})")
     for stage, expect_step in (("model", 2), ("rename", 4)):
         C = os.path.join(tmp, "C-" + stage)
-        rc, o, e = run(common + ["--out", C], env={"OOMB_TRAIN_CRASH_IN_SAVE": f"{stage}:4"})
+        at = "model.gguf.saving:2" if stage == "model" else "state.safetensors.saving:2"
+        rc, o, e = run(common + ["--out", C], env={"LD_PRELOAD": shim, "OOMB_KILL_ON_RENAME": at})
         check(rc == -9, f"killed during the save of step 4 at '{stage}' (rc {rc})")
+        check(os.path.exists(os.path.join(C, at.split(":")[0])), f"killed at '{stage}': the temporary file was left behind")
         if gguf is not None:
             try:
                 r = gguf.GGUFReader(os.path.join(C, "model.gguf"))
