@@ -1,7 +1,7 @@
 // Safetensors reader and writer. See ggml-oomb/safetensors.h.
 #include "safetensors.h"
 
-#include "fp16.h"
+#include "../fp16.h"
 
 #include <nlohmann/json.hpp>
 

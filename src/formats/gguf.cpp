@@ -1,7 +1,7 @@
 // GGUF v3 reader and writer. See ggml-oomb/gguf.h.
 #include "gguf.h"
 
-#include "fp16.h"
+#include "../fp16.h"
 
 #include <algorithm>
 #include <cerrno>
