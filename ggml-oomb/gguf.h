@@ -213,7 +213,10 @@ public:
 
     // Memory-maps and parses `path`. Errors: GGUF_ERR_IO (cannot open/map), GGUF_ERR_FORMAT
     // (truncated file, bad magic or version, absurd counts, duplicate keys or tensor names,
-    // overflowing shapes, misaligned, overlapping or out-of-range offsets, bad general.alignment),
+    // a tensor with 0 or more than 4 dimensions, overflowing shapes, misaligned, overlapping or
+    // out-of-range offsets, bad general.alignment, metadata and tensor infos that would take more
+    // than 4x the file size + 1 MiB of memory, e.g. millions of empty arrays: checked before
+    // anything is allocated for them),
     // GGUF_ERR_UNSUPPORTED (a tensor type other than F32/F16/BF16/Q8_0/Q4_0/Q4_1).
     gguf_status open(const std::string& path, std::string* err, const GGUFReadOptions& opt = {});
     // Parses a file image held in memory (not copied: it must outlive the reader). Same errors.

@@ -54,8 +54,10 @@ public:
     SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
     // Maps and validates the file. Errors: GGUF_ERR_IO (open/map), GGUF_ERR_FORMAT (truncated,
-    // bad header JSON, offsets out of range or overlapping, size not matching shape x dtype,
-    // duplicate names), GGUF_ERR_UNSUPPORTED (a dtype other than the six above).
+    // bad header JSON, offsets out of range, two non-empty tensors overlapping (zero-size tensors
+    // must have begin == end inside the data and never hide an overlap), size not matching
+    // shape x dtype, a key repeated in any object of the header, named in the message),
+    // GGUF_ERR_UNSUPPORTED (a dtype other than the six above).
     gguf_status open(const std::string& path, std::string* err);
     void close();
 

@@ -10,6 +10,16 @@
 // of the regex and encoded as byte tokens, so decode(encode(x)) == x for every NFC string x and
 // for any byte string that contains no non-NFC sequences.
 //
+// NFC is computed in segments, so that its time is linear in the text length (utf8proc alone is
+// quadratic in a run of combining marks). Segments are cut before code points that start a new
+// normalization context (a starter that composes with nothing before it), where the result is
+// byte-identical to NFC of the whole string. Only when TOKENIZER_NFC_MAX_SEGMENT (256) code
+// points in a row hold no such point (in practice: more than 255 combining marks on one base, as
+// in adversarial input; the Unicode stream-safe text format allows 30) the run is cut after 256
+// code points and each piece is normalized on its own: marks are then not reordered or composed
+// across the cut, and the ids can differ from HF's for such text. The bound keeps the cost of such
+// a run at ~1 us per code point (1024 would be ~4x that).
+//
 // Known limit: Unicode version. The regex classes (\p{L}, \p{N}, \s) come from PCRE2's tables and
 // NFC from utf8proc's; Debian 12 ships PCRE2 10.42 (Unicode 14.0) and utf8proc 2.8 (Unicode 15.0),
 // while HF `tokenizers` has Unicode 16 data. Code points assigned in Unicode 15 or 16 (e.g.
@@ -29,6 +39,9 @@
 #include <vector>
 
 namespace oomb {
+
+// Most code points NFC-normalized in one piece when no safe cut point occurs (see above).
+constexpr size_t TOKENIZER_NFC_MAX_SEGMENT = 256;
 
 // llama.cpp's token types (tokenizer.ggml.token_type).
 enum gguf_token_type : int32_t {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -665,6 +666,7 @@ TEST(GGUF, TensorInfoErrors) {
     std::string err;
     EXPECT_EQ(parse(one("w", {8, 4}, GGUF_TENSOR_F32, 0, 128), &err), GGUF_OK) << err;
     EXPECT_GGUF_ERROR(one("w", {1, 1, 1, 1, 1}, GGUF_TENSOR_F32, 0, 4), GGUF_ERR_FORMAT, "5 dimensions");
+    EXPECT_GGUF_ERROR(one("scalar", {}, GGUF_TENSOR_F32, 0, 4), GGUF_ERR_FORMAT, "tensor 'scalar': 0 dimensions (must be 1..4)");
     EXPECT_GGUF_ERROR(one("w", {~0ull}, GGUF_TENSOR_F32, 0, 4), GGUF_ERR_FORMAT, "too large");
     EXPECT_GGUF_ERROR(one("w", {1ull << 32, 1ull << 32}, GGUF_TENSOR_F32, 0, 4), GGUF_ERR_FORMAT, "overflows");
     EXPECT_GGUF_ERROR(one("w", {1ull << 62, 2}, GGUF_TENSOR_F32, 0, 4), GGUF_ERR_FORMAT, "overflows");
@@ -697,6 +699,100 @@ TEST(GGUF, TensorInfoErrors) {
     EXPECT_EQ(parse(Bytes().header(2, 0).tensor("a", {8}, 0, 64).tensor("b", {8}, 0, 0).pad().zeros(96).b, &err), GGUF_OK) << err;
     // A zero-size tensor may sit anywhere in range.
     EXPECT_EQ(parse(Bytes().header(2, 0).tensor("a", {0}, 0, 0).tensor("b", {8}, 0, 0).pad().zeros(32).b, &err), GGUF_OK) << err;
+}
+
+namespace {
+// Peak resident set size (VmHWM) of this process in bytes, after resetting it to the current RSS
+// when `reset` (Linux: "5" > /proc/self/clear_refs). -1 when not available.
+int64_t peak_rss(bool reset) {
+    if (reset) {
+        FILE* f = fopen("/proc/self/clear_refs", "w");
+        if (!f) return -1;
+        const bool ok = fputs("5", f) >= 0;
+        if (fclose(f) != 0 || !ok) return -1;
+    }
+    FILE* f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    int64_t kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %" SCNd64 " kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+// Opens `path` and checks that it fails with `substr`, and that its peak RSS grew by less than
+// `max_growth` bytes meanwhile (when the kernel lets us measure it).
+void expect_rejected_cheaply(const std::string& path, const std::string& substr, int64_t max_growth) {
+    const int64_t before = peak_rss(true);
+    GGUFReader r;
+    std::string err;
+    EXPECT_EQ(r.open(path, &err), GGUF_ERR_FORMAT) << err;
+    EXPECT_NE(err.find(substr), std::string::npos) << "message was: " << err;
+    const int64_t after = peak_rss(false);
+    if (before >= 0 && after >= 0) {
+        EXPECT_LT(after - before, max_growth) << "peak RSS grew by " << (after - before) << " bytes";
+    } else {
+        printf("peak RSS not measurable here: only the error is checked\n");
+    }
+}
+} // namespace
+
+// A file of millions of empty arrays (12 bytes each on disk, ~130 in memory) or of empty keys
+// (24 bytes each, ~200 in memory with their index) is refused before its metadata is allocated.
+TEST(GGUF, MetadataMemoryIsBoundedByTheFileSize) {
+    const size_t n = 1u << 20;
+    {   // one key holding an array of n empty arrays
+        Bytes b;
+        b.header(0, 1).str("k").u32(GGUF_TYPE_ARRAY).u32(GGUF_TYPE_ARRAY).u64(n);
+        for (size_t i = 0; i < n; i++) b.u32(GGUF_TYPE_UINT8).u64(0);
+        const std::string path = tmp_path("empty-arrays.gguf");
+        write_all(path, b.b);
+        // The file is mapped and read (12 MiB of RSS); the old reader allocated ~130 MiB more.
+        expect_rejected_cheaply(path, "metadata would take more than", 3 * (int64_t)b.b.size());
+        unlink(path.c_str());
+    }
+    {   // n keys, each an empty array
+        Bytes b;
+        b.header(0, n);
+        for (size_t i = 0; i < n; i++) b.str("").u32(GGUF_TYPE_ARRAY).u32(GGUF_TYPE_UINT8).u64(0);
+        const std::string path = tmp_path("empty-keys.gguf");
+        write_all(path, b.b);
+        expect_rejected_cheaply(path, "limit: 4x the file size", 3 * (int64_t)b.b.size());
+        unlink(path.c_str());
+    }
+    {   // The same in memory, nested: arrays of arrays of empty arrays.
+        Bytes b;
+        b.header(0, 1).str("k").u32(GGUF_TYPE_ARRAY).u32(GGUF_TYPE_ARRAY).u64(1024);
+        for (int i = 0; i < 1024; i++) {
+            b.u32(GGUF_TYPE_ARRAY).u64(256);
+            for (int j = 0; j < 256; j++) b.u32(GGUF_TYPE_UINT8).u64(0);
+        }
+        EXPECT_GGUF_ERROR(b.b, GGUF_ERR_FORMAT, "metadata would take more than");
+    }
+    // Legitimate shapes stay well inside the bound: a million empty strings (the densest string
+    // array, 8 bytes each on disk and 32 in memory), a vocabulary of short tokens, many keys.
+    std::string err;
+    {
+        Bytes b;
+        b.header(0, 1).str("tokenizer.ggml.tokens").u32(GGUF_TYPE_ARRAY).u32(GGUF_TYPE_STRING).u64(n);
+        for (size_t i = 0; i < n; i++) b.str("");
+        GGUFReader r;
+        ASSERT_EQ(r.open_memory(b.b.data(), b.b.size(), &err), GGUF_OK) << err;
+        EXPECT_EQ(r.find("tokenizer.ggml.tokens")->array_size(), n);
+    }
+    {
+        Bytes b;
+        b.header(0, 1).str("tokenizer.ggml.tokens").u32(GGUF_TYPE_ARRAY).u32(GGUF_TYPE_STRING).u64(n / 8);
+        for (size_t i = 0; i < n / 8; i++) b.str(std::string(1 + i % 6, 'a' + (char)(i % 26)));
+        EXPECT_EQ(parse(b.b, &err), GGUF_OK) << err;
+    }
+    {
+        Bytes b;
+        b.header(0, 4000);
+        for (int i = 0; i < 4000; i++) b.kv_u32("general.some_rather_long_key_name." + std::to_string(i), (uint32_t)i);
+        EXPECT_EQ(parse(b.b, &err), GGUF_OK) << err;
+    }
 }
 
 TEST(GGUF, EveryTruncationIsAnError) {
@@ -786,6 +882,80 @@ TEST(GGUF, MutationFuzz) {
     printf("fuzz: %d mutants, %d accepted, %d rejected, %.2f s\n", kMutants, accepted, rejected, secs);
     EXPECT_GT(rejected, kMutants / 2);
     EXPECT_LT(secs, 30.0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Safetensors headers found bad by fuzzing (the other malformed cases are in test-convert.cpp).
+
+namespace {
+gguf_status open_safetensors(const std::string& header, const std::string& data, std::string* err) {
+    const std::string path = tmp_path("st.safetensors");
+    const uint64_t n = header.size();
+    write_all(path, std::string((const char*)&n, 8) + header + data);
+    SafetensorsFile f;
+    const gguf_status s = f.open(path, err);
+    unlink(path.c_str());
+    return s;
+}
+} // namespace
+
+TEST(Safetensors, ZeroSizeTensorDoesNotHideAnOverlap) {
+    std::string err;
+    // a = [0, 8), b = [4, 4) (empty), c = [4, 12): c aliases the second half of a. Sorted by
+    // offsets, b sits between a and c, which an adjacent-pairs check skipped.
+    EXPECT_EQ(open_safetensors(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},)"
+                               R"( "b": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},)"
+                               R"( "c": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+                               std::string(12, 'x'), &err), GGUF_ERR_FORMAT);
+    EXPECT_NE(err.find("tensors 'a' and 'c' overlap"), std::string::npos) << err;
+    // A long tensor overlapping one that is not its sorted neighbour: a = [0, 16), b = [4, 8), c = [8, 12).
+    EXPECT_EQ(open_safetensors(R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},)"
+                               R"( "c": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]},)"
+                               R"( "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                               std::string(16, 'x'), &err), GGUF_ERR_FORMAT);
+    EXPECT_NE(err.find("overlap"), std::string::npos) << err;
+    // Zero-size tensors anywhere inside the data (also at its end, also inside another tensor)
+    // alias nothing and are fine.
+    EXPECT_EQ(open_safetensors(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},)"
+                               R"( "b": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},)"
+                               R"( "d": {"dtype": "F32", "shape": [3, 0], "data_offsets": [12, 12]},)"
+                               R"( "c": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+                               std::string(12, 'x'), &err), GGUF_OK) << err;
+    // ... but not past it, and not with begin != end.
+    EXPECT_EQ(open_safetensors(R"({"a": {"dtype": "F32", "shape": [0], "data_offsets": [13, 13]}})",
+                               std::string(12, 'x'), &err), GGUF_ERR_FORMAT);
+    EXPECT_NE(err.find("outside"), std::string::npos) << err;
+    EXPECT_EQ(open_safetensors(R"({"a": {"dtype": "F32", "shape": [0], "data_offsets": [0, 4]}})",
+                               std::string(12, 'x'), &err), GGUF_ERR_FORMAT);
+    EXPECT_NE(err.find("needs 0"), std::string::npos) << err;
+}
+
+TEST(Safetensors, DuplicateKeysAreAnError) {
+    std::string err;
+    const std::string t = R"({"dtype": "F32", "shape": [1], "data_offsets": [0, 4]})";
+    const std::string u = R"({"dtype": "F32", "shape": [1], "data_offsets": [4, 8]})";
+    EXPECT_EQ(open_safetensors(R"({"w": )" + t + R"(, "w": )" + u + "}", std::string(8, 'x'), &err), GGUF_ERR_FORMAT);
+    EXPECT_NE(err.find("key 'w' twice"), std::string::npos) << err;
+    // The same key spelt with an escape is the same key.
+    EXPECT_EQ(open_safetensors(R"({"w": )" + t + R"(, "\u0077": )" + u + "}", std::string(8, 'x'), &err), GGUF_ERR_FORMAT);
+    EXPECT_NE(err.find("key 'w' twice"), std::string::npos) << err;
+    // Inside a tensor entry and inside __metadata__.
+    EXPECT_EQ(open_safetensors(R"({"w": {"dtype": "F32", "shape": [1], "dtype": "F16", "data_offsets": [0, 4]}})",
+                               std::string(4, 'x'), &err), GGUF_ERR_FORMAT);
+    EXPECT_NE(err.find("key 'dtype' twice"), std::string::npos) << err;
+    EXPECT_EQ(open_safetensors(R"({"__metadata__": {"format": "pt", "format": "np"}, "w": )" + t + "}",
+                               std::string(4, 'x'), &err), GGUF_ERR_FORMAT);
+    EXPECT_NE(err.find("key 'format' twice"), std::string::npos) << err;
+    // The same key in two different objects is not a duplicate.
+    EXPECT_EQ(open_safetensors(R"({"__metadata__": {"dtype": "x"}, "w": )" + t + R"(, "v": )" + u + "}",
+                               std::string(8, 'x'), &err), GGUF_OK) << err;
+    // A sharded checkpoint's index with a tensor listed twice.
+    const std::string index = tmp_path("st.index.json");
+    write_all(index, R"({"weight_map": {"w": "a.safetensors", "w": "b.safetensors"}})");
+    SafetensorsModel m;
+    EXPECT_EQ(m.open(index, &err), GGUF_ERR_FORMAT);
+    EXPECT_NE(err.find("key 'w' twice"), std::string::npos) << err;
+    unlink(index.c_str());
 }
 
 // Writes the sample (every value type, every readable tensor type) to $OOMB_GGUF_SAMPLE_OUT for the

@@ -11,6 +11,7 @@
 #include <pcre2.h>
 
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -246,6 +247,101 @@ TEST(Tokenizer, LongWordsAndRandomRoundTrips) {
         for (int k = (int)(rng() % 30); k > 0; k--) s += alpha[rng() % alpha.size()];
         EXPECT_EQ(t.decode(t.encode(s)), s) << ::testing::PrintToString(s);
     }
+}
+
+namespace {
+std::string cp_utf8(uint32_t c) {
+    utf8proc_uint8_t b[4];
+    const utf8proc_ssize_t n = utf8proc_encode_char((utf8proc_int32_t)c, b);
+    return std::string((const char*)b, (size_t)n);
+}
+// 'a' followed by n pairs U+0301 (ccc 230) U+0316 (ccc 220): canonical reordering must move every
+// U+0316 before every U+0301, which utf8proc does by insertion sort.
+std::string marks_run(size_t n_pairs) {
+    std::string s = "a";
+    for (size_t i = 0; i < n_pairs; i++) s += "\xCC\x81\xCC\x96";
+    return s;
+}
+// CPU time of this thread: unlike wall time, not inflated when the machine is busy and the
+// thread waits for a core (the short run would then look unfairly fast next to the long one).
+double thread_cpu_seconds() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+// Best CPU time of `reps` encodes of `s`.
+double seconds_to_encode(const Tokenizer& t, const std::string& s, int reps) {
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        const double t0 = thread_cpu_seconds();
+        const auto ids = t.encode(s);
+        best = std::min(best, thread_cpu_seconds() - t0);
+        EXPECT_FALSE(ids.empty());
+    }
+    return best;
+}
+} // namespace
+
+// NFC runs in bounded segments cut at safe code points: on long non-ASCII text (one normalization
+// run, far longer than a segment) with composing sequences everywhere, the result must be
+// byte-identical to utf8proc's NFC of the whole string.
+TEST(Tokenizer, SegmentedNfcEqualsWholeStringNfc) {
+    const Tokenizer& t = qwen();
+    const std::vector<uint32_t> alpha = {
+        0x0301, 0x0316, 0x0308, 0x0304, 0x0327, 0x0345, 0x0342, 0x0338, // combining marks (various ccc)
+        0x00E9, 0x00C5, 0x212B, 0x2126, 0x0344, 0x0F73, 0x0F71, 0x0F72, // precomposed, singletons, odd decompositions
+        0x1100, 0x1161, 0x11A8, 0xAC00, 0xAC01, 0xD7A3,                 // Hangul L, V, T and syllables
+        0x0BC6, 0x0BBE, 0x0BD7, 0x0B47, 0x0B3E, 0x0CC6, 0x0CD5, 0x09C7, 0x09BE, // vowel signs that compose (ccc 0)
+        0x3099, 0x304B, 0x30AB, 0x0627, 0x0653, 0x0654, 0x064F, 0x05D0, 0x05B7, // kana voicing, Arabic, Hebrew
+        0x4E2D, 0x6587, 0x0436, 0x03B1, 0x1E0B, 0x0323, 0x1EA0, 0x00FC, 0x01D6, 0x1F00, 0x0313};
+    std::mt19937 rng(11);
+    for (int it = 0; it < 40; it++) {
+        std::string s;
+        const size_t n = 2000 + rng() % 5000;
+        for (size_t k = 0; k < n; k++) {
+            if (it % 4 == 3 && rng() % 500 == 0) s += (rng() & 1) ? " " : "x"; // also around ASCII
+            s += cp_utf8(alpha[rng() % alpha.size()]);
+        }
+        const std::string want = nfc(s);
+        EXPECT_EQ(t.decode(t.encode(s)), want) << "case " << it;
+    }
+}
+
+// A run of combining marks without a safe cut point up to TOKENIZER_NFC_MAX_SEGMENT code points
+// is normalized whole; a longer one is cut after that many code points (documented in tokenizer.h).
+TEST(Tokenizer, LongCombiningRunIsCutAtTheSegmentBound) {
+    const Tokenizer& t = qwen();
+    const size_t m = TOKENIZER_NFC_MAX_SEGMENT;
+    const std::string fits = marks_run((m - 1) / 2); // m - 1 or m code points
+    EXPECT_EQ(t.decode(t.encode(fits)), nfc(fits));
+    const std::string longer = marks_run(m); // 2m + 1 code points: pieces of m, m, 1
+    std::string want;
+    size_t a = 0, cps = 0;
+    for (size_t i = 0; i <= longer.size(); i++) {
+        if (i == longer.size() || (cps == m && ((unsigned char)longer[i] & 0xC0) != 0x80)) {
+            want += nfc(longer.substr(a, i - a));
+            a = i;
+            cps = 0;
+        }
+        if (i < longer.size() && ((unsigned char)longer[i] & 0xC0) != 0x80) cps++;
+    }
+    EXPECT_EQ(t.decode(t.encode(longer)), want);
+    EXPECT_NE(want, nfc(longer)); // the cut is visible: marks are not reordered across it
+}
+
+// Encoding time is linear in a run of combining marks (utf8proc alone is quadratic): 16x the input
+// must take less than 40x the time. The small input already fills whole NFC segments, so the
+// expected ratio is ~16; whole-run NFC gives ~256 (the large input then takes ~20 s instead of
+// ~0.03 s). Both are the best of several runs (the large one of 3 unless already over 100x).
+TEST(Tokenizer, CombiningMarksTimeIsLinear) {
+    const Tokenizer& t = qwen();
+    const std::string small = marks_run(2048), large = marks_run(16 * 2048); // 8 KB and 128 KB
+    seconds_to_encode(t, "\xC3\xA9", 1); // one-time table set-up out of the way
+    const double ts = seconds_to_encode(t, small, 5);
+    double tl = seconds_to_encode(t, large, 1);
+    for (int retry = 0; retry < 2 && tl < 100 * ts; retry++) tl = std::min(tl, seconds_to_encode(t, large, 1));
+    printf("combining marks: %zu bytes %.4f s, %zu bytes %.4f s, ratio %.1f\n", small.size(), ts, large.size(), tl, tl / ts);
+    EXPECT_LT(tl, 40 * ts) << "16x more input took " << tl / ts << "x the time";
 }
 
 TEST(Tokenizer, ThreadSafe) {

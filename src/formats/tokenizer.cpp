@@ -74,6 +74,85 @@ int utf8_char(const uint8_t* p, size_t n, uint32_t* cp) {
     return 0;
 }
 
+// ---- NFC in bounded segments ------------------------------------------------------------------
+// utf8proc sorts each run of combining marks by insertion, so one call on a long run of marks
+// ('a' + (U+0301 U+0316) x N) takes time quadratic in N. We normalize in segments instead, cut
+// before "safe" code points: NFC(x + y) == NFC(x) + NFC(y) when y starts with one. A code point
+// is safe when the first code point of its canonical decomposition is a starter (ccc 0) that
+// never composes with a preceding character (it is not at a non-first position of any canonical
+// decomposition, Hangul syllables included). Then canonical reordering (which stops at starters)
+// and composition (blocked by the starter) cannot cross the cut. The table is derived from
+// utf8proc's own data at first use, so it follows utf8proc's Unicode version.
+class NfcSafeStarts {
+public:
+    NfcSafeStarts() : unsafe_(kMaxCp / 64 + 1, 0) {
+        std::vector<uint8_t> second(kMaxCp + 1, 0); // at a non-first position of a decomposition
+        std::vector<std::pair<uint32_t, uint32_t>> first; // (code point, first of its decomposition)
+        utf8proc_int32_t buf[32];
+        for (uint32_t cp = 0; cp <= kMaxCp; cp++) {
+            const bool hangul = cp >= 0xAC00 && cp <= 0xD7A3; // decomposed algorithmically
+            if (!hangul && utf8proc_get_property((utf8proc_int32_t)cp)->decomp_seqindex == UINT16_MAX) continue;
+            int bc = 0;
+            const utf8proc_ssize_t n = utf8proc_decompose_char((utf8proc_int32_t)cp, buf, 32, UTF8PROC_DECOMPOSE, &bc);
+            if (n < 1 || n > 32) continue;
+            for (utf8proc_ssize_t i = 1; i < n; i++) second[(uint32_t)buf[i]] = 1;
+            first.emplace_back(cp, (uint32_t)buf[0]);
+        }
+        auto ccc = [](uint32_t c) { return utf8proc_get_property((utf8proc_int32_t)c)->combining_class; };
+        auto mark = [&](uint32_t c) { unsafe_[c / 64] |= 1ull << (c % 64); };
+        for (uint32_t cp = 0; cp <= kMaxCp; cp++)
+            if (ccc(cp) != 0 || second[cp]) mark(cp);
+        for (auto& f : first)
+            if (ccc(f.second) != 0 || second[f.second]) mark(f.first);
+    }
+    bool safe(uint32_t cp) const { return cp <= kMaxCp && !(unsafe_[cp / 64] >> (cp % 64) & 1); }
+
+private:
+    static constexpr uint32_t kMaxCp = 0x10FFFF;
+    std::vector<uint64_t> unsafe_;
+};
+
+const NfcSafeStarts& nfc_safe_starts() {
+    static const NfcSafeStarts t;
+    return t;
+}
+
+// NFC of the valid UTF-8 bytes [p, p + n) appended to `out`, in segments of at most
+// TOKENIZER_NFC_MAX_SEGMENT code points, each cut at the last safe code point before it fills.
+// A segment that fills without one is cut where it is full (see tokenizer.h).
+void nfc_valid_utf8(const uint8_t* p, size_t n, std::string& out) {
+    auto flush = [&](size_t a, size_t b) {
+        if (b <= a) return;
+        utf8proc_uint8_t* dst = nullptr;
+        const utf8proc_ssize_t r = utf8proc_map(p + a, (utf8proc_ssize_t)(b - a), &dst,
+                                                (utf8proc_option_t)(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+        if (r >= 0) out.append((const char*)dst, (size_t)r);
+        else out.append((const char*)p + a, b - a);
+        free(dst);
+    };
+    const NfcSafeStarts& safe = nfc_safe_starts();
+    size_t s = 0;        // segment start
+    size_t last = 0;     // last safe cut in the segment (> s), or s when none
+    size_t n_cp = 0;     // code points in [s, q)
+    size_t n_after = 0;  // code points in [last, q)
+    for (size_t q = 0; q < n;) {
+        uint32_t cp = 0;
+        int len = utf8_char(p + q, n - q, &cp);
+        if (len <= 0) len = 1; // not reached: the caller passes valid UTF-8
+        if (q > s && safe.safe(cp)) { last = q; n_after = 0; }
+        if (n_cp == TOKENIZER_NFC_MAX_SEGMENT) {
+            const size_t cut = last > s ? last : q;
+            flush(s, cut);
+            n_cp = cut == q ? 0 : n_after;
+            s = last = cut;
+        }
+        n_cp++;
+        n_after++;
+        q += (size_t)len;
+    }
+    flush(s, n);
+}
+
 // The Qwen2 pre-tokenizer (tokenizer.json "Split" regex, behaviour Isolated):
 //   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
 // with \s spelled out as the Unicode White_Space property (what HF's Oniguruma matches), so the
@@ -309,7 +388,8 @@ struct Tokenizer::Impl {
     // NFC-normalizes `seg` into `out`. Only runs of non-ASCII bytes (with the ASCII character
     // before them, which may be a base that composes with what follows) go through utf8proc:
     // normalization never crosses the boundary before an ASCII character. Invalid UTF-8 bytes
-    // are copied as they are and split the run.
+    // are copied as they are and split the run. Long runs are normalized in bounded segments
+    // (nfc_valid_utf8), so the time is linear in the length.
     static void nfc(std::string_view seg, std::string& out) {
         const uint8_t* p = (const uint8_t*)seg.data();
         const size_t n = seg.size();
@@ -330,14 +410,7 @@ struct Tokenizer::Impl {
                 uint32_t cp;
                 int len;
                 while (b < k && (len = utf8_char(p + b, k - b, &cp)) > 0) b += (size_t)len;
-                if (b > a) {
-                    utf8proc_uint8_t* dst = nullptr;
-                    const utf8proc_ssize_t r = utf8proc_map(p + a, (utf8proc_ssize_t)(b - a), &dst,
-                                                            (utf8proc_option_t)(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-                    if (r >= 0) out.append((const char*)dst, (size_t)r);
-                    else out.append((const char*)p + a, b - a);
-                    free(dst);
-                }
+                if (b > a) nfc_valid_utf8(p + a, b - a, out);
                 if (b < k) { out += (char)p[b]; b++; } // an invalid byte
                 a = b;
             }

@@ -1,7 +1,7 @@
 // Safetensors reader and writer. See ggml-oomb/safetensors.h.
 #include "safetensors.h"
 
-#include "fp16.h"
+#include "../fp16.h"
 
 #include <nlohmann/json.hpp>
 
@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <unordered_set>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -43,6 +44,28 @@ bool is_file(const std::string& p) {
 
 bool ends_with(const std::string& s, const std::string& suf) {
     return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+// Parses JSON like nlohmann::json::parse (no exceptions: a syntax error gives a discarded value),
+// but notices a key repeated within one object, which nlohmann silently resolves by keeping the
+// last one. The safetensors format makes duplicates an error: on the first one, *dup receives the
+// key (escaped as JSON would, without quotes) and the result is discarded.
+nlohmann::json parse_json_unique_keys(const uint8_t* first, const uint8_t* last, std::string* dup) {
+    std::vector<std::unordered_set<std::string>> seen; // keys of each open object, innermost last
+    dup->clear();
+    auto cb = [&](int /*depth*/, nlohmann::json::parse_event_t ev, nlohmann::json& parsed) {
+        using E = nlohmann::json::parse_event_t;
+        if (ev == E::object_start) seen.emplace_back();
+        else if (ev == E::object_end && !seen.empty()) seen.pop_back();
+        else if (ev == E::key && !seen.empty() && dup->empty() && !seen.back().insert(parsed.get<std::string>()).second) {
+            const std::string quoted = parsed.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+            *dup = quoted.substr(1, quoted.size() - 2);
+        }
+        return true;
+    };
+    nlohmann::json j = nlohmann::json::parse(first, last, cb, false);
+    if (!dup->empty()) return nlohmann::json(nlohmann::json::value_t::discarded);
+    return j;
 }
 
 template <class T> T load(const uint8_t* p) {
@@ -171,7 +194,9 @@ gguf_status SafetensorsFile::open(const std::string& path, std::string* err) {
     const uint8_t* data = base + 8 + hlen;
     const size_t data_size = size - 8 - (size_t)hlen;
 
-    nlohmann::json h = nlohmann::json::parse(base + 8, base + 8 + hlen, nullptr, false);
+    std::string dup;
+    nlohmann::json h = parse_json_unique_keys(base + 8, base + 8 + hlen, &dup);
+    if (!dup.empty()) return fail(GGUF_ERR_FORMAT, "header holds the key '" + dup + "' twice (duplicate keys are an error)");
     if (h.is_discarded() || !h.is_object()) return fail(GGUF_ERR_FORMAT, "header is not a JSON object");
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
     for (auto it = h.begin(); it != h.end(); ++it) {
@@ -222,14 +247,21 @@ gguf_status SafetensorsFile::open(const std::string& path, std::string* err) {
         ranges.emplace_back(b, en);
         tensors_.push_back(std::move(t));
     }
+    // Overlaps: sorted by (begin, end), every non-empty tensor must start at or after the end of
+    // all non-empty tensors before it (`reach`, the furthest end so far). Zero-size tensors
+    // (begin == end, checked above to lie inside the data) alias nothing and take no part: they
+    // must not hide an overlap between their neighbours.
     std::vector<size_t> order(tensors_.size());
     for (size_t i = 0; i < order.size(); i++) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
-    for (size_t k = 1; k < order.size(); k++) {
-        const auto& p = ranges[order[k - 1]];
-        const auto& q = ranges[order[k]];
-        if (q.first < p.second && q.first != q.second)
-            return fail(GGUF_ERR_FORMAT, "tensors '" + tensors_[order[k - 1]].name + "' and '" + tensors_[order[k]].name + "' overlap");
+    uint64_t reach = 0;
+    size_t reach_of = SIZE_MAX;
+    for (size_t i : order) {
+        const auto& q = ranges[i];
+        if (q.first == q.second) continue;
+        if (reach_of != SIZE_MAX && q.first < reach)
+            return fail(GGUF_ERR_FORMAT, "tensors '" + tensors_[reach_of].name + "' and '" + tensors_[i].name + "' overlap");
+        if (q.second > reach) { reach = q.second; reach_of = i; }
     }
     std::vector<SafetensorsTensor> sorted;
     sorted.reserve(order.size());
@@ -273,7 +305,12 @@ gguf_status SafetensorsModel::open(const std::string& path, std::string* err) {
         size_t k;
         while ((k = fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, k);
         fclose(f);
-        nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+        std::string dup;
+        nlohmann::json j = parse_json_unique_keys((const uint8_t*)text.data(), (const uint8_t*)text.data() + text.size(), &dup);
+        if (!dup.empty()) {
+            set_err(err, index_path + ": holds the key '" + dup + "' twice (duplicate keys are an error)");
+            return GGUF_ERR_FORMAT;
+        }
         if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
             set_err(err, index_path + ": not a safetensors index (needs a \"weight_map\" object)");
             return GGUF_ERR_FORMAT;

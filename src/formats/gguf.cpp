@@ -1,7 +1,7 @@
 // GGUF v3 reader and writer. See ggml-oomb/gguf.h.
 #include "gguf.h"
 
-#include "fp16.h"
+#include "../fp16.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -196,6 +196,34 @@ struct Cursor {
     bool u32(uint32_t* v) { return bytes(v, 4); }
     bool u64(uint64_t* v) { return bytes(v, 8); }
 };
+
+// In-memory metadata is bounded by the file size: a file of millions of empty arrays or keys
+// (12-13 bytes each on disk, ~150-200 bytes each as GGUFValue / key / index entries) would
+// otherwise take >10x its size in RAM. The reader counts the bytes its metadata and tensor infos
+// take (object sizes plus string and array payloads) and refuses a file past
+// kMetaMemPerFileByte x file size + kMetaMemSlack. Real files stay far below: a vocabulary's
+// token strings take ~2x their file bytes, and the tensor data of a model is most of its size.
+constexpr uint64_t kMetaMemPerFileByte = 4;
+constexpr uint64_t kMetaMemSlack = 1u << 20;
+
+struct MemBudget {
+    uint64_t used = 0;
+    uint64_t limit = 0;
+    // Accounts `n` more bytes; false when past the limit.
+    bool take(uint64_t n) {
+        if (n > limit - used) { used = limit; return false; }
+        used += n;
+        return true;
+    }
+    static uint64_t string_bytes(uint64_t len) { return sizeof(std::string) + (len > 15 ? len + 1 : 0); }
+};
+
+std::string budget_message(const MemBudget& b, size_t file_size) {
+    return fmt("metadata would take more than %" PRIu64 " bytes of memory (limit: %" PRIu64
+               "x the file size of %zu bytes + %" PRIu64 " bytes): a corrupt or hostile file "
+               "(e.g. millions of empty arrays or keys)",
+               b.limit, kMetaMemPerFileByte, file_size, kMetaMemSlack);
+}
 
 const char* kTruncated = "file is truncated";
 const char* kTruncOrCorrupt = " (file truncated, or a corrupt length)";
@@ -444,12 +472,15 @@ struct GGUFValueIO {
         return true;
     }
 
-    // Reads a value of type `t`; `why` receives the reason on failure.
-    static bool read(Cursor& c, uint32_t t, GGUFValue* v, int depth, std::string* why) {
+    // Reads a value of type `t`; `why` receives the reason on failure. The value's own object is
+    // accounted by the caller; its payload (strings, array elements) is taken from `mem`
+    // before it is allocated.
+    static bool read(Cursor& c, uint32_t t, GGUFValue* v, int depth, MemBudget& mem, size_t file_size, std::string* why) {
         if (t >= GGUF_TYPE_COUNT) { *why = fmt("unknown value type %u", t); return false; }
         v->type_ = (gguf_type)t;
         if (t == GGUF_TYPE_STRING) {
             if (!read_string(c, &v->str_)) { *why = std::string("string runs past the end of the file") + kTruncOrCorrupt; return false; }
+            if (!mem.take(v->str_.size())) { *why = budget_message(mem, file_size); return false; }
             return true;
         }
         if (t != GGUF_TYPE_ARRAY) {
@@ -471,14 +502,18 @@ struct GGUFValueIO {
             return false;
         }
         v->n_ = (size_t)n;
+        const uint64_t elem_mem = et == GGUF_TYPE_STRING ? sizeof(std::string) : et == GGUF_TYPE_ARRAY ? sizeof(GGUFValue) : min_elem;
+        if (!mem.take(n * elem_mem)) { *why = budget_message(mem, file_size); return false; }
         if (et == GGUF_TYPE_STRING) {
             v->strs_.resize(v->n_);
-            for (size_t i = 0; i < v->n_; i++)
+            for (size_t i = 0; i < v->n_; i++) {
                 if (!read_string(c, &v->strs_[i])) { *why = fmt("array string %zu runs past the end of the file%s", i, kTruncOrCorrupt); return false; }
+                if (!mem.take(MemBudget::string_bytes(v->strs_[i].size()) - sizeof(std::string))) { *why = budget_message(mem, file_size); return false; }
+            }
         } else if (et == GGUF_TYPE_ARRAY) {
             v->arrs_.resize(v->n_);
             for (size_t i = 0; i < v->n_; i++)
-                if (!read(c, GGUF_TYPE_ARRAY, &v->arrs_[i], depth + 1, why)) return false;
+                if (!read(c, GGUF_TYPE_ARRAY, &v->arrs_[i], depth + 1, mem, file_size, why)) return false;
         } else {
             v->raw_.resize(v->n_ * min_elem);
             if (!c.bytes(v->raw_.data(), v->raw_.size())) { *why = kTruncated; return false; }
@@ -644,6 +679,13 @@ gguf_status GGUFReader::parse(std::string* err, const GGUFReadOptions& opt) {
                         n_kv, n_tensors, (uint64_t)c.pos + n_kv * 13 + n_tensors * 24, size_));
     }
 
+    // Each entry: the (key, value) pair, its index entry and the key's copy in the index; each
+    // tensor info and its index entry (names below). Taken before reserving.
+    MemBudget mem;
+    mem.limit = kMetaMemPerFileByte * (uint64_t)size_ + kMetaMemSlack;
+    constexpr uint64_t kv_mem = sizeof(std::pair<std::string, GGUFValue>) + sizeof(std::pair<std::string, size_t>);
+    constexpr uint64_t tensor_mem = sizeof(GGUFTensorInfo) + sizeof(std::pair<std::string, size_t>);
+    if (!mem.take(n_kv * kv_mem) || !mem.take(n_tensors * tensor_mem)) return fail(GGUF_ERR_FORMAT, budget_message(mem, size_));
     kv_.reserve((size_t)n_kv);
     std::string why;
     for (uint64_t i = 0; i < n_kv; i++) {
@@ -651,10 +693,12 @@ gguf_status GGUFReader::parse(std::string* err, const GGUFReadOptions& opt) {
         std::string key;
         if (!GGUFValueIO::read_string(c, &key))
             return fail(GGUF_ERR_FORMAT, fmt("metadata entry %" PRIu64 " at byte %zu: key runs past the end of the file%s", i, at, kTruncOrCorrupt));
+        if (!mem.take(2 * (MemBudget::string_bytes(key.size()) - sizeof(std::string))))
+            return fail(GGUF_ERR_FORMAT, budget_message(mem, size_));
         uint32_t t;
         if (!c.u32(&t)) return fail(GGUF_ERR_FORMAT, fmt("metadata key '%s': file is truncated", escape(key, 100).c_str()));
         GGUFValue v;
-        if (!GGUFValueIO::read(c, t, &v, 0, &why))
+        if (!GGUFValueIO::read(c, t, &v, 0, mem, size_, &why))
             return fail(GGUF_ERR_FORMAT, fmt("metadata key '%s' (byte %zu): %s", escape(key, 100).c_str(), at, why.c_str()));
         kv_.emplace_back(std::move(key), std::move(v));
     }
@@ -680,10 +724,12 @@ gguf_status GGUFReader::parse(std::string* err, const GGUFReadOptions& opt) {
         const size_t at = c.pos;
         if (!GGUFValueIO::read_string(c, &t.name))
             return fail(GGUF_ERR_FORMAT, fmt("tensor info %" PRIu64 " at byte %zu: name runs past the end of the file%s", i, at, kTruncOrCorrupt));
+        if (!mem.take(2 * (MemBudget::string_bytes(t.name.size()) - sizeof(std::string))))
+            return fail(GGUF_ERR_FORMAT, budget_message(mem, size_));
         const std::string nm = "tensor '" + escape(t.name, 100) + "'";
         if (!c.u32(&t.n_dims)) return fail(GGUF_ERR_FORMAT, nm + ": file is truncated");
-        if (t.n_dims > (uint32_t)GGUF_MAX_DIMS)
-            return fail(GGUF_ERR_FORMAT, nm + fmt(": %u dimensions (at most %d)", t.n_dims, GGUF_MAX_DIMS));
+        if (t.n_dims == 0 || t.n_dims > (uint32_t)GGUF_MAX_DIMS)
+            return fail(GGUF_ERR_FORMAT, nm + fmt(": %u dimensions (must be 1..%d)", t.n_dims, GGUF_MAX_DIMS));
         for (uint32_t d = 0; d < t.n_dims; d++) {
             uint64_t v;
             if (!c.u64(&v)) return fail(GGUF_ERR_FORMAT, nm + ": file is truncated");
