@@ -37,13 +37,13 @@ using oomb::shape_str;
 // ---------------------------------------------------------------------------------------------
 
 void oomb_cuda_fail(const char * what, const char * file, int line, const char * msg) {
-    oomb_error("cuda: %s failed at %s:%d: %s", what, file, line, msg);
+    oomb::fail(OOMB_STATUS_DEVICE_ERROR, "cuda: %s failed at %s:%d: %s", what, file, line, msg);
 }
 
 void oomb_cuda_after_launch(oomb_cuda_ctx & c, const char * kernel, const char * file, int line) {
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && c.sync_each) e = cudaStreamSynchronize(c.stream);
-    if (e != cudaSuccess) oomb_error("cuda: kernel %s failed at %s:%d: %s", kernel, file, line, cudaGetErrorString(e));
+    if (e != cudaSuccess) oomb::fail(OOMB_STATUS_DEVICE_ERROR, "cuda: kernel %s failed at %s:%d: %s", kernel, file, line, cudaGetErrorString(e));
 }
 
 void oomb_cuda_ctx::bf16_copies_after(const oomb_tensor * node) {
@@ -90,7 +90,7 @@ void * oomb_cuda_ctx::scratch(int slot, size_t bytes) {
     const cudaError_t e = cudaMalloc(&p, sz);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        oomb_error("cuda: out of device memory allocating %zu bytes of scratch: %s", sz, cudaGetErrorString(e));
+        oomb::fail(OOMB_STATUS_ALLOC_FAILED, "cuda: out of device memory allocating %zu bytes of scratch: %s", sz, cudaGetErrorString(e));
     }
     slot_ptr[slot] = p;
     slot_cap[slot] = sz;
@@ -160,23 +160,10 @@ void cuda_synchronize(oomb_backend_t b) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
-void check_data(oomb_backend_t b, const oomb_tensor * node, const oomb_tensor * t, int src_index) {
-    if (oomb_nelements(t) == 0) return;
-    char what[64];
-    if (src_index < 0) snprintf(what, sizeof(what), "node");
-    else snprintf(what, sizeof(what), "src[%d]", src_index);
-    if (!t->data) {
-        if (src_index < 0) {
-            oomb_error("graph_compute: node %s (op %s) has no data (allocate the graph first)", shape_str(t).c_str(), oomb_op_name(t->op));
-        }
-        oomb_error("graph_compute: %s %s of node %s (op %s) has no data (allocate the graph first)", what, shape_str(t).c_str(),
-                   shape_str(node).c_str(), oomb_op_name(node->op));
-    }
+const char * cuda_placement_error(oomb_backend_t b, const oomb_tensor * t) {
     const oomb_tensor * o = t->view_src ? t->view_src : t;
-    if (!o->buffer || o->buffer->backend != b) {
-        oomb_error("graph_compute: %s %s of node %s (op %s) is not in this CUDA backend's memory (host tensors must be uploaded "
-                   "to a CUDA buffer)", what, shape_str(t).c_str(), shape_str(node).c_str(), oomb_op_name(node->op));
-    }
+    if (o->buffer && o->buffer->backend == b) return nullptr;
+    return "not in this CUDA backend's memory (host tensors must be uploaded to a CUDA buffer)";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -285,7 +272,7 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
 }
 
 // Reports (and clears) a data-dependent error recorded by a kernel of graph g.
-void check_recorded_error(oomb_cuda_ctx & c, oomb_cgraph * g) {
+void check_recorded_error(oomb_backend_t b, oomb_cuda_ctx & c, oomb_cgraph * g) {
     oomb_cuda_err_rec rec;
     CUDA_CHECK(cudaMemcpyAsync(&rec, c.d_err, sizeof(rec), cudaMemcpyDeviceToHost, c.stream));
     CUDA_CHECK(cudaStreamSynchronize(c.stream));
@@ -294,6 +281,7 @@ void check_recorded_error(oomb_cuda_ctx & c, oomb_cgraph * g) {
     CUDA_CHECK(cudaMemsetAsync(c.d_err, 0, sizeof(rec), c.stream));
     CUDA_CHECK(cudaStreamSynchronize(c.stream));
     const oomb_tensor * node = rec.node >= 0 && (size_t) rec.node < g->nodes.size() ? g->nodes[(size_t) rec.node] : nullptr;
+    if (node) b->cur_node = rec.node;  // the status message names the node that recorded the error
     if (!node) oomb_error("cuda: a kernel reported an out-of-range id or label (node %d)", rec.node);
     const char * opn = oomb_op_name(node->op);
     if (rec.kind == OOMB_CUDA_ERR_ID) {
@@ -338,6 +326,11 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
     oomb_cuda_ctx * c = ctx_of(b);
     set_device(c);
     c->bf16_copies_clear();  // the host may have written any tensor since the last graph
+    if (c->check_err) {
+        // a previous graph failed before its recorded errors were read: drop them (stream-ordered)
+        CUDA_CHECK(cudaMemsetAsync(c->d_err, 0, sizeof(oomb_cuda_err_rec), c->stream));
+        c->check_err = false;
+    }
     if (c->profile) {
         while (c->prof_events.size() < 2 * g->nodes.size()) {
             cudaEvent_t e;
@@ -351,14 +344,8 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
             node->op == OOMB_OP_TRANSPOSE) {
             continue;
         }
+        oomb::backend_begin_node(b, (int) i);
         if (c->profile) CUDA_CHECK(cudaEventRecord(c->prof_events[2 * i], c->stream));
-        check_data(b, node, node, -1);
-        for (int k = 0; k < OOMB_MAX_SRC; k++) {
-            const oomb_tensor * s = node->src[k];
-            if (!s) continue;
-            if (k == 1 && (node->op == OOMB_OP_REPEAT || node->op == OOMB_OP_REPEAT_BACK)) continue; // shape only
-            check_data(b, node, s, k);
-        }
         c->cur_node = (int) i;
         compute_node(*c, node);
         c->bf16_copies_after(node);
@@ -380,7 +367,7 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
             }
         }
     }
-    if (c->check_err) check_recorded_error(*c, g);
+    if (c->check_err) check_recorded_error(b, *c, g);
 }
 
 void cuda_free_backend(oomb_backend_t b) {
@@ -436,6 +423,7 @@ const oomb_backend_i k_cuda_iface = {
     /* synchronize   */ cuda_synchronize,
     /* free_backend  */ cuda_free_backend,
     /* memory        */ cuda_memory,
+    /* placement_error */ cuda_placement_error,
 };
 
 } // namespace

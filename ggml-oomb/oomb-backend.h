@@ -6,6 +6,18 @@
 // arena planned by the graph allocator (oomb-alloc.h) for the intermediate tensors of a graph.
 // Tensors of a context created without no_alloc hold context-owned host memory, which the CPU
 // backend computes on directly.
+//
+// Errors. Two kinds, reported two ways:
+//   - Programming errors (a NULL backend or graph, a graph whose tensors have no data or lie in
+//     memory the backend cannot use, a stale graph allocation, out-of-range or non-contiguous
+//     tensor copies, a tensor in the wrong buffer): found before any work is queued and reported
+//     through the error handler (oomb.h: by default print and abort()).
+//   - Compute-time faults, found while a graph is being computed: data-dependent errors (ids or
+//     labels out of range, page tables pointing outside the cache), CUDA errors (a kernel or copy
+//     that failed, out of device memory for scratch), an op the backend does not implement, and a
+//     stop asked for by the abort callback. oomb_backend_graph_compute returns them as a status
+//     (never through the handler) and oomb_backend_last_error() says which node failed and why:
+//     "node <i> (<op>: <result> <- <sources>): <message>".
 #pragma once
 
 #include "oomb.h"
@@ -16,6 +28,21 @@ extern "C" {
 
 typedef struct oomb_backend * oomb_backend_t;
 typedef struct oomb_buffer  * oomb_buffer_t;
+
+/// Result of the backend calls that can fault at run time (graph_compute, asynchronous copies).
+enum oomb_status {
+    OOMB_STATUS_OK           = 0,
+    OOMB_STATUS_FAILED       = 1, // a data-dependent error or an op the backend does not implement
+    OOMB_STATUS_ABORTED      = 2, // the abort callback asked to stop (the nodes before it ran)
+    OOMB_STATUS_ALLOC_FAILED = 3, // out of memory for scratch
+    OOMB_STATUS_DEVICE_ERROR = 4, // the device reported an error (CUDA: a failed kernel or copy)
+};
+/// "ok", "failed", "aborted", "alloc failed", "device error".
+const char * oomb_status_name(enum oomb_status status);
+
+/// Polled before every node of oomb_backend_graph_compute; returning true stops the computation
+/// (status OOMB_STATUS_ABORTED).
+typedef bool (*oomb_abort_callback_t)(void * data);
 
 /// CPU backend. n_threads <= 0 uses every hardware thread. Matrix products go through OpenBLAS.
 oomb_backend_t oomb_backend_cpu_init(int n_threads);
@@ -35,8 +62,21 @@ bool oomb_backend_is_host(oomb_backend_t backend);   // its buffers are host mem
 /// backend has no separate device memory (CPU).
 bool oomb_backend_memory(oomb_backend_t backend, size_t * used, size_t * total);
 /// Computes every node of g in order. All tensors must have data in this backend's memory.
-/// Errors (a tensor without data, ids out of range, ...) go through the error handler.
-void oomb_backend_graph_compute(oomb_backend_t backend, struct oomb_cgraph * g);
+/// Programming errors (a tensor without data or in another backend's memory, a stale allocation)
+/// go through the error handler before anything runs. Compute-time faults (ids or labels out of
+/// range, CUDA errors, an unsupported op, the abort callback) return a status other than
+/// OOMB_STATUS_OK; oomb_backend_last_error() then names the node (index, op, shapes) and the fault.
+/// The results of the nodes after a failed one are undefined.
+enum oomb_status oomb_backend_graph_compute(oomb_backend_t backend, struct oomb_cgraph * g);
+/// The message of the backend's last failed call ("" after a call that succeeded). Valid until
+/// the next call on the backend.
+const char * oomb_backend_last_error(oomb_backend_t backend);
+/// The message of the last failed graph_compute or asynchronous copy on the calling thread (any
+/// backend; "" if none), and in *n_failures (may be NULL) how many have failed on this thread so far:
+/// for wrappers that see a failure without the backend at hand (tests: EXPECT_OOMB_ERROR).
+const char * oomb_last_compute_error(uint64_t * n_failures);
+/// Sets (or with NULL clears) the callback polled before every node of graph_compute.
+void oomb_backend_set_abort_callback(oomb_backend_t backend, oomb_abort_callback_t cb, void * data);
 /// Waits for queued work (no-op on the CPU).
 void oomb_backend_synchronize(oomb_backend_t backend);
 

@@ -4,6 +4,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <string>
 
 using oomb::shape_str;
 
@@ -19,13 +20,113 @@ bool oomb_backend_memory(oomb_backend_t backend, size_t * used, size_t * total) 
     if (total) *total = ok ? t : 0;
     return ok;
 }
-void oomb_backend_graph_compute(oomb_backend_t backend, struct oomb_cgraph * g) {
+const char * oomb_status_name(enum oomb_status status) {
+    switch (status) {
+        case OOMB_STATUS_OK: return "ok";
+        case OOMB_STATUS_FAILED: return "failed";
+        case OOMB_STATUS_ABORTED: return "aborted";
+        case OOMB_STATUS_ALLOC_FAILED: return "alloc failed";
+        case OOMB_STATUS_DEVICE_ERROR: return "device error";
+    }
+    return "unknown status";
+}
+
+namespace {
+
+thread_local std::string t_last_fault;
+thread_local uint64_t t_n_faults = 0;
+
+bool is_view_op(enum oomb_op op) {
+    return op == OOMB_OP_NONE || op == OOMB_OP_VIEW || op == OOMB_OP_RESHAPE || op == OOMB_OP_PERMUTE || op == OOMB_OP_TRANSPOSE;
+}
+
+// A tensor the node computes or reads has data the backend can use (programming errors: handler).
+void check_data(oomb_backend_t b, const oomb_tensor * node, const oomb_tensor * t, int src_index) {
+    if (oomb_nelements(t) == 0) return;
+    char what[64];
+    if (src_index < 0) snprintf(what, sizeof(what), "node");
+    else snprintf(what, sizeof(what), "src[%d]", src_index);
+    if (!t->data) {
+        if (src_index < 0) {
+            oomb_error("graph_compute: node %s (op %s) has no data (allocate the graph first)", shape_str(t).c_str(), oomb_op_name(t->op));
+        }
+        oomb_error("graph_compute: %s %s of node %s (op %s) has no data (allocate the graph first)", what, shape_str(t).c_str(),
+                   shape_str(node).c_str(), oomb_op_name(node->op));
+    }
+    if (const char * why = b->iface->placement_error ? b->iface->placement_error(b, t) : nullptr) {
+        oomb_error("graph_compute: %s %s of node %s (op %s) is %s", what, shape_str(t).c_str(), shape_str(node).c_str(),
+                   oomb_op_name(node->op), why);
+    }
+}
+
+// Every node that computes something: its result and the sources it reads have usable data.
+void validate_graph(oomb_backend_t b, const oomb_cgraph * g) {
+    for (const oomb_tensor * node : g->nodes) {
+        if (is_view_op(node->op)) continue;
+        check_data(b, node, node, -1);
+        for (int i = 0; i < OOMB_MAX_SRC; i++) {
+            const oomb_tensor * s = node->src[i];
+            if (!s) continue;
+            // repeat / repeat_back only take a shape from src[1]
+            if (i == 1 && (node->op == OOMB_OP_REPEAT || node->op == OOMB_OP_REPEAT_BACK)) continue;
+            check_data(b, node, s, i);
+        }
+    }
+}
+
+// "node 3 (mul_mat: 'y' [4, 2, 1, 1] f32 <- 'w' [...], 'x' [...])"
+std::string node_str(const oomb_cgraph * g, int i) {
+    if (i < 0 || (size_t) i >= g->nodes.size()) return "before the first node";
+    const oomb_tensor * n = g->nodes[(size_t) i];
+    std::string r = "node " + std::to_string(i) + " (" + oomb_op_name(n->op) + ": " + shape_str(n);
+    const char * sep = " <- ";
+    for (int k = 0; k < OOMB_MAX_SRC; k++) {
+        if (!n->src[k]) continue;
+        r += sep + shape_str(n->src[k]);
+        sep = ", ";
+    }
+    return r + ")";
+}
+
+} // namespace
+
+namespace oomb {
+
+void backend_begin_node(oomb_backend_t b, int i) {
+    b->cur_node = i;
+    if (b->abort_cb && b->abort_cb(b->abort_data)) fail(OOMB_STATUS_ABORTED, "the abort callback asked to stop");
+}
+
+} // namespace oomb
+
+enum oomb_status oomb_backend_graph_compute(oomb_backend_t backend, struct oomb_cgraph * g) {
     if (!backend || !g) oomb_error("graph_compute: backend or graph is NULL");
     if (!oomb::graph_alloc_is_current(g)) {
         oomb_error("graph_compute: the graph's tensors were placed by a graph allocator that has since planned another "
                    "graph or been freed; call oomb_gallocr_alloc_graph on this graph again before computing it");
     }
-    backend->iface->graph_compute(backend, g);
+    validate_graph(backend, g);
+    backend->last_error.clear();
+    backend->cur_node = -1;
+    try {
+        oomb::fault_scope scope;
+        backend->iface->graph_compute(backend, g);
+    } catch (const oomb::compute_fault & f) {
+        backend->last_error = "graph_compute: " + node_str(g, backend->cur_node) + ": " + f.msg;
+        t_last_fault = backend->last_error;
+        t_n_faults++;
+        return f.status;
+    }
+    return OOMB_STATUS_OK;
+}
+const char * oomb_backend_last_error(oomb_backend_t backend) { return backend ? backend->last_error.c_str() : ""; }
+const char * oomb_last_compute_error(uint64_t * n_failures) {
+    if (n_failures) *n_failures = t_n_faults;
+    return t_last_fault.c_str();
+}
+void oomb_backend_set_abort_callback(oomb_backend_t backend, oomb_abort_callback_t cb, void * data) {
+    backend->abort_cb = cb;
+    backend->abort_data = data;
 }
 void oomb_backend_synchronize(oomb_backend_t backend) {
     if (backend->iface->synchronize) backend->iface->synchronize(backend);

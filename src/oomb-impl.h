@@ -41,11 +41,20 @@ struct oomb_backend_i {
     void   (*synchronize)(oomb_backend_t b);
     void   (*free_backend)(oomb_backend_t b);
     bool   (*memory)(oomb_backend_t b, size_t * used, size_t * total);  // NULL: not known
+    // NULL when the backend's kernels can read and write t's memory, else why not (graph
+    // validation puts it in the error: "... is <reason>").
+    const char * (*placement_error)(oomb_backend_t b, const oomb_tensor * t);
 };
 
 struct oomb_backend {
     const oomb_backend_i * iface;
     void * ctx;
+    // graph_compute status (backend.cpp): the node being computed, the last failure's message,
+    // the abort callback polled before every node
+    int cur_node = -1;
+    std::string last_error;
+    oomb_abort_callback_t abort_cb = nullptr;
+    void * abort_data = nullptr;
 };
 
 struct oomb_buffer {
@@ -55,6 +64,30 @@ struct oomb_buffer {
 };
 
 namespace oomb {
+
+// Compute-time faults (see oomb-backend.h, "Errors"): while a fault_scope is alive on a thread
+// (oomb_backend_graph_compute holds one around the backend's graph_compute), oomb_error and
+// oomb::fail throw a compute_fault, which graph_compute turns into its status and last error.
+// Outside a scope both report through the error handler.
+struct compute_fault {
+    enum oomb_status status;
+    std::string msg;
+};
+struct fault_scope {
+    fault_scope();
+    ~fault_scope();
+    fault_scope(const fault_scope &) = delete;
+    fault_scope & operator=(const fault_scope &) = delete;
+};
+bool faults_captured();
+[[noreturn]] void fail(enum oomb_status status, const char * fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+// Called by a backend's graph_compute before node i: records the node (for the failure message)
+// and polls the abort callback (a fault with OOMB_STATUS_ABORTED when it asks to stop).
+void backend_begin_node(oomb_backend_t b, int i);
 
 // Shape string "[a, b, c, d] type" for error messages.
 std::string shape_str(const oomb_tensor * t);

@@ -40,15 +40,25 @@ std::vector<double> to_vector(const oomb_tensor * t);
 
 } // namespace oombtest
 
-/// EXPECT that `stmt` reports a library error whose message contains `substr`.
+/// EXPECT that `stmt` reports a library error whose message contains `substr`: through the error
+/// handler (programming errors), or as a failed status of a graph_compute / asynchronous copy
+/// inside stmt (compute-time faults; the message is oomb_last_compute_error's).
 #define EXPECT_OOMB_ERROR(stmt, substr)                                                        \
     do {                                                                                       \
         oombtest::ErrorCapture _cap;                                                           \
         bool _thrown = false;                                                                  \
+        uint64_t _n_fail0 = 0, _n_fail1 = 0;                                                   \
+        oomb_last_compute_error(&_n_fail0);                                                    \
         try { stmt; } catch (const oombtest::OombError & e) {                                  \
             _thrown = true;                                                                    \
             EXPECT_NE(std::string(e.what()).find(substr), std::string::npos)                   \
                 << "message was: " << e.what();                                                \
+        }                                                                                      \
+        const char * _fail_msg = oomb_last_compute_error(&_n_fail1);                           \
+        if (!_thrown && _n_fail1 != _n_fail0) {                                                \
+            _thrown = true;                                                                    \
+            EXPECT_NE(std::string(_fail_msg).find(substr), std::string::npos)                  \
+                << "status message was: " << _fail_msg;                                        \
         }                                                                                      \
         EXPECT_TRUE(_thrown) << "expected an oomb error containing '" << substr << "'";        \
     } while (0)
