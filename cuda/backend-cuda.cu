@@ -76,10 +76,11 @@ void oomb_cuda_ctx::bf16_copies_after(const oomb_tensor * node) {
 void * oomb_cuda_ctx::scratch(int slot, size_t bytes) {
     if (slot < 0 || slot >= N_SLOTS) oomb_error("cuda: scratch slot %d out of range", slot);
     if (bytes <= slot_cap[slot] && slot_ptr[slot]) return slot_ptr[slot];
+    // Stream-ordered (no host or device synchronization): the old block is freed after the
+    // kernels already queued on the compute stream (the only users of scratch) have run, and the
+    // new one is usable by work queued after this point.
     if (slot_ptr[slot]) {
-        // kernels already queued may still read the old block
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-        CUDA_CHECK(cudaFree(slot_ptr[slot]));
+        CUDA_CHECK(cudaFreeAsync(slot_ptr[slot], stream));
         slot_ptr[slot] = nullptr;
         slot_cap[slot] = 0;
     }
@@ -87,7 +88,7 @@ void * oomb_cuda_ctx::scratch(int slot, size_t bytes) {
     sz += sz / 4; // headroom for slowly growing requests
     sz = (sz + 255) & ~(size_t) 255;
     void * p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, sz);
+    const cudaError_t e = cudaMallocAsync(&p, sz, stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
         oomb::fail(OOMB_STATUS_ALLOC_FAILED, "cuda: out of device memory allocating %zu bytes of scratch: %s", sz, cudaGetErrorString(e));
@@ -125,7 +126,75 @@ void cuda_free_mem(oomb_backend_t b, void * base) {
     oomb_cuda_ctx * c = ctx_of(b);
     set_device(c);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->copy_stream));
     CUDA_CHECK(cudaFree(base));
+}
+
+// Pinned host memory (the host buffer type): counted by oomb_pinned_host_bytes (backend.cpp).
+void * cuda_alloc_host(oomb_backend_t b, size_t size) {
+    set_device(ctx_of(b));
+    void * p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, size > 0 ? size : 1, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        fprintf(stderr, "oomb: cudaHostAlloc of %zu bytes failed: %s\n", size, cudaGetErrorString(e));
+        return nullptr;
+    }
+    return p;
+}
+void cuda_free_host(oomb_backend_t b, void * base) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    // queued copies may still read or write it
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->copy_stream));
+    CUDA_CHECK(cudaFreeHost(base));
+}
+
+cudaStream_t queue_stream(oomb_cuda_ctx * c, enum oomb_queue q) { return q == OOMB_QUEUE_COPY ? c->copy_stream : c->stream; }
+
+// dst and src: host memory (pinned or pageable) or device memory; UVA finds the direction.
+void cuda_copy_async(oomb_backend_t b, enum oomb_queue q, void * dst, const void * src, size_t size) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    if (c->fail_next_copy != cudaSuccess) {
+        const cudaError_t e = c->fail_next_copy;
+        c->fail_next_copy = cudaSuccess;
+        oomb_cuda_fail("cudaMemcpyAsync (injected by oomb_cuda_debug_fail_next_copy)", __FILE__, __LINE__, cudaGetErrorString(e));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyDefault, queue_stream(c, q)));
+}
+void cuda_queue_synchronize(oomb_backend_t b, enum oomb_queue q) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    CUDA_CHECK(cudaStreamSynchronize(queue_stream(c, q)));
+}
+void * cuda_event_new(oomb_backend_t b) {
+    set_device(ctx_of(b));
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return (void *) e;
+}
+void cuda_event_free(oomb_backend_t b, void * ev) {
+    set_device(ctx_of(b));
+    cudaEventDestroy((cudaEvent_t) ev);
+}
+void cuda_event_record(oomb_backend_t b, void * ev, enum oomb_queue q) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t) ev, queue_stream(c, q)));
+}
+void cuda_event_wait(oomb_backend_t b, void * ev, enum oomb_queue q) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    CUDA_CHECK(cudaStreamWaitEvent(queue_stream(c, q), (cudaEvent_t) ev, 0));
+}
+void cuda_event_synchronize(oomb_backend_t, void * ev) { CUDA_CHECK(cudaEventSynchronize((cudaEvent_t) ev)); }
+bool cuda_event_query(oomb_backend_t, void * ev) {
+    const cudaError_t e = cudaEventQuery((cudaEvent_t) ev);
+    if (e == cudaErrorNotReady) return false;
+    if (e != cudaSuccess) cudaGetLastError();
+    return true;   // complete (or failed: event_synchronize reports the error)
 }
 void cuda_set(oomb_backend_t b, void * dst, const void * src, size_t size) {
     oomb_cuda_ctx * c = ctx_of(b);
@@ -162,7 +231,7 @@ void cuda_synchronize(oomb_backend_t b) {
 
 const char * cuda_placement_error(oomb_backend_t b, const oomb_tensor * t) {
     const oomb_tensor * o = t->view_src ? t->view_src : t;
-    if (o->buffer && o->buffer->backend == b) return nullptr;
+    if (o->buffer && o->buffer->backend == b && o->buffer->buft == &b->buft_device) return nullptr;
     return "not in this CUDA backend's memory (host tensors must be uploaded to a CUDA buffer)";
 }
 
@@ -201,8 +270,8 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
         case OOMB_OP_PAGED_ATTN:
         case OOMB_OP_PAGED_ATTN_BACK:
 #if OOMB_CUDA_HAVE_PAGED
-            if (op == OOMB_OP_PAGED_ATTN) oomb_cuda_paged_attn(c.stream, node);
-            else oomb_cuda_paged_attn_back(c.stream, node);
+            if (op == OOMB_OP_PAGED_ATTN) oomb_cuda_paged_attn(c, node);
+            else oomb_cuda_paged_attn_back(c, node);
             OOMB_CUDA_LAUNCHED(c, oomb_op_name(op));
             return;
 #else
@@ -374,6 +443,7 @@ void cuda_free_backend(oomb_backend_t b) {
     oomb_cuda_ctx * c = ctx_of(b);
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
+    cudaStreamSynchronize(c->copy_stream);
     if (c->profile) {
         double total = 0;
         for (int op = 0; op < OOMB_OP_COUNT; op++) total += c->prof_ms[op];
@@ -401,12 +471,14 @@ void cuda_free_backend(oomb_backend_t b) {
         for (cudaEvent_t e : c->prof_events) cudaEventDestroy(e);
     }
     for (int i = 0; i < oomb_cuda_ctx::N_SLOTS; i++) {
-        if (c->slot_ptr[i]) cudaFree(c->slot_ptr[i]);
+        if (c->slot_ptr[i]) cudaFreeAsync(c->slot_ptr[i], c->stream);
     }
+    cudaStreamSynchronize(c->stream);
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->cublas_ws) cudaFree(c->cublas_ws);
     if (c->d_err) cudaFree(c->d_err);
     if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
     delete c;
     delete b;
 }
@@ -424,6 +496,16 @@ const oomb_backend_i k_cuda_iface = {
     /* free_backend  */ cuda_free_backend,
     /* memory        */ cuda_memory,
     /* placement_error */ cuda_placement_error,
+    /* alloc_host    */ cuda_alloc_host,
+    /* free_host     */ cuda_free_host,
+    /* copy_async    */ cuda_copy_async,
+    /* queue_synchronize */ cuda_queue_synchronize,
+    /* event_new     */ cuda_event_new,
+    /* event_free    */ cuda_event_free,
+    /* event_record  */ cuda_event_record,
+    /* event_wait    */ cuda_event_wait,
+    /* event_synchronize */ cuda_event_synchronize,
+    /* event_query   */ cuda_event_query,
 };
 
 } // namespace
@@ -465,6 +547,7 @@ oomb_backend_t oomb_backend_cuda_init(int device) {
         c->profile = c->profile_level != 0;
     }
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->cublas));
     CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
     c->cublas_ws_size = (size_t) 32 << 20;
@@ -476,5 +559,14 @@ oomb_backend_t oomb_backend_cuda_init(int device) {
     auto * b = new oomb_backend();
     b->iface = &k_cuda_iface;
     b->ctx = c;
+    c->buft_name = "CUDA" + std::to_string(device);
+    oomb::backend_init_buffer_types(b, c->buft_name.c_str(), "CUDA_Host", false);
     return b;
+}
+
+// Test hook: the next asynchronous copy of this CUDA backend fails as if cudaMemcpyAsync had
+// returned `cuda_error` (the same error path as a real fault: a status, not an abort).
+void oomb_cuda_debug_fail_next_copy(oomb_backend_t backend, int cuda_error) {
+    if (!backend || backend->iface != &k_cuda_iface) oomb_error("cuda_debug_fail_next_copy: not a CUDA backend");
+    ctx_of(backend)->fail_next_copy = (cudaError_t) cuda_error;
 }

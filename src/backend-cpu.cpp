@@ -187,6 +187,7 @@ oomb_backend_t oomb_backend_cpu_init(int n_threads) {
     auto * b = new oomb_backend();
     b->iface = &k_cpu_iface;
     b->ctx = c;
+    oomb::backend_init_buffer_types(b, "CPU", "CPU_Host", true);
     return b;
 }
 

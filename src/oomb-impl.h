@@ -44,6 +44,32 @@ struct oomb_backend_i {
     // NULL when the backend's kernels can read and write t's memory, else why not (graph
     // validation puts it in the error: "... is <reason>").
     const char * (*placement_error)(oomb_backend_t b, const oomb_tensor * t);
+
+    // --- v2 (NULL members: host memory / synchronous fallbacks in backend.cpp) ---
+    void * (*alloc_host)(oomb_backend_t b, size_t size);     // pinned host memory (CUDA: cudaHostAlloc)
+    void   (*free_host)(oomb_backend_t b, void * base);
+    // asynchronous copies on queue q; pointers may be host (pinned or not) or this backend's device memory
+    void   (*copy_async)(oomb_backend_t b, enum oomb_queue q, void * dst, const void * src, size_t size);
+    void   (*queue_synchronize)(oomb_backend_t b, enum oomb_queue q);
+    void * (*event_new)(oomb_backend_t b);                    // the backend's event object
+    void   (*event_free)(oomb_backend_t b, void * ev);
+    void   (*event_record)(oomb_backend_t b, void * ev, enum oomb_queue q);
+    void   (*event_wait)(oomb_backend_t b, void * ev, enum oomb_queue q);   // queue q of b waits for ev (of b's kind)
+    void   (*event_synchronize)(oomb_backend_t b, void * ev);
+    bool   (*event_query)(oomb_backend_t b, void * ev);
+};
+
+struct oomb_buffer_type {
+    oomb_backend_t backend = nullptr;
+    const char * name = "";
+    bool is_host = false;       // host memory (for a non-host backend: pinned)
+    bool device = true;         // the backend's own (device) memory
+    size_t alignment = 256;
+};
+
+struct oomb_event {
+    oomb_backend_t backend;
+    void * ev;                  // NULL: completes at once (synchronous backends)
 };
 
 struct oomb_backend {
@@ -55,12 +81,14 @@ struct oomb_backend {
     std::string last_error;
     oomb_abort_callback_t abort_cb = nullptr;
     void * abort_data = nullptr;
+    oomb_buffer_type buft_device, buft_host;   // set by oomb::backend_init_buffer_types
 };
 
 struct oomb_buffer {
     oomb_backend_t backend;
     void * base;
     size_t size;
+    oomb_buffer_type * buft;
 };
 
 namespace oomb {
@@ -88,6 +116,9 @@ bool faults_captured();
 // Called by a backend's graph_compute before node i: records the node (for the failure message)
 // and polls the abort callback (a fault with OOMB_STATUS_ABORTED when it asks to stop).
 void backend_begin_node(oomb_backend_t b, int i);
+// Called by a backend's init: its two buffer types, "<name>" (device memory; host memory when
+// the backend is a host one) and "<name>_Host" (pinned host memory).
+void backend_init_buffer_types(oomb_backend_t b, const char * device_name, const char * host_name, bool backend_is_host);
 
 // Shape string "[a, b, c, d] type" for error messages.
 std::string shape_str(const oomb_tensor * t);

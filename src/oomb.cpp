@@ -105,7 +105,7 @@ std::string shape_str(const oomb_tensor * t) {
 bool tensor_is_host(const oomb_tensor * t) {
     const oomb_tensor * o = t->view_src ? t->view_src : t;
     if (!o->buffer) return true;
-    return oomb_backend_is_host(o->buffer->backend);
+    return o->buffer->buft->is_host;
 }
 
 bool op_can_inplace(enum oomb_op op) {
