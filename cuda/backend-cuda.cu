@@ -3,6 +3,7 @@
 // on the stream, in order). Kernel families live in one .cu/.cuh pair each (see common.cuh).
 
 #include "common.cuh"
+#include "op-checks.h"
 #include "attn.cuh"
 #include "cross-entropy.cuh"
 #include "elementwise.cuh"
@@ -235,28 +236,6 @@ const char * cuda_placement_error(oomb_backend_t b, const oomb_tensor * t) {
     return "not in this CUDA backend's memory (host tensors must be uploaded to a CUDA buffer)";
 }
 
-// ---------------------------------------------------------------------------------------------
-// Source preparation (as in ops-cpu.cpp)
-// ---------------------------------------------------------------------------------------------
-
-
-// t, or a contiguous copy of it (same type) in scratch slot `slot` when its rows are not unit-stride
-// and need_unit_rows, or when it overlaps dst with a different layout.
-oomb_tensor prep_src(oomb_cuda_ctx & c, const oomb_tensor * t, const oomb_tensor * dst, int slot, bool need_unit_rows) {
-    oomb_tensor r = *t;
-    bool copy = false;
-    if (need_unit_rows && t->ne[0] > 1 && t->nb[0] != oomb_type_size(t->type)) copy = true;
-    if (dst && t != dst && oomb::tensors_overlap(t, dst) && !oomb::tensors_same_layout(t, dst)) copy = true;
-    if (!copy) return r;
-    r.nb[0] = oomb_type_size(r.type);
-    for (int i = 1; i < 4; i++) r.nb[i] = r.nb[i - 1] * (size_t) r.ne[i - 1];
-    r.view_src = nullptr;
-    r.data = c.scratch(slot, oomb_nbytes(&r));
-    oomb_cuda_copy_tensor(c, t, &r);
-    return r;
-}
-
-
 
 // ---------------------------------------------------------------------------------------------
 // Dispatch
@@ -283,21 +262,13 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
         default:
             break;
     }
-    oomb::check_op_result(node);
-
+    // result layout, sources prepared as on the CPU (src/op-checks.h), checked
     oomb_tensor srcs[OOMB_MAX_SRC];
     const oomb_tensor * s[OOMB_MAX_SRC] = {nullptr};
-    for (int i = 0; i < OOMB_MAX_SRC; i++) {
-        const oomb_tensor * t = node->src[i];
-        if (!t) continue;
-        if (!oomb::op_prepares_src(op, i, t)) {
-            s[i] = t;
-            continue;
-        }
-        srcs[i] = prep_src(c, t, node, i, oomb::op_needs_unit_rows(op, i));
-        s[i] = &srcs[i];
-    }
-    oomb::check_op_sources(node, s);  // presence and f32-ness per op (oomb-impl.h)
+    oomb::prepare_sources(node, srcs, s, [&](const oomb_tensor * t, int slot, oomb_tensor * r) {
+        r->data = c.scratch(slot, oomb_nbytes(r));
+        oomb_cuda_copy_tensor(c, t, r);
+    });
     const char * opn = oomb_op_name(op);
 
     switch (op) {
