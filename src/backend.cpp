@@ -162,8 +162,20 @@ void oomb::backend_init_buffer_types(oomb_backend_t b, const char * device_name,
     b->buft_host.device = backend_is_host;   // a host backend's "host" memory is its own memory
 }
 
-oomb_buffer_type_t oomb_backend_buffer_type(oomb_backend_t backend) { return &backend->buft_device; }
-oomb_buffer_type_t oomb_backend_host_buffer_type(oomb_backend_t backend) { return &backend->buft_host; }
+// A backend made without oomb::backend_init_buffer_types (e.g. a test's own vtable) gets default ones.
+static void ensure_buffer_types(oomb_backend_t b) {
+    if (!b->buft_device.backend) {
+        oomb::backend_init_buffer_types(b, b->iface->name(b), "Host", b->iface->is_host(b));
+    }
+}
+oomb_buffer_type_t oomb_backend_buffer_type(oomb_backend_t backend) {
+    ensure_buffer_types(backend);
+    return &backend->buft_device;
+}
+oomb_buffer_type_t oomb_backend_host_buffer_type(oomb_backend_t backend) {
+    ensure_buffer_types(backend);
+    return &backend->buft_host;
+}
 const char * oomb_buffer_type_name(oomb_buffer_type_t buft) { return buft->name; }
 size_t oomb_buffer_type_alignment(oomb_buffer_type_t buft) { return buft->alignment; }
 bool oomb_buffer_type_is_host(oomb_buffer_type_t buft) { return buft->is_host; }
@@ -187,7 +199,7 @@ oomb_buffer_t oomb_buffer_type_alloc(oomb_buffer_type_t buft, size_t size) {
     return buf;
 }
 oomb_buffer_t oomb_backend_alloc_buffer(oomb_backend_t backend, size_t size) {
-    return oomb_buffer_type_alloc(&backend->buft_device, size);
+    return oomb_buffer_type_alloc(oomb_backend_buffer_type(backend), size);
 }
 void oomb_buffer_free(oomb_buffer_t buffer) {
     if (!buffer) return;
