@@ -3,6 +3,7 @@
 // on the stream, in order). Kernel families live in one .cu/.cuh pair each (see common.cuh).
 
 #include "common.cuh"
+#include "op-checks.h"
 #include "attn.cuh"
 #include "cross-entropy.cuh"
 #include "elementwise.cuh"
@@ -37,13 +38,13 @@ using oomb::shape_str;
 // ---------------------------------------------------------------------------------------------
 
 void oomb_cuda_fail(const char * what, const char * file, int line, const char * msg) {
-    oomb_error("cuda: %s failed at %s:%d: %s", what, file, line, msg);
+    oomb::fail(OOMB_STATUS_DEVICE_ERROR, "cuda: %s failed at %s:%d: %s", what, file, line, msg);
 }
 
 void oomb_cuda_after_launch(oomb_cuda_ctx & c, const char * kernel, const char * file, int line) {
     cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess && c.sync_each) e = cudaStreamSynchronize(c.stream);
-    if (e != cudaSuccess) oomb_error("cuda: kernel %s failed at %s:%d: %s", kernel, file, line, cudaGetErrorString(e));
+    if (e != cudaSuccess) oomb::fail(OOMB_STATUS_DEVICE_ERROR, "cuda: kernel %s failed at %s:%d: %s", kernel, file, line, cudaGetErrorString(e));
 }
 
 void oomb_cuda_ctx::bf16_copies_after(const oomb_tensor * node) {
@@ -76,10 +77,11 @@ void oomb_cuda_ctx::bf16_copies_after(const oomb_tensor * node) {
 void * oomb_cuda_ctx::scratch(int slot, size_t bytes) {
     if (slot < 0 || slot >= N_SLOTS) oomb_error("cuda: scratch slot %d out of range", slot);
     if (bytes <= slot_cap[slot] && slot_ptr[slot]) return slot_ptr[slot];
+    // Stream-ordered (no host or device synchronization): the old block is freed after the
+    // kernels already queued on the compute stream (the only users of scratch) have run, and the
+    // new one is usable by work queued after this point.
     if (slot_ptr[slot]) {
-        // kernels already queued may still read the old block
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-        CUDA_CHECK(cudaFree(slot_ptr[slot]));
+        CUDA_CHECK(cudaFreeAsync(slot_ptr[slot], stream));
         slot_ptr[slot] = nullptr;
         slot_cap[slot] = 0;
     }
@@ -87,10 +89,10 @@ void * oomb_cuda_ctx::scratch(int slot, size_t bytes) {
     sz += sz / 4; // headroom for slowly growing requests
     sz = (sz + 255) & ~(size_t) 255;
     void * p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, sz);
+    const cudaError_t e = cudaMallocAsync(&p, sz, stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        oomb_error("cuda: out of device memory allocating %zu bytes of scratch: %s", sz, cudaGetErrorString(e));
+        oomb::fail(OOMB_STATUS_ALLOC_FAILED, "cuda: out of device memory allocating %zu bytes of scratch: %s", sz, cudaGetErrorString(e));
     }
     slot_ptr[slot] = p;
     slot_cap[slot] = sz;
@@ -125,7 +127,75 @@ void cuda_free_mem(oomb_backend_t b, void * base) {
     oomb_cuda_ctx * c = ctx_of(b);
     set_device(c);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->copy_stream));
     CUDA_CHECK(cudaFree(base));
+}
+
+// Pinned host memory (the host buffer type): counted by oomb_pinned_host_bytes (backend.cpp).
+void * cuda_alloc_host(oomb_backend_t b, size_t size) {
+    set_device(ctx_of(b));
+    void * p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, size > 0 ? size : 1, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        fprintf(stderr, "oomb: cudaHostAlloc of %zu bytes failed: %s\n", size, cudaGetErrorString(e));
+        return nullptr;
+    }
+    return p;
+}
+void cuda_free_host(oomb_backend_t b, void * base) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    // queued copies may still read or write it
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->copy_stream));
+    CUDA_CHECK(cudaFreeHost(base));
+}
+
+cudaStream_t queue_stream(oomb_cuda_ctx * c, enum oomb_queue q) { return q == OOMB_QUEUE_COPY ? c->copy_stream : c->stream; }
+
+// dst and src: host memory (pinned or pageable) or device memory; UVA finds the direction.
+void cuda_copy_async(oomb_backend_t b, enum oomb_queue q, void * dst, const void * src, size_t size) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    if (c->fail_next_copy != cudaSuccess) {
+        const cudaError_t e = c->fail_next_copy;
+        c->fail_next_copy = cudaSuccess;
+        oomb_cuda_fail("cudaMemcpyAsync (injected by oomb_cuda_debug_fail_next_copy)", __FILE__, __LINE__, cudaGetErrorString(e));
+    }
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, size, cudaMemcpyDefault, queue_stream(c, q)));
+}
+void cuda_queue_synchronize(oomb_backend_t b, enum oomb_queue q) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    CUDA_CHECK(cudaStreamSynchronize(queue_stream(c, q)));
+}
+void * cuda_event_new(oomb_backend_t b) {
+    set_device(ctx_of(b));
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return (void *) e;
+}
+void cuda_event_free(oomb_backend_t b, void * ev) {
+    set_device(ctx_of(b));
+    cudaEventDestroy((cudaEvent_t) ev);
+}
+void cuda_event_record(oomb_backend_t b, void * ev, enum oomb_queue q) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t) ev, queue_stream(c, q)));
+}
+void cuda_event_wait(oomb_backend_t b, void * ev, enum oomb_queue q) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    set_device(c);
+    CUDA_CHECK(cudaStreamWaitEvent(queue_stream(c, q), (cudaEvent_t) ev, 0));
+}
+void cuda_event_synchronize(oomb_backend_t, void * ev) { CUDA_CHECK(cudaEventSynchronize((cudaEvent_t) ev)); }
+bool cuda_event_query(oomb_backend_t, void * ev) {
+    const cudaError_t e = cudaEventQuery((cudaEvent_t) ev);
+    if (e == cudaErrorNotReady) return false;
+    if (e != cudaSuccess) cudaGetLastError();
+    return true;   // complete (or failed: event_synchronize reports the error)
 }
 void cuda_set(oomb_backend_t b, void * dst, const void * src, size_t size) {
     oomb_cuda_ctx * c = ctx_of(b);
@@ -160,46 +230,11 @@ void cuda_synchronize(oomb_backend_t b) {
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
 }
 
-void check_data(oomb_backend_t b, const oomb_tensor * node, const oomb_tensor * t, int src_index) {
-    if (oomb_nelements(t) == 0) return;
-    char what[64];
-    if (src_index < 0) snprintf(what, sizeof(what), "node");
-    else snprintf(what, sizeof(what), "src[%d]", src_index);
-    if (!t->data) {
-        if (src_index < 0) {
-            oomb_error("graph_compute: node %s (op %s) has no data (allocate the graph first)", shape_str(t).c_str(), oomb_op_name(t->op));
-        }
-        oomb_error("graph_compute: %s %s of node %s (op %s) has no data (allocate the graph first)", what, shape_str(t).c_str(),
-                   shape_str(node).c_str(), oomb_op_name(node->op));
-    }
+const char * cuda_placement_error(oomb_backend_t b, const oomb_tensor * t) {
     const oomb_tensor * o = t->view_src ? t->view_src : t;
-    if (!o->buffer || o->buffer->backend != b) {
-        oomb_error("graph_compute: %s %s of node %s (op %s) is not in this CUDA backend's memory (host tensors must be uploaded "
-                   "to a CUDA buffer)", what, shape_str(t).c_str(), shape_str(node).c_str(), oomb_op_name(node->op));
-    }
+    if (o->buffer && o->buffer->backend == b && o->buffer->buft == &b->buft_device) return nullptr;
+    return "not in this CUDA backend's memory (host tensors must be uploaded to a CUDA buffer)";
 }
-
-// ---------------------------------------------------------------------------------------------
-// Source preparation (as in ops-cpu.cpp)
-// ---------------------------------------------------------------------------------------------
-
-
-// t, or a contiguous copy of it (same type) in scratch slot `slot` when its rows are not unit-stride
-// and need_unit_rows, or when it overlaps dst with a different layout.
-oomb_tensor prep_src(oomb_cuda_ctx & c, const oomb_tensor * t, const oomb_tensor * dst, int slot, bool need_unit_rows) {
-    oomb_tensor r = *t;
-    bool copy = false;
-    if (need_unit_rows && t->ne[0] > 1 && t->nb[0] != oomb_type_size(t->type)) copy = true;
-    if (dst && t != dst && oomb::tensors_overlap(t, dst) && !oomb::tensors_same_layout(t, dst)) copy = true;
-    if (!copy) return r;
-    r.nb[0] = oomb_type_size(r.type);
-    for (int i = 1; i < 4; i++) r.nb[i] = r.nb[i - 1] * (size_t) r.ne[i - 1];
-    r.view_src = nullptr;
-    r.data = c.scratch(slot, oomb_nbytes(&r));
-    oomb_cuda_copy_tensor(c, t, &r);
-    return r;
-}
-
 
 
 // ---------------------------------------------------------------------------------------------
@@ -214,8 +249,8 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
         case OOMB_OP_PAGED_ATTN:
         case OOMB_OP_PAGED_ATTN_BACK:
 #if OOMB_CUDA_HAVE_PAGED
-            if (op == OOMB_OP_PAGED_ATTN) oomb_cuda_paged_attn(c.stream, node);
-            else oomb_cuda_paged_attn_back(c.stream, node);
+            if (op == OOMB_OP_PAGED_ATTN) oomb_cuda_paged_attn(c, node);
+            else oomb_cuda_paged_attn_back(c, node);
             OOMB_CUDA_LAUNCHED(c, oomb_op_name(op));
             return;
 #else
@@ -227,21 +262,13 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
         default:
             break;
     }
-    oomb::check_op_result(node);
-
+    // result layout, sources prepared as on the CPU (src/op-checks.h), checked
     oomb_tensor srcs[OOMB_MAX_SRC];
     const oomb_tensor * s[OOMB_MAX_SRC] = {nullptr};
-    for (int i = 0; i < OOMB_MAX_SRC; i++) {
-        const oomb_tensor * t = node->src[i];
-        if (!t) continue;
-        if (!oomb::op_prepares_src(op, i, t)) {
-            s[i] = t;
-            continue;
-        }
-        srcs[i] = prep_src(c, t, node, i, oomb::op_needs_unit_rows(op, i));
-        s[i] = &srcs[i];
-    }
-    oomb::check_op_sources(node, s);  // presence and f32-ness per op (oomb-impl.h)
+    oomb::prepare_sources(node, srcs, s, [&](const oomb_tensor * t, int slot, oomb_tensor * r) {
+        r->data = c.scratch(slot, oomb_nbytes(r));
+        oomb_cuda_copy_tensor(c, t, r);
+    });
     const char * opn = oomb_op_name(op);
 
     switch (op) {
@@ -285,7 +312,7 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
 }
 
 // Reports (and clears) a data-dependent error recorded by a kernel of graph g.
-void check_recorded_error(oomb_cuda_ctx & c, oomb_cgraph * g) {
+void check_recorded_error(oomb_backend_t b, oomb_cuda_ctx & c, oomb_cgraph * g) {
     oomb_cuda_err_rec rec;
     CUDA_CHECK(cudaMemcpyAsync(&rec, c.d_err, sizeof(rec), cudaMemcpyDeviceToHost, c.stream));
     CUDA_CHECK(cudaStreamSynchronize(c.stream));
@@ -294,6 +321,7 @@ void check_recorded_error(oomb_cuda_ctx & c, oomb_cgraph * g) {
     CUDA_CHECK(cudaMemsetAsync(c.d_err, 0, sizeof(rec), c.stream));
     CUDA_CHECK(cudaStreamSynchronize(c.stream));
     const oomb_tensor * node = rec.node >= 0 && (size_t) rec.node < g->nodes.size() ? g->nodes[(size_t) rec.node] : nullptr;
+    if (node) b->cur_node = rec.node;  // the status message names the node that recorded the error
     if (!node) oomb_error("cuda: a kernel reported an out-of-range id or label (node %d)", rec.node);
     const char * opn = oomb_op_name(node->op);
     if (rec.kind == OOMB_CUDA_ERR_ID) {
@@ -338,6 +366,11 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
     oomb_cuda_ctx * c = ctx_of(b);
     set_device(c);
     c->bf16_copies_clear();  // the host may have written any tensor since the last graph
+    if (c->check_err) {
+        // a previous graph failed before its recorded errors were read: drop them (stream-ordered)
+        CUDA_CHECK(cudaMemsetAsync(c->d_err, 0, sizeof(oomb_cuda_err_rec), c->stream));
+        c->check_err = false;
+    }
     if (c->profile) {
         while (c->prof_events.size() < 2 * g->nodes.size()) {
             cudaEvent_t e;
@@ -351,14 +384,8 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
             node->op == OOMB_OP_TRANSPOSE) {
             continue;
         }
+        oomb::backend_begin_node(b, (int) i);
         if (c->profile) CUDA_CHECK(cudaEventRecord(c->prof_events[2 * i], c->stream));
-        check_data(b, node, node, -1);
-        for (int k = 0; k < OOMB_MAX_SRC; k++) {
-            const oomb_tensor * s = node->src[k];
-            if (!s) continue;
-            if (k == 1 && (node->op == OOMB_OP_REPEAT || node->op == OOMB_OP_REPEAT_BACK)) continue; // shape only
-            check_data(b, node, s, k);
-        }
         c->cur_node = (int) i;
         compute_node(*c, node);
         c->bf16_copies_after(node);
@@ -380,13 +407,14 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
             }
         }
     }
-    if (c->check_err) check_recorded_error(*c, g);
+    if (c->check_err) check_recorded_error(b, *c, g);
 }
 
 void cuda_free_backend(oomb_backend_t b) {
     oomb_cuda_ctx * c = ctx_of(b);
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
+    cudaStreamSynchronize(c->copy_stream);
     if (c->profile) {
         double total = 0;
         for (int op = 0; op < OOMB_OP_COUNT; op++) total += c->prof_ms[op];
@@ -414,12 +442,14 @@ void cuda_free_backend(oomb_backend_t b) {
         for (cudaEvent_t e : c->prof_events) cudaEventDestroy(e);
     }
     for (int i = 0; i < oomb_cuda_ctx::N_SLOTS; i++) {
-        if (c->slot_ptr[i]) cudaFree(c->slot_ptr[i]);
+        if (c->slot_ptr[i]) cudaFreeAsync(c->slot_ptr[i], c->stream);
     }
+    cudaStreamSynchronize(c->stream);
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->cublas_ws) cudaFree(c->cublas_ws);
     if (c->d_err) cudaFree(c->d_err);
     if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
     delete c;
     delete b;
 }
@@ -436,6 +466,17 @@ const oomb_backend_i k_cuda_iface = {
     /* synchronize   */ cuda_synchronize,
     /* free_backend  */ cuda_free_backend,
     /* memory        */ cuda_memory,
+    /* placement_error */ cuda_placement_error,
+    /* alloc_host    */ cuda_alloc_host,
+    /* free_host     */ cuda_free_host,
+    /* copy_async    */ cuda_copy_async,
+    /* queue_synchronize */ cuda_queue_synchronize,
+    /* event_new     */ cuda_event_new,
+    /* event_free    */ cuda_event_free,
+    /* event_record  */ cuda_event_record,
+    /* event_wait    */ cuda_event_wait,
+    /* event_synchronize */ cuda_event_synchronize,
+    /* event_query   */ cuda_event_query,
 };
 
 } // namespace
@@ -477,6 +518,7 @@ oomb_backend_t oomb_backend_cuda_init(int device) {
         c->profile = c->profile_level != 0;
     }
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->cublas));
     CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
     c->cublas_ws_size = (size_t) 32 << 20;
@@ -488,5 +530,14 @@ oomb_backend_t oomb_backend_cuda_init(int device) {
     auto * b = new oomb_backend();
     b->iface = &k_cuda_iface;
     b->ctx = c;
+    c->buft_name = "CUDA" + std::to_string(device);
+    oomb::backend_init_buffer_types(b, c->buft_name.c_str(), "CUDA_Host", false);
     return b;
+}
+
+// Test hook: the next asynchronous copy of this CUDA backend fails as if cudaMemcpyAsync had
+// returned `cuda_error` (the same error path as a real fault: a status, not an abort).
+void oomb_cuda_debug_fail_next_copy(oomb_backend_t backend, int cuda_error) {
+    if (!backend || backend->iface != &k_cuda_iface) oomb_error("cuda_debug_fail_next_copy: not a CUDA backend");
+    ctx_of(backend)->fail_next_copy = (cudaError_t) cuda_error;
 }

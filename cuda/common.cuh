@@ -66,7 +66,10 @@ struct oomb_cuda_err_rec {
 // One CUDA backend: device, stream, cuBLAS, scratch.
 struct oomb_cuda_ctx {
     int device = 0;
-    cudaStream_t stream = nullptr;
+    cudaStream_t stream = nullptr;       // OOMB_QUEUE_COMPUTE: kernels, cuBLAS, synchronous set/get
+    cudaStream_t copy_stream = nullptr;  // OOMB_QUEUE_COPY: asynchronous copies beside the kernels
+    std::string buft_name;               // "CUDA<device>"
+    cudaError_t fail_next_copy = cudaSuccess;  // oomb_cuda_debug_fail_next_copy (tests)
     cublasHandle_t cublas = nullptr;
     void * cublas_ws = nullptr;
     size_t cublas_ws_size = 0;
@@ -74,8 +77,9 @@ struct oomb_cuda_ctx {
 
     // Persistent scratch blocks that grow on demand (contents are not kept when one grows).
     // Slots [0, OOMB_MAX_SRC) hold prepared sources; kernels use the ones after.
-    enum { N_SLOTS = 24, SLOT_K0 = OOMB_MAX_SRC, N_BF16_COPIES = 4, SLOT_BF16 = N_SLOTS - N_BF16_COPIES };
-    static_assert(SLOT_K0 + 5 <= SLOT_BF16, "kernels use scratch slots up to SLOT_K0 + 4 (linear_cross_entropy)");
+    // SLOT_PAGED: paged attention's workspace (paged-attn.cu).
+    enum { N_SLOTS = 24, SLOT_K0 = OOMB_MAX_SRC, N_BF16_COPIES = 4, SLOT_BF16 = N_SLOTS - N_BF16_COPIES, SLOT_PAGED = SLOT_K0 + 5 };
+    static_assert(SLOT_PAGED < SLOT_BF16, "kernels use scratch slots up to SLOT_K0 + 4 (linear_cross_entropy), then SLOT_PAGED");
     void * slot_ptr[N_SLOTS] = {nullptr};
     size_t slot_cap[N_SLOTS] = {0};
 
@@ -92,6 +96,9 @@ struct oomb_cuda_ctx {
     double prof_ms[OOMB_OP_COUNT] = {0};
     int64_t prof_count[OOMB_OP_COUNT] = {0};
 
+    // Scratch block of slot `slot`, at least `bytes`, for work queued on `stream`. Grows
+    // stream-ordered (cudaFreeAsync / cudaMallocAsync on the stream, no synchronization); out of
+    // memory is a compute-time fault (OOMB_STATUS_ALLOC_FAILED).
     void * scratch(int slot, size_t bytes);
 
     // bf16 copies of f32 GEMM operands (mul-mat.cu) in scratch slots SLOT_BF16..: a copy is reused

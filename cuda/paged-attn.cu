@@ -28,7 +28,7 @@
 // out) when the forward also ran the generic kernels, else it recomputes them in f32.
 
 #include "paged-attn.cuh"
-#include "oomb-impl.h"
+#include "common.cuh"
 #include "wgmma.cuh"
 
 #include <cuda_bf16.h>
@@ -41,12 +41,7 @@
 #include <cstdlib>
 #include <mutex>
 
-#define PA_CHECK(call)                                                                                   \
-    do {                                                                                                 \
-        cudaError_t _e = (call);                                                                         \
-        if (_e != cudaSuccess) oomb_error("cuda paged_attn: %s: %s (%s:%d)", #call, cudaGetErrorString(_e), \
-                                          __FILE__, __LINE__);                                           \
-    } while (0)
+#define PA_CHECK(call) CUDA_CHECK(call)   // the backend's error macros (common.cuh)
 #define PA_LAUNCH_CHECK() PA_CHECK(cudaGetLastError())
 
 namespace {
@@ -1009,32 +1004,10 @@ __global__ void pa_maxpos_kernel(const int32_t * pos, int T, int * maxpos) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Workspace (grow-only, one per device)
+// Workspace: the backend context's scratch (stream-ordered growth, common.cuh)
 // ---------------------------------------------------------------------------------------------
 
-struct Workspace {
-    void * ptr = nullptr;
-    size_t size = 0;
-};
-std::mutex g_ws_mutex;
-Workspace g_ws[64];
-
-void * workspace(cudaStream_t stream, size_t bytes) {
-    int dev = 0;
-    PA_CHECK(cudaGetDevice(&dev));
-    std::lock_guard<std::mutex> lock(g_ws_mutex);
-    Workspace & w = g_ws[dev & 63];
-    if (w.size < bytes) {
-        if (w.ptr) {
-            PA_CHECK(cudaDeviceSynchronize()); // the old workspace may still be in use by queued work
-            PA_CHECK(cudaFree(w.ptr));
-        }
-        const size_t sz = bytes + bytes / 4;
-        PA_CHECK(cudaMalloc(&w.ptr, sz));
-        w.size = sz;
-    }
-    return w.ptr;
-}
+void * workspace(oomb_cuda_ctx & c, size_t bytes) { return c.scratch(oomb_cuda_ctx::SLOT_PAGED, bytes); }
 
 struct Carver {
     char * p;
@@ -1345,7 +1318,8 @@ static void cache_copy(cudaStream_t stream, oomb_tensor * dst, const int32_t * p
     PA_LAUNCH_CHECK();
 }
 
-void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
+void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
+    cudaStream_t stream = c.stream;
     const oomb_tensor * q = dst->src[0];
     const oomb_tensor * kc = dst->src[1];
     const oomb_tensor * vc = dst->src[2];
@@ -1401,7 +1375,8 @@ void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
     if (cache_mode == 1) cache_copy(stream, dst, G.pos, n_out, n_lse, cache_row, 1);
 }
 
-void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
+void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
+    cudaStream_t stream = c.stream;
     const oomb_tensor * q = dst->src[0];
     const oomb_tensor * kp = dst->src[1];
     const oomb_tensor * vp = dst->src[2];
@@ -1438,7 +1413,7 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
         const size_t n_rows = (size_t) G.Hkv * TGp;
         const size_t bytes = 2 * carve_size(n_rows * G.D * sizeof(bf16)) + 2 * carve_size(n_rows * sizeof(float)) +
                              carve_size(TGp * sizeof(int)) + 2 * carve_size(n_rt * sizeof(int)) + carve_size(sizeof(int));
-        Carver cv{(char *) workspace(stream, bytes)};
+        Carver cv{(char *) workspace(c, bytes)};
         bf16 * qb = cv.take<bf16>(n_rows * G.D);
         bf16 * dob = cv.take<bf16>(n_rows * G.D);
         float * lse = cv.take<float>(n_rows);
@@ -1504,7 +1479,7 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
     } else {
         const int64_t rows = (int64_t) G.T * G.H;
         const size_t bytes = 2 * carve_size(rows * sizeof(float)) + carve_size(sizeof(int));
-        Carver cv{(char *) workspace(stream, bytes)};
+        Carver cv{(char *) workspace(c, bytes)};
         float * lse = cv.take<float>(rows);
         float * delta = cv.take<float>(rows);
         int * maxpos = cv.take<int>(1);

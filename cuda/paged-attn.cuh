@@ -7,8 +7,10 @@
 
 #include "oomb.h"
 
-void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst);
-void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst);
+// Launchers: queue the kernels on c.stream; workspace from c's scratch (slot SLOT_PAGED).
+struct oomb_cuda_ctx;
+void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst);
+void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst);
 
 /// Whether the Hopper wgmma kernels run the forward (backward = 0) or the backward (1) of paged
 /// attention with bf16 pools of this head dim and page size on the current device: an sm_90a build

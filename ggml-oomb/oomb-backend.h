@@ -6,6 +6,34 @@
 // arena planned by the graph allocator (oomb-alloc.h) for the intermediate tensors of a graph.
 // Tensors of a context created without no_alloc hold context-owned host memory, which the CPU
 // backend computes on directly.
+//
+// Errors. Two kinds, reported two ways:
+//   - Programming errors (a NULL backend or graph, a graph whose tensors have no data or lie in
+//     memory the backend cannot use, a stale graph allocation, out-of-range or non-contiguous
+//     tensor copies, a tensor in the wrong buffer): found before any work is queued and reported
+//     through the error handler (oomb.h: by default print and abort()).
+//   - Compute-time faults, found while a graph is being computed: data-dependent errors (ids or
+//     labels out of range, page tables pointing outside the cache), CUDA errors (a kernel or copy
+//     that failed, out of device memory for scratch), an op the backend does not implement, and a
+//     stop asked for by the abort callback. oomb_backend_graph_compute returns them as a status
+//     (never through the handler) and oomb_backend_last_error() says which node failed and why:
+//     "node <i> (<op>: <result> <- <sources>): <message>".
+//
+// Memory and queues (v2, after ggml-backend.h).
+//   - Buffer types: every backend has two. oomb_backend_buffer_type() is its own memory (CUDA:
+//     device memory, cudaMalloc; CPU: aligned host memory); oomb_backend_host_buffer_type() is
+//     host memory the backend copies to and from fastest (CUDA: pinned, cudaHostAlloc, counted
+//     by oomb_pinned_host_bytes(); CPU: aligned host memory). A tensor placed in a host buffer
+//     is a host tensor (the CPU backend and oomb_get/set_f32_* can use it directly).
+//   - Queues: a backend has a compute queue (graph_compute, the synchronous oomb_tensor_set/get)
+//     and a copy queue (CUDA: a second stream, so uploads / downloads overlap kernels). The
+//     asynchronous copies take the queue; work on one queue runs in order, work on different
+//     queues is unordered unless an event orders it: record an event on one queue after the
+//     copy, make the other queue wait for it. A host buffer passed to an asynchronous copy must
+//     stay untouched until the copy completed (event_synchronize or queue_synchronize); pinned
+//     memory makes CUDA copies truly asynchronous (pageable memory works, but the host waits).
+//   - The CPU backend implements all of it synchronously: copies finish before they return and
+//     events are complete at once.
 #pragma once
 
 #include "oomb.h"
@@ -16,6 +44,29 @@ extern "C" {
 
 typedef struct oomb_backend * oomb_backend_t;
 typedef struct oomb_buffer  * oomb_buffer_t;
+typedef struct oomb_buffer_type * oomb_buffer_type_t;
+typedef struct oomb_event   * oomb_event_t;
+
+/// The queues of a backend (see the top of this file).
+enum oomb_queue {
+    OOMB_QUEUE_COMPUTE = 0,
+    OOMB_QUEUE_COPY    = 1,
+};
+
+/// Result of the backend calls that can fault at run time (graph_compute, asynchronous copies).
+enum oomb_status {
+    OOMB_STATUS_OK           = 0,
+    OOMB_STATUS_FAILED       = 1, // a data-dependent error or an op the backend does not implement
+    OOMB_STATUS_ABORTED      = 2, // the abort callback asked to stop (the nodes before it ran)
+    OOMB_STATUS_ALLOC_FAILED = 3, // out of memory for scratch
+    OOMB_STATUS_DEVICE_ERROR = 4, // the device reported an error (CUDA: a failed kernel or copy)
+};
+/// "ok", "failed", "aborted", "alloc failed", "device error".
+const char * oomb_status_name(enum oomb_status status);
+
+/// Polled before every node of oomb_backend_graph_compute; returning true stops the computation
+/// (status OOMB_STATUS_ABORTED).
+typedef bool (*oomb_abort_callback_t)(void * data);
 
 /// CPU backend. n_threads <= 0 uses every hardware thread. Matrix products go through OpenBLAS.
 oomb_backend_t oomb_backend_cpu_init(int n_threads);
@@ -35,17 +86,47 @@ bool oomb_backend_is_host(oomb_backend_t backend);   // its buffers are host mem
 /// backend has no separate device memory (CPU).
 bool oomb_backend_memory(oomb_backend_t backend, size_t * used, size_t * total);
 /// Computes every node of g in order. All tensors must have data in this backend's memory.
-/// Errors (a tensor without data, ids out of range, ...) go through the error handler.
-void oomb_backend_graph_compute(oomb_backend_t backend, struct oomb_cgraph * g);
+/// Programming errors (a tensor without data or in another backend's memory, a stale allocation)
+/// go through the error handler before anything runs. Compute-time faults (ids or labels out of
+/// range, CUDA errors, an unsupported op, the abort callback) return a status other than
+/// OOMB_STATUS_OK; oomb_backend_last_error() then names the node (index, op, shapes) and the fault.
+/// The results of the nodes after a failed one are undefined.
+enum oomb_status oomb_backend_graph_compute(oomb_backend_t backend, struct oomb_cgraph * g);
+/// The message of the backend's last failed call ("" after a call that succeeded). Valid until
+/// the next call on the backend.
+const char * oomb_backend_last_error(oomb_backend_t backend);
+/// The message of the last failed graph_compute or asynchronous copy on the calling thread (any
+/// backend; "" if none), and in *n_failures (may be NULL) how many have failed on this thread so far:
+/// for wrappers that see a failure without the backend at hand (tests: EXPECT_OOMB_ERROR).
+const char * oomb_last_compute_error(uint64_t * n_failures);
+/// Sets (or with NULL clears) the callback polled before every node of graph_compute.
+void oomb_backend_set_abort_callback(oomb_backend_t backend, oomb_abort_callback_t cb, void * data);
 /// Waits for queued work (no-op on the CPU).
 void oomb_backend_synchronize(oomb_backend_t backend);
 
 /// A block of backend memory, 256-byte aligned. size 0 is allowed (base may then be NULL).
+/// The same as oomb_buffer_type_alloc(oomb_backend_buffer_type(backend), size).
 oomb_buffer_t oomb_backend_alloc_buffer(oomb_backend_t backend, size_t size);
 void   oomb_buffer_free(oomb_buffer_t buffer);
 void * oomb_buffer_base(oomb_buffer_t buffer);
 size_t oomb_buffer_size(oomb_buffer_t buffer);
 oomb_backend_t oomb_buffer_backend(oomb_buffer_t buffer);
+oomb_buffer_type_t oomb_buffer_get_type(oomb_buffer_t buffer);
+/// true when the buffer is host memory (CPU buffers, pinned host buffers).
+bool oomb_buffer_is_host(oomb_buffer_t buffer);
+
+/// The backend's own memory ("CPU", "CUDA0", ...) and its host staging memory ("CPU_Host",
+/// "CUDA_Host": pinned). Owned by the backend (valid until it is freed).
+oomb_buffer_type_t oomb_backend_buffer_type(oomb_backend_t backend);
+oomb_buffer_type_t oomb_backend_host_buffer_type(oomb_backend_t backend);
+const char * oomb_buffer_type_name(oomb_buffer_type_t buft);
+size_t oomb_buffer_type_alignment(oomb_buffer_type_t buft);   // bytes (256)
+bool oomb_buffer_type_is_host(oomb_buffer_type_t buft);
+/// A buffer of `size` bytes of this type (size 0 allowed); NULL when the memory is not available.
+oomb_buffer_t oomb_buffer_type_alloc(oomb_buffer_type_t buft, size_t size);
+/// Bytes of pinned host memory (host buffer types of device backends) allocated and not yet freed
+/// by this process: pinned memory cannot be swapped, compare it with the machine's RAM.
+size_t oomb_pinned_host_bytes(void);
 
 /// Places t at byte `offset` of buffer (sets t->data and t->buffer). Errors if it does not fit.
 void oomb_tensor_alloc(oomb_buffer_t buffer, struct oomb_tensor * t, size_t offset);
@@ -60,6 +141,35 @@ void oomb_tensor_set(struct oomb_tensor * t, const void * data, size_t offset, s
 void oomb_tensor_get(const struct oomb_tensor * t, void * data, size_t offset, size_t size);
 /// Sets every byte of t's data to `value` (t contiguous).
 void oomb_tensor_memset(struct oomb_tensor * t, uint8_t value);
+/// Asynchronous versions on queue q of `backend` (see the top of this file): t must be in a buffer
+/// of `backend` (either type) and contiguous over [offset, offset + size); `data` is host memory
+/// (pinned for a truly asynchronous CUDA copy) that must stay valid until the copy completed.
+/// Misuse (range, contiguity, another backend's tensor) goes through the error handler naming the
+/// tensor; a fault of the copy itself (a CUDA error) returns a status (oomb_backend_last_error).
+enum oomb_status oomb_tensor_set_async(oomb_backend_t backend, enum oomb_queue q, struct oomb_tensor * t, const void * data,
+                                       size_t offset, size_t size);
+enum oomb_status oomb_tensor_get_async(oomb_backend_t backend, enum oomb_queue q, const struct oomb_tensor * t, void * data,
+                                       size_t offset, size_t size);
+/// Copies src's bytes into dst on queue q of `backend`: same byte size, both contiguous, each in a
+/// buffer of `backend` (device or host) or a host tensor (host pinned <-> device, device <-> device).
+enum oomb_status oomb_tensor_copy_async(oomb_backend_t backend, enum oomb_queue q, const struct oomb_tensor * src,
+                                        struct oomb_tensor * dst);
+/// Waits until everything queued on q has finished.
+enum oomb_status oomb_backend_queue_synchronize(oomb_backend_t backend, enum oomb_queue q);
+
+/// Events: a point in a queue's work. NULL when the backend cannot create one (CUDA error).
+oomb_event_t oomb_event_new(oomb_backend_t backend);
+void oomb_event_free(oomb_event_t event);
+/// Marks the current end of queue q of the event's backend.
+enum oomb_status oomb_event_record(oomb_event_t event, enum oomb_queue q);
+/// Work queued on q of `backend` after this call waits for the event (no host wait). The event's
+/// backend must be of the same kind (a CPU event is complete: nothing to wait for).
+enum oomb_status oomb_event_wait(oomb_backend_t backend, enum oomb_queue q, oomb_event_t event);
+/// Host waits until the event completed.
+enum oomb_status oomb_event_synchronize(oomb_event_t event);
+/// true when the event completed (or was never recorded).
+bool oomb_event_query(oomb_event_t event);
+
 /// Convenience for f32 tensors: copy n floats in / out (n == nelements(t)).
 void oomb_tensor_set_f32(struct oomb_tensor * t, const float * data, int64_t n);
 void oomb_tensor_get_f32(const struct oomb_tensor * t, float * data, int64_t n);

@@ -141,36 +141,15 @@ void cpu_get(oomb_backend_t, void * dst, const void * src, size_t size) { memcpy
 void cpu_memset(oomb_backend_t, void * dst, uint8_t value, size_t size) { memset(dst, value, size); }
 void cpu_synchronize(oomb_backend_t) {}
 
-void check_data(const oomb_tensor * node, const oomb_tensor * t, int src_index) {
-    if (oomb_nelements(t) == 0) return;
-    char what[64];
-    if (src_index < 0) snprintf(what, sizeof(what), "node");
-    else snprintf(what, sizeof(what), "src[%d]", src_index);
-    if (!t->data) {
-        if (src_index < 0) {
-            oomb_error("graph_compute: node %s (op %s) has no data (allocate the graph first)", shape_str(t).c_str(), oomb_op_name(t->op));
-        }
-        oomb_error("graph_compute: %s %s of node %s (op %s) has no data (allocate the graph first)", what, shape_str(t).c_str(),
-                   shape_str(node).c_str(), oomb_op_name(node->op));
-    }
-    if (!oomb::tensor_is_host(t)) {
-        oomb_error("graph_compute: %s %s of node %s (op %s) is in device memory; the CPU backend needs host memory", what,
-                   shape_str(t).c_str(), shape_str(node).c_str(), oomb_op_name(node->op));
-    }
+const char * cpu_placement_error(oomb_backend_t, const oomb_tensor * t) {
+    return oomb::tensor_is_host(t) ? nullptr : "in device memory; the CPU backend needs host memory";
 }
 
 void cpu_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
     cpu_backend_ctx * c = ctx_of(b);
-    for (oomb_tensor * node : g->nodes) {
-        check_data(node, node, -1);
-        for (int i = 0; i < OOMB_MAX_SRC; i++) {
-            const oomb_tensor * s = node->src[i];
-            if (!s) continue;
-            // repeat / repeat_back only take a shape from src[1]
-            if (i == 1 && (node->op == OOMB_OP_REPEAT || node->op == OOMB_OP_REPEAT_BACK)) continue;
-            check_data(node, s, i);
-        }
-        oomb::cpu::compute_forward(c->exec, node);
+    for (size_t i = 0; i < g->nodes.size(); i++) {
+        oomb::backend_begin_node(b, (int) i);
+        oomb::cpu::compute_forward(c->exec, g->nodes[i]);
     }
 }
 
@@ -191,6 +170,7 @@ const oomb_backend_i k_cpu_iface = {
     /* synchronize   */ cpu_synchronize,
     /* free_backend  */ cpu_free_backend,
     /* memory        */ nullptr,
+    /* placement_error */ cpu_placement_error,
 };
 
 } // namespace
@@ -207,6 +187,7 @@ oomb_backend_t oomb_backend_cpu_init(int n_threads) {
     auto * b = new oomb_backend();
     b->iface = &k_cpu_iface;
     b->ctx = c;
+    oomb::backend_init_buffer_types(b, "CPU", "CPU_Host", true);
     return b;
 }
 

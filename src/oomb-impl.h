@@ -41,20 +41,84 @@ struct oomb_backend_i {
     void   (*synchronize)(oomb_backend_t b);
     void   (*free_backend)(oomb_backend_t b);
     bool   (*memory)(oomb_backend_t b, size_t * used, size_t * total);  // NULL: not known
+    // NULL when the backend's kernels can read and write t's memory, else why not (graph
+    // validation puts it in the error: "... is <reason>").
+    const char * (*placement_error)(oomb_backend_t b, const oomb_tensor * t);
+
+    // --- v2 (NULL members: host memory / synchronous fallbacks in backend.cpp) ---
+    void * (*alloc_host)(oomb_backend_t b, size_t size);     // pinned host memory (CUDA: cudaHostAlloc)
+    void   (*free_host)(oomb_backend_t b, void * base);
+    // asynchronous copies on queue q; pointers may be host (pinned or not) or this backend's device memory
+    void   (*copy_async)(oomb_backend_t b, enum oomb_queue q, void * dst, const void * src, size_t size);
+    void   (*queue_synchronize)(oomb_backend_t b, enum oomb_queue q);
+    void * (*event_new)(oomb_backend_t b);                    // the backend's event object
+    void   (*event_free)(oomb_backend_t b, void * ev);
+    void   (*event_record)(oomb_backend_t b, void * ev, enum oomb_queue q);
+    void   (*event_wait)(oomb_backend_t b, void * ev, enum oomb_queue q);   // queue q of b waits for ev (of b's kind)
+    void   (*event_synchronize)(oomb_backend_t b, void * ev);
+    bool   (*event_query)(oomb_backend_t b, void * ev);
+};
+
+struct oomb_buffer_type {
+    oomb_backend_t backend = nullptr;
+    const char * name = "";
+    bool is_host = false;       // host memory (for a non-host backend: pinned)
+    bool device = true;         // the backend's own (device) memory
+    size_t alignment = 256;
+};
+
+struct oomb_event {
+    oomb_backend_t backend;
+    void * ev;                  // NULL: completes at once (synchronous backends)
 };
 
 struct oomb_backend {
     const oomb_backend_i * iface;
     void * ctx;
+    // graph_compute status (backend.cpp): the node being computed, the last failure's message,
+    // the abort callback polled before every node
+    int cur_node = -1;
+    std::string last_error;
+    oomb_abort_callback_t abort_cb = nullptr;
+    void * abort_data = nullptr;
+    oomb_buffer_type buft_device, buft_host;   // set by oomb::backend_init_buffer_types
 };
 
 struct oomb_buffer {
     oomb_backend_t backend;
     void * base;
     size_t size;
+    oomb_buffer_type * buft;
 };
 
 namespace oomb {
+
+// Compute-time faults (see oomb-backend.h, "Errors"): while a fault_scope is alive on a thread
+// (oomb_backend_graph_compute holds one around the backend's graph_compute), oomb_error and
+// oomb::fail throw a compute_fault, which graph_compute turns into its status and last error.
+// Outside a scope both report through the error handler.
+struct compute_fault {
+    enum oomb_status status;
+    std::string msg;
+};
+struct fault_scope {
+    fault_scope();
+    ~fault_scope();
+    fault_scope(const fault_scope &) = delete;
+    fault_scope & operator=(const fault_scope &) = delete;
+};
+bool faults_captured();
+[[noreturn]] void fail(enum oomb_status status, const char * fmt, ...)
+#ifdef __GNUC__
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+// Called by a backend's graph_compute before node i: records the node (for the failure message)
+// and polls the abort callback (a fault with OOMB_STATUS_ABORTED when it asks to stop).
+void backend_begin_node(oomb_backend_t b, int i);
+// Called by a backend's init: its two buffer types, "<name>" (device memory; host memory when
+// the backend is a host one) and "<name>_Host" (pinned host memory).
+void backend_init_buffer_types(oomb_backend_t b, const char * device_name, const char * host_name, bool backend_is_host);
 
 // Shape string "[a, b, c, d] type" for error messages.
 std::string shape_str(const oomb_tensor * t);

@@ -66,6 +66,9 @@ void oomb_error(const char * fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
+    // inside oomb_backend_graph_compute (a fault_scope on this thread): a compute-time fault,
+    // returned to the caller as a status (backend.cpp) instead of going through the handler
+    if (oomb::faults_captured()) throw oomb::compute_fault{OOMB_STATUS_FAILED, msg};
     if (g_error_handler) {
         g_error_handler(msg, g_error_user);
     }
@@ -75,6 +78,21 @@ void oomb_error(const char * fmt, ...) {
 }
 
 namespace oomb {
+
+static thread_local int t_fault_scopes = 0;
+fault_scope::fault_scope() { t_fault_scopes++; }
+fault_scope::~fault_scope() { t_fault_scopes--; }
+bool faults_captured() { return t_fault_scopes > 0; }
+
+void fail(enum oomb_status status, const char * fmt, ...) {
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (faults_captured()) throw compute_fault{status, msg};
+    oomb_error("%s", msg);
+}
 
 std::string shape_str(const oomb_tensor * t) {
     if (!t) return "(null)";
@@ -87,7 +105,7 @@ std::string shape_str(const oomb_tensor * t) {
 bool tensor_is_host(const oomb_tensor * t) {
     const oomb_tensor * o = t->view_src ? t->view_src : t;
     if (!o->buffer) return true;
-    return oomb_backend_is_host(o->buffer->backend);
+    return o->buffer->buft->is_host;
 }
 
 bool op_can_inplace(enum oomb_op op) {

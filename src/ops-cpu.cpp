@@ -4,7 +4,7 @@
 //   - Every kernel is called on the main thread. It validates what it needs (ids, labels, strides)
 //     there, reporting problems through oomb_error, and then splits its rows over the thread pool
 //     with parallel_for. Nothing inside a parallel region reports errors or allocates.
-//   - Sources are "prepared" first (prep_src): a source that overlaps the destination with a
+//   - Sources are "prepared" first (oomb::prepare_sources, op-checks.h): a source that overlaps the destination with a
 //     different layout, or a row-op source whose rows are not unit-stride, is copied to a contiguous
 //     scratch. So in-place execution (dst->data == src0->data, same layout) is always correct, and
 //     row kernels can assume nb0 == sizeof(float) while honoring nb1..nb3.
@@ -13,6 +13,7 @@
 //   - Matrix products go through OpenBLAS cblas_sgemm, called from the main thread only.
 
 #include "ops-cpu.h"
+#include "op-checks.h"
 #include "paged-cpu.h"
 #include "fp16.h"
 #include "sround.h"
@@ -273,21 +274,6 @@ void copy_tensor(exec_ctx & c, const oomb_tensor * src, const oomb_tensor * dst)
             }
         }
     });
-}
-
-// Returns t, or a contiguous copy of it (same type) in scratch slot `slot` when its rows are not
-// unit-stride and need_unit_rows, or when it overlaps dst with a different layout.
-oomb_tensor prep_src(exec_ctx & c, const oomb_tensor * t, const oomb_tensor * dst, int slot, bool need_unit_rows) {
-    oomb_tensor r = *t;
-    bool copy = false;
-    if (need_unit_rows && t->ne[0] > 1 && t->nb[0] != tsize(t->type)) copy = true;
-    if (dst && t != dst && oomb::tensors_overlap(t, dst) && !oomb::tensors_same_layout(t, dst)) copy = true;
-    if (!copy) return r;
-    set_contiguous_strides(&r);
-    r.view_src = nullptr;
-    r.data = c.slot(slot, oomb_nbytes(&r));
-    copy_tensor(c, t, &r);
-    return r;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1491,22 +1477,13 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
         default:
             break;
     }
-    oomb::check_op_result(node);  // the row kernels write dst rows as plain float arrays
-
-    // Prepare the sources (in-place safety, unit-stride rows where needed).
+    // result layout, sources prepared (in-place safety, unit-stride rows where needed), checked
     oomb_tensor srcs[OOMB_MAX_SRC];
     const oomb_tensor * s[OOMB_MAX_SRC] = {nullptr};
-    for (int i = 0; i < OOMB_MAX_SRC; i++) {
-        const oomb_tensor * t = node->src[i];
-        if (!t) continue;
-        if (!oomb::op_prepares_src(op, i, t)) {
-            s[i] = t;
-            continue;
-        }
-        srcs[i] = prep_src(c, t, node, i, oomb::op_needs_unit_rows(op, i));
-        s[i] = &srcs[i];
-    }
-    oomb::check_op_sources(node, s);  // presence and f32-ness per op (oomb-impl.h)
+    oomb::prepare_sources(node, srcs, s, [&](const oomb_tensor * t, int slot, oomb_tensor * r) {
+        r->data = c.slot(slot, oomb_nbytes(r));
+        copy_tensor(c, t, r);
+    });
     const char * opn = oomb_op_name(op);
 
     switch (op) {

@@ -113,7 +113,9 @@ void oomb_opt_free(oomb_optimizer_t opt) {
 
 float oomb_opt_grad_norm(oomb_optimizer_t opt) {
     oomb_gallocr_alloc_graph(opt->galloc_norm, opt->g_norm);
-    oomb_backend_graph_compute(opt->backend, opt->g_norm);
+    if (oomb_backend_graph_compute(opt->backend, opt->g_norm) != OOMB_STATUS_OK) {
+        oomb_error("opt: %s", oomb_backend_last_error(opt->backend));  // the optimizer API has no status
+    }
     float s = 0.0f;
     oomb_tensor_get(opt->norm_sq, &s, 0, sizeof(float));
     return std::sqrt(s);
@@ -142,7 +144,9 @@ float oomb_opt_step(oomb_optimizer_t opt, float lr, float grad_scale, float max_
         oomb_tensor_set(opt->hp_nodecay, hp, 0, sizeof(hp));
     }
     oomb_gallocr_alloc_graph(opt->galloc_step, opt->g_step);
-    oomb_backend_graph_compute(opt->backend, opt->g_step);
+    if (oomb_backend_graph_compute(opt->backend, opt->g_step) != OOMB_STATUS_OK) {
+        oomb_error("opt: %s", oomb_backend_last_error(opt->backend));  // the optimizer API has no status
+    }
     return norm;
 }
 

@@ -172,7 +172,7 @@ void ChunkDriver::run_chunk(Graph & G, const int32_t * ids, int64_t n, int64_t p
     oomb_tensor_set(G.tokens, tok.data(), 0, tok.size() * 4);
     if (G.loss) oomb_tensor_set(G.labels, lab.data(), 0, lab.size() * 4);  // the KV-fill graph has no loss
     oomb_tensor_set(G.pos, pos.data(), 0, pos.size() * 4);
-    oomb_backend_graph_compute(shape_.backend, G.g);
+    if (oomb_backend_graph_compute(shape_.backend, G.g) != OOMB_STATUS_OK) oomb_error("ChunkDriver: %s", oomb_backend_last_error(shape_.backend));
     if (G.loss) {
         float loss[2];
         oomb_tensor_get(G.loss, loss, 0, sizeof(loss));

@@ -1,5 +1,7 @@
 #include "test-common.h"
 
+#include <gtest/gtest.h>
+
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +40,18 @@ static void throwing_handler(const char * msg, void *) { throw OombError(msg); }
 
 ErrorCapture::ErrorCapture() { oomb_set_error_handler(throwing_handler, nullptr); }
 ErrorCapture::~ErrorCapture() { oomb_set_error_handler(nullptr, nullptr); }
+
+static thread_local int g_expecting_failure = 0;
+ExpectingFailure::ExpectingFailure() { g_expecting_failure++; }
+ExpectingFailure::~ExpectingFailure() { g_expecting_failure--; }
+
+enum oomb_status compute_checked(oomb_backend_t backend, struct oomb_cgraph * g, const char * file, int line) {
+    const enum oomb_status st = (oomb_backend_graph_compute)(backend, g);
+    if (st != OOMB_STATUS_OK && g_expecting_failure == 0) {
+        ADD_FAILURE_AT(file, line) << "graph_compute failed (" << oomb_status_name(st) << "): " << oomb_backend_last_error(backend);
+    }
+    return st;
+}
 
 void fill_uniform(oomb_tensor * t, std::mt19937 & rng, float lo, float hi) {
     std::uniform_real_distribution<float> dist(lo, hi);

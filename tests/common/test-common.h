@@ -38,17 +38,42 @@ void fill_uniform(oomb_tensor * t, std::mt19937 & rng, float lo = -1.0f, float h
 /// Reads any host float tensor (any strides) into a flat vector in logical order.
 std::vector<double> to_vector(const oomb_tensor * t);
 
+/// While alive (inside EXPECT_OOMB_ERROR), a failed graph_compute is what the test expects.
+struct ExpectingFailure {
+    ExpectingFailure();
+    ~ExpectingFailure();
+};
+/// oomb_backend_graph_compute for tests: the status is returned as usual, and a failure that no
+/// EXPECT_OOMB_ERROR expects fails the running test with the backend's message, so a test can never
+/// pass over a compute that went wrong because it did not look at the status.
+enum oomb_status compute_checked(oomb_backend_t backend, struct oomb_cgraph * g, const char * file, int line);
+
 } // namespace oombtest
 
-/// EXPECT that `stmt` reports a library error whose message contains `substr`.
+/// EXPECT that `stmt` reports a library error whose message contains `substr`: through the error
+/// handler (programming errors), or as a failed status of a graph_compute / asynchronous copy
+/// inside stmt (compute-time faults; the message is oomb_last_compute_error's).
 #define EXPECT_OOMB_ERROR(stmt, substr)                                                        \
     do {                                                                                       \
         oombtest::ErrorCapture _cap;                                                           \
         bool _thrown = false;                                                                  \
+        uint64_t _n_fail0 = 0, _n_fail1 = 0;                                                   \
+        oomb_last_compute_error(&_n_fail0);                                                    \
+        oombtest::ExpectingFailure _exp;                                                       \
         try { stmt; } catch (const oombtest::OombError & e) {                                  \
             _thrown = true;                                                                    \
             EXPECT_NE(std::string(e.what()).find(substr), std::string::npos)                   \
                 << "message was: " << e.what();                                                \
         }                                                                                      \
+        const char * _fail_msg = oomb_last_compute_error(&_n_fail1);                           \
+        if (!_thrown && _n_fail1 != _n_fail0) {                                                \
+            _thrown = true;                                                                    \
+            EXPECT_NE(std::string(_fail_msg).find(substr), std::string::npos)                  \
+                << "status message was: " << _fail_msg;                                        \
+        }                                                                                      \
         EXPECT_TRUE(_thrown) << "expected an oomb error containing '" << substr << "'";        \
     } while (0)
+
+// Every test's graph_compute goes through oombtest::compute_checked (the parentheses in
+// (oomb_backend_graph_compute)(...) call the library function itself).
+#define oomb_backend_graph_compute(backend, g) oombtest::compute_checked((backend), (g), __FILE__, __LINE__)

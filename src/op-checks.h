@@ -1,0 +1,52 @@
+// Operand checks and source preparation shared by the CPU (ops-cpu.cpp) and CUDA
+// (cuda/backend-cuda.cu) dispatchers: one truth for which sources a kernel gets as they are and
+// which it gets as a contiguous scratch copy. The backends differ only in where the copy lives
+// and how it is made (the CopyFn).
+#pragma once
+
+#include "oomb-impl.h"
+
+namespace oomb {
+
+// Source t of node dst needs a contiguous copy before the kernel reads it: its rows are not
+// unit-stride and the kernel needs unit rows, or it overlaps dst with another layout (in-place
+// execution with the same layout is always safe, see common.cuh / ops-cpu.cpp).
+static inline bool src_needs_copy(const oomb_tensor * t, const oomb_tensor * dst, bool need_unit_rows) {
+    if (need_unit_rows && t->ne[0] > 1 && t->nb[0] != oomb_type_size(t->type)) return true;
+    return dst && t != dst && tensors_overlap(t, dst) && !tensors_same_layout(t, dst);
+}
+
+// t's shape and type with contiguous strides, no view source and no data yet.
+static inline oomb_tensor contiguous_like(const oomb_tensor * t) {
+    oomb_tensor r = *t;
+    r.nb[0] = oomb_type_size(r.type);
+    for (int i = 1; i < 4; i++) r.nb[i] = r.nb[i - 1] * (size_t) r.ne[i - 1];
+    r.view_src = nullptr;
+    r.data = nullptr;
+    return r;
+}
+
+// Checks node's result layout, prepares its sources into s[] (s[i] = node->src[i] for sources the
+// op does not prepare, else &srcs[i]: the source itself or, where src_needs_copy, a contiguous
+// copy made by copy(t, slot = i, &srcs[i]), which sets srcs[i].data and copies t's elements into
+// it) and checks the sources every kernel of the op takes. Errors name the op and the tensors.
+template <typename CopyFn>
+void prepare_sources(const oomb_tensor * node, oomb_tensor * srcs, const oomb_tensor ** s, CopyFn && copy) {
+    const enum oomb_op op = node->op;
+    check_op_result(node);
+    for (int i = 0; i < OOMB_MAX_SRC; i++) {
+        const oomb_tensor * t = node->src[i];
+        s[i] = t;
+        if (!t || !op_prepares_src(op, i, t)) continue;
+        if (src_needs_copy(t, node, op_needs_unit_rows(op, i))) {
+            srcs[i] = contiguous_like(t);
+            copy(t, i, &srcs[i]);
+        } else {
+            srcs[i] = *t;
+        }
+        s[i] = &srcs[i];
+    }
+    check_op_sources(node, s);  // presence and f32-ness per op (oomb-impl.h)
+}
+
+} // namespace oomb

@@ -1,0 +1,255 @@
+// Backend interface v2 on CUDA: pinned host buffers, asynchronous copies on the copy stream ordered
+// with events against kernels on the compute stream (compared with the CPU backend on random data),
+// device <-> device copies, and faults of a copy as a status. Without a CUDA build or a GPU every
+// test is skipped with a visible SKIPPED line.
+
+#include <gtest/gtest.h>
+
+#include "test-common.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#ifdef OOMB_USE_CUDA
+// test hook (cuda/backend-cuda.cu): the next asynchronous copy fails as if CUDA returned cuda_error
+void oomb_cuda_debug_fail_next_copy(oomb_backend_t backend, int cuda_error);
+#endif
+
+namespace {
+
+struct CudaBackend : ::testing::Test {
+    void SetUp() override {
+        if (!oomb_cuda_available()) {
+            printf("SKIPPED: no CUDA GPU (or a build without CUDA)\n");
+            GTEST_SKIP() << "no CUDA GPU";
+        }
+        cu = oomb_backend_cuda_init(0);
+        ASSERT_NE(cu, nullptr);
+        cpu = oomb_backend_cpu_init(2);
+    }
+    void TearDown() override {
+        oomb_backend_free(cu);
+        oomb_backend_free(cpu);
+    }
+    oomb_backend_t cu = nullptr, cpu = nullptr;
+};
+
+std::vector<float> random_floats(size_t n, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(-3.0f, 3.0f);
+    std::vector<float> v(n);
+    for (auto & x : v) x = d(rng);
+    return v;
+}
+
+// y = silu(x) * x + scale(x, 0.5): three kernels, each reading x
+oomb_tensor * build(oomb_context * ctx, oomb_tensor * x) {
+    oomb_tensor * y = oomb_add(ctx, oomb_mul(ctx, oomb_silu(ctx, x), x), oomb_scale(ctx, x, 0.5f));
+    oomb_set_name(y, "y");
+    return y;
+}
+
+} // namespace
+
+TEST_F(CudaBackend, PinnedHostBuffer) {
+    oomb_buffer_type_t host = oomb_backend_host_buffer_type(cu), dev = oomb_backend_buffer_type(cu);
+    EXPECT_STREQ(oomb_buffer_type_name(host), "CUDA_Host");
+    EXPECT_STREQ(oomb_buffer_type_name(dev), "CUDA0");
+    EXPECT_TRUE(oomb_buffer_type_is_host(host));
+    EXPECT_FALSE(oomb_buffer_type_is_host(dev));
+    EXPECT_EQ(oomb_buffer_type_alignment(host), 256u);
+    const size_t p0 = oomb_pinned_host_bytes();
+    const size_t size = 3 * 1000 * 1000 + 17;
+    oomb_buffer_t hb = oomb_buffer_type_alloc(host, size);
+    ASSERT_NE(hb, nullptr);
+    EXPECT_TRUE(oomb_buffer_is_host(hb));
+    EXPECT_EQ(oomb_pinned_host_bytes(), p0 + size);
+    oomb_buffer_t db = oomb_buffer_type_alloc(dev, size);
+    ASSERT_NE(db, nullptr);
+    EXPECT_FALSE(oomb_buffer_is_host(db));
+    EXPECT_EQ(oomb_pinned_host_bytes(), p0 + size) << "device memory is not pinned host memory";
+    // a tensor in pinned memory is a host tensor
+    oomb_context * ctx = oomb_init({0, true});
+    oomb_tensor * t = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, 1001);
+    oomb_tensor_alloc(hb, t, 256);
+    oomb_set_f32_1d(t, 1000, 2.25f);
+    EXPECT_EQ(oomb_get_f32_1d(t, 1000), 2.25f);
+    float v = 0.0f;
+    oomb_tensor_get(t, &v, 1000 * sizeof(float), sizeof(float));
+    EXPECT_EQ(v, 2.25f);
+    oomb_free(ctx);
+    oomb_buffer_free(db);
+    oomb_buffer_free(hb);
+    EXPECT_EQ(oomb_pinned_host_bytes(), p0);
+}
+
+TEST_F(CudaBackend, AsyncCopiesOrderedWithEvents) {
+    const int64_t n0 = 4099, n1 = 37;   // not multiples of anything
+    const size_t n = (size_t) (n0 * n1);
+    const auto xs = random_floats(n, 11);
+
+    // CPU reference
+    oomb_context * cctx = oomb_init({0, false});
+    oomb_tensor * xc = oomb_new_tensor_2d(cctx, OOMB_TYPE_F32, n0, n1);
+    memcpy(xc->data, xs.data(), n * sizeof(float));
+    oomb_tensor * yc = build(cctx, xc);
+    oomb_cgraph * gc = oomb_new_graph(cctx);
+    oomb_build_forward_expand(gc, yc);
+    ASSERT_EQ(oomb_backend_graph_compute(cpu, gc), OOMB_STATUS_OK);
+    std::vector<float> ref(n);
+    oomb_tensor_get(yc, ref.data(), 0, n * sizeof(float));
+
+    // device tensors (x, the graph's results, z) and pinned host tensors (x_h, y_h)
+    oomb_context * dctx = oomb_init({0, true});
+    oomb_tensor * x = oomb_new_tensor_2d(dctx, OOMB_TYPE_F32, n0, n1);
+    oomb_set_name(x, "x");
+    oomb_tensor * y = build(dctx, x);
+    oomb_tensor * z = oomb_new_tensor_2d(dctx, OOMB_TYPE_F32, n0, n1);
+    oomb_set_name(z, "z");
+    oomb_cgraph * g = oomb_new_graph(dctx);
+    oomb_build_forward_expand(g, y);
+    oomb_buffer_t dbuf = oomb_backend_alloc_ctx_tensors(dctx, cu);
+    ASSERT_NE(dbuf, nullptr);
+    oomb_context * hctx = oomb_init({0, true});
+    oomb_tensor * xh = oomb_new_tensor_2d(hctx, OOMB_TYPE_F32, n0, n1);
+    oomb_tensor * yh = oomb_new_tensor_2d(hctx, OOMB_TYPE_F32, n0, n1);
+    oomb_set_name(xh, "x_h");
+    oomb_set_name(yh, "y_h");
+    oomb_buffer_t hbuf = oomb_buffer_type_alloc(oomb_backend_host_buffer_type(cu), 2 * oomb_nbytes(xh));
+    ASSERT_NE(hbuf, nullptr);
+    oomb_tensor_alloc(hbuf, xh, 0);
+    oomb_tensor_alloc(hbuf, yh, oomb_nbytes(xh));
+
+    oomb_event_t ev_in = oomb_event_new(cu), ev_done = oomb_event_new(cu);
+    ASSERT_NE(ev_in, nullptr);
+    ASSERT_NE(ev_done, nullptr);
+    for (int rep = 0; rep < 3; rep++) {
+        SCOPED_TRACE(rep);
+        // poison: NaN everywhere, so a kernel that ran before the upload (or a download before the
+        // kernels) shows
+        oomb_tensor_memset(x, 0xff);
+        oomb_tensor_memset(y, 0xff);
+        oomb_tensor_memset(z, 0xff);
+        ASSERT_EQ(oomb_backend_queue_synchronize(cu, OOMB_QUEUE_COMPUTE), OOMB_STATUS_OK);
+        memcpy(xh->data, xs.data(), n * sizeof(float));
+        memset(yh->data, 0xff, n * sizeof(float));
+
+        // copy in on the copy stream; the compute stream waits for it; copy out waits for the kernels
+        ASSERT_EQ(oomb_tensor_copy_async(cu, OOMB_QUEUE_COPY, xh, x), OOMB_STATUS_OK);
+        ASSERT_EQ(oomb_event_record(ev_in, OOMB_QUEUE_COPY), OOMB_STATUS_OK);
+        ASSERT_EQ(oomb_event_wait(cu, OOMB_QUEUE_COMPUTE, ev_in), OOMB_STATUS_OK);
+        ASSERT_EQ(oomb_backend_graph_compute(cu, g), OOMB_STATUS_OK) << oomb_backend_last_error(cu);
+        ASSERT_EQ(oomb_event_record(ev_done, OOMB_QUEUE_COMPUTE), OOMB_STATUS_OK);
+        ASSERT_EQ(oomb_event_wait(cu, OOMB_QUEUE_COPY, ev_done), OOMB_STATUS_OK);
+        ASSERT_EQ(oomb_tensor_copy_async(cu, OOMB_QUEUE_COPY, y, yh), OOMB_STATUS_OK);   // device -> pinned
+        ASSERT_EQ(oomb_tensor_copy_async(cu, OOMB_QUEUE_COPY, y, z), OOMB_STATUS_OK);    // device -> device
+        std::vector<float> zs(n, 0.0f);
+        ASSERT_EQ(oomb_tensor_get_async(cu, OOMB_QUEUE_COPY, z, zs.data(), 0, n * sizeof(float)), OOMB_STATUS_OK);
+        ASSERT_EQ(oomb_event_record(ev_done, OOMB_QUEUE_COPY), OOMB_STATUS_OK);
+        ASSERT_EQ(oomb_event_synchronize(ev_done), OOMB_STATUS_OK);
+        EXPECT_TRUE(oomb_event_query(ev_done));
+
+        const float * yv = (const float *) yh->data;
+        int bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            const float tol = 1e-5f * (1.0f + std::fabs(ref[i]));
+            if (!(std::fabs(yv[i] - ref[i]) <= tol) || !(std::fabs(zs[i] - ref[i]) <= tol)) {
+                if (bad++ < 5) ADD_FAILURE() << "i " << i << ": y_h " << yv[i] << ", z " << zs[i] << ", CPU " << ref[i];
+            }
+        }
+        EXPECT_EQ(bad, 0);
+    }
+
+    // set_async from pinned memory at an offset, then a synchronous read on the compute stream after
+    // the compute stream waited for the copy
+    const size_t off = 7 * n0 * sizeof(float), len = 3 * n0 * sizeof(float) + 12;
+    ASSERT_EQ(oomb_tensor_set_async(cu, OOMB_QUEUE_COPY, z, (const char *) xh->data + off, off, len), OOMB_STATUS_OK);
+    ASSERT_EQ(oomb_event_record(ev_in, OOMB_QUEUE_COPY), OOMB_STATUS_OK);
+    ASSERT_EQ(oomb_event_wait(cu, OOMB_QUEUE_COMPUTE, ev_in), OOMB_STATUS_OK);
+    std::vector<char> back(len);
+    oomb_tensor_get(z, back.data(), off, len);
+    EXPECT_EQ(0, memcmp(back.data(), (const char *) xh->data + off, len));
+
+    oomb_event_free(ev_in);
+    oomb_event_free(ev_done);
+    oomb_buffer_free(hbuf);
+    oomb_buffer_free(dbuf);
+    oomb_free(hctx);
+    oomb_free(dctx);
+    oomb_free(cctx);
+}
+
+TEST_F(CudaBackend, CopyErrorsAndFaults) {
+    oomb_context * ctx = oomb_init({0, true});
+    oomb_tensor * a = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, 1001);
+    oomb_set_name(a, "a");
+    oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(ctx, cu);
+    ASSERT_NE(buf, nullptr);
+    const auto src = random_floats(1001, 5);
+
+    // misuse: the handler, naming the tensors
+    EXPECT_OOMB_ERROR(oomb_tensor_set_async(cu, OOMB_QUEUE_COPY, a, src.data(), 8, 1001 * sizeof(float)), "out of 'a'");
+    oomb_backend_t cu2 = oomb_backend_cuda_init(0);
+    ASSERT_NE(cu2, nullptr);
+    EXPECT_OOMB_ERROR(oomb_tensor_set_async(cu2, OOMB_QUEUE_COPY, a, src.data(), 0, 4), "'a' [1001, 1, 1, 1] f32 is in a buffer of another backend");
+    oomb_backend_free(cu2);
+
+#ifdef OOMB_USE_CUDA
+    // a fault of the copy itself: a status, not an abort (the handler would throw here)
+    {
+        oombtest::ErrorCapture cap;
+        oomb_cuda_debug_fail_next_copy(cu, 1 /* cudaErrorInvalidValue */);
+        oomb_status st = OOMB_STATUS_OK;
+        EXPECT_NO_THROW(st = oomb_tensor_set_async(cu, OOMB_QUEUE_COPY, a, src.data(), 0, 1001 * sizeof(float)));
+        EXPECT_EQ(st, OOMB_STATUS_DEVICE_ERROR);
+        const std::string msg = oomb_backend_last_error(cu);
+        EXPECT_NE(msg.find("tensor_set_async: cuda: cudaMemcpyAsync (injected"), std::string::npos) << msg;
+    }
+#endif
+    // the backend still works
+    ASSERT_EQ(oomb_tensor_set_async(cu, OOMB_QUEUE_COPY, a, src.data(), 0, 1001 * sizeof(float)), OOMB_STATUS_OK);
+    EXPECT_STREQ(oomb_backend_last_error(cu), "");
+    ASSERT_EQ(oomb_backend_queue_synchronize(cu, OOMB_QUEUE_COPY), OOMB_STATUS_OK);
+    std::vector<float> out(1001);
+    oomb_tensor_get(a, out.data(), 0, 1001 * sizeof(float));
+    EXPECT_EQ(out, src);
+    oomb_buffer_free(buf);
+    oomb_free(ctx);
+}
+
+TEST_F(CudaBackend, ComputeFaultIsAStatus) {
+    oomb_context * ctx = oomb_init({0, true});
+    oomb_tensor * a = oomb_new_tensor_2d(ctx, OOMB_TYPE_F32, 5, 3);
+    oomb_tensor * ids = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, 4);
+    oomb_set_name(ids, "ids");
+    oomb_tensor * r = oomb_get_rows(ctx, a, ids);
+    oomb_cgraph * g = oomb_new_graph(ctx);
+    oomb_build_forward_expand(g, r);
+    oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(ctx, cu);
+    ASSERT_NE(buf, nullptr);
+    const auto av = random_floats(15, 9);
+    oomb_tensor_set(a, av.data(), 0, sizeof(float) * 15);
+    const int32_t bad_ids[4] = {0, 2, 7, 1};
+    oomb_tensor_set(ids, bad_ids, 0, sizeof(bad_ids));
+    {
+        oombtest::ErrorCapture cap;
+        oomb_status st = OOMB_STATUS_OK;
+        EXPECT_NO_THROW(st = oomb_backend_graph_compute(cu, g));
+        EXPECT_EQ(st, OOMB_STATUS_FAILED);
+    }
+    const std::string msg = oomb_backend_last_error(cu);
+    EXPECT_NE(msg.find("node 0 (get_rows"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("id 7 at position 2"), std::string::npos) << msg;
+    const int32_t ok_ids[4] = {0, 2, 2, 1};
+    oomb_tensor_set(ids, ok_ids, 0, sizeof(ok_ids));
+    ASSERT_EQ(oomb_backend_graph_compute(cu, g), OOMB_STATUS_OK) << oomb_backend_last_error(cu);
+    std::vector<float> out(20);
+    oomb_tensor_get(r, out.data(), 0, sizeof(float) * 20);
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < 5; i++) EXPECT_EQ(out[(size_t) (k * 5 + i)], av[(size_t) (ok_ids[k] * 5 + i)]);
+    oomb_buffer_free(buf);
+    oomb_free(ctx);
+}
