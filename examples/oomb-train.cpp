@@ -51,7 +51,6 @@ namespace {
 
 const char * PROG = "oomb-train";
 constexpr const char * STATE_FORMAT = "oomb-train-state-1";
-const char * PRESETS[] = {"tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"};
 
 // Storage type of the linear weights and of the KV pages: f32 on the CPU, bf16 on a GPU (bf16
 // operands with f32 accumulation; the KV-gradient pages stay f32).
@@ -555,7 +554,7 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
         if (!T.model) fail(PROG, err);
     } else {
         Qwen2Config c;
-        if (!qwen2_preset(o.preset, &c)) fail(PROG, "unknown preset '" + o.preset + "' (choose tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b or qwen2.5-7b)");
+        if (!qwen2_preset(o.preset, &c)) fail(PROG, "unknown preset '" + o.preset + "' (choose " + qwen2_preset_choices() + ")");
         if (o.rope_theta > 0) c.rope_theta = (float) o.rope_theta;
         T.model = qwen2_create(c, T.be, compute_type(T.be));
         qwen2_init_random(*T.model, o.seed);
@@ -624,8 +623,7 @@ int train_main(Options & o, bool default_run, bool app_eval_every_given) {
     std::vector<char> decay_c(T.params.size());
     int64_t n_train_params = 0;
     for (size_t i = 0; i < T.params.size(); i++) {
-        const std::string n = T.params[i]->name;
-        decay_c[i] = !(n.find("norm") != std::string::npos || n.find(".bias") != std::string::npos);
+        decay_c[i] = M.spec(T.params[i])->kind == Qwen2TensorKind::Weight;  // no decay on norms and biases
         n_train_params += oomb_nelements(T.params[i]);
     }
     std::unique_ptr<bool[]> decay(new bool[T.params.size()]);
@@ -894,7 +892,7 @@ int main(int argc, char ** argv) {
     app.get_formatter()->column_width(34);
     app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later value wins
     app.add_option("-m,--model", o.model, "GGUF model to train (qwen2 architecture)");
-    app.add_option("--preset", o.preset, "fresh model: tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b");
+    app.add_option("--preset", o.preset, "fresh model: " + qwen2_preset_choices());
     app.add_option("--vocab", o.vocab, "tokenizer GGUF for --preset (default: models/qwen2.5-vocab.gguf of the source tree)");
     app.add_option("--data", o.data, "training text: files or folders (recursive; .gz read directly); repeatable")->take_all();
     app.add_option("--data-bin", o.data_bin, "training ids: little-endian uint32, no header");
@@ -991,9 +989,8 @@ int main(int argc, char ** argv) {
         if (!o.model.empty() && !o.preset.empty()) fail(PROG, "give either -m MODEL.gguf or --preset NAME, not both");
         if (!o.data.empty() && !o.data_bin.empty()) fail(PROG, "give either --data or --data-bin, not both");
         if (!o.preset.empty()) {
-            bool ok = false;
-            for (const char * p : PRESETS) ok |= o.preset == p;
-            if (!ok) fail(PROG, "unknown preset '" + o.preset + "' (choose tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b or qwen2.5-7b)");
+            Qwen2Config c;
+            if (!qwen2_preset(o.preset, &c)) fail(PROG, "unknown preset '" + o.preset + "' (choose " + qwen2_preset_choices() + ")");
         }
         const bool default_run = o.model.empty() && o.preset.empty() && o.data.empty() && o.data_bin.empty();
         if (default_run) {
