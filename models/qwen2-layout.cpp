@@ -258,7 +258,7 @@ std::string qwen2_gguf_name(const std::string & hf) {
 void qwen2_write_hparams(GGUFWriter & w, const Qwen2Config & c, bool write_rope_theta) {
     for (const Key & k : kKeys) {
         if (k.i == &Qwen2Config::head_dim) {
-            if (c.head_dim == c.n_embd / c.n_head) continue;  // the default: llama.cpp derives it
+            if (c.n_head > 0 && c.head_dim == c.n_embd / c.n_head) continue;  // the default: llama.cpp derives it
             w.set_u32(k.gguf, (uint32_t) c.head_dim);
             w.set_u32(KEY_VALUE_LENGTH, (uint32_t) c.head_dim);
         } else if (k.i) {

@@ -91,7 +91,7 @@ std::vector<Qwen2TensorSpec> qwen2_tensors(const Qwen2Config & cfg, bool with_op
 /// Maps an HF Qwen2ForCausalLM parameter name to its GGUF name; empty when it has none.
 std::string qwen2_gguf_name(const std::string & hf_name);
 
-/// Writes the qwen2.* hyperparameter keys in llama.cpp's order (block_count, context_length,
+/// Writes the qwen2.* hyperparameter keys of a valid cfg in llama.cpp's order (block_count, context_length,
 /// embedding_length, feed_forward_length, head_count, head_count_kv, rope.freq_base,
 /// layer_norm_rms_epsilon, then key_length / value_length when head_dim != n_embd / n_head).
 /// `write_rope_theta` = false leaves rope.freq_base out (an HF config without rope_theta: readers
@@ -108,8 +108,9 @@ void qwen2_write_hparams(GGUFWriter & w, const Qwen2Config & cfg, bool write_rop
 /// with a message "<path>: <key or tensor>: <problem>" in *err.
 gguf_status qwen2_read_config(const GGUFReader & r, Qwen2Config * cfg, std::string * err);
 
-/// Checks that the file holds every tensor of cfg with its ne and a readable type, and no tensor
-/// outside the layout (an optional one is an error too when `allow_optional` is false: the model
+/// Checks that the file holds every tensor of cfg (as qwen2_read_config(r) returned it: its layer
+/// count is bounded by the file's tensors) with its ne and a readable type, and no tensor outside
+/// the layout (an optional one is an error too when `allow_optional` is false: the model
 /// has no place for it). GGUF_ERR_NOT_FOUND (missing tensor), GGUF_ERR_TYPE (shape, type, unknown
 /// or unsupported tensor); the message names the tensor.
 gguf_status qwen2_check_tensors(const GGUFReader & r, const Qwen2Config & cfg, bool allow_optional, std::string * err);
