@@ -227,8 +227,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     std::vector<char> decay_c(T.params.size());
     int64_t n_train_params = 0;
     for (size_t i = 0; i < T.params.size(); i++) {
-        const std::string n = T.params[i]->name;
-        decay_c[i] = !(n.find("norm") != std::string::npos || n.find(".bias") != std::string::npos);
+        decay_c[i] = M.spec(T.params[i])->kind == Qwen2TensorKind::Weight;  // no decay on norms and biases
         n_train_params += oomb_nelements(T.params[i]);
     }
     std::unique_ptr<bool[]> decay(new bool[T.params.size()]);

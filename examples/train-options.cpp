@@ -13,7 +13,6 @@ namespace train {
 namespace {
 
 const char * PROG = TRAIN_PROG;
-const char * PRESETS[] = {"tiny", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b"};
 
 // Settings of the built-in default run (no model and no data given); each applies only when the
 // option is not given on the command line. Measured on a 2-core CPU: see README "Training".
@@ -50,7 +49,7 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     app.get_formatter()->column_width(34);
     app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later value wins
     app.add_option("-m,--model", o.model, "GGUF model to train (qwen2 architecture)");
-    app.add_option("--preset", o.preset, "fresh model: tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b, qwen2.5-7b");
+    app.add_option("--preset", o.preset, "fresh model: " + qwen2_preset_choices());
     app.add_option("--vocab", o.vocab, "tokenizer GGUF for --preset (default: models/qwen2.5-vocab.gguf of the source tree)");
     app.add_option("--data", o.data, "training text: files or folders (recursive; .gz read directly); repeatable")->take_all();
     app.add_option("--data-bin", o.data_bin, "training ids: little-endian uint32, no header");
@@ -144,9 +143,8 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     if (!o.model.empty() && !o.preset.empty()) fail(PROG, "give either -m MODEL.gguf or --preset NAME, not both");
     if (!o.data.empty() && !o.data_bin.empty()) fail(PROG, "give either --data or --data-bin, not both");
     if (!o.preset.empty()) {
-        bool ok = false;
-        for (const char * p : PRESETS) ok |= o.preset == p;
-        if (!ok) fail(PROG, "unknown preset '" + o.preset + "' (choose tiny, qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b or qwen2.5-7b)");
+        Qwen2Config c;
+        if (!qwen2_preset(o.preset, &c)) fail(PROG, "unknown preset '" + o.preset + "' (choose " + qwen2_preset_choices() + ")");
     }
     const bool default_run = o.model.empty() && o.preset.empty() && o.data.empty() && o.data_bin.empty();
     if (default_run) {

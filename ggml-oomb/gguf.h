@@ -386,6 +386,8 @@ struct GGUFQwen2Hparams {
 
 // Reads and checks the Qwen2 hyperparameters of a model file (general.architecture must be
 // "qwen2"; token_embd.weight must exist with ne = {n_embd, n_vocab}). Errors name the key.
+// A summary of qwen2_read_config(), defined with the Qwen2 layout in models/qwen2-layout.cpp
+// (the one description of the qwen2.* keys and tensors); the checks are that function's.
 gguf_status gguf_read_qwen2_hparams(const GGUFReader& r, GGUFQwen2Hparams* hp, std::string* err);
 
 } // namespace oomb

@@ -132,8 +132,12 @@ size_t oomb_pinned_host_bytes(void);
 void oomb_tensor_alloc(oomb_buffer_t buffer, struct oomb_tensor * t, size_t offset);
 /// Gives every tensor of ctx that has no data memory in one new buffer of `backend` (views get the
 /// memory of their view_src), zero-filled. Returns the buffer (the caller frees it after the context's
-/// tensors are no longer used), or NULL when no tensor needed memory.
+/// tensors are no longer used), or NULL when no tensor needed memory. The backend's failing to
+/// allocate the memory is an oomb_error (naming the backend and the bytes).
 oomb_buffer_t oomb_backend_alloc_ctx_tensors(struct oomb_context * ctx, oomb_backend_t backend);
+/// The same, but a failed allocation returns NULL (and *failed_bytes, when not NULL, holds the
+/// bytes asked for; 0 when no tensor needed memory), for callers that report errors themselves.
+oomb_buffer_t oomb_backend_try_alloc_ctx_tensors(struct oomb_context * ctx, oomb_backend_t backend, size_t * failed_bytes);
 
 /// Copies `size` bytes between host memory and t's data starting at byte `offset` of t (t must be
 /// contiguous over that range). Works for host and device tensors. Errors when out of range.

@@ -20,7 +20,6 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <set>
 
 using namespace oomb;
 using namespace oomb::tools;
@@ -102,13 +101,14 @@ int main(int argc, char** argv) {
     const bool has_config = is_file(dir + "/config.json");
 
     GGUFWriter w;
-    w.set_string("general.architecture", "qwen2");
+    w.set_string("general.architecture", QWEN2_ARCH);
     w.set_string("general.type", "model");
 
-    Qwen2Dims dims;
+    Qwen2Config dims;
+    bool has_rope_theta = false;
     std::string name_or_path;
     if (has_config) {
-        if (!read_hf_config(dir + "/config.json", &dims, &name_or_path, &err)) return fail(err);
+        if (!read_hf_config(dir + "/config.json", &dims, &has_rope_theta, &name_or_path, &err)) return fail(err);
     } else if (!vocab_only) {
         return fail(dir + ": no config.json (needed unless --vocab-only)");
     }
@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
 
     if (vocab_only) {
         if (!has_tok) return fail(dir + ": --vocab-only needs tokenizer.json");
-        if (has_config) write_qwen2_hparams(w, dims);
+        if (has_config) qwen2_write_hparams(w, dims, has_rope_theta);
         int64_t n_tok = 0;
         if (!write_hf_tokenizer(dir, 0, w, &n_tok, &err)) return fail(err);
         if (w.open(out, &err) || w.finish(&err)) return fail(err);
@@ -166,21 +166,23 @@ int main(int argc, char** argv) {
         fprintf(stderr, "oomb-convert-hf: note: no lm_head.weight; the output layer reuses token_embd.weight\n");
         dims.tied = true;
     }
-    std::vector<Qwen2Tensor> plan = qwen2_tensors(dims);
-    std::set<std::string> planned;
-    for (auto& p : plan) planned.insert(p.gguf_name);
-    for (auto& kv : by_gguf) // optional tensors llama.cpp also accepts (attn_output.bias)
-        if (!planned.count(kv.first)) {
-            std::vector<int64_t> ne(kv.second->shape.rbegin(), kv.second->shape.rend());
-            plan.push_back({kv.first, kv.second->name, ne});
-        }
+    // the layout's tensors; the optional ones llama.cpp also accepts (attn_output.bias) follow when
+    // the checkpoint has them, in name order
+    std::vector<Qwen2TensorSpec> plan;
+    std::map<std::string, Qwen2TensorSpec> optional;
+    for (auto& p : qwen2_tensors(dims, true)) {
+        if (p.optional) optional[p.name] = p;
+        else plan.push_back(p);
+    }
+    for (auto& kv : by_gguf)
+        if (optional.count(kv.first)) plan.push_back(optional[kv.first]);
 
     // Output type: default is the checkpoint's own (that of token_embd).
     std::vector<std::string> absent;
     bool absent_layer = false;
     for (auto& p : plan)
-        if (!by_gguf.count(p.gguf_name)) {
-            absent.push_back("'" + p.hf_name + "' (" + p.gguf_name + ")");
+        if (!by_gguf.count(p.name)) {
+            absent.push_back("'" + p.hf_name + "' (" + p.name + ")");
             absent_layer = absent_layer || hf_layer_index(p.hf_name) >= 0;
         }
     if (!absent.empty()) {
@@ -200,7 +202,7 @@ int main(int argc, char** argv) {
 
     bool warned = false;
     for (auto& p : plan) {
-        const SafetensorsTensor* t = by_gguf[p.gguf_name];
+        const SafetensorsTensor* t = by_gguf[p.name];
         std::vector<int64_t> ne(t->shape.rbegin(), t->shape.rend());
         if (ne != p.ne) {
             std::string want, got;
@@ -220,10 +222,10 @@ int main(int argc, char** argv) {
                     safetensors_dtype_name(t->dtype), gguf_tensor_type_name(tt), t->name.c_str());
             warned = true;
         }
-        if (w.add_tensor(p.gguf_name, tt, ne, &err)) return fail(err);
+        if (w.add_tensor(p.name, tt, ne, &err)) return fail(err);
     }
 
-    write_qwen2_hparams(w, dims);
+    qwen2_write_hparams(w, dims, has_rope_theta);
     w.set_u32("general.file_type", llama_file_type(out_type));
     w.set_u32("general.quantization_version", 2);
     if (has_tok) {

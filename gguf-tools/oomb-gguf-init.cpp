@@ -23,30 +23,6 @@
 using namespace oomb;
 using namespace oomb::tools;
 
-namespace {
-
-struct Preset {
-    const char* name;
-    Qwen2Dims d;
-};
-
-Qwen2Dims dims(int64_t v, int64_t e, int64_t f, int64_t l, int64_t h, int64_t kv, bool tied) {
-    Qwen2Dims d;
-    d.n_vocab = v; d.n_embd = e; d.n_ff = f; d.n_layer = l; d.n_head = h; d.n_head_kv = kv; d.tied = tied;
-    d.n_ctx = 32768; d.rope_theta = 1e6; d.rms_eps = 1e-6;
-    return d;
-}
-
-// Published Qwen2.5 configs (Qwen/Qwen2.5-*-Instruct config.json).
-const Preset kPresets[] = {
-    {"qwen2.5-0.5b", dims(151936, 896, 4864, 24, 14, 2, true)},
-    {"qwen2.5-1.5b", dims(151936, 1536, 8960, 28, 12, 2, true)},
-    {"qwen2.5-3b", dims(151936, 2048, 11008, 36, 16, 2, true)},
-    {"qwen2.5-7b", dims(152064, 3584, 18944, 28, 28, 4, false)},
-};
-
-} // namespace
-
 int main(int argc, char** argv) {
     install_temp_file_cleanup(); // Ctrl-C / SIGTERM: remove OUT.tmp.<pid>, keep the previous OUT
     CLI::App app{"Write a randomly initialised Qwen2 model (llama.cpp GGUF layout), streamed to disk."};
@@ -54,22 +30,27 @@ int main(int argc, char** argv) {
     uint64_t seed = 42;
     float init_std = 0.02f;
     int threads = (int)std::max(1u, std::thread::hardware_concurrency());
-    Qwen2Dims d;
+    Qwen2Config d;  // the options given (0: not given)
     d.n_vocab = d.n_embd = d.n_ff = d.n_layer = d.n_head = d.n_head_kv = 0;
+    double rope_theta = 1e6, rms_eps = 1e-6;  // parsed as double: a value that is 0 or inf as float32 gets our message
     bool tied = false, untied = false;
     std::vector<std::string> names;
-    for (auto& p : kPresets) names.push_back(p.name);
-    app.add_option("--preset", preset, "model shape: qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-3b or qwen2.5-7b")
-        ->check(CLI::IsMember(names));
+    std::string preset_list;
+    for (auto& p : qwen2_preset_names())
+        if (p != "tiny") {
+            names.push_back(p);
+            preset_list += (preset_list.empty() ? "" : ", ") + p;
+        }
+    app.add_option("--preset", preset, "model shape: " + preset_list)->check(CLI::IsMember(names));
     CLI::Option* o_vocab = app.add_option("--vocab-size", d.n_vocab, "embedding rows (explicit dimensions; override the preset)");
     CLI::Option* o_hidden = app.add_option("--hidden", d.n_embd, "hidden size");
     CLI::Option* o_ffn = app.add_option("--ffn", d.n_ff, "feed-forward (intermediate) size");
     CLI::Option* o_layers = app.add_option("--layers", d.n_layer, "number of layers");
     CLI::Option* o_heads = app.add_option("--heads", d.n_head, "attention heads");
     CLI::Option* o_kv = app.add_option("--kv-heads", d.n_head_kv, "key/value heads (default: heads)");
-    CLI::Option* o_ctx = app.add_option("--ctx", d.n_ctx, "context length (default 32768)");
-    CLI::Option* o_theta = app.add_option("--rope-theta", d.rope_theta, "RoPE base (default 1e6)");
-    CLI::Option* o_eps = app.add_option("--rms-eps", d.rms_eps, "RMSNorm epsilon (default 1e-6)");
+    CLI::Option* o_ctx = app.add_option("--ctx", d.n_ctx_train, "context length (default 32768)");
+    CLI::Option* o_theta = app.add_option("--rope-theta", rope_theta, "RoPE base (default 1e6)");
+    CLI::Option* o_eps = app.add_option("--rms-eps", rms_eps, "RMSNorm epsilon (default 1e-6)");
     app.add_flag("--tied", tied, "tie the LM head to the embedding (no output.weight)");
     app.add_flag("--untied", untied, "write a separate output.weight");
     app.add_option("--vocab", vocab, "GGUF file whose tokenizer is copied in (e.g. models/qwen2.5-vocab.gguf)");
@@ -88,22 +69,23 @@ int main(int argc, char** argv) {
     // Each option given is checked on its own, so that the message names it.
     const std::pair<CLI::Option*, int64_t> int_opts[] = {{o_vocab, d.n_vocab}, {o_hidden, d.n_embd}, {o_ffn, d.n_ff},
                                                          {o_layers, d.n_layer}, {o_heads, d.n_head}, {o_kv, d.n_head_kv},
-                                                         {o_ctx, d.n_ctx}};
+                                                         {o_ctx, d.n_ctx_train}};
     for (auto& o : int_opts)
         if (o.first->count() && (o.second < 1 || o.second > INT32_MAX))
             return fail(o.first->get_name() + " must be an integer from 1 to 2147483647, not " + std::to_string(o.second));
     // Stored as float32 in the file: the value must stay finite and positive once rounded.
-    const std::pair<CLI::Option*, double> pos_opts[] = {{o_theta, d.rope_theta}, {o_eps, d.rms_eps}, {o_std, init_std}};
+    const std::pair<CLI::Option*, double> pos_opts[] = {{o_theta, rope_theta}, {o_eps, rms_eps}, {o_std, init_std}};
     for (auto& o : pos_opts)
         if (o.first->count() && !(std::isfinite((float)o.second) && (float)o.second > 0.0f))
             return fail(o.first->get_name() + " must be a finite number greater than 0, not " + o.first->as<std::string>());
     if (o_threads->count() && threads < 1)
         return fail("-t/--threads must be at least 1, not " + std::to_string(threads));
 
-    Qwen2Dims m = dims(0, 0, 0, 0, 0, 0, false);
+    Qwen2Config m;  // a preset (models/qwen2-layout.h), or only the options
+    m.n_vocab = m.n_embd = m.n_ff = m.n_layer = m.n_head = m.n_head_kv = 0;
     std::string name = "qwen2-random";
     if (!preset.empty()) {
-        for (auto& p : kPresets) if (preset == p.name) m = p.d;
+        qwen2_preset(preset, &m);
         name = preset + "-random";
     }
     if (o_vocab->count()) m.n_vocab = d.n_vocab;
@@ -113,9 +95,9 @@ int main(int argc, char** argv) {
     if (o_heads->count()) m.n_head = d.n_head;
     if (o_kv->count()) m.n_head_kv = d.n_head_kv;
     else if (!m.n_head_kv) m.n_head_kv = m.n_head;
-    if (o_ctx->count()) m.n_ctx = d.n_ctx;
-    if (o_theta->count()) m.rope_theta = d.rope_theta;
-    if (o_eps->count()) m.rms_eps = d.rms_eps;
+    if (o_ctx->count()) m.n_ctx_train = d.n_ctx_train;
+    if (o_theta->count()) m.rope_theta = (float)rope_theta;
+    if (o_eps->count()) m.rms_eps = (float)rms_eps;
     if (tied && untied) return fail("--tied and --untied are exclusive");
     if (tied) m.tied = true;
     if (untied) m.tied = false;
@@ -131,15 +113,16 @@ int main(int argc, char** argv) {
         return fail("--heads " + std::to_string(m.n_head) + " is not a multiple of --kv-heads " + std::to_string(m.n_head_kv));
     if ((m.n_embd / m.n_head) % 2 != 0)
         return fail("the head size --hidden / --heads = " + std::to_string(m.n_embd / m.n_head) + " must be even (RoPE rotates pairs)");
+    m.head_dim = m.n_embd / m.n_head;
     std::string err;
-    if (!m.valid(&err)) return fail(err);
+    if (!qwen2_config_valid(m, &err)) return fail(err);
 
     const uint32_t wtype = outtype == "f32" ? GGUF_TENSOR_F32 : outtype == "f16" ? GGUF_TENSOR_F16 : GGUF_TENSOR_BF16;
     GGUFWriter w;
-    w.set_string("general.architecture", "qwen2");
+    w.set_string("general.architecture", QWEN2_ARCH);
     w.set_string("general.type", "model");
     w.set_string("general.name", name);
-    write_qwen2_hparams(w, m);
+    qwen2_write_hparams(w, m);
     w.set_u32("general.file_type", llama_file_type(wtype));
     w.set_u32("general.quantization_version", 2);
     if (!vocab.empty()) {
@@ -147,9 +130,9 @@ int main(int argc, char** argv) {
         if (vr.open(vocab, &err, GGUFReadOptions{true})) return fail(err);
         if (!copy_tokenizer(vr, m.n_vocab, w, &err)) return fail(err);
     }
-    const std::vector<Qwen2Tensor> plan = qwen2_tensors(m);
+    const std::vector<Qwen2TensorSpec> plan = qwen2_tensors(m);
     for (auto& t : plan)
-        if (w.add_tensor(t.gguf_name, t.is_1d() ? GGUF_TENSOR_F32 : wtype, t.ne, &err)) return fail(err);
+        if (w.add_tensor(t.name, t.kind == Qwen2TensorKind::Weight ? wtype : GGUF_TENSOR_F32, t.ne, &err)) return fail(err);
 
     uint64_t total = 0;
     for (auto& t : w.tensors()) total += t.nbytes;
@@ -162,12 +145,11 @@ int main(int argc, char** argv) {
     std::vector<std::vector<float>> f32((size_t)threads, std::vector<float>(kChunk));
     std::vector<std::vector<uint8_t>> conv((size_t)threads, std::vector<uint8_t>(kChunk * 4));
     for (size_t ti = 0; ti < plan.size(); ti++) {
-        const Qwen2Tensor& p = plan[ti];
+        const Qwen2TensorSpec& p = plan[ti];
         const GGUFTensorInfo& info = w.tensors()[ti];
         const int64_t n = info.nelements();
         const size_t esz = gguf_tensor_type_block_bytes(info.type);
-        const bool is_norm = p.gguf_name.find("_norm.") != std::string::npos;
-        const bool is_bias = p.gguf_name.size() > 5 && p.gguf_name.compare(p.gguf_name.size() - 5, 5, ".bias") == 0;
+        const bool is_norm = p.kind == Qwen2TensorKind::Norm, is_bias = p.kind == Qwen2TensorKind::Bias;
         const int64_t n_chunks = (n + kChunk - 1) / kChunk;
         for (int64_t c0 = 0; c0 < n_chunks; c0 += threads) {
             const int nt = (int)std::min<int64_t>(threads, n_chunks - c0);
@@ -176,7 +158,7 @@ int main(int argc, char** argv) {
                 float* v = f32[(size_t)k].data();
                 if (is_norm) std::fill(v, v + len, 1.0f);
                 else if (is_bias) std::fill(v, v + len, 0.0f);
-                else fill_normal(init_chunk_seed(seed, p.gguf_name, c), init_std, v, len);
+                else fill_normal(init_chunk_seed(seed, p.name, c), init_std, v, len);
                 gguf_convert(GGUF_TENSOR_F32, v, info.type, conv[(size_t)k].data(), len, nullptr);
             };
             std::vector<std::thread> pool;

@@ -39,91 +39,6 @@ static bool read_json(const std::string& path, json* out, std::string* err) {
     return true;
 }
 
-bool Qwen2Dims::valid(std::string* err) const {
-    auto bad = [&](const std::string& m) { *err = "invalid Qwen2 dimensions: " + m; return false; };
-    if (n_vocab <= 0 || n_embd <= 0 || n_ff <= 0 || n_layer <= 0 || n_head <= 0 || n_head_kv <= 0 || n_ctx <= 0)
-        return bad("vocab, hidden, ffn, layers, heads, kv heads and context must all be positive");
-    if (n_embd % n_head != 0) return bad("hidden size " + std::to_string(n_embd) + " is not a multiple of heads " + std::to_string(n_head));
-    if (n_head % n_head_kv != 0) return bad("heads " + std::to_string(n_head) + " is not a multiple of kv heads " + std::to_string(n_head_kv));
-    if (n_vocab > INT32_MAX || n_embd > INT32_MAX || n_ff > INT32_MAX || n_layer > INT32_MAX || n_head > INT32_MAX ||
-        n_ctx > INT32_MAX)
-        return bad("dimension too large");
-    if ((n_embd / n_head) % 2 != 0) return bad("head size " + std::to_string(n_embd / n_head) + " is odd (RoPE rotates pairs)");
-    // Written as float32: must stay finite and positive once rounded.
-    if (!(std::isfinite((float)rope_theta) && (float)rope_theta > 0.0f)) return bad("rope_theta must be finite and > 0");
-    if (!(std::isfinite((float)rms_eps) && (float)rms_eps > 0.0f)) return bad("rms_norm_eps must be finite and > 0");
-    return true;
-}
-
-std::vector<Qwen2Tensor> qwen2_tensors(const Qwen2Dims& d) {
-    const int64_t hd = d.n_embd / d.n_head, kv = d.n_head_kv * hd;
-    std::vector<Qwen2Tensor> t;
-    t.push_back({"token_embd.weight", "model.embed_tokens.weight", {d.n_embd, d.n_vocab}});
-    for (int64_t l = 0; l < d.n_layer; l++) {
-        const std::string b = "blk." + std::to_string(l) + ".", h = "model.layers." + std::to_string(l) + ".";
-        t.push_back({b + "attn_norm.weight", h + "input_layernorm.weight", {d.n_embd}});
-        t.push_back({b + "attn_q.weight", h + "self_attn.q_proj.weight", {d.n_embd, d.n_embd}});
-        t.push_back({b + "attn_q.bias", h + "self_attn.q_proj.bias", {d.n_embd}});
-        t.push_back({b + "attn_k.weight", h + "self_attn.k_proj.weight", {d.n_embd, kv}});
-        t.push_back({b + "attn_k.bias", h + "self_attn.k_proj.bias", {kv}});
-        t.push_back({b + "attn_v.weight", h + "self_attn.v_proj.weight", {d.n_embd, kv}});
-        t.push_back({b + "attn_v.bias", h + "self_attn.v_proj.bias", {kv}});
-        t.push_back({b + "attn_output.weight", h + "self_attn.o_proj.weight", {d.n_embd, d.n_embd}});
-        t.push_back({b + "ffn_norm.weight", h + "post_attention_layernorm.weight", {d.n_embd}});
-        t.push_back({b + "ffn_gate.weight", h + "mlp.gate_proj.weight", {d.n_embd, d.n_ff}});
-        t.push_back({b + "ffn_up.weight", h + "mlp.up_proj.weight", {d.n_embd, d.n_ff}});
-        t.push_back({b + "ffn_down.weight", h + "mlp.down_proj.weight", {d.n_ff, d.n_embd}});
-    }
-    t.push_back({"output_norm.weight", "model.norm.weight", {d.n_embd}});
-    if (!d.tied) t.push_back({"output.weight", "lm_head.weight", {d.n_embd, d.n_vocab}});
-    return t;
-}
-
-std::string qwen2_gguf_name(const std::string& hf) {
-    static const std::map<std::string, std::string> top = {
-        {"model.embed_tokens.weight", "token_embd.weight"},
-        {"model.norm.weight", "output_norm.weight"},
-        {"lm_head.weight", "output.weight"},
-    };
-    auto it = top.find(hf);
-    if (it != top.end()) return it->second;
-    static const std::string pre = "model.layers.";
-    if (hf.compare(0, pre.size(), pre) != 0) return "";
-    size_t i = pre.size(), j = i;
-    while (j < hf.size() && isdigit((unsigned char)hf[j])) j++;
-    if (j == i || j >= hf.size() || hf[j] != '.') return "";
-    const std::string layer = hf.substr(i, j - i), rest = hf.substr(j + 1);
-    static const std::map<std::string, std::string> per = {
-        {"input_layernorm.weight", "attn_norm.weight"},
-        {"post_attention_layernorm.weight", "ffn_norm.weight"},
-        {"self_attn.q_proj.weight", "attn_q.weight"},
-        {"self_attn.q_proj.bias", "attn_q.bias"},
-        {"self_attn.k_proj.weight", "attn_k.weight"},
-        {"self_attn.k_proj.bias", "attn_k.bias"},
-        {"self_attn.v_proj.weight", "attn_v.weight"},
-        {"self_attn.v_proj.bias", "attn_v.bias"},
-        {"self_attn.o_proj.weight", "attn_output.weight"},
-        {"self_attn.o_proj.bias", "attn_output.bias"},
-        {"mlp.gate_proj.weight", "ffn_gate.weight"},
-        {"mlp.up_proj.weight", "ffn_up.weight"},
-        {"mlp.down_proj.weight", "ffn_down.weight"},
-    };
-    auto p = per.find(rest);
-    if (p == per.end()) return "";
-    return "blk." + std::to_string(std::stoll(layer)) + "." + p->second;
-}
-
-void write_qwen2_hparams(GGUFWriter& w, const Qwen2Dims& d) {
-    w.set_u32("qwen2.block_count", (uint32_t)d.n_layer);
-    w.set_u32("qwen2.context_length", (uint32_t)d.n_ctx);
-    w.set_u32("qwen2.embedding_length", (uint32_t)d.n_embd);
-    w.set_u32("qwen2.feed_forward_length", (uint32_t)d.n_ff);
-    w.set_u32("qwen2.attention.head_count", (uint32_t)d.n_head);
-    w.set_u32("qwen2.attention.head_count_kv", (uint32_t)d.n_head_kv);
-    if (d.has_rope_theta) w.set_f32("qwen2.rope.freq_base", (float)d.rope_theta);
-    w.set_f32("qwen2.attention.layer_norm_rms_epsilon", (float)d.rms_eps);
-}
-
 uint32_t llama_file_type(uint32_t t) {
     switch (t) {
     case GGUF_TENSOR_F32: return 0;  // LLAMA_FTYPE_ALL_F32
@@ -143,14 +58,15 @@ static bool get_int(const json& c, const char* key, int64_t* out) {
     return true;
 }
 
-bool read_hf_config(const std::string& path, Qwen2Dims* d, std::string* name_or_path, std::string* err) {
+bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_theta, std::string* name_or_path,
+                    std::string* err) {
     json c;
     if (!read_json(path, &c, err)) return false;
     if (!c.is_object()) { *err = path + ": not a JSON object"; return false; }
     // Multimodal wrappers keep the language model under text_config.
     if (c.contains("text_config") && c["text_config"].is_object() && !c.contains("hidden_size")) c = c["text_config"];
     std::string mt = c.value("model_type", std::string());
-    if (!mt.empty() && mt != "qwen2") {
+    if (!mt.empty() && mt != QWEN2_ARCH) {
         *err = path + ": model_type is '" + mt + "'; only qwen2 checkpoints are supported";
         return false;
     }
@@ -160,27 +76,34 @@ bool read_hf_config(const std::string& path, Qwen2Dims* d, std::string* name_or_
     for (auto& r : req)
         if (!get_int(c, r.key, r.dst)) { *err = path + ": missing or non-integer '" + r.key + "'"; return false; }
     if (!get_int(c, "num_key_value_heads", &d->n_head_kv)) d->n_head_kv = d->n_head;
-    if (!get_int(c, "max_position_embeddings", &d->n_ctx)) d->n_ctx = 32768;
-    d->has_rope_theta = false;
-    if (c.contains("rope_theta") && c["rope_theta"].is_number()) {                 // transformers 4
-        d->rope_theta = c["rope_theta"].get<double>();
-        d->has_rope_theta = true;
+    if (!get_int(c, "max_position_embeddings", &d->n_ctx_train)) d->n_ctx_train = 32768;
+    *has_rope_theta = false;
+    auto theta = [&](const json& src) {
+        if (!src.contains("rope_theta") || !src["rope_theta"].is_number()) return;
+        d->rope_theta = (float)src["rope_theta"].get<double>();
+        *has_rope_theta = true;
+    };
+    if (c.contains("rope_theta") && c["rope_theta"].is_number()) {                  // transformers 4
+        theta(c);
     } else if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) { // transformers 5
         const json& rp = c["rope_parameters"];
-        const json* src = &rp;
-        if (rp.contains("full_attention") && rp["full_attention"].is_object()) src = &rp["full_attention"];
-        if (src->contains("rope_theta") && (*src)["rope_theta"].is_number()) {
-            d->rope_theta = (*src)["rope_theta"].get<double>();
-            d->has_rope_theta = true;
-        }
+        theta(rp.contains("full_attention") && rp["full_attention"].is_object() ? rp["full_attention"] : rp);
     }
-    if (c.contains("rms_norm_eps") && c["rms_norm_eps"].is_number()) d->rms_eps = c["rms_norm_eps"].get<double>();
+    if (c.contains("rms_norm_eps") && c["rms_norm_eps"].is_number()) d->rms_eps = (float)c["rms_norm_eps"].get<double>();
     d->tied = c.value("tie_word_embeddings", false);
     if (name_or_path) {
         auto it = c.find("_name_or_path");
         *name_or_path = it != c.end() && it->is_string() ? it->get<std::string>() : "";
     }
-    return d->valid(err);
+    // Qwen2's head size is hidden_size / num_attention_heads
+    if (d->n_head > 0 && d->n_embd % d->n_head != 0) {
+        *err = path + ": hidden_size " + std::to_string(d->n_embd) + " is not a multiple of num_attention_heads " +
+               std::to_string(d->n_head);
+        return false;
+    }
+    d->head_dim = d->n_head > 0 ? d->n_embd / d->n_head : 0;
+    if (!qwen2_config_valid(*d, err)) { *err = path + ": " + *err; return false; }
+    return true;
 }
 
 // llama.cpp's TextModel.does_token_look_special().

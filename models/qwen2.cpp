@@ -15,45 +15,6 @@
 namespace oomb {
 
 // ---------------------------------------------------------------------------------------------
-// Configuration
-// ---------------------------------------------------------------------------------------------
-
-bool qwen2_preset(const std::string & name, Qwen2Config * cfg) {
-    Qwen2Config c;
-    c.rope_theta = 1e6f;
-    c.rms_eps = 1e-6f;
-    c.n_ctx_train = 32768;
-    if (name == "tiny") {
-        c.n_vocab = 151936; c.n_embd = 64; c.n_ff = 192; c.n_layer = 2; c.n_head = 4; c.n_head_kv = 2; c.tied = true;
-    } else if (name == "qwen2.5-0.5b") {
-        c.n_vocab = 151936; c.n_embd = 896; c.n_ff = 4864; c.n_layer = 24; c.n_head = 14; c.n_head_kv = 2; c.tied = true;
-    } else if (name == "qwen2.5-1.5b") {
-        c.n_vocab = 151936; c.n_embd = 1536; c.n_ff = 8960; c.n_layer = 28; c.n_head = 12; c.n_head_kv = 2; c.tied = true;
-    } else if (name == "qwen2.5-3b") {
-        c.n_vocab = 151936; c.n_embd = 2048; c.n_ff = 11008; c.n_layer = 36; c.n_head = 16; c.n_head_kv = 2; c.tied = true;
-    } else if (name == "qwen2.5-7b") {
-        c.n_vocab = 152064; c.n_embd = 3584; c.n_ff = 18944; c.n_layer = 28; c.n_head = 28; c.n_head_kv = 4; c.tied = false;
-        c.n_ctx_train = 131072;
-    } else {
-        return false;
-    }
-    c.head_dim = c.n_embd / c.n_head;
-    *cfg = c;
-    return true;
-}
-
-bool qwen2_config_valid(const Qwen2Config & c, std::string * err) {
-    auto bad = [&](const char * what) { if (err) *err = std::string("bad model configuration: ") + what; return false; };
-    if (c.n_vocab <= 0) return bad("n_vocab must be positive");
-    if (c.n_embd <= 0 || c.n_ff <= 0 || c.n_layer <= 0) return bad("n_embd, n_ff and n_layer must be positive");
-    if (c.n_head <= 0 || c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0) return bad("n_head must be a positive multiple of n_head_kv");
-    if (c.head_dim <= 0 || c.head_dim % 2 != 0) return bad("head_dim must be positive and even");
-    if (!(c.rope_theta > 0.0f)) return bad("rope theta must be positive");
-    if (!(c.rms_eps >= 0.0f)) return bad("rms eps must be >= 0");
-    return true;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Weights
 // ---------------------------------------------------------------------------------------------
 
@@ -68,54 +29,68 @@ oomb_tensor * Qwen2Model::find(const std::string & gguf_name) const {
     return nullptr;
 }
 
+const Qwen2TensorSpec * Qwen2Model::spec(const oomb_tensor * t) const {
+    for (size_t i = 0; i < params.size(); i++)
+        if (params[i] == t) return &specs[i];
+    return nullptr;
+}
+
 int64_t Qwen2Model::n_params() const {
     int64_t n = 0;
     for (oomb_tensor * t : params) n += oomb_nelements(t);
     return n;
 }
 
-std::unique_ptr<Qwen2Model> qwen2_create(const Qwen2Config & cfg, oomb_backend_t backend, oomb_type wtype) {
-    std::string err;
-    if (!qwen2_config_valid(cfg, &err)) oomb_error("qwen2_create: %s", err.c_str());
-    if (wtype != OOMB_TYPE_F32 && wtype != OOMB_TYPE_BF16) oomb_error("qwen2_create: weight type must be f32 or bf16");
+std::unique_ptr<Qwen2Model> qwen2_create_or_error(const Qwen2Config & cfg, oomb_backend_t backend, oomb_type wtype, std::string * err) {
+    if (!qwen2_config_valid(cfg, err)) return nullptr;
+    if (wtype != OOMB_TYPE_F32 && wtype != OOMB_TYPE_BF16) {
+        if (err) *err = "qwen2_create: weight type must be f32 or bf16";
+        return nullptr;
+    }
     auto m = std::make_unique<Qwen2Model>();
     m->cfg = cfg;
     m->backend = backend;
     m->ctx = oomb_init({0, true});
-    oomb_context * ctx = m->ctx;
-    const int64_t E = cfg.n_embd, Dq = cfg.n_head * cfg.head_dim, Dkv = cfg.n_head_kv * cfg.head_dim;
-    auto w2 = [&](int64_t in, int64_t out, const std::string & name) {
-        oomb_tensor * t = oomb_set_name(oomb_new_tensor_2d(ctx, wtype, in, out), name.c_str());
+    m->layers.resize((size_t) cfg.n_layer);
+    m->specs = qwen2_tensors(cfg);
+    for (const Qwen2TensorSpec & s : m->specs) {
+        const oomb_type type = s.kind == Qwen2TensorKind::Weight ? wtype : OOMB_TYPE_F32;  // norms and biases stay f32
+        oomb_tensor * t = s.is_1d() ? oomb_new_tensor_1d(m->ctx, type, s.ne[0]) : oomb_new_tensor_2d(m->ctx, type, s.ne[0], s.ne[1]);
+        oomb_set_name(t, s.name.c_str());
         m->params.push_back(t);
-        return t;
-    };
-    auto w1 = [&](int64_t n, const std::string & name) {
-        oomb_tensor * t = oomb_set_name(oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, n), name.c_str());
-        m->params.push_back(t);
-        return t;
-    };
-    m->tok_embd = w2(E, cfg.n_vocab, "token_embd.weight");
-    for (int64_t l = 0; l < cfg.n_layer; l++) {
-        const std::string p = "blk." + std::to_string(l) + ".";
-        Qwen2Layer L;
-        L.attn_norm = w1(E, p + "attn_norm.weight");
-        L.wq = w2(E, Dq, p + "attn_q.weight");
-        L.bq = w1(Dq, p + "attn_q.bias");
-        L.wk = w2(E, Dkv, p + "attn_k.weight");
-        L.bk = w1(Dkv, p + "attn_k.bias");
-        L.wv = w2(E, Dkv, p + "attn_v.weight");
-        L.bv = w1(Dkv, p + "attn_v.bias");
-        L.wo = w2(Dq, E, p + "attn_output.weight");
-        L.ffn_norm = w1(E, p + "ffn_norm.weight");
-        L.w_gate = w2(E, cfg.n_ff, p + "ffn_gate.weight");
-        L.w_up = w2(E, cfg.n_ff, p + "ffn_up.weight");
-        L.w_down = w2(cfg.n_ff, E, p + "ffn_down.weight");
-        m->layers.push_back(L);
+        Qwen2Layer * L = s.layer >= 0 ? &m->layers[(size_t) s.layer] : nullptr;
+        switch (s.slot) {
+        case Qwen2Slot::TokEmbd: m->tok_embd = t; break;
+        case Qwen2Slot::OutputNorm: m->output_norm = t; break;
+        case Qwen2Slot::Output: m->output = t; break;
+        case Qwen2Slot::AttnNorm: L->attn_norm = t; break;
+        case Qwen2Slot::Wq: L->wq = t; break;
+        case Qwen2Slot::Bq: L->bq = t; break;
+        case Qwen2Slot::Wk: L->wk = t; break;
+        case Qwen2Slot::Bk: L->bk = t; break;
+        case Qwen2Slot::Wv: L->wv = t; break;
+        case Qwen2Slot::Bv: L->bv = t; break;
+        case Qwen2Slot::Wo: L->wo = t; break;
+        case Qwen2Slot::FfnNorm: L->ffn_norm = t; break;
+        case Qwen2Slot::WGate: L->w_gate = t; break;
+        case Qwen2Slot::WUp: L->w_up = t; break;
+        case Qwen2Slot::WDown: L->w_down = t; break;
+        case Qwen2Slot::Bo: break;  // optional, not in qwen2_tensors(cfg)
+        }
     }
-    m->output_norm = w1(E, "output_norm.weight");
-    if (!cfg.tied) m->output = w2(E, cfg.n_vocab, "output.weight");
-    m->buf = oomb_backend_alloc_ctx_tensors(ctx, backend);
-    if (!m->buf) oomb_error("qwen2_create: cannot allocate the weights");
+    size_t bytes = 0;
+    m->buf = oomb_backend_try_alloc_ctx_tensors(m->ctx, backend, &bytes);
+    if (!m->buf) {
+        if (err) *err = "qwen2_create: " + std::string(oomb_backend_name(backend)) + " cannot allocate the weights (" + std::to_string(bytes) + " bytes)";
+        return nullptr;
+    }
+    return m;
+}
+
+std::unique_ptr<Qwen2Model> qwen2_create(const Qwen2Config & cfg, oomb_backend_t backend, oomb_type wtype) {
+    std::string err;
+    auto m = qwen2_create_or_error(cfg, backend, wtype, &err);
+    if (!m) oomb_error("qwen2_create: %s", err.c_str());
     return m;
 }
 
@@ -141,10 +116,6 @@ std::vector<float> download(const oomb_tensor * t) {
     return v;
 }
 
-bool is_norm_or_bias(const std::string & name) {
-    return name.find("norm") != std::string::npos || name.find(".bias") != std::string::npos;
-}
-
 } // namespace
 
 void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
@@ -152,8 +123,10 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
     // chunks of a tensor are generated on all cores (a 7B model's 7.6e9 values in seconds)
     const int n_threads = (int) std::max(1u, std::min(64u, std::thread::hardware_concurrency()));
     std::vector<std::vector<float>> scratch((size_t) n_threads, std::vector<float>((size_t) kInitChunk));
-    for (oomb_tensor * t : m.params) {
+    for (size_t ti = 0; ti < m.params.size(); ti++) {
+        oomb_tensor * t = m.params[ti];
         const std::string name = t->name;
+        const Qwen2TensorKind kind = m.specs[ti].kind;
         const int64_t n = oomb_nelements(t);
         const bool bf = t->type == OOMB_TYPE_BF16, f16 = t->type == OOMB_TYPE_F16;
         const size_t es = oomb_type_size(t->type);
@@ -164,8 +137,8 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
             float * v = scratch[(size_t) k].data();
             for (int64_t c = k; c < n_chunks; c += nt) {
                 const int64_t off = c * kInitChunk, len = std::min(kInitChunk, n - off);
-                if (name.find("norm") != std::string::npos) std::fill(v, v + len, 1.0f);
-                else if (name.find(".bias") != std::string::npos) std::fill(v, v + len, 0.0f);
+                if (kind == Qwen2TensorKind::Norm) std::fill(v, v + len, 1.0f);
+                else if (kind == Qwen2TensorKind::Bias) std::fill(v, v + len, 0.0f);
                 else fill_normal(init_chunk_seed(seed, name, c), 0.02f, v, len);
                 if (bf || f16) {
                     uint16_t * h = (uint16_t *) host.data() + off;
@@ -186,44 +159,27 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
 std::unique_ptr<Qwen2Model> qwen2_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err) {
     GGUFReader r;
     if (r.open(path, err) != GGUF_OK) return nullptr;
-    GGUFQwen2Hparams hp;
-    if (gguf_read_qwen2_hparams(r, &hp, err) != GGUF_OK) return nullptr;
+    // check, then allocate: the metadata against the tensor table, every tensor's shape and type
     Qwen2Config c;
-    c.n_vocab = hp.n_vocab; c.n_embd = hp.n_embd; c.n_ff = hp.n_ff; c.n_layer = hp.n_layer;
-    c.n_head = hp.n_head; c.n_head_kv = hp.n_head_kv; c.rope_theta = hp.rope_freq_base; c.rms_eps = hp.rms_norm_eps;
-    c.tied = hp.tied_embeddings; c.n_ctx_train = hp.n_ctx_train ? hp.n_ctx_train : 32768;
-    c.head_dim = c.n_head > 0 ? c.n_embd / c.n_head : 0;
-    int64_t key_len = 0;
-    std::string ignore;
-    if (r.get_i64("qwen2.attention.key_length", &key_len, &ignore) == GGUF_OK && key_len > 0) c.head_dim = key_len;
-    if (!qwen2_config_valid(c, err)) { if (err) *err = path + ": " + *err; return nullptr; }
-    auto m = qwen2_create(c, backend, wtype);
+    if (qwen2_read_config(r, &c, err) != GGUF_OK) return nullptr;
+    if (qwen2_check_tensors(r, c, false, err) != GGUF_OK) return nullptr;
+    auto m = qwen2_create_or_error(c, backend, wtype, err);
+    if (!m) {
+        if (err) *err = path + ": " + *err;
+        return nullptr;
+    }
     for (oomb_tensor * t : m->params) {
-        const GGUFTensorInfo * ti = r.find_tensor(t->name);
-        if (!ti) {
-            if (err) *err = path + ": tensor '" + t->name + "' is missing";
-            return nullptr;
-        }
-        for (int i = 0; i < 4; i++) {
-            if (ti->ne[i] != t->ne[i]) {
-                char buf[256];
-                snprintf(buf, sizeof(buf), "%s: tensor '%s' has shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64
-                         "], expected [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "]", path.c_str(), t->name, ti->ne[0],
-                         ti->ne[1], ti->ne[2], ti->ne[3], t->ne[0], t->ne[1], t->ne[2], t->ne[3]);
-                if (err) *err = buf;
-                return nullptr;
-            }
+        const GGUFTensorInfo & ti = *r.find_tensor(t->name);  // present: qwen2_check_tensors
+        if (t->type == OOMB_TYPE_BF16 && ti.type == GGUF_TENSOR_BF16) {
+            // bit-exact: copy the bf16 payload
+            std::vector<uint16_t> h((size_t) oomb_nelements(t));
+            if (r.read_tensor(ti, GGUF_TENSOR_BF16, h.data(), h.size() * 2, err) != GGUF_OK) return nullptr;
+            oomb_tensor_set(t, h.data(), 0, h.size() * 2);
+            continue;
         }
         std::vector<float> v;
         if (r.read_tensor_f32(t->name, &v, err) != GGUF_OK) return nullptr;
-        if (t->type == OOMB_TYPE_BF16 && ti->type == GGUF_TENSOR_BF16) {
-            // bit-exact: copy the bf16 payload
-            std::vector<uint16_t> h(v.size());
-            if (r.read_tensor(*ti, GGUF_TENSOR_BF16, h.data(), h.size() * 2, err) != GGUF_OK) return nullptr;
-            oomb_tensor_set(t, h.data(), 0, h.size() * 2);
-        } else {
-            upload(t, v.data());
-        }
+        upload(t, v.data());
     }
     return m;
 }
@@ -232,21 +188,10 @@ bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::
                      const std::string & name, std::string * err) {
     GGUFWriter w;
     const Qwen2Config & c = m.cfg;
-    w.set_string("general.architecture", "qwen2");
+    w.set_string("general.architecture", QWEN2_ARCH);
     w.set_string("general.name", name);
     w.set_u32("general.file_type", out_type == OOMB_TYPE_BF16 ? 32 : 0);  // llama_ftype: ALL_F32 = 0, MOSTLY_BF16 = 32
-    w.set_u32("qwen2.context_length", (uint32_t) c.n_ctx_train);
-    w.set_u32("qwen2.embedding_length", (uint32_t) c.n_embd);
-    w.set_u32("qwen2.block_count", (uint32_t) c.n_layer);
-    w.set_u32("qwen2.feed_forward_length", (uint32_t) c.n_ff);
-    w.set_u32("qwen2.attention.head_count", (uint32_t) c.n_head);
-    w.set_u32("qwen2.attention.head_count_kv", (uint32_t) c.n_head_kv);
-    w.set_f32("qwen2.rope.freq_base", c.rope_theta);
-    w.set_f32("qwen2.attention.layer_norm_rms_epsilon", c.rms_eps);
-    if (c.head_dim != c.n_embd / c.n_head) {
-        w.set_u32("qwen2.attention.key_length", (uint32_t) c.head_dim);
-        w.set_u32("qwen2.attention.value_length", (uint32_t) c.head_dim);
-    }
+    qwen2_write_hparams(w, c);
     if (!vocab_gguf.empty()) {
         GGUFReader v;
         if (v.open(vocab_gguf, err) != GGUF_OK) return false;
@@ -271,27 +216,28 @@ bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::
         w.set("tokenizer.ggml.tokens", GGUFValue::string_array(tokens));
         w.set("tokenizer.ggml.token_type", GGUFValue::array(types));
     }
-    for (oomb_tensor * t : m.params) {
-        const uint32_t type = (is_norm_or_bias(t->name) || out_type == OOMB_TYPE_F32) ? GGUF_TENSOR_F32 : GGUF_TENSOR_BF16;
-        std::vector<int64_t> ne;
-        for (int i = 0; i < oomb_n_dims(t); i++) ne.push_back(t->ne[i]);
-        if (w.add_tensor(t->name, type, ne, err) != GGUF_OK) return false;
+    // norms and biases stay f32 (as llama.cpp writes them)
+    const std::vector<Qwen2TensorSpec> & specs = m.specs;
+    std::vector<bool> f32(specs.size());
+    for (size_t i = 0; i < specs.size(); i++) {
+        f32[i] = specs[i].kind != Qwen2TensorKind::Weight || out_type == OOMB_TYPE_F32;
+        if (w.add_tensor(specs[i].name, f32[i] ? GGUF_TENSOR_F32 : GGUF_TENSOR_BF16, specs[i].ne, err) != GGUF_OK) return false;
     }
     if (w.open(path, err) != GGUF_OK) return false;
-    for (oomb_tensor * t : m.params) {
-        const bool f32 = is_norm_or_bias(t->name) || out_type == OOMB_TYPE_F32;
-        if (t->type == OOMB_TYPE_BF16 && !f32) {
+    for (size_t i = 0; i < specs.size(); i++) {
+        const oomb_tensor * t = m.params[i];
+        if (t->type == OOMB_TYPE_BF16 && !f32[i]) {
             std::vector<uint16_t> h((size_t) oomb_nelements(t));
             oomb_tensor_get(t, h.data(), 0, h.size() * 2);
             if (w.write_tensor(t->name, h.data(), h.size() * 2, err) != GGUF_OK) return false;
             continue;
         }
         std::vector<float> v = download(t);
-        if (f32) {
+        if (f32[i]) {
             if (w.write_tensor(t->name, v.data(), v.size() * 4, err) != GGUF_OK) return false;
         } else {
             std::vector<uint16_t> h(v.size());
-            for (size_t i = 0; i < v.size(); i++) h[i] = fp32_to_bf16(v[i]);
+            for (size_t k = 0; k < v.size(); k++) h[k] = fp32_to_bf16(v[k]);
             if (w.write_tensor(t->name, h.data(), h.size() * 2, err) != GGUF_OK) return false;
         }
     }
@@ -300,15 +246,13 @@ bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::
 
 std::vector<oomb_tensor *> qwen2_set_trainable(Qwen2Model & m, Qwen2Trainable which) {
     std::vector<oomb_tensor *> out;
-    for (oomb_tensor * t : m.params) {
-        const std::string n = t->name;
-        bool train = true;
-        if (which == Qwen2Trainable::Linear) {
-            const bool linear = n.find(".weight") != std::string::npos && n.find("norm") == std::string::npos &&
-                                (n.rfind("blk.", 0) == 0 || n == "output.weight" || (m.cfg.tied && n == "token_embd.weight"));
-            train = linear;
-        }
-        if (!train) continue;
+    for (size_t i = 0; i < m.params.size(); i++) {
+        oomb_tensor * t = m.params[i];
+        const Qwen2TensorSpec & s = m.specs[i];
+        // "linear": the blocks' projections and the LM head (the shared embedding when tied)
+        const bool linear = s.kind == Qwen2TensorKind::Weight &&
+                            (s.layer >= 0 || s.slot == Qwen2Slot::Output || (m.cfg.tied && s.slot == Qwen2Slot::TokEmbd));
+        if (which == Qwen2Trainable::Linear && !linear) continue;
         oomb_set_param(t);
         oomb_new_grad(m.ctx, t);
         out.push_back(t);

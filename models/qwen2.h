@@ -16,6 +16,7 @@
 #include "oomb-backend.h"
 #include "oomb-paged.h"
 #include "oomb-chunk.h"
+#include "qwen2-layout.h"  // Qwen2Config, presets, the GGUF layout
 
 #include <cstdint>
 #include <map>
@@ -24,26 +25,6 @@
 #include <vector>
 
 namespace oomb {
-
-struct Qwen2Config {
-    int64_t n_vocab = 0;
-    int64_t n_embd = 0;
-    int64_t n_ff = 0;
-    int64_t n_layer = 0;
-    int64_t n_head = 0;
-    int64_t n_head_kv = 0;
-    int64_t head_dim = 0;      // n_embd / n_head for Qwen2
-    int64_t n_ctx_train = 32768;
-    float   rope_theta = 1e6f;
-    float   rms_eps = 1e-6f;
-    bool    tied = false;      // LM head shares token_embd.weight
-};
-
-/// Shapes of the Qwen2.5 family ("qwen2.5-0.5b", "-1.5b", "-3b", "-7b") and "tiny" (a small model
-/// with the real 151,936-token vocabulary, for the default CPU run). Returns false for other names.
-bool qwen2_preset(const std::string & name, Qwen2Config * cfg);
-/// Checks a configuration; false with a message naming the bad field.
-bool qwen2_config_valid(const Qwen2Config & cfg, std::string * err);
 
 struct Qwen2Layer {
     oomb_tensor *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo;
@@ -63,6 +44,7 @@ struct Qwen2Model {
     oomb_tensor * output = nullptr;   // NULL when tied
     std::vector<Qwen2Layer> layers;
     std::vector<oomb_tensor *> params;
+    std::vector<Qwen2TensorSpec> specs;  // specs[i]: the layout's entry of params[i] (kind, layer, slot)
 
     Qwen2Model() = default;
     Qwen2Model(const Qwen2Model &) = delete;
@@ -71,19 +53,26 @@ struct Qwen2Model {
 
     oomb_tensor * lm_head() const { return output ? output : tok_embd; }
     oomb_tensor * find(const std::string & gguf_name) const;
+    /// The layout's entry of weight t (one of params); nullptr for another tensor.
+    const Qwen2TensorSpec * spec(const oomb_tensor * t) const;
     int64_t n_params() const;
 };
 
-/// Creates the weight tensors (zero) of cfg in `backend`'s memory with type `wtype` (f32 or bf16;
-/// norms stay f32).
+/// Creates the weight tensors (zero) of cfg, qwen2_tensors(cfg) in that order, in `backend`'s memory
+/// with type `wtype` (f32 or bf16; norms and biases stay f32). An invalid cfg or wtype, or memory
+/// that cannot be allocated, is an oomb_error; qwen2_create_or_error returns nullptr and a message
+/// in *err instead.
 std::unique_ptr<Qwen2Model> qwen2_create(const Qwen2Config & cfg, oomb_backend_t backend, oomb_type wtype);
+std::unique_ptr<Qwen2Model> qwen2_create_or_error(const Qwen2Config & cfg, oomb_backend_t backend, oomb_type wtype, std::string * err);
 /// HF's initialisation: normal(0, 0.02) for linear and embedding weights, ones for RMSNorm
 /// weights, zeros for biases. Deterministic for a seed (values depend on the seed and the tensor
 /// name, not on the thread count; the same as oomb-gguf-init's with that seed). Uses all cores.
 void qwen2_init_random(Qwen2Model & m, uint64_t seed);
 /// Loads a Qwen2 GGUF (llama.cpp's names and keys; F32/F16/BF16/Q8_0/Q4_0/Q4_1 tensors are
-/// converted to wtype). Errors (missing file, other architecture, missing or misshapen tensor):
-/// nullptr and a message in *err.
+/// converted to wtype). The metadata is checked against the tensor table before anything is
+/// allocated (qwen2_read_config, qwen2_check_tensors). Errors (missing file, other architecture,
+/// bad or inconsistent key, missing, misshapen, unreadable or unknown tensor, no memory): nullptr
+/// and a message naming the file and the key or tensor in *err; never an oomb_error.
 std::unique_ptr<Qwen2Model> qwen2_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err);
 /// Writes the model as a GGUF llama.cpp can load (weights in `out_type`: f32 or bf16; norms f32),
 /// with the qwen2.* keys and, when vocab_gguf is not empty, the tokenizer.* keys copied from that

@@ -228,15 +228,24 @@ void oomb_tensor_alloc(oomb_buffer_t buffer, struct oomb_tensor * t, size_t offs
 }
 
 oomb_buffer_t oomb_backend_alloc_ctx_tensors(struct oomb_context * ctx, oomb_backend_t backend) {
+    size_t total = 0;
+    oomb_buffer_t buf = oomb_backend_try_alloc_ctx_tensors(ctx, backend, &total);
+    if (!buf && total > 0) oomb_error("alloc_ctx_tensors: %s could not allocate %zu bytes", oomb_backend_name(backend), total);
+    return buf;
+}
+
+oomb_buffer_t oomb_backend_try_alloc_ctx_tensors(struct oomb_context * ctx, oomb_backend_t backend, size_t * failed_bytes) {
     const size_t align = 256;
     size_t total = 0;
     for (auto & t : ctx->tensors) {
         if (t.data || t.view_src) continue;
         total += (oomb_nbytes(&t) + align - 1) / align * align;
     }
+    if (failed_bytes) *failed_bytes = total;
     if (total == 0) return nullptr;
     oomb_buffer_t buf = oomb_backend_alloc_buffer(backend, total);
-    if (!buf) oomb_error("alloc_ctx_tensors: %s could not allocate %zu bytes", oomb_backend_name(backend), total);
+    if (!buf) return nullptr;
+    if (failed_bytes) *failed_bytes = 0;
     backend->iface->memset_mem(backend, buf->base, 0, total);
     size_t off = 0;
     for (auto & t : ctx->tensors) {

@@ -1193,47 +1193,4 @@ void GGUFWriter::abort() {
     tmp_path_.clear();
 }
 
-// ---------------------------------------------------------------------------------------------
-// Qwen2
-
-gguf_status gguf_read_qwen2_hparams(const GGUFReader& r, GGUFQwen2Hparams* hp, std::string* err) {
-    std::string arch;
-    if (gguf_status s = r.get_string("general.architecture", &arch, err)) return s;
-    if (arch != "qwen2") {
-        set_err(err, r.path() + ": general.architecture is '" + arch + "', expected 'qwen2'");
-        return GGUF_ERR_TYPE;
-    }
-    GGUFQwen2Hparams h;
-    if (gguf_status s = r.get_u32("qwen2.context_length", &h.n_ctx_train, err)) return s;
-    if (gguf_status s = r.get_u32("qwen2.embedding_length", &h.n_embd, err)) return s;
-    if (gguf_status s = r.get_u32("qwen2.feed_forward_length", &h.n_ff, err)) return s;
-    if (gguf_status s = r.get_u32("qwen2.block_count", &h.n_layer, err)) return s;
-    if (gguf_status s = r.get_u32("qwen2.attention.head_count", &h.n_head, err)) return s;
-    h.n_head_kv = h.n_head;
-    if (r.find("qwen2.attention.head_count_kv"))
-        if (gguf_status s = r.get_u32("qwen2.attention.head_count_kv", &h.n_head_kv, err)) return s;
-    if (r.find("qwen2.rope.freq_base"))
-        if (gguf_status s = r.get_f32("qwen2.rope.freq_base", &h.rope_freq_base, err)) return s;
-    if (gguf_status s = r.get_f32("qwen2.attention.layer_norm_rms_epsilon", &h.rms_norm_eps, err)) return s;
-    if (h.n_head == 0 || h.n_head_kv == 0 || h.n_embd % h.n_head != 0 || h.n_head % h.n_head_kv != 0) {
-        set_err(err, r.path() + fmt(": inconsistent attention shape: embedding_length %u, head_count %u, head_count_kv %u",
-                                    h.n_embd, h.n_head, h.n_head_kv));
-        return GGUF_ERR_TYPE;
-    }
-    const GGUFTensorInfo* emb = r.find_tensor("token_embd.weight");
-    if (!emb) {
-        set_err(err, r.path() + ": no tensor 'token_embd.weight' (a vocab-only or incomplete file?)");
-        return GGUF_ERR_NOT_FOUND;
-    }
-    if (emb->n_dims != 2 || emb->ne[0] != (int64_t)h.n_embd || emb->ne[1] <= 0 || emb->ne[1] > INT32_MAX) {
-        set_err(err, r.path() + fmt(": token_embd.weight has ne [%" PRId64 ", %" PRId64 "], expected [%u, n_vocab]",
-                                    emb->ne[0], emb->ne[1], h.n_embd));
-        return GGUF_ERR_TYPE;
-    }
-    h.n_vocab = (uint32_t)emb->ne[1];
-    h.tied_embeddings = r.find_tensor("output.weight") == nullptr;
-    *hp = h;
-    return GGUF_OK;
-}
-
 } // namespace oomb
