@@ -1,5 +1,6 @@
 // oomb-train's options (see train-options.h).
 #include "train-options.h"
+#include "qwen2-layout.h"
 
 #include <CLI/CLI.hpp>
 
