@@ -17,7 +17,7 @@
     longer than the data, an unknown preset, a diverging run (--lr 1e30: exit 2 with a message),
     --device cuda without CUDA: a clear message and exit code 1 (2 for divergence), never a crash.
 
-Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT.
+Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT (OOMB_FIXTURES overrides it).
 Exit 0 only when every part ran and passed; 1 on a failure; 77 (CTest's skip code, a SKIPPED line
 naming what did not run) when a part could not run (a tool, a fixture or a Python package missing).
 """
@@ -34,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
 BIN = os.environ.get("OOMB_BIN_DIR") or os.path.join(SRC, "build", "bin")
-FIX = os.environ.get("OOMB_FIXTURES_DEFAULT") or os.path.join(SRC, "..", "shared", "fixtures")
+FIX = os.environ.get("OOMB_FIXTURES") or os.environ.get("OOMB_FIXTURES_DEFAULT") or os.path.join(SRC, "..", "shared", "fixtures")
 TRAIN = os.path.join(BIN, "oomb-train")
 EVAL = os.path.join(BIN, "oomb-eval")
 CONVERT = os.path.join(BIN, "oomb-convert-hf")
