@@ -539,33 +539,7 @@ TEST(Grad, Attn) {
 
 // Attention over a paged KV cache: the chunk's K/V are stored at pos (after a history of earlier
 // positions already in the pages), dq / dk_cur / dv_cur come back through the gradient pages.
-// Whether the CPU backend computes paged_attn (skip the paged tests until it does).
-bool paged_supported() {
-    static int state = -1;
-    if (state >= 0) return state == 1;
-    oomb_kv_cache_params kp{};
-    kp.n_layer = 1; kp.n_head_kv = 1; kp.head_dim = 2; kp.page_size = 1; kp.max_tokens = 1;
-    kp.type = OOMB_TYPE_F32; kp.with_grad = true;
-    oomb_kv_cache_t kv = oomb_kv_cache_init(cpu(), kp);
-    oomb_kv_cache_reserve(kv, 1);
-    oomb_context * ctx = oomb_init({0, false});
-    oomb_tensor * q = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, 2, 1, 1);
-    oomb_tensor * pos = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, 1);
-    oomb_tensor * out = oomb_paged_attn(ctx, q, q, q, oomb_kv_cache_k(kv, 0), oomb_kv_cache_v(kv, 0), oomb_kv_cache_page_table(kv), pos, 1.0f, 1);
-    oomb_cgraph * g = oomb_new_graph(ctx);
-    oomb_build_forward_expand(g, out);
-    state = 1;
-    {
-        oombtest::ErrorCapture cap;
-        try { oomb_backend_graph_compute(cpu(), g); } catch (const oombtest::OombError & e) { state = 0; }
-    }
-    oomb_free(ctx);
-    oomb_kv_cache_free(kv);
-    return state == 1;
-}
-
 TEST(Grad, PagedAttn) {
-    if (!paged_supported()) GTEST_SKIP() << "the CPU backend does not compute paged_attn yet";
     for (oomb_type kv_type : {OOMB_TYPE_F32, OOMB_TYPE_BF16}) {
         SCOPED_TRACE(oomb_type_name(kv_type));
         Harness H;
@@ -604,7 +578,6 @@ TEST(Grad, PagedAttn) {
 // whole out view is the backward's dout directly; other views of the packed node (inside out) go
 // through the generic scatter; both at once add up. A gradient into the saved LSE is an error.
 TEST(Grad, PagedAttnViews) {
-    if (!paged_supported()) GTEST_SKIP() << "the CPU backend does not compute paged_attn yet";
     const int64_t D = 4, NH = 4, NKV = 2, T = 3;
     for (int variant = 0; variant < 3; variant++) {
         SCOPED_TRACE("variant " + std::to_string(variant));
@@ -654,7 +627,6 @@ TEST(Grad, PagedAttnViews) {
 // gradient pages carry the later chunk's dK/dV into the earlier one. The accumulated parameter
 // gradients equal those of dense attention over the whole sequence.
 TEST(Grad, PagedAttnChunkedMatchesDense) {
-    if (!paged_supported()) GTEST_SKIP() << "the CPU backend does not compute paged_attn yet";
     Harness H;
     const int64_t D = 4, NH = 4, NKV = 2, S = 6, C = 3;
     const float scale = 0.5f;

@@ -80,6 +80,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="oomb-signal-test-")
     t0 = time.time()
     try:
+        # the vocabulary is tracked in git: without it the tokenizer-keys variant would not run
+        check(os.path.exists(VOCAB), f"{VOCAB} exists")
         interrupt_write(tmp, signal.SIGINT, os.path.exists(VOCAB))
         interrupt_write(tmp, signal.SIGTERM, False)
     finally:

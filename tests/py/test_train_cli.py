@@ -17,7 +17,9 @@
     longer than the data, an unknown preset, a diverging run (--lr 1e30: exit 2 with a message),
     --device cuda without CUDA: a clear message and exit code 1 (2 for divergence), never a crash.
 
-Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT. Exit 77 = skipped.
+Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT (OOMB_FIXTURES overrides it).
+Exit 0 only when every part ran and passed; 1 on a failure; 77 (CTest's skip code, a SKIPPED line
+naming what did not run) when a part could not run (a tool, a fixture or a Python package missing).
 """
 import json
 import os
@@ -32,7 +34,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
 BIN = os.environ.get("OOMB_BIN_DIR") or os.path.join(SRC, "build", "bin")
-FIX = os.environ.get("OOMB_FIXTURES_DEFAULT") or os.path.join(SRC, "..", "shared", "fixtures")
+FIX = os.environ.get("OOMB_FIXTURES") or os.environ.get("OOMB_FIXTURES_DEFAULT") or os.path.join(SRC, "..", "shared", "fixtures")
 TRAIN = os.path.join(BIN, "oomb-train")
 EVAL = os.path.join(BIN, "oomb-eval")
 CONVERT = os.path.join(BIN, "oomb-convert-hf")
@@ -50,7 +52,13 @@ except ImportError:  # pragma: no cover
     gguf = None
 
 failures = []
+skipped = []  # parts that could not run: the test then reports a skip (77), never a pass
 checks = 0
+
+
+def skip(what):
+    print(f"  SKIPPED {what}")
+    skipped.append(what)
 
 
 def check(cond, what):
@@ -106,13 +114,13 @@ def hf_to_gguf(name):
 def test_dump_grads(tmp):
     print("--dump-grads vs the HF float64 references")
     if np is None or not os.path.exists(CONVERT) or not os.path.isdir(FIX):
-        print("  skip (needs numpy/safetensors, oomb-convert-hf and the fixtures)")
+        skip("--dump-grads: needs numpy/safetensors, oomb-convert-hf and the fixtures")
         return
     for model, chunk, page in (("qwen2-micro", 16, 8), ("qwen2-micro", 24, 16), ("qwen2-mini", 64, 128)):
         d = os.path.join(FIX, model)
         ref_path = os.path.join(d, "reference-short.safetensors")
         if not os.path.exists(ref_path):
-            print(f"  skip {model} (no fixture)")
+            skip(f"--dump-grads {model}: no fixture {ref_path}")
             continue
         g = os.path.join(tmp, model + ".gguf")
         if not os.path.exists(g):
@@ -169,9 +177,8 @@ def make_model(tmp):
     if os.path.exists(INIT):
         rc, o, e = run([INIT, "--vocab-size", "512", "--hidden", "64", "--ffn", "128", "--layers", "2", "--heads", "4",
                         "--kv-heads", "2", "--tied", "--outtype", "f32", "--seed", "3", "-o", g])
-        if rc == 0:
-            return g
-        print("  oomb-gguf-init failed:", e)
+        check(rc == 0, f"oomb-gguf-init makes a small model ({e.strip()[-200:]})")
+        return g if rc == 0 else None
     micro = os.path.join(tmp, "qwen2-micro.gguf")
     if os.path.exists(micro):
         return micro
@@ -195,7 +202,7 @@ def test_training(tmp):
     print("training, logs, checkpoints, resume, interrupted saves, eval")
     model = make_model(tmp)
     if not model:
-        print("  skip (no way to make a small model)")
+        skip("training: no small model (oomb-gguf-init not built, no converted qwen2-micro)")
         return
     data = os.path.join(tmp, "ids.bin")
     make_bin(data, 12000, 512)
@@ -409,8 +416,9 @@ def test_training(tmp):
 
 def test_input_checks(tmp):
     print("input checks: corrupt gzip, binary files, option ranges, stale temp files, locks")
+    what = "input checks"
     if not os.path.exists(VOCAB):
-        print("  skip (no models/qwen2.5-vocab.gguf)")
+        skip(f"{what}: no {VOCAB}")
         return
     import gzip
     d = os.path.join(tmp, "checks")
@@ -497,8 +505,9 @@ def test_input_checks(tmp):
 
 def test_text_tiny(tmp):
     print("text data with the real Qwen tokenizer (--preset tiny)")
+    what = "text data (--preset tiny)"
     if not os.path.exists(VOCAB):
-        print("  skip (no models/qwen2.5-vocab.gguf)")
+        skip(f"{what}: no {VOCAB}")
         return
     d = os.path.join(tmp, "text")
     os.makedirs(os.path.join(d, "sub"))
@@ -526,8 +535,12 @@ def test_text_tiny(tmp):
 
 def main():
     if not os.path.exists(TRAIN) or not os.path.exists(EVAL):
-        print(f"skip: {TRAIN} / {EVAL} not built")
+        print(f"SKIPPED: {TRAIN} / {EVAL} not built")
         return 77
+    if np is None:
+        skip("the checks that read safetensors (Python packages numpy / safetensors not installed)")
+    if gguf is None:
+        skip("the checks that read GGUF through llama.cpp's gguf package (not installed)")
     rc, o, e = run([TRAIN, "--help"])
     check(rc == 0 and "--dump-grads" in o and "--resume" in o, "oomb-train --help")
     rc, o, e = run([EVAL, "--help"])
@@ -545,6 +558,9 @@ def main():
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures))
         return 1
+    if skipped:
+        print("SKIPPED (parts not run):\n  " + "\n  ".join(skipped))
+        return 77
     return 0
 
 
