@@ -1,4 +1,4 @@
-// The CPU paged-attention kernels (src/paged-cpu.cpp: tiled, per-ISA) against a plain double
+// The CPU paged-attention kernels (src/cpu/paged-attn.cpp: tiled, per-ISA) against a plain double
 // precision reference: forward output, dq, the dK/dV accumulated into the gradient pages (on top of
 // what they held) and dk_cur/dv_cur, over shapes that exercise the tails: head dims that are and
 // are not multiples of the vector width, GQA groups of 1..7, pages smaller and larger than the key

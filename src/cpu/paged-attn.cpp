@@ -3,7 +3,7 @@
 // Work is tiled as in FlashAttention: a tile is a few query tokens times the query heads of one KV
 // head (the GQA group, so each K/V block is read once for all of them), against blocks of up to KB
 // keys of one page read through the page table (converted to f32, K and V transposed for the score
-// products). The tile kernels (paged-cpu-tiles.inc) are compiled for AVX-512, AVX2+FMA and the
+// products). The tile kernels (paged-attn-tiles.inc) are compiled for AVX-512, AVX2+FMA and the
 // baseline and picked at run time.
 // Forward: online softmax (Milakov & Gimelshein 2018) per tile over the key blocks: O(tile) scratch
 // per worker, whatever the history length. The op's node is flat: out [D, H, T] then one log-sum-exp
@@ -16,7 +16,7 @@
 // of partial dq buffers, summed in a fixed order. Results depend neither on the thread count nor on
 // scheduling.
 
-#include "paged-cpu.h"
+#include "paged-attn.h"
 #include "oomb-impl.h"
 #include "fp16.h"
 
@@ -134,7 +134,7 @@ struct TileKernels {
 
 namespace isa_base {
 constexpr int VW = 4;
-#include "paged-cpu-tiles.inc"
+#include "paged-attn-tiles.inc"
 }
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define OOMB_PAGED_X86 1
@@ -142,14 +142,14 @@ constexpr int VW = 4;
 #pragma GCC target("avx2,fma")
 namespace isa_avx2 {
 constexpr int VW = 8;
-#include "paged-cpu-tiles.inc"
+#include "paged-attn-tiles.inc"
 }
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")
 namespace isa_avx512 {
 constexpr int VW = 16;
-#include "paged-cpu-tiles.inc"
+#include "paged-attn-tiles.inc"
 }
 #pragma GCC pop_options
 #endif
