@@ -2,9 +2,14 @@
 // bf16), head dims up to 256 and any strides; one warp per query row (forward, dq) or per key
 // (dK/dV). Slow but general: the dispatcher (paged-attn.cu) also routes here whatever the fast
 // kernels do not support. Included by paged-attn.cu only.
+// Page schedules (oomb-schedule.h): every kernel here takes one (GenArgs::sched; kind 0 = dense
+// adds one untaken branch per page). The row kernels skip the pages a row's query tile does not
+// attend (pa_sched_attends, the forward lists); the key kernel asks the inverse lists
+// (pa_sched_attends_inv) whether the query tile of a row chose the key's page.
 #pragma once
 
 #include "paged-attn-common.cuh"
+#include "oomb/paged-attn-sched.h"
 
 namespace {
 
@@ -27,6 +32,7 @@ struct GenArgs {
     float * dkp; float * dvp; int64_t gr_s1, gr_s2, gr_s3; // floats
     const int * maxpos;
     int Hkv;
+    oomb::pa_sched sched;                        // device pointers to the lists
 };
 
 template <typename KT>
@@ -50,7 +56,12 @@ __global__ void pa_fwd_generic(const GenArgs a) {
     }
     float m = -INFINITY, l = 0.0f;
     const int pt_ = a.pos[t];
+    const int c0 = a.pos[0] / a.P, qt = oomb::pa_qtile(pt_, c0, a.P);
     for (int p = 0; p <= pt_; p++) {
+        if (a.sched.kind && p % a.P == 0 && !oomb::pa_sched_attends(a.sched, c0, qt, p / a.P)) {
+            p += a.P - 1;  // the whole page
+            continue;
+        }
         const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
         if (pg < 0) continue;
         const int64_t off = (int64_t) pg * a.p_s3 + (int64_t) (p % a.P) * a.p_s2 + (int64_t) g * a.p_s1;
@@ -131,7 +142,12 @@ __global__ void pa_dq_generic(const GenArgs a) {
         acc[i] = 0.0f;
     }
     const float lse = a.lse[r], delta = a.delta[r];
+    const int c0 = a.pos[0] / a.P, qt = oomb::pa_qtile(a.pos[t], c0, a.P);
     for (int p = 0; p <= a.pos[t]; p++) {
+        if (a.sched.kind && p % a.P == 0 && !oomb::pa_sched_attends(a.sched, c0, qt, p / a.P)) {
+            p += a.P - 1;  // the whole page
+            continue;
+        }
         const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
         if (pg < 0) continue;
         const int64_t off = (int64_t) pg * a.p_s3 + (int64_t) (p % a.P) * a.p_s2 + (int64_t) g * a.p_s1;
@@ -177,8 +193,11 @@ __global__ void pa_dkdv_generic(const GenArgs a, int64_t n_items) {
         vv[i] = d < a.D ? gload<KT>(a.vp, off, a.p_s0, d) : 0.0f;
         dk[i] = dv[i] = 0.0f;
     }
+    const int c0 = a.pos[0] / a.P, lp = p / a.P;
+    if (a.sched.kind == 1 && (lp < a.sched.first || lp >= a.sched.last)) return;  // RANGE: a page outside
     for (int t = 0; t < a.T; t++) {
         if (a.pos[t] < p) continue;
+        if (a.sched.kind && !oomb::pa_sched_attends_inv(a.sched, c0, oomb::pa_qtile(a.pos[t], c0, a.P), lp)) continue;
         for (int h = g * a.G; h < (g + 1) * a.G; h++) {
             const int64_t r = (int64_t) t * a.H + h;
             const float * qr = a.q + t * a.q_s2 + h * a.q_s1;

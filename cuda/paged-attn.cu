@@ -11,9 +11,9 @@
 //     units, (m + log2 l) * ln 2 (the kernel's scores are in log2 units: s * scale * log2 e); the
 //     backward reads both (FlashAttention-2 keeps L = m + log l the same way).
 //   - backward: (1) a prep kernel converts q and dout to bf16 in group-row order and, when the op has
-//     the forward's node (src[8]), computes each row's delta = bf16(dout) . out from the saved out and
+//     the forward's node (args.fwd), computes each row's delta = bf16(dout) . out from the saved out and
 //     converts the saved LSE to log2 units, in the backward's row order; a meta kernel finds, per
-//     tile of rows, the min/max position; (2) only without saved statistics (src[8] NULL, or saved
+//     tile of rows, the min/max position; (2) only without saved statistics (args.fwd NULL, or saved
 //     out not 16-byte aligned): the forward kernel in "lse" mode recomputes each row's log-sum-exp
 //     and delta; (3) a key-major kernel owns a tile of 128 keys of one KV head, loops over the row
 //     tiles that attend it, accumulates dK/dV in registers (no atomics: it alone writes those
@@ -37,12 +37,14 @@
 #include "paged-attn-mma.cuh"
 #include "paged-attn-wgmma.cuh"
 #include "paged-attn-generic.cuh"
+#include "oomb/paged-attn-sched.h"
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
 #include <mutex>
 
 #define PA_CHECK(call)                                                                                   \
@@ -99,28 +101,21 @@ size_t carve_size(size_t n_bytes) { return (n_bytes + 255) & ~(size_t) 255; }
 
 bool aligned16(const void * p) { return ((uintptr_t) p & 15) == 0; }
 
-// Kernel variants, for tuning (OOMB_PAGED_ATTN_FWD / OOMB_PAGED_ATTN_BWD = variant number; the
-// default is the fastest one measured, see bench/NOTES.md). Head dim 128 only; 64 has one of each.
-int env_variant(const char * name, int def) {
-    const char * v = getenv(name);
-    return v && *v ? atoi(v) : def;
-}
-int fwd_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_FWD", 2); return v; }
-int bwd_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_BWD", 1); return v; }
+// Kernel variants (oomb_paged_attn_config in paged-attn.cuh; defaults measured, see bench/NOTES.md).
+const oomb_paged_attn_config & cfg() { return oomb_cuda_paged_attn_config(); }
 // forward D=128 variants: 0: 4 warps x 32 rows, 32-key tiles; 1: 8 warps x 16 rows, 64-key tiles;
 // 2 (default): 4 warps x 32 rows, 64-key tiles (measured at 32K on the H200: 234 / 218 / 278 TFLOP/s)
-int fwd_bn(int D) { return D == 64 ? 64 : (fwd_variant() == 0 ? 32 : 64); }
+int fwd_bn(int D) { return D == 64 ? 64 : (cfg().fwd == 0 ? 32 : 64); }
 // backward D=128 variants: rows per step 0: 32, 1 (default): 64, 2: 16 (op backward incl. the LSE
 // pass at 32K: 144 / 160 / 115 counted TFLOP/s)
 // Blocks per key tile in the backward. Parallelism is over (key tile, KV head) only: a chunk's
 // own keys alone give T/128 * Hkv tiles (64 for Qwen2.5-0.5B at chunk 4096), half the H200's 132
 // SMs at one block per SM, and a few tiles more than a wave leave most of the last wave idle. So
 // the row tiles of a key tile are dealt to nsplit blocks, enough that the chunk's own tiles fill
-// about two waves; dK/dV are then added with atomics. OOMB_PAGED_ATTN_SPLIT=n forces n.
+// about two waves; dK/dV are then added with atomics. config.split >= 0 forces it.
 int bwd_split(int own_tiles, int n_rt) {
-    const char * e = getenv("OOMB_PAGED_ATTN_SPLIT");
     int ns;
-    if (e && *e) ns = atoi(e);
+    if (cfg().split >= 0) ns = cfg().split;
     else {
         int dev = 0, n_sm = 132;
         if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
@@ -130,21 +125,19 @@ int bwd_split(int own_tiles, int n_rt) {
     return std::max(1, std::min(ns, std::max(n_rt, 1)));
 }
 
-// D = 64 variants (OOMB_PAGED_ATTN_FWD64 / OOMB_PAGED_ATTN_BWD64, for tuning): registers are not
-// the limit there, so more blocks per SM (latency hiding) can be asked of the compiler.
+// D = 64 variants: registers are not the limit there, so more blocks per SM (latency hiding) can be
+// asked of the compiler.
 //   forward 0 (default): 4 warps x 32 rows, 64-key tiles, 220 registers (2 blocks/SM);
 //           1: the same with at most 168 registers (3 blocks/SM, 44 B of spills); 2: 8 warps x 16 rows,
 //           64-key tiles (145 registers)
 //   backward 0 (default): 64 rows per step, 1 block/SM (240 registers); 1: 32 rows, 2 blocks/SM
 //           (128 registers, 44 B of spills); 2: 32 rows, 1 block/SM
-int fwd64_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_FWD64", 0); return v; }
-int bwd64_variant() { static const int v = env_variant("OOMB_PAGED_ATTN_BWD64", 0); return v; }
-int bwd_bm(int D) { return D == 64 ? (bwd64_variant() >= 1 ? 32 : 64) : (bwd_variant() == 1 ? 64 : bwd_variant() == 2 ? 16 : 32); }
+int bwd_bm(int D) { return D == 64 ? (cfg().bwd64 >= 1 ? 32 : 64) : (cfg().bwd == 1 ? 64 : cfg().bwd == 2 ? 16 : 32); }
 
 // The wgmma kernels (paged-attn-wgmma.cuh) for head dims 64 and 128 run on a compute capability 9.0 device
 // with this file compiled for sm_90a (a probe kernel says so, once per process).
-// OOMB_PAGED_ATTN_WGMMA (read at every call: the tests compare the kernels) selects them: bit 0 the
-// forward (page size a multiple of 128), bit 1 the backward; unset: 3 (both), 0: the mma.sync kernels.
+// config.wgmma selects them: bit 0 the forward (page size a multiple of 128), bit 1 the backward;
+// 3 (default): both, 0: the mma.sync kernels.
 bool wgmma_available() {
     static int avail = -1;
     static std::mutex m;
@@ -166,19 +159,12 @@ bool wgmma_available() {
     }
     return avail == 1;
 }
-int wgmma_bits() {
-    const char * e = getenv("OOMB_PAGED_ATTN_WGMMA");
-    if (!e || !*e) return 3;
-    if (e[1] || e[0] < '0' || e[0] > '3')
-        oomb_error("OOMB_PAGED_ATTN_WGMMA must be 0-3 (bit 0: wgmma forward, bit 1: wgmma backward), got '%s'", e);
-    return e[0] - '0';
-}
-bool fwd_wgmma(int D, int P) { return (D == 64 || D == 128) && P % FwdW<128, false>::BN == 0 && (wgmma_bits() & 1) && wgmma_available(); }
-bool bwd_wgmma(int D) { return (D == 64 || D == 128) && (wgmma_bits() & 2) && wgmma_available(); }
+bool fwd_wgmma(int D, int P) { return (D == 64 || D == 128) && P % FwdW<128, false>::BN == 0 && (cfg().wgmma & 1) && wgmma_available(); }
+bool bwd_wgmma(int D) { return (D == 64 || D == 128) && (cfg().wgmma & 2) && wgmma_available(); }
 
 // Can the tensor-core kernels run on these operands?
 bool fast_ok(const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * vp, const oomb_tensor * dout) {
-    if (getenv("OOMB_PAGED_ATTN_GENERIC")) return false;
+    if (cfg().generic) return false;
     const int64_t D = q->ne[0];
     if (kp->type != OOMB_TYPE_BF16 || vp->type != OOMB_TYPE_BF16) return false;
     if (D != 64 && D != 128) return false;
@@ -200,17 +186,10 @@ template <typename F> void set_smem(F * kernel, size_t smem) {
 }
 
 // Two CTAs per SM for the head-dim-64 wgmma kernels (registers capped at 128), so that one CTA's
-// softmax overlaps the other's products: OOMB_PAGED_ATTN_OCC64 bit 0 the forward, bit 1 the backward
-// (read at every call). Default 1, the forward only: Qwen2.5-0.5B layer at 32K (dea97ac, same call)
-// forward 245 -> 273 TFLOP/s (64 bytes of spills), backward 270 -> 181 (512 bytes of spills).
-constexpr int k_occ64_default = 1;
-int occ64_bits() {
-    const char * e = getenv("OOMB_PAGED_ATTN_OCC64");
-    if (!e || !*e) return k_occ64_default;
-    if (e[1] || e[0] < '0' || e[0] > '3')
-        oomb_error("OOMB_PAGED_ATTN_OCC64 must be 0-3 (bit 0: forward, bit 1: backward with two CTAs per SM), got '%s'", e);
-    return e[0] - '0';
-}
+// softmax overlaps the other's products: config.occ64 bit 0 the forward, bit 1 the backward.
+// Default 1, the forward only: Qwen2.5-0.5B layer at 32K (dea97ac, same call) forward 245 -> 273
+// TFLOP/s (64 bytes of spills), backward 270 -> 181 (512 bytes of spills).
+int occ64_bits() { return cfg().occ64; }
 
 template <int D, int MODE, bool PIPE, int MINB> void launch_fwd_wgmma(cudaStream_t stream, const FwdArgs & a, int Hkv) {
     using W = FwdW<D, PIPE>;
@@ -222,15 +201,10 @@ template <int D, int MODE, bool PIPE, int MINB> void launch_fwd_wgmma(cudaStream
 }
 
 // The wgmma forward issuing the next key tile's S before the current tile's softmax (a second S
-// accumulator: registers allow it at head dim 64 only): OOMB_PAGED_ATTN_FWDPIPE=1 (read at every
-// call). Off by default: ptxas serializes its wgmmas (C7515), and it measured slower (0.5B layer
-// at 32K: 223 vs 247 TFLOP/s, bench/NOTES.md version 11).
-bool fwd_pipe(int D) {
-    const char * e = getenv("OOMB_PAGED_ATTN_FWDPIPE");
-    if (!e || !*e) return false;
-    if (e[1] || (e[0] != '0' && e[0] != '1')) oomb_error("OOMB_PAGED_ATTN_FWDPIPE must be 0 or 1, got '%s'", e);
-    return D == 64 && e[0] == '1';
-}
+// accumulator: registers allow it at head dim 64 only): config.fwd_pipe. Off by default: ptxas
+// serializes its wgmmas (C7515), and it measured slower (0.5B layer at 32K: 223 vs 247 TFLOP/s,
+// bench/NOTES.md version 11).
+bool fwd_pipe(int D) { return D == 64 && cfg().fwd_pipe; }
 
 template <int D, int MINB> void launch_bwd_wgmma(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     using W = BwdW<D>;
@@ -263,14 +237,14 @@ void fwd_fast(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
         return;
     }
     if (D == 64) {
-        switch (fwd64_variant()) {
+        switch (cfg().fwd64) {
             case 1: launch_fwd<64, 2, 64, 4, MODE, 3>(stream, a, Hkv); break;
             case 2: launch_fwd<64, 1, 64, 8, MODE>(stream, a, Hkv); break;
             default: launch_fwd<64, 2, 64, 4, MODE>(stream, a, Hkv); break;
         }
         return;
     }
-    switch (fwd_variant()) {
+    switch (cfg().fwd) {
         case 1: launch_fwd<128, 1, 64, 8, MODE>(stream, a, Hkv); break;
         case 2: launch_fwd<128, 2, 64, 4, MODE>(stream, a, Hkv); break;
         default: launch_fwd<128, 2, 32, 4, MODE>(stream, a, Hkv); break;
@@ -302,7 +276,8 @@ FwdArgs fwd_args(const Geom & G, const oomb_tensor * q, const oomb_tensor * kp, 
     return a;
 }
 
-GenArgs gen_args(const Geom & G, const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * vp, float scale) {
+GenArgs gen_args(const Geom & G, const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * vp, float scale,
+                 const oomb_page_schedule & sched) {
     GenArgs a{};
     a.q = (const float *) q->data; a.q_s1 = q->nb[1] / 4; a.q_s2 = q->nb[2] / 4;
     a.kp = (const char *) kp->data; a.vp = (const char *) vp->data;
@@ -311,6 +286,7 @@ GenArgs gen_args(const Geom & G, const oomb_tensor * q, const oomb_tensor * kp, 
     a.pos = G.pos;
     a.D = G.D; a.T = G.T; a.H = G.H; a.G = G.G; a.Hkv = G.Hkv;
     a.scale = scale;
+    a.sched = oomb::pa_sched_of(sched);  // the tensors' data are device pointers
     return a;
 }
 
@@ -335,7 +311,71 @@ void check_common(const Geom & G, const oomb_tensor * kp, const char * op) {
     if ((int64_t) G.n_logical * G.P >= INT_MAX) oomb_error("%s (cuda): page table spans too many positions", op);
 }
 
+// The family each direction ran last (oomb_cuda_paged_attn_last_family).
+std::atomic<const char *> g_last_family[2] = {{""}, {""}};
+void record_family(int backward, const char * f) { g_last_family[backward].store(f, std::memory_order_relaxed); }
+
+// Which kernels a call may use besides the generic ones. Page schedules other than DENSE run on the
+// generic kernels only, for now: the mma.sync and wgmma kernels loop over every key tile up to a
+// row tile's largest position (a page range would bound that loop, page lists need a per-row
+// membership mask there and, in the key-major backward, a loop over the row tiles of the inverse
+// lists); not written yet, so the dispatcher routes those schedules to the generic kernels (exact
+// f32, slower).
+bool fast_family(const oomb_paged_attn_args & A, const oomb_tensor * dout) {
+    return A.schedule.kind == OOMB_SCHEDULE_DENSE && fast_ok(A.q, A.k_pages, A.v_pages, dout);
+}
+
+int env_digit(const char * name, int max_value, const char * what) {
+    const char * e = getenv(name);
+    if (!e || !*e) return -1;
+    if (e[1] || e[0] < '0' || e[0] > '0' + max_value) oomb_error("%s must be %s, got '%s'", name, what, e);
+    return e[0] - '0';
+}
+int env_int(const char * name, int def) {
+    const char * v = getenv(name);
+    return v && *v ? atoi(v) : def;
+}
+
+std::mutex g_cfg_mutex;
+oomb_paged_attn_config g_cfg;
+std::atomic<bool> g_cfg_set{false};
+
 } // namespace
+
+oomb_paged_attn_config oomb_paged_attn_config_from_env() {
+    oomb_paged_attn_config c;
+    c.generic = getenv("OOMB_PAGED_ATTN_GENERIC") != nullptr;
+    int d;
+    if ((d = env_digit("OOMB_PAGED_ATTN_WGMMA", 3, "0-3 (bit 0: wgmma forward, bit 1: wgmma backward)")) >= 0) c.wgmma = d;
+    c.fwd = env_int("OOMB_PAGED_ATTN_FWD", c.fwd);
+    c.bwd = env_int("OOMB_PAGED_ATTN_BWD", c.bwd);
+    c.fwd64 = env_int("OOMB_PAGED_ATTN_FWD64", c.fwd64);
+    c.bwd64 = env_int("OOMB_PAGED_ATTN_BWD64", c.bwd64);
+    c.split = env_int("OOMB_PAGED_ATTN_SPLIT", c.split);
+    if ((d = env_digit("OOMB_PAGED_ATTN_OCC64", 3, "0-3 (bit 0: forward, bit 1: backward with two CTAs per SM)")) >= 0) c.occ64 = d;
+    if ((d = env_digit("OOMB_PAGED_ATTN_FWDPIPE", 1, "0 or 1")) >= 0) c.fwd_pipe = d == 1;
+    return c;
+}
+
+const oomb_paged_attn_config & oomb_cuda_paged_attn_config() {
+    if (!g_cfg_set.load(std::memory_order_acquire)) {
+        std::lock_guard<std::mutex> lock(g_cfg_mutex);
+        if (!g_cfg_set.load(std::memory_order_relaxed)) {
+            g_cfg = oomb_paged_attn_config_from_env();
+            g_cfg_set.store(true, std::memory_order_release);
+        }
+    }
+    return g_cfg;
+}
+
+void oomb_cuda_paged_attn_set_config(const oomb_paged_attn_config * c) {
+    const oomb_paged_attn_config v = c ? *c : oomb_paged_attn_config_from_env();
+    std::lock_guard<std::mutex> lock(g_cfg_mutex);
+    g_cfg = v;
+    g_cfg_set.store(true, std::memory_order_release);
+}
+
+const char * oomb_cuda_paged_attn_last_family(int backward) { return g_last_family[backward ? 1 : 0].load(std::memory_order_relaxed); }
 
 bool oomb_cuda_paged_attn_uses_wgmma(int head_dim, int page_size, int backward) {
     return backward ? bwd_wgmma(head_dim) : fwd_wgmma(head_dim, page_size);
@@ -379,9 +419,8 @@ static __global__ void pa_cache_copy_kernel(CT * cache, int64_t cache_n, float *
     }
 }
 
-static void cache_copy(cudaStream_t stream, oomb_tensor * dst, const int32_t * pos, int64_t n_out, int64_t n_lse, int64_t row,
-                       int to_cache) {
-    const oomb_tensor * cache = dst->src[7];
+static void cache_copy(cudaStream_t stream, oomb_tensor * dst, const oomb_tensor * cache, const int32_t * pos, int64_t n_out,
+                       int64_t n_lse, int64_t row, int to_cache) {
     const unsigned blocks = (unsigned) std::min<int64_t>((n_out + n_lse + 255) / 256, 4096);
     if (cache->type == OOMB_TYPE_BF16)
         pa_cache_copy_kernel<bf16><<<blocks, 256, 0, stream>>>((bf16 *) cache->data, oomb_nelements(cache), (float *) dst->data, n_out,
@@ -393,14 +432,15 @@ static void cache_copy(cudaStream_t stream, oomb_tensor * dst, const int32_t * p
 }
 
 void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
-    const oomb_tensor * q = dst->src[0];
-    const oomb_tensor * kc = dst->src[1];
-    const oomb_tensor * vc = dst->src[2];
-    oomb_tensor * kp = dst->src[3];
-    oomb_tensor * vp = dst->src[4];
-    const float scale = oomb::get_op_f32(dst, 0);
-    const int store = dst->op_params[1];
-    const Geom G = make_geom(q, kp, dst->src[5], dst->src[6]);
+    const oomb_paged_attn_args A = oomb_paged_attn_args_of(dst);
+    const oomb_tensor * q = A.q;
+    const oomb_tensor * kc = A.k_cur;
+    const oomb_tensor * vc = A.v_cur;
+    oomb_tensor * kp = A.k_pages;
+    oomb_tensor * vp = A.v_pages;
+    const float scale = A.scale;
+    const int store = A.store;
+    const Geom G = make_geom(q, kp, A.page_table, A.pos);
     check_common(G, kp, "paged_attn");
     if (G.T == 0) return;
     // dst is the packed node: out [T][H][D], then the natural-log LSE of row t*H + h
@@ -409,11 +449,12 @@ void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
                    (long long) G.D * G.H * G.T + (long long) G.H * G.T);
     float * out = (float *) dst->data;
     float * lse = out + (int64_t) G.D * G.H * G.T;
-    const int cache_mode = dst->op_params[2];  // oomb_paged_attn_cached: 1 save, 2 load
-    const int64_t cache_row = cache_mode ? oomb_paged_attn_cache_row(G.D, G.H, dst->src[7]->type) : 0;
+    const oomb_tensor * cache = A.out_cache;
+    const int cache_mode = cache ? (A.load ? 2 : 1) : 0;  // oomb_paged_attn_cached: 1 save, 2 load
+    const int64_t cache_row = cache_mode ? oomb_paged_attn_cache_row(G.D, G.H, cache->type) : 0;
     const int64_t n_out = (int64_t) G.D * G.H * G.T, n_lse = (int64_t) G.H * G.T;
     if (cache_mode == 2) {
-        cache_copy(stream, dst, G.pos, n_out, n_lse, cache_row, 0);
+        cache_copy(stream, dst, cache, G.pos, n_out, n_lse, cache_row, 0);
         return;
     }
 
@@ -434,30 +475,33 @@ void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
         PA_LAUNCH_CHECK();
     }
 
-    if (fast_ok(q, kp, vp, nullptr)) {
+    if (fast_family(A, nullptr)) {
         FwdArgs a = fwd_args(G, q, kp, vp, scale);
         a.out = out;
         a.lse_out = lse;
         fwd_fast<MODE_OUT>(stream, a, G.D, G.Hkv);
+        record_family(0, fwd_wgmma(G.D, G.P) ? "wgmma" : "mma");
     } else {
-        GenArgs a = gen_args(G, q, kp, vp, scale);
+        GenArgs a = gen_args(G, q, kp, vp, scale, A.schedule);
         a.out = out;
         a.lse = lse;
         fwd_generic<MODE_OUT>(stream, a, kp->type);
+        record_family(0, "generic");
     }
-    if (cache_mode == 1) cache_copy(stream, dst, G.pos, n_out, n_lse, cache_row, 1);
+    if (cache_mode == 1) cache_copy(stream, dst, cache, G.pos, n_out, n_lse, cache_row, 1);
 }
 
 void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
-    const oomb_tensor * q = dst->src[0];
-    const oomb_tensor * kp = dst->src[1];
-    const oomb_tensor * vp = dst->src[2];
-    oomb_tensor * dkp = dst->src[3];
-    oomb_tensor * dvp = dst->src[4];
-    const oomb_tensor * dout = dst->src[7];
-    const oomb_tensor * fwd = dst->src[8];  // the forward's packed node (out, LSE) or NULL
-    const float scale = oomb::get_op_f32(dst, 0);
-    const Geom G = make_geom(q, kp, dst->src[5], dst->src[6]);
+    const oomb_paged_attn_args A = oomb_paged_attn_args_of(dst);
+    const oomb_tensor * q = A.q;
+    const oomb_tensor * kp = A.k_pages;
+    const oomb_tensor * vp = A.v_pages;
+    oomb_tensor * dkp = A.dk_pages;
+    oomb_tensor * dvp = A.dv_pages;
+    const oomb_tensor * dout = A.dout;
+    const oomb_tensor * fwd = A.fwd;  // the forward's packed node (out, LSE) or NULL
+    const float scale = A.scale;
+    const Geom G = make_geom(q, kp, A.page_table, A.pos);
     check_common(G, kp, "paged_attn_back");
     if (G.T == 0) return;
     if (dkp->nb[0] != 4 || dvp->nb[0] != 4) oomb_error("paged_attn_back (cuda): gradient pages must be contiguous f32");
@@ -471,7 +515,7 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
     const float * saved_out = fwd ? (const float *) fwd->data : nullptr;
     const float * saved_lse = fwd ? saved_out + (int64_t) G.D * G.H * G.T : nullptr;
 
-    if (fast_ok(q, kp, vp, dout)) {
+    if (fast_family(A, dout)) {
         // saved statistics: the prep kernel reads out with 16-byte loads
         const bool saved = saved_out && aligned16(saved_out);
         const bool wg = bwd_wgmma(G.D);
@@ -539,7 +583,7 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
                 else if (occ64_bits() & 2) launch_bwd_wgmma<64, 2>(stream, a, n_key_tiles, G.Hkv);
                 else launch_bwd_wgmma<64, 1>(stream, a, n_key_tiles, G.Hkv);
             } else if (G.D == 64) {
-                const int v = bwd64_variant();
+                const int v = cfg().bwd64;
                 if (v == 1) launch_bwd<64, 32, 2>(stream, a, n_key_tiles, G.Hkv);
                 else if (v == 2) launch_bwd<64, 32>(stream, a, n_key_tiles, G.Hkv);
                 else launch_bwd<64, 64>(stream, a, n_key_tiles, G.Hkv);
@@ -547,6 +591,7 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
             else if (BM == 64) launch_bwd<128, 64>(stream, a, n_key_tiles, G.Hkv);
             else if (BM == 16) launch_bwd<128, 16>(stream, a, n_key_tiles, G.Hkv);
             else launch_bwd<128, 32>(stream, a, n_key_tiles, G.Hkv);
+            record_family(1, wg ? "wgmma" : "mma");
         }
     } else {
         const int64_t rows = (int64_t) G.T * G.H;
@@ -557,7 +602,7 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
         int * maxpos = cv.take<int>(1);
         pa_maxpos_kernel<<<1, 1024, 0, stream>>>(G.pos, G.T, maxpos);
         PA_LAUNCH_CHECK();
-        GenArgs a = gen_args(G, q, kp, vp, scale);
+        GenArgs a = gen_args(G, q, kp, vp, scale, A.schedule);
         a.dout = (const float *) dout->data; a.do_s1 = dout->nb[1] / 4; a.do_s2 = dout->nb[2] / 4;
         a.lse = lse; a.delta = delta; a.maxpos = maxpos;
         a.dkp = (float *) dkp->data; a.dvp = (float *) dvp->data;
@@ -565,9 +610,10 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
         const int wpb = 4;
         const dim3 grid_r((unsigned) ((rows + wpb - 1) / wpb));
         // The saved statistics are used when the forward ran these generic kernels too (same f32
-        // arithmetic); a forward on the tensor cores (bf16 q) would give an LSE slightly off the
-        // f32 scores computed here, so then they are recomputed in f32.
-        if (saved_out && !fast_ok(q, kp, vp, nullptr)) {
+        // arithmetic; always under a schedule other than DENSE); a forward on the tensor cores
+        // (bf16 q) would give an LSE slightly off the f32 scores computed here, so then they are
+        // recomputed in f32.
+        if (saved_out && !fast_family(A, nullptr)) {
             a.lse = const_cast<float *>(saved_lse);  // read only
             pa_delta_generic<<<grid_r, wpb * 32, 0, stream>>>(a, saved_out);
             PA_LAUNCH_CHECK();
@@ -592,6 +638,7 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
                 break;
         }
         PA_LAUNCH_CHECK();
+        record_family(1, "generic");
     }
 
     {

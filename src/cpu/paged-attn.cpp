@@ -15,9 +15,14 @@
 // gradient pages are written without races), and the dq contributions go to one of a fixed number
 // of partial dq buffers, summed in a fixed order. Results depend neither on the thread count nor on
 // scheduling.
+// Page schedules (oomb-schedule.h): a key block lies in one logical page, so a schedule is a
+// per-row yes/no for the whole block; a row that does not attend the block gets position -1 for
+// it (every key masked, the same path as the causal mask), and a block no row of a tile attends is
+// skipped. The dense schedule takes none of this (bit for bit today's kernels).
 
 #include "paged-attn.h"
 #include "oomb-impl.h"
+#include "oomb/paged-attn-sched.h"
 #include "fp16.h"
 
 #include <algorithm>
@@ -82,6 +87,8 @@ struct PagedGeom {
     const int32_t * page_table;
     const int32_t * pos;
     size_t nb_head, nb_slot, nb_page; // strides of the pools (bytes)
+    pa_sched sched{};                 // page schedule (set by the kernels: dense by default)
+    int c0 = 0;                       // first logical page of the current region, pos[0] / P
 
     PagedGeom(const oomb_tensor * q, const oomb_tensor * pages, const oomb_tensor * pt, const oomb_tensor * ps) {
         D = q->ne[0]; H = q->ne[1]; T = q->ne[2];
@@ -211,14 +218,14 @@ struct Scratch {
     std::vector<float> Kt, Vt, Kr, Vr, S, S2, Pt, O, m, l, lse, delta, acc1, acc2;
     std::vector<const float *> qr, dr;
     std::vector<float *> outr;
-    std::vector<int32_t> rpos;
+    std::vector<int32_t> rpos, rpos_m, rqt;  // positions; masked for a block (schedules); query tiles
     std::vector<int64_t> rid;
     void init(int64_t R, int64_t D) {
         Kt.assign(D * KB, 0.0f); Vt.assign(D * KB, 0.0f); Kr.assign(KB * D, 0.0f); Vr.assign(KB * D, 0.0f);
         S.assign(R * KB, 0.0f); S2.assign(R * KB, 0.0f); Pt.assign(KB * R, 0.0f);
         O.assign(R * D, 0.0f); m.assign(R, 0.0f); l.assign(R, 0.0f); lse.assign(R, 0.0f); delta.assign(R, 0.0f);
         acc1.assign(KB * D, 0.0f); acc2.assign(KB * D, 0.0f);
-        qr.assign(R, nullptr); dr.assign(R, nullptr); outr.assign(R, nullptr); rpos.assign(R, 0); rid.assign(R, 0);
+        qr.assign(R, nullptr); dr.assign(R, nullptr); outr.assign(R, nullptr); rpos.assign(R, 0); rpos_m.assign(R, 0); rqt.assign(R, 0); rid.assign(R, 0);
     }
 };
 
@@ -276,9 +283,52 @@ int tile_rows(const PagedGeom & G, const QueryTile & qt, const oomb_tensor * q, 
             s.dr[R] = dout ? (const float *) elem_ptr(dout, 0, h, t, 0) : nullptr;
             s.outr[R] = out ? out + (t * G.H + h) * G.D : nullptr;
             s.rpos[R] = G.pos[t];
+            s.rqt[R] = pa_qtile(G.pos[t], G.c0, (int) G.P);
             s.rid[R] = t * G.H + h;
         }
     return R;
+}
+
+// The row positions a tile uses for key block b: s.rpos itself under the dense schedule, else
+// s.rpos_m with -1 for the rows whose query tile does not attend b's page; NULL when no row does.
+const int32_t * block_rpos(const PagedGeom & G, const KeyBlock & b, int R, Scratch & s) {
+    if (G.sched.kind == OOMB_SCHEDULE_DENSE) return s.rpos.data();
+    const int lp = (int) (b.p0 / G.P);
+    bool any = false;
+    for (int i = 0; i < R; i++) {
+        const bool a = pa_sched_attends(G.sched, G.c0, s.rqt[i], lp) && s.rpos[i] >= b.p0;
+        s.rpos_m[i] = a ? s.rpos[i] : -1;
+        any |= a;
+    }
+    return any ? s.rpos_m.data() : nullptr;
+}
+
+// Checks an op's schedule against its positions (host lists: order, range, every query's tile
+// listed; the backward's inverse lists equal to the inversion of the lists) and sets G.sched.
+void set_schedule(PagedGeom & G, const oomb_paged_attn_args & a, bool backward, const char * op) {
+    G.sched = pa_sched_of(a.schedule);
+    G.c0 = G.T > 0 ? (int) (G.pos[0] / G.P) : 0;
+    if (G.sched.kind != OOMB_SCHEDULE_LISTS) return;
+    const pa_sched & S = G.sched;
+    const int64_t nnz = S.offsets[S.n_qtiles];
+    if (nnz < 0 || nnz > oomb_nelements(a.schedule.pages))
+        oomb_error("%s: page lists: offsets[%d] = %" PRId64 " entries, the pages tensor %s holds %" PRId64, op, S.n_qtiles, nnz,
+                   shape_str(a.schedule.pages).c_str(), oomb_nelements(a.schedule.pages));
+    oomb_schedule_check_lists(S.offsets, S.n_qtiles, S.pages, nnz, G.c0, op);
+    for (int64_t t = 0; t < G.T; t++) {
+        const int qt = pa_qtile(G.pos[t], G.c0, (int) G.P);
+        if (qt < 0 || qt >= S.n_qtiles)
+            oomb_error("%s: page lists: query %" PRId64 " at position %d is in query tile %d, the lists have %d (tile = pos / P - "
+                       "pos[0] / P)", op, t, G.pos[t], qt, S.n_qtiles);
+    }
+    if (!backward) return;
+    if (S.n_hist < 0 || nnz > oomb_nelements(a.schedule.inv_qtiles))
+        oomb_error("%s: inverse lists %s / %s too small for %" PRId64 " entries", op, shape_str(a.schedule.inv_offsets).c_str(),
+                   shape_str(a.schedule.inv_qtiles).c_str(), nnz);
+    std::vector<int32_t> io(S.n_hist + 1), iq(std::max<int64_t>(nnz, 1));
+    oomb_schedule_invert(S.offsets, S.n_qtiles, S.pages, S.n_hist, io.data(), iq.data());
+    if (!std::equal(io.begin(), io.end(), S.inv_offsets) || !std::equal(iq.begin(), iq.begin() + nnz, S.inv_qtiles))
+        oomb_error("%s: the inverse lists are not the inversion of the page lists (oomb_schedule_invert)", op);
 }
 
 // Forward of one tile over every key block it sees: O (R x D, normalised), m, l in s.
@@ -290,10 +340,12 @@ void forward_tile(const TileKernels & K, const PagedGeom & G, const std::vector<
     std::fill(s.l.begin(), s.l.begin() + R, 0.0f);
     for (const KeyBlock & b : blocks) {
         if (b.p0 > qt.max_pos) break;
+        const int32_t * rp = block_rpos(G, b, R, s);
+        if (!rp) continue;
         load_block(G, kp, qt.g, b, s.Kt.data(), nullptr, op);
         load_block(G, vp, qt.g, b, nullptr, s.Vr.data(), op);
         K.scores(R, D, s.qr.data(), s.Kt.data(), s.S.data());
-        K.online_softmax(R, D, scale, s.S.data(), s.rpos.data(), b.p0, b.n, s.m.data(), s.l.data(), s.O.data());
+        K.online_softmax(R, D, scale, s.S.data(), rp, b.p0, b.n, s.m.data(), s.l.data(), s.O.data());
         K.accum_rows(R, D, s.S.data(), b.n, s.Vr.data(), s.O.data());
     }
     for (int i = 0; i < R; i++) {
@@ -328,20 +380,22 @@ static void cache_block_copy(const oomb_tensor * cache, int64_t off, float * pac
 }
 
 void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
-    const oomb_tensor * q = dst->src[0];
-    const oomb_tensor * k_cur = dst->src[1];
-    const oomb_tensor * v_cur = dst->src[2];
-    oomb_tensor * kp = dst->src[3];
-    oomb_tensor * vp = dst->src[4];
-    const float scale = get_op_f32(dst, 0);
-    const int store_kv = dst->op_params[1];
-    PagedGeom G(q, kp, dst->src[5], dst->src[6]);
+    const oomb_paged_attn_args A = oomb_paged_attn_args_of(dst);
+    const oomb_tensor * q = A.q;
+    const oomb_tensor * k_cur = A.k_cur;
+    const oomb_tensor * v_cur = A.v_cur;
+    oomb_tensor * kp = A.k_pages;
+    oomb_tensor * vp = A.v_pages;
+    const float scale = A.scale;
+    const int store_kv = A.store;
+    PagedGeom G(q, kp, A.page_table, A.pos);
     if (q->nb[0] != sizeof(float)) oomb_error("paged_attn: q must have unit stride in dim 0");
     check_pos(G, "paged_attn");
+    set_schedule(G, A, false, "paged_attn");
     // oomb_paged_attn_cached: the chunk's block of the result cache (mode 1: save after computing,
     // mode 2: load instead of computing)
-    const int cache_mode = dst->op_params[2];
-    const oomb_tensor * cache = cache_mode ? dst->src[7] : nullptr;
+    const oomb_tensor * cache = A.out_cache;
+    const int cache_mode = cache ? (A.load ? 2 : 1) : 0;
     int64_t cache_off = -1;  // the chunk's block, in cache elements
     if (cache_mode && G.T > 0) {
         for (int64_t t = 1; t < G.T; t++)
@@ -395,17 +449,19 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
 }
 
 void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
-    const oomb_tensor * q  = dst->src[0];
-    const oomb_tensor * kp = dst->src[1];
-    const oomb_tensor * vp = dst->src[2];
-    oomb_tensor * dkp = dst->src[3];
-    oomb_tensor * dvp = dst->src[4];
-    const oomb_tensor * dout = dst->src[7];
-    const oomb_tensor * fwd = dst->src[8];  // the forward's packed node (out, LSE) or NULL
-    const float scale = get_op_f32(dst, 0);
-    PagedGeom G(q, kp, dst->src[5], dst->src[6]);
+    const oomb_paged_attn_args A = oomb_paged_attn_args_of(dst);
+    const oomb_tensor * q  = A.q;
+    const oomb_tensor * kp = A.k_pages;
+    const oomb_tensor * vp = A.v_pages;
+    oomb_tensor * dkp = A.dk_pages;
+    oomb_tensor * dvp = A.dv_pages;
+    const oomb_tensor * dout = A.dout;
+    const oomb_tensor * fwd = A.fwd;  // the forward's packed node (out, LSE) or NULL
+    const float scale = A.scale;
+    PagedGeom G(q, kp, A.page_table, A.pos);
     if (q->nb[0] != sizeof(float) || dout->nb[0] != sizeof(float)) oomb_error("paged_attn_back: q and dout must have unit stride in dim 0");
     check_pos(G, "paged_attn_back");
+    set_schedule(G, A, true, "paged_attn_back");
     const int64_t H = G.H, T = G.T;
     const int D = (int) G.D;
     float * dq = (float *) dst->data;  // [D, H, T] contiguous
@@ -489,10 +545,12 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
                 const QueryTile & qt = tiles[k];
                 if (qt.max_pos < b.p0) continue;
                 const int R = tile_rows(G, qt, q, dout, nullptr, s);
+                const int32_t * rp = block_rpos(G, b, R, s);
+                if (!rp) continue;
                 for (int i = 0; i < R; i++) { s.lse[i] = lse[s.rid[i]]; s.delta[i] = delta[s.rid[i]]; }
                 K.scores(R, D, s.qr.data(), s.Kt.data(), s.S.data());
                 K.scores(R, D, s.dr.data(), s.Vt.data(), s.S2.data());
-                K.bwd_probs(R, scale, s.S.data(), s.S2.data(), s.lse.data(), s.delta.data(), s.rpos.data(), b.p0, b.n);
+                K.bwd_probs(R, scale, s.S.data(), s.S2.data(), s.lse.data(), s.delta.data(), rp, b.p0, b.n);
                 K.accum_rows(R, D, s.S2.data(), b.n, s.Kr.data(), dqp + (size_t) k * tile_stride);
                 K.transpose(R, s.S.data(), s.Pt.data());
                 K.accum_cols(b.n, R, D, s.Pt.data(), s.dr.data(), s.acc2.data());
