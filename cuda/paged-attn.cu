@@ -21,11 +21,14 @@
 //     dk_cur/dv_cur are read back from the gradient pages at pos.
 // On Hopper (an sm_90a build on a compute capability 9.0 GPU) the same forward and backward run on
 // warpgroup MMA instead (paged-attn-wgmma.cuh: wgmma, 128-row / 128-key tiles; the forward needs a
-// page size multiple of 128); OOMB_PAGED_ATTN_WGMMA=0 keeps the mma.sync kernels above.
+// page size multiple of 128); config.wgmma = 0 (OOMB_PAGED_ATTN_WGMMA=0) keeps the mma.sync kernels above.
 // Generic path (f32 / f16 pools, other head dims up to 256, unaligned strides): simple f32 kernels,
 // one warp per query row (forward, dq) or per key (dK/dV): exact f32 arithmetic like the CPU. Its
 // forward saves the LSE too; its backward reads the saved LSE (and computes delta from the saved
 // out) when the forward also ran the generic kernels, else it recomputes them in f32.
+// Page schedules (oomb-schedule.h): DENSE and RANGE on every family (a range through a shifted page
+// table and clamped positions, range_geom: the kernels themselves unchanged); LISTS on the generic
+// kernels only for now (the dispatcher routes them there; see fast_family).
 //
 // The family, one translation unit: paged-attn-common.cuh (helpers, store / read-back kernels),
 // paged-attn-mma.cuh (mma.sync kernels), paged-attn-wgmma.cuh (wgmma kernels),
@@ -315,14 +318,41 @@ void check_common(const Geom & G, const oomb_tensor * kp, const char * op) {
 std::atomic<const char *> g_last_family[2] = {{""}, {""}};
 void record_family(int backward, const char * f) { g_last_family[backward].store(f, std::memory_order_relaxed); }
 
-// Which kernels a call may use besides the generic ones. Page schedules other than DENSE run on the
-// generic kernels only, for now: the mma.sync and wgmma kernels loop over every key tile up to a
-// row tile's largest position (a page range would bound that loop, page lists need a per-row
-// membership mask there and, in the key-major backward, a loop over the row tiles of the inverse
-// lists); not written yet, so the dispatcher routes those schedules to the generic kernels (exact
-// f32, slower).
+// Which kernels a call may use besides the generic ones. DENSE and RANGE run on the fast kernels
+// (RANGE through range_geom below, the kernels unchanged). LISTS run on the generic kernels only,
+// for now: the fast kernels would need a per-row membership mask in the forward's key loop (a row
+// tile may straddle two query tiles) and, in the key-major backward, a loop over the row tiles of
+// the inverse lists; not written yet, so the dispatcher routes page lists to the generic kernels
+// (exact f32, slower).
 bool fast_family(const oomb_paged_attn_args & A, const oomb_tensor * dout) {
-    return A.schedule.kind == OOMB_SCHEDULE_DENSE && fast_ok(A.q, A.k_pages, A.v_pages, dout);
+    return A.schedule.kind != OOMB_SCHEDULE_LISTS && fast_ok(A.q, A.k_pages, A.v_pages, dout);
+}
+
+// A page range [first, last) on the fast kernels without touching them: they see only the range's
+// pages (the page table from logical page first, last - first pages) and every position relative
+// to the range's start, clamped to its end: row t then attends keys first*P <= p <= min(pos[t],
+// last*P - 1), exactly the RANGE schedule; a row before the range gets a negative position and
+// sees no key (out 0, LSE -inf, as the kernels' epilogues write for a row without keys; a forward
+// block whose rows all see none returns early, so the callers pre-fill out / LSE). The tile
+// alignment the forward needs (P a multiple of its key tile) is kept: the shift is whole pages.
+// The dense schedule returns G itself (no extra kernel, the same launches as before).
+__global__ void pa_range_pos_kernel(const int32_t * pos, int T, int lo, int hi, int32_t * out) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < T) out[t] = min(pos[t], hi) - lo;
+}
+__global__ void pa_fill_kernel(float * x, int64_t n, float v) {
+    for (int64_t i = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; i < n; i += (int64_t) gridDim.x * blockDim.x) x[i] = v;
+}
+Geom range_geom(const Geom & G, const oomb_page_schedule & s, int32_t * pos_buf, cudaStream_t stream) {
+    if (s.kind != OOMB_SCHEDULE_RANGE) return G;
+    Geom K = G;
+    const int first = std::min<int>(s.first, G.n_logical), last = std::max(first, std::min<int>(s.last, G.n_logical));
+    K.pt = G.pt + first;
+    K.n_logical = last - first;
+    pa_range_pos_kernel<<<(unsigned) ((G.T + 255) / 256), 256, 0, stream>>>(G.pos, G.T, first * G.P, last * G.P - 1, pos_buf);
+    PA_LAUNCH_CHECK();
+    K.pos = pos_buf;
+    return K;
 }
 
 int env_digit(const char * name, int max_value, const char * what) {
@@ -433,15 +463,8 @@ static void cache_copy(cudaStream_t stream, oomb_tensor * dst, const oomb_tensor
 
 void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
     const oomb_paged_attn_args A = oomb_paged_attn_args_of(dst);
-    const oomb_tensor * q = A.q;
-    const oomb_tensor * kc = A.k_cur;
-    const oomb_tensor * vc = A.v_cur;
-    oomb_tensor * kp = A.k_pages;
-    oomb_tensor * vp = A.v_pages;
-    const float scale = A.scale;
-    const int store = A.store;
-    const Geom G = make_geom(q, kp, A.page_table, A.pos);
-    check_common(G, kp, "paged_attn");
+    const Geom G = make_geom(A.q, A.k_pages, A.page_table, A.pos);
+    check_common(G, A.k_pages, "paged_attn");
     if (G.T == 0) return;
     // dst is the packed node: out [T][H][D], then the natural-log LSE of row t*H + h
     if (oomb_nelements(dst) != (int64_t) G.D * G.H * G.T + (int64_t) G.H * G.T)
@@ -458,15 +481,15 @@ void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
         return;
     }
 
-    if (store) {
+    if (A.store) {
         const int64_t n = (int64_t) G.D * G.Hkv * G.T;
         const unsigned blocks = (unsigned) ((n + 255) / 256);
 #define PA_STORE(KT)                                                                                                   \
-    pa_store_kernel<KT><<<blocks, 256, 0, stream>>>((const char *) kc->data, (const char *) vc->data, kc->nb[0], kc->nb[1], \
-                                                    kc->nb[2], (char *) kp->data, (char *) vp->data, kp->nb[0], kp->nb[1],  \
-                                                    kp->nb[2], kp->nb[3], G.pt, G.pos, G.n_logical, G.n_pages, G.P, G.D,   \
+    pa_store_kernel<KT><<<blocks, 256, 0, stream>>>((const char *) A.k_cur->data, (const char *) A.v_cur->data, A.k_cur->nb[0], A.k_cur->nb[1], \
+                                                    A.k_cur->nb[2], (char *) A.k_pages->data, (char *) A.v_pages->data, A.k_pages->nb[0], A.k_pages->nb[1],  \
+                                                    A.k_pages->nb[2], A.k_pages->nb[3], G.pt, G.pos, G.n_logical, G.n_pages, G.P, G.D,   \
                                                     G.Hkv, G.T)
-        switch (kp->type) {
+        switch (A.k_pages->type) {
             case OOMB_TYPE_F32: PA_STORE(float); break;
             case OOMB_TYPE_F16: PA_STORE(__half); break;
             default: PA_STORE(bf16); break;
@@ -476,16 +499,23 @@ void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
     }
 
     if (fast_family(A, nullptr)) {
-        FwdArgs a = fwd_args(G, q, kp, vp, scale);
+        Geom K = G;
+        if (A.schedule.kind == OOMB_SCHEDULE_RANGE) {
+            K = range_geom(G, A.schedule, (int32_t *) workspace(stream, carve_size((size_t) G.T * sizeof(int32_t))), stream);
+            PA_CHECK(cudaMemsetAsync(out, 0, (size_t) n_out * sizeof(float), stream));
+            pa_fill_kernel<<<(unsigned) std::min<int64_t>((n_lse + 255) / 256, 1024), 256, 0, stream>>>(lse, n_lse, -INFINITY);
+            PA_LAUNCH_CHECK();
+        }
+        FwdArgs a = fwd_args(K, A.q, A.k_pages, A.v_pages, A.scale);
         a.out = out;
         a.lse_out = lse;
         fwd_fast<MODE_OUT>(stream, a, G.D, G.Hkv);
         record_family(0, fwd_wgmma(G.D, G.P) ? "wgmma" : "mma");
     } else {
-        GenArgs a = gen_args(G, q, kp, vp, scale, A.schedule);
+        GenArgs a = gen_args(G, A.q, A.k_pages, A.v_pages, A.scale, A.schedule);
         a.out = out;
         a.lse = lse;
-        fwd_generic<MODE_OUT>(stream, a, kp->type);
+        fwd_generic<MODE_OUT>(stream, a, A.k_pages->type);
         record_family(0, "generic");
     }
     if (cache_mode == 1) cache_copy(stream, dst, cache, G.pos, n_out, n_lse, cache_row, 1);
@@ -493,29 +523,21 @@ void oomb_cuda_paged_attn(cudaStream_t stream, oomb_tensor * dst) {
 
 void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
     const oomb_paged_attn_args A = oomb_paged_attn_args_of(dst);
-    const oomb_tensor * q = A.q;
-    const oomb_tensor * kp = A.k_pages;
-    const oomb_tensor * vp = A.v_pages;
-    oomb_tensor * dkp = A.dk_pages;
-    oomb_tensor * dvp = A.dv_pages;
-    const oomb_tensor * dout = A.dout;
-    const oomb_tensor * fwd = A.fwd;  // the forward's packed node (out, LSE) or NULL
-    const float scale = A.scale;
-    const Geom G = make_geom(q, kp, A.page_table, A.pos);
-    check_common(G, kp, "paged_attn_back");
+    const Geom G = make_geom(A.q, A.k_pages, A.page_table, A.pos);
+    check_common(G, A.k_pages, "paged_attn_back");
     if (G.T == 0) return;
-    if (dkp->nb[0] != 4 || dvp->nb[0] != 4) oomb_error("paged_attn_back (cuda): gradient pages must be contiguous f32");
+    if (A.dk_pages->nb[0] != 4 || A.dv_pages->nb[0] != 4) oomb_error("paged_attn_back (cuda): gradient pages must be contiguous f32");
     for (int i = 1; i < 4; i++)
-        if (dkp->nb[i] != dvp->nb[i]) oomb_error("paged_attn_back (cuda): dk/dv gradient pages must have the same strides");
+        if (A.dk_pages->nb[i] != A.dv_pages->nb[i]) oomb_error("paged_attn_back (cuda): dk/dv gradient pages must have the same strides");
 
     float * dq = (float *) dst->data;
     float * dkc = dq + (int64_t) G.D * G.H * G.T;
     float * dvc = dkc + (int64_t) G.D * G.Hkv * G.T;
     const int64_t n_keys_bound = (int64_t) G.n_logical * G.P;
-    const float * saved_out = fwd ? (const float *) fwd->data : nullptr;
-    const float * saved_lse = fwd ? saved_out + (int64_t) G.D * G.H * G.T : nullptr;
+    const float * saved_out = A.fwd ? (const float *) A.fwd->data : nullptr;
+    const float * saved_lse = A.fwd ? saved_out + (int64_t) G.D * G.H * G.T : nullptr;
 
-    if (fast_family(A, dout)) {
+    if (fast_family(A, A.dout)) {
         // saved statistics: the prep kernel reads out with 16-byte loads
         const bool saved = saved_out && aligned16(saved_out);
         const bool wg = bwd_wgmma(G.D);
@@ -527,8 +549,10 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
         const int TGp = (TG + 127) / 128 * 128; // multiple of every row tile
         const int n_rt = TGp / BM;
         const size_t n_rows = (size_t) G.Hkv * TGp;
+        const bool range = A.schedule.kind == OOMB_SCHEDULE_RANGE;
         const size_t bytes = 2 * carve_size(n_rows * G.D * sizeof(bf16)) + 2 * carve_size(n_rows * sizeof(float)) +
-                             carve_size(TGp * sizeof(int)) + 2 * carve_size(n_rt * sizeof(int)) + carve_size(sizeof(int));
+                             carve_size(TGp * sizeof(int)) + 2 * carve_size(n_rt * sizeof(int)) + carve_size(sizeof(int)) +
+                             (range ? carve_size((size_t) G.T * sizeof(int32_t)) : 0);
         Carver cv{(char *) workspace(stream, bytes)};
         bf16 * qb = cv.take<bf16>(n_rows * G.D);
         bf16 * dob = cv.take<bf16>(n_rows * G.D);
@@ -538,8 +562,11 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
         int * rt_max = cv.take<int>(n_rt);
         int * rt_min = cv.take<int>(n_rt);
         int * maxpos = cv.take<int>(1);
+        // the kernels' view of the keys (range_geom: a page range; else G itself)
+        const Geom K = range ? range_geom(G, A.schedule, cv.take<int32_t>(G.T), stream) : G;
+        const int64_t n_keys_k = (int64_t) K.n_logical * K.P;
 
-        pa_meta_kernel<<<1, 1024, 0, stream>>>(G.pos, G.T, G.G, TGp, BM, rowpos, rt_max, rt_min, maxpos);
+        pa_meta_kernel<<<1, 1024, 0, stream>>>(K.pos, K.T, K.G, TGp, BM, rowpos, rt_max, rt_min, maxpos);
         PA_LAUNCH_CHECK();
         {
             const int64_t n = (int64_t) n_rows * (G.D / 8);
@@ -547,19 +574,23 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
             const float * os = saved ? saved_out : nullptr;
             const float * ls = saved ? saved_lse : nullptr;
             if (G.D == 128)
-                pa_prep_kernel<128><<<blocks, 256, 0, stream>>>((const float *) q->data, q->nb[1] / 4, q->nb[2] / 4, (const float *) dout->data,
-                                                               dout->nb[1] / 4, dout->nb[2] / 4, G.T, G.H, G.G, G.Hkv, TGp, qb, dob, lse, delta,
+                pa_prep_kernel<128><<<blocks, 256, 0, stream>>>((const float *) A.q->data, A.q->nb[1] / 4, A.q->nb[2] / 4, (const float *) A.dout->data,
+                                                               A.dout->nb[1] / 4, A.dout->nb[2] / 4, G.T, G.H, G.G, G.Hkv, TGp, qb, dob, lse, delta,
                                                                os, ls);
             else
-                pa_prep_kernel<64><<<blocks, 256, 0, stream>>>((const float *) q->data, q->nb[1] / 4, q->nb[2] / 4, (const float *) dout->data,
-                                                              dout->nb[1] / 4, dout->nb[2] / 4, G.T, G.H, G.G, G.Hkv, TGp, qb, dob, lse, delta,
+                pa_prep_kernel<64><<<blocks, 256, 0, stream>>>((const float *) A.q->data, A.q->nb[1] / 4, A.q->nb[2] / 4, (const float *) A.dout->data,
+                                                              A.dout->nb[1] / 4, A.dout->nb[2] / 4, G.T, G.H, G.G, G.Hkv, TGp, qb, dob, lse, delta,
                                                               os, ls);
             PA_LAUNCH_CHECK();
         }
         // log-sum-exp and delta (forward recomputation), only without saved statistics
         if (!saved) {
-            FwdArgs a = fwd_args(G, q, kp, vp, scale);
-            a.dout = (const float *) dout->data; a.do_s1 = dout->nb[1] / 4; a.do_s2 = dout->nb[2] / 4;
+            if (range) {  // rows of forward blocks that return early (no key in the range) keep these
+                PA_CHECK(cudaMemsetAsync(lse, 0, n_rows * sizeof(float), stream));
+                PA_CHECK(cudaMemsetAsync(delta, 0, n_rows * sizeof(float), stream));
+            }
+            FwdArgs a = fwd_args(K, A.q, A.k_pages, A.v_pages, A.scale);
+            a.dout = (const float *) A.dout->data; a.do_s1 = A.dout->nb[1] / 4; a.do_s2 = A.dout->nb[2] / 4;
             a.lse = lse; a.delta = delta; a.lse_stride = TGp;
             fwd_fast<MODE_LSE>(stream, a, G.D, G.Hkv);
         }
@@ -568,17 +599,19 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
             BwdArgs a{};
             a.qb = qb; a.dob = dob; a.lse = lse; a.delta = delta; a.rowpos = rowpos;
             a.rt_max = rt_max; a.rt_min = rt_min; a.maxpos = maxpos; a.n_rt = n_rt;
-            a.kp = (const bf16 *) kp->data; a.vp = (const bf16 *) vp->data;
-            a.kv_s1 = kp->nb[1] / 2; a.kv_s2 = kp->nb[2] / 2; a.kv_s3 = kp->nb[3] / 2;
-            a.dkp = (float *) dkp->data; a.dvp = (float *) dvp->data;
-            a.gr_s1 = dkp->nb[1] / 4; a.gr_s2 = dkp->nb[2] / 4; a.gr_s3 = dkp->nb[3] / 4;
-            a.pt = G.pt; a.n_logical = G.n_logical; a.n_pages = G.n_pages; a.P = G.P;
+            a.kp = (const bf16 *) A.k_pages->data; a.vp = (const bf16 *) A.v_pages->data;
+            a.kv_s1 = A.k_pages->nb[1] / 2; a.kv_s2 = A.k_pages->nb[2] / 2; a.kv_s3 = A.k_pages->nb[3] / 2;
+            a.dkp = (float *) A.dk_pages->data; a.dvp = (float *) A.dv_pages->data;
+            a.gr_s1 = A.dk_pages->nb[1] / 4; a.gr_s2 = A.dk_pages->nb[2] / 4; a.gr_s3 = A.dk_pages->nb[3] / 4;
+            a.pt = K.pt; a.n_logical = K.n_logical; a.n_pages = K.n_pages; a.P = K.P;
             a.T = G.T; a.H = G.H; a.G = G.G; a.TGp = TGp;
-            a.c = scale * kLog2e; a.scale = scale;
+            a.c = A.scale * kLog2e; a.scale = A.scale;
             a.dq = dq;
-            const int n_key_tiles = (int) ((n_keys_bound + BN - 1) / BN);
+            const int n_key_tiles = (int) ((n_keys_k + BN - 1) / BN);
             a.nsplit = bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt);
-            if (wg) {
+            if (n_key_tiles == 0) {
+                // an empty page range: no key, no gradient
+            } else if (wg) {
                 if (G.D == 128) launch_bwd_wgmma<128, 1>(stream, a, n_key_tiles, G.Hkv);
                 else if (occ64_bits() & 2) launch_bwd_wgmma<64, 2>(stream, a, n_key_tiles, G.Hkv);
                 else launch_bwd_wgmma<64, 1>(stream, a, n_key_tiles, G.Hkv);
@@ -602,11 +635,11 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
         int * maxpos = cv.take<int>(1);
         pa_maxpos_kernel<<<1, 1024, 0, stream>>>(G.pos, G.T, maxpos);
         PA_LAUNCH_CHECK();
-        GenArgs a = gen_args(G, q, kp, vp, scale, A.schedule);
-        a.dout = (const float *) dout->data; a.do_s1 = dout->nb[1] / 4; a.do_s2 = dout->nb[2] / 4;
+        GenArgs a = gen_args(G, A.q, A.k_pages, A.v_pages, A.scale, A.schedule);
+        a.dout = (const float *) A.dout->data; a.do_s1 = A.dout->nb[1] / 4; a.do_s2 = A.dout->nb[2] / 4;
         a.lse = lse; a.delta = delta; a.maxpos = maxpos;
-        a.dkp = (float *) dkp->data; a.dvp = (float *) dvp->data;
-        a.gr_s1 = dkp->nb[1] / 4; a.gr_s2 = dkp->nb[2] / 4; a.gr_s3 = dkp->nb[3] / 4;
+        a.dkp = (float *) A.dk_pages->data; a.dvp = (float *) A.dv_pages->data;
+        a.gr_s1 = A.dk_pages->nb[1] / 4; a.gr_s2 = A.dk_pages->nb[2] / 4; a.gr_s3 = A.dk_pages->nb[3] / 4;
         const int wpb = 4;
         const dim3 grid_r((unsigned) ((rows + wpb - 1) / wpb));
         // The saved statistics are used when the forward ran these generic kernels too (same f32
@@ -618,12 +651,12 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
             pa_delta_generic<<<grid_r, wpb * 32, 0, stream>>>(a, saved_out);
             PA_LAUNCH_CHECK();
         } else {
-            fwd_generic<MODE_LSE>(stream, a, kp->type);
+            fwd_generic<MODE_LSE>(stream, a, A.k_pages->type);
         }
         a.out = dq;
         const int64_t items = n_keys_bound * G.Hkv;
         const dim3 grid_k((unsigned) ((items + wpb - 1) / wpb));
-        switch (kp->type) {
+        switch (A.k_pages->type) {
             case OOMB_TYPE_F32:
                 pa_dq_generic<float><<<grid_r, wpb * 32, 0, stream>>>(a);
                 pa_dkdv_generic<float><<<grid_k, wpb * 32, 0, stream>>>(a, items);
@@ -643,8 +676,8 @@ void oomb_cuda_paged_attn_back(cudaStream_t stream, oomb_tensor * dst) {
 
     {
         const int64_t n = (int64_t) G.D * G.Hkv * G.T;
-        pa_readback_kernel<<<(unsigned) ((n + 255) / 256), 256, 0, stream>>>((const float *) dkp->data, (const float *) dvp->data,
-                                                                            dkp->nb[1] / 4, dkp->nb[2] / 4, dkp->nb[3] / 4, G.pt, G.pos,
+        pa_readback_kernel<<<(unsigned) ((n + 255) / 256), 256, 0, stream>>>((const float *) A.dk_pages->data, (const float *) A.dv_pages->data,
+                                                                            A.dk_pages->nb[1] / 4, A.dk_pages->nb[2] / 4, A.dk_pages->nb[3] / 4, G.pt, G.pos,
                                                                             G.n_logical, G.n_pages, G.P, G.D, G.Hkv, G.T, dkc, dvc);
         PA_LAUNCH_CHECK();
     }

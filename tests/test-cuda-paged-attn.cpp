@@ -9,8 +9,8 @@
 // with the CPU's, and the backward runs twice from the same gradient pages: with the forward's
 // saved statistics (fwd given, what autodiff builds) and recomputing them (fwd NULL).
 // Page schedules (oomb-schedule.h): page ranges and page lists on every kernel family that takes
-// them (today the generic kernels; the dispatcher routes them there from bf16 pools too), and each
-// case checks that the dispatcher ran the kernel family it should (oomb_cuda_paged_attn_last_family).
+// them (ranges: all; lists: the generic kernels, where the dispatcher routes them from bf16 pools
+// too), and each case checks that the dispatcher ran the kernel family it should (oomb_cuda_paged_attn_last_family).
 // Kernel choices are set through oomb_cuda_paged_attn_set_config (ConfigScope), not the environment.
 
 #include <gtest/gtest.h>
@@ -67,12 +67,14 @@ struct Case {
     int store;
     bool shuffle_pos; // chunk positions in a random order (rows not sorted by position)
     oomb_page_schedule_kind sched = OOMB_SCHEDULE_DENSE;  // RANGE / LISTS: built by run_case from hist
+    int range_first = -1;  // RANGE: first page (-1: half the history's pages); last: past the chunk's last page
 };
 
 std::string case_name(const Case & c) {
     char buf[200];
     snprintf(buf, sizeof(buf), "D%d_P%d_H%d_%d_T%d_hist%d_%s_store%d%s%s", c.D, c.P, c.H, c.Hkv, c.T, c.hist, oomb_type_name(c.type), c.store,
-             c.shuffle_pos ? "_shuffled" : "", c.sched == OOMB_SCHEDULE_RANGE ? "_range" : c.sched == OOMB_SCHEDULE_LISTS ? "_lists" : "");
+             c.shuffle_pos ? "_shuffled" : "", c.sched == OOMB_SCHEDULE_RANGE ? (c.range_first >= 0 ? "_range_from" : "_range")
+                                               : c.sched == OOMB_SCHEDULE_LISTS ? "_lists" : "");
     return buf;
 }
 
@@ -88,10 +90,10 @@ struct ConfigScope {
 };
 
 // The family the dispatcher must pick for a case: the fast kernels take bf16 pools of head dim 64
-// or 128 under the dense schedule only (any other schedule runs on the generic kernels for now).
+// or 128 under the dense and page-range schedules (page lists run on the generic kernels for now).
 std::string expected_family(const Case & c, int backward) {
     const oomb_paged_attn_config & cf = oomb_cuda_paged_attn_config();
-    const bool fast = !cf.generic && c.type == OOMB_TYPE_BF16 && (c.D == 64 || c.D == 128) && c.sched == OOMB_SCHEDULE_DENSE;
+    const bool fast = !cf.generic && c.type == OOMB_TYPE_BF16 && (c.D == 64 || c.D == 128) && c.sched != OOMB_SCHEDULE_LISTS;
     if (!fast) return "generic";
     return oomb_cuda_paged_attn_uses_wgmma(c.D, c.P, backward) ? "wgmma" : "mma";
 }
@@ -226,7 +228,8 @@ void run_case(const Case & c, uint32_t seed) {
         oomb_schedule_invert(off.data(), n_qt, pg.data(), c0, (int32_t *) s_io->data, (int32_t *) s_iq->data);
     }
     auto schedule = [&](oomb_tensor * o, oomb_tensor * p, oomb_tensor * io, oomb_tensor * iq) {
-        if (c.sched == OOMB_SCHEDULE_RANGE) return oomb_schedule_range(c0 / 2, (n_pos - 1) / c.P + 1);
+        if (c.sched == OOMB_SCHEDULE_RANGE)
+            return oomb_schedule_range(c.range_first >= 0 ? c.range_first : c0 / 2, std::max(c.range_first, (n_pos - 1) / c.P + 1));
         if (c.sched == OOMB_SCHEDULE_LISTS) return oomb_schedule_lists(o, p, io, iq);
         return oomb_schedule_dense();
     };
@@ -285,7 +288,21 @@ void run_case(const Case & c, uint32_t seed) {
     auto part = [](const std::vector<float> & v, int64_t b, int64_t n) { return std::vector<float>(v.begin() + b, v.begin() + b + n); };
     const std::vector<float> gp = dev_f32(d_packed), cp = host_f32(out->view_src);
     const double e_out = rel_err(part(gp, 0, nq), part(cp, 0, nq));
-    const double e_lse = rel_err(part(gp, nq, (int64_t) c.H * c.T), part(cp, nq, (int64_t) c.H * c.T));
+    // the LSE: a row that sees no key (a page range after it) is -inf on both sides; the rest by value
+    std::vector<float> lse_g, lse_c;
+    int lse_inf_mismatch = 0, lse_no_key = 0;
+    for (int64_t i = nq; i < nq + (int64_t) c.H * c.T; i++) {
+        if (cp[i] == -INFINITY) {
+            lse_no_key++;
+            lse_inf_mismatch += gp[i] != -INFINITY;
+        } else {
+            lse_g.push_back(gp[i]);
+            lse_c.push_back(cp[i]);
+        }
+    }
+    EXPECT_EQ(lse_inf_mismatch, 0) << "rows without keys (" << lse_no_key << "): LSE -inf";
+    EXPECT_TRUE(c.sched == OOMB_SCHEDULE_RANGE || lse_no_key == 0) << "only a page range leaves rows without keys";
+    const double e_lse = lse_c.empty() ? 0.0 : rel_err(lse_g, lse_c);
     const double e_kp = rel_err(dev_pool_f32(d_kp), host_pool_f32(kp));
     const double e_vp = rel_err(dev_pool_f32(d_vp), host_pool_f32(vp));
     EXPECT_LT(e_out, tol) << "forward output";
@@ -602,7 +619,8 @@ TEST(CudaPagedAttn, GenericPools) {
 // Page schedules (page range, page lists) against the CPU reference kernels with the same schedule:
 // bf16 pools at the wgmma / mma.sync sizes (head dims 64 and 128, pages 64 and 128, histories that
 // do not fill the last page, chunks starting mid-page) and f32 / f16 pools; every case also checks
-// the family the dispatcher ran (the generic kernels, for these schedules, today).
+// the family the dispatcher ran. Page ranges also on the mma.sync kernels (config.wgmma = 0), with a
+// range starting after the chunk's first rows (rows without keys: out 0, LSE -inf) and an empty one.
 TEST(CudaPagedAttn, Schedules) {
     SKIP_WITHOUT_GPU();
 #ifdef OOMB_USE_CUDA
@@ -621,6 +639,27 @@ TEST(CudaPagedAttn, Schedules) {
             {96, 32, 6, 2, 37, 100, B, 1, false, k},
         };
         for (const Case & c : cases) run_case(c, seed++);
+        if (k == OOMB_SCHEDULE_RANGE) {
+            ConfigScope cs([](oomb_paged_attn_config & cf) { cf.wgmma = 0; });
+            printf("[ kernels ] page ranges, config.wgmma = 0\n");
+            for (const Case & c : cases) run_case(c, seed++);
+        }
+    }
+    // ranges where some rows (or all) see no key: compared as the CPU (out 0, LSE -inf, no gradient)
+    for (int w : {3, 0}) {
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.wgmma = w; });
+        const Case cases[] = {
+            {128, 128, 28, 4, 256, 1000, B, 1, false, OOMB_SCHEDULE_RANGE},
+            {64, 64, 14, 2, 37, 1100, B, 0, false, OOMB_SCHEDULE_RANGE},
+            {64, 128, 14, 2, 300, 0, OOMB_TYPE_F32, 1, false, OOMB_SCHEDULE_RANGE},
+        };
+        for (const Case & c : cases) {
+            for (int f : {c.hist / c.P + 1, 1 << 20}) {  // after the chunk's first page; beyond every page (empty)
+                Case cc = c;
+                cc.range_first = f;
+                run_case(cc, seed++);
+            }
+        }
     }
 #endif
 }

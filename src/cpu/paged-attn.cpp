@@ -381,15 +381,8 @@ static void cache_block_copy(const oomb_tensor * cache, int64_t off, float * pac
 
 void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
     const oomb_paged_attn_args A = oomb_paged_attn_args_of(dst);
-    const oomb_tensor * q = A.q;
-    const oomb_tensor * k_cur = A.k_cur;
-    const oomb_tensor * v_cur = A.v_cur;
-    oomb_tensor * kp = A.k_pages;
-    oomb_tensor * vp = A.v_pages;
-    const float scale = A.scale;
-    const int store_kv = A.store;
-    PagedGeom G(q, kp, A.page_table, A.pos);
-    if (q->nb[0] != sizeof(float)) oomb_error("paged_attn: q must have unit stride in dim 0");
+    PagedGeom G(A.q, A.k_pages, A.page_table, A.pos);
+    if (A.q->nb[0] != sizeof(float)) oomb_error("paged_attn: q must have unit stride in dim 0");
     check_pos(G, "paged_attn");
     set_schedule(G, A, false, "paged_attn");
     // oomb_paged_attn_cached: the chunk's block of the result cache (mode 1: save after computing,
@@ -412,13 +405,13 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
         }
     }
 
-    if (store_kv) {
+    if (A.store) {
         for (int64_t t = 0; t < G.T; t++)
             for (int64_t g = 0; g < G.Hkv; g++) {
                 const size_t off = G.offset(G.pos[t], g, "paged_attn");
                 for (int64_t d = 0; d < G.D; d++) {
-                    store((char *) kp->data + off + d * kp->nb[0], kp->type, *(const float *) elem_ptr(k_cur, d, g, t, 0));
-                    store((char *) vp->data + off + d * vp->nb[0], vp->type, *(const float *) elem_ptr(v_cur, d, g, t, 0));
+                    store((char *) A.k_pages->data + off + d * A.k_pages->nb[0], A.k_pages->type, *(const float *) elem_ptr(A.k_cur, d, g, t, 0));
+                    store((char *) A.v_pages->data + off + d * A.v_pages->nb[0], A.v_pages->type, *(const float *) elem_ptr(A.v_cur, d, g, t, 0));
                 }
             }
     }
@@ -437,8 +430,8 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
     parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
         Scratch & s = scratch[w];
         const QueryTile & qt = tiles[it];
-        const int R = tile_rows(G, qt, q, nullptr, out, s);
-        forward_tile(K, G, blocks, kp, vp, scale, qt, R, s, "paged_attn");
+        const int R = tile_rows(G, qt, A.q, nullptr, out, s);
+        forward_tile(K, G, blocks, A.k_pages, A.v_pages, A.scale, qt, R, s, "paged_attn");
         for (int i = 0; i < R; i++) {
             std::copy(s.O.data() + (size_t) i * D, s.O.data() + (size_t) (i + 1) * D, s.outr[i]);
             // l > 0 whenever the row attends a key (always, with valid positions); else -inf
@@ -450,16 +443,8 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
 
 void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
     const oomb_paged_attn_args A = oomb_paged_attn_args_of(dst);
-    const oomb_tensor * q  = A.q;
-    const oomb_tensor * kp = A.k_pages;
-    const oomb_tensor * vp = A.v_pages;
-    oomb_tensor * dkp = A.dk_pages;
-    oomb_tensor * dvp = A.dv_pages;
-    const oomb_tensor * dout = A.dout;
-    const oomb_tensor * fwd = A.fwd;  // the forward's packed node (out, LSE) or NULL
-    const float scale = A.scale;
-    PagedGeom G(q, kp, A.page_table, A.pos);
-    if (q->nb[0] != sizeof(float) || dout->nb[0] != sizeof(float)) oomb_error("paged_attn_back: q and dout must have unit stride in dim 0");
+    PagedGeom G(A.q, A.k_pages, A.page_table, A.pos);
+    if (A.q->nb[0] != sizeof(float) || A.dout->nb[0] != sizeof(float)) oomb_error("paged_attn_back: q and dout must have unit stride in dim 0");
     check_pos(G, "paged_attn_back");
     set_schedule(G, A, true, "paged_attn_back");
     const int64_t H = G.H, T = G.T;
@@ -480,16 +465,16 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
 
     // pass 1: log-sum-exp and delta = dout . out per row
     std::vector<float> lse(T * H), delta(T * H);
-    if (fwd) {
+    if (A.fwd) {
         // saved by the forward: LSE as is, delta from the saved out (the same sum, in the same order,
         // as the recomputation below, so both paths give the same values)
-        const float * fo = (const float *) fwd->data;
+        const float * fo = (const float *) A.fwd->data;
         const float * fl = fo + G.D * H * T;
         parallel_items(T, nw, [&](int64_t t, int) {
             for (int64_t h = 0; h < H; h++) {
                 const int64_t r = t * H + h;
                 const float * o = fo + r * D;
-                const float * dv = (const float *) elem_ptr(dout, 0, h, t, 0);
+                const float * dv = (const float *) elem_ptr(A.dout, 0, h, t, 0);
                 float dl = 0.0f;
                 for (int d = 0; d < D; d++) dl += dv[d] * o[d];
                 lse[r] = fl[r];
@@ -501,8 +486,8 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
         parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
             Scratch & s = scratch[w];
             const QueryTile & qt = tiles[it];
-            const int R = tile_rows(G, qt, q, dout, nullptr, s);
-            forward_tile(K, G, blocks, kp, vp, scale, qt, R, s, op);
+            const int R = tile_rows(G, qt, A.q, A.dout, nullptr, s);
+            forward_tile(K, G, blocks, A.k_pages, A.v_pages, A.scale, qt, R, s, op);
             for (int i = 0; i < R; i++) {
                 const float * o = s.O.data() + (size_t) i * D;
                 const float * dv = s.dr[i];
@@ -522,7 +507,7 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
     // the results. (Offsets are computed in the K/V pools; the f32 gradient pages have the same
     // shape, contiguous, so an element's byte offset there is its K/V offset / element size * 4.)
     constexpr int NPART = 4;
-    const size_t kv_es = oomb_type_size(kp->type);
+    const size_t kv_es = oomb_type_size(A.k_pages->type);
     const int64_t n_tiles = (int64_t) tiles.size();
     std::vector<std::vector<int64_t>> tiles_of(G.Hkv);
     for (int64_t k = 0; k < n_tiles; k++) tiles_of[tiles[k].g].push_back(k);
@@ -536,21 +521,21 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
         float * dqp = dq_part.data() + (size_t) part * n_tiles * tile_stride;
         for (int64_t bi = part; bi < nb; bi += NPART) {
             const KeyBlock & b = blocks[bi];
-            load_block(G, kp, g, b, s.Kt.data(), s.Kr.data(), op);
-            load_block(G, vp, g, b, s.Vt.data(), nullptr, op);
+            load_block(G, A.k_pages, g, b, s.Kt.data(), s.Kr.data(), op);
+            load_block(G, A.v_pages, g, b, s.Vt.data(), nullptr, op);
             std::fill(s.acc1.begin(), s.acc1.end(), 0.0f);  // dK
             std::fill(s.acc2.begin(), s.acc2.end(), 0.0f);  // dV
             bool any = false;
             for (int64_t k : tiles_of[g]) {
                 const QueryTile & qt = tiles[k];
                 if (qt.max_pos < b.p0) continue;
-                const int R = tile_rows(G, qt, q, dout, nullptr, s);
+                const int R = tile_rows(G, qt, A.q, A.dout, nullptr, s);
                 const int32_t * rp = block_rpos(G, b, R, s);
                 if (!rp) continue;
                 for (int i = 0; i < R; i++) { s.lse[i] = lse[s.rid[i]]; s.delta[i] = delta[s.rid[i]]; }
                 K.scores(R, D, s.qr.data(), s.Kt.data(), s.S.data());
                 K.scores(R, D, s.dr.data(), s.Vt.data(), s.S2.data());
-                K.bwd_probs(R, scale, s.S.data(), s.S2.data(), s.lse.data(), s.delta.data(), rp, b.p0, b.n);
+                K.bwd_probs(R, A.scale, s.S.data(), s.S2.data(), s.lse.data(), s.delta.data(), rp, b.p0, b.n);
                 K.accum_rows(R, D, s.S2.data(), b.n, s.Kr.data(), dqp + (size_t) k * tile_stride);
                 K.transpose(R, s.S.data(), s.Pt.data());
                 K.accum_cols(b.n, R, D, s.Pt.data(), s.dr.data(), s.acc2.data());
@@ -561,24 +546,24 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
             if (!any) continue;
             for (int j = 0; j < b.n; j++) {
                 const size_t goff = G.offset(b.p0 + j, g, op) / kv_es * sizeof(float);
-                float * dkr = (float *) ((char *) dkp->data + goff);
-                float * dvr = (float *) ((char *) dvp->data + goff);
+                float * dkr = (float *) ((char *) A.dk_pages->data + goff);
+                float * dvr = (float *) ((char *) A.dv_pages->data + goff);
                 const float * ak = s.acc1.data() + (size_t) j * D;
                 const float * av = s.acc2.data() + (size_t) j * D;
-                for (int d = 0; d < D; d++) { dkr[d] += ak[d] * scale; dvr[d] += av[d]; }
+                for (int d = 0; d < D; d++) { dkr[d] += ak[d] * A.scale; dvr[d] += av[d]; }
             }
         }
     });
     // dq = scale * (sum of the parts, in order)
     parallel_items(n_tiles, nw, [&](int64_t k, int w) {
         Scratch & s = scratch[w];
-        const int R = tile_rows(G, tiles[k], q, nullptr, nullptr, s);
+        const int R = tile_rows(G, tiles[k], A.q, nullptr, nullptr, s);
         for (int i = 0; i < R; i++) {
             float * dqv = dq + s.rid[i] * D;
             for (int d = 0; d < D; d++) {
                 float a = 0.0f;
                 for (int part = 0; part < NPART; part++) a += dq_part[((size_t) part * n_tiles + k) * tile_stride + (size_t) i * D + d];
-                dqv[d] = a * scale;
+                dqv[d] = a * A.scale;
             }
         }
     });
@@ -588,8 +573,8 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
         for (int64_t g = 0; g < G.Hkv; g++) {
             const size_t off = G.offset(G.pos[t], g, op);
             const size_t goff = off / kv_es * sizeof(float);
-            const float * dkr = (const float *) ((const char *) dkp->data + goff);
-            const float * dvr = (const float *) ((const char *) dvp->data + goff);
+            const float * dkr = (const float *) ((const char *) A.dk_pages->data + goff);
+            const float * dvr = (const float *) ((const char *) A.dv_pages->data + goff);
             std::copy(dkr, dkr + D, dkc + (t * G.Hkv + g) * D);
             std::copy(dvr, dvr + D, dvc + (t * G.Hkv + g) * D);
         }
