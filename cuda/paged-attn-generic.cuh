@@ -40,6 +40,14 @@ __device__ __forceinline__ float gload(const char * base, int64_t off, int64_t s
     return to_f32<KT>(*(const KT *) (base + off + d * s0));
 }
 
+// Under a schedule other than DENSE, at the first position p of a page that query tile qt does not
+// attend: true, and p moves to the page's last position (the row loops then skip the whole page).
+__device__ __forceinline__ bool sched_skips_page(const GenArgs & a, int c0, int qt, int & p) {
+    if (!a.sched.kind || p % a.P != 0 || oomb::pa_sched_attends(a.sched, c0, qt, p / a.P)) return false;
+    p += a.P - 1;
+    return true;
+}
+
 // MODE_OUT: out and lse (the op's packed node); MODE_LSE: lse and delta (with dout)
 template <typename KT, int MODE>
 __global__ void pa_fwd_generic(const GenArgs a) {
@@ -58,10 +66,7 @@ __global__ void pa_fwd_generic(const GenArgs a) {
     const int pt_ = a.pos[t];
     const int c0 = a.pos[0] / a.P, qt = oomb::pa_qtile(pt_, c0, a.P);
     for (int p = 0; p <= pt_; p++) {
-        if (a.sched.kind && p % a.P == 0 && !oomb::pa_sched_attends(a.sched, c0, qt, p / a.P)) {
-            p += a.P - 1;  // the whole page
-            continue;
-        }
+        if (sched_skips_page(a, c0, qt, p)) continue;
         const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
         if (pg < 0) continue;
         const int64_t off = (int64_t) pg * a.p_s3 + (int64_t) (p % a.P) * a.p_s2 + (int64_t) g * a.p_s1;
@@ -144,10 +149,7 @@ __global__ void pa_dq_generic(const GenArgs a) {
     const float lse = a.lse[r], delta = a.delta[r];
     const int c0 = a.pos[0] / a.P, qt = oomb::pa_qtile(a.pos[t], c0, a.P);
     for (int p = 0; p <= a.pos[t]; p++) {
-        if (a.sched.kind && p % a.P == 0 && !oomb::pa_sched_attends(a.sched, c0, qt, p / a.P)) {
-            p += a.P - 1;  // the whole page
-            continue;
-        }
+        if (sched_skips_page(a, c0, qt, p)) continue;
         const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
         if (pg < 0) continue;
         const int64_t off = (int64_t) pg * a.p_s3 + (int64_t) (p % a.P) * a.p_s2 + (int64_t) g * a.p_s1;

@@ -74,18 +74,13 @@ struct Chunk {
         dvp = oomb_new_tensor_4d(ctx, OOMB_TYPE_F32, s.D, s.Hkv, s.P, n_pages);
         pt = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, n_logical);
         pos = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, s.T);
-        oombtest::fill_uniform(q, rng, -2.0f, 2.0f);
-        oombtest::fill_uniform(kc, rng, -1.0f, 1.0f);
-        oombtest::fill_uniform(vc, rng, -1.0f, 1.0f);
-        oombtest::fill_uniform(dout, rng, -1.0f, 1.0f);
-        oombtest::fill_uniform(kp, rng, -1.0f, 1.0f);
-        oombtest::fill_uniform(vp, rng, -1.0f, 1.0f);
-        oombtest::fill_uniform(dkp, rng, -0.5f, 0.5f);
-        oombtest::fill_uniform(dvp, rng, -0.5f, 0.5f);
-        std::vector<int> perm(n_pages);
+        oombtest::fill_uniform(q, rng, -2.0f, 2.0f);  // random data, gradient pages holding earlier sums
+        for (oomb_tensor * t : {kc, vc, dout, kp, vp}) oombtest::fill_uniform(t, rng, -1.0f, 1.0f);
+        for (oomb_tensor * t : {dkp, dvp}) oombtest::fill_uniform(t, rng, -0.5f, 0.5f);
+        std::vector<int32_t> perm(n_pages);  // a shuffled page table
         std::iota(perm.begin(), perm.end(), 0);
         std::shuffle(perm.begin(), perm.end(), rng);
-        for (int i = 0; i < n_logical; i++) ((int32_t *) pt->data)[i] = perm[i];
+        std::copy(perm.begin(), perm.begin() + n_logical, (int32_t *) pt->data);
         for (int t = 0; t < s.T; t++) ((int32_t *) pos->data)[t] = s.hist + t;
         dk0 = vec(dkp);
         dv0 = vec(dvp);
