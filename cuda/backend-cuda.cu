@@ -541,3 +541,9 @@ void oomb_cuda_debug_fail_next_copy(oomb_backend_t backend, int cuda_error) {
     if (!backend || backend->iface != &k_cuda_iface) oomb_error("cuda_debug_fail_next_copy: not a CUDA backend");
     ctx_of(backend)->fail_next_copy = (cudaError_t) cuda_error;
 }
+
+oomb_cuda_ctx & oomb_cuda_ctx_of(oomb_backend_t backend) {
+    if (!backend || strcmp(oomb_backend_name(backend), "CUDA") != 0)
+        oomb_error("oomb_cuda_ctx_of: %s is not a CUDA backend", backend ? oomb_backend_name(backend) : "NULL");
+    return *(oomb_cuda_ctx *) backend->ctx;
+}

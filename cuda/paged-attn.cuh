@@ -1,6 +1,6 @@
 // Paged flash attention on the CUDA backend (OOMB_OP_PAGED_ATTN / OOMB_OP_PAGED_ATTN_BACK).
 // The backend (backend-cuda.cu) dispatches these nodes here; semantics are those of
-// oomb_paged_attn / oomb_paged_attn_back in oomb.h (CPU reference: src/paged-cpu.cpp).
+// oomb_paged_attn_ext / oomb_paged_attn_back_ext in oomb.h (CPU reference: src/cpu/paged-attn.cpp).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,8 +12,39 @@ struct oomb_cuda_ctx;
 void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst);
 void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst);
 
+/// Kernel choices of paged attention on CUDA. The defaults are the fastest measured (bench/NOTES.md);
+/// every field but `generic` only matters on the fast path (bf16 pools, head dim 64 or 128).
+/// Benchmark overrides from the environment (oomb_paged_attn_config_from_env, the one place that
+/// reads them): OOMB_PAGED_ATTN_<NAME> for each field below.
+struct oomb_paged_attn_config {
+    bool generic = false;   // GENERIC (set, any value): the generic f32 kernels only
+    int wgmma = 3;          // WGMMA 0-3: bit 0 the wgmma forward (page size a multiple of 128), bit 1 the wgmma backward
+    int fwd = 2;            // FWD: mma.sync forward at head dim 128: 0: 4 warps x 32 rows, 32-key tiles; 1: 8 warps x
+                            //   16 rows, 64-key tiles; 2: 4 warps x 32 rows, 64-key tiles
+    int bwd = 1;            // BWD: mma.sync backward at head dim 128, rows per step 0: 32, 1: 64, 2: 16
+    int fwd64 = 0;          // FWD64: mma.sync forward at head dim 64: 0: 4 warps x 32 rows (2 blocks/SM); 1: the
+                            //   same at 3 blocks/SM; 2: 8 warps x 16 rows
+    int bwd64 = 0;          // BWD64: mma.sync backward at head dim 64: 0: 64 rows, 1 block/SM; 1: 32 rows, 2 blocks/SM;
+                            //   2: 32 rows, 1 block/SM
+    int split = -1;         // SPLIT: blocks per key tile of the backward (clamped to [1, row tiles]); -1 automatic
+    int occ64 = 1;          // OCC64 0-3: two CTAs per SM for the head-dim-64 wgmma kernels, bit 0 forward, bit 1 backward
+    bool fwd_pipe = false;  // FWDPIPE 0/1: the head-dim-64 wgmma forward issuing the next tile's S before the softmax
+};
+/// The defaults overridden by the OOMB_PAGED_ATTN_* variables that are set (GENERIC: set at all;
+/// WGMMA, OCC64: one digit 0-3; FWDPIPE: 0 or 1, else an error naming the variable; FWD, BWD,
+/// FWD64, BWD64, SPLIT: an integer, as atoi).
+oomb_paged_attn_config oomb_paged_attn_config_from_env();
+/// The configuration the kernels use: oomb_paged_attn_config_from_env() read at the first call,
+/// unless set. set_config(NULL): read the environment again now (an error there is reported now).
+const oomb_paged_attn_config & oomb_cuda_paged_attn_config();
+void oomb_cuda_paged_attn_set_config(const oomb_paged_attn_config * cfg);
+
 /// Whether the Hopper wgmma kernels run the forward (backward = 0) or the backward (1) of paged
 /// attention with bf16 pools of this head dim and page size on the current device: an sm_90a build
 /// on a compute capability 9.0 GPU, head dim 64 or 128 (the forward: a page size multiple of 128),
-/// not turned off by OOMB_PAGED_ATTN_WGMMA. An invalid OOMB_PAGED_ATTN_WGMMA is an error.
+/// not turned off by the configuration (wgmma bits).
 bool oomb_cuda_paged_attn_uses_wgmma(int head_dim, int page_size, int backward);
+
+/// The kernel family that ran the last forward (backward = 0) or backward (1) of this process
+/// (the dispatcher records its choice): "wgmma", "mma" or "generic"; "" before any call.
+const char * oomb_cuda_paged_attn_last_family(int backward);

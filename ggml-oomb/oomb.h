@@ -19,13 +19,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "oomb-schedule.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define OOMB_MAX_DIMS      4
-#define OOMB_MAX_SRC       10 // paged_attn_back uses src[0..8]
+#define OOMB_MAX_SRC       13 // paged_attn_back uses src[0..12] (oomb_paged_attn_args_of)
 #define OOMB_MAX_OP_PARAMS 16
 #define OOMB_MAX_NAME      64
 #define OOMB_DEFAULT_GRAPH_SIZE 16384
@@ -481,12 +482,46 @@ struct oomb_tensor * oomb_paged_attn_cached(struct oomb_context * ctx, struct oo
 /// fwd: the result of oomb_paged_attn for the same q, pools, page table and positions (the view it
 /// returns or its packed node): the backward reads the saved out and LSE from it instead of
 /// recomputing them with an extra forward pass (delta = dout . out per row). NULL: recomputed.
-/// Stored as src[8] (dout is src[7]).
 struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_pages,
                                           struct oomb_tensor * v_pages, struct oomb_tensor * dk_pages,
                                           struct oomb_tensor * dv_pages, struct oomb_tensor * page_table,
                                           struct oomb_tensor * pos, struct oomb_tensor * dout, struct oomb_tensor * fwd,
                                           float scale);
+
+/// Every operand of the paged-attention ops, by name (the general constructors below take it;
+/// oomb_paged_attn_args_of reads it back from a node, so no code indexes the nodes' sources).
+/// Forward: q, k_cur, v_cur, k_pages, v_pages, page_table, pos, schedule, scale, store, and
+/// optionally out_cache + load (oomb_paged_attn_cached). Backward: q, k_pages, v_pages, page_table,
+/// pos, schedule, scale, dout, fwd (or NULL), dk_pages, dv_pages. Unused fields: zero / NULL.
+/// Shapes and meaning: oomb_paged_attn, oomb_paged_attn_cached, oomb_paged_attn_back above;
+/// schedule: oomb-schedule.h (zero-initialised = OOMB_SCHEDULE_DENSE).
+struct oomb_paged_attn_args {
+    struct oomb_tensor * q;
+    struct oomb_tensor * k_cur, * v_cur;        // forward only
+    struct oomb_tensor * k_pages, * v_pages;
+    struct oomb_tensor * page_table, * pos;
+    struct oomb_page_schedule schedule;
+    float scale;
+    int store;                                  // forward only
+    struct oomb_tensor * out_cache;             // forward only; NULL: no result cache
+    int load;                                   // with out_cache
+    struct oomb_tensor * dout, * fwd;           // backward only (fwd may be NULL)
+    struct oomb_tensor * dk_pages, * dv_pages;  // backward only
+};
+/// oomb_paged_attn (out_cache NULL) or oomb_paged_attn_cached with a page schedule. Result: the out
+/// view [D, H, T] as oomb_paged_attn. Errors as those functions, and: RANGE with first < 0 or
+/// last < first; LISTS without offsets / pages, or with non-i32 / non-contiguous ones; a result
+/// cache with a schedule other than DENSE (the cache holds dense results). Kernels: the CPU backend
+/// runs every schedule; the CUDA backend runs DENSE and RANGE on its fast (mma.sync / wgmma) and
+/// generic kernels, LISTS on the generic kernels only for now.
+struct oomb_tensor * oomb_paged_attn_ext(struct oomb_context * ctx, const struct oomb_paged_attn_args * args);
+/// oomb_paged_attn_back with a page schedule: the gradients of oomb_paged_attn_ext's function
+/// (keys outside the schedule get none). LISTS also need inv_offsets / inv_qtiles. fwd, if given,
+/// must have been built with the same schedule (kind, range, list tensors).
+struct oomb_tensor * oomb_paged_attn_back_ext(struct oomb_context * ctx, const struct oomb_paged_attn_args * args);
+/// The operands of a paged_attn node (the packed node, or the view oomb_paged_attn returns) or a
+/// paged_attn_back node. Error: another op.
+struct oomb_paged_attn_args oomb_paged_attn_args_of(const struct oomb_tensor * node);
 
 // ---------------------------------------------------------------------------------------------
 // Graphs and automatic differentiation

@@ -80,7 +80,7 @@ struct Acc {
 
 // paged_attn's packed node: bytes of its out part (D*H*T f32; the LSE of each row follows).
 size_t paged_out_bytes(const oomb_tensor * t) {
-    const oomb_tensor * q = t->src[0];
+    const oomb_tensor * q = oomb_paged_attn_args_of(t).q;
     return sizeof(float) * (size_t) (q->ne[0] * q->ne[1] * q->ne[2]);
 }
 
@@ -183,7 +183,7 @@ struct Builder {
         if (!need(src)) return;
         if (src->op == OOMB_OP_PAGED_ATTN && paged_view_is_out(v)) {
             // the out view: its gradient is the backward's dout, kept in out's shape
-            const oomb_tensor * q = src->src[0];
+            const oomb_tensor * q = oomb_paged_attn_args_of(src).q;
             oomb_tensor * d = contig(dy);
             if (d->ne[0] != q->ne[0] || d->ne[1] != q->ne[1] || d->ne[2] != q->ne[2] || d->ne[3] != 1) {
                 d = oomb_reshape_4d(ctx, contig(d), q->ne[0], q->ne[1], q->ne[2], 1);
@@ -244,7 +244,7 @@ struct Builder {
             // of the packed node lie inside out: checked by the dry run)
             oomb_tensor * d = a.pa_out;
             if (a.z) {
-                const oomb_tensor * q = t->src[0];
+                const oomb_tensor * q = oomb_paged_attn_args_of(t).q;
                 oomb_tensor * zo = oomb_view_3d(ctx, a.z, q->ne[0], q->ne[1], q->ne[2], sizeof(float) * q->ne[0],
                                                 sizeof(float) * q->ne[0] * q->ne[1], 0);
                 d = d ? named(oomb_add(ctx, d, zo), t) : zo;
@@ -419,10 +419,12 @@ struct Builder {
                 // dK/dV of every attended position accumulate into the gradient pages (k_pages->grad,
                 // v_pages->grad); dk_cur / dv_cur are read back from them at pos. dy is the gradient of
                 // the out part [D, H, T] (get_grad); t itself holds the saved out and LSE.
-                oomb_tensor * q = t->src[0], * kc = t->src[1], * vc = t->src[2], * kp = t->src[3], * vp = t->src[4];
-                oomb_tensor * packed = oomb_paged_attn_back(ctx, q, kp, vp, kp->grad, vp->grad, t->src[5], t->src[6], dy, t,
-                                                            oomb::get_op_f32(t, 0));
-                add_packed_grads(t, packed, {q, kc, vc});
+                // the same schedule (a page-list forward carries its inverse lists: checked in the dry run)
+                oomb_paged_attn_args a = oomb_paged_attn_args_of(t);
+                a.dk_pages = a.k_pages->grad; a.dv_pages = a.v_pages->grad;
+                a.dout = dy; a.fwd = t;
+                oomb_tensor * packed = oomb_paged_attn_back_ext(ctx, &a);
+                add_packed_grads(t, packed, {a.q, a.k_cur, a.v_cur});
                 break;
             }
             case OOMB_OP_CROSS_ENTROPY:
@@ -502,8 +504,13 @@ void oomb_build_backward_expand(struct oomb_context * ctx, struct oomb_cgraph * 
                        oomb_op_name(t->op), shape_str(t).c_str());
         }
         if (t->op == OOMB_OP_PAGED_ATTN) {
-            for (int i = 3; i <= 4; i++) {
-                const oomb_tensor * pool = t->src[i], * gp = pool->grad;
+            const oomb_paged_attn_args pa = oomb_paged_attn_args_of(t);
+            if (pa.schedule.kind == OOMB_SCHEDULE_LISTS && (!pa.schedule.inv_offsets || !pa.schedule.inv_qtiles))
+                oomb_error("build_backward_expand: paged_attn %s has a page-list schedule without its inverse lists "
+                           "(inv_offsets / inv_qtiles, oomb_schedule_invert): its backward needs them",
+                           shape_str(t).c_str());
+            for (const oomb_tensor * pool : {pa.k_pages, pa.v_pages}) {
+                const oomb_tensor * gp = pool->grad;
                 if (!gp || gp->type != OOMB_TYPE_F32 || !oomb_are_same_shape(gp, pool)) {
                     oomb_error("build_backward_expand: paged_attn %s: the pool %s needs its f32 gradient pages in ->grad "
                                "(a KV cache created with with_grad), got %s",

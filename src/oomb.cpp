@@ -2,6 +2,7 @@
 // The backward pass is in backward.cpp, the allocator in alloc.cpp, backends in backend*.cpp.
 
 #include "oomb-impl.h"
+#include "oomb/paged-attn-sched.h"
 #include "fp16.h"
 
 #include <algorithm>
@@ -919,26 +920,107 @@ static void check_paged(const oomb_tensor * q, const oomb_tensor * k_pages, cons
                "pos %s must be contiguous i32 with one entry per query (T = %" PRId64 ")", shape_str(pos).c_str(), q->ne[2]);
 }
 
-struct oomb_tensor * oomb_paged_attn(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_cur,
-                                     struct oomb_tensor * v_cur, struct oomb_tensor * k_pages, struct oomb_tensor * v_pages,
-                                     struct oomb_tensor * page_table, struct oomb_tensor * pos, float scale, int store) {
-    check_paged(q, k_pages, v_pages, page_table, pos, "paged_attn");
+// A schedule's operands (oomb-schedule.h); `backward`: LISTS also need the inverse lists.
+static void check_schedule(const oomb_page_schedule & s, bool backward, const char * op) {
+    auto i32 = [&](const oomb_tensor * t, const char * what) {
+        OOMB_CHECK(t && t->type == OOMB_TYPE_I32 && oomb_is_contiguous(t) && oomb_nelements(t) >= 1, op,
+                   "schedule %s must be a contiguous i32 tensor of at least one element, got %s", what,
+                   t ? shape_str(t).c_str() : "NULL");
+    };
+    switch (s.kind) {
+        case OOMB_SCHEDULE_DENSE:
+            OOMB_CHECK(!s.offsets && !s.pages && !s.inv_offsets && !s.inv_qtiles, op, "a dense schedule takes no list tensors");
+            break;
+        case OOMB_SCHEDULE_RANGE:
+            OOMB_CHECK(s.first >= 0 && s.last >= s.first, op, "page range [%d, %d) must have 0 <= first <= last", s.first, s.last);
+            OOMB_CHECK(!s.offsets && !s.pages && !s.inv_offsets && !s.inv_qtiles, op, "a page-range schedule takes no list tensors");
+            break;
+        case OOMB_SCHEDULE_LISTS:
+            i32(s.offsets, "offsets");
+            i32(s.pages, "pages");
+            OOMB_CHECK(oomb_nelements(s.offsets) >= 2, op, "schedule offsets %s must have n_qtiles + 1 >= 2 entries",
+                       shape_str(s.offsets).c_str());
+            if (backward || s.inv_offsets || s.inv_qtiles) {
+                i32(s.inv_offsets, "inv_offsets (the backward needs the inverse lists: oomb_schedule_invert)");
+                i32(s.inv_qtiles, "inv_qtiles (the backward needs the inverse lists: oomb_schedule_invert)");
+                OOMB_CHECK(oomb_nelements(s.inv_qtiles) == oomb_nelements(s.pages), op,
+                           "inverse lists %s must hold as many entries as the lists %s", shape_str(s.inv_qtiles).c_str(),
+                           shape_str(s.pages).c_str());
+            }
+            break;
+        default:
+            OOMB_CHECK(false, op, "unknown schedule kind %d", (int) s.kind);
+    }
+}
+
+static void set_schedule(oomb_tensor * t, const oomb_page_schedule & s, int src_offsets, int src_pages) {
+    t->op_params[oomb::PA_PARAM_SCHED_KIND] = (int32_t) s.kind;
+    t->op_params[oomb::PA_PARAM_SCHED_FIRST] = s.first;
+    t->op_params[oomb::PA_PARAM_SCHED_LAST] = s.last;
+    if (s.kind == OOMB_SCHEDULE_LISTS) {
+        t->src[src_offsets] = s.offsets;
+        t->src[src_pages] = s.pages;
+    }
+}
+
+struct oomb_tensor * oomb_paged_attn_ext(struct oomb_context * ctx, const struct oomb_paged_attn_args * a) {
+    OOMB_CHECK(a, "paged_attn", "args must not be NULL");
+    oomb_tensor * out_cache = a->out_cache;
+    const int load = a->load, store = a->store;
+    if (out_cache) {
+        OOMB_CHECK((out_cache->type == OOMB_TYPE_F32 || out_cache->type == OOMB_TYPE_BF16) && oomb_is_contiguous(out_cache),
+                   "paged_attn_cached", "out_cache must be a contiguous f32 or bf16 tensor, got %s", shape_str(out_cache).c_str());
+        OOMB_CHECK((load == 0 || load == 1) && (store == 0 || store == 1), "paged_attn_cached",
+                   "store (%d) and load (%d) must be 0 or 1", store, load);
+        OOMB_CHECK(!(load && store), "paged_attn_cached", "load = 1 reads a result computed earlier over stored K/V: store must be 0");
+        OOMB_CHECK(a->schedule.kind == OOMB_SCHEDULE_DENSE, "paged_attn_cached", "the result cache holds dense results: schedule kind %d",
+                   (int) a->schedule.kind);
+    } else {
+        OOMB_CHECK(load == 0, "paged_attn", "load = %d without a result cache", load);
+    }
+    oomb_tensor * q = a->q, * k_cur = a->k_cur, * v_cur = a->v_cur, * k_pages = a->k_pages, * v_pages = a->v_pages;
+    check_paged(q, k_pages, v_pages, a->page_table, a->pos, "paged_attn");
     require_f32(k_cur, "paged_attn", "k_cur");
     require_f32(v_cur, "paged_attn", "v_cur");
     OOMB_CHECK(k_cur->ne[0] == k_pages->ne[0] && k_cur->ne[1] == k_pages->ne[1] && k_cur->ne[2] == q->ne[2] && k_cur->ne[3] == 1,
                "paged_attn", "k_cur %s must be [D, Hkv, T] = [%" PRId64 ", %" PRId64 ", %" PRId64 "]", shape_str(k_cur).c_str(),
                k_pages->ne[0], k_pages->ne[1], q->ne[2]);
     require_same_shape(k_cur, v_cur, "paged_attn");
+    check_schedule(a->schedule, false, "paged_attn");
     // one node holding out [D, H, T] and the per-row log-sum-exp [H, T] back to back (oomb.h); the
     // caller gets a contiguous view of the out part
     const int64_t D = q->ne[0], H = q->ne[1], T = q->ne[2];
     const int64_t ne[4] = {D * H * T + H * T, 1, 1, 1};
     oomb_tensor * t = new_op(ctx, OOMB_OP_PAGED_ATTN, OOMB_TYPE_F32, ne, q, k_cur, v_cur, k_pages, v_pages);
-    t->src[5] = page_table;
-    t->src[6] = pos;
-    oomb::set_op_f32(t, 0, scale);
-    t->op_params[1] = store;
+    t->src[oomb::PA_SRC_PAGE_TABLE] = a->page_table;
+    t->src[oomb::PA_SRC_POS] = a->pos;
+    oomb::set_op_f32(t, oomb::PA_PARAM_SCALE, a->scale);
+    t->op_params[oomb::PA_PARAM_STORE] = store;
+    set_schedule(t, a->schedule, oomb::PA_SRC_SCHED_OFFSETS, oomb::PA_SRC_SCHED_PAGES);
+    if (a->schedule.kind == OOMB_SCHEDULE_LISTS) {  // optional here, kept for the autodiff's backward
+        t->src[oomb::PA_SRC_INV_OFFSETS] = a->schedule.inv_offsets;
+        t->src[oomb::PA_SRC_INV_QTILES] = a->schedule.inv_qtiles;
+    }
+    if (out_cache) {
+        const int64_t row = oomb_paged_attn_cache_row(D, H, out_cache->type);  // elements per query position
+        OOMB_CHECK(oomb_nelements(out_cache) >= row * T, "paged_attn_cached",
+                   "out_cache %s holds fewer than T = %" PRId64 " positions of %" PRId64 " elements", shape_str(out_cache).c_str(), T,
+                   row);
+        t->src[oomb::PA_SRC_OUT_CACHE] = out_cache;
+        t->op_params[oomb::PA_PARAM_CACHE] = load ? 2 : 1;  // 1: compute, then save into the cache; 2: load from the cache
+    }
     return oomb_view_3d(ctx, t, D, H, T, sizeof(float) * (size_t) D, sizeof(float) * (size_t) (D * H), 0);
+}
+
+struct oomb_tensor * oomb_paged_attn(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_cur,
+                                     struct oomb_tensor * v_cur, struct oomb_tensor * k_pages, struct oomb_tensor * v_pages,
+                                     struct oomb_tensor * page_table, struct oomb_tensor * pos, float scale, int store) {
+    oomb_paged_attn_args a{};
+    a.q = q; a.k_cur = k_cur; a.v_cur = v_cur; a.k_pages = k_pages; a.v_pages = v_pages;
+    a.page_table = page_table; a.pos = pos;
+    a.schedule = oomb_schedule_dense();
+    a.scale = scale; a.store = store;
+    return oomb_paged_attn_ext(ctx, &a);
 }
 
 int64_t oomb_paged_attn_cache_row(int64_t D, int64_t H, enum oomb_type type) {
@@ -951,28 +1033,28 @@ struct oomb_tensor * oomb_paged_attn_cached(struct oomb_context * ctx, struct oo
                                             struct oomb_tensor * v_cur, struct oomb_tensor * k_pages, struct oomb_tensor * v_pages,
                                             struct oomb_tensor * page_table, struct oomb_tensor * pos, float scale, int store,
                                             struct oomb_tensor * out_cache, int load) {
-    OOMB_CHECK(out_cache && (out_cache->type == OOMB_TYPE_F32 || out_cache->type == OOMB_TYPE_BF16) && oomb_is_contiguous(out_cache),
-               "paged_attn_cached", "out_cache must be a contiguous f32 or bf16 tensor, got %s",
-               out_cache ? shape_str(out_cache).c_str() : "NULL");
-    OOMB_CHECK((load == 0 || load == 1) && (store == 0 || store == 1), "paged_attn_cached", "store (%d) and load (%d) must be 0 or 1",
-               store, load);
-    OOMB_CHECK(!(load && store), "paged_attn_cached", "load = 1 reads a result computed earlier over stored K/V: store must be 0");
-    oomb_tensor * out = oomb_paged_attn(ctx, q, k_cur, v_cur, k_pages, v_pages, page_table, pos, scale, store);
-    const int64_t row = oomb_paged_attn_cache_row(q->ne[0], q->ne[1], out_cache->type);  // elements per query position
-    OOMB_CHECK(oomb_nelements(out_cache) >= row * q->ne[2], "paged_attn_cached",
-               "out_cache %s holds fewer than T = %" PRId64 " positions of %" PRId64 " elements", shape_str(out_cache).c_str(), q->ne[2],
-               row);
-    oomb_tensor * t = out->view_src;
-    t->src[7] = out_cache;
-    t->op_params[2] = load ? 2 : 1;  // 1: compute, then save into the cache; 2: load from the cache
-    return out;
+    OOMB_CHECK(out_cache, "paged_attn_cached", "out_cache must be a contiguous f32 or bf16 tensor, got NULL");
+    oomb_paged_attn_args a{};
+    a.q = q; a.k_cur = k_cur; a.v_cur = v_cur; a.k_pages = k_pages; a.v_pages = v_pages;
+    a.page_table = page_table; a.pos = pos;
+    a.schedule = oomb_schedule_dense();
+    a.scale = scale; a.store = store;
+    a.out_cache = out_cache; a.load = load;
+    return oomb_paged_attn_ext(ctx, &a);
 }
 
-struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_pages,
-                                          struct oomb_tensor * v_pages, struct oomb_tensor * dk_pages,
-                                          struct oomb_tensor * dv_pages, struct oomb_tensor * page_table,
-                                          struct oomb_tensor * pos, struct oomb_tensor * dout, struct oomb_tensor * fwd,
-                                          float scale) {
+static bool same_schedule(const oomb_page_schedule & x, const oomb_page_schedule & y) {
+    if (x.kind != y.kind) return false;
+    if (x.kind == OOMB_SCHEDULE_RANGE) return x.first == y.first && x.last == y.last;
+    if (x.kind == OOMB_SCHEDULE_LISTS) return x.offsets == y.offsets && x.pages == y.pages;
+    return true;
+}
+
+struct oomb_tensor * oomb_paged_attn_back_ext(struct oomb_context * ctx, const struct oomb_paged_attn_args * a) {
+    OOMB_CHECK(a, "paged_attn_back", "args must not be NULL");
+    oomb_tensor * q = a->q, * k_pages = a->k_pages, * v_pages = a->v_pages, * dk_pages = a->dk_pages, * dv_pages = a->dv_pages;
+    oomb_tensor * page_table = a->page_table, * pos = a->pos, * dout = a->dout, * fwd = a->fwd;
+    const float scale = a->scale;
     check_paged(q, k_pages, v_pages, page_table, pos, "paged_attn_back");
     require_f32(dk_pages, "paged_attn_back", "dk_pages");
     require_f32(dv_pages, "paged_attn_back", "dv_pages");
@@ -981,6 +1063,7 @@ struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb
                shape_str(k_pages).c_str());
     require_f32(dout, "paged_attn_back", "dout");
     require_same_shape(q, dout, "paged_attn_back");
+    check_schedule(a->schedule, true, "paged_attn_back");
     if (fwd) {
         // the view oomb_paged_attn returns (or any view / reshape of it), or its packed node
         if (fwd->view_src && fwd->view_src->op == OOMB_OP_PAGED_ATTN) fwd = fwd->view_src;
@@ -988,32 +1071,85 @@ struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb
         OOMB_CHECK(fwd->op == OOMB_OP_PAGED_ATTN && !fwd->view_src, "paged_attn_back",
                    "fwd %s (op %s) must be the result of oomb_paged_attn (its view or its packed node)", shape_str(fwd).c_str(),
                    oomb_op_name(fwd->op));
-        OOMB_CHECK(fwd->type == OOMB_TYPE_F32 && oomb_is_contiguous(fwd) && oomb_nelements(fwd) == D * H * T + H * T &&
-                       fwd->src[0] && oomb_are_same_shape(fwd->src[0], q) && fwd->src[3] &&
-                       oomb_are_same_shape(fwd->src[3], k_pages) && fwd->src[3]->type == k_pages->type,
+        const oomb_paged_attn_args f = oomb_paged_attn_args_of(fwd);
+        OOMB_CHECK(fwd->type == OOMB_TYPE_F32 && oomb_is_contiguous(fwd) && oomb_nelements(fwd) == D * H * T + H * T && f.q &&
+                       oomb_are_same_shape(f.q, q) && f.k_pages && oomb_are_same_shape(f.k_pages, k_pages) &&
+                       f.k_pages->type == k_pages->type,
                    "paged_attn_back",
                    "fwd %s is the paged_attn of q %s over pools %s, not of q %s over pools %s (D*H*T + H*T = %" PRId64
                    " elements expected)",
-                   shape_str(fwd).c_str(), fwd->src[0] ? shape_str(fwd->src[0]).c_str() : "none",
-                   fwd->src[3] ? shape_str(fwd->src[3]).c_str() : "none", shape_str(q).c_str(), shape_str(k_pages).c_str(),
-                   D * H * T + H * T);
+                   shape_str(fwd).c_str(), f.q ? shape_str(f.q).c_str() : "none", f.k_pages ? shape_str(f.k_pages).c_str() : "none",
+                   shape_str(q).c_str(), shape_str(k_pages).c_str(), D * H * T + H * T);
         // its statistics belong to exactly these inputs: the same q, pools, page table, positions, scale
-        OOMB_CHECK(fwd->src[0] == q && fwd->src[3] == k_pages && fwd->src[4] == v_pages && fwd->src[5] == page_table &&
-                       fwd->src[6] == pos && oomb::get_op_f32(fwd, 0) == scale,
+        OOMB_CHECK(f.q == q && f.k_pages == k_pages && f.v_pages == v_pages && f.page_table == page_table && f.pos == pos &&
+                       f.scale == scale,
                    "paged_attn_back",
                    "fwd %s was computed from other inputs (q, pools, page table, positions or scale %g vs %g differ): its saved "
                    "log-sum-exp does not belong to this backward (pass NULL to recompute)",
-                   shape_str(fwd).c_str(), (double) oomb::get_op_f32(fwd, 0), (double) scale);
+                   shape_str(fwd).c_str(), (double) f.scale, (double) scale);
+        OOMB_CHECK(same_schedule(f.schedule, a->schedule), "paged_attn_back",
+                   "fwd %s was computed with another page schedule (kind %d vs %d, or other range / lists): its saved statistics "
+                   "do not belong to this backward",
+                   shape_str(fwd).c_str(), (int) f.schedule.kind, (int) a->schedule.kind);
     }
     const int64_t n_kv = k_pages->ne[0] * k_pages->ne[1] * q->ne[2];
     const int64_t ne[4] = {oomb_nelements(q) + 2 * n_kv, 1, 1, 1};
     oomb_tensor * t = new_op(ctx, OOMB_OP_PAGED_ATTN_BACK, OOMB_TYPE_F32, ne, q, k_pages, v_pages, dk_pages, dv_pages);
-    t->src[5] = page_table;
-    t->src[6] = pos;
-    t->src[7] = dout;
-    t->src[8] = fwd;  // NULL: the backward recomputes the statistics
-    oomb::set_op_f32(t, 0, scale);
+    t->src[oomb::PAB_SRC_PAGE_TABLE] = page_table;
+    t->src[oomb::PAB_SRC_POS] = pos;
+    t->src[oomb::PAB_SRC_DOUT] = dout;
+    t->src[oomb::PAB_SRC_FWD] = fwd;  // NULL: the backward recomputes the statistics
+    oomb::set_op_f32(t, oomb::PA_PARAM_SCALE, scale);
+    set_schedule(t, a->schedule, oomb::PAB_SRC_SCHED_OFFSETS, oomb::PAB_SRC_SCHED_PAGES);
+    if (a->schedule.kind == OOMB_SCHEDULE_LISTS) {
+        t->src[oomb::PAB_SRC_INV_OFFSETS] = a->schedule.inv_offsets;
+        t->src[oomb::PAB_SRC_INV_QTILES] = a->schedule.inv_qtiles;
+    }
     return t;
+}
+
+struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb_tensor * q, struct oomb_tensor * k_pages,
+                                          struct oomb_tensor * v_pages, struct oomb_tensor * dk_pages,
+                                          struct oomb_tensor * dv_pages, struct oomb_tensor * page_table,
+                                          struct oomb_tensor * pos, struct oomb_tensor * dout, struct oomb_tensor * fwd,
+                                          float scale) {
+    oomb_paged_attn_args a{};
+    a.q = q; a.k_pages = k_pages; a.v_pages = v_pages; a.page_table = page_table; a.pos = pos;
+    a.schedule = oomb_schedule_dense();
+    a.scale = scale;
+    a.dout = dout; a.fwd = fwd; a.dk_pages = dk_pages; a.dv_pages = dv_pages;
+    return oomb_paged_attn_back_ext(ctx, &a);
+}
+
+struct oomb_paged_attn_args oomb_paged_attn_args_of(const struct oomb_tensor * node) {
+    OOMB_CHECK(node, "paged_attn_args_of", "node must not be NULL");
+    if (node->op != OOMB_OP_PAGED_ATTN && node->view_src && node->view_src->op == OOMB_OP_PAGED_ATTN) node = node->view_src;
+    OOMB_CHECK(node->op == OOMB_OP_PAGED_ATTN || node->op == OOMB_OP_PAGED_ATTN_BACK, "paged_attn_args_of",
+               "%s (op %s) is not a paged_attn or paged_attn_back node", shape_str(node).c_str(), oomb_op_name(node->op));
+    oomb_paged_attn_args a{};
+    oomb_tensor * const * s = node->src;
+    a.scale = oomb::get_op_f32(node, oomb::PA_PARAM_SCALE);
+    a.schedule.kind = (oomb_page_schedule_kind) node->op_params[oomb::PA_PARAM_SCHED_KIND];
+    a.schedule.first = node->op_params[oomb::PA_PARAM_SCHED_FIRST];
+    a.schedule.last = node->op_params[oomb::PA_PARAM_SCHED_LAST];
+    if (node->op == OOMB_OP_PAGED_ATTN) {
+        a.q = s[oomb::PA_SRC_Q]; a.k_cur = s[oomb::PA_SRC_K_CUR]; a.v_cur = s[oomb::PA_SRC_V_CUR];
+        a.k_pages = s[oomb::PA_SRC_K_PAGES]; a.v_pages = s[oomb::PA_SRC_V_PAGES];
+        a.page_table = s[oomb::PA_SRC_PAGE_TABLE]; a.pos = s[oomb::PA_SRC_POS];
+        a.schedule.offsets = s[oomb::PA_SRC_SCHED_OFFSETS]; a.schedule.pages = s[oomb::PA_SRC_SCHED_PAGES];
+        a.schedule.inv_offsets = s[oomb::PA_SRC_INV_OFFSETS]; a.schedule.inv_qtiles = s[oomb::PA_SRC_INV_QTILES];
+        a.store = node->op_params[oomb::PA_PARAM_STORE];
+        a.out_cache = s[oomb::PA_SRC_OUT_CACHE];
+        a.load = node->op_params[oomb::PA_PARAM_CACHE] == 2;
+    } else {
+        a.q = s[oomb::PAB_SRC_Q]; a.k_pages = s[oomb::PAB_SRC_K_PAGES]; a.v_pages = s[oomb::PAB_SRC_V_PAGES];
+        a.dk_pages = s[oomb::PAB_SRC_DK_PAGES]; a.dv_pages = s[oomb::PAB_SRC_DV_PAGES];
+        a.page_table = s[oomb::PAB_SRC_PAGE_TABLE]; a.pos = s[oomb::PAB_SRC_POS];
+        a.dout = s[oomb::PAB_SRC_DOUT]; a.fwd = s[oomb::PAB_SRC_FWD];
+        a.schedule.offsets = s[oomb::PAB_SRC_SCHED_OFFSETS]; a.schedule.pages = s[oomb::PAB_SRC_SCHED_PAGES];
+        a.schedule.inv_offsets = s[oomb::PAB_SRC_INV_OFFSETS]; a.schedule.inv_qtiles = s[oomb::PAB_SRC_INV_QTILES];
+    }
+    return a;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@
 
 #include "ops-cpu.h"
 #include "op-checks.h"
-#include "paged-cpu.h"
+#include "cpu/paged-attn.h"
 #include "fp16.h"
 #include "sround.h"
 
@@ -1468,7 +1468,7 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
             return;
         case OOMB_OP_CUSTOM: case OOMB_OP_COUNT:
             oomb_error("graph_compute: node %s: op %s is not supported by the CPU backend", shape_str(node).c_str(), oomb_op_name(op));
-        case OOMB_OP_PAGED_ATTN: // kernels in paged-cpu.cpp (they read node->src themselves; the forward may write the pools)
+        case OOMB_OP_PAGED_ATTN: // kernels in cpu/paged-attn.cpp (they read node->src themselves; the forward may write the pools)
             oomb::cpu_paged_attn(node, c.n_threads);
             return;
         case OOMB_OP_PAGED_ATTN_BACK:

@@ -1,4 +1,4 @@
-// Small vectorizable math shared by the CPU kernels (ops-cpu.cpp, paged-cpu.cpp).
+// Small vectorizable math shared by the CPU kernels (ops-cpu.cpp, cpu/paged-attn.cpp).
 #pragma once
 
 #include <cmath>

@@ -8,6 +8,10 @@
 // a view of its out part: the forward kernel runs on the packed node, the saved LSE is compared
 // with the CPU's, and the backward runs twice from the same gradient pages: with the forward's
 // saved statistics (fwd given, what autodiff builds) and recomputing them (fwd NULL).
+// Page schedules (oomb-schedule.h): page ranges and page lists on every kernel family that takes
+// them (ranges: all; lists: the generic kernels, where the dispatcher routes them from bf16 pools
+// too), and each case checks that the dispatcher ran the kernel family it should (oomb_cuda_paged_attn_last_family).
+// Kernel choices are set through oomb_cuda_paged_attn_set_config (ConfigScope), not the environment.
 
 #include <gtest/gtest.h>
 
@@ -20,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -28,6 +33,7 @@
 #ifdef OOMB_USE_CUDA
 #include <cuda_runtime.h>
 #include "cuda/paged-attn.cuh"
+#include "cuda/common.cuh"
 // Resolved when the CUDA backend is linked in; otherwise the test asks the runtime itself.
 #pragma weak oomb_cuda_available
 #endif
@@ -51,6 +57,24 @@ bool have_gpu() {
 
 #define CK(call) ASSERT_EQ((call), cudaSuccess) << #call << ": " << cudaGetErrorString(cudaGetLastError())
 
+// The kernel launchers run on a CUDA backend's context (its stream and scratch); the tests' own
+// cudaMemcpy / cudaMemset calls are on the legacy stream, so every launch is fenced by a device
+// synchronize on both sides.
+static oomb_cuda_ctx & cuda_ctx() {
+    static oomb_backend_t b = oomb_backend_cuda_init(0);
+    return oomb_cuda_ctx_of(b);
+}
+static void launch_fwd(oomb_tensor * dst) {
+    cudaDeviceSynchronize();
+    oomb_cuda_paged_attn(cuda_ctx(), dst);
+    cudaDeviceSynchronize();
+}
+static void launch_bwd(oomb_tensor * dst) {
+    cudaDeviceSynchronize();
+    oomb_cuda_paged_attn_back(cuda_ctx(), dst);
+    cudaDeviceSynchronize();
+}
+
 oomb_backend_t cpu() {
     static oomb_backend_t b = oomb_backend_cpu_init(0);
     return b;
@@ -61,13 +85,36 @@ struct Case {
     oomb_type type;
     int store;
     bool shuffle_pos; // chunk positions in a random order (rows not sorted by position)
+    oomb_page_schedule_kind sched = OOMB_SCHEDULE_DENSE;  // RANGE / LISTS: built by run_case from hist
+    int range_first = -1;  // RANGE: first page (-1: half the history's pages); last: past the chunk's last page
 };
 
 std::string case_name(const Case & c) {
     char buf[200];
-    snprintf(buf, sizeof(buf), "D%d_P%d_H%d_%d_T%d_hist%d_%s_store%d%s", c.D, c.P, c.H, c.Hkv, c.T, c.hist, oomb_type_name(c.type), c.store,
-             c.shuffle_pos ? "_shuffled" : "");
+    snprintf(buf, sizeof(buf), "D%d_P%d_H%d_%d_T%d_hist%d_%s_store%d%s%s", c.D, c.P, c.H, c.Hkv, c.T, c.hist, oomb_type_name(c.type), c.store,
+             c.shuffle_pos ? "_shuffled" : "", c.sched == OOMB_SCHEDULE_RANGE ? (c.range_first >= 0 ? "_range_from" : "_range")
+                                               : c.sched == OOMB_SCHEDULE_LISTS ? "_lists" : "");
     return buf;
+}
+
+// The kernel configuration for a scope (oomb_cuda_paged_attn_set_config), back to the defaults
+// (the environment's) after it.
+struct ConfigScope {
+    explicit ConfigScope(const std::function<void(oomb_paged_attn_config &)> & f) {
+        oomb_paged_attn_config c = oomb_paged_attn_config_from_env();
+        f(c);
+        oomb_cuda_paged_attn_set_config(&c);
+    }
+    ~ConfigScope() { oomb_cuda_paged_attn_set_config(nullptr); }
+};
+
+// The family the dispatcher must pick for a case: the fast kernels take bf16 pools of head dim 64
+// or 128 under the dense and page-range schedules (page lists run on the generic kernels for now).
+std::string expected_family(const Case & c, int backward) {
+    const oomb_paged_attn_config & cf = oomb_cuda_paged_attn_config();
+    const bool fast = !cf.generic && c.type == OOMB_TYPE_BF16 && (c.D == 64 || c.D == 128) && c.sched != OOMB_SCHEDULE_LISTS;
+    if (!fast) return "generic";
+    return oomb_cuda_paged_attn_uses_wgmma(c.D, c.P, backward) ? "wgmma" : "mma";
 }
 
 // ||a - b|| / ||b||; infinity when a holds a NaN / inf. A reference that is zero up to rounding
@@ -178,8 +225,50 @@ void run_case(const Case & c, uint32_t seed) {
     if (c.shuffle_pos) std::shuffle(pv.begin(), pv.end(), rng);
     for (int t = 0; t < c.T; t++) ((int32_t *) pos->data)[t] = pv[t];
 
-    oomb_tensor * out = oomb_paged_attn(hc, q, kc, vc, kp, vp, pt, pos, scale, c.store);  // view of the packed node
-    oomb_tensor * back = oomb_paged_attn_back(hc, q, kp, vp, dkp, dvp, pt, pos, dout, out, scale);
+    // the schedule: a range from the middle of the history through the current region (every row
+    // sees its own key), or random lists (tile 0 every history page, the others about a third)
+    const int c0 = pv.empty() ? 0 : c.hist / c.P, n_qt = c.T ? (n_pos - 1) / c.P - c0 + 1 : 1;
+    oomb_tensor * s_off = nullptr, * s_pg = nullptr, * s_io = nullptr, * s_iq = nullptr;
+    if (c.sched == OOMB_SCHEDULE_LISTS) {
+        std::vector<int32_t> off{0}, pg;
+        for (int j = 0; j < n_qt; j++) {
+            for (int h = 0; h < c0; h++)
+                if (j == 0 || rng() % 3 == 0) pg.push_back(h);
+            off.push_back((int32_t) pg.size());
+        }
+        const int64_t nnz = std::max<int64_t>((int64_t) pg.size(), 1);
+        s_off = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, (int64_t) off.size());
+        s_pg = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, nnz);
+        s_io = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, c0 + 1);
+        s_iq = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, nnz);
+        ((int32_t *) s_pg->data)[0] = ((int32_t *) s_iq->data)[0] = 0;
+        memcpy(s_off->data, off.data(), off.size() * 4);
+        if (!pg.empty()) memcpy(s_pg->data, pg.data(), pg.size() * 4);
+        oomb_schedule_invert(off.data(), n_qt, pg.data(), c0, (int32_t *) s_io->data, (int32_t *) s_iq->data);
+    }
+    auto schedule = [&](oomb_tensor * o, oomb_tensor * p, oomb_tensor * io, oomb_tensor * iq) {
+        if (c.sched == OOMB_SCHEDULE_RANGE)
+            return oomb_schedule_range(c.range_first >= 0 ? c.range_first : c0 / 2, std::max(c.range_first, (n_pos - 1) / c.P + 1));
+        if (c.sched == OOMB_SCHEDULE_LISTS) return oomb_schedule_lists(o, p, io, iq);
+        return oomb_schedule_dense();
+    };
+    auto fwd_op = [&](oomb_context * x, oomb_tensor * q_, oomb_tensor * kc_, oomb_tensor * vc_, oomb_tensor * kp_, oomb_tensor * vp_,
+                      oomb_tensor * pt_, oomb_tensor * pos_, const oomb_page_schedule & sc) {
+        oomb_paged_attn_args a{};
+        a.q = q_; a.k_cur = kc_; a.v_cur = vc_; a.k_pages = kp_; a.v_pages = vp_; a.page_table = pt_; a.pos = pos_;
+        a.schedule = sc; a.scale = scale; a.store = c.store;
+        return oomb_paged_attn_ext(x, &a);  // view of the packed node
+    };
+    auto back_op = [&](oomb_context * x, oomb_tensor * q_, oomb_tensor * kp_, oomb_tensor * vp_, oomb_tensor * dkp_, oomb_tensor * dvp_,
+                       oomb_tensor * pt_, oomb_tensor * pos_, oomb_tensor * dout_, oomb_tensor * fwd_, const oomb_page_schedule & sc) {
+        oomb_paged_attn_args a{};
+        a.q = q_; a.k_pages = kp_; a.v_pages = vp_; a.dk_pages = dkp_; a.dv_pages = dvp_; a.page_table = pt_; a.pos = pos_;
+        a.dout = dout_; a.fwd = fwd_; a.schedule = sc; a.scale = scale;
+        return oomb_paged_attn_back_ext(x, &a);
+    };
+    const oomb_page_schedule h_sched = schedule(s_off, s_pg, s_io, s_iq);
+    oomb_tensor * out = fwd_op(hc, q, kc, vc, kp, vp, pt, pos, h_sched);
+    oomb_tensor * back = back_op(hc, q, kp, vp, dkp, dvp, pt, pos, dout, out, h_sched);
 
     // ---- device copies (no_alloc context, data set by hand) ----
     oomb_context * dc = oomb_init({0, true});
@@ -187,12 +276,15 @@ void run_case(const Case & c, uint32_t seed) {
     auto dev = [&](const oomb_tensor * h) { return mem.copy_of(dc, h); };
     oomb_tensor * d_q = dev(q), * d_kc = dev(kc), * d_vc = dev(vc), * d_kp = dev(kp), * d_vp = dev(vp);
     oomb_tensor * d_dkp = dev(dkp), * d_dvp = dev(dvp), * d_pt = dev(pt), * d_pos = dev(pos), * d_dout = dev(dout);
-    oomb_tensor * d_out = oomb_paged_attn(dc, d_q, d_kc, d_vc, d_kp, d_vp, d_pt, d_pos, scale, c.store);
+    oomb_tensor * d_off = s_off ? dev(s_off) : nullptr, * d_pg = s_pg ? dev(s_pg) : nullptr;
+    oomb_tensor * d_io = s_io ? dev(s_io) : nullptr, * d_iq = s_iq ? dev(s_iq) : nullptr;
+    const oomb_page_schedule d_sched = schedule(d_off, d_pg, d_io, d_iq);
+    oomb_tensor * d_out = fwd_op(dc, d_q, d_kc, d_vc, d_kp, d_vp, d_pt, d_pos, d_sched);
     oomb_tensor * d_packed = d_out->view_src;  // the op's node: out, then the LSE of each row
-    oomb_tensor * d_back = oomb_paged_attn_back(dc, d_q, d_kp, d_vp, d_dkp, d_dvp, d_pt, d_pos, d_dout, d_out, scale);
-    oomb_tensor * d_back_re = oomb_paged_attn_back(dc, d_q, d_kp, d_vp, d_dkp, d_dvp, d_pt, d_pos, d_dout, nullptr, scale);
-    ASSERT_EQ(d_back->src[8], d_packed);
-    ASSERT_EQ(d_back_re->src[8], nullptr);
+    oomb_tensor * d_back = back_op(dc, d_q, d_kp, d_vp, d_dkp, d_dvp, d_pt, d_pos, d_dout, d_out, d_sched);
+    oomb_tensor * d_back_re = back_op(dc, d_q, d_kp, d_vp, d_dkp, d_dvp, d_pt, d_pos, d_dout, nullptr, d_sched);
+    ASSERT_EQ(oomb_paged_attn_args_of(d_back).fwd, d_packed);
+    ASSERT_EQ(oomb_paged_attn_args_of(d_back_re).fwd, nullptr);
     mem.place(d_packed, nullptr);
     d_out->data = d_packed->data;  // no_alloc context: the view's data is set by hand too
     mem.place(d_back, nullptr);
@@ -208,13 +300,28 @@ void run_case(const Case & c, uint32_t seed) {
         oomb_build_forward_expand(g, out);
         oomb_backend_graph_compute(cpu(), g);
     }
-    oomb_cuda_paged_attn(0, d_packed);
+    launch_fwd(d_packed);
     CK(cudaDeviceSynchronize());
+    EXPECT_EQ(std::string(oomb_cuda_paged_attn_last_family(0)), expected_family(c, 0)) << "forward kernel family";
     const int64_t nq = (int64_t) c.D * c.H * c.T, nkv = (int64_t) c.D * c.Hkv * c.T;
     auto part = [](const std::vector<float> & v, int64_t b, int64_t n) { return std::vector<float>(v.begin() + b, v.begin() + b + n); };
     const std::vector<float> gp = dev_f32(d_packed), cp = host_f32(out->view_src);
     const double e_out = rel_err(part(gp, 0, nq), part(cp, 0, nq));
-    const double e_lse = rel_err(part(gp, nq, (int64_t) c.H * c.T), part(cp, nq, (int64_t) c.H * c.T));
+    // the LSE: a row that sees no key (a page range after it) is -inf on both sides; the rest by value
+    std::vector<float> lse_g, lse_c;
+    int lse_inf_mismatch = 0, lse_no_key = 0;
+    for (int64_t i = nq; i < nq + (int64_t) c.H * c.T; i++) {
+        if (cp[i] == -INFINITY) {
+            lse_no_key++;
+            lse_inf_mismatch += gp[i] != -INFINITY;
+        } else {
+            lse_g.push_back(gp[i]);
+            lse_c.push_back(cp[i]);
+        }
+    }
+    EXPECT_EQ(lse_inf_mismatch, 0) << "rows without keys (" << lse_no_key << "): LSE -inf";
+    EXPECT_TRUE(c.sched == OOMB_SCHEDULE_RANGE || lse_no_key == 0) << "only a page range leaves rows without keys";
+    const double e_lse = lse_c.empty() ? 0.0 : rel_err(lse_g, lse_c);
     const double e_kp = rel_err(dev_pool_f32(d_kp), host_pool_f32(kp));
     const double e_vp = rel_err(dev_pool_f32(d_vp), host_pool_f32(vp));
     EXPECT_LT(e_out, tol) << "forward output";
@@ -245,12 +352,13 @@ void run_case(const Case & c, uint32_t seed) {
     printf("[ case ] %-48s out %.2e  lse %.2e  pools %.1e/%.1e\n", case_name(c).c_str(), e_out, e_lse, e_kp, e_vp);
     // the GPU backward with the saved statistics, then (from the same gradient pages) recomputing them
     for (oomb_tensor * db : {d_back, d_back_re}) {
-        const char * what = db->src[8] ? "saved" : "recomputed";
+        const char * what = oomb_paged_attn_args_of(db).fwd ? "saved" : "recomputed";
         SCOPED_TRACE(std::string("backward with ") + what + " statistics");
         CK(cudaMemcpy(d_dkp->data, dk0.data(), dk0.size() * sizeof(float), cudaMemcpyHostToDevice));
         CK(cudaMemcpy(d_dvp->data, dv0.data(), dv0.size() * sizeof(float), cudaMemcpyHostToDevice));
-        oomb_cuda_paged_attn_back(0, db);
+        launch_bwd(db);
         CK(cudaDeviceSynchronize());
+        EXPECT_EQ(std::string(oomb_cuda_paged_attn_last_family(1)), expected_family(c, 1)) << "backward kernel family";
         const std::vector<float> gb = dev_f32(db);
         const double e_dq = rel_err(part(gb, 0, nq), part(cb, 0, nq));
         const double e_dkc = rel_err(part(gb, nq, nkv), part(cb, nq, nkv));
@@ -306,8 +414,8 @@ void run_cache_case(int D, int H, int Hkv, int T, int pos0, int P, oomb_type poo
     mem.place(save, nullptr);
     mem.place(load, nullptr);
     if (mem.failed) { oomb_free(dc); oomb_free(hc); return; }
-    oomb_cuda_paged_attn(0, save);
-    oomb_cuda_paged_attn(0, load);
+    launch_fwd(save);
+    launch_fwd(load);
     CK(cudaDeviceSynchronize());
     const std::vector<float> vs = dev_f32(save), vl = dev_f32(load);
     std::vector<uint16_t> cb(oomb_nbytes(cache) / 2);
@@ -386,14 +494,13 @@ TEST(CudaPagedAttn, Bf16PoolsBackwardSplit) {
         {64, 64, 14, 2, 256, 1000, B, 0, false},
         {128, 64, 14, 2, 37, 1000, B, 1, true},
     };
-    for (const char * ns : {"1", "3"}) {
-        setenv("OOMB_PAGED_ATTN_SPLIT", ns, 1);
-        SCOPED_TRACE(std::string("OOMB_PAGED_ATTN_SPLIT=") + ns);
-        printf("[ split ] OOMB_PAGED_ATTN_SPLIT=%s\n", ns);
+    for (int ns : {1, 3}) {
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.split = ns; });
+        SCOPED_TRACE("split " + std::to_string(ns));
+        printf("[ split ] config.split = %d\n", ns);
         uint32_t seed = 4321;
         for (const Case & c : cases) run_case(c, seed++);
     }
-    unsetenv("OOMB_PAGED_ATTN_SPLIT");
 #endif
 }
 
@@ -428,12 +535,27 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
             EXPECT_FALSE(oomb_cuda_paged_attn_uses_wgmma(128, 64, 0)) << "forward: page 64 is not a multiple of 128";
             EXPECT_FALSE(oomb_cuda_paged_attn_uses_wgmma(96, 128, 1)) << "head dim 96";
         }
-        setenv("OOMB_PAGED_ATTN_WGMMA", "2", 1);
-        EXPECT_FALSE(oomb_cuda_paged_attn_uses_wgmma(128, 128, 0));
-        EXPECT_EQ(oomb_cuda_paged_attn_uses_wgmma(128, 128, 1), major == 9 && built_90a);
+        {
+            ConfigScope cs([](oomb_paged_attn_config & cf) { cf.wgmma = 2; });
+            EXPECT_FALSE(oomb_cuda_paged_attn_uses_wgmma(128, 128, 0));
+            EXPECT_EQ(oomb_cuda_paged_attn_uses_wgmma(128, 128, 1), major == 9 && built_90a);
+        }
+        // the environment overrides, strictly parsed where they were
         setenv("OOMB_PAGED_ATTN_WGMMA", "abc", 1);
-        EXPECT_OOMB_ERROR(oomb_cuda_paged_attn_uses_wgmma(128, 128, 1), "OOMB_PAGED_ATTN_WGMMA must be 0-3");
+        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_WGMMA must be 0-3");
+        setenv("OOMB_PAGED_ATTN_WGMMA", "1", 1);
+        setenv("OOMB_PAGED_ATTN_SPLIT", "3", 1);
+        setenv("OOMB_PAGED_ATTN_FWDPIPE", "2", 1);
+        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDPIPE must be 0 or 1");
+        unsetenv("OOMB_PAGED_ATTN_FWDPIPE");
+        {
+            const oomb_paged_attn_config e = oomb_paged_attn_config_from_env();
+            EXPECT_EQ(e.wgmma, 1);
+            EXPECT_EQ(e.split, 3);
+            EXPECT_EQ(e.occ64, 1);
+        }
         unsetenv("OOMB_PAGED_ATTN_WGMMA");
+        unsetenv("OOMB_PAGED_ATTN_SPLIT");
     }
     const oomb_type B = OOMB_TYPE_BF16;
     const Case cases[] = {
@@ -455,32 +577,28 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         {64, 128, 14, 2, 5, 0, B, 1, false},
     };
     uint32_t seed = 777;
-    const char * settings[][2] = {{"0", ""}, {"0", "1"}, {"0", "3"}, {"1", ""}, {"2", ""}};
+    const int settings[][2] = {{0, -1}, {0, 1}, {0, 3}, {1, -1}, {2, -1}};  // wgmma bits, split
     for (const auto & st : settings) {
-        setenv("OOMB_PAGED_ATTN_WGMMA", st[0], 1);
-        if (*st[1]) setenv("OOMB_PAGED_ATTN_SPLIT", st[1], 1);
-        else unsetenv("OOMB_PAGED_ATTN_SPLIT");
-        SCOPED_TRACE(std::string("OOMB_PAGED_ATTN_WGMMA=") + st[0] + " OOMB_PAGED_ATTN_SPLIT=" + st[1]);
-        printf("[ kernels ] OOMB_PAGED_ATTN_WGMMA=%s OOMB_PAGED_ATTN_SPLIT=%s\n", st[0], st[1]);
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.wgmma = st[0]; cf.split = st[1]; });
+        SCOPED_TRACE("wgmma " + std::to_string(st[0]) + " split " + std::to_string(st[1]));
+        printf("[ kernels ] config.wgmma = %d, config.split = %d\n", st[0], st[1]);
         for (const Case & c : cases) run_case(c, seed++);
     }
-    unsetenv("OOMB_PAGED_ATTN_SPLIT");
-    unsetenv("OOMB_PAGED_ATTN_WGMMA");
-    // head dim 64: the wgmma forward with the next tile's S overlapping the softmax (OOMB_PAGED_ATTN_FWDPIPE=1)
-    setenv("OOMB_PAGED_ATTN_FWDPIPE", "1", 1);
-    printf("[ kernels ] OOMB_PAGED_ATTN_FWDPIPE=1\n");
-    for (const Case & c : cases)
-        if (c.D == 64) run_case(c, seed++);
-    unsetenv("OOMB_PAGED_ATTN_FWDPIPE");
-    // head dim 64: the wgmma kernels with one / two CTAs per SM (OOMB_PAGED_ATTN_OCC64; default 1, the
-    // forward with two)
-    for (const char * occ : {"0", "2", "3"}) {
-        setenv("OOMB_PAGED_ATTN_OCC64", occ, 1);
-        printf("[ kernels ] OOMB_PAGED_ATTN_OCC64=%s\n", occ);
+    {
+        // head dim 64: the wgmma forward with the next tile's S overlapping the softmax (fwd_pipe)
+        ConfigScope cs([](oomb_paged_attn_config & cf) { cf.fwd_pipe = true; });
+        printf("[ kernels ] config.fwd_pipe = 1\n");
         for (const Case & c : cases)
             if (c.D == 64) run_case(c, seed++);
     }
-    unsetenv("OOMB_PAGED_ATTN_OCC64");
+    // head dim 64: the wgmma kernels with one / two CTAs per SM (config.occ64; default 1, the
+    // forward with two)
+    for (int occ : {0, 2, 3}) {
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.occ64 = occ; });
+        printf("[ kernels ] config.occ64 = %d\n", occ);
+        for (const Case & c : cases)
+            if (c.D == 64) run_case(c, seed++);
+    }
 #endif
 }
 
@@ -514,5 +632,53 @@ TEST(CudaPagedAttn, GenericPools) {
     };
     uint32_t seed = 777;
     for (const Case & c : cases) run_case(c, seed++);
+#endif
+}
+
+// Page schedules (page range, page lists) against the CPU reference kernels with the same schedule:
+// bf16 pools at the wgmma / mma.sync sizes (head dims 64 and 128, pages 64 and 128, histories that
+// do not fill the last page, chunks starting mid-page) and f32 / f16 pools; every case also checks
+// the family the dispatcher ran. Page ranges also on the mma.sync kernels (config.wgmma = 0), with a
+// range starting after the chunk's first rows (rows without keys: out 0, LSE -inf) and an empty one.
+TEST(CudaPagedAttn, Schedules) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    const oomb_type B = OOMB_TYPE_BF16;
+    uint32_t seed = 2468;
+    for (oomb_page_schedule_kind k : {OOMB_SCHEDULE_RANGE, OOMB_SCHEDULE_LISTS}) {
+        const Case cases[] = {
+            {128, 128, 28, 4, 256, 1000, B, 1, false, k},
+            {128, 128, 14, 2, 37, 5000, B, 0, false, k},
+            {64, 128, 14, 2, 256, 1000, B, 1, false, k},
+            {64, 64, 28, 4, 37, 1100, B, 0, false, k},
+            {128, 64, 4, 4, 1, 700, B, 1, false, k},
+            {64, 128, 14, 2, 5, 300, B, 1, false, k},
+            {128, 128, 28, 4, 37, 1000, OOMB_TYPE_F32, 1, false, k},
+            {64, 64, 14, 2, 200, 333, OOMB_TYPE_F16, 0, false, k},
+            {96, 32, 6, 2, 37, 100, B, 1, false, k},
+        };
+        for (const Case & c : cases) run_case(c, seed++);
+        if (k == OOMB_SCHEDULE_RANGE) {
+            ConfigScope cs([](oomb_paged_attn_config & cf) { cf.wgmma = 0; });
+            printf("[ kernels ] page ranges, config.wgmma = 0\n");
+            for (const Case & c : cases) run_case(c, seed++);
+        }
+    }
+    // ranges where some rows (or all) see no key: compared as the CPU (out 0, LSE -inf, no gradient)
+    for (int w : {3, 0}) {
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.wgmma = w; });
+        const Case cases[] = {
+            {128, 128, 28, 4, 256, 1000, B, 1, false, OOMB_SCHEDULE_RANGE},
+            {64, 64, 14, 2, 37, 1100, B, 0, false, OOMB_SCHEDULE_RANGE},
+            {64, 128, 14, 2, 300, 0, OOMB_TYPE_F32, 1, false, OOMB_SCHEDULE_RANGE},
+        };
+        for (const Case & c : cases) {
+            for (int f : {c.hist / c.P + 1, 1 << 20}) {  // after the chunk's first page; beyond every page (empty)
+                Case cc = c;
+                cc.range_first = f;
+                run_case(cc, seed++);
+            }
+        }
+    }
 #endif
 }

@@ -1,4 +1,4 @@
-// The CPU paged-attention kernels (src/paged-cpu.cpp: tiled, per-ISA) against a plain double
+// The CPU paged-attention kernels (src/cpu/paged-attn.cpp: tiled, per-ISA) against a plain double
 // precision reference: forward output, dq, the dK/dV accumulated into the gradient pages (on top of
 // what they held) and dk_cur/dv_cur, over shapes that exercise the tails: head dims that are and
 // are not multiples of the vector width, GQA groups of 1..7, pages smaller and larger than the key
@@ -228,7 +228,7 @@ TEST_P(PagedCpu, MatchesReference) {
                 }
         oomb_backend_cpu_set_n_threads(be, threads);
         oomb_tensor * back = oomb_paged_attn_back(ctx, q, kpool, vpool, dkpool, dvpool, oomb_kv_cache_page_table(kv), pos, dout, fwd, scale);
-        ASSERT_EQ(back->src[8], saved ? packed : nullptr);
+        ASSERT_EQ(oomb_paged_attn_args_of(back).fwd, saved ? packed : nullptr);
         oomb_cgraph * gb = oomb_new_graph(ctx);
         oomb_build_forward_expand(gb, back);
         oomb_backend_graph_compute(be, gb);
@@ -289,15 +289,15 @@ TEST(PagedCpuErrors, BackwardFwdArgument) {
     oomb_tensor * out = oomb_paged_attn(ctx, q, kc, kc, kp, kp, pt, pos, 0.5f, 1);
     oomb_tensor * other = oomb_paged_attn(ctx, q2, kc2, kc2, kp, kp, pt, pos2, 0.5f, 1);
     // accepted: the view and the packed node, both stored as the packed node
-    EXPECT_EQ(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, out, 0.5f)->src[8], out->view_src);
-    EXPECT_EQ(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, out->view_src, 0.5f)->src[8], out->view_src);
-    EXPECT_EQ(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, nullptr, 0.5f)->src[8], nullptr);
+    EXPECT_EQ(oomb_paged_attn_args_of(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, out, 0.5f)).fwd, out->view_src);
+    EXPECT_EQ(oomb_paged_attn_args_of(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, out->view_src, 0.5f)).fwd, out->view_src);
+    EXPECT_EQ(oomb_paged_attn_args_of(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, nullptr, 0.5f)).fwd, nullptr);
     EXPECT_OOMB_ERROR(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, dout, 0.5f), "must be the result of oomb_paged_attn");
     EXPECT_OOMB_ERROR(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, oomb_scale(ctx, out, 1.0f), 0.5f),
                       "must be the result of oomb_paged_attn");
     EXPECT_OOMB_ERROR(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, other, 0.5f), "is the paged_attn of q");
     // a reshape of the out view is the same forward
-    EXPECT_EQ(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, oomb_reshape_2d(ctx, out, D * H, T), 0.5f)->src[8],
+    EXPECT_EQ(oomb_paged_attn_args_of(oomb_paged_attn_back(ctx, q, kp, kp, dkp, dkp, pt, pos, dout, oomb_reshape_2d(ctx, out, D * H, T), 0.5f)).fwd,
               out->view_src);
     // same shapes, other inputs: its saved statistics would be wrong for this backward (review finding:
     // relative errors 0.2-1.3 against the recompute path, silently)

@@ -10,7 +10,8 @@
 // usage: oomb-bench-attn [--seq 8192,32768,131072] [--chunk 4096] [--page 128] [--heads 28]
 //                        [--kv-heads 4] [--dim 128] [--reps 3] [--no-shuffle] [--fwd-only]
 //                        [--recompute-lse]
-// Kernel variants for tuning: OOMB_PAGED_ATTN_FWD / OOMB_PAGED_ATTN_BWD (see cuda/paged-attn.cu).
+// Kernel variants for tuning: the OOMB_PAGED_ATTN_* overrides of oomb_paged_attn_config (cuda/paged-attn.cuh),
+// read once per process by oomb_paged_attn_config_from_env.
 
 #include "oomb.h"
 #include "cuda/paged-attn.cuh"

@@ -1,5 +1,15 @@
-// Paged attention forward and backward on Hopper warpgroup MMA (wgmma, sm_90a), head dims 64 and 128. Included by
-// paged-attn.cu inside its anonymous namespace (uses its helpers and BwdArgs).
+// Paged attention on Hopper warpgroup MMA (wgmma, sm_90a), head dims 64 and 128: forward and
+// backward kernels using the mma.sync family's argument structs (FwdArgs, BwdArgs). Included by
+// paged-attn.cu only.
+#pragma once
+
+#include "paged-attn-mma.cuh"
+#include "wgmma.cuh"
+
+namespace {
+
+// Paged attention forward and backward on Hopper warpgroup MMA (wgmma, sm_90a), head dims 64 and 128.
+// (Uses the helpers of paged-attn-common.cuh and the argument structs of paged-attn-mma.cuh.)
 //
 // Backward: same algorithm and work split as pa_bwd_kernel (FlashAttention-2 backward,
 // key-major): a block owns a tile of BN = 128 keys of one KV head (two warpgroups, 64 keys each)
@@ -533,3 +543,5 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
     __trap();
 #endif
 }
+
+} // namespace

@@ -3,7 +3,7 @@
 // Work is tiled as in FlashAttention: a tile is a few query tokens times the query heads of one KV
 // head (the GQA group, so each K/V block is read once for all of them), against blocks of up to KB
 // keys of one page read through the page table (converted to f32, K and V transposed for the score
-// products). The tile kernels (paged-cpu-tiles.inc) are compiled for AVX-512, AVX2+FMA and the
+// products). The tile kernels (paged-attn-tiles.inc) are compiled for AVX-512, AVX2+FMA and the
 // baseline and picked at run time.
 // Forward: online softmax (Milakov & Gimelshein 2018) per tile over the key blocks: O(tile) scratch
 // per worker, whatever the history length. The op's node is flat: out [D, H, T] then one log-sum-exp
@@ -15,9 +15,14 @@
 // gradient pages are written without races), and the dq contributions go to one of a fixed number
 // of partial dq buffers, summed in a fixed order. Results depend neither on the thread count nor on
 // scheduling.
+// Page schedules (oomb-schedule.h): a key block lies in one logical page, so a schedule is a
+// per-row yes/no for the whole block; a row that does not attend the block gets position -1 for
+// it (every key masked, the same path as the causal mask), and a block no row of a tile attends is
+// skipped. The dense schedule takes none of this (bit for bit today's kernels).
 
-#include "paged-cpu.h"
+#include "paged-attn.h"
 #include "oomb-impl.h"
+#include "oomb/paged-attn-sched.h"
 #include "fp16.h"
 
 #include <algorithm>
@@ -82,6 +87,8 @@ struct PagedGeom {
     const int32_t * page_table;
     const int32_t * pos;
     size_t nb_head, nb_slot, nb_page; // strides of the pools (bytes)
+    pa_sched sched{};                 // page schedule (set by the kernels: dense by default)
+    int c0 = 0;                       // first logical page of the current region, pos[0] / P
 
     PagedGeom(const oomb_tensor * q, const oomb_tensor * pages, const oomb_tensor * pt, const oomb_tensor * ps) {
         D = q->ne[0]; H = q->ne[1]; T = q->ne[2];
@@ -134,7 +141,7 @@ struct TileKernels {
 
 namespace isa_base {
 constexpr int VW = 4;
-#include "paged-cpu-tiles.inc"
+#include "paged-attn-tiles.inc"
 }
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define OOMB_PAGED_X86 1
@@ -142,14 +149,14 @@ constexpr int VW = 4;
 #pragma GCC target("avx2,fma")
 namespace isa_avx2 {
 constexpr int VW = 8;
-#include "paged-cpu-tiles.inc"
+#include "paged-attn-tiles.inc"
 }
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")
 namespace isa_avx512 {
 constexpr int VW = 16;
-#include "paged-cpu-tiles.inc"
+#include "paged-attn-tiles.inc"
 }
 #pragma GCC pop_options
 #endif
@@ -211,14 +218,14 @@ struct Scratch {
     std::vector<float> Kt, Vt, Kr, Vr, S, S2, Pt, O, m, l, lse, delta, acc1, acc2;
     std::vector<const float *> qr, dr;
     std::vector<float *> outr;
-    std::vector<int32_t> rpos;
+    std::vector<int32_t> rpos, rpos_m, rqt;  // positions; masked for a block (schedules); query tiles
     std::vector<int64_t> rid;
     void init(int64_t R, int64_t D) {
         Kt.assign(D * KB, 0.0f); Vt.assign(D * KB, 0.0f); Kr.assign(KB * D, 0.0f); Vr.assign(KB * D, 0.0f);
         S.assign(R * KB, 0.0f); S2.assign(R * KB, 0.0f); Pt.assign(KB * R, 0.0f);
         O.assign(R * D, 0.0f); m.assign(R, 0.0f); l.assign(R, 0.0f); lse.assign(R, 0.0f); delta.assign(R, 0.0f);
         acc1.assign(KB * D, 0.0f); acc2.assign(KB * D, 0.0f);
-        qr.assign(R, nullptr); dr.assign(R, nullptr); outr.assign(R, nullptr); rpos.assign(R, 0); rid.assign(R, 0);
+        qr.assign(R, nullptr); dr.assign(R, nullptr); outr.assign(R, nullptr); rpos.assign(R, 0); rpos_m.assign(R, 0); rqt.assign(R, 0); rid.assign(R, 0);
     }
 };
 
@@ -276,9 +283,52 @@ int tile_rows(const PagedGeom & G, const QueryTile & qt, const oomb_tensor * q, 
             s.dr[R] = dout ? (const float *) elem_ptr(dout, 0, h, t, 0) : nullptr;
             s.outr[R] = out ? out + (t * G.H + h) * G.D : nullptr;
             s.rpos[R] = G.pos[t];
+            s.rqt[R] = pa_qtile(G.pos[t], G.c0, (int) G.P);
             s.rid[R] = t * G.H + h;
         }
     return R;
+}
+
+// The row positions a tile uses for key block b: s.rpos itself under the dense schedule, else
+// s.rpos_m with -1 for the rows whose query tile does not attend b's page; NULL when no row does.
+const int32_t * block_rpos(const PagedGeom & G, const KeyBlock & b, int R, Scratch & s) {
+    if (G.sched.kind == OOMB_SCHEDULE_DENSE) return s.rpos.data();
+    const int lp = (int) (b.p0 / G.P);
+    bool any = false;
+    for (int i = 0; i < R; i++) {
+        const bool a = pa_sched_attends(G.sched, G.c0, s.rqt[i], lp) && s.rpos[i] >= b.p0;
+        s.rpos_m[i] = a ? s.rpos[i] : -1;
+        any |= a;
+    }
+    return any ? s.rpos_m.data() : nullptr;
+}
+
+// Checks an op's schedule against its positions (host lists: order, range, every query's tile
+// listed; the backward's inverse lists equal to the inversion of the lists) and sets G.sched.
+void set_schedule(PagedGeom & G, const oomb_paged_attn_args & a, bool backward, const char * op) {
+    G.sched = pa_sched_of(a.schedule);
+    G.c0 = G.T > 0 ? (int) (G.pos[0] / G.P) : 0;
+    if (G.sched.kind != OOMB_SCHEDULE_LISTS) return;
+    const pa_sched & S = G.sched;
+    const int64_t nnz = S.offsets[S.n_qtiles];
+    if (nnz < 0 || nnz > oomb_nelements(a.schedule.pages))
+        oomb_error("%s: page lists: offsets[%d] = %" PRId64 " entries, the pages tensor %s holds %" PRId64, op, S.n_qtiles, nnz,
+                   shape_str(a.schedule.pages).c_str(), oomb_nelements(a.schedule.pages));
+    oomb_schedule_check_lists(S.offsets, S.n_qtiles, S.pages, nnz, G.c0, op);
+    for (int64_t t = 0; t < G.T; t++) {
+        const int qt = pa_qtile(G.pos[t], G.c0, (int) G.P);
+        if (qt < 0 || qt >= S.n_qtiles)
+            oomb_error("%s: page lists: query %" PRId64 " at position %d is in query tile %d, the lists have %d (tile = pos / P - "
+                       "pos[0] / P)", op, t, G.pos[t], qt, S.n_qtiles);
+    }
+    if (!backward) return;
+    if (S.n_hist < 0 || nnz > oomb_nelements(a.schedule.inv_qtiles))
+        oomb_error("%s: inverse lists %s / %s too small for %" PRId64 " entries", op, shape_str(a.schedule.inv_offsets).c_str(),
+                   shape_str(a.schedule.inv_qtiles).c_str(), nnz);
+    std::vector<int32_t> io(S.n_hist + 1), iq(std::max<int64_t>(nnz, 1));
+    oomb_schedule_invert(S.offsets, S.n_qtiles, S.pages, S.n_hist, io.data(), iq.data());
+    if (!std::equal(io.begin(), io.end(), S.inv_offsets) || !std::equal(iq.begin(), iq.begin() + nnz, S.inv_qtiles))
+        oomb_error("%s: the inverse lists are not the inversion of the page lists (oomb_schedule_invert)", op);
 }
 
 // Forward of one tile over every key block it sees: O (R x D, normalised), m, l in s.
@@ -290,10 +340,12 @@ void forward_tile(const TileKernels & K, const PagedGeom & G, const std::vector<
     std::fill(s.l.begin(), s.l.begin() + R, 0.0f);
     for (const KeyBlock & b : blocks) {
         if (b.p0 > qt.max_pos) break;
+        const int32_t * rp = block_rpos(G, b, R, s);
+        if (!rp) continue;
         load_block(G, kp, qt.g, b, s.Kt.data(), nullptr, op);
         load_block(G, vp, qt.g, b, nullptr, s.Vr.data(), op);
         K.scores(R, D, s.qr.data(), s.Kt.data(), s.S.data());
-        K.online_softmax(R, D, scale, s.S.data(), s.rpos.data(), b.p0, b.n, s.m.data(), s.l.data(), s.O.data());
+        K.online_softmax(R, D, scale, s.S.data(), rp, b.p0, b.n, s.m.data(), s.l.data(), s.O.data());
         K.accum_rows(R, D, s.S.data(), b.n, s.Vr.data(), s.O.data());
     }
     for (int i = 0; i < R; i++) {
@@ -328,20 +380,15 @@ static void cache_block_copy(const oomb_tensor * cache, int64_t off, float * pac
 }
 
 void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
-    const oomb_tensor * q = dst->src[0];
-    const oomb_tensor * k_cur = dst->src[1];
-    const oomb_tensor * v_cur = dst->src[2];
-    oomb_tensor * kp = dst->src[3];
-    oomb_tensor * vp = dst->src[4];
-    const float scale = get_op_f32(dst, 0);
-    const int store_kv = dst->op_params[1];
-    PagedGeom G(q, kp, dst->src[5], dst->src[6]);
-    if (q->nb[0] != sizeof(float)) oomb_error("paged_attn: q must have unit stride in dim 0");
+    const oomb_paged_attn_args A = oomb_paged_attn_args_of(dst);
+    PagedGeom G(A.q, A.k_pages, A.page_table, A.pos);
+    if (A.q->nb[0] != sizeof(float)) oomb_error("paged_attn: q must have unit stride in dim 0");
     check_pos(G, "paged_attn");
+    set_schedule(G, A, false, "paged_attn");
     // oomb_paged_attn_cached: the chunk's block of the result cache (mode 1: save after computing,
     // mode 2: load instead of computing)
-    const int cache_mode = dst->op_params[2];
-    const oomb_tensor * cache = cache_mode ? dst->src[7] : nullptr;
+    const oomb_tensor * cache = A.out_cache;
+    const int cache_mode = cache ? (A.load ? 2 : 1) : 0;
     int64_t cache_off = -1;  // the chunk's block, in cache elements
     if (cache_mode && G.T > 0) {
         for (int64_t t = 1; t < G.T; t++)
@@ -358,13 +405,13 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
         }
     }
 
-    if (store_kv) {
+    if (A.store) {
         for (int64_t t = 0; t < G.T; t++)
             for (int64_t g = 0; g < G.Hkv; g++) {
                 const size_t off = G.offset(G.pos[t], g, "paged_attn");
                 for (int64_t d = 0; d < G.D; d++) {
-                    store((char *) kp->data + off + d * kp->nb[0], kp->type, *(const float *) elem_ptr(k_cur, d, g, t, 0));
-                    store((char *) vp->data + off + d * vp->nb[0], vp->type, *(const float *) elem_ptr(v_cur, d, g, t, 0));
+                    store((char *) A.k_pages->data + off + d * A.k_pages->nb[0], A.k_pages->type, *(const float *) elem_ptr(A.k_cur, d, g, t, 0));
+                    store((char *) A.v_pages->data + off + d * A.v_pages->nb[0], A.v_pages->type, *(const float *) elem_ptr(A.v_cur, d, g, t, 0));
                 }
             }
     }
@@ -383,8 +430,8 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
     parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
         Scratch & s = scratch[w];
         const QueryTile & qt = tiles[it];
-        const int R = tile_rows(G, qt, q, nullptr, out, s);
-        forward_tile(K, G, blocks, kp, vp, scale, qt, R, s, "paged_attn");
+        const int R = tile_rows(G, qt, A.q, nullptr, out, s);
+        forward_tile(K, G, blocks, A.k_pages, A.v_pages, A.scale, qt, R, s, "paged_attn");
         for (int i = 0; i < R; i++) {
             std::copy(s.O.data() + (size_t) i * D, s.O.data() + (size_t) (i + 1) * D, s.outr[i]);
             // l > 0 whenever the row attends a key (always, with valid positions); else -inf
@@ -395,17 +442,11 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
 }
 
 void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
-    const oomb_tensor * q  = dst->src[0];
-    const oomb_tensor * kp = dst->src[1];
-    const oomb_tensor * vp = dst->src[2];
-    oomb_tensor * dkp = dst->src[3];
-    oomb_tensor * dvp = dst->src[4];
-    const oomb_tensor * dout = dst->src[7];
-    const oomb_tensor * fwd = dst->src[8];  // the forward's packed node (out, LSE) or NULL
-    const float scale = get_op_f32(dst, 0);
-    PagedGeom G(q, kp, dst->src[5], dst->src[6]);
-    if (q->nb[0] != sizeof(float) || dout->nb[0] != sizeof(float)) oomb_error("paged_attn_back: q and dout must have unit stride in dim 0");
+    const oomb_paged_attn_args A = oomb_paged_attn_args_of(dst);
+    PagedGeom G(A.q, A.k_pages, A.page_table, A.pos);
+    if (A.q->nb[0] != sizeof(float) || A.dout->nb[0] != sizeof(float)) oomb_error("paged_attn_back: q and dout must have unit stride in dim 0");
     check_pos(G, "paged_attn_back");
+    set_schedule(G, A, true, "paged_attn_back");
     const int64_t H = G.H, T = G.T;
     const int D = (int) G.D;
     float * dq = (float *) dst->data;  // [D, H, T] contiguous
@@ -424,16 +465,16 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
 
     // pass 1: log-sum-exp and delta = dout . out per row
     std::vector<float> lse(T * H), delta(T * H);
-    if (fwd) {
+    if (A.fwd) {
         // saved by the forward: LSE as is, delta from the saved out (the same sum, in the same order,
         // as the recomputation below, so both paths give the same values)
-        const float * fo = (const float *) fwd->data;
+        const float * fo = (const float *) A.fwd->data;
         const float * fl = fo + G.D * H * T;
         parallel_items(T, nw, [&](int64_t t, int) {
             for (int64_t h = 0; h < H; h++) {
                 const int64_t r = t * H + h;
                 const float * o = fo + r * D;
-                const float * dv = (const float *) elem_ptr(dout, 0, h, t, 0);
+                const float * dv = (const float *) elem_ptr(A.dout, 0, h, t, 0);
                 float dl = 0.0f;
                 for (int d = 0; d < D; d++) dl += dv[d] * o[d];
                 lse[r] = fl[r];
@@ -445,8 +486,8 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
         parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
             Scratch & s = scratch[w];
             const QueryTile & qt = tiles[it];
-            const int R = tile_rows(G, qt, q, dout, nullptr, s);
-            forward_tile(K, G, blocks, kp, vp, scale, qt, R, s, op);
+            const int R = tile_rows(G, qt, A.q, A.dout, nullptr, s);
+            forward_tile(K, G, blocks, A.k_pages, A.v_pages, A.scale, qt, R, s, op);
             for (int i = 0; i < R; i++) {
                 const float * o = s.O.data() + (size_t) i * D;
                 const float * dv = s.dr[i];
@@ -466,7 +507,7 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
     // the results. (Offsets are computed in the K/V pools; the f32 gradient pages have the same
     // shape, contiguous, so an element's byte offset there is its K/V offset / element size * 4.)
     constexpr int NPART = 4;
-    const size_t kv_es = oomb_type_size(kp->type);
+    const size_t kv_es = oomb_type_size(A.k_pages->type);
     const int64_t n_tiles = (int64_t) tiles.size();
     std::vector<std::vector<int64_t>> tiles_of(G.Hkv);
     for (int64_t k = 0; k < n_tiles; k++) tiles_of[tiles[k].g].push_back(k);
@@ -480,19 +521,21 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
         float * dqp = dq_part.data() + (size_t) part * n_tiles * tile_stride;
         for (int64_t bi = part; bi < nb; bi += NPART) {
             const KeyBlock & b = blocks[bi];
-            load_block(G, kp, g, b, s.Kt.data(), s.Kr.data(), op);
-            load_block(G, vp, g, b, s.Vt.data(), nullptr, op);
+            load_block(G, A.k_pages, g, b, s.Kt.data(), s.Kr.data(), op);
+            load_block(G, A.v_pages, g, b, s.Vt.data(), nullptr, op);
             std::fill(s.acc1.begin(), s.acc1.end(), 0.0f);  // dK
             std::fill(s.acc2.begin(), s.acc2.end(), 0.0f);  // dV
             bool any = false;
             for (int64_t k : tiles_of[g]) {
                 const QueryTile & qt = tiles[k];
                 if (qt.max_pos < b.p0) continue;
-                const int R = tile_rows(G, qt, q, dout, nullptr, s);
+                const int R = tile_rows(G, qt, A.q, A.dout, nullptr, s);
+                const int32_t * rp = block_rpos(G, b, R, s);
+                if (!rp) continue;
                 for (int i = 0; i < R; i++) { s.lse[i] = lse[s.rid[i]]; s.delta[i] = delta[s.rid[i]]; }
                 K.scores(R, D, s.qr.data(), s.Kt.data(), s.S.data());
                 K.scores(R, D, s.dr.data(), s.Vt.data(), s.S2.data());
-                K.bwd_probs(R, scale, s.S.data(), s.S2.data(), s.lse.data(), s.delta.data(), s.rpos.data(), b.p0, b.n);
+                K.bwd_probs(R, A.scale, s.S.data(), s.S2.data(), s.lse.data(), s.delta.data(), rp, b.p0, b.n);
                 K.accum_rows(R, D, s.S2.data(), b.n, s.Kr.data(), dqp + (size_t) k * tile_stride);
                 K.transpose(R, s.S.data(), s.Pt.data());
                 K.accum_cols(b.n, R, D, s.Pt.data(), s.dr.data(), s.acc2.data());
@@ -503,24 +546,24 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
             if (!any) continue;
             for (int j = 0; j < b.n; j++) {
                 const size_t goff = G.offset(b.p0 + j, g, op) / kv_es * sizeof(float);
-                float * dkr = (float *) ((char *) dkp->data + goff);
-                float * dvr = (float *) ((char *) dvp->data + goff);
+                float * dkr = (float *) ((char *) A.dk_pages->data + goff);
+                float * dvr = (float *) ((char *) A.dv_pages->data + goff);
                 const float * ak = s.acc1.data() + (size_t) j * D;
                 const float * av = s.acc2.data() + (size_t) j * D;
-                for (int d = 0; d < D; d++) { dkr[d] += ak[d] * scale; dvr[d] += av[d]; }
+                for (int d = 0; d < D; d++) { dkr[d] += ak[d] * A.scale; dvr[d] += av[d]; }
             }
         }
     });
     // dq = scale * (sum of the parts, in order)
     parallel_items(n_tiles, nw, [&](int64_t k, int w) {
         Scratch & s = scratch[w];
-        const int R = tile_rows(G, tiles[k], q, nullptr, nullptr, s);
+        const int R = tile_rows(G, tiles[k], A.q, nullptr, nullptr, s);
         for (int i = 0; i < R; i++) {
             float * dqv = dq + s.rid[i] * D;
             for (int d = 0; d < D; d++) {
                 float a = 0.0f;
                 for (int part = 0; part < NPART; part++) a += dq_part[((size_t) part * n_tiles + k) * tile_stride + (size_t) i * D + d];
-                dqv[d] = a * scale;
+                dqv[d] = a * A.scale;
             }
         }
     });
@@ -530,8 +573,8 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
         for (int64_t g = 0; g < G.Hkv; g++) {
             const size_t off = G.offset(G.pos[t], g, op);
             const size_t goff = off / kv_es * sizeof(float);
-            const float * dkr = (const float *) ((const char *) dkp->data + goff);
-            const float * dvr = (const float *) ((const char *) dvp->data + goff);
+            const float * dkr = (const float *) ((const char *) A.dk_pages->data + goff);
+            const float * dvr = (const float *) ((const char *) A.dv_pages->data + goff);
             std::copy(dkr, dkr + D, dkc + (t * G.Hkv + g) * D);
             std::copy(dvr, dvr + D, dvc + (t * G.Hkv + g) * D);
         }
