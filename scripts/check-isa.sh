@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks that the library runs on any x86-64 CPU: no AVX / AVX2 / AVX-512 instruction (a VEX or EVEX
 # encoded one: v* mnemonics, ymm / zmm / opmask registers) outside the kernels chosen at run time by
-# what the CPU has (src/paged-cpu.cpp: the isa_avx2 and isa_avx512 variants). Catches -march=native
+# what the CPU has (src/cpu/paged-attn.cpp: the isa_avx2 and isa_avx512 variants). Catches -march=native
 # (or -mavx2, ...) in the build flags, and a template or inline function instantiated inside a
 # `#pragma GCC target` region, then called from baseline code.
 #   scripts/check-isa.sh [BUILD]     the build folder (default build/): checks BUILD/lib/liboomb.so

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the test suite of a build (its already-built binaries, through CTest) once more as on an x86-64
 # machine with AVX2 but no AVX-512, on a machine that has more:
-#   OOMB_PAGED_ISA=avx2          our paged-attention kernels (src/paged-cpu.cpp: base | avx2 | avx512)
+#   OOMB_PAGED_ISA=avx2          our paged-attention kernels (src/cpu/paged-attn.cpp: base | avx2 | avx512)
 #   OPENBLAS_CORETYPE=Haswell    OpenBLAS's AVX2 kernels (the Debian build picks its core at run time)
 #   GLIBC_TUNABLES=...hwcaps     glibc's string / math functions and ld.so's library search without
 #                                AVX-512 (glibc 2.36 accepts these names; others are ignored)

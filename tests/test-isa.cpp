@@ -1,7 +1,7 @@
 // The instruction-set paths a run takes are the ones its environment asks for. CI (.ci/run) runs the
 // CPU suite a second time with lower ones forced, as on a machine with AVX2 but no AVX-512; these
 // tests make that run fail if the variables did not take effect (and say what ran, in the log):
-//  - OOMB_PAGED_ISA (src/paged-cpu.cpp: base | avx2 | avx512, read at every call; a variant the CPU
+//  - OOMB_PAGED_ISA (src/cpu/paged-attn.cpp: base | avx2 | avx512, read at every call; a variant the CPU
 //    lacks falls back to the best one it has): the paged-attention forward of this run equals, bit for
 //    bit, the variant the variable names, and the variants this CPU runs give different bits on the
 //    test's data (so the equality tells which one ran). Without the variable: the best variant.
@@ -28,7 +28,7 @@ extern "C" char * openblas_get_corename(void);
 
 namespace {
 
-// The variant src/paged-cpu.cpp runs for OOMB_PAGED_ISA = `asked` on this CPU.
+// The variant src/cpu/paged-attn.cpp runs for OOMB_PAGED_ISA = `asked` on this CPU.
 std::string paged_variant_for(const std::string & asked) {
     if (asked == "base") return "base";
 #if defined(__x86_64__)
