@@ -1,7 +1,7 @@
 // CPU backend: host memory buffers, a persistent thread pool and graph execution.
-// The op kernels are in ops-cpu.cpp; matrix products go through OpenBLAS (ops-cpu.cpp).
+// The op kernels are in cpu/ (cpu/ops-cpu.cpp dispatches); matrix products go through OpenBLAS.
 
-#include "ops-cpu.h"
+#include "cpu/ops-cpu.h"
 
 #include <algorithm>
 #include <atomic>
