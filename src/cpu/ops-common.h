@@ -62,26 +62,7 @@ void parallel_for(exec_ctx & c, int64_t n, int64_t cost, F && f) {
         f((int64_t) 0, n, 0);
         return;
     }
-    struct arg_t {
-        F * f;
-        int64_t n;
-        int64_t chunk;
-        std::atomic<int64_t> next;
-    } arg;
-    arg.f = &f;
-    arg.n = n;
-    arg.chunk = std::max<int64_t>(1, n / ((int64_t) nth * 4));
-    arg.next.store(0, std::memory_order_relaxed);
-    c.pool->run(
-        [](void * p, int ith, int) {
-            auto * a = (arg_t *) p;
-            for (;;) {
-                const int64_t b = a->next.fetch_add(a->chunk, std::memory_order_relaxed);
-                if (b >= a->n) break;
-                (*a->f)(b, std::min(a->n, b + a->chunk), ith);
-            }
-        },
-        &arg);
+    parallel_for(*c.pool, n, std::max<int64_t>(1, n / ((int64_t) nth * 4)), f);
 }
 
 inline size_t tsize(oomb_type t) { return oomb_type_size(t); }
