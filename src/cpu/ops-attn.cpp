@@ -10,28 +10,13 @@ namespace cpu {
 // Attention (reference, GQA, causal)
 // ---------------------------------------------------------------------------------------------
 
-struct attn_dims {
-    int64_t D, H, T, B, Hkv, S, G; // G = H / Hkv
-};
-
-static attn_dims check_attn(const char * op, const oomb_tensor * q, const oomb_tensor * k, const oomb_tensor * v) {
-    attn_dims d{q->ne[0], q->ne[1], q->ne[2], q->ne[3], k->ne[1], k->ne[2], 0};
-    if (q->type != OOMB_TYPE_F32 || k->type != OOMB_TYPE_F32 || v->type != OOMB_TYPE_F32 || k->ne[0] != d.D ||
-        !oomb_are_same_shape(k, v) || d.Hkv <= 0 || d.H % d.Hkv != 0 || k->ne[3] != d.B || d.S < d.T) {
-        oomb_error("%s: invalid q %s, k %s, v %s", op, shape_str(q).c_str(), shape_str(k).c_str(), shape_str(v).c_str());
-    }
-    d.G = d.H / d.Hkv;
-    return d;
-}
-
 inline const float * row4(const oomb_tensor * t, int64_t i1, int64_t i2, int64_t i3) {
     return (const float *) row_ptr(t, i1, i2, i3);
 }
 
 // attn: out[:, h, t, b] = sum_j softmax_j(scale * q.k_j) v_j over keys j <= t + (S - T) of kv head h / G.
 void compute_forward_attn(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * q, const oomb_tensor * k, const oomb_tensor * v) {
-    const attn_dims d = check_attn("attn", q, k, v);
-    check_same_shape("attn", dst, q);
+    const attn_dims d = attn_dims_of(q, k);  // operands: check_op_operands (op-checks.cpp)
     const float scale = get_op_f32(dst, 0);
     if (oomb_nelements(dst) == 0) return;
     const int64_t D = d.D, S = d.S, T = d.T, H = d.H;
@@ -70,8 +55,7 @@ void compute_forward_attn(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * q
 // the queries that see key j, recomputing P and dS. Each output row has one writer: no races.
 void compute_forward_attn_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * q, const oomb_tensor * k,
                                const oomb_tensor * v, const oomb_tensor * dout) {
-    const attn_dims d = check_attn("attn_back", q, k, v);
-    check_same_shape("attn_back", q, dout);
+    const attn_dims d = attn_dims_of(q, k);  // operands: check_op_operands (op-checks.cpp)
     const int64_t nq = oomb_nelements(q), nk = oomb_nelements(k);
     if (oomb_nelements(dst) != nq + 2 * nk || !oomb_is_contiguous(dst)) {
         oomb_error("attn_back: result %s must be contiguous with %" PRId64 " elements", shape_str(dst).c_str(), nq + 2 * nk);

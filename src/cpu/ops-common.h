@@ -158,12 +158,7 @@ const float * tensor_to_f32(exec_ctx & c, const oomb_tensor * t, int slot);
 // Kernels (dst = the node; sources as prepared by prepare_sources)
 // ---------------------------------------------------------------------------------------------
 // ops-elementwise.cpp
-void compute_forward_cont(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a);
-void compute_forward_cpy(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a);
-void compute_forward_cast(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a);
 void compute_forward_fill(exec_ctx & c, oomb_tensor * dst);
-void check_broadcast(const char * op, const oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b);
-void check_same_shape(const char * op, const oomb_tensor * a, const oomb_tensor * b);
 void compute_forward_add(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b);
 void compute_forward_sub(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b);
 void compute_forward_mul(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b);

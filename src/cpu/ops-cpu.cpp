@@ -73,9 +73,8 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
     const char * opn = oomb_op_name(op);
 
     switch (op) {
-        case OOMB_OP_CONT:          compute_forward_cont(c, node, s[0]); break;
-        case OOMB_OP_CPY:           compute_forward_cpy(c, node, s[0]); break;
-        case OOMB_OP_CAST:          compute_forward_cast(c, node, s[0]); break;
+        case OOMB_OP_CONT: case OOMB_OP_CPY: case OOMB_OP_CAST:  // src[0] -> dst in logical order (converting for cpy / cast)
+                                    copy_tensor(c, s[0], node); break;
         case OOMB_OP_FILL:          compute_forward_fill(c, node); break;
         case OOMB_OP_ADD:           compute_forward_add(c, node, s[0], s[1]); break;
         case OOMB_OP_SUB:           compute_forward_sub(c, node, s[0], s[1]); break;

@@ -10,30 +10,12 @@ namespace cpu {
 // Optimizers
 // ---------------------------------------------------------------------------------------------
 
-static void check_opt(const char * op, const oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * const * others, int n_others,
-               const oomb_tensor * hp, int64_t n_hp) {
-    bool ok = (p->type == OOMB_TYPE_F32 || p->type == OOMB_TYPE_BF16) && oomb_is_contiguous(p) && dst->data == p->data &&
-              dst->type == p->type && oomb_are_same_shape(dst, p) && hp->type == OOMB_TYPE_F32 && oomb_nelements(hp) == n_hp;
-    for (int i = 0; i < n_others && ok; i++) {
-        ok = others[i]->type == OOMB_TYPE_F32 && oomb_is_contiguous(others[i]) && oomb_are_same_shape(others[i], p);
-    }
-    if (!ok) oomb_error("%s: invalid operands: param %s (result %s), hp %s", op, shape_str(p).c_str(), shape_str(dst).c_str(), shape_str(hp).c_str());
-}
-
 // adamw_step (in place): g = grad*gs; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // param -= lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd * param).
 void compute_forward_adamw_step(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * grad,
                                 const oomb_tensor * m, const oomb_tensor * v, const oomb_tensor * hp) {
-    const oomb_tensor * others[1] = {grad};
-    const int64_t n_hp = oomb_nelements(hp);
-    if (n_hp != 8 && n_hp != 9) oomb_error("adamw_step: hp %s must have 8 or 9 elements", shape_str(hp).c_str());
-    check_opt("adamw_step", dst, p, others, 1, hp, n_hp);
-    const bool sbf = m->type == OOMB_TYPE_BF16;  // bf16 moments (stochastic rounding, sround.h)
-    if (sbf && n_hp != 9) oomb_error("adamw_step: bf16 moments need hp[8] (the step number, the stochastic-rounding seed)");
-    if (!((m->type == OOMB_TYPE_F32 || sbf) && v->type == m->type && oomb_is_contiguous(m) && oomb_is_contiguous(v) &&
-          oomb_are_same_shape(m, p) && oomb_are_same_shape(v, p)))
-        oomb_error("adamw_step: m %s and v %s must be contiguous, both f32 or both bf16, shaped like param %s", shape_str(m).c_str(),
-                   shape_str(v).c_str(), shape_str(p).c_str());
+    // operands: check_op_operands (op-checks.cpp)
+    const bool sbf = m->type == OOMB_TYPE_BF16;  // bf16 moments (stochastic rounding, sround.h; hp[8] is the step)
     float h[8];
     for (int i = 0; i < 8; i++) h[i] = flat_f32(hp, i);
     const float lr = h[0], b1 = h[1], b2 = h[2], eps = h[3], wd = h[4], gs = h[5], bc1 = h[6], bc2 = h[7];
@@ -77,8 +59,7 @@ void compute_forward_adamw_step(exec_ctx & c, oomb_tensor * dst, const oomb_tens
 
 // sgd_step (in place): param -= lr * (grad * gs + wd * param).
 void compute_forward_sgd_step(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * grad, const oomb_tensor * hp) {
-    const oomb_tensor * others[1] = {grad};
-    check_opt("sgd_step", dst, p, others, 1, hp, 3);
+    // operands: check_op_operands (op-checks.cpp)
     const float lr = flat_f32(hp, 0), wd = flat_f32(hp, 1), gs = flat_f32(hp, 2);
     const bool bf = p->type == OOMB_TYPE_BF16;
     const float * gp = (const float *) grad->data;
