@@ -9,6 +9,7 @@
 // see key j. Every output row has one writer.
 
 #include "attn.cuh"
+#include "op-checks.h"
 
 using oomb::shape_str;
 
@@ -16,9 +17,7 @@ namespace {
 
 const int k_threads = 128;
 
-struct dims {
-    int64_t D, H, T, B, Hkv, S, G;
-};
+using dims = oomb::attn_dims;  // src/op-checks.h
 
 __device__ __forceinline__ const float * row(const oomb_tv & t, int64_t i1, int64_t i2, int64_t i3) {
     return (const float *) (t.d + i1 * t.nb[1] + i2 * t.nb[2] + i3 * t.nb[3]);
@@ -194,16 +193,6 @@ __global__ void k_attn_back_kv(float * dk, float * dv, const float * lse, const 
     }
 }
 
-dims check_attn(const char * op, const oomb_tensor * q, const oomb_tensor * k, const oomb_tensor * v) {
-    dims d{q->ne[0], q->ne[1], q->ne[2], q->ne[3], k->ne[1], k->ne[2], 0};
-    if (q->type != OOMB_TYPE_F32 || k->type != OOMB_TYPE_F32 || v->type != OOMB_TYPE_F32 || k->ne[0] != d.D ||
-        !oomb_are_same_shape(k, v) || d.Hkv <= 0 || d.H % d.Hkv != 0 || k->ne[3] != d.B || d.S < d.T) {
-        oomb_error("%s: invalid q %s, k %s, v %s", op, shape_str(q).c_str(), shape_str(k).c_str(), shape_str(v).c_str());
-    }
-    d.G = d.H / d.Hkv;
-    return d;
-}
-
 void set_smem(const void * fn, size_t bytes, const char * op) {
     if (bytes > 48 * 1024) CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) bytes));
     (void) op;
@@ -212,8 +201,7 @@ void set_smem(const void * fn, size_t bytes, const char * op) {
 } // namespace
 
 void oomb_cuda_attn(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * q, const oomb_tensor * k, const oomb_tensor * v) {
-    const dims d = check_attn("attn", q, k, v);
-    if (!oomb_are_same_shape(dst, q)) oomb_error("attn: shapes differ: %s vs %s", shape_str(dst).c_str(), shape_str(q).c_str());
+    const dims d = oomb::attn_dims_of(q, k);  // operands: check_op_operands (src/op-checks.cpp)
     const int64_t n_rows = d.H * d.T * d.B;
     if (oomb_nelements(dst) == 0 || n_rows == 0) return;
     if (n_rows > 0x7fffffffll) oomb_error("attn: too many query rows in %s", shape_str(q).c_str());
@@ -226,8 +214,7 @@ void oomb_cuda_attn(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * q,
 
 void oomb_cuda_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * q, const oomb_tensor * k, const oomb_tensor * v,
                          const oomb_tensor * dout) {
-    const dims d = check_attn("attn_back", q, k, v);
-    if (!oomb_are_same_shape(q, dout)) oomb_error("attn_back: shapes differ: %s vs %s", shape_str(q).c_str(), shape_str(dout).c_str());
+    const dims d = oomb::attn_dims_of(q, k);  // operands: check_op_operands (src/op-checks.cpp)
     const int64_t nq = oomb_nelements(q), nk = oomb_nelements(k);
     if (oomb_nelements(dst) != nq + 2 * nk || !oomb_is_contiguous(dst)) {
         oomb_error("attn_back: result %s must be contiguous with %lld elements", shape_str(dst).c_str(), (long long) (nq + 2 * nk));

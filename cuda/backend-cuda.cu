@@ -272,9 +272,8 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
     const char * opn = oomb_op_name(op);
 
     switch (op) {
-        case OOMB_OP_CONT:          oomb_cuda_cont(c, node, s[0]); break;
-        case OOMB_OP_CPY:           oomb_cuda_cpy(c, node, s[0]); break;
-        case OOMB_OP_CAST:          oomb_cuda_cast(c, node, s[0]); break;
+        case OOMB_OP_CONT: case OOMB_OP_CPY: case OOMB_OP_CAST:  // src[0] -> dst in logical order (converting for cpy / cast)
+                                    oomb_cuda_copy_tensor(c, s[0], node); break;
         case OOMB_OP_FILL:          oomb_cuda_fill(c, node); break;
         case OOMB_OP_ADD: case OOMB_OP_SUB: case OOMB_OP_MUL: case OOMB_OP_ADD_INPLACE:
         case OOMB_OP_SILU_BACK: case OOMB_OP_SWIGLU:

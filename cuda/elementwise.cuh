@@ -5,13 +5,8 @@
 
 // Copies src into dst element by element in logical order (same element count; shapes may differ),
 // converting between f32 / f16 / bf16 (or copying i32 to i32). Any strides on both sides.
-// No checks: callers validate the types.
+// No checks: callers validate the types (OOMB_OP_CONT / CPY / CAST: check_op_operands, src/op-checks.cpp).
 void oomb_cuda_copy_tensor(oomb_cuda_ctx & c, const oomb_tensor * src, const oomb_tensor * dst);
-
-// OOMB_OP_CONT / OOMB_OP_CPY / OOMB_OP_CAST (validated like the CPU backend).
-void oomb_cuda_cont(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a);
-void oomb_cuda_cpy(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a);
-void oomb_cuda_cast(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a);
 
 // OOMB_OP_FILL: every element of dst = op_params[0].
 void oomb_cuda_fill(oomb_cuda_ctx & c, oomb_tensor * dst);

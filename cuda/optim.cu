@@ -46,30 +46,12 @@ __global__ void k_sgd(P * w, const float * grad, oomb_tv hp, int64_t n) {
     }
 }
 
-void check_opt(const char * op, const oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * const * others, int n_others,
-               const oomb_tensor * hp, int64_t n_hp) {
-    bool ok = (p->type == OOMB_TYPE_F32 || p->type == OOMB_TYPE_BF16) && oomb_is_contiguous(p) && dst->data == p->data &&
-              dst->type == p->type && oomb_are_same_shape(dst, p) && hp->type == OOMB_TYPE_F32 && oomb_nelements(hp) == n_hp;
-    for (int i = 0; i < n_others && ok; i++) {
-        ok = others[i]->type == OOMB_TYPE_F32 && oomb_is_contiguous(others[i]) && oomb_are_same_shape(others[i], p);
-    }
-    if (!ok) oomb_error("%s: invalid operands: param %s (result %s), hp %s", op, shape_str(p).c_str(), shape_str(dst).c_str(), shape_str(hp).c_str());
-}
-
 } // namespace
 
 void oomb_cuda_adamw_step(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * grad, const oomb_tensor * m,
                           const oomb_tensor * v, const oomb_tensor * hp) {
-    const oomb_tensor * others[1] = {grad};
-    const int64_t n_hp = oomb_nelements(hp);
-    if (n_hp != 8 && n_hp != 9) oomb_error("adamw_step: hp %s must have 8 or 9 elements", shape_str(hp).c_str());
-    check_opt("adamw_step", dst, p, others, 1, hp, n_hp);
+    // operands: check_op_operands (src/op-checks.cpp)
     const bool sbf = m->type == OOMB_TYPE_BF16;
-    if (sbf && n_hp != 9) oomb_error("adamw_step: bf16 moments need hp[8] (the step number, the stochastic-rounding seed)");
-    if (!((m->type == OOMB_TYPE_F32 || sbf) && v->type == m->type && oomb_is_contiguous(m) && oomb_is_contiguous(v) &&
-          oomb_are_same_shape(m, p) && oomb_are_same_shape(v, p)))
-        oomb_error("adamw_step: m %s and v %s must be contiguous, both f32 or both bf16, shaped like param %s", shape_str(m).c_str(),
-                   shape_str(v).c_str(), shape_str(p).c_str());
     const int64_t n = oomb_nelements(p);
     if (n == 0) return;
     // at most 4096 blocks: each thread reads the 8-9 hyper-parameters once (index arithmetic per
@@ -90,8 +72,7 @@ void oomb_cuda_adamw_step(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tenso
 }
 
 void oomb_cuda_sgd_step(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * grad, const oomb_tensor * hp) {
-    const oomb_tensor * others[1] = {grad};
-    check_opt("sgd_step", dst, p, others, 1, hp, 3);
+    // operands: check_op_operands (src/op-checks.cpp)
     const int64_t n = oomb_nelements(p);
     if (n == 0) return;
     const unsigned grid = oomb_cuda_grid(n, k_threads);

@@ -1,6 +1,6 @@
 // oomb-train's options (see train-options.h).
 #include "train-options.h"
-#include "qwen2-layout.h"
+#include "qwen2-layout.h"  // presets (qwen2_preset, qwen2_preset_choices)
 
 #include <CLI/CLI.hpp>
 

@@ -5,6 +5,7 @@
 #include "gguf.h"
 #include "../src/fp16.h"
 #include "../src/init-normal.h"
+#include "../src/cpu/thread-pool.h"
 
 #include <cinttypes>
 #include <cmath>
@@ -119,10 +120,12 @@ std::vector<float> download(const oomb_tensor * t) {
 } // namespace
 
 void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
-    // chunked, seekable streams (src/init-normal.h): values depend on (seed, name) only, so the
-    // chunks of a tensor are generated on all cores (a 7B model's 7.6e9 values in seconds)
+    // chunked, seekable streams (src/init-normal.h): values depend on (seed, name, chunk) only, so
+    // the chunks of a tensor are generated on all cores (a 7B model's 7.6e9 values in seconds), on
+    // the library's thread pool (src/cpu/thread-pool.h), made once for the whole model
     const int n_threads = (int) std::max(1u, std::min(64u, std::thread::hardware_concurrency()));
-    std::vector<std::vector<float>> scratch((size_t) n_threads, std::vector<float>((size_t) kInitChunk));
+    cpu::thread_pool pool(n_threads);
+    std::vector<std::vector<float>> scratch((size_t) pool.size(), std::vector<float>((size_t) kInitChunk));
     for (size_t ti = 0; ti < m.params.size(); ti++) {
         oomb_tensor * t = m.params[ti];
         const std::string name = t->name;
@@ -132,10 +135,9 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
         const size_t es = oomb_type_size(t->type);
         std::vector<uint8_t> host((size_t) n * es);
         const int64_t n_chunks = (n + kInitChunk - 1) / kInitChunk;
-        const int nt = (int) std::min<int64_t>(n_threads, n_chunks);
-        auto work = [&](int k) {
-            float * v = scratch[(size_t) k].data();
-            for (int64_t c = k; c < n_chunks; c += nt) {
+        cpu::parallel_for(pool, n_chunks, 1, [&](int64_t c0, int64_t c1, int ith) {
+            float * v = scratch[(size_t) ith].data();
+            for (int64_t c = c0; c < c1; c++) {
                 const int64_t off = c * kInitChunk, len = std::min(kInitChunk, n - off);
                 if (kind == Qwen2TensorKind::Norm) std::fill(v, v + len, 1.0f);
                 else if (kind == Qwen2TensorKind::Bias) std::fill(v, v + len, 0.0f);
@@ -147,11 +149,7 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
                     std::copy(v, v + len, (float *) host.data() + off);
                 }
             }
-        };
-        std::vector<std::thread> pool;
-        for (int k = 1; k < nt; k++) pool.emplace_back(work, k);
-        if (nt > 0) work(0);
-        for (auto & th : pool) th.join();
+        });
         oomb_tensor_set(t, host.data(), 0, host.size());
     }
 }

@@ -1,103 +1,21 @@
-// CPU backend: host memory buffers, a persistent thread pool and graph execution.
-// The op kernels are in ops-cpu.cpp; matrix products go through OpenBLAS (ops-cpu.cpp).
+// CPU backend: host memory buffers, a persistent thread pool (cpu/thread-pool.h) and graph execution.
+// The op kernels are in cpu/ (cpu/ops-cpu.cpp dispatches); matrix products go through OpenBLAS.
 
-#include "ops-cpu.h"
+#include "cpu/ops-cpu.h"
 
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <mutex>
 #include <thread>
 
 using oomb::shape_str;
 
 namespace {
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
-// Barrier-style pool: run() publishes a task by bumping a generation counter; workers spin briefly
-// on it (ops follow each other closely), then sleep on a condition variable (so they do not compete
-// with OpenBLAS threads during matrix products). The caller works as thread 0 and then waits for
-// the others.
-class cpu_thread_pool final : public oomb::cpu::thread_pool {
-public:
-    explicit cpu_thread_pool(int n) : n_(std::max(1, n)) {
-        for (int i = 1; i < n_; i++) threads_.emplace_back([this, i] { worker(i); });
-    }
-    ~cpu_thread_pool() override {
-        {
-            std::lock_guard<std::mutex> lk(mu_);
-            stop_.store(true);
-            gen_.fetch_add(1);
-        }
-        cv_.notify_all();
-        for (auto & t : threads_) t.join();
-    }
-    int size() const override { return n_; }
-
-    void run(oomb::cpu::task_fn fn, void * arg) override {
-        if (n_ == 1) { fn(arg, 0, 1); return; }
-        fn_ = fn;
-        arg_ = arg;
-        pending_.store(n_ - 1, std::memory_order_relaxed);
-        {
-            std::lock_guard<std::mutex> lk(mu_);
-            gen_.fetch_add(1, std::memory_order_release);
-        }
-        cv_.notify_all();
-        fn(arg, 0, n_);
-        for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; spins++) {
-            if (spins < k_spin) cpu_relax();
-            else std::this_thread::yield();
-        }
-    }
-
-private:
-    static constexpr int k_spin = 2000;
-
-    void worker(int ith) {
-        uint64_t seen = 0;
-        for (;;) {
-            uint64_t g = gen_.load(std::memory_order_acquire);
-            for (int spins = 0; g == seen && spins < k_spin; spins++) {
-                cpu_relax();
-                g = gen_.load(std::memory_order_acquire);
-            }
-            if (g == seen) {
-                std::unique_lock<std::mutex> lk(mu_);
-                cv_.wait(lk, [&] { return gen_.load(std::memory_order_acquire) != seen; });
-                g = gen_.load(std::memory_order_acquire);
-            }
-            if (stop_.load()) return;
-            seen = g;
-            fn_(arg_, ith, n_);
-            pending_.fetch_sub(1, std::memory_order_release);
-        }
-    }
-
-    const int n_;
-    std::vector<std::thread> threads_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::atomic<uint64_t> gen_{0};
-    std::atomic<int> pending_{0};
-    std::atomic<bool> stop_{false};
-    oomb::cpu::task_fn fn_ = nullptr;
-    void * arg_ = nullptr;
-};
-
 struct cpu_backend_ctx {
     int n_threads = 1;
-    std::unique_ptr<cpu_thread_pool> pool;
+    std::unique_ptr<oomb::cpu::thread_pool> pool;
     oomb::cpu::exec_ctx exec;
 };
 
@@ -117,7 +35,7 @@ void set_threads(cpu_backend_ctx * c, int n) {
     n = resolve_threads(n);
     if (c->pool && c->n_threads == n) return;
     c->pool.reset();
-    c->pool.reset(new cpu_thread_pool(n));
+    c->pool.reset(new oomb::cpu::thread_pool(n));
     c->n_threads = n;
     c->exec.pool = c->pool.get();
     c->exec.n_threads = n;

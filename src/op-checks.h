@@ -1,12 +1,37 @@
-// Operand checks and source preparation shared by the CPU (ops-cpu.cpp) and CUDA
+// Operand checks and source preparation shared by the CPU (src/cpu/ops-cpu.cpp) and CUDA
 // (cuda/backend-cuda.cu) dispatchers: one truth for which sources a kernel gets as they are and
-// which it gets as a contiguous scratch copy. The backends differ only in where the copy lives
-// and how it is made (the CopyFn).
+// which it gets as a contiguous scratch copy, and for each op's operand checks (check_op_operands,
+// op-checks.cpp), so the kernels of both backends start from operands already checked. The
+// backends differ only in where the copy lives and how it is made (the CopyFn).
 #pragma once
 
 #include "oomb-impl.h"
 
 namespace oomb {
+
+// a and b have the same shape, else "<op>: shapes differ: <a> vs <b>".
+void check_same_shape(const char * op, const oomb_tensor * a, const oomb_tensor * b);
+// dst has a's shape and b broadcasts to a (every a->ne[i] a multiple of b->ne[i]).
+void check_broadcast(const char * op, const oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b);
+
+// Dimensions of the reference attention: q [D, H, T, B], k and v [D, Hkv, S, B], G = H / Hkv.
+struct attn_dims {
+    int64_t D, H, T, B, Hkv, S, G;
+};
+// The dimensions of q, k (no checks: check_attn has made them valid).
+static inline attn_dims attn_dims_of(const oomb_tensor * q, const oomb_tensor * k) {
+    attn_dims d{q->ne[0], q->ne[1], q->ne[2], q->ne[3], k->ne[1], k->ne[2], 0};
+    d.G = d.Hkv > 0 ? d.H / d.Hkv : 0;
+    return d;
+}
+// q, k, v f32; k, v of one shape [D, Hkv, S, B] with H % Hkv == 0 and S >= T, else
+// "<op>: invalid q ..., k ..., v ...".
+attn_dims check_attn(const char * op, const oomb_tensor * q, const oomb_tensor * k, const oomb_tensor * v);
+
+// The operand checks of node's op that do not depend on the data (shapes, types, layouts),
+// on the prepared sources s[]: copies, element-wise ops, rms_norm, soft_max, mul_mat, attn and
+// the optimizer steps. Errors name the op and the tensors. Called by prepare_sources.
+void check_op_operands(const oomb_tensor * node, const oomb_tensor * const * s);
 
 // Source t of node dst needs a contiguous copy before the kernel reads it: its rows are not
 // unit-stride and the kernel needs unit rows, or it overlaps dst with another layout (in-place
@@ -47,6 +72,7 @@ void prepare_sources(const oomb_tensor * node, oomb_tensor * srcs, const oomb_te
         s[i] = &srcs[i];
     }
     check_op_sources(node, s);  // presence and f32-ness per op (oomb-impl.h)
+    check_op_operands(node, s); // shapes, types, layouts per op (op-checks.cpp)
 }
 
 } // namespace oomb

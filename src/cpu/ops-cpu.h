@@ -1,10 +1,12 @@
-// CPU backend internals: the thread pool interface and the op kernels' entry point.
-// backend-cpu.cpp owns the pool and the backend vtable; ops-cpu.cpp holds one compute_forward_<op>
-// kernel per op. Kernels run on the calling (main) thread, validate their inputs there (errors go
-// through oomb_error, never from a pool thread), and split rows over the pool with parallel_for.
+// CPU backend internals: the execution state handed to the kernels and their entry point.
+// backend-cpu.cpp owns the pool (cpu/thread-pool.h) and the backend vtable; cpu/ops-cpu.cpp
+// dispatches to one compute_forward_<op> kernel per op (cpu/ops-*.cpp). Kernels run on the calling
+// (main) thread, validate their inputs there (errors go through oomb_error, never from a pool
+// thread), and split rows over exec_ctx::pool with parallel_for.
 #pragma once
 
 #include "oomb-impl.h"
+#include "thread-pool.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -12,17 +14,6 @@
 
 namespace oomb {
 namespace cpu {
-
-typedef void (*task_fn)(void * arg, int ith, int nth);
-
-// Persistent pool of n threads (the caller counts as thread 0). run() calls fn(arg, ith, n) on every
-// thread, the caller included, and returns when all are done. Not reentrant; tasks must not throw.
-class thread_pool {
-public:
-    virtual ~thread_pool() = default;
-    virtual int  size() const = 0;
-    virtual void run(task_fn fn, void * arg) = 0;
-};
 
 // A 64-byte aligned scratch block that grows on demand (contents are not kept when it grows).
 struct scratch_buf {
@@ -38,8 +29,8 @@ struct scratch_buf {
 
 // Execution state of one CPU backend.
 struct exec_ctx {
-    thread_pool * pool = nullptr;
-    int n_threads = 1;
+    thread_pool * pool = nullptr;  // the backend's pool: kernels that split work use it (never their own threads)
+    int n_threads = 1;             // pool->size()
     int64_t min_parallel_work = 32 * 1024; // ops with less work (elements touched) stay on one thread
     enum { N_SLOTS = 24 };
     scratch_buf slots[N_SLOTS];         // main-thread scratch (prepared sources, conversions)

@@ -1,0 +1,148 @@
+// CPU kernels: rms_norm, rope (NEOX layout) and softmax, forward and backward, one row at a time
+// (conventions: ops-common.h).
+
+#include "ops-common.h"
+
+namespace oomb {
+namespace cpu {
+
+// ---------------------------------------------------------------------------------------------
+// Normalization
+// ---------------------------------------------------------------------------------------------
+
+// rms_norm: y = x / sqrt(mean(x^2) + eps), per row (sum of squares in double).
+void compute_forward_rms_norm(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
+    const double eps = get_op_f32(dst, 0);
+    const int64_t ne0 = a->ne[0];
+    if (ne0 == 0) return;
+    parallel_for(c, oomb_nrows(a), ne0, [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; r++) {
+            const float * x = (const float *) row_ptr(a, r);
+            float * y = (float *) row_ptr(dst, r);
+            const double ss = dot_d(x, x, ne0);
+            const float s = (float) (1.0 / std::sqrt(ss / (double) ne0 + eps));
+            for (int64_t i = 0; i < ne0; i++) y[i] = x[i] * s;
+        }
+    });
+}
+
+// rms_norm_back: dx = s*dy - s^3/n * x * sum(x*dy), s = 1/sqrt(mean(x^2) + eps).
+void compute_forward_rms_norm_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * x, const oomb_tensor * dy) {
+    const double eps = get_op_f32(dst, 0);
+    const int64_t ne0 = x->ne[0];
+    if (ne0 == 0) return;
+    parallel_for(c, oomb_nrows(x), 2 * ne0, [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; r++) {
+            const float * xr = (const float *) row_ptr(x, r);
+            const float * g = (const float *) row_ptr(dy, r);
+            float * d = (float *) row_ptr(dst, r);
+            const double ss = dot_d(xr, xr, ne0);
+            const double xg = dot_d(xr, g, ne0);
+            const double s = 1.0 / std::sqrt(ss / (double) ne0 + eps);
+            const float c1 = (float) s;
+            const float c2 = (float) (s * s * s / (double) ne0 * xg);
+            for (int64_t i = 0; i < ne0; i++) d[i] = c1 * g[i] - c2 * xr[i];
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotary embedding (NEOX layout)
+// ---------------------------------------------------------------------------------------------
+
+// rope / rope_back: per token t (dim 2) and head (dim 1), for i < n_dims/2 with angle
+// pos[t] * theta^(-2i/n_dims) (computed in double): y[i] = x0 cos - x1 sin, y[i + n_dims/2] =
+// x0 sin + x1 cos, with x0 = x[i], x1 = x[i + n_dims/2]; rope_back rotates by -angle.
+void compute_forward_rope(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * pos) {
+    const char * opn = oomb_op_name(dst->op);
+    check_same_shape(opn, dst, a);
+    const int n_dims = dst->op_params[0];
+    const double theta = get_op_f32(dst, 1);
+    const int64_t ne0 = a->ne[0];
+    if (pos->type != OOMB_TYPE_I32 || oomb_nelements(pos) != a->ne[2]) {
+        oomb_error("%s: pos %s must be i32 with one entry per token of %s", opn, shape_str(pos).c_str(), shape_str(a).c_str());
+    }
+    if (n_dims <= 0 || n_dims % 2 != 0 || n_dims > ne0) oomb_error("%s: n_dims = %d invalid for %s", opn, n_dims, shape_str(a).c_str());
+    const int64_t half = n_dims / 2;
+    const float sign = dst->op == OOMB_OP_ROPE_BACK ? -1.0f : 1.0f;
+    c.reserve_thread_scratch((size_t) half * 2 * sizeof(float));
+    const int64_t ne1 = a->ne[1], ne2 = a->ne[2];
+    parallel_for(c, oomb_nrows(a), ne0 + 8, [&](int64_t r0, int64_t r1, int ith) {
+        float * cs = (float *) c.thread_scratch(ith);
+        float * sn = cs + half;
+        int64_t cached = -1;
+        for (int64_t r = r0; r < r1; r++) {
+            const int64_t i2 = (r / ne1) % ne2;
+            if (i2 != cached) {
+                const double p = (double) flat_i32(pos, i2);
+                for (int64_t i = 0; i < half; i++) {
+                    const double ang = p * std::pow(theta, -2.0 * (double) i / (double) n_dims);
+                    cs[i] = (float) std::cos(ang);
+                    sn[i] = sign * (float) std::sin(ang);
+                }
+                cached = i2;
+            }
+            const float * x = (const float *) row_ptr(a, r);
+            float * y = (float *) row_ptr(dst, r);
+            for (int64_t i = 0; i < half; i++) {
+                const float x0 = x[i], x1 = x[i + half];
+                y[i]        = x0 * cs[i] - x1 * sn[i];
+                y[i + half] = x0 * sn[i] + x1 * cs[i];
+            }
+            if (y != x) for (int64_t i = n_dims; i < ne0; i++) y[i] = x[i];
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax
+// ---------------------------------------------------------------------------------------------
+
+// soft_max over dim 0 of a*scale; causal >= 0 masks i0 > i1 + causal. A row with nothing left
+// (or only -inf) becomes zeros.
+void compute_forward_soft_max(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
+    const float scale = get_op_f32(dst, 0);
+    const int64_t causal = dst->op_params[1];
+    const int64_t ne0 = a->ne[0];
+    if (ne0 == 0) return;
+    parallel_for(c, oomb_nrows(a), 2 * ne0, [&](int64_t r0, int64_t r1, int) {
+        const float sc = scale; // locals: captured floats would be reloaded after every float store
+        for (int64_t r = r0; r < r1; r++) {
+            const int64_t i1 = r % a->ne[1];
+            const float * x = (const float *) row_ptr(a, r);
+            float * y = (float *) row_ptr(dst, r);
+            const int64_t nv = causal >= 0 ? std::min(ne0, std::max<int64_t>(i1 + causal + 1, 0)) : ne0;
+            float mx;
+            if (sc > 0.0f) mx = max_f(x, nv) * sc;
+            else { mx = -INFINITY; for (int64_t i = 0; i < nv; i++) mx = std::max(mx, x[i] * sc); }
+            if (nv == 0 || mx == -INFINITY) {
+                for (int64_t i = 0; i < ne0; i++) y[i] = 0.0f;
+                continue;
+            }
+            for (int64_t i = 0; i < nv; i++) y[i] = exp_f(x[i] * sc - mx);
+            const float inv = (float) (1.0 / sum_d(y, nv));
+            for (int64_t i = 0; i < nv; i++) y[i] *= inv;
+            for (int64_t i = nv; i < ne0; i++) y[i] = 0.0f;
+        }
+    });
+}
+
+// soft_max_back: dx = scale * y * (dy - dot(y, dy)).
+void compute_forward_soft_max_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * y, const oomb_tensor * dy) {
+    const float scale = get_op_f32(dst, 0);
+    const int64_t ne0 = y->ne[0];
+    if (ne0 == 0) return;
+    parallel_for(c, oomb_nrows(y), 2 * ne0, [&](int64_t r0, int64_t r1, int) {
+        const float sc = scale;
+        for (int64_t r = r0; r < r1; r++) {
+            const float * yr = (const float *) row_ptr(y, r);
+            const float * g = (const float *) row_ptr(dy, r);
+            float * d = (float *) row_ptr(dst, r);
+            const float dot = (float) dot_d(yr, g, ne0);
+            for (int64_t i = 0; i < ne0; i++) d[i] = sc * yr[i] * (g[i] - dot);
+        }
+    });
+}
+
+} // namespace cpu
+} // namespace oomb

@@ -1,0 +1,113 @@
+// Operand checks shared by the CPU (src/cpu/) and CUDA (cuda/) kernels: one copy per op of the
+// shape / type / layout rules that do not depend on the data (see op-checks.h). Data-dependent
+// checks (ids, labels) and limits of one backend (int ranges of a launch, sgemm) stay with its kernels.
+
+#include "op-checks.h"
+
+namespace oomb {
+
+void check_same_shape(const char * op, const oomb_tensor * a, const oomb_tensor * b) {
+    if (!oomb_are_same_shape(a, b)) oomb_error("%s: shapes differ: %s vs %s", op, shape_str(a).c_str(), shape_str(b).c_str());
+}
+
+void check_broadcast(const char * op, const oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
+    bool ok = oomb_are_same_shape(dst, a);
+    for (int i = 0; i < 4 && ok; i++) ok = b->ne[i] > 0 ? a->ne[i] % b->ne[i] == 0 : a->ne[i] == 0;
+    if (!ok) oomb_error("%s: b %s cannot be broadcast to a %s (result %s)", op, shape_str(b).c_str(), shape_str(a).c_str(), shape_str(dst).c_str());
+}
+
+attn_dims check_attn(const char * op, const oomb_tensor * q, const oomb_tensor * k, const oomb_tensor * v) {
+    const attn_dims d = attn_dims_of(q, k);
+    if (q->type != OOMB_TYPE_F32 || k->type != OOMB_TYPE_F32 || v->type != OOMB_TYPE_F32 || k->ne[0] != d.D ||
+        !oomb_are_same_shape(k, v) || d.Hkv <= 0 || d.H % d.Hkv != 0 || k->ne[3] != d.B || d.S < d.T) {
+        oomb_error("%s: invalid q %s, k %s, v %s", op, shape_str(q).c_str(), shape_str(k).c_str(), shape_str(v).c_str());
+    }
+    return d;
+}
+
+namespace {
+
+// mul_mat: a [K, M, A2, A3], b [K, N, B2, B3] (float types), B2 % A2 == B3 % A3 == 0, result
+// [M, N, B2, B3] contiguous.
+void check_mul_mat(const oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
+    const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
+    const int64_t A2 = a->ne[2], A3 = a->ne[3], B2 = b->ne[2], B3 = b->ne[3];
+    if (a->type == OOMB_TYPE_I32 || b->type == OOMB_TYPE_I32 || b->ne[0] != K || A2 <= 0 || A3 <= 0 || B2 % A2 != 0 ||
+        B3 % A3 != 0 || dst->ne[0] != M || dst->ne[1] != N || dst->ne[2] != B2 || dst->ne[3] != B3) {
+        oomb_error("mul_mat: invalid operands a %s, b %s, result %s", shape_str(a).c_str(), shape_str(b).c_str(), shape_str(dst).c_str());
+    }
+    if (!oomb_is_contiguous(dst)) oomb_error("mul_mat: result %s must be contiguous", shape_str(dst).c_str());
+}
+
+// The optimizer steps update param p in place (dst is p): p f32 or bf16 and contiguous, the others
+// (grad) f32, contiguous and shaped like p, hp f32 with n_hp elements.
+void check_opt(const char * op, const oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * const * others, int n_others,
+               const oomb_tensor * hp, int64_t n_hp) {
+    bool ok = (p->type == OOMB_TYPE_F32 || p->type == OOMB_TYPE_BF16) && oomb_is_contiguous(p) && dst->data == p->data &&
+              dst->type == p->type && oomb_are_same_shape(dst, p) && hp->type == OOMB_TYPE_F32 && oomb_nelements(hp) == n_hp;
+    for (int i = 0; i < n_others && ok; i++) {
+        ok = others[i]->type == OOMB_TYPE_F32 && oomb_is_contiguous(others[i]) && oomb_are_same_shape(others[i], p);
+    }
+    if (!ok) oomb_error("%s: invalid operands: param %s (result %s), hp %s", op, shape_str(p).c_str(), shape_str(dst).c_str(), shape_str(hp).c_str());
+}
+
+// adamw_step: param, grad, m, v, hp (8 values, or 9 with bf16 moments: hp[8] is the step number,
+// the stochastic-rounding seed); m and v both f32 or both bf16, contiguous, shaped like param.
+void check_adamw(const oomb_tensor * dst, const oomb_tensor * p, const oomb_tensor * grad, const oomb_tensor * m,
+                 const oomb_tensor * v, const oomb_tensor * hp) {
+    const oomb_tensor * others[1] = {grad};
+    const int64_t n_hp = oomb_nelements(hp);
+    if (n_hp != 8 && n_hp != 9) oomb_error("adamw_step: hp %s must have 8 or 9 elements", shape_str(hp).c_str());
+    check_opt("adamw_step", dst, p, others, 1, hp, n_hp);
+    const bool sbf = m->type == OOMB_TYPE_BF16;
+    if (sbf && n_hp != 9) oomb_error("adamw_step: bf16 moments need hp[8] (the step number, the stochastic-rounding seed)");
+    if (!((m->type == OOMB_TYPE_F32 || sbf) && v->type == m->type && oomb_is_contiguous(m) && oomb_is_contiguous(v) &&
+          oomb_are_same_shape(m, p) && oomb_are_same_shape(v, p)))
+        oomb_error("adamw_step: m %s and v %s must be contiguous, both f32 or both bf16, shaped like param %s", shape_str(m).c_str(),
+                   shape_str(v).c_str(), shape_str(p).c_str());
+}
+
+} // namespace
+
+void check_op_operands(const oomb_tensor * node, const oomb_tensor * const * s) {
+    const enum oomb_op op = node->op;
+    const char * opn = oomb_op_name(op);
+    switch (op) {
+        case OOMB_OP_CONT: check_copy_operands("cont", s[0], node, true); break;
+        case OOMB_OP_CPY:  check_copy_operands("cpy", s[0], node, false); break;
+        case OOMB_OP_CAST: check_copy_operands("cast", s[0], node, false); break;
+        case OOMB_OP_ADD: case OOMB_OP_ADD_INPLACE: case OOMB_OP_SUB: case OOMB_OP_MUL:
+            check_broadcast(opn, node, s[0], s[1]);
+            break;
+        case OOMB_OP_SCALE: case OOMB_OP_SILU: case OOMB_OP_RMS_NORM: case OOMB_OP_SOFT_MAX:
+            check_same_shape(opn, node, s[0]);
+            break;
+        case OOMB_OP_SILU_BACK: case OOMB_OP_SWIGLU: case OOMB_OP_RMS_NORM_BACK: case OOMB_OP_SOFT_MAX_BACK:
+            check_same_shape(opn, node, s[0]);
+            check_same_shape(opn, node, s[1]);
+            break;
+        case OOMB_OP_SWIGLU_BACK:  // [dgate; dup] from gate, up, dy of one shape (the result layout: the kernels)
+            check_same_shape(opn, s[0], s[1]);
+            check_same_shape(opn, s[0], s[2]);
+            break;
+        case OOMB_OP_MUL_MAT: check_mul_mat(node, s[0], s[1]); break;
+        case OOMB_OP_ATTN:
+            check_attn(opn, s[0], s[1], s[2]);
+            check_same_shape(opn, node, s[0]);
+            break;
+        case OOMB_OP_ATTN_BACK:  // q, k, v, dout (the result layout: the kernels)
+            check_attn(opn, s[0], s[1], s[2]);
+            check_same_shape(opn, s[0], s[3]);
+            break;
+        case OOMB_OP_ADAMW_STEP: check_adamw(node, s[0], s[1], s[2], s[3], s[4]); break;
+        case OOMB_OP_SGD_STEP: {
+            const oomb_tensor * others[1] = {s[1]};
+            check_opt("sgd_step", node, s[0], others, 1, s[2], 3);
+            break;
+        }
+        default:
+            break;
+    }
+}
+
+} // namespace oomb
