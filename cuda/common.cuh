@@ -121,10 +121,6 @@ struct oomb_cuda_ctx {
     void bf16_copies_after(const oomb_tensor * node);
 };
 
-/// The context of a CUDA backend (oomb_backend_cuda_init), for code that calls kernel launchers
-/// directly (kernel tests, benchmarks). Errors: a backend that is not a CUDA backend.
-oomb_cuda_ctx & oomb_cuda_ctx_of(oomb_backend_t backend);
-
 // After every kernel launch: checks the launch (and, with sync_each, the execution).
 void oomb_cuda_after_launch(oomb_cuda_ctx & c, const char * kernel, const char * file, int line);
 #define OOMB_CUDA_LAUNCHED(c, name) oomb_cuda_after_launch((c), (name), __FILE__, __LINE__)

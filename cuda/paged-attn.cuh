@@ -11,6 +11,9 @@
 struct oomb_cuda_ctx;
 void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst);
 void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst);
+/// The context of a CUDA backend (oomb_backend_cuda_init), for code that calls the launchers
+/// directly (kernel tests, benchmarks). Errors: a backend that is not a CUDA backend.
+oomb_cuda_ctx & oomb_cuda_ctx_of(struct oomb_backend * backend);
 
 /// Kernel choices of paged attention on CUDA. The defaults are the fastest measured (bench/NOTES.md);
 /// every field but `generic` only matters on the fast path (bf16 pools, head dim 64 or 128).

@@ -237,7 +237,7 @@ TEST_F(CudaBackend, ComputeFaultIsAStatus) {
     {
         oombtest::ErrorCapture cap;
         oomb_status st = OOMB_STATUS_OK;
-        EXPECT_NO_THROW(st = oomb_backend_graph_compute(cu, g));
+        EXPECT_NO_THROW(st = (oomb_backend_graph_compute)(cu, g));
         EXPECT_EQ(st, OOMB_STATUS_FAILED);
     }
     const std::string msg = oomb_backend_last_error(cu);

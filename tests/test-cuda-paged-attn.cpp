@@ -33,7 +33,6 @@
 #ifdef OOMB_USE_CUDA
 #include <cuda_runtime.h>
 #include "cuda/paged-attn.cuh"
-#include "cuda/common.cuh"
 // Resolved when the CUDA backend is linked in; otherwise the test asks the runtime itself.
 #pragma weak oomb_cuda_available
 #endif

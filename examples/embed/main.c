@@ -84,7 +84,10 @@ int main(int argc, char ** argv) {
         }
         oomb_opt_zero_grads(opt);
         oomb_gallocr_alloc_graph(galloc, g); /* same graph: the stored plan is reused */
-        oomb_backend_graph_compute(cpu, g);
+        if (oomb_backend_graph_compute(cpu, g) != OOMB_STATUS_OK) {
+            fprintf(stderr, "oomb-embed-example: %s\n", oomb_backend_last_error(cpu));
+            return 1;
+        }
         last = oomb_get_f32_1d(loss, 0);
         if (step == 1) first = last;
         oomb_opt_step(opt, -1.0f, 1.0f, 1.0f);
