@@ -55,10 +55,10 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
         case OOMB_OP_CUSTOM: case OOMB_OP_COUNT:
             oomb_error("graph_compute: node %s: op %s is not supported by the CPU backend", shape_str(node).c_str(), oomb_op_name(op));
         case OOMB_OP_PAGED_ATTN: // kernels in paged-attn.cpp (they read node->src themselves; the forward may write the pools)
-            oomb::cpu_paged_attn(node, c.n_threads);
+            oomb::cpu_paged_attn(node, c.pool);
             return;
         case OOMB_OP_PAGED_ATTN_BACK:
-            oomb::cpu_paged_attn_back(node, c.n_threads);
+            oomb::cpu_paged_attn_back(node, c.pool);
             return;
         default:
             break;

@@ -21,6 +21,7 @@
 // skipped. The dense schedule takes none of this (bit for bit today's kernels).
 
 #include "paged-attn.h"
+#include "thread-pool.h"
 #include "oomb-impl.h"
 #include "oomb/paged-attn-sched.h"
 #include "fp16.h"
@@ -47,23 +48,29 @@ namespace oomb {
 
 namespace {
 
-// Runs fn(i) for i in [0, n) on n_threads workers taking items in order from a shared counter
-// (each item is computed whole by one worker, so the result does not depend on who takes it).
-// fn gets the worker index too, for per-worker scratch.
-void parallel_items(int64_t n, int n_threads, const std::function<void(int64_t, int)> & fn) {
-    n_threads = (int) std::max<int64_t>(1, std::min<int64_t>(n_threads, n));
+// Runs fn(i) for i in [0, n) on the first n_threads threads of the backend's pool (the library's one
+// pool, cpu/thread-pool.h), taking items in order from a shared counter (each item is computed
+// whole by one worker, so the result does not depend on who takes it). fn gets the worker index
+// too (< n_threads), for per-worker scratch.
+struct ItemsTask {
+    int64_t n;
+    int n_threads;
+    const std::function<void(int64_t, int)> * fn;
+    std::atomic<int64_t> next{0};
+};
+void items_worker(void * arg, int ith, int) {
+    ItemsTask & t = *(ItemsTask *) arg;
+    if (ith >= t.n_threads) return;
+    for (int64_t i; (i = t.next.fetch_add(1, std::memory_order_relaxed)) < t.n;) (*t.fn)(i, ith);
+}
+void parallel_items(int64_t n, int n_threads, cpu::thread_pool * pool, const std::function<void(int64_t, int)> & fn) {
+    n_threads = (int) std::max<int64_t>(1, std::min<int64_t>({(int64_t) n_threads, n, pool ? (int64_t) pool->size() : 1}));
     if (n_threads == 1) {
         for (int64_t i = 0; i < n; i++) fn(i, 0);
         return;
     }
-    std::atomic<int64_t> next{0};
-    auto work = [&](int w) {
-        for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) fn(i, w);
-    };
-    std::vector<std::thread> th;
-    for (int w = 1; w < n_threads; w++) th.emplace_back(work, w);
-    work(0);
-    for (auto & x : th) x.join();
+    ItemsTask t{n, n_threads, &fn};
+    pool->run(items_worker, &t);
 }
 
 inline float load(const void * p, oomb_type type) {
@@ -379,7 +386,8 @@ static void cache_block_copy(const oomb_tensor * cache, int64_t off, float * pac
     }
 }
 
-void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
+void cpu_paged_attn(oomb_tensor * dst, cpu::thread_pool * pool) {
+    const int n_threads = pool ? pool->size() : 1;
     const oomb_paged_attn_args A = oomb_paged_attn_args_of(dst);
     PagedGeom G(A.q, A.k_pages, A.page_table, A.pos);
     if (A.q->nb[0] != sizeof(float)) oomb_error("paged_attn: q must have unit stride in dim 0");
@@ -427,7 +435,7 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
     // dst is the packed node: out [T][H][D], then the log-sum-exp of row t*H + h
     float * out = (float *) dst->data;
     float * lse = out + G.D * G.H * G.T;
-    parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
+    parallel_items((int64_t) tiles.size(), nw, pool, [&](int64_t it, int w) {
         Scratch & s = scratch[w];
         const QueryTile & qt = tiles[it];
         const int R = tile_rows(G, qt, A.q, nullptr, out, s);
@@ -441,7 +449,8 @@ void cpu_paged_attn(oomb_tensor * dst, int n_threads) {
     if (cache_off >= 0) cache_block_copy(cache, cache_off, (float *) dst->data, G.D * G.H * G.T, G.H * G.T, true);
 }
 
-void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
+void cpu_paged_attn_back(oomb_tensor * dst, cpu::thread_pool * pool) {
+    const int n_threads = pool ? pool->size() : 1;
     const oomb_paged_attn_args A = oomb_paged_attn_args_of(dst);
     PagedGeom G(A.q, A.k_pages, A.page_table, A.pos);
     if (A.q->nb[0] != sizeof(float) || A.dout->nb[0] != sizeof(float)) oomb_error("paged_attn_back: q and dout must have unit stride in dim 0");
@@ -470,7 +479,7 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
         // as the recomputation below, so both paths give the same values)
         const float * fo = (const float *) A.fwd->data;
         const float * fl = fo + G.D * H * T;
-        parallel_items(T, nw, [&](int64_t t, int) {
+        parallel_items(T, nw, pool, [&](int64_t t, int) {
             for (int64_t h = 0; h < H; h++) {
                 const int64_t r = t * H + h;
                 const float * o = fo + r * D;
@@ -483,7 +492,7 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
         });
     } else {
         // recomputed: the forward again, per query tile
-        parallel_items((int64_t) tiles.size(), nw, [&](int64_t it, int w) {
+        parallel_items((int64_t) tiles.size(), nw, pool, [&](int64_t it, int w) {
             Scratch & s = scratch[w];
             const QueryTile & qt = tiles[it];
             const int R = tile_rows(G, qt, A.q, A.dout, nullptr, s);
@@ -514,7 +523,7 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
     const int64_t nb = (int64_t) blocks.size();
     const size_t tile_stride = (size_t) Rmax * D;
     std::vector<float> dq_part((size_t) NPART * n_tiles * tile_stride, 0.0f);
-    parallel_items(NPART * G.Hkv, nw, [&](int64_t it, int w) {
+    parallel_items(NPART * G.Hkv, nw, pool, [&](int64_t it, int w) {
         Scratch & s = scratch[w];
         const int part = (int) (it % NPART);
         const int64_t g = it / NPART;
@@ -555,7 +564,7 @@ void cpu_paged_attn_back(oomb_tensor * dst, int n_threads) {
         }
     });
     // dq = scale * (sum of the parts, in order)
-    parallel_items(n_tiles, nw, [&](int64_t k, int w) {
+    parallel_items(n_tiles, nw, pool, [&](int64_t k, int w) {
         Scratch & s = scratch[w];
         const int R = tile_rows(G, tiles[k], A.q, nullptr, nullptr, s);
         for (int i = 0; i < R; i++) {
