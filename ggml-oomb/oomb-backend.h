@@ -107,6 +107,7 @@ void oomb_backend_synchronize(oomb_backend_t backend);
 /// A block of backend memory, 256-byte aligned. size 0 is allowed (base may then be NULL).
 /// The same as oomb_buffer_type_alloc(oomb_backend_buffer_type(backend), size).
 oomb_buffer_t oomb_backend_alloc_buffer(oomb_backend_t backend, size_t size);
+/// Frees a buffer (NULL: nothing); once per buffer (a second free is undefined, as with free()).
 void   oomb_buffer_free(oomb_buffer_t buffer);
 void * oomb_buffer_base(oomb_buffer_t buffer);
 size_t oomb_buffer_size(oomb_buffer_t buffer);
@@ -156,6 +157,7 @@ enum oomb_status oomb_tensor_get_async(oomb_backend_t backend, enum oomb_queue q
                                        size_t offset, size_t size);
 /// Copies src's bytes into dst on queue q of `backend`: same byte size, both contiguous, each in a
 /// buffer of `backend` (device or host) or a host tensor (host pinned <-> device, device <-> device).
+/// The two byte ranges must not overlap (an error, unless src and dst are the same bytes: nothing to do).
 enum oomb_status oomb_tensor_copy_async(oomb_backend_t backend, enum oomb_queue q, const struct oomb_tensor * src,
                                         struct oomb_tensor * dst);
 /// Waits until everything queued on q has finished.
@@ -163,6 +165,8 @@ enum oomb_status oomb_backend_queue_synchronize(oomb_backend_t backend, enum oom
 
 /// Events: a point in a queue's work. NULL when the backend cannot create one (CUDA error).
 oomb_event_t oomb_event_new(oomb_backend_t backend);
+/// Frees an event (NULL: nothing). Each handle is freed once: a second free is undefined, as with
+/// free(). Every function here reports a NULL handle through the error handler.
 void oomb_event_free(oomb_event_t event);
 /// Marks the current end of queue q of the event's backend.
 enum oomb_status oomb_event_record(oomb_event_t event, enum oomb_queue q);

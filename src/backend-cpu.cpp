@@ -50,6 +50,7 @@ bool cpu_is_host(oomb_backend_t) { return true; }
 
 void * cpu_alloc(oomb_backend_t, size_t size) {
     const size_t align = 256;
+    if (size > SIZE_MAX - align) return nullptr;  // the rounding below would wrap to a tiny block
     const size_t sz = (std::max<size_t>(size, 1) + align - 1) / align * align;
     return aligned_alloc(align, sz);
 }

@@ -11,11 +11,23 @@
 
 using oomb::shape_str;
 
+// The C API's handles must not be NULL: a clear error naming the function, never a crash.
+#define OOMB_API_NONNULL(p, fn) \
+    do { \
+        if (!(p)) oomb_error("%s: %s is NULL", fn, #p); \
+    } while (0)
+
 void oomb_backend_free(oomb_backend_t backend) {
     if (backend) backend->iface->free_backend(backend);
 }
-const char * oomb_backend_name(oomb_backend_t backend) { return backend->iface->name(backend); }
-bool oomb_backend_is_host(oomb_backend_t backend) { return backend->iface->is_host(backend); }
+const char * oomb_backend_name(oomb_backend_t backend) {
+    OOMB_API_NONNULL(backend, "backend_name");
+    return backend->iface->name(backend);
+}
+bool oomb_backend_is_host(oomb_backend_t backend) {
+    OOMB_API_NONNULL(backend, "backend_is_host");
+    return backend->iface->is_host(backend);
+}
 bool oomb_backend_memory(oomb_backend_t backend, size_t * used, size_t * total) {
     size_t u = 0, t = 0;
     const bool ok = backend && backend->iface->memory && backend->iface->memory(backend, &u, &t);
@@ -132,6 +144,7 @@ void oomb_backend_set_abort_callback(oomb_backend_t backend, oomb_abort_callback
     backend->abort_data = data;
 }
 void oomb_backend_synchronize(oomb_backend_t backend) {
+    OOMB_API_NONNULL(backend, "backend_synchronize");
     if (backend->iface->synchronize) backend->iface->synchronize(backend);
 }
 
@@ -144,6 +157,7 @@ namespace {
 std::atomic<size_t> g_pinned_bytes{0};
 
 void * host_alloc(size_t size, size_t align) {
+    if (size > SIZE_MAX - align) return nullptr;  // the rounding below would wrap to a tiny block
     const size_t sz = (std::max<size_t>(size, 1) + align - 1) / align * align;
     return aligned_alloc(align, sz);
 }
@@ -169,19 +183,31 @@ static void ensure_buffer_types(oomb_backend_t b) {
     }
 }
 oomb_buffer_type_t oomb_backend_buffer_type(oomb_backend_t backend) {
+    OOMB_API_NONNULL(backend, "backend_buffer_type");
     ensure_buffer_types(backend);
     return &backend->buft_device;
 }
 oomb_buffer_type_t oomb_backend_host_buffer_type(oomb_backend_t backend) {
+    OOMB_API_NONNULL(backend, "backend_host_buffer_type");
     ensure_buffer_types(backend);
     return &backend->buft_host;
 }
-const char * oomb_buffer_type_name(oomb_buffer_type_t buft) { return buft->name; }
-size_t oomb_buffer_type_alignment(oomb_buffer_type_t buft) { return buft->alignment; }
-bool oomb_buffer_type_is_host(oomb_buffer_type_t buft) { return buft->is_host; }
+const char * oomb_buffer_type_name(oomb_buffer_type_t buft) {
+    OOMB_API_NONNULL(buft, "buffer_type_name");
+    return buft->name;
+}
+size_t oomb_buffer_type_alignment(oomb_buffer_type_t buft) {
+    OOMB_API_NONNULL(buft, "buffer_type_alignment");
+    return buft->alignment;
+}
+bool oomb_buffer_type_is_host(oomb_buffer_type_t buft) {
+    OOMB_API_NONNULL(buft, "buffer_type_is_host");
+    return buft->is_host;
+}
 size_t oomb_pinned_host_bytes(void) { return g_pinned_bytes.load(); }
 
 oomb_buffer_t oomb_buffer_type_alloc(oomb_buffer_type_t buft, size_t size) {
+    OOMB_API_NONNULL(buft, "buffer_type_alloc");
     oomb_backend_t backend = buft->backend;
     void * base = nullptr;
     if (size > 0) {
@@ -199,6 +225,7 @@ oomb_buffer_t oomb_buffer_type_alloc(oomb_buffer_type_t buft, size_t size) {
     return buf;
 }
 oomb_buffer_t oomb_backend_alloc_buffer(oomb_backend_t backend, size_t size) {
+    OOMB_API_NONNULL(backend, "backend_alloc_buffer");
     return oomb_buffer_type_alloc(oomb_backend_buffer_type(backend), size);
 }
 void oomb_buffer_free(oomb_buffer_t buffer) {
@@ -212,13 +239,29 @@ void oomb_buffer_free(oomb_buffer_t buffer) {
     if (is_pinned(buffer->buft)) g_pinned_bytes -= buffer->size;
     delete buffer;
 }
-void * oomb_buffer_base(oomb_buffer_t buffer) { return buffer->base; }
-size_t oomb_buffer_size(oomb_buffer_t buffer) { return buffer->size; }
-oomb_backend_t oomb_buffer_backend(oomb_buffer_t buffer) { return buffer->backend; }
-oomb_buffer_type_t oomb_buffer_get_type(oomb_buffer_t buffer) { return buffer->buft; }
-bool oomb_buffer_is_host(oomb_buffer_t buffer) { return buffer->buft->is_host; }
+void * oomb_buffer_base(oomb_buffer_t buffer) {
+    OOMB_API_NONNULL(buffer, "buffer_base");
+    return buffer->base;
+}
+size_t oomb_buffer_size(oomb_buffer_t buffer) {
+    OOMB_API_NONNULL(buffer, "buffer_size");
+    return buffer->size;
+}
+oomb_backend_t oomb_buffer_backend(oomb_buffer_t buffer) {
+    OOMB_API_NONNULL(buffer, "buffer_backend");
+    return buffer->backend;
+}
+oomb_buffer_type_t oomb_buffer_get_type(oomb_buffer_t buffer) {
+    OOMB_API_NONNULL(buffer, "buffer_get_type");
+    return buffer->buft;
+}
+bool oomb_buffer_is_host(oomb_buffer_t buffer) {
+    OOMB_API_NONNULL(buffer, "buffer_is_host");
+    return buffer->buft->is_host;
+}
 
 void oomb_tensor_alloc(oomb_buffer_t buffer, struct oomb_tensor * t, size_t offset) {
+    OOMB_API_NONNULL(buffer, "tensor_alloc");    OOMB_API_NONNULL(t, "tensor_alloc");
     const size_t n = oomb_nbytes(t);
     if (offset + n > buffer->size || offset > buffer->size) {
         oomb_error("tensor_alloc: %s needs %zu bytes at offset %zu, buffer has %zu", shape_str(t).c_str(), n, offset, buffer->size);
@@ -289,15 +332,19 @@ static void check_range(const oomb_tensor * t, size_t offset, size_t size, const
 }
 
 void oomb_tensor_set(struct oomb_tensor * t, const void * data, size_t offset, size_t size) {
+    OOMB_API_NONNULL(t, "tensor_set");
     check_range(t, offset, size, "tensor_set");
     if (size == 0) return;
+    if (!data) oomb_error("tensor_set: data is NULL for %s", shape_str(t).c_str());
     oomb_backend_t b = tensor_backend(t);
     if (!b) memcpy((char *) t->data + offset, data, size);
     else b->iface->set(b, (char *) t->data + offset, data, size);
 }
 void oomb_tensor_get(const struct oomb_tensor * t, void * data, size_t offset, size_t size) {
+    OOMB_API_NONNULL(t, "tensor_get");
     check_range(t, offset, size, "tensor_get");
     if (size == 0) return;
+    if (!data) oomb_error("tensor_get: data is NULL for %s", shape_str(t).c_str());
     oomb_backend_t b = tensor_backend(t);
     if (!b) memcpy(data, (const char *) t->data + offset, size);
     else b->iface->get(b, data, (const char *) t->data + offset, size);
@@ -366,6 +413,7 @@ void copy_bytes(oomb_backend_t b, enum oomb_queue q, void * dst, const void * sr
 
 enum oomb_status oomb_tensor_set_async(oomb_backend_t backend, enum oomb_queue q, struct oomb_tensor * t, const void * data,
                                        size_t offset, size_t size) {
+    OOMB_API_NONNULL(backend, "tensor_set_async");    OOMB_API_NONNULL(t, "tensor_set_async");
     check_queue(q, "tensor_set_async");
     check_range(t, offset, size, "tensor_set_async");
     check_buffer(backend, t, "tensor_set_async");
@@ -375,6 +423,7 @@ enum oomb_status oomb_tensor_set_async(oomb_backend_t backend, enum oomb_queue q
 }
 enum oomb_status oomb_tensor_get_async(oomb_backend_t backend, enum oomb_queue q, const struct oomb_tensor * t, void * data,
                                        size_t offset, size_t size) {
+    OOMB_API_NONNULL(backend, "tensor_get_async");    OOMB_API_NONNULL(t, "tensor_get_async");
     check_queue(q, "tensor_get_async");
     check_range(t, offset, size, "tensor_get_async");
     check_buffer(backend, t, "tensor_get_async");
@@ -384,6 +433,7 @@ enum oomb_status oomb_tensor_get_async(oomb_backend_t backend, enum oomb_queue q
 }
 enum oomb_status oomb_tensor_copy_async(oomb_backend_t backend, enum oomb_queue q, const struct oomb_tensor * src,
                                         struct oomb_tensor * dst) {
+    OOMB_API_NONNULL(backend, "tensor_copy_async");    OOMB_API_NONNULL(src, "tensor_copy_async");    OOMB_API_NONNULL(dst, "tensor_copy_async");
     check_queue(q, "tensor_copy_async");
     const size_t n = oomb_nbytes(src);
     if (oomb_nbytes(dst) != n) {
@@ -394,15 +444,20 @@ enum oomb_status oomb_tensor_copy_async(oomb_backend_t backend, enum oomb_queue 
     check_buffer(backend, src, "tensor_copy_async");
     check_buffer(backend, dst, "tensor_copy_async");
     if (n == 0 || src->data == dst->data) return OOMB_STATUS_OK;
+    if ((const char *) src->data < (const char *) dst->data + n && (const char *) dst->data < (const char *) src->data + n) {
+        oomb_error("tensor_copy_async: %s and %s overlap (a copy needs disjoint bytes)", shape_str(src).c_str(), shape_str(dst).c_str());
+    }
     return captured(backend, "tensor_copy_async", [&] { copy_bytes(backend, q, dst->data, src->data, n); });
 }
 enum oomb_status oomb_backend_queue_synchronize(oomb_backend_t backend, enum oomb_queue q) {
+    OOMB_API_NONNULL(backend, "backend_queue_synchronize");
     check_queue(q, "backend_queue_synchronize");
     if (!backend->iface->queue_synchronize) return OOMB_STATUS_OK;
     return captured(backend, "backend_queue_synchronize", [&] { backend->iface->queue_synchronize(backend, q); });
 }
 
 oomb_event_t oomb_event_new(oomb_backend_t backend) {
+    OOMB_API_NONNULL(backend, "event_new");
     void * ev = nullptr;
     if (backend->iface->event_new) {
         if (captured(backend, "event_new", [&] { ev = backend->iface->event_new(backend); }) != OOMB_STATUS_OK) return nullptr;
@@ -415,11 +470,13 @@ void oomb_event_free(oomb_event_t event) {
     delete event;
 }
 enum oomb_status oomb_event_record(oomb_event_t event, enum oomb_queue q) {
+    OOMB_API_NONNULL(event, "event_record");
     check_queue(q, "event_record");
     if (!event->ev) return OOMB_STATUS_OK;
     return captured(event->backend, "event_record", [&] { event->backend->iface->event_record(event->backend, event->ev, q); });
 }
 enum oomb_status oomb_event_wait(oomb_backend_t backend, enum oomb_queue q, oomb_event_t event) {
+    OOMB_API_NONNULL(backend, "event_wait");    OOMB_API_NONNULL(event, "event_wait");
     check_queue(q, "event_wait");
     if (!event->ev) return OOMB_STATUS_OK;   // complete at once
     if (backend->iface != event->backend->iface) {
@@ -429,10 +486,12 @@ enum oomb_status oomb_event_wait(oomb_backend_t backend, enum oomb_queue q, oomb
     return captured(backend, "event_wait", [&] { backend->iface->event_wait(backend, event->ev, q); });
 }
 enum oomb_status oomb_event_synchronize(oomb_event_t event) {
+    OOMB_API_NONNULL(event, "event_synchronize");
     if (!event->ev) return OOMB_STATUS_OK;
     return captured(event->backend, "event_synchronize", [&] { event->backend->iface->event_synchronize(event->backend, event->ev); });
 }
 bool oomb_event_query(oomb_event_t event) {
+    OOMB_API_NONNULL(event, "event_query");
     return !event->ev || event->backend->iface->event_query(event->backend, event->ev);
 }
 

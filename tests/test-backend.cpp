@@ -193,3 +193,34 @@ TEST_F(Backend, ProgrammingErrorsGoThroughTheHandler) {
     EXPECT_EQ(n1, n0) << "a programming error is not a compute-time fault";
     oomb_free(ctx);
 }
+
+// Found by review: a size near SIZE_MAX wrapped to a tiny block in the alignment rounding, and the
+// buffer then claimed SIZE_MAX bytes; NULL handles crashed instead of naming the function.
+TEST_F(Backend, HugeAllocationFailsAndNullHandlesAreErrors) {
+    EXPECT_EQ(oomb_backend_alloc_buffer(be, SIZE_MAX - 100), nullptr);
+    EXPECT_EQ(oomb_buffer_type_alloc(oomb_backend_host_buffer_type(be), SIZE_MAX - 1), nullptr);
+    oomb_context * ctx = oomb_init({1 << 16, false});
+    oomb_tensor * t = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, 16);
+    EXPECT_OOMB_ERROR(oomb_tensor_set_async(nullptr, OOMB_QUEUE_COPY, t, nullptr, 0, 4), "backend is NULL");
+    EXPECT_OOMB_ERROR(oomb_tensor_set_async(be, OOMB_QUEUE_COPY, nullptr, nullptr, 0, 4), "t is NULL");
+    EXPECT_OOMB_ERROR(oomb_tensor_copy_async(be, OOMB_QUEUE_COPY, t, nullptr), "dst is NULL");
+    EXPECT_OOMB_ERROR(oomb_backend_queue_synchronize(nullptr, OOMB_QUEUE_COPY), "backend is NULL");
+    EXPECT_OOMB_ERROR(oomb_event_new(nullptr), "backend is NULL");
+    EXPECT_OOMB_ERROR(oomb_event_record(nullptr, OOMB_QUEUE_COMPUTE), "event is NULL");
+    EXPECT_OOMB_ERROR(oomb_event_synchronize(nullptr), "event is NULL");
+    EXPECT_OOMB_ERROR(oomb_event_query(nullptr), "event is NULL");
+    EXPECT_OOMB_ERROR(oomb_event_wait(be, OOMB_QUEUE_COMPUTE, nullptr), "event is NULL");
+    EXPECT_OOMB_ERROR(oomb_buffer_type_alloc(nullptr, 16), "buft is NULL");
+    EXPECT_OOMB_ERROR(oomb_buffer_type_name(nullptr), "buft is NULL");
+    EXPECT_OOMB_ERROR(oomb_backend_buffer_type(nullptr), "backend is NULL");
+    EXPECT_OOMB_ERROR(oomb_buffer_base(nullptr), "buffer is NULL");
+    EXPECT_OOMB_ERROR(oomb_backend_name(nullptr), "backend is NULL");
+    EXPECT_OOMB_ERROR(oomb_tensor_alloc(nullptr, t, 0), "buffer is NULL");
+    EXPECT_OOMB_ERROR(oomb_tensor_set(t, nullptr, 0, 16), "data is NULL");
+    EXPECT_OOMB_ERROR(oomb_tensor_get(t, nullptr, 0, 16), "data is NULL");
+    // overlapping views of one tensor cannot be copied onto each other
+    oomb_tensor * a = oomb_view_1d(ctx, t, 8, 0);
+    oomb_tensor * b = oomb_view_1d(ctx, t, 8, 4 * sizeof(float));
+    EXPECT_OOMB_ERROR(oomb_tensor_copy_async(be, OOMB_QUEUE_COPY, a, b), "overlap");
+    oomb_free(ctx);
+}

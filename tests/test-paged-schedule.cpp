@@ -529,3 +529,67 @@ TEST(PagedScheduleGrad, Autodiff) {
 }
 
 } // namespace
+
+// ---- review additions ----
+namespace {
+TestSched rng_sched(int f, int l) { TestSched S; S.kind = OOMB_SCHEDULE_RANGE; S.first = f; S.last = l; return S; }
+}
+TEST(ReviewSchedule, EdgeRangesMatchReference) {
+    for (Shape sh : {Shape{8, 4, 2, 5, 27, 13, OOMB_TYPE_F32}, Shape{8, 3, 1, 1, 6, 5, OOMB_TYPE_F32},
+                     Shape{8, 2, 2, 7, 0, 9, OOMB_TYPE_BF16}, Shape{64, 4, 2, 16, 33, 1, OOMB_TYPE_F32}}) {
+        Chunk U(sh, 11);
+        const int last_page = (sh.hist + sh.T - 1) / sh.P;
+        check_against_reference(U, rng_sched(0, 0), "empty range [0,0)");
+        check_against_reference(U, rng_sched(last_page + 3, last_page + 100), "range beyond the cache");
+        check_against_reference(U, rng_sched(0, 1 << 30), "range [0, 2^30)");
+        check_against_reference(U, rng_sched(last_page - 1, last_page + 1), "range = the last two pages");
+    }
+}
+TEST(ReviewSchedule, ListsEdgeCasesMatchReference) {
+    // first chunk (no history): lists must be empty; page 1; one query; chunk starting at a page boundary
+    for (Shape sh : {Shape{8, 2, 1, 4, 0, 9, OOMB_TYPE_F32}, Shape{8, 4, 2, 1, 7, 4, OOMB_TYPE_F32},
+                     Shape{8, 4, 2, 5, 25, 1, OOMB_TYPE_F32}, Shape{8, 4, 2, 5, 25, 10, OOMB_TYPE_F32}}) {
+        Chunk U(sh, 5);
+        TestSched L;
+        L.kind = OOMB_SCHEDULE_LISTS;
+        for (int j = 0; j < U.n_qtiles; j++) {
+            std::vector<int32_t> l;
+            for (int h = 0; h < U.c0; h++) if ((h + j) % 2 == 0) l.push_back(h);
+            L.lists.push_back(l);
+        }
+        check_against_reference(U, L, "alternating lists");
+        // more query tiles in the lists than the chunk has: allowed (extra tiles unused)?
+        TestSched M = L;
+        M.lists.push_back({0});
+        if (U.c0 > 0) check_against_reference(U, M, "one extra query tile");
+    }
+}
+TEST(ReviewSchedule, BadListsAreErrors) {
+    Chunk U(Shape{8, 4, 2, 5, 27, 13, OOMB_TYPE_F32}, 3);  // c0 = 5, 3 query tiles
+    TestSched L;
+    L.kind = OOMB_SCHEDULE_LISTS;
+    L.lists = {{0, 2}, {}, {4}};
+    auto fwd_error = [&](oomb_page_schedule sc, const char * msg) {
+        const oomb_paged_attn_args a = U.args(sc);
+        oomb_tensor * out = oomb_paged_attn_ext(U.ctx, &a);
+        EXPECT_OOMB_ERROR(compute(U.ctx, out), msg);
+    };
+    { oomb_page_schedule sc = U.make(L, false); ((int32_t *) sc.pages->data)[0] = -1; fwd_error(sc, "outside the history"); }
+    { oomb_page_schedule sc = U.make(L, false); ((int32_t *) sc.offsets->data)[0] = 1; fwd_error(sc, "offsets[0]"); }
+    { oomb_page_schedule sc = U.make(L, false); ((int32_t *) sc.offsets->data)[3] = 1000; fwd_error(sc, "entries"); }
+    { oomb_page_schedule sc = U.make(L, false); ((int32_t *) sc.offsets->data)[3] = -3; fwd_error(sc, ""); }
+    { oomb_page_schedule sc = U.make(L, false); ((int32_t *) sc.offsets->data)[1] = 3; ((int32_t *) sc.offsets->data)[2] = 2; fwd_error(sc, "decrease"); }
+    { oomb_page_schedule sc = U.make(L, false); ((int32_t *) sc.offsets->data)[1] = -5; fwd_error(sc, ""); }
+    { oomb_page_schedule sc = U.make(L, false); ((int32_t *) sc.pages->data)[1] = 0; fwd_error(sc, "strictly ascending"); }
+    // positions not starting at the chunk's smallest
+    { oomb_page_schedule sc = U.make(L, false); std::swap(((int32_t *) U.pos->data)[0], ((int32_t *) U.pos->data)[12]);
+      fwd_error(sc, "query tile"); std::swap(((int32_t *) U.pos->data)[0], ((int32_t *) U.pos->data)[12]); }
+    // backward: an inverse with a wrong n_hist (larger than c0) or corrupted offsets
+    {
+        oomb_page_schedule sc = U.make(L, true);
+        ((int32_t *) sc.inv_offsets->data)[2] = 7;  // corrupt
+        oomb_paged_attn_args a = U.args(sc);
+        oomb_tensor * back = oomb_paged_attn_back_ext(U.ctx, &a);
+        EXPECT_OOMB_ERROR(compute(U.ctx, back), "");
+    }
+}
