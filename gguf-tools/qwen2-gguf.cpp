@@ -89,6 +89,25 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
         const json& rp = c["rope_parameters"];
         theta(rp.contains("full_attention") && rp["full_attention"].is_object() ? rp["full_attention"] : rp);
     }
+    // RoPE scaling and sliding-window attention change the model's function: refused, never dropped.
+    auto rope_kind = [](const json& src, const char* key) -> std::string {
+        if (!src.contains(key) || !src[key].is_object()) return "";
+        const json& o = src[key];
+        for (const char* t : {"rope_type", "type"})
+            if (o.contains(t) && o[t].is_string()) return o[t].get<std::string>();
+        return "";
+    };
+    for (const char* key : {"rope_scaling", "rope_parameters"}) {
+        const std::string kind = rope_kind(c, key);
+        if (!kind.empty() && kind != "default") {
+            *err = path + ": " + key + " of type '" + kind + "' is not supported (plain RoPE only)";
+            return false;
+        }
+    }
+    if (c.value("use_sliding_window", false)) {
+        *err = path + ": use_sliding_window is true: sliding-window attention is not supported (full causal attention only)";
+        return false;
+    }
     if (c.contains("rms_norm_eps") && c["rms_norm_eps"].is_number()) d->rms_eps = (float)c["rms_norm_eps"].get<double>();
     d->tied = c.value("tie_word_embeddings", false);
     if (name_or_path) {

@@ -294,13 +294,28 @@ gguf_status qwen2_read_config(const GGUFReader & r, Qwen2Config * out, std::stri
         }
         uint32_t v = 0;  // llama.cpp's keys are u32: a larger value is out of range, not truncated
         if (gguf_status s = r.get_u32(k.gguf, &v, err)) return s;
-        if (v == 0 && k.i != &Qwen2Config::n_ctx_train) {
+        if (v == 0) {
             set_err(err, path + ": key '" + k.gguf + "' is 0");
             return GGUF_ERR_TYPE;
         }
         c.*k.i = v;
     }
-    if (c.n_ctx_train == 0) c.n_ctx_train = 32768;  // unknown: the Qwen2.5 default
+    if (c.n_ctx_train == 0) c.n_ctx_train = 32768;  // key absent: the Qwen2.5 default
+    // RoPE scaling (YaRN, linear, ...) changes the model's function: refused rather than trained
+    // with plain RoPE. (A sliding-window key is ignored, as llama.cpp ignores it for qwen2.)
+    if (r.find("qwen2.rope.scaling.type")) {
+        std::string st;
+        if (gguf_status s = r.get_string("qwen2.rope.scaling.type", &st, err)) return s;
+        float factor = 1.0f;
+        if (r.find("qwen2.rope.scaling.factor")) {
+            if (gguf_status s = r.get_f32("qwen2.rope.scaling.factor", &factor, err)) return s;
+        }
+        if (st != "none" && !(st == "linear" && factor == 1.0f)) {
+            set_err(err, path + ": qwen2.rope.scaling.type is '" + st + "' (factor " + fmt("%g", factor) +
+                             "): RoPE scaling is not supported (plain RoPE only; --rope-theta sets the base)");
+            return GGUF_ERR_TYPE;
+        }
+    }
     if (c.n_head_kv == 0) c.n_head_kv = c.n_head;
     if (c.head_dim == 0) {
         if (c.n_embd % c.n_head != 0) {

@@ -396,6 +396,23 @@ TEST(Convert, Errors) {
     write_synthetic(dir4, 64, 8, 16, 2, 1, false, "model.layers.0.self_attn.rotary_emb.inv_freq");
     ASSERT_EQ(run(conv + " " + dir4 + " -o " + tmp_dir() + "/inv.gguf", &log), 0) << log;
     EXPECT_NE(log.find("note: dropping 'model.layers.0.self_attn.rotary_emb.inv_freq'"), std::string::npos) << log;
+    // RoPE scaling and sliding-window attention change the model: refused, never dropped (review)
+    const std::string dir5 = tmp_dir() + "/synthetic-yarn";
+    write_synthetic(dir5, 64, 8, 16, 2, 1, false);
+    nlohmann::json c5 = nlohmann::json::parse(read_all(dir5 + "/config.json"));
+    c5["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+    write_all(dir5 + "/config.json", c5.dump());
+    EXPECT_NE(run(conv + " " + dir5 + " -o " + tmp_dir() + "/x.gguf", &log), 0) << log;
+    EXPECT_NE(log.find("rope_scaling of type 'yarn' is not supported"), std::string::npos) << log;
+    c5["rope_scaling"] = nullptr;
+    c5["use_sliding_window"] = true;
+    c5["sliding_window"] = 16;
+    write_all(dir5 + "/config.json", c5.dump());
+    EXPECT_NE(run(conv + " " + dir5 + " -o " + tmp_dir() + "/x.gguf", &log), 0) << log;
+    EXPECT_NE(log.find("use_sliding_window is true"), std::string::npos) << log;
+    c5["use_sliding_window"] = false;  // Qwen2.5's published configs: the key present, the window off
+    write_all(dir5 + "/config.json", c5.dump());
+    EXPECT_EQ(run(conv + " " + dir5 + " -o " + tmp_dir() + "/swa-off.gguf", &log), 0) << log;
     EXPECT_NE(access((tmp_dir() + "/x.gguf").c_str(), F_OK), 0); // nothing written on failure
     for (auto t : {"oomb-convert-hf", "oomb-gguf-init", "oomb-tokenize", "oomb-gguf-dump"}) {
         EXPECT_EQ(run(tool(t) + " --help", &log), 0) << t;

@@ -278,6 +278,27 @@ TEST(Qwen2Load, BadKeys) {
     expect_fails(f, "arch", {"general.architecture", "llama"});
 }
 
+// Found by review: RoPE scaling was dropped silently (trained with plain RoPE), context_length 0 accepted.
+TEST(Qwen2Load, RopeScalingAndZeroContextAreRefused) {
+    TinyFile f;
+    f.keys["qwen2.rope.scaling.type"] = GGUFValue::string("yarn");
+    f.keys["qwen2.rope.scaling.factor"] = GGUFValue::f32(4.0f);
+    expect_fails(f, "yarn", {"qwen2.rope.scaling.type", "yarn", "not supported"});
+    f.keys["qwen2.rope.scaling.type"] = GGUFValue::string("linear");
+    expect_fails(f, "linear-4", {"linear", "factor 4"});
+    f.keys.clear();
+    f.keys["qwen2.context_length"] = GGUFValue::u32(0);
+    expect_fails(f, "ctx-0", {"qwen2.context_length", "is 0"});
+}
+
+TEST(Qwen2Load, RopeScalingNoneLoads) {
+    TinyFile f;
+    f.keys["qwen2.rope.scaling.type"] = GGUFValue::string("none");
+    LoadResult r = load(f.write("rope-none.gguf"));
+    EXPECT_NE(r.model, nullptr) << r.err;
+    free_model(r);
+}
+
 TEST(Qwen2Load, MissingTensor) {
     TinyFile f;
     f.drop = {"blk.1.ffn_up.weight"};
