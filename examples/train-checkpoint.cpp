@@ -5,6 +5,9 @@
 #include "safetensors.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
 #include <cerrno>
 #include <cinttypes>
 #include <csignal>
@@ -167,12 +170,31 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
         if (it == md.end()) fail(PROG, "--resume: " + ckpt_state + " lacks metadata '" + k + "'");
         return it->second;
     };
+    // Numbers are parsed whole and range-checked: an edited or damaged field is an error naming it,
+    // never a silent restart or a negative step.
+    auto get_int = [&](const char * k, int64_t lo, int64_t hi) -> int64_t {
+        const std::string v = get(k);
+        int64_t x = 0;
+        const auto r = std::from_chars(v.data(), v.data() + v.size(), x);
+        if (r.ec != std::errc() || r.ptr != v.data() + v.size() || x < lo || x > hi)
+            fail(PROG, "--resume: " + ckpt_state + ": metadata '" + k + "' is '" + v + "', expected an integer in [" + std::to_string(lo) +
+                           ", " + std::to_string(hi) + "]");
+        return x;
+    };
+    auto get_seconds = [&](const char * k) -> double {
+        const std::string v = get(k);
+        char * end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end != '\0' || !std::isfinite(x) || x < 0)
+            fail(PROG, "--resume: " + ckpt_state + ": metadata '" + k + "' is '" + v + "', expected a finite number of seconds >= 0");
+        return x;
+    };
     if (get("format") != STATE_FORMAT) fail(PROG, "--resume: " + ckpt_state + " has format '" + get("format") + "', expected " + STATE_FORMAT);
     if (get("data_hash") != hex64(data_hash))
         fail(PROG, "--resume: the training data differ from the checkpoint's (data hash " + hex64(data_hash) + " vs " +
                        get("data_hash") + "): give the same --data/--data-bin, --ctx and --eval-* options");
     json saved = json::parse(get("config"), nullptr, false);
-    if (saved.is_discarded()) fail(PROG, "--resume: bad config metadata in " + ckpt_state);
+    if (saved.is_discarded() || !saved.is_object()) fail(PROG, "--resume: bad config metadata in " + ckpt_state + " (not a JSON object)");
     const json now = config_json(o);
     auto opt_name = [](std::string k) {   // config key -> the option's spelling
         for (char & c : k) if (c == '_') c = '-';
@@ -204,13 +226,14 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
                            ckpt_state + ", this run keeps " + safetensors_dtype_name(want) + " moments (--opt-state)");
         oomb_tensor_set(t, st->data, 0, st->nbytes);
     }
-    oomb_opt_set_n_steps(opt, std::atoll(get("opt_steps").c_str()));
-    p->step = std::atoll(get("step").c_str());
-    p->bad_run = std::atoi(get("bad_steps").c_str());
-    p->tokens_seen = std::atoll(get("tokens_seen").c_str());
-    p->elapsed_s = std::atof(get("elapsed_s").c_str());
-    if (std::atoll(get("n_seqs").c_str()) != n_seqs) fail(PROG, "--resume: the number of sequences differs from the checkpoint's");
-    if (!sampler->restore(n_seqs, std::atoll(get("epoch").c_str()), std::atoll(get("seq_pos").c_str()), get("rng_epoch_start")))
+    const int64_t I64 = std::numeric_limits<int64_t>::max();
+    p->step = get_int("step", 0, std::numeric_limits<int>::max());
+    oomb_opt_set_n_steps(opt, get_int("opt_steps", 0, I64));
+    p->bad_run = (int) get_int("bad_steps", 0, std::numeric_limits<int>::max());
+    p->tokens_seen = get_int("tokens_seen", 0, I64);
+    p->elapsed_s = get_seconds("elapsed_s");
+    if (get_int("n_seqs", 0, I64) != n_seqs) fail(PROG, "--resume: the number of sequences differs from the checkpoint's");
+    if (!sampler->restore(n_seqs, get_int("epoch", 0, I64), get_int("seq_pos", 0, I64), get("rng_epoch_start")))
         fail(PROG, "--resume: bad data position / RNG state in " + ckpt_state);
     // The log keeps the entries up to the checkpoint.
     std::ifstream in(path(o, "train.jsonl"));

@@ -1,6 +1,7 @@
 #include "train-common.h"
 
 #include <algorithm>
+#include <charconv>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -64,6 +65,33 @@ int threads_default(int n) {
 }
 
 int parse_command_line(CLI::App & app, int argc, char ** argv, const char * prog) {
+    // Every option value is checked as a string before CLI11 converts it: an empty value is an
+    // error (not "the default"), and a whole-number option takes only a whole number in the range
+    // of its type (CLI11 would saturate 1e20 or wrap -1 into an unsigned option).
+    for (CLI::Option * opt : app.get_options()) {
+        if (opt->get_type_size() == 0) continue;  // a flag
+        const std::string tn = opt->get_type_name();
+        opt->check(CLI::Validator(
+            [tn](std::string & v) -> std::string {
+                if (v.empty()) return "an empty value";
+                if (tn == "INT" || tn == "UINT") {
+                    const char * b = v.data(), * e = v.data() + v.size();
+                    bool ok;
+                    if (tn == "UINT") {
+                        uint64_t x;
+                        const auto r = std::from_chars(b, e, x);
+                        ok = r.ec == std::errc() && r.ptr == e;
+                    } else {
+                        int64_t x;
+                        const auto r = std::from_chars(b, e, x);
+                        ok = r.ec == std::errc() && r.ptr == e;
+                    }
+                    if (!ok) return "'" + v + "' is not a whole number" + (tn == "UINT" ? " >= 0" : "") + " in range";
+                }
+                return "";
+            },
+            "", "strict"));
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp & e) {

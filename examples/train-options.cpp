@@ -158,12 +158,14 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         if (unset("--ctx")) o.ctx = dr.ctx;
         if (unset("--chunk")) o.chunk = dr.chunk;
         if (unset("--steps")) o.steps = dr.steps;
-        if (unset("--warmup")) o.warmup = dr.warmup;
+        // the default schedule only where the user set none of its parts: a given --lr or --steps
+        // derives the rest as for any run (min-lr = lr/10, warmup <= steps/10), never a rising cosine
+        if (unset("--warmup")) o.warmup = unset("--steps") ? dr.warmup : std::min(o.warmup, o.steps / 10);
         if (unset("--eval-every")) o.eval_every = dr.eval_every;
         if (unset("--eval-seqs")) o.eval_seqs = dr.eval_seqs;
         if (unset("--save-every")) o.save_every = dr.save_every;
         if (unset("--lr")) o.lr = dr.lr;
-        if (unset("--min-lr")) o.min_lr = dr.min_lr;
+        if (unset("--min-lr") && unset("--lr")) o.min_lr = dr.min_lr;
         printf("default run: pre-training the tiny preset on %s (give -m/--preset and --data to train something else; --help)\n", d.c_str());
     } else if (o.data.empty() && o.data_bin.empty()) {
         fail(PROG, "no training data: give --data FILES/FOLDERS or --data-bin IDS.bin");

@@ -14,6 +14,7 @@
 #include "safetensors.h"
 
 #include <CLI/CLI.hpp>
+#include "tool-cli.h"
 
 #include <algorithm>
 #include <cctype>
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
     app.add_option("--outtype", outtype, "type of 2-D tensors: f32, f16 or bf16 (default: the checkpoint's own type)")
         ->check(CLI::IsMember({"f32", "f16", "bf16"}));
     app.add_flag("--vocab-only", vocab_only, "write only the tokenizer (needs only tokenizer.json), no tensors");
-    CLI11_PARSE(app, argc, argv);
+    OOMB_TOOL_PARSE(app, argc, argv);
 
     std::string err;
     auto fail = [&](const std::string& m) {

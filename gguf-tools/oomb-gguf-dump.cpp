@@ -6,6 +6,7 @@
 #include "gguf.h"
 
 #include <CLI/CLI.hpp>
+#include "tool-cli.h"
 #include <nlohmann/json.hpp>
 
 #include <cinttypes>
@@ -74,7 +75,7 @@ int main(int argc, char** argv) {
     app.add_flag("--json", as_json, "print JSON (metadata values in full)");
     app.add_flag("--data", data, "with --json: include each tensor's values as f32");
     app.add_option("--max-elems", max_elems, "array elements shown per metadata value (text output)");
-    CLI11_PARSE(app, argc, argv);
+    OOMB_TOOL_PARSE(app, argc, argv);
 
     GGUFReader r;
     std::string err;

@@ -14,6 +14,7 @@
 #include "../src/init-normal.h"
 
 #include <CLI/CLI.hpp>
+#include "tool-cli.h"
 
 #include <chrono>
 #include <cmath>
@@ -36,11 +37,10 @@ int main(int argc, char** argv) {
     bool tied = false, untied = false;
     std::vector<std::string> names;
     std::string preset_list;
-    for (auto& p : qwen2_preset_names())
-        if (p != "tiny") {
-            names.push_back(p);
-            preset_list += (preset_list.empty() ? "" : ", ") + p;
-        }
+    for (auto& p : qwen2_preset_names()) {  // the same presets as oomb-train's (tiny included)
+        names.push_back(p);
+        preset_list += (preset_list.empty() ? "" : ", ") + p;
+    }
     app.add_option("--preset", preset, "model shape: " + preset_list)->check(CLI::IsMember(names));
     CLI::Option* o_vocab = app.add_option("--vocab-size", d.n_vocab, "embedding rows (explicit dimensions; override the preset)");
     CLI::Option* o_hidden = app.add_option("--hidden", d.n_embd, "hidden size");
@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
     app.add_option("--outtype", outtype, "tensor type of 2-D weights: f32, f16 or bf16 (default bf16)")
         ->check(CLI::IsMember({"f32", "f16", "bf16"}));
     CLI::Option* o_threads = app.add_option("-t,--threads", threads, "generator threads (default: all cores)");
-    CLI11_PARSE(app, argc, argv);
+    OOMB_TOOL_PARSE(app, argc, argv);
 
     auto fail = [](const std::string& m) {
         fprintf(stderr, "oomb-gguf-init: error: %s\n", m.c_str());

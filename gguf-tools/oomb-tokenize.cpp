@@ -10,6 +10,7 @@
 #include "tokenizer.h"
 
 #include <CLI/CLI.hpp>
+#include "tool-cli.h"
 #include <nlohmann/json.hpp>
 
 #include <atomic>
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
     app.add_flag("--stats", stats, "print bytes, tokens and encoding speed (MB/s) to stderr");
     app.add_option("-t,--threads", threads, "with --jsonl: encode lines on this many threads (default 1)")
         ->check(CLI::Range(1, 1024));
-    CLI11_PARSE(app, argc, argv);
+    OOMB_TOOL_PARSE(app, argc, argv);
 
     auto fail = [](const std::string& m) {
         fprintf(stderr, "oomb-tokenize: error: %s\n", m.c_str());

@@ -12,6 +12,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 
 enum { N_IN = 2, N_HIDDEN = 64, N_OUT = 1, BATCH = 256 };
@@ -22,6 +23,10 @@ static float frand(unsigned * s) {
 }
 
 int main(int argc, char ** argv) {
+    if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        printf("usage: %s [steps > 0] [threads > 0]\ntrains a small MLP (y = sin(3a) cos(2b)) with AdamW on the CPU backend of liboomb\n", argv[0]);
+        return 0;
+    }
     const int steps   = argc > 1 ? atoi(argv[1]) : 600;
     const int threads = argc > 2 ? atoi(argv[2]) : 2;
     if (steps <= 0 || threads <= 0) {

@@ -288,6 +288,27 @@ def test_training(tmp):
             check(dts == {"BF16"}, f"--opt-state bf16: moments stored as BF16 ({dts})")
         rc, o, e = run(common + ["--out", S2, "--resume", "--steps", "7"])
         check(rc == 1 and "--opt-state" in e, f"--resume of a bf16-state checkpoint with f32 moments: refused ({e.strip()[-200:]})")
+    # review: every number in the checkpoint's metadata is checked (an edited field is an error
+    # naming it, never a silent restart from step 0 or a negative step)
+    if rc1 == 0:
+        def with_meta(key, value):
+            D = os.path.join(tmp, "M-" + key)
+            shutil.rmtree(D, ignore_errors=True)
+            shutil.copytree(S1, D)
+            f = os.path.join(D, "state.safetensors")
+            raw = open(f, "rb").read()
+            n = int.from_bytes(raw[:8], "little")
+            hdr = json.loads(raw[8:8 + n])
+            hdr["__metadata__"][key] = value
+            h = json.dumps(hdr).encode()
+            h += b" " * (-len(h) % 8)
+            open(f, "wb").write(len(h).to_bytes(8, "little") + h + raw[8 + n:])
+            return D
+        for key, value in [("step", "abc"), ("step", "-3"), ("step", "1e20"), ("epoch", "-1"), ("opt_steps", "-7"),
+                           ("elapsed_s", "nan"), ("tokens_seen", "abc"), ("config", "[1,2]")]:
+            rc, o, e = run(cs + ["--out", with_meta(key, value), "--resume", "--steps", "9"])
+            check(rc == 1 and f"'{key}'" in e or (key == "config" and rc == 1 and "bad config metadata" in e),
+                  f"--resume with metadata {key}={value}: refused naming it ({e.strip()[-200:]})")
     N = os.path.join(tmp, "N")
     rc, o, e = run(base + ["--steps", "2", "--save-every", "-1", "--eval-every", "0", "--eval-seqs", "0", "--out", N])
     check(rc == 0 and not os.path.exists(os.path.join(N, "model.gguf")) and "checkpoint:" not in o,
