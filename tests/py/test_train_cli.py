@@ -552,6 +552,12 @@ def test_text_tiny(tmp):
     rc, o, e = run([EVAL, "-m", os.path.join(out, "model.gguf"), "--data", os.path.join(d, "a.txt"), "--ctx", "128", "--chunk", "48",
                     "--threads", "2"])
     check(rc == 0 and "perplexity:" in o, f"oomb-eval on text with the saved model's tokenizer {e.strip()[-200:]}")
+    # review: the default run with a given --lr / --steps derives the rest of the schedule from them
+    # (it printed "AdamW lr 0.0001 (warmup 30, cosine to 0.0003)": a rising cosine)
+    rc, o, e = run([TRAIN, "--lr", "1e-4", "--steps", "2", "--save-every", "-1", "--eval-every", "0", "--threads", "2",
+                    "--out", os.path.join(tmp, "default-lr")])
+    check(rc == 0 and "AdamW lr 0.0001 (warmup 0, cosine to 1e-05)" in o,
+          f"default run with --lr 1e-4 --steps 2: min-lr lr/10, warmup <= steps/10 ({(o + e).strip()[-300:]})")
 
 
 def main():
