@@ -178,10 +178,13 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
         for (char & c : k) if (c == '_') c = '-';
         return "--" + k;
     };
-    for (const char * k : {"ctx", "seqs_per_step", "seed", "trainable", "opt_state"}) {
-        if (!saved.contains(k) && std::string(k) == "opt_state") continue;  // older checkpoints: f32 (the dtype check below)
-        if (saved[k] != now[k])
-            fail(PROG, "--resume: " + opt_name(k) + " differs from the checkpoint's (" + saved[k].dump() + " vs " + now[k].dump() + ")");
+    for (const char * k : {"ctx", "seqs_per_step", "seed", "trainable", "opt_state", "data_format", "train_on", "chat_pack", "chat_long"}) {
+        const std::string key = k;
+        if (!saved.contains(k) && key == "opt_state") continue;  // older checkpoints: f32 (the dtype check below)
+        const json sv = saved.contains(k) ? saved[k] : json(), nv = now.contains(k) ? now.at(k) : json();
+        if (!saved.contains(k) && key == "data_format" && nv == "text") continue;  // older checkpoints: text
+        if (sv != nv)
+            fail(PROG, "--resume: " + opt_name(k) + " differs from the checkpoint's (" + sv.dump() + " vs " + nv.dump() + ")");
     }
     for (auto it = now.begin(); it != now.end(); ++it) {
         if (saved.contains(it.key()) && saved[it.key()] != it.value() && it.key() != "threads" && it.key() != "threads_used")
