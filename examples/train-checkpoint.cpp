@@ -170,7 +170,7 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
     if (get("format") != STATE_FORMAT) fail(PROG, "--resume: " + ckpt_state + " has format '" + get("format") + "', expected " + STATE_FORMAT);
     if (get("data_hash") != hex64(data_hash))
         fail(PROG, "--resume: the training data differ from the checkpoint's (data hash " + hex64(data_hash) + " vs " +
-                       get("data_hash") + "): give the same --data/--data-bin, --ctx and --eval-* options");
+                       get("data_hash") + "): give the same --data/--data-bin, --ctx, --eval-* and chat options (--data-format, --train-on, --chat-pack, --chat-long)");
     json saved = json::parse(get("config"), nullptr, false);
     if (saved.is_discarded()) fail(PROG, "--resume: bad config metadata in " + ckpt_state);
     const json now = config_json(o);

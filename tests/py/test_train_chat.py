@@ -106,6 +106,16 @@ def main():
         p, log = run(["--data", data, "--steps", "2", "--chat-pack", "--ctx", "256"], os.path.join(d, "out-pack"))
         got = [e["n_targets"] for e in log if "n_targets" in e]
         check(p.returncode == 0 and got == [sum(want_asst)] * 2, f"--chat-pack: one sequence with all {sum(want_asst)} targets: {got}")
+        # resume keeps the data position: 4 steps straight == 2 steps, stop, --resume 2 more
+        common = ["--data", data, "--steps", "4", "--train-on", "assistant", "--save-every", "1"]
+        p1, straight = run(common, os.path.join(d, "out-straight"))
+        p2, _ = run(common + ["--stop-after", "2"], os.path.join(d, "out-resumed"))
+        p3, resumed = run(common + ["--resume"], os.path.join(d, "out-resumed"))
+        key = lambda log: [(e["step"], e["n_targets"], e["loss"]) for e in log if "n_targets" in e]
+        check(p1.returncode == 0 and p2.returncode == 0 and p3.returncode == 0 and key(straight) == key(resumed) and len(key(straight)) == 4,
+              f"chat resume: the same steps, targets and losses as straight ({p3.stderr.strip()[-200:]})")
+        p4, _ = run(["--data", data, "--steps", "4", "--train-on", "all", "--save-every", "1", "--resume"], os.path.join(d, "out-resumed"))
+        check(p4.returncode == 1 and "--resume" in p4.stderr, f"chat resume with another --train-on: refused ({p4.stderr.strip()[-200:]})")
         # held-out evaluation with the same mask
         ev = os.path.join(d, "eval.jsonl")
         write_jsonl(ev, CONVS[:2])
