@@ -202,12 +202,11 @@ TEST(Qwen2Eval, NoGradientPages) {
 // single-position losses of the kept positions and n_targets counts exactly those, over several
 // chunks; forward_backward() sums the same loss; a label outside the vocabulary is an error.
 TEST(Qwen2Labels, MaskedLossIsTheSumOverKeptPositions) {
-    Reference ref(oombtest::fixtures_dir() + "/qwen2-micro/reference-short.safetensors");
     ModelRun run(converted("qwen2-micro"));
+    const Reference ref(oombtest::fixtures_dir() + "/qwen2-micro/reference-short.safetensors");
     ChunkParams tp;
-    tp.chunk = 7;  // several chunks, the last one shorter
-    tp.page = 4;
     tp.max_tokens = ref.T;
+    tp.chunk = 7, tp.page = 4;  // several chunks, the last one shorter
     ChunkDriver tr(qwen2_chunk_builder(*run.model), tp);
     const int64_t n = ref.T;
     ASSERT_GT(n, 12);

@@ -47,6 +47,16 @@ const Tokenizer & qwen_tok() {
 
 std::vector<ChatMessage> conv() { return {{"user", "Hi there"}, {"assistant", "Hello! 2+2=4."}}; }
 
+// conv() tokenized with the Qwen vocabulary's (absent) template: ChatML, no default system message
+ChatTokens conv_tokens(bool assistant_only) {
+    ChatTemplate t;
+    std::string err;
+    EXPECT_TRUE(chat_template_recognise(nullptr, "vocab", &t, &err));
+    ChatTokens c;
+    EXPECT_TRUE(tokenize_chat(qwen_tok(), t, conv(), assistant_only, &c, &err)) << err;
+    return c;
+}
+
 TEST(ChatTemplate, RecognisesChatMLAndItsDefaultSystemMessage) {
     ChatTemplate t;
     std::string err;
@@ -112,11 +122,8 @@ TEST(ChatTokens, AssistantMaskIsContentAndImEnd) {
 
 TEST(ChatLayout, PaddingLabelsAndPacking) {
     const Tokenizer & tok = qwen_tok();
-    ChatTemplate t;
     std::string err;
-    ASSERT_TRUE(chat_template_recognise(nullptr, "vocab", &t, &err));
-    ChatTokens c;
-    ASSERT_TRUE(tokenize_chat(tok, t, conv(), true, &c, &err));
+    const ChatTokens c = conv_tokens(true);
     const int64_t n = (int64_t) c.ids.size();
     ChatLayout L;
     L.ctx = n + 5;
@@ -155,12 +162,8 @@ TEST(ChatLayout, PaddingLabelsAndPacking) {
 }
 
 TEST(ChatLayout, LongConversations) {
-    const Tokenizer & tok = qwen_tok();
-    ChatTemplate t;
     std::string err;
-    ASSERT_TRUE(chat_template_recognise(nullptr, "vocab", &t, &err));
-    ChatTokens c;
-    ASSERT_TRUE(tokenize_chat(tok, t, conv(), false, &c, &err));
+    const ChatTokens c = conv_tokens(false);
     const int64_t n = (int64_t) c.ids.size();
     ChatLayout L;
     L.ctx = n / 2 - 1;  // three pieces: two whole, one shorter
