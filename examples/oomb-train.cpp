@@ -81,14 +81,16 @@ public:
         if (be) oomb_backend_free(be);
     }
 
-    double eval_loss() {
+    double eval_loss(int64_t * n_targets) {
         double s = 0;
         int64_t n = 0;
         for (size_t i = 0; i < data.eval_off.size(); i++) {
-            ChunkStats st = tr->forward(data.eval.data() + data.eval_off[i], data.eval_len[i]);
+            const int32_t * lab = data.eval_labels.empty() ? nullptr : data.eval_labels.data() + data.eval_off[i];  // chat: masked
+            ChunkStats st = tr->forward(data.eval.data() + data.eval_off[i], data.eval_len[i], lab);
             s += st.loss_sum;
             n += st.n_targets;
         }
+        *n_targets = n;
         return n ? s / (double) n : NAN;
     }
 
@@ -211,7 +213,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
            M.cfg.rope_theta, M.n_params() / 1e6);
 
     // ---- data
-    load_data(o, M.cfg.n_vocab, tok.get(), eos, threads, &T.data);
+    load_data(o, M.cfg.n_vocab, tok.get(), eos, threads, &T.data, tok_src);
     if (T.data.eval_off.empty()) {
         const std::string why = o.eval_seqs == 0 ? "--eval-seqs 0"
                               : (o.eval_data.empty() && o.eval_split == 0) ? "--eval-split 0 and no --eval-data"
@@ -297,7 +299,8 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         for (int s = 0; s < o.seqs_per_step; s++) {
             const int64_t si = T.sampler.next();
             const int32_t * src = T.data.train.data() + si * o.ctx;
-            ChunkStats st = T.tr->forward_backward(src, o.ctx);
+            const int32_t * lab = T.data.train_labels.empty() ? nullptr : T.data.train_labels.data() + si * o.ctx;  // chat: masked
+            ChunkStats st = T.tr->forward_backward(src, o.ctx, lab);
             loss_sum += st.loss_sum;
             count += st.n_targets;
         }
@@ -324,6 +327,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         j["lr"] = lr;
         j["grad_norm"] = std::isfinite(gnorm) ? json(gnorm) : json(nullptr);
         j["tokens"] = T.tokens_seen;
+        j["n_targets"] = count;  // tokens whose loss counted (chat: the masked ones excluded)
         j["tok_per_s"] = (double) o.seqs_per_step * o.ctx / dt;
         j["step_s"] = dt;
         j["elapsed_s"] = T.elapsed_prev + T.run_seconds();
@@ -354,7 +358,8 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         }
         if (!T.data.eval_off.empty() && o.eval_every > 0 && (T.step % o.eval_every == 0 || T.step == o.steps)) {
             const auto e0 = std::chrono::steady_clock::now();
-            const double el = T.eval_loss();
+            int64_t eval_targets = 0;
+            const double el = T.eval_loss(&eval_targets);
             const double es = std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
             printf("eval step %" PRId64 " | held-out loss %.4f | perplexity %.2f | %zu sequence(s) in %.1f s\n", T.step, el, std::exp(el),
                    T.data.eval_off.size(), es);
@@ -362,6 +367,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
             je["step"] = T.step;
             je["eval_loss"] = std::isfinite(el) ? json(el) : json(nullptr);
             je["eval_ppl"] = std::isfinite(el) ? json(std::exp(el)) : json(nullptr);
+            je["eval_targets"] = eval_targets;
             T.log_json(je);
             if (std::isfinite(el)) T.history.push_back({T.step, el, true});
             T.plot();

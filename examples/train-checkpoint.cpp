@@ -192,7 +192,7 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
     if (get("format") != STATE_FORMAT) fail(PROG, "--resume: " + ckpt_state + " has format '" + get("format") + "', expected " + STATE_FORMAT);
     if (get("data_hash") != hex64(data_hash))
         fail(PROG, "--resume: the training data differ from the checkpoint's (data hash " + hex64(data_hash) + " vs " +
-                       get("data_hash") + "): give the same --data/--data-bin, --ctx and --eval-* options");
+                       get("data_hash") + "): give the same --data/--data-bin, --ctx, --eval-* and chat options (--data-format, --train-on, --chat-pack, --chat-long)");
     json saved = json::parse(get("config"), nullptr, false);
     if (saved.is_discarded() || !saved.is_object()) fail(PROG, "--resume: bad config metadata in " + ckpt_state + " (not a JSON object)");
     const json now = config_json(o);
@@ -200,10 +200,13 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
         for (char & c : k) if (c == '_') c = '-';
         return "--" + k;
     };
-    for (const char * k : {"ctx", "seqs_per_step", "seed", "trainable", "opt_state"}) {
-        if (!saved.contains(k) && std::string(k) == "opt_state") continue;  // older checkpoints: f32 (the dtype check below)
-        if (saved[k] != now[k])
-            fail(PROG, "--resume: " + opt_name(k) + " differs from the checkpoint's (" + saved[k].dump() + " vs " + now[k].dump() + ")");
+    for (const char * k : {"ctx", "seqs_per_step", "seed", "trainable", "opt_state", "data_format", "train_on", "chat_pack", "chat_long"}) {
+        const std::string key = k;
+        if (!saved.contains(k) && key == "opt_state") continue;  // older checkpoints: f32 (the dtype check below)
+        const json sv = saved.contains(k) ? saved[k] : json(), nv = now.contains(k) ? now.at(k) : json();
+        if (!saved.contains(k) && key == "data_format" && nv == "text") continue;  // older checkpoints: text
+        if (sv != nv)
+            fail(PROG, "--resume: " + opt_name(k) + " differs from the checkpoint's (" + sv.dump() + " vs " + nv.dump() + ")");
     }
     for (auto it = now.begin(); it != now.end(); ++it) {
         if (saved.contains(it.key()) && saved[it.key()] != it.value() && it.key() != "threads" && it.key() != "threads_used")

@@ -1,6 +1,8 @@
 // oomb-train's data and sampler (see train-data.h).
 #include "train-data.h"
 
+#include "oomb-chunk.h"  // ChunkParams::ignore_index
+
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
@@ -22,7 +24,86 @@ void check_data_paths(const Options & o) {
     if (!o.data_bin.empty() && !is_file(o.data_bin)) fail(PROG, "--data-bin: '" + o.data_bin + "': no such file");
 }
 
-void load_data(const Options & o, int64_t n_vocab, const Tokenizer * tok, int32_t eos, int threads, Data * d) {
+ChatSequences chat_sequences(const Options & o, const std::vector<std::string> & paths, const char * opt, const Tokenizer & tok,
+                            const ChatTemplate & t, int32_t pad) {
+    const bool assistant_only = o.train_on != "all";
+    std::vector<std::vector<ChatMessage>> convs;
+    std::vector<std::string> where;
+    ChatFileStats fs;
+    read_chat_files(paths, opt, assistant_only, o.skip_bad_lines, &convs, &where, &fs);
+    if (fs.n_bad) printf("%s: skipped %" PRId64 " bad line(s) of %" PRId64 " (--skip-bad-lines)\n", opt, fs.n_bad, fs.n_lines);
+    ChatLayout L;
+    L.ctx = o.ctx;
+    L.pack = o.chat_pack;
+    L.long_mode = o.chat_long;
+    L.pad = pad;
+    L.ignore_index = ChunkParams().ignore_index;
+    ChatSequences s;
+    std::string err;
+    for (size_t i = 0; i < convs.size(); i++) {
+        ChatTokens c;
+        if (!tokenize_chat(tok, t, convs[i], assistant_only, &c, &err)) fail(PROG, std::string(opt) + ": " + err);
+        if (!layout_chat(L, c, &s, &err)) fail(PROG, std::string(opt) + ": " + where[i] + ": " + err);
+    }
+    layout_chat_finish(L, &s);
+    if (s.n_skipped_long) printf("%s: skipped %" PRId64 " conversation(s) longer than --ctx %" PRId64 " (--chat-long skip)\n", opt, s.n_skipped_long, o.ctx);
+    if (s.n_split_long) printf("%s: split %" PRId64 " conversation(s) longer than --ctx %" PRId64 " (--chat-long split)\n", opt, s.n_split_long, o.ctx);
+    if (s.n_no_target) printf("%s: dropped %" PRId64 " sequence(s) with no %s token to learn\n", opt, s.n_no_target, assistant_only ? "assistant" : "target");
+    return s;
+}
+
+namespace {
+// --data-format chat: conversations -> sequences of ctx tokens with labels.
+void load_chat_data(const Options & o, const Tokenizer * tok, const std::string & tok_gguf, Data * d) {
+    if (!tok) fail(PROG, "chat data needs a tokenizer: the model file has none; give --vocab FILE.gguf");
+    std::string tmpl, err;
+    bool has = false;
+    if (!read_chat_template(tok_gguf, &tmpl, &has, &err)) fail(PROG, "chat template: " + err);
+    ChatTemplate t;
+    if (!chat_template_recognise(has ? &tmpl : nullptr, tok_gguf, &t, &err)) fail(PROG, err);
+    printf("chat: %s; loss on %s tokens; %s\n", t.source.c_str(), o.train_on == "all" ? "all" : "assistant",
+           o.chat_pack ? "conversations packed into sequences of --ctx tokens" : "one conversation per sequence, padded to --ctx");
+    int32_t pad = tok->pad_id();
+    if (pad < 0) pad = tok->eos_id();
+    if (pad < 0) pad = 0;  // any id: padding has no label and, after the conversation, no effect on it (causal)
+    ChatSequences tr = chat_sequences(o, o.data, "--data", *tok, t, pad), ev;
+    if (!o.eval_data.empty()) {
+        ev = chat_sequences(o, o.eval_data, "--eval-data", *tok, t, pad);
+    } else if (o.eval_split > 0) {  // the last --eval-split percent of the sequences
+        const int64_t n_ev = (int64_t) std::floor((double) tr.n_seqs * o.eval_split / 100.0);
+        const size_t cut = (size_t) ((tr.n_seqs - n_ev) * o.ctx);
+        ev.ids.assign(tr.ids.begin() + cut, tr.ids.end());
+        ev.labels.assign(tr.labels.begin() + cut, tr.labels.end());
+        ev.n_seqs = n_ev;
+        tr.ids.resize(cut);
+        tr.labels.resize(cut);
+        tr.n_seqs -= n_ev;
+    }
+    if (tr.n_seqs == 0) fail(PROG, "--data: no training sequence (no conversation with a token to learn" +
+                                       std::string(o.eval_data.empty() && o.eval_split > 0 ? " after the held-out split)" : ")"));
+    d->train = std::move(tr.ids);
+    d->train_labels = std::move(tr.labels);
+    d->eval = std::move(ev.ids);
+    d->eval_labels = std::move(ev.labels);
+    d->n_seqs = tr.n_seqs;
+    for (int64_t i = 0; i < ev.n_seqs && (int) d->eval_off.size() < o.eval_seqs; i++) {
+        d->eval_off.push_back(i * o.ctx);
+        d->eval_len.push_back(o.ctx);
+    }
+    int64_t n_tr_t = 0, n_ev_t = 0;
+    for (int32_t l : d->train_labels) n_tr_t += l != ChunkParams().ignore_index;
+    for (int32_t l : d->eval_labels) n_ev_t += l != ChunkParams().ignore_index;
+    uint64_t h = hash64(d->train.data(), d->train.size() * 4);
+    h = hash64(d->train_labels.data(), d->train_labels.size() * 4, h);
+    h = hash64(d->eval.data(), d->eval.size() * 4, h);
+    d->hash = hash64(d->eval_labels.data(), d->eval_labels.size() * 4, h);
+    printf("data: train %" PRId64 " sequences of %" PRId64 " (%" PRId64 " tokens with a loss); held-out %" PRId64 " sequences (%" PRId64
+           " tokens with a loss; %zu eval sequences)\n", d->n_seqs, o.ctx, n_tr_t, ev.n_seqs, n_ev_t, d->eval_off.size());
+}
+} // namespace
+
+void load_data(const Options & o, int64_t n_vocab, const Tokenizer * tok, int32_t eos, int threads, Data * d, const std::string & tok_gguf) {
+    if (o.data_format == "chat") return load_chat_data(o, tok, tok_gguf, d);
     std::string err;
     const auto t0 = std::chrono::steady_clock::now();
     size_t n_bytes = 0;

@@ -3,6 +3,7 @@
 // permutation per epoch whose state a checkpoint stores).
 #pragma once
 
+#include "train-chat.h"
 #include "train-options.h"
 
 #include "tokenizer.h"
@@ -18,6 +19,9 @@ namespace train {
 
 struct Data {
     std::vector<int32_t> train, eval;
+    // chat data only (else empty): per-position labels beside train / eval (ChunkDriver's labels:
+    // the target of each position, or ignore_index)
+    std::vector<int32_t> train_labels, eval_labels;
     int64_t n_seqs = 0;            // training sequences of ctx tokens
     std::vector<int64_t> eval_off; // eval sequences: offsets into `eval`
     std::vector<int64_t> eval_len;
@@ -81,7 +85,16 @@ void check_data_paths(const Options & o);
 /// Loads and checks the data: ids < n_vocab, at least --ctx training tokens; fills d (sequences of
 /// --ctx tokens; the held-out split: --eval-data, or the last --eval-split percent; at most
 /// --eval-seqs evaluation sequences). tok: NULL with --data-bin. Fails (exit 1) with a message.
-void load_data(const Options & o, int64_t n_vocab, const Tokenizer * tok, int32_t eos, int threads, Data * d);
+/// --data-format chat: the JSONL conversations rendered with the chat template of tok_gguf (the
+/// GGUF the tokenizer came from), laid out in sequences of --ctx tokens with labels (train-chat.h);
+/// the held-out split is the last --eval-split percent of the conversations (or --eval-data).
+void load_data(const Options & o, int64_t n_vocab, const Tokenizer * tok, int32_t eos, int threads, Data * d,
+               const std::string & tok_gguf = "");
+
+/// Token-level form of a chat data set: the conversations of `paths` (JSONL) rendered, tokenized
+/// and laid out (used by load_data; exposed for tests). Fails (exit 1) naming FILE:LINE.
+ChatSequences chat_sequences(const Options & o, const std::vector<std::string> & paths, const char * opt, const Tokenizer & tok,
+                            const ChatTemplate & t, int32_t pad);
 
 } // namespace train
 } // namespace oomb

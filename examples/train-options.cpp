@@ -29,7 +29,8 @@ double min_lr_of(const Options & o) { return o.min_lr < 0 ? o.lr * 0.1 : o.min_l
 nlohmann::json config_json(const Options & o) {
     nlohmann::json j;
     j["model"] = o.model; j["preset"] = o.preset; j["vocab"] = o.vocab;
-    j["data"] = o.data; j["data_bin"] = o.data_bin; j["eval_data"] = o.eval_data; j["eval_split"] = o.eval_split;
+    j["data"] = o.data; j["data_bin"] = o.data_bin; j["data_format"] = o.data_format;
+    if (o.data_format == "chat") { j["train_on"] = o.train_on; j["chat_pack"] = o.chat_pack; j["chat_long"] = o.chat_long; } j["eval_data"] = o.eval_data; j["eval_split"] = o.eval_split;
     j["eval_every"] = o.eval_every; j["eval_seqs"] = o.eval_seqs;
     j["ctx"] = o.ctx; j["chunk"] = o.chunk; j["page"] = o.page; j["steps"] = o.steps; j["seqs_per_step"] = o.seqs_per_step;
     j["lr"] = o.lr; j["min_lr"] = min_lr_of(o); j["warmup"] = o.warmup;
@@ -55,6 +56,17 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     app.add_option("--data", o.data, "training text: files or folders (recursive; .gz read directly); repeatable")->take_all();
     app.add_option("--data-bin", o.data_bin, "training ids: little-endian uint32, no header");
     app.add_option("--eval-data", o.eval_data, "held-out data (same format as the training data); default: the last --eval-split %")->take_all();
+    app.add_option("--data-format", o.data_format,
+                   "text (plain text files, documents joined by end-of-text) or chat (JSONL, one conversation a line: "
+                   "{\"messages\": [{\"role\": \"system|user|assistant\", \"content\": \"...\"}]}, rendered in the model's ChatML "
+                   "template)")->capture_default_str();
+    app.add_option("--train-on", o.train_on, "chat: the tokens whose loss counts: assistant (each assistant message's content and its "
+                                             "<|im_end|>; default) or all");
+    app.add_flag("--chat-pack", o.chat_pack, "chat: pack several whole conversations into each --ctx sequence (default: one "
+                                             "conversation per sequence, padded; padding has no loss)");
+    app.add_option("--chat-long", o.chat_long, "chat: a conversation longer than --ctx: error (stop, naming its line), split "
+                                               "(into pieces of --ctx tokens) or skip (counted)")->capture_default_str();
+    app.add_flag("--skip-bad-lines", o.skip_bad_lines, "chat: skip bad JSONL lines (counted, the first 10 printed) instead of stopping");
     app.add_option("--eval-split", o.eval_split, "percent of the data held out when no --eval-data")->capture_default_str();
     app.add_option("--eval-every", o.eval_every, "evaluate every N steps (0: never; always at the last step)")->capture_default_str();
     app.add_option("--eval-seqs", o.eval_seqs, "held-out sequences of --ctx tokens per evaluation")->capture_default_str();
@@ -124,12 +136,23 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         if (o.attn_cache_type != "f32" && o.attn_cache_type != "bf16")
             fail(PROG, "--attn-cache-type must be f32 or bf16, got '" + o.attn_cache_type + "'");
         if (given("--attn-cache-type") && !o.attn_cache) fail(PROG, "--attn-cache-type needs --attn-cache");
+        if (o.data_format != "text" && o.data_format != "chat") fail(PROG, "--data-format must be text or chat, got '" + o.data_format + "'");
+        if (o.data_format == "chat") {
+            if (o.train_on.empty()) o.train_on = "assistant";
+            if (o.train_on != "assistant" && o.train_on != "all") fail(PROG, "--train-on must be assistant or all, got '" + o.train_on + "'");
+            if (o.chat_long != "error" && o.chat_long != "split" && o.chat_long != "skip")
+                fail(PROG, "--chat-long must be error, split or skip, got '" + o.chat_long + "'");
+            if (!o.data_bin.empty()) fail(PROG, "--data-format chat reads JSONL through --data, not --data-bin");
+        } else {
+            for (const char * opt : {"--train-on", "--chat-pack", "--chat-long", "--skip-bad-lines"})
+                if (given(opt)) fail(PROG, std::string(opt) + " needs --data-format chat");
+        }
     };
     if (!o.tokens.empty() || !o.dump_grads.empty()) {
         validate();
         // the verification run reads only the model, the tokens, --chunk, --page, --attn-cache(-type), --device, --threads
         std::string ignored;
-        for (const char * opt : {"--preset", "--data", "--data-bin", "--eval-data", "--eval-split", "--eval-every", "--eval-seqs",
+        for (const char * opt : {"--preset", "--data", "--data-bin", "--data-format", "--train-on", "--chat-pack", "--chat-long", "--skip-bad-lines", "--eval-data", "--eval-split", "--eval-every", "--eval-seqs",
                                  "--ctx", "--steps", "--seqs-per-step", "--lr", "--min-lr", "--warmup", "--weight-decay",
                                  "--adam-beta1", "--adam-beta2", "--adam-eps", "--grad-clip", "--trainable", "--out",
                                  "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every", "--opt-state",

@@ -24,6 +24,12 @@ struct Options {
     std::vector<std::string> data;
     std::string data_bin;
     std::vector<std::string> eval_data;
+    // chat data (train-chat.h): --data / --eval-data are JSONL conversations
+    std::string data_format = "text";  // text or chat
+    std::string train_on;              // chat: assistant (default) or all
+    bool chat_pack = false;            // chat: several conversations per sequence (else one, padded)
+    std::string chat_long = "error";   // chat: a conversation longer than --ctx: split, skip or error
+    bool skip_bad_lines = false;       // chat: skip (and count) bad JSONL lines instead of stopping
     double eval_split = 5.0;
     int eval_every = 100;
     int eval_seqs = 8;

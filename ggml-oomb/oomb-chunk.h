@@ -80,7 +80,7 @@ struct ChunkGraphInputs {
     ChunkKind kind = ChunkKind::Loss;
     int64_t T = 0;
     oomb_tensor * tokens = nullptr;      // i32 [T]: token ids
-    oomb_tensor * labels = nullptr;      // i32 [T]: next token ids, ignore_index after the sequence's end
+    oomb_tensor * labels = nullptr;      // i32 [T]: targets (next token ids, or the caller's labels), ignore_index: none
     oomb_tensor * pos = nullptr;         // i32 [T]: absolute positions
     oomb_kv_cache_t kv = nullptr;        // the KV cache: pools of each layer (oomb_kv_cache_k / _v)
     oomb_tensor * page_table = nullptr;  // i32 [n_pages] (oomb_kv_cache_page_table(kv))
@@ -137,12 +137,17 @@ public:
     ChunkDriver & operator=(const ChunkDriver &) = delete;
 
     /// Stage 1 only (no gradients): the loss of one sequence of n tokens (targets ids[1..n)).
-    ChunkStats forward(const int32_t * ids, int64_t n);
+    /// labels: optional, n entries: labels[i] is the target of position i (an id in [0, n_vocab),
+    /// or ChunkParams::ignore_index: no loss there, e.g. outside a chat's assistant turns); NULL:
+    /// the next ids (labels[i] = ids[i + 1], the last position has none). ChunkStats::n_targets
+    /// counts the positions that have a target. Error (oomb_error): a label outside the vocabulary.
+    ChunkStats forward(const int32_t * ids, int64_t n, const int32_t * labels = nullptr);
     /// Stage 1 (KV fill only) then stage 2 (recompute with gradients, reverse chunk order; the loss
     /// is summed here): the loss, and the gradient of the loss SUM accumulated into the
     /// parameters' gradient tensors (divide by the total target count, e.g. through the
     /// optimizer's grad_scale). Needs ChunkParams::with_grad.
-    ChunkStats forward_backward(const int32_t * ids, int64_t n);
+    /// labels: as for forward().
+    ChunkStats forward_backward(const int32_t * ids, int64_t n, const int32_t * labels = nullptr);
 
     /// Arena bytes planned for the chunk graph of length T and kind; plans it if needed.
     size_t planned_bytes(int64_t T, ChunkKind kind);
@@ -165,10 +170,11 @@ public:
 private:
     struct Graph;
     Graph & graph(int64_t T, ChunkKind kind);
-    void run_chunk(Graph & g, const int32_t * ids, int64_t n, int64_t p0, int64_t T, ChunkStats & st);
-    void check_sequence(const int32_t * ids, int64_t n) const;
+    // labels: NULL (the next ids) or n targets (see forward())
+    void run_chunk(Graph & g, const int32_t * ids, const int32_t * labels, int64_t n, int64_t p0, int64_t T, ChunkStats & st);
+    void check_sequence(const int32_t * ids, const int32_t * labels, int64_t n) const;
     // Clears the KV cache and runs the chunks of ids in order with graphs of this kind.
-    void forward_chunks(const int32_t * ids, int64_t n, ChunkKind kind, ChunkStats & st);
+    void forward_chunks(const int32_t * ids, const int32_t * labels, int64_t n, ChunkKind kind, ChunkStats & st);
 
     std::unique_ptr<ChunkGraphBuilder> builder_;
     ChunkModelShape shape_;

@@ -197,6 +197,49 @@ TEST(Qwen2Eval, NoGradientPages) {
     EXPECT_OOMB_ERROR(eval.planned_bytes(64, ChunkKind::Backward), "needs the KV-gradient pages");
 }
 
+// The optional labels of forward() / forward_backward(): labels = the next ids give the same
+// result bit for bit as none; with positions masked (ignore_index) the loss is the sum of the
+// single-position losses of the kept positions and n_targets counts exactly those, over several
+// chunks; forward_backward() sums the same loss; a label outside the vocabulary is an error.
+TEST(Qwen2Labels, MaskedLossIsTheSumOverKeptPositions) {
+    ModelRun run(converted("qwen2-micro"));
+    const Reference ref(oombtest::fixtures_dir() + "/qwen2-micro/reference-short.safetensors");
+    ChunkParams tp;
+    tp.max_tokens = ref.T;
+    tp.chunk = 7, tp.page = 4;  // several chunks, the last one shorter
+    ChunkDriver tr(qwen2_chunk_builder(*run.model), tp);
+    const int64_t n = ref.T;
+    ASSERT_GT(n, 12);
+    std::vector<int32_t> next((size_t) n, tp.ignore_index);
+    for (int64_t i = 0; i + 1 < n; i++) next[i] = ref.ids[i + 1];
+    const ChunkStats plain = tr.forward(ref.ids.data(), n), same = tr.forward(ref.ids.data(), n, next.data());
+    EXPECT_EQ(plain.loss_sum, same.loss_sum);
+    EXPECT_EQ(plain.n_targets, same.n_targets);
+    EXPECT_EQ(plain.n_targets, n - 1);
+    // keep positions 1, 5, 6 and 11 (in three different chunks)
+    const std::vector<int64_t> keep = {1, 5, 6, 11};
+    std::vector<int32_t> masked((size_t) n, tp.ignore_index);
+    double sum_single = 0;
+    for (int64_t k : keep) {
+        masked[k] = next[k];
+        std::vector<int32_t> one((size_t) n, tp.ignore_index);
+        one[k] = next[k];
+        const ChunkStats s = tr.forward(ref.ids.data(), n, one.data());
+        EXPECT_EQ(s.n_targets, 1);
+        EXPECT_GT(s.loss_sum, 0.0);
+        sum_single += s.loss_sum;
+    }
+    const ChunkStats m = tr.forward(ref.ids.data(), n, masked.data());
+    EXPECT_EQ(m.n_targets, (int64_t) keep.size());
+    EXPECT_NEAR(m.loss_sum, sum_single, 1e-5 * sum_single);
+    EXPECT_LT(m.loss_sum, plain.loss_sum);
+    const ChunkStats mb = tr.forward_backward(ref.ids.data(), n, masked.data());
+    EXPECT_EQ(mb.n_targets, (int64_t) keep.size());
+    EXPECT_NEAR(mb.loss_sum, m.loss_sum, 1e-5 * m.loss_sum);
+    masked[3] = (int32_t) run.model->cfg.n_vocab;
+    EXPECT_OOMB_ERROR(tr.forward(ref.ids.data(), n, masked.data()), "label");
+}
+
 // Activation memory does not grow with the sequence: the chunk graph's plan is the same at 4K and 64K.
 TEST(Qwen2Memory, PlannedPeakIndependentOfContext) {
     oomb_backend_t cpu = oomb_backend_cpu_init(1);

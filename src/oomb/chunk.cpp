@@ -160,12 +160,12 @@ size_t ChunkDriver::arena_bytes() const {
     return mx;
 }
 
-void ChunkDriver::run_chunk(Graph & G, const int32_t * ids, int64_t n, int64_t p0, int64_t T, ChunkStats & st) {
+void ChunkDriver::run_chunk(Graph & G, const int32_t * ids, const int32_t * labels, int64_t n, int64_t p0, int64_t T, ChunkStats & st) {
     std::vector<int32_t> tok((size_t) T), lab((size_t) T), pos((size_t) T);
     for (int64_t t = 0; t < T; t++) {
         const int64_t i = p0 + t;
         tok[t] = ids[i];
-        lab[t] = i + 1 < n ? ids[i + 1] : p_.ignore_index;
+        lab[t] = labels ? labels[i] : i + 1 < n ? ids[i + 1] : p_.ignore_index;
         pos[t] = (int32_t) i;
     }
     oomb_gallocr_alloc_graph(G.galloc, G.g);
@@ -182,7 +182,7 @@ void ChunkDriver::run_chunk(Graph & G, const int32_t * ids, int64_t n, int64_t p
     last_ = &G;
 }
 
-void ChunkDriver::check_sequence(const int32_t * ids, int64_t n) const {
+void ChunkDriver::check_sequence(const int32_t * ids, const int32_t * labels, int64_t n) const {
     if (n < 2) oomb_error("ChunkDriver: a sequence needs at least 2 tokens, got %" PRId64, n);
     for (int64_t i = 0; i < n; i++) {
         if (ids[i] < 0 || ids[i] >= shape_.n_vocab) {
@@ -190,40 +190,46 @@ void ChunkDriver::check_sequence(const int32_t * ids, int64_t n) const {
                        shape_.n_vocab);
         }
     }
+    for (int64_t i = 0; labels && i < n; i++) {
+        if (labels[i] != p_.ignore_index && (labels[i] < 0 || labels[i] >= shape_.n_vocab)) {
+            oomb_error("ChunkDriver: label %d at position %" PRId64 " is neither a vocabulary id (%" PRId64 " entries) nor the ignore index %d",
+                       labels[i], i, shape_.n_vocab, p_.ignore_index);
+        }
+    }
     if (n > p_.max_tokens) oomb_error("ChunkDriver: sequence of %" PRId64 " tokens exceeds max_tokens %" PRId64, n, p_.max_tokens);
 }
 
-void ChunkDriver::forward_chunks(const int32_t * ids, int64_t n, ChunkKind kind, ChunkStats & st) {
+void ChunkDriver::forward_chunks(const int32_t * ids, const int32_t * labels, int64_t n, ChunkKind kind, ChunkStats & st) {
     oomb_kv_cache_clear(kv_);
     for (int64_t p0 = 0; p0 < n; p0 += p_.chunk) {
         const int64_t T = std::min(p_.chunk, n - p0);
         oomb_kv_cache_reserve(kv_, p0 + T);
-        run_chunk(graph(T, kind), ids, n, p0, T, st);
+        run_chunk(graph(T, kind), ids, labels, n, p0, T, st);
     }
 }
 
-ChunkStats ChunkDriver::forward(const int32_t * ids, int64_t n) {
-    check_sequence(ids, n);
+ChunkStats ChunkDriver::forward(const int32_t * ids, int64_t n, const int32_t * labels) {
+    check_sequence(ids, labels, n);
     ChunkStats st;
-    forward_chunks(ids, n, ChunkKind::Loss, st);
+    forward_chunks(ids, labels, n, ChunkKind::Loss, st);
     return st;
 }
 
-ChunkStats ChunkDriver::forward_backward(const int32_t * ids, int64_t n) {
+ChunkStats ChunkDriver::forward_backward(const int32_t * ids, int64_t n, const int32_t * labels) {
     if (!p_.with_grad) oomb_error("ChunkDriver::forward_backward: this driver has no KV-gradient pages (ChunkParams::with_grad = false)");
-    check_sequence(ids, n);
+    check_sequence(ids, labels, n);
     if (n <= p_.chunk) {
         // one chunk: its backward graph stores its own K/V, no stage 1 needed
         ChunkStats st;
         oomb_kv_cache_clear(kv_);
         oomb_kv_cache_reserve(kv_, n);
         oomb_kv_cache_zero_grad(kv_);
-        run_chunk(graph(n, ChunkKind::BackwardStore), ids, n, 0, n, st);
+        run_chunk(graph(n, ChunkKind::BackwardStore), ids, labels, n, 0, n, st);
         return st;
     }
     // stage 1: fill the KV cache chunk by chunk, in order
     ChunkStats none;
-    forward_chunks(ids, n, ChunkKind::Fill, none);
+    forward_chunks(ids, labels, n, ChunkKind::Fill, none);
     // stage 2: reverse order, recompute with gradients; the loss is summed here
     oomb_kv_cache_zero_grad(kv_);
     ChunkStats st;
@@ -231,7 +237,7 @@ ChunkStats ChunkDriver::forward_backward(const int32_t * ids, int64_t n) {
     for (int64_t ci = n_chunks - 1; ci >= 0; ci--) {
         const int64_t p0 = ci * p_.chunk;
         const int64_t T = std::min(p_.chunk, n - p0);
-        run_chunk(graph(T, ChunkKind::Backward), ids, n, p0, T, st);
+        run_chunk(graph(T, ChunkKind::Backward), ids, labels, n, p0, T, st);
     }
     return st;
 }
