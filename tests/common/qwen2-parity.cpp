@@ -122,6 +122,12 @@ std::vector<float> ModelRun::grad(const std::string & gguf_name) const {
     return g;
 }
 
+// Adds one sequence's statistics to a total.
+static void accumulate(ChunkStats & total, const ChunkStats & st) {
+    total.loss_sum += st.loss_sum;
+    total.n_targets += st.n_targets;
+}
+
 // The forward of the short reference, one chunk per sequence: logits, hidden states, loss.
 void check_forward(const std::string & model_name) {
     SCOPED_TRACE(model_name);
@@ -135,12 +141,9 @@ void check_forward(const std::string & model_name) {
     tr.set_capture_hidden(true);
     const int64_t V = run.model->cfg.n_vocab, E = run.model->cfg.n_embd, L = run.model->cfg.n_layer;
     const std::vector<double> logits = ref.get("logits");
-    double loss_sum = 0;
-    int64_t count = 0;
+    ChunkStats total;
     for (int64_t b = 0; b < ref.B; b++) {
-        ChunkStats st = tr.forward(ref.ids.data() + b * ref.T, ref.T);
-        loss_sum += st.loss_sum;
-        count += st.n_targets;
+        accumulate(total, tr.forward(ref.ids.data() + b * ref.T, ref.T));
         std::vector<double> lr(logits.begin() + b * ref.T * V, logits.begin() + (b + 1) * ref.T * V);
         EXPECT_LT(rel_err(tr.logits(), lr), 1e-5) << "logits of sequence " << b;
         for (int k = 0; k <= L; k++) {
@@ -149,7 +152,7 @@ void check_forward(const std::string & model_name) {
             EXPECT_LT(rel_err(tr.hidden(k), hr), 1e-5) << "hidden state " << k << " of sequence " << b;
         }
     }
-    EXPECT_LT(std::fabs(loss_sum / count - ref.loss) / ref.loss, 1e-5);
+    EXPECT_LT(std::fabs(total.loss_sum / total.n_targets - ref.loss) / ref.loss, 1e-5);
 }
 
 // One forward/backward over every sequence of the reference; checks loss and all gradients.
@@ -167,13 +170,10 @@ int64_t check_gradients(ModelRun & run, const std::string & model_name, const st
     tp.cache_attn_type = cache_type;
     tp.gemm_input_type = gemm_input_type;
     ChunkDriver tr(model_chunk_builder(*run.model), tp);
-    double loss_sum = 0;
-    int64_t count = 0;
-    for (int64_t b = 0; b < ref.B; b++) {
-        ChunkStats st = tr.forward_backward(ref.ids.data() + b * ref.T, ref.T);
-        loss_sum += st.loss_sum;
-        count += st.n_targets;
-    }
+    ChunkStats total;
+    for (int64_t b = 0; b < ref.B; b++) accumulate(total, tr.forward_backward(ref.ids.data() + b * ref.T, ref.T));
+    const double loss_sum = total.loss_sum;
+    const int64_t count = total.n_targets;
     EXPECT_EQ(count, ref.B * (ref.T - 1));
     const double loss = loss_sum / count;
     EXPECT_LT(std::fabs(loss - ref.loss) / ref.loss, tol.loss) << "loss " << loss << " vs reference " << ref.loss;
