@@ -12,7 +12,7 @@
 #include "train-common.h"
 
 #include "gguf.h"
-#include "qwen2.h"
+#include "model.h"
 #include "tokenizer.h"
 
 #include <CLI/CLI.hpp>
@@ -43,7 +43,7 @@ int main(int argc, char ** argv) {
                  "oomb-eval"};
     app.get_formatter()->column_width(30);
     app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    app.add_option("-m,--model", model, "GGUF model (qwen2 architecture)")->required();
+    app.add_option("-m,--model", model, "GGUF model (qwen2 or llama architecture)")->required();
     app.add_option("--data", data, "text files or folders (.gz read directly)")->take_all();
     app.add_option("--data-bin", data_bin, "little-endian uint32 token ids instead of text");
     app.add_option("--vocab", vocab, "tokenizer GGUF when the model file has none");
@@ -71,7 +71,7 @@ int main(int argc, char ** argv) {
     std::string err;
     oomb_backend_t be = make_backend(device, threads, &err);
     if (!be) fail(PROG, err);
-    auto m = qwen2_load_gguf(model, be, OOMB_TYPE_F32, &err);
+    auto m = model_load_gguf(model, be, OOMB_TYPE_F32, &err);
     if (!m) fail(PROG, err);
     if (rope_theta > 0) m->cfg.rope_theta = (float) rope_theta;
 
@@ -110,7 +110,7 @@ int main(int argc, char ** argv) {
     tp.page = page;
     tp.max_tokens = ctx;
     tp.with_grad = false;  // forward only: no KV-gradient pages
-    ChunkDriver tr(qwen2_chunk_builder(*m), tp);
+    ChunkDriver tr(model_chunk_builder(*m), tp);
     double nll = 0;
     int64_t targets = 0, windows = 0;
     const auto t1 = std::chrono::steady_clock::now();

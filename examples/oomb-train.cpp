@@ -23,7 +23,7 @@
 
 #include "oomb-chunk.h"
 #include "oomb-opt.h"
-#include "qwen2.h"
+#include "model.h"
 #include "tokenizer.h"
 
 #include <nlohmann/json.hpp>
@@ -152,11 +152,11 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
                        "--out, or remove model.gguf and state.safetensors there");
     if (o.resume) {
         if (!is_file(ckpt_model)) fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + ckpt_model + " not found)");
-        T.model = qwen2_load_gguf(ckpt_model, T.be, compute_type(T.be), &err);
+        T.model = model_load_gguf(ckpt_model, T.be, compute_type(T.be), &err);
         if (!T.model) fail(PROG, "--resume: " + err);
     } else if (!o.model.empty()) {
         if (!is_file(o.model)) fail(PROG, "-m: '" + o.model + "': no such file");
-        T.model = qwen2_load_gguf(o.model, T.be, compute_type(T.be), &err);
+        T.model = model_load_gguf(o.model, T.be, compute_type(T.be), &err);
         if (!T.model) fail(PROG, err);
     } else {
         Qwen2Config c;
@@ -251,7 +251,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
     if (o.attn_cache && o.chunk >= o.ctx)
         printf("note: --attn-cache is unused: a sequence of --ctx %" PRId64 " tokens is one chunk (no stage 1 to keep results from)\n", o.ctx);
-    T.tr = std::make_unique<ChunkDriver>(qwen2_chunk_builder(M), tp);
+    T.tr = std::make_unique<ChunkDriver>(model_chunk_builder(M), tp);
 
     // ---- resume
     T.sampler.init(T.data.n_seqs, o.seed);

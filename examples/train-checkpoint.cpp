@@ -98,7 +98,7 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
                      uint64_t data_hash, const TrainProgress & p, std::string * err) {
     const std::string m_tmp = path(o, "model.gguf.saving"), s_tmp = path(o, "state.safetensors.saving");
     std::string name = o.preset.empty() ? "oomb-train" : ("oomb-train " + o.preset);
-    if (!qwen2_save_gguf(m, m_tmp, vocab_src, OOMB_TYPE_F32, name, err)) return false;
+    if (!model_save_gguf(m, m_tmp, vocab_src, OOMB_TYPE_F32, name, err)) return false;
     SafetensorsWriter w;
     std::vector<std::vector<uint8_t>> keep;  // raw f32 or bf16 moments (--opt-state)
     keep.reserve((size_t) oomb_opt_n_state(opt));

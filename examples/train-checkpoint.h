@@ -11,7 +11,7 @@
 #include "train-options.h"
 
 #include "oomb-opt.h"
-#include "qwen2.h"
+#include "model.h"
 
 #include <cstdint>
 #include <string>

@@ -4,7 +4,7 @@
 #include "train-checkpoint.h"
 
 #include "gguf.h"
-#include "qwen2.h"
+#include "model.h"
 #include "safetensors.h"
 
 #include <algorithm>
@@ -51,7 +51,7 @@ int dump_grads(const Options & o) {
         }
     } else fail(PROG, o.tokens + ": input_ids must be I32 or I64");
 
-    auto model = qwen2_load_gguf(o.model, be, compute_type(be), &err);
+    auto model = model_load_gguf(o.model, be, compute_type(be), &err);
     if (!model) fail(PROG, err);
     if (o.rope_theta > 0) model->cfg.rope_theta = (float) o.rope_theta;
     for (size_t i = 0; i < ids.size(); i++)
@@ -67,7 +67,7 @@ int dump_grads(const Options & o) {
     tp.kv_type = compute_type(be);
     tp.cache_attn = o.attn_cache;  // the verification can check the attention-cache path too
     tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
-    ChunkDriver tr(qwen2_chunk_builder(*model), tp);
+    ChunkDriver tr(model_chunk_builder(*model), tp);
     double loss_sum = 0;
     int64_t count = 0;
     for (int64_t b = 0; b < B; b++) {

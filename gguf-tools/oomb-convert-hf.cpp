@@ -1,5 +1,6 @@
-// oomb-convert-hf: converts a Hugging Face Qwen2 checkpoint folder to GGUF with llama.cpp's
-// tensor names and metadata keys (what llama.cpp's convert_hf_to_gguf.py writes for Qwen2).
+// oomb-convert-hf: converts a Hugging Face Qwen2 or Llama checkpoint folder to GGUF with llama.cpp's
+// tensor names and metadata keys (what llama.cpp's convert_hf_to_gguf.py writes for Qwen2 / Llama,
+// including Llama's permutation of the q_proj / k_proj rows for interleaved RoPE: llama-layout.h).
 //
 //   oomb-convert-hf HF_DIR -o OUT.gguf [--outtype f32|f16|bf16] [--vocab-only]
 //
@@ -9,6 +10,7 @@
 // GGUF tensor with ne = {in, out}. 2-D tensors get the output type (default: the checkpoint's own,
 // so the default conversion is bit-exact); 1-D tensors (norms, biases) are F32, as llama.cpp does.
 #include "qwen2-gguf.h"
+#include "llama-layout.h"
 
 #include "gguf.h"
 #include "safetensors.h"
@@ -82,7 +84,7 @@ std::string basename_of(std::string p) {
 
 int main(int argc, char** argv) {
     install_temp_file_cleanup(); // Ctrl-C / SIGTERM: remove OUT.tmp.<pid>, keep the previous OUT
-    CLI::App app{"Convert a Hugging Face Qwen2 checkpoint (safetensors) to GGUF, with llama.cpp's names and keys."};
+    CLI::App app{"Convert a Hugging Face Qwen2 or Llama checkpoint (safetensors) to GGUF, with llama.cpp's names and keys."};
     std::string dir, out, outtype;
     bool vocab_only = false;
     app.add_option("HF_DIR", dir, "Hugging Face model folder (config.json, *.safetensors, tokenizer.json)")->required();
@@ -102,9 +104,6 @@ int main(int argc, char** argv) {
     const bool has_config = is_file(dir + "/config.json");
 
     GGUFWriter w;
-    w.set_string("general.architecture", QWEN2_ARCH);
-    w.set_string("general.type", "model");
-
     Qwen2Config dims;
     bool has_rope_theta = false;
     std::string name_or_path;
@@ -113,6 +112,8 @@ int main(int argc, char** argv) {
     } else if (!vocab_only) {
         return fail(dir + ": no config.json (needed unless --vocab-only)");
     }
+    w.set_string("general.architecture", decoder_arch_name(dims.arch));
+    w.set_string("general.type", "model");
     std::string name = basename_of(name_or_path.empty() ? dir : name_or_path);
     w.set_string("general.name", name);
 
@@ -148,7 +149,7 @@ int main(int argc, char** argv) {
             continue;
         }
         const std::string g = qwen2_gguf_name(t->name);
-        if (g.empty()) return fail("cannot map tensor '" + t->name + "' to a llama.cpp Qwen2 name");
+        if (g.empty()) return fail("cannot map tensor '" + t->name + "' to a llama.cpp " + decoder_arch_name(dims.arch) + " name");
         if (g == "output.weight" && dims.tied) {
             fprintf(stderr, "oomb-convert-hf: note: tie_word_embeddings is set; skipping lm_head.weight\n");
             continue;
@@ -177,6 +178,12 @@ int main(int argc, char** argv) {
     }
     for (auto& kv : by_gguf)
         if (optional.count(kv.first)) plan.push_back(optional[kv.first]);
+    for (auto& kv : by_gguf) {  // e.g. a Llama checkpoint's biases: never dropped silently
+        bool in_plan = false;
+        for (auto& p : plan) in_plan = in_plan || p.name == kv.first;
+        if (!in_plan) return fail("tensor '" + kv.second->name + "' (" + kv.first + ") is not part of the " +
+                                  decoder_arch_name(dims.arch) + " layout");
+    }
 
     // Output type: default is the checkpoint's own (that of token_embd).
     std::vector<std::string> absent;
@@ -239,7 +246,18 @@ int main(int argc, char** argv) {
     if (w.open(out, &err)) return fail(err);
     for (size_t i = 0; i < w.tensors().size(); i++) {
         const GGUFTensorInfo& ti = w.tensors()[i];
-        if (!write_converted(w, *by_gguf[ti.name], ti.type, &err)) return fail(err);
+        const SafetensorsTensor* t = by_gguf[ti.name];
+        const int64_t qk_heads = llama_qk_heads(dims, plan[i].slot);
+        if (qk_heads) {
+            // Llama: q_proj / k_proj rows in llama.cpp's interleaved-RoPE order (convert_hf_to_gguf's permute)
+            std::vector<uint8_t> rows(t->data, t->data + t->nbytes);
+            llama_permute_qk_rows(rows.data(), qk_heads, dims.head_dim, t->nbytes / (size_t)t->shape[0]);
+            SafetensorsTensor p = *t;
+            p.data = rows.data();
+            if (!write_converted(w, p, ti.type, &err)) return fail(err);
+            continue;
+        }
+        if (!write_converted(w, *t, ti.type, &err)) return fail(err);
     }
     if (w.finish(&err)) return fail(err);
     fprintf(stderr, "oomb-convert-hf: wrote %s: %zu tensors, %s, %.1f MB\n", out.c_str(), w.tensors().size(),

@@ -66,9 +66,25 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
     // Multimodal wrappers keep the language model under text_config.
     if (c.contains("text_config") && c["text_config"].is_object() && !c.contains("hidden_size")) c = c["text_config"];
     std::string mt = c.value("model_type", std::string());
-    if (!mt.empty() && mt != QWEN2_ARCH) {
-        *err = path + ": model_type is '" + mt + "'; only qwen2 checkpoints are supported";
+    if (mt.empty()) mt = QWEN2_ARCH;
+    if (!decoder_arch_from_name(mt, &d->arch)) {
+        *err = path + ": model_type is '" + mt + "'; only qwen2 and llama checkpoints are supported";
         return false;
+    }
+    const bool llama = d->arch == DecoderArch::Llama;
+    if (llama) {
+        // the model has no q/k/v/o or MLP biases and no scaled RoPE (Llama 3.x rope_scaling: llama3)
+        for (const char* b : {"attention_bias", "mlp_bias"})
+            if (c.value(b, false)) { *err = path + ": " + b + " is true; Llama checkpoints with biases are not supported"; return false; }
+        for (const char* k : {"rope_scaling", "rope_parameters"}) {
+            auto it = c.find(k);
+            if (it == c.end() || !it->is_object()) continue;
+            const std::string t = it->value("rope_type", it->value("type", std::string("default")));
+            if (t != "default") {
+                *err = path + ": " + k + " has rope_type '" + t + "'; scaled RoPE (e.g. Llama 3.x frequency factors, rope_freqs) is not supported";
+                return false;
+            }
+        }
     }
     struct Req { const char* key; int64_t* dst; };
     Req req[] = {{"vocab_size", &d->n_vocab}, {"hidden_size", &d->n_embd}, {"intermediate_size", &d->n_ff},
@@ -114,7 +130,11 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
         auto it = c.find("_name_or_path");
         *name_or_path = it != c.end() && it->is_string() ? it->get<std::string>() : "";
     }
-    // Qwen2's head size is hidden_size / num_attention_heads
+    // Qwen2's head size is hidden_size / num_attention_heads; Llama's config may give head_dim
+    if (llama && get_int(c, "head_dim", &d->head_dim) && d->head_dim > 0) {
+        if (!qwen2_config_valid(*d, err)) { *err = path + ": " + *err; return false; }
+        return true;
+    }
     if (d->n_head > 0 && d->n_embd % d->n_head != 0) {
         *err = path + ": hidden_size " + std::to_string(d->n_embd) + " is not a multiple of num_attention_heads " +
                std::to_string(d->n_head);

@@ -17,8 +17,9 @@ namespace tools {
 // llama.cpp's general.file_type for an output type (F32 -> 0, F16 -> 1, BF16 -> 32).
 uint32_t llama_file_type(uint32_t ggml_type);
 
-// Reads config.json of an HF Qwen2 checkpoint (transformers 4 or 5 style) into a configuration
-// checked by qwen2_config_valid (n_vocab = vocab_size, head_dim = hidden_size / heads).
+// Reads config.json of an HF Qwen2 or Llama checkpoint (transformers 4 or 5 style; model_type picks
+// the arch) into a configuration checked by qwen2_config_valid (n_vocab = vocab_size, head_dim =
+// hidden_size / heads, or Llama's head_dim). Llama with biases or scaled RoPE is an error.
 // *has_rope_theta: whether the file gives rope_theta (else qwen2.rope.freq_base is not written).
 bool read_hf_config(const std::string& path, Qwen2Config* c, bool* has_rope_theta, std::string* name_or_path,
                     std::string* err);

@@ -28,8 +28,8 @@ void set_err(std::string * err, const std::string & m) {
     if (err) *err = m;
 }
 
-// One hyperparameter: its field in Qwen2Config, its GGUF key and its HF config.json name. The
-// order is llama.cpp's order of writing them.
+// One hyperparameter: its field in Qwen2Config, its GGUF key (after "<arch>.") and its HF
+// config.json name. The order is llama.cpp's order of writing them.
 struct Key {
     const char * field;
     const char * gguf;
@@ -40,17 +40,21 @@ struct Key {
 };
 
 const Key kKeys[] = {
-    {"n_layer", "qwen2.block_count", "num_hidden_layers", &Qwen2Config::n_layer, nullptr, true},
-    {"n_ctx_train", "qwen2.context_length", "max_position_embeddings", &Qwen2Config::n_ctx_train, nullptr, true},
-    {"n_embd", "qwen2.embedding_length", "hidden_size", &Qwen2Config::n_embd, nullptr, true},
-    {"n_ff", "qwen2.feed_forward_length", "intermediate_size", &Qwen2Config::n_ff, nullptr, true},
-    {"n_head", "qwen2.attention.head_count", "num_attention_heads", &Qwen2Config::n_head, nullptr, true},
-    {"n_head_kv", "qwen2.attention.head_count_kv", "num_key_value_heads", &Qwen2Config::n_head_kv, nullptr, false},
-    {"rope_theta", "qwen2.rope.freq_base", "rope_theta", nullptr, &Qwen2Config::rope_theta, false},
-    {"rms_eps", "qwen2.attention.layer_norm_rms_epsilon", "rms_norm_eps", nullptr, &Qwen2Config::rms_eps, true},
-    {"head_dim", "qwen2.attention.key_length", "head_dim", &Qwen2Config::head_dim, nullptr, false},
+    {"n_layer", "block_count", "num_hidden_layers", &Qwen2Config::n_layer, nullptr, true},
+    {"n_ctx_train", "context_length", "max_position_embeddings", &Qwen2Config::n_ctx_train, nullptr, true},
+    {"n_embd", "embedding_length", "hidden_size", &Qwen2Config::n_embd, nullptr, true},
+    {"n_ff", "feed_forward_length", "intermediate_size", &Qwen2Config::n_ff, nullptr, true},
+    {"n_head", "attention.head_count", "num_attention_heads", &Qwen2Config::n_head, nullptr, true},
+    {"n_head_kv", "attention.head_count_kv", "num_key_value_heads", &Qwen2Config::n_head_kv, nullptr, false},
+    {"rope_theta", "rope.freq_base", "rope_theta", nullptr, &Qwen2Config::rope_theta, false},
+    {"rms_eps", "attention.layer_norm_rms_epsilon", "rms_norm_eps", nullptr, &Qwen2Config::rms_eps, true},
+    {"head_dim", "attention.key_length", "head_dim", &Qwen2Config::head_dim, nullptr, false},
 };
-constexpr const char * KEY_VALUE_LENGTH = "qwen2.attention.value_length";  // written = key_length
+constexpr const char * KEY_VALUE_LENGTH = "attention.value_length";  // written = key_length
+// Llama only (llama.cpp's converter writes them): checked on read
+constexpr const char * KEY_VOCAB_SIZE = "vocab_size";
+constexpr const char * KEY_ROPE_DIM = "rope.dimension_count";
+constexpr const char * KEY_ROPE_SCALING = "rope.scaling.type";
 constexpr float DEFAULT_FREQ_BASE = 10000.0f;  // llama.cpp's, when rope.freq_base is absent
 
 const Key & key_of(const char * field) {
@@ -59,36 +63,46 @@ const Key & key_of(const char * field) {
     return kKeys[0];  // unreachable: every caller names a field of the table
 }
 
+// "<arch>.<suffix>": the full GGUF key
+std::string gkey(DecoderArch a, const char * suffix) { return std::string(decoder_arch_name(a)) + "." + suffix; }
+
 // "n_embd (qwen2.embedding_length, HF hidden_size)"
-std::string field_desc(const char * field) {
+std::string field_desc(DecoderArch a, const char * field) {
     const Key & k = key_of(field);
-    return std::string(field) + " (" + k.gguf + ", HF " + k.hf + ")";
+    return std::string(field) + " (" + gkey(a, k.gguf) + ", HF " + k.hf + ")";
 }
+
+// Whether a tensor is in an architecture's layout: required, optional (llama.cpp accepts it, this
+// model refuses it) or not at all.
+enum Need : uint8_t { REQ, OPT, NONE };
 
 struct Block {
     const char * gguf;  // after "blk.N."
     const char * hf;    // after "model.layers.N."
     Qwen2TensorKind kind;
-    bool optional;
+    Need need[2];       // by DecoderArch: Qwen2, Llama
     Qwen2Slot slot;
 };
 
-// The 12 tensors of a block, in file order, then the optional ones.
+// The tensors of a block, in file order, then the optional ones.
 const Block kBlock[] = {
-    {"attn_norm.weight", "input_layernorm.weight", Qwen2TensorKind::Norm, false, Qwen2Slot::AttnNorm},
-    {"attn_q.weight", "self_attn.q_proj.weight", Qwen2TensorKind::Weight, false, Qwen2Slot::Wq},
-    {"attn_q.bias", "self_attn.q_proj.bias", Qwen2TensorKind::Bias, false, Qwen2Slot::Bq},
-    {"attn_k.weight", "self_attn.k_proj.weight", Qwen2TensorKind::Weight, false, Qwen2Slot::Wk},
-    {"attn_k.bias", "self_attn.k_proj.bias", Qwen2TensorKind::Bias, false, Qwen2Slot::Bk},
-    {"attn_v.weight", "self_attn.v_proj.weight", Qwen2TensorKind::Weight, false, Qwen2Slot::Wv},
-    {"attn_v.bias", "self_attn.v_proj.bias", Qwen2TensorKind::Bias, false, Qwen2Slot::Bv},
-    {"attn_output.weight", "self_attn.o_proj.weight", Qwen2TensorKind::Weight, false, Qwen2Slot::Wo},
-    {"ffn_norm.weight", "post_attention_layernorm.weight", Qwen2TensorKind::Norm, false, Qwen2Slot::FfnNorm},
-    {"ffn_gate.weight", "mlp.gate_proj.weight", Qwen2TensorKind::Weight, false, Qwen2Slot::WGate},
-    {"ffn_up.weight", "mlp.up_proj.weight", Qwen2TensorKind::Weight, false, Qwen2Slot::WUp},
-    {"ffn_down.weight", "mlp.down_proj.weight", Qwen2TensorKind::Weight, false, Qwen2Slot::WDown},
-    {"attn_output.bias", "self_attn.o_proj.bias", Qwen2TensorKind::Bias, true, Qwen2Slot::Bo},
+    {"attn_norm.weight", "input_layernorm.weight", Qwen2TensorKind::Norm, {REQ, REQ}, Qwen2Slot::AttnNorm},
+    {"attn_q.weight", "self_attn.q_proj.weight", Qwen2TensorKind::Weight, {REQ, REQ}, Qwen2Slot::Wq},
+    {"attn_q.bias", "self_attn.q_proj.bias", Qwen2TensorKind::Bias, {REQ, OPT}, Qwen2Slot::Bq},
+    {"attn_k.weight", "self_attn.k_proj.weight", Qwen2TensorKind::Weight, {REQ, REQ}, Qwen2Slot::Wk},
+    {"attn_k.bias", "self_attn.k_proj.bias", Qwen2TensorKind::Bias, {REQ, OPT}, Qwen2Slot::Bk},
+    {"attn_v.weight", "self_attn.v_proj.weight", Qwen2TensorKind::Weight, {REQ, REQ}, Qwen2Slot::Wv},
+    {"attn_v.bias", "self_attn.v_proj.bias", Qwen2TensorKind::Bias, {REQ, OPT}, Qwen2Slot::Bv},
+    {"attn_output.weight", "self_attn.o_proj.weight", Qwen2TensorKind::Weight, {REQ, REQ}, Qwen2Slot::Wo},
+    {"ffn_norm.weight", "post_attention_layernorm.weight", Qwen2TensorKind::Norm, {REQ, REQ}, Qwen2Slot::FfnNorm},
+    {"ffn_gate.weight", "mlp.gate_proj.weight", Qwen2TensorKind::Weight, {REQ, REQ}, Qwen2Slot::WGate},
+    {"ffn_up.weight", "mlp.up_proj.weight", Qwen2TensorKind::Weight, {REQ, REQ}, Qwen2Slot::WUp},
+    {"ffn_down.weight", "mlp.down_proj.weight", Qwen2TensorKind::Weight, {REQ, REQ}, Qwen2Slot::WDown},
+    {"attn_output.bias", "self_attn.o_proj.bias", Qwen2TensorKind::Bias, {OPT, OPT}, Qwen2Slot::Bo},
 };
+
+// Whether arch's blocks have the q/k/v biases.
+bool has_qkv_bias(DecoderArch a) { return kBlock[2].need[(int) a] == REQ; }
 
 struct Global {
     const char * gguf;
@@ -99,6 +113,9 @@ struct Global {
 const Global kEmbd = {"token_embd.weight", "model.embed_tokens.weight", Qwen2TensorKind::Weight, Qwen2Slot::TokEmbd};
 const Global kOutNorm = {"output_norm.weight", "model.norm.weight", Qwen2TensorKind::Norm, Qwen2Slot::OutputNorm};
 const Global kOutput = {"output.weight", "lm_head.weight", Qwen2TensorKind::Weight, Qwen2Slot::Output};
+// Llama 3.x RoPE frequency factors (f32 {head_dim / 2}; llama.cpp computes them from HF's
+// rope_scaling at conversion): optional in the Llama layout, refused by this model
+const Global kRopeFreqs = {"rope_freqs.weight", "", Qwen2TensorKind::Norm, Qwen2Slot::RopeFreqs};
 
 // ggml shape of a block tensor.
 std::vector<int64_t> block_ne(const Qwen2Config & c, Qwen2Slot slot) {
@@ -111,6 +128,7 @@ std::vector<int64_t> block_ne(const Qwen2Config & c, Qwen2Slot slot) {
     case Qwen2Slot::Wo: return {Dq, E};
     case Qwen2Slot::WGate: case Qwen2Slot::WUp: return {E, c.n_ff};
     case Qwen2Slot::WDown: return {c.n_ff, E};
+    case Qwen2Slot::RopeFreqs: return {c.head_dim / 2};
     default: return {E};  // attn_norm, ffn_norm, attn_output.bias
     }
 }
@@ -186,20 +204,20 @@ bool qwen2_config_valid(const Qwen2Config & c, std::string * err) {
     for (const Key & k : kKeys) {
         if (!k.i) continue;
         const int64_t v = c.*k.i;
-        if (v <= 0 || v > INT32_MAX) return bad(field_desc(k.field) + " = " + std::to_string(v) + " must be from 1 to 2147483647");
+        if (v <= 0 || v > INT32_MAX) return bad(field_desc(c.arch, k.field) + " = " + std::to_string(v) + " must be from 1 to 2147483647");
     }
     if (c.n_head % c.n_head_kv != 0)
         return bad("n_head " + std::to_string(c.n_head) + " is not a multiple of n_head_kv " + std::to_string(c.n_head_kv) + " (" +
-                   key_of("n_head").gguf + ", " + key_of("n_head_kv").gguf + ")");
-    if (c.head_dim % 2 != 0) return bad(field_desc("head_dim") + " = " + std::to_string(c.head_dim) + " must be even (RoPE rotates pairs)");
+                   gkey(c.arch, key_of("n_head").gguf) + ", " + gkey(c.arch, key_of("n_head_kv").gguf) + ")");
+    if (c.head_dim % 2 != 0) return bad(field_desc(c.arch, "head_dim") + " = " + std::to_string(c.head_dim) + " must be even (RoPE rotates pairs)");
     int64_t dq = 0;
     if (!mul_ok(c.n_head, c.head_dim, &dq) || dq > INT32_MAX)
         return bad("n_head * head_dim = " + std::to_string(c.n_head) + " * " + std::to_string(c.head_dim) + " exceeds 2147483647");
     int64_t n = 0;
     if (!qwen2_n_elements(c, &n)) return bad("the model's element count overflows 64 bits");
     // Written as float32: must be finite and positive as such.
-    if (!(std::isfinite(c.rope_theta) && c.rope_theta > 0.0f)) return bad(field_desc("rope_theta") + " must be finite and > 0");
-    if (!(std::isfinite(c.rms_eps) && c.rms_eps > 0.0f)) return bad(field_desc("rms_eps") + " must be finite and > 0");
+    if (!(std::isfinite(c.rope_theta) && c.rope_theta > 0.0f)) return bad(field_desc(c.arch, "rope_theta") + " must be finite and > 0");
+    if (!(std::isfinite(c.rms_eps) && c.rms_eps > 0.0f)) return bad(field_desc(c.arch, "rms_eps") + " must be finite and > 0");
     return true;
 }
 
@@ -207,7 +225,8 @@ bool qwen2_n_elements(const Qwen2Config & c, int64_t * out) {
     // per block: 2 norms, q/k/v/o weights and q/k/v biases, 3 MLP matrices; every term of int32 sizes
     int64_t dq, dkv, t, blk = 0, n = 0;
     if (!mul_ok(c.n_head, c.head_dim, &dq) || !mul_ok(c.n_head_kv, c.head_dim, &dkv)) return false;
-    const int64_t terms[][2] = {{2, c.n_embd}, {c.n_embd, dq}, {dq, 1}, {2 * c.n_embd, dkv}, {2, dkv},
+    const int64_t nb = has_qkv_bias(c.arch) ? 1 : 0;  // the q/k/v biases
+    const int64_t terms[][2] = {{2, c.n_embd}, {c.n_embd, dq}, {dq, nb}, {2 * c.n_embd, dkv}, {2 * nb, dkv},
                                 {dq, c.n_embd}, {3 * c.n_embd, c.n_ff}};
     for (auto & p : terms)
         if (!mul_ok(p[0], p[1], &t) || !add_ok(blk, t, &blk)) return false;
@@ -223,18 +242,23 @@ bool qwen2_n_elements(const Qwen2Config & c, int64_t * out) {
 
 std::vector<Qwen2TensorSpec> qwen2_tensors(const Qwen2Config & c, bool with_optional) {
     std::vector<Qwen2TensorSpec> t;
-    auto blocks = [&](bool optional) {
+    const int a = (int) c.arch;
+    auto blocks = [&](Need need) {
         for (int64_t l = 0; l < c.n_layer; l++) {
             const std::string b = "blk." + std::to_string(l) + ".", h = "model.layers." + std::to_string(l) + ".";
             for (const Block & k : kBlock)
-                if (k.optional == optional) t.push_back({b + k.gguf, h + k.hf, block_ne(c, k.slot), k.kind, k.optional, l, k.slot});
+                if (k.need[a] == need) t.push_back({b + k.gguf, h + k.hf, block_ne(c, k.slot), k.kind, need == OPT, l, k.slot});
         }
     };
     t.push_back({kEmbd.gguf, kEmbd.hf, {c.n_embd, c.n_vocab}, kEmbd.kind, false, -1, kEmbd.slot});
-    blocks(false);
+    blocks(REQ);
     t.push_back({kOutNorm.gguf, kOutNorm.hf, {c.n_embd}, kOutNorm.kind, false, -1, kOutNorm.slot});
     if (!c.tied) t.push_back({kOutput.gguf, kOutput.hf, {c.n_embd, c.n_vocab}, kOutput.kind, false, -1, kOutput.slot});
-    if (with_optional) blocks(true);
+    if (with_optional) {
+        blocks(OPT);
+        if (c.arch == DecoderArch::Llama)
+            t.push_back({kRopeFreqs.gguf, kRopeFreqs.hf, block_ne(c, kRopeFreqs.slot), kRopeFreqs.kind, true, -1, kRopeFreqs.slot});
+    }
     return t;
 }
 
@@ -255,82 +279,100 @@ std::string qwen2_gguf_name(const std::string & hf) {
 // ---------------------------------------------------------------------------------------------
 // Metadata
 
+const char * decoder_arch_name(DecoderArch a) { return a == DecoderArch::Llama ? "llama" : QWEN2_ARCH; }
+
+bool decoder_arch_from_name(const std::string & name, DecoderArch * a) {
+    for (DecoderArch x : {DecoderArch::Qwen2, DecoderArch::Llama})
+        if (name == decoder_arch_name(x)) {
+            *a = x;
+            return true;
+        }
+    return false;
+}
+
 void qwen2_write_hparams(GGUFWriter & w, const Qwen2Config & c, bool write_rope_theta) {
+    const DecoderArch a = c.arch;
+    if (a == DecoderArch::Llama) w.set_u32(gkey(a, KEY_VOCAB_SIZE), (uint32_t) c.n_vocab);
     for (const Key & k : kKeys) {
         if (k.i == &Qwen2Config::head_dim) {
             if (c.n_head > 0 && c.head_dim == c.n_embd / c.n_head) continue;  // the default: llama.cpp derives it
-            w.set_u32(k.gguf, (uint32_t) c.head_dim);
-            w.set_u32(KEY_VALUE_LENGTH, (uint32_t) c.head_dim);
+            w.set_u32(gkey(a, k.gguf), (uint32_t) c.head_dim);
+            w.set_u32(gkey(a, KEY_VALUE_LENGTH), (uint32_t) c.head_dim);
         } else if (k.i) {
-            w.set_u32(k.gguf, (uint32_t) (c.*k.i));
+            w.set_u32(gkey(a, k.gguf), (uint32_t) (c.*k.i));
         } else if (write_rope_theta || k.f != &Qwen2Config::rope_theta) {
-            w.set_f32(k.gguf, c.*k.f);
+            w.set_f32(gkey(a, k.gguf), c.*k.f);
         }
     }
+    if (a == DecoderArch::Llama) w.set_u32(gkey(a, KEY_ROPE_DIM), (uint32_t) c.head_dim);
 }
 
 gguf_status qwen2_read_config(const GGUFReader & r, Qwen2Config * out, std::string * err) {
+    return decoder_read_config(r, DecoderArch::Qwen2, out, err);
+}
+
+gguf_status decoder_read_config(const GGUFReader & r, DecoderArch a, Qwen2Config * out, std::string * err) {
     const std::string & path = r.path();
     std::string arch;
     if (gguf_status s = r.get_string("general.architecture", &arch, err)) return s;
-    if (arch != QWEN2_ARCH) {
-        set_err(err, path + ": general.architecture is '" + arch + "', expected 'qwen2'");
+    if (arch != decoder_arch_name(a)) {
+        set_err(err, path + ": general.architecture is '" + arch + "', expected '" + decoder_arch_name(a) + "'");
         return GGUF_ERR_TYPE;
     }
     Qwen2Config c;
+    c.arch = a;
     c.n_ctx_train = 0;
     c.rope_theta = DEFAULT_FREQ_BASE;
     c.n_head_kv = 0;
     c.head_dim = 0;
     for (const Key & k : kKeys) {
-        if (!r.find(k.gguf)) {
+        const std::string key = gkey(a, k.gguf);
+        if (!r.find(key)) {
             if (!k.required) continue;
-            set_err(err, path + ": key '" + k.gguf + "' is missing");
+            set_err(err, path + ": key '" + key + "' is missing");
             return GGUF_ERR_NOT_FOUND;
         }
         if (k.f) {
-            if (gguf_status s = r.get_f32(k.gguf, &(c.*k.f), err)) return s;
+            if (gguf_status s = r.get_f32(key, &(c.*k.f), err)) return s;
             continue;
         }
         uint32_t v = 0;  // llama.cpp's keys are u32: a larger value is out of range, not truncated
-        if (gguf_status s = r.get_u32(k.gguf, &v, err)) return s;
+        if (gguf_status s = r.get_u32(key, &v, err)) return s;
         if (v == 0) {
-            set_err(err, path + ": key '" + k.gguf + "' is 0");
+            set_err(err, path + ": key '" + key + "' is 0");
             return GGUF_ERR_TYPE;
         }
         c.*k.i = v;
     }
     if (c.n_ctx_train == 0) c.n_ctx_train = 32768;  // key absent: the Qwen2.5 default
-    // RoPE scaling (YaRN, linear, ...) changes the model's function: refused rather than trained
-    // with plain RoPE. (A sliding-window key is ignored, as llama.cpp ignores it for qwen2.)
-    if (r.find("qwen2.rope.scaling.type")) {
-        std::string st;
-        if (gguf_status s = r.get_string("qwen2.rope.scaling.type", &st, err)) return s;
-        float factor = 1.0f;
-        if (r.find("qwen2.rope.scaling.factor")) {
-            if (gguf_status s = r.get_f32("qwen2.rope.scaling.factor", &factor, err)) return s;
-        }
-        if (st != "none" && !(st == "linear" && factor == 1.0f)) {
-            set_err(err, path + ": qwen2.rope.scaling.type is '" + st + "' (factor " + fmt("%g", factor) +
-                             "): RoPE scaling is not supported (plain RoPE only; --rope-theta sets the base)");
-            return GGUF_ERR_TYPE;
-        }
-    }
     if (c.n_head_kv == 0) c.n_head_kv = c.n_head;
     if (c.head_dim == 0) {
         if (c.n_embd % c.n_head != 0) {
             set_err(err, path + fmt(": inconsistent attention shape: embedding_length %" PRId64 " is not a multiple of head_count %" PRId64
-                                    " (and no %s)", c.n_embd, c.n_head, key_of("head_dim").gguf));
+                                    " (and no %s)", c.n_embd, c.n_head, gkey(a, key_of("head_dim").gguf).c_str()));
             return GGUF_ERR_TYPE;
         }
         c.head_dim = c.n_embd / c.n_head;
     }
-    if (r.find(KEY_VALUE_LENGTH)) {
+    // keys that must agree with the others when present: value_length (both), rope.dimension_count
+    // (llama.cpp writes it for Llama: partial RoPE is not supported), rope.scaling.type
+    for (const char * suffix : {KEY_VALUE_LENGTH, KEY_ROPE_DIM}) {
+        const std::string key = gkey(a, suffix);
+        if (!r.find(key)) continue;
         uint32_t v = 0;
-        if (gguf_status s = r.get_u32(KEY_VALUE_LENGTH, &v, err)) return s;
+        if (gguf_status s = r.get_u32(key, &v, err)) return s;
         if ((int64_t) v != c.head_dim) {
-            set_err(err, path + fmt(": key '%s' = %u differs from the key head size %" PRId64 " (Qwen2 attention needs equal sizes)",
-                                    KEY_VALUE_LENGTH, v, c.head_dim));
+            set_err(err, path + fmt(": key '%s' = %u differs from the key head size %" PRId64 " (the attention needs %s)", key.c_str(), v,
+                                    c.head_dim, suffix == KEY_ROPE_DIM ? "RoPE over the whole head" : "equal sizes"));
+            return GGUF_ERR_TYPE;
+        }
+    }
+    if (r.find(gkey(a, KEY_ROPE_SCALING))) {
+        std::string type;
+        if (gguf_status s = r.get_string(gkey(a, KEY_ROPE_SCALING), &type, err)) return s;
+        if (type != "none") {
+            set_err(err, path + ": key '" + gkey(a, KEY_ROPE_SCALING) + "' is '" + type +
+                             "': scaled RoPE is not supported (only rope.freq_base; use --rope-theta)");
             return GGUF_ERR_TYPE;
         }
     }
@@ -342,7 +384,7 @@ gguf_status qwen2_read_config(const GGUFReader & r, Qwen2Config * out, std::stri
     }
     if (emb->n_dims != 2 || emb->ne[0] != c.n_embd || emb->ne[1] <= 0 || emb->ne[1] > INT32_MAX) {
         set_err(err, path + fmt(": tensor 'token_embd.weight' has ne %s, expected [%" PRId64 " (%s), n_vocab]",
-                                ne_str(emb->ne, emb->n_dims).c_str(), c.n_embd, key_of("n_embd").gguf));
+                                ne_str(emb->ne, emb->n_dims).c_str(), c.n_embd, gkey(a, key_of("n_embd").gguf).c_str()));
         return GGUF_ERR_TYPE;
     }
     std::set<int64_t> blocks;  // at most one entry per tensor of the file
@@ -355,18 +397,27 @@ gguf_status qwen2_read_config(const GGUFReader & r, Qwen2Config * out, std::stri
         if (b < 0) continue;
         if (b >= c.n_layer) {
             set_err(err, path + fmt(": tensor '%s' belongs to block %" PRId64 " but %s = %" PRId64, t.name.c_str(), b,
-                                    key_of("n_layer").gguf, c.n_layer));
+                                    gkey(a, key_of("n_layer").gguf).c_str(), c.n_layer));
             return GGUF_ERR_TYPE;
         }
         blocks.insert(b);
     }
     if ((int64_t) blocks.size() != c.n_layer) {
-        set_err(err, path + fmt(": %s = %" PRId64 " but the file has tensors of %zu blocks", key_of("n_layer").gguf, c.n_layer,
-                                blocks.size()));
+        set_err(err, path + fmt(": %s = %" PRId64 " but the file has tensors of %zu blocks", gkey(a, key_of("n_layer").gguf).c_str(),
+                                c.n_layer, blocks.size()));
         return GGUF_ERR_TYPE;
     }
     c.n_vocab = emb->ne[1];
     c.tied = r.find_tensor(kOutput.gguf) == nullptr;
+    if (r.find(gkey(a, KEY_VOCAB_SIZE))) {
+        uint32_t v = 0;
+        if (gguf_status s = r.get_u32(gkey(a, KEY_VOCAB_SIZE), &v, err)) return s;
+        if ((int64_t) v != c.n_vocab) {
+            set_err(err, path + fmt(": key '%s' = %u differs from the %" PRId64 " rows of token_embd.weight", gkey(a, KEY_VOCAB_SIZE).c_str(),
+                                    v, c.n_vocab));
+            return GGUF_ERR_TYPE;
+        }
+    }
     if (!qwen2_config_valid(c, err)) {
         if (err) *err = path + ": " + *err;
         return GGUF_ERR_TYPE;
@@ -382,12 +433,15 @@ gguf_status qwen2_check_tensors(const GGUFReader & r, const Qwen2Config & c, boo
     for (const Qwen2TensorSpec & s : specs) by_name[s.name] = &s;
     for (const GGUFTensorInfo & t : r.tensors()) {
         auto it = by_name.find(t.name);
+        const std::string arch = c.arch == DecoderArch::Llama ? "Llama" : "Qwen2";
         if (it == by_name.end()) {
-            set_err(err, path + ": tensor '" + t.name + "' is not part of the Qwen2 layout");
+            set_err(err, path + ": tensor '" + t.name + "' is not part of the " + arch + " layout");
             return GGUF_ERR_TYPE;
         }
         if (it->second->optional && !allow_optional) {
-            set_err(err, path + ": tensor '" + t.name + "' (optional in llama.cpp's layout) is not supported by this Qwen2 model");
+            set_err(err, path + ": tensor '" + t.name + "' (optional in llama.cpp's layout" +
+                             (it->second->slot == Qwen2Slot::RopeFreqs ? ": Llama 3.x RoPE frequency factors" : "") +
+                             ") is not supported by this " + arch + " model");
             return GGUF_ERR_TYPE;
         }
     }

@@ -5,8 +5,12 @@
 //
 // Users: the model (qwen2_create / qwen2_load_gguf / qwen2_save_gguf), oomb-convert-hf,
 // oomb-gguf-init, the trainer and the benchmarks. Nothing else spells a qwen2.* key or a blk.N
-// tensor name. A second architecture (e.g. Llama) adds its own <arch>-layout.{h,cpp} beside this
-// one, with the same parts: config, key table, tensor list, checks.
+// tensor name.
+//
+// The tables here describe the llama.cpp decoder family, not only Qwen2: a DecoderArch picks the
+// key prefix ("qwen2." / "llama.") and which tensors a block has (Qwen2: q/k/v biases; Llama: none,
+// biases and rope_freqs.weight optional in llama.cpp's layout). llama-layout.{h,cpp} names the
+// Llama side (its keys, its checks) through these same tables, so the two never drift apart.
 //
 // Design: the loader's contract is "check, then allocate". qwen2_read_config() derives the
 // configuration from the metadata and checks it against the tensor table (layer count against the
@@ -27,9 +31,20 @@ namespace oomb {
 /// general.architecture of a Qwen2 file, and the prefix of its keys.
 constexpr const char * QWEN2_ARCH = "qwen2";
 
-/// A Qwen2 model's configuration. Each field is written to / read from one GGUF key and one HF
-/// config.json field (qwen2-layout.cpp's key table); n_vocab and tied come from the tensors.
+/// An architecture of the decoder family of these tables. Qwen2: q/k/v biases. Llama: no biases,
+/// and its files store the rows of attn_q / attn_k in llama.cpp's interleaved-RoPE order (see
+/// llama-layout.h); the model un-permutes them on load.
+enum class DecoderArch { Qwen2, Llama };
+/// general.architecture of arch ("qwen2", "llama"): also the prefix of its keys.
+const char * decoder_arch_name(DecoderArch arch);
+/// The DecoderArch of a general.architecture value; false for another.
+bool decoder_arch_from_name(const std::string & name, DecoderArch * arch);
+
+/// A Qwen2 (or, with arch = Llama, a Llama) model's configuration. Each field is written to / read
+/// from one GGUF key (<arch>.block_count ...) and one HF config.json field (qwen2-layout.cpp's key
+/// table); n_vocab and tied come from the tensors.
 struct Qwen2Config {
+    DecoderArch arch = DecoderArch::Qwen2;  // general.architecture
     int64_t n_vocab = 0;          // rows of token_embd.weight (HF vocab_size)
     int64_t n_embd = 0;           // qwen2.embedding_length (hidden_size)
     int64_t n_ff = 0;             // qwen2.feed_forward_length (intermediate_size)
@@ -67,7 +82,7 @@ enum class Qwen2TensorKind { Weight, Norm, Bias };
 
 /// Which weight of the model a tensor is (the model binds its fields by this, not by name).
 enum class Qwen2Slot {
-    TokEmbd, AttnNorm, Wq, Bq, Wk, Bk, Wv, Bv, Wo, FfnNorm, WGate, WUp, WDown, Bo, OutputNorm, Output,
+    TokEmbd, AttnNorm, Wq, Bq, Wk, Bk, Wv, Bv, Wo, FfnNorm, WGate, WUp, WDown, Bo, OutputNorm, Output, RopeFreqs,
 };
 
 /// One tensor of the layout.
@@ -82,18 +97,21 @@ struct Qwen2TensorSpec {
     bool is_1d() const { return ne.size() == 1; }
 };
 
-/// Every tensor of a model of configuration cfg, in file order: token_embd, each block's 12, the
-/// final norm and, when untied, output.weight. With `with_optional`, the optional ones follow
-/// (blk.N.attn_output.bias). Shapes use cfg.head_dim (attn_q: {n_embd, n_head * head_dim}).
+/// Every tensor of a model of configuration cfg, in file order: token_embd, each block's 12 (Qwen2)
+/// or 9 (Llama: no biases), the final norm and, when untied, output.weight. With `with_optional`,
+/// the optional ones follow (blk.N.attn_output.bias; Llama: the q/k/v/o biases and
+/// rope_freqs.weight {head_dim / 2}). Shapes use cfg.head_dim (attn_q: {n_embd, n_head * head_dim}).
 /// Precondition: qwen2_config_valid(cfg).
 std::vector<Qwen2TensorSpec> qwen2_tensors(const Qwen2Config & cfg, bool with_optional = false);
 
-/// Maps an HF Qwen2ForCausalLM parameter name to its GGUF name; empty when it has none.
+/// Maps an HF Qwen2ForCausalLM (or LlamaForCausalLM: the same names) parameter name to its GGUF
+/// name; empty when it has none.
 std::string qwen2_gguf_name(const std::string & hf_name);
 
-/// Writes the qwen2.* hyperparameter keys of a valid cfg in llama.cpp's order (block_count, context_length,
+/// Writes the <arch>.* hyperparameter keys (cfg.arch: qwen2.*, llama.*) of a valid cfg in llama.cpp's order (block_count, context_length,
 /// embedding_length, feed_forward_length, head_count, head_count_kv, rope.freq_base,
-/// layer_norm_rms_epsilon, then key_length / value_length when head_dim != n_embd / n_head).
+/// layer_norm_rms_epsilon, then key_length / value_length when head_dim != n_embd / n_head; Llama
+/// also vocab_size and rope.dimension_count, as llama.cpp's converter writes them).
 /// `write_rope_theta` = false leaves rope.freq_base out (an HF config without rope_theta: readers
 /// use llama.cpp's default, 10000). general.* keys are the caller's.
 void qwen2_write_hparams(GGUFWriter & w, const Qwen2Config & cfg, bool write_rope_theta = true);
@@ -107,12 +125,17 @@ void qwen2_write_hparams(GGUFWriter & w, const Qwen2Config & cfg, bool write_rop
 /// or token_embd.weight), GGUF_ERR_TYPE (wrong architecture, key type, value or inconsistency),
 /// with a message "<path>: <key or tensor>: <problem>" in *err.
 gguf_status qwen2_read_config(const GGUFReader & r, Qwen2Config * cfg, std::string * err);
+/// qwen2_read_config for the architecture `arch` (general.architecture must name it). Llama also
+/// checks llama.vocab_size against token_embd and llama.rope.dimension_count against head_dim
+/// (partial RoPE is not supported); for both, <arch>.rope.scaling.type other than "none" is refused
+/// (the model has no scaled RoPE: use --rope-theta).
+gguf_status decoder_read_config(const GGUFReader & r, DecoderArch arch, Qwen2Config * cfg, std::string * err);
 
 /// Checks that the file holds every tensor of cfg (as qwen2_read_config(r) returned it: its layer
 /// count is bounded by the file's tensors) with its ne and a readable type, and no tensor outside
 /// the layout (an optional one is an error too when `allow_optional` is false: the model
 /// has no place for it). GGUF_ERR_NOT_FOUND (missing tensor), GGUF_ERR_TYPE (shape, type, unknown
-/// or unsupported tensor); the message names the tensor.
+/// or unsupported tensor); the message names the tensor. Checks cfg.arch's layout.
 gguf_status qwen2_check_tensors(const GGUFReader & r, const Qwen2Config & cfg, bool allow_optional, std::string * err);
 
 } // namespace oomb

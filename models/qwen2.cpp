@@ -1,6 +1,7 @@
 // Qwen2 on ggml-oomb: weights, GGUF load/save, and the chunk graph for OOMB training (see qwen2.h).
 
 #include "qwen2.h"
+#include "llama-layout.h"  // the attn_q / attn_k row order of Llama files
 
 #include "gguf.h"
 #include "../src/fp16.h"
@@ -76,7 +77,7 @@ std::unique_ptr<Qwen2Model> qwen2_create_or_error(const Qwen2Config & cfg, oomb_
         case Qwen2Slot::WGate: L->w_gate = t; break;
         case Qwen2Slot::WUp: L->w_up = t; break;
         case Qwen2Slot::WDown: L->w_down = t; break;
-        case Qwen2Slot::Bo: break;  // optional, not in qwen2_tensors(cfg)
+        case Qwen2Slot::Bo: case Qwen2Slot::RopeFreqs: break;  // optional, not in qwen2_tensors(cfg)
         }
     }
     size_t bytes = 0;
@@ -155,28 +156,38 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
 }
 
 std::unique_ptr<Qwen2Model> qwen2_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err) {
+    return decoder_load_gguf(path, DecoderArch::Qwen2, backend, wtype, err);
+}
+
+std::unique_ptr<Qwen2Model> decoder_load_gguf(const std::string & path, DecoderArch arch, oomb_backend_t backend, oomb_type wtype,
+                                              std::string * err) {
     GGUFReader r;
     if (r.open(path, err) != GGUF_OK) return nullptr;
     // check, then allocate: the metadata against the tensor table, every tensor's shape and type
     Qwen2Config c;
-    if (qwen2_read_config(r, &c, err) != GGUF_OK) return nullptr;
+    if (decoder_read_config(r, arch, &c, err) != GGUF_OK) return nullptr;
     if (qwen2_check_tensors(r, c, false, err) != GGUF_OK) return nullptr;
     auto m = qwen2_create_or_error(c, backend, wtype, err);
     if (!m) {
         if (err) *err = path + ": " + *err;
         return nullptr;
     }
-    for (oomb_tensor * t : m->params) {
+    for (size_t i = 0; i < m->params.size(); i++) {
+        oomb_tensor * t = m->params[i];
         const GGUFTensorInfo & ti = *r.find_tensor(t->name);  // present: qwen2_check_tensors
+        // Llama's attn_q / attn_k rows: the file's interleaved-RoPE order back to HF's (llama-layout.h)
+        const int64_t qk_heads = llama_qk_heads(c, m->specs[i].slot);
         if (t->type == OOMB_TYPE_BF16 && ti.type == GGUF_TENSOR_BF16) {
             // bit-exact: copy the bf16 payload
             std::vector<uint16_t> h((size_t) oomb_nelements(t));
             if (r.read_tensor(ti, GGUF_TENSOR_BF16, h.data(), h.size() * 2, err) != GGUF_OK) return nullptr;
+            if (qk_heads) llama_unpermute_qk_rows(h.data(), qk_heads, c.head_dim, (size_t) t->ne[0] * 2);
             oomb_tensor_set(t, h.data(), 0, h.size() * 2);
             continue;
         }
         std::vector<float> v;
         if (r.read_tensor_f32(t->name, &v, err) != GGUF_OK) return nullptr;
+        if (qk_heads) llama_unpermute_qk_rows(v.data(), qk_heads, c.head_dim, (size_t) t->ne[0] * 4);
         upload(t, v.data());
     }
     return m;
@@ -186,7 +197,7 @@ bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::
                      const std::string & name, std::string * err) {
     GGUFWriter w;
     const Qwen2Config & c = m.cfg;
-    w.set_string("general.architecture", QWEN2_ARCH);
+    w.set_string("general.architecture", decoder_arch_name(c.arch));
     w.set_string("general.name", name);
     w.set_u32("general.file_type", out_type == OOMB_TYPE_BF16 ? 32 : 0);  // llama_ftype: ALL_F32 = 0, MOSTLY_BF16 = 32
     qwen2_write_hparams(w, c);
@@ -224,13 +235,16 @@ bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::
     if (w.open(path, err) != GGUF_OK) return false;
     for (size_t i = 0; i < specs.size(); i++) {
         const oomb_tensor * t = m.params[i];
+        const int64_t qk_heads = llama_qk_heads(c, specs[i].slot);  // Llama: HF's row order to the file's
         if (t->type == OOMB_TYPE_BF16 && !f32[i]) {
             std::vector<uint16_t> h((size_t) oomb_nelements(t));
             oomb_tensor_get(t, h.data(), 0, h.size() * 2);
+            if (qk_heads) llama_permute_qk_rows(h.data(), qk_heads, c.head_dim, (size_t) t->ne[0] * 2);
             if (w.write_tensor(t->name, h.data(), h.size() * 2, err) != GGUF_OK) return false;
             continue;
         }
         std::vector<float> v = download(t);
+        if (qk_heads) llama_permute_qk_rows(v.data(), qk_heads, c.head_dim, (size_t) t->ne[0] * 4);
         if (f32[i]) {
             if (w.write_tensor(t->name, v.data(), v.size() * 4, err) != GGUF_OK) return false;
         } else {
@@ -297,9 +311,14 @@ public:
         for (int64_t l = 0; l < c.n_layer; l++) {
             const Qwen2Layer & L = m_.layers[l];
             oomb_tensor * h = oomb_mul_ext(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.attn_norm, gemm_in);
-            oomb_tensor * q = oomb_add(ctx, oomb_mul_mat(ctx, L.wq, h), L.bq);
-            oomb_tensor * k = oomb_add(ctx, oomb_mul_mat(ctx, L.wk, h), L.bk);
-            oomb_tensor * v = oomb_add(ctx, oomb_mul_mat(ctx, L.wv, h), L.bv);
+            // x W^T (+ b): Llama has no biases
+            auto linear = [&](oomb_tensor * w, oomb_tensor * b) {
+                oomb_tensor * y = oomb_mul_mat(ctx, w, h);
+                return b ? oomb_add(ctx, y, b) : y;
+            };
+            oomb_tensor * q = linear(L.wq, L.bq);
+            oomb_tensor * k = linear(L.wk, L.bk);
+            oomb_tensor * v = linear(L.wv, L.bv);
             q = oomb_rope(ctx, oomb_reshape_3d(ctx, q, hd, c.n_head, T), in.pos, (int) hd, c.rope_theta);
             k = oomb_rope(ctx, oomb_reshape_3d(ctx, k, hd, c.n_head_kv, T), in.pos, (int) hd, c.rope_theta);
             v = oomb_reshape_3d(ctx, v, hd, c.n_head_kv, T);

@@ -1,4 +1,7 @@
 // Qwen2 / Qwen2.5 defined on ggml-oomb, and its chunk graph for OOMB chunk-recurrent training.
+// The same weights, loader, saver and chunk graph serve Llama (llama.h): the two differ only in
+// the layout's tables (Qwen2Config::arch: biases, key prefix, the attn_q / attn_k row order of
+// Llama files, see llama-layout.h), so there is one decoder block, written once, here.
 //
 // The model follows HF transformers' Qwen2ForCausalLM: token embedding, per layer RMSNorm ->
 // q/k/v projections with biases -> RoPE (NEOX layout) -> grouped-query causal attention -> o_proj
@@ -27,7 +30,7 @@
 namespace oomb {
 
 struct Qwen2Layer {
-    oomb_tensor *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo;
+    oomb_tensor *attn_norm, *wq, *bq, *wk, *bk, *wv, *bv, *wo;  // bq / bk / bv: nullptr for Llama
     oomb_tensor *ffn_norm, *w_gate, *w_up, *w_down;
 };
 
@@ -74,8 +77,13 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed);
 /// bad or inconsistent key, missing, misshapen, unreadable or unknown tensor, no memory): nullptr
 /// and a message naming the file and the key or tensor in *err; never an oomb_error.
 std::unique_ptr<Qwen2Model> qwen2_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err);
+/// qwen2_load_gguf for the architecture `arch` (general.architecture must name it). Llama files'
+/// attn_q / attn_k rows are un-permuted to HF's order on load (llama-layout.h).
+std::unique_ptr<Qwen2Model> decoder_load_gguf(const std::string & path, DecoderArch arch, oomb_backend_t backend, oomb_type wtype,
+                                              std::string * err);
 /// Writes the model as a GGUF llama.cpp can load (weights in `out_type`: f32 or bf16; norms f32),
-/// with the qwen2.* keys and, when vocab_gguf is not empty, the tokenizer.* keys copied from that
+/// with the <arch>.* keys of m.cfg.arch (a Llama model's attn_q / attn_k rows permuted to the file's
+/// order) and, when vocab_gguf is not empty, the tokenizer.* keys copied from that
 /// file (the token list padded to n_vocab with [PAD<id>] entries). Atomic. false + *err on error.
 bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & vocab_gguf, oomb_type out_type,
                      const std::string & name, std::string * err);

@@ -285,7 +285,7 @@ TEST(Qwen2Load, RopeScalingAndZeroContextAreRefused) {
     f.keys["qwen2.rope.scaling.factor"] = GGUFValue::f32(4.0f);
     expect_fails(f, "yarn", {"qwen2.rope.scaling.type", "yarn", "not supported"});
     f.keys["qwen2.rope.scaling.type"] = GGUFValue::string("linear");
-    expect_fails(f, "linear-4", {"linear", "factor 4"});
+    expect_fails(f, "linear-4", {"qwen2.rope.scaling.type", "linear"});
     f.keys.clear();
     f.keys["qwen2.context_length"] = GGUFValue::u32(0);
     expect_fails(f, "ctx-0", {"qwen2.context_length", "is 0"});

@@ -24,13 +24,20 @@ std::string tmp_dir() {
     return dir;
 }
 
+// The Llama fixtures are the project's own (tests/fixtures, made by make-llama-fixtures.py); the
+// Qwen2 ones are shared.
+std::string model_fixture_dir(const std::string & model) {
+    if (model.rfind("llama-", 0) == 0) return oombtest::source_dir() + "/tests/fixtures/" + model;
+    return oombtest::fixtures_dir() + "/" + model;
+}
+
 // Converts a fixture's HF folder to GGUF with oomb-convert-hf (once per model and type).
 std::string converted(const std::string & model, const std::string & outtype) {
     static std::map<std::string, std::string> done;
     const std::string key = model + outtype;
     if (done.count(key)) return done[key];
     const std::string out = tmp_dir() + "/" + model + (outtype.empty() ? "" : "-" + outtype) + ".gguf";
-    std::string cmd = oombtest::bin_dir() + "/oomb-convert-hf " + oombtest::fixtures_dir() + "/" + model + " -o " + out;
+    std::string cmd = oombtest::bin_dir() + "/oomb-convert-hf " + model_fixture_dir(model) + " -o " + out;
     if (!outtype.empty()) cmd += " --outtype " + outtype;
     cmd += " > " + out + ".log 2>&1";
     if (system(cmd.c_str()) != 0) throw std::runtime_error("conversion failed: " + cmd);
@@ -98,7 +105,7 @@ ModelRun::ModelRun(const std::string & gguf, oomb_backend_t b, oomb_type wtype) 
     owned = b == nullptr;
     backend = b ? b : oomb_backend_cpu_init(2);
     std::string err;
-    model = qwen2_load_gguf(gguf, backend, wtype, &err);
+    model = model_load_gguf(gguf, backend, wtype, &err);
     if (!model) throw std::runtime_error(err);
     params = qwen2_set_trainable(*model, Qwen2Trainable::All);
 }
@@ -115,12 +122,45 @@ std::vector<float> ModelRun::grad(const std::string & gguf_name) const {
     return g;
 }
 
+// Adds one sequence's statistics to a total.
+static void accumulate(ChunkStats & total, const ChunkStats & st) {
+    total.loss_sum += st.loss_sum;
+    total.n_targets += st.n_targets;
+}
+
+// The forward of the short reference, one chunk per sequence: logits, hidden states, loss.
+void check_forward(const std::string & model_name) {
+    SCOPED_TRACE(model_name);
+    Reference ref(model_fixture_dir(model_name) + "/reference-short.safetensors");
+    ModelRun run(converted(model_name));
+    ChunkParams tp;
+    tp.chunk = ref.T;
+    tp.page = 16;
+    tp.max_tokens = ref.T;
+    ChunkDriver tr(model_chunk_builder(*run.model), tp);
+    tr.set_capture_hidden(true);
+    const int64_t V = run.model->cfg.n_vocab, E = run.model->cfg.n_embd, L = run.model->cfg.n_layer;
+    const std::vector<double> logits = ref.get("logits");
+    ChunkStats total;
+    for (int64_t b = 0; b < ref.B; b++) {
+        accumulate(total, tr.forward(ref.ids.data() + b * ref.T, ref.T));
+        std::vector<double> lr(logits.begin() + b * ref.T * V, logits.begin() + (b + 1) * ref.T * V);
+        EXPECT_LT(rel_err(tr.logits(), lr), 1e-5) << "logits of sequence " << b;
+        for (int k = 0; k <= L; k++) {
+            const std::vector<double> h = ref.get("hidden_states." + std::to_string(k));
+            std::vector<double> hr(h.begin() + b * ref.T * E, h.begin() + (b + 1) * ref.T * E);
+            EXPECT_LT(rel_err(tr.hidden(k), hr), 1e-5) << "hidden state " << k << " of sequence " << b;
+        }
+    }
+    EXPECT_LT(std::fabs(total.loss_sum / total.n_targets - ref.loss) / ref.loss, 1e-5);
+}
+
 // One forward/backward over every sequence of the reference; checks loss and all gradients.
 int64_t check_gradients(ModelRun & run, const std::string & model_name, const std::string & ref_name, int64_t chunk, int page,
                         const ParityTolerance & tol, oomb_type kv_type, bool cache_attn, oomb_type cache_type,
                         oomb_type gemm_input_type) {
     SCOPED_TRACE(model_name + " " + ref_name + " chunk " + std::to_string(chunk) + " page " + std::to_string(page));
-    Reference ref(oombtest::fixtures_dir() + "/" + model_name + "/reference-" + ref_name + ".safetensors");
+    Reference ref(model_fixture_dir(model_name) + "/reference-" + ref_name + ".safetensors");
     ChunkParams tp;
     tp.chunk = chunk;
     tp.page = page;
@@ -129,14 +169,11 @@ int64_t check_gradients(ModelRun & run, const std::string & model_name, const st
     tp.cache_attn = cache_attn;
     tp.cache_attn_type = cache_type;
     tp.gemm_input_type = gemm_input_type;
-    ChunkDriver tr(qwen2_chunk_builder(*run.model), tp);
-    double loss_sum = 0;
-    int64_t count = 0;
-    for (int64_t b = 0; b < ref.B; b++) {
-        ChunkStats st = tr.forward_backward(ref.ids.data() + b * ref.T, ref.T);
-        loss_sum += st.loss_sum;
-        count += st.n_targets;
-    }
+    ChunkDriver tr(model_chunk_builder(*run.model), tp);
+    ChunkStats total;
+    for (int64_t b = 0; b < ref.B; b++) accumulate(total, tr.forward_backward(ref.ids.data() + b * ref.T, ref.T));
+    const double loss_sum = total.loss_sum;
+    const int64_t count = total.n_targets;
     EXPECT_EQ(count, ref.B * (ref.T - 1));
     const double loss = loss_sum / count;
     EXPECT_LT(std::fabs(loss - ref.loss) / ref.loss, tol.loss) << "loss " << loss << " vs reference " << ref.loss;

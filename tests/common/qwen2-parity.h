@@ -1,8 +1,8 @@
-// Shared by the Qwen2 parity tests (CPU and CUDA): fixture conversion, HF references, and the
+// Shared by the Qwen2 and Llama parity tests (CPU and CUDA): fixture conversion, HF references, and the
 // gradient check of one chunked forward/backward against HF's float64 gradients.
 #pragma once
 
-#include "qwen2.h"
+#include "model.h"
 #include "safetensors.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +15,8 @@ namespace oombtest {
 
 /// A per-test temporary folder.
 std::string tmp_dir();
+/// The HF folder of a fixture model: tests/fixtures/<model> for "llama-*", else fixtures_dir()/<model>.
+std::string model_fixture_dir(const std::string & model);
 /// Converts a fixture's HF folder to GGUF with oomb-convert-hf (once per model and type).
 std::string converted(const std::string & model, const std::string & outtype = "");
 /// HF parameter name -> GGUF tensor name ("" when unknown).
@@ -47,6 +49,10 @@ struct ParityTolerance {
     double loss = 1e-5;  // relative
     double grad = 1e-4;  // ||g - ref|| / ||ref|| per tensor
 };
+
+/// The short reference's forward with one chunk per sequence (page 16): logits and every hidden
+/// state to 1e-5 relative, the loss to 1e-5.
+void check_forward(const std::string & model_name);
 
 /// One forward/backward over every sequence of the reference through the chunk trainer; checks
 /// the loss and every parameter's gradient. Returns the number of targets (to normalise grads).

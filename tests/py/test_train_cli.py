@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Tests of oomb-train / oomb-eval (the command-line tools, run as subprocesses).
 
-  - --dump-grads on the HF fixtures (qwen2-micro tied, qwen2-mini untied), converted with
-    oomb-convert-hf: loss to 1e-5 relative, every gradient to 1e-4 relative (||g - ref|| / ||ref||)
-    against the float64 references, with chunks that are and are not a multiple of the page;
+  - --dump-grads on the HF fixtures (qwen2-micro tied, qwen2-mini untied; llama-micro tied and
+    llama-mini untied from tests/fixtures), converted with oomb-convert-hf: loss to 1e-5 relative,
+    every gradient to 1e-4 relative (||g - ref|| / ||ref||) against the float64 references, with
+    chunks that are and are not a multiple of the page (the Llama gradients of attn_q / attn_k are
+    in HF's row order, the model's in memory); the converted Llama file's attn_q / attn_k rows are
+    llama.cpp's permutation of HF's;
   - a few training steps of a small random model lower the loss; the JSONL log, the loss PNG and
     the checkpoint (GGUF readable by llama.cpp's `gguf` package) are written;
   - resume equivalence: 6 steps straight == 3 steps, stop, --resume 3 more (identical losses and
@@ -34,6 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
 BIN = os.environ.get("OOMB_BIN_DIR") or os.path.join(SRC, "build", "bin")
+OWN_FIX = os.path.join(SRC, "tests", "fixtures")  # the Llama fixtures (make-llama-fixtures.py)
 FIX = os.environ.get("OOMB_FIXTURES") or os.environ.get("OOMB_FIXTURES_DEFAULT") or os.path.join(SRC, "..", "shared", "fixtures")
 TRAIN = os.path.join(BIN, "oomb-train")
 EVAL = os.path.join(BIN, "oomb-eval")
@@ -111,13 +115,45 @@ def hf_to_gguf(name):
     return f"blk.{m.group(1)}.{LAYER_MAP[m.group(2)]}"
 
 
+def llama_permute(w, n_head):
+    """llama.cpp convert_hf_to_gguf.py LlamaModel.permute (n_head: KV heads for k_proj)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def check_llama_rows(d, g, model):
+    """The converted file's attn_q / attn_k equal llama.cpp's permutation of HF's q_proj / k_proj."""
+    if gguf is None:
+        skip(f"{model}: q/k row order (needs the gguf package)")
+        return
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    raw = open(os.path.join(d, "model.safetensors"), "rb").read()  # bf16: read the bytes (numpy has no bf16)
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+
+    def bf16(bytes_, shape):
+        return (np.frombuffer(bytes_, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+
+    r = gguf.GGUFReader(g)
+    file = {t.name: t for t in r.tensors}
+    ok = True
+    for layer in range(cfg["num_hidden_layers"]):
+        for proj, heads, name in (("q_proj", cfg["num_attention_heads"], "attn_q"), ("k_proj", cfg["num_key_value_heads"], "attn_k")):
+            h = header[f"model.layers.{layer}.self_attn.{proj}.weight"]
+            a, b = h["data_offsets"]
+            w = bf16(raw[8 + n + a:8 + n + b], h["shape"])
+            got = bf16(bytes(file[f"blk.{layer}.{name}.weight"].data), h["shape"])
+            ok = ok and np.array_equal(got, llama_permute(w, heads)) and not np.array_equal(got, w)
+    check(ok, f"{model}: attn_q / attn_k rows are llama.cpp's permutation of HF's q_proj / k_proj")
+
+
 def test_dump_grads(tmp):
     print("--dump-grads vs the HF float64 references")
     if np is None or not os.path.exists(CONVERT) or not os.path.isdir(FIX):
         skip("--dump-grads: needs numpy/safetensors, oomb-convert-hf and the fixtures")
         return
-    for model, chunk, page in (("qwen2-micro", 16, 8), ("qwen2-micro", 24, 16), ("qwen2-mini", 64, 128)):
-        d = os.path.join(FIX, model)
+    for model, chunk, page in (("qwen2-micro", 16, 8), ("qwen2-micro", 24, 16), ("qwen2-mini", 64, 128),
+                               ("llama-micro", 16, 8), ("llama-micro", 24, 16), ("llama-mini", 20, 8), ("llama-mini", 64, 128)):
+        d = os.path.join(OWN_FIX if model.startswith("llama-") else FIX, model)
         ref_path = os.path.join(d, "reference-short.safetensors")
         if not os.path.exists(ref_path):
             skip(f"--dump-grads {model}: no fixture {ref_path}")
@@ -128,6 +164,8 @@ def test_dump_grads(tmp):
             check(rc == 0, f"convert {model}: {e.strip()[-200:]}")
             if rc:
                 continue
+            if model.startswith("llama-"):
+                check_llama_rows(d, g, model)
         out = os.path.join(tmp, f"grads-{model}-{chunk}.safetensors")
         rc, o, e = run([TRAIN, "-m", g, "--tokens", ref_path, "--chunk", str(chunk), "--page", str(page),
                         "--threads", "2", "--dump-grads", out])
@@ -418,15 +456,21 @@ def test_training(tmp):
         ("oomb-eval ids outside the vocabulary", [EVAL, "-m", model, "--data-bin", bad], 1, "outside the model's vocabulary"),
     ]
     if gguf is not None and np is not None:
-        llama = os.path.join(tmp, "llama.gguf")
-        w = gguf.GGUFWriter(llama, "llama")
-        w.add_block_count(1)
-        w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        cases.append(("GGUF of another architecture", [TRAIN, "-m", llama, "--data-bin", data], 1, "architecture"))
+        for arch in ("gemma2", "llama"):
+            path = os.path.join(tmp, arch + ".gguf")
+            w = gguf.GGUFWriter(path, arch)
+            w.add_block_count(1)
+            w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+            w.close()
+        cases.append(("GGUF of another architecture", [TRAIN, "-m", os.path.join(tmp, "gemma2.gguf"), "--data-bin", data], 1,
+                      "general.architecture is 'gemma2': supported are qwen2, llama"))
+        cases.append(("oomb-eval: GGUF of another architecture", [EVAL, "-m", os.path.join(tmp, "gemma2.gguf"), "--data-bin", data], 1,
+                      "general.architecture is 'gemma2'"))
+        cases.append(("incomplete Llama GGUF", [TRAIN, "-m", os.path.join(tmp, "llama.gguf"), "--data-bin", data], 1,
+                      "key 'llama.context_length' is missing"))
     for what, args, want, msg in cases:
         rc, o, e = run(args)
         check(rc == want and msg in e and "error" in e, f"{what}: exit {rc}, '{e.strip().splitlines()[-1] if e.strip() else ''}'")
