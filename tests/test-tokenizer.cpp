@@ -537,3 +537,33 @@ TEST(Tokenizer, SmolLM2VocabAndPreSelection) {
     ASSERT_EQ(t.decode(ids.data(), ids.size(), &back, &err), GGUF_OK);
     EXPECT_EQ(back, bad);
 }
+
+// llama-bpe keeps a piece that is a token whole (HF BPE ignore_merges), even when no merges lead
+// to it; other pre-tokenizers merge. Ids as HF gives them for the same vocabulary (checked with
+// tokenizers 0.23: ignore_merges=True gives xyz, Ġ, ab, Ġxyz, Ġ, x, y, z, ab).
+TEST(Tokenizer, IgnoreMergesUnderLlamaBpe) {
+    const std::string path = tmp_path("ignore-merges.gguf");
+    std::vector<std::string> tokens;
+    for (int b = 0; b < 256; b++) tokens.push_back(byte_level_encode(std::string(1, (char)b)));
+    for (const char* t : {"ab", "xyz", "Ġxyz"}) tokens.push_back(t); // 256, 257, 258
+    std::string err;
+    for (const char* pre : {"llama-bpe", "qwen2", "smollm", "gpt-2"}) {
+        GGUFWriter w;
+        w.set_string("tokenizer.ggml.model", "gpt2");
+        w.set_string("tokenizer.ggml.pre", pre);
+        w.set("tokenizer.ggml.tokens", GGUFValue::string_array(tokens));
+        w.set("tokenizer.ggml.merges", GGUFValue::string_array({"a b"}));
+        ASSERT_EQ(w.open(path, &err), GGUF_OK) << err;
+        ASSERT_EQ(w.finish(&err), GGUF_OK) << err;
+        Tokenizer t;
+        ASSERT_EQ(t.load_file(path, &err), GGUF_OK) << err;
+        const std::vector<int32_t> got = t.encode("xyz ab xyz xyzab");
+        if (std::string(pre) == "llama-bpe")
+            EXPECT_EQ(got, (std::vector<int32_t>{257, ' ', 256, 258, ' ', 'x', 'y', 'z', 256}));
+        else
+            EXPECT_EQ(got, (std::vector<int32_t>{'x', 'y', 'z', ' ', 256, ' ', 'x', 'y', 'z', ' ', 'x', 'y', 'z', 256}))
+                << pre;
+        EXPECT_EQ(t.decode(got), "xyz ab xyz xyzab");
+    }
+    unlink(path.c_str());
+}
