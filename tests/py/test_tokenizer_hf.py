@@ -17,7 +17,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tokenizer_cases import random_cases  # noqa: E402
+from tokenizer_cases import count_mismatches, random_cases  # noqa: E402
 
 try:
     from tokenizers import Tokenizer
@@ -44,16 +44,7 @@ def main():
                 f.write(json.dumps({"text": s}) + "\n")
         out = subprocess.run([TOOL, "-m", os.path.join(SRC, "models", "qwen2.5-vocab.gguf"), "-f", path, "--jsonl"],
                              capture_output=True, check=True).stdout.decode().split("\n")
-    bad = 0
-    for s, line in zip(cases, out):
-        want = tok.encode(s, add_special_tokens=False).ids
-        got = [int(x) for x in line.split()]
-        if want != got:
-            bad += 1
-            if bad <= 10:
-                print(f"MISMATCH {s!r}\n  hf   {want}\n  ours {got}")
-    print(f"{len(cases)} cases, {bad} mismatches")
-    return 1 if bad else 0
+    return 1 if count_mismatches(tok, cases, out) else 0
 
 
 if __name__ == "__main__":

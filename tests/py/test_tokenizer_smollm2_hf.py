@@ -20,7 +20,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from tokenizer_cases import random_cases  # noqa: E402
+from tokenizer_cases import count_mismatches, random_cases  # noqa: E402
 
 try:
     import gguf  # noqa: F401
@@ -67,16 +67,7 @@ def main():
             make.write_vocab_gguf(VOCAB, model, pre=pre)
             hf = make.build_tokenizer(tokens, types, vocab[2], pre)
             out = run_tool(model, jsonl, "--jsonl").stdout.decode().split("\n")
-            n_bad = 0
-            for s, line in zip(cases, out):
-                want = hf.encode(s, add_special_tokens=False).ids
-                got = [int(x) for x in line.split()]
-                if want != got:
-                    n_bad += 1
-                    if n_bad <= 5:
-                        print(f"MISMATCH [{pre}] {s!r}\n  hf   {want}\n  ours {got}")
-            print(f"{pre}: {len(cases)} cases, {n_bad} mismatches")
-            bad += n_bad
+            bad += count_mismatches(hf, cases, out, f"{pre}: ")
         # decode through the tool: exact bytes back, less the bytes without a token
         text = "".join(cases).encode()
         txt = os.path.join(tmp, "all.txt")

@@ -35,3 +35,20 @@ def random_cases(seed, n, extra_pieces=()):
             s = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))
         cases.append(s)
     return cases
+
+
+def count_mismatches(hf, cases, lines, label="", shown=10):
+    """Compares HF's ids of each case (add_special_tokens=False) with a line of `oomb-tokenize
+    --jsonl` output; prints the first `shown` mismatches and a summary, returns their number."""
+    bad = max(0, len(cases) - len(lines))  # a case the tool printed no line for
+    if bad:
+        print(f"MISMATCH {label}{bad} cases without an output line")
+    for s, line in zip(cases, lines):
+        want = hf.encode(s, add_special_tokens=False).ids
+        got = [int(x) for x in line.split()]
+        if want != got:
+            bad += 1
+            if bad <= shown:
+                print(f"MISMATCH {label}{s!r}\n  hf   {want}\n  ours {got}")
+    print(f"{label}{len(cases)} cases, {bad} mismatches")
+    return bad
