@@ -25,8 +25,9 @@
 // bytes out; so do we (encode reports how many through n_dropped), so for such text decode does
 // not give the input back. Every other input decodes to itself (its NFC form for qwen2).
 // Input bytes that are not valid UTF-8 are not an error: they are left out of normalization and
-// of the regexes and encoded as byte tokens, so decode(encode(x)) == x for every NFC string x and
-// for any byte string that contains no non-NFC sequences (and no bytes without a token).
+// of the regexes and encoded as byte tokens, so decode(encode(x)) == x for every byte string x
+// without bytes that lack a token (with qwen2's NFC: every NFC string x, and any byte string that
+// contains no non-NFC sequences).
 //
 // NFC is computed in segments, so that its time is linear in the text length (utf8proc alone is
 // quadratic in a run of combining marks). Segments are cut before code points that start a new
