@@ -1,14 +1,33 @@
-// Qwen2 byte-level BPE tokenizer, built from the tokenizer metadata of a GGUF file
-// (tokenizer.ggml.model = "gpt2", tokenizer.ggml.pre = "qwen2", tokens, token_type, merges and the
-// special token ids), reproducing Hugging Face `tokenizers` on Qwen2/2.5 tokenizer.json:
+// Byte-level BPE tokenizer, built from the tokenizer metadata of a GGUF file
+// (tokenizer.ggml.model = "gpt2": tokens, token_type, merges and the special token ids), with the
+// pre-tokenizer chosen by tokenizer.ggml.pre, reproducing Hugging Face `tokenizers`:
 //   1. added tokens (token types CONTROL and USER_DEFINED, e.g. <|im_start|>) written in the text
-//      are matched as whole tokens (leftmost, then longest), as HF does;
-//   2. the rest is NFC-normalized (utf8proc),
-//   3. split with the Qwen2 pre-tokenizer regex (PCRE2, JIT compiled),
-//   4. each piece is BPE-merged by merge rank over its bytes (byte-level BPE), with a word cache.
+//      are matched as whole tokens (leftmost, then longest), as HF does for special,
+//      non-normalized added tokens without lstrip/rstrip;
+//   2. the rest is NFC-normalized (utf8proc) when the pre-tokenizer's HF tokenizer.json has an NFC
+//      normalizer (qwen2 only),
+//   3. split by the pre-tokenizer's regexes, applied in sequence (each splits the pieces of the
+//      previous one; text a regex does not match stays a piece, as in HF's Split "Isolated"),
+//      PCRE2, JIT compiled,
+//   4. each piece is BPE-merged by merge rank over its bytes (byte-level BPE), with a word cache;
+//      with ignore_merges (llama-bpe), a piece that is itself a token is that token.
+// The pre-tokenizers (the regexes as llama.cpp's src/llama-vocab.cpp lists them, with HF's forms
+// where they differ, see tokenizer.cpp; \s is the Unicode White_Space set):
+//   qwen2                      NFC; Qwen2's Split regex (\p{N} single digits)
+//   llama-bpe (llama3, llama-v3) Llama 3's Split regex (\p{N}{1,3}); ignore_merges
+//   smollm                     \p{N} (HF Digits(individual_digits)), then the GPT-2 regex
+//   gpt-2 (gpt2)               the GPT-2 regex (HF ByteLevel(use_regex))
+// A file without tokenizer.ggml.pre gets qwen2 (what this tokenizer did before the key was read;
+// llama.cpp would use its 'default' regexes instead); an unknown value is GGUF_ERR_UNSUPPORTED
+// with a message naming it and the supported ones.
+// Bytes with no token: a vocabulary may lack some byte tokens (SmolLM2's has none for 0x04, 0x06,
+// 0x13, 0x14, 0x16, 0x1d, 0xc0, 0xc1, 0xf1-0xff). HF's BPE (no unk_token) and llama.cpp leave such
+// bytes out; so do we (encode reports how many through n_dropped), so for such text decode does
+// not give the input back. Every other input decodes to itself (its NFC form for qwen2).
 // Input bytes that are not valid UTF-8 are not an error: they are left out of normalization and
-// of the regex and encoded as byte tokens, so decode(encode(x)) == x for every NFC string x and
-// for any byte string that contains no non-NFC sequences.
+// of the regexes and encoded as byte tokens, so decode(encode(x)) == x for every byte string x
+// without bytes that lack a token (with qwen2's NFC: every NFC string x, and any byte string that
+// contains no non-NFC sequences).
 //
 // NFC is computed in segments, so that its time is linear in the text length (utf8proc alone is
 // quadratic in a run of combining marks). Segments are cut before code points that start a new
@@ -63,9 +82,9 @@ public:
     Tokenizer& operator=(const Tokenizer&) = delete;
 
     // Builds the tokenizer from the metadata of an open GGUF file. Errors: GGUF_ERR_NOT_FOUND
-    // (missing tokenizer.ggml.tokens / merges), GGUF_ERR_UNSUPPORTED (model other than gpt2, or
-    // pre-tokenizer other than qwen2), GGUF_ERR_FORMAT (token_type length mismatch, a merge whose
-    // parts or result are not tokens, a missing byte token), GGUF_ERR_TYPE (wrong value types).
+    // (missing tokenizer.ggml.tokens / merges), GGUF_ERR_UNSUPPORTED (model other than gpt2, or a
+    // tokenizer.ggml.pre not in tokenizer_pre_names()), GGUF_ERR_FORMAT (token_type length
+    // mismatch, a merge whose parts or result are not tokens), GGUF_ERR_TYPE (wrong value types).
     gguf_status load(const GGUFReader& gguf, std::string* err);
     // Opens `path` (a model or vocab-only GGUF) and loads its tokenizer.
     gguf_status load_file(const std::string& path, std::string* err);
@@ -73,9 +92,10 @@ public:
     // Appends the token ids of `text` (any bytes) to `ids`. With parse_special, added/special
     // tokens written in the text are matched as whole tokens (HF default); without, they are
     // tokenized as plain text. Thread-safe (per-thread caches). Error only on a regex engine
-    // failure (GGUF_ERR_ARG with PCRE2's message).
+    // failure (GGUF_ERR_ARG with PCRE2's message). n_dropped (optional) gets the number of input
+    // bytes left out because the vocabulary has no token for them (see above; 0 for most files).
     gguf_status encode(std::string_view text, std::vector<int32_t>* ids, std::string* err,
-                       bool parse_special = true) const;
+                       bool parse_special = true, size_t* n_dropped = nullptr) const;
     // Convenience: the ids of `text`; on the (unexpected) regex failure returns what was encoded.
     std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
 
@@ -85,6 +105,12 @@ public:
     std::string decode(const std::vector<int32_t>& ids) const; // invalid ids are skipped
 
     size_t n_vocab() const;
+    // The pre-tokenizer in use, by its canonical name ("qwen2", "smollm", "gpt-2", "llama-bpe"),
+    // and whether the file named it (false: tokenizer.ggml.pre was absent, qwen2 assumed).
+    const std::string& pre() const;
+    bool pre_from_file() const;
+    // False when the vocabulary has no token for byte b (such bytes are left out by encode).
+    bool has_byte_token(uint8_t b) const;
     const std::string& token_text(int32_t id) const; // as stored in GGUF (byte-level form)
     const std::string& token_bytes(int32_t id) const; // the bytes it decodes to
     int32_t token_type(int32_t id) const;
@@ -100,6 +126,9 @@ public:
 private:
     std::unique_ptr<Impl> impl_;
 };
+
+// The tokenizer.ggml.pre values load() accepts, aliases included (e.g. "gpt2" beside "gpt-2").
+const std::vector<std::string>& tokenizer_pre_names();
 
 // GPT-2 byte-level alphabet: the printable code point that stands for each byte.
 uint32_t byte_level_codepoint(uint8_t b);

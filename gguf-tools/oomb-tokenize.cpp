@@ -7,6 +7,10 @@
 // Added/special tokens written in the text (<|im_start|>, ...) are matched as whole tokens, as HF
 // does, unless --no-special is given. --stats reports the encoding speed on stderr (the time
 // spent encoding only, not loading or printing); --threads N encodes --jsonl lines in parallel.
+// Any byte-level BPE GGUF whose tokenizer.ggml.pre the tokenizer supports works (qwen2, smollm,
+// gpt-2, llama-bpe; see tokenizer.h). Input bytes the vocabulary has no token for (SmolLM2 has none
+// for a few control bytes and for 0xf1-0xff) are left out, as HF does, with a warning on stderr
+// that counts them: only then does --decode of the ids not give the input back.
 #include "tokenizer.h"
 
 #include <CLI/CLI.hpp>
@@ -82,7 +86,7 @@ int main(int argc, char** argv) {
     const auto t_load = clock::now();
     if (tok.load_file(model, &err)) return fail(err);
     const double load_s = std::chrono::duration<double>(clock::now() - t_load).count();
-    size_t n_bytes = 0, n_tokens = 0;
+    size_t n_bytes = 0, n_tokens = 0, n_dropped = 0;
     double enc_s = 0;
     if (!read_file(file, &input, &err)) return fail(err);
 
@@ -124,11 +128,12 @@ int main(int argc, char** argv) {
             else return fail(file + ":" + std::to_string(line_no) + ": not a JSON string or {\"text\": ...} object");
         }
         std::vector<std::vector<int32_t>> ids(texts.size());
+        std::vector<size_t> dropped(texts.size(), 0);
         std::vector<std::string> errs((size_t)threads);
         std::atomic<size_t> next{0};
         auto work = [&](int k) {
             for (size_t i; (i = next.fetch_add(1)) < texts.size();)
-                if (tok.encode(texts[i], &ids[i], &errs[(size_t)k], !no_special)) return;
+                if (tok.encode(texts[i], &ids[i], &errs[(size_t)k], !no_special, &dropped[i])) return;
         };
         const auto t0 = clock::now();
         std::vector<std::thread> pool;
@@ -140,20 +145,26 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < texts.size(); i++) {
             n_bytes += texts[i].size();
             n_tokens += ids[i].size();
+            n_dropped += dropped[i];
             print_ids(ids[i], out);
         }
     } else {
         std::vector<int32_t> ids;
         const auto t0 = clock::now();
-        if (tok.encode(input, &ids, &err, !no_special)) return fail(err);
+        if (tok.encode(input, &ids, &err, !no_special, &n_dropped)) return fail(err);
         enc_s = std::chrono::duration<double>(clock::now() - t0).count();
         n_bytes = input.size();
         n_tokens = ids.size();
         print_ids(ids, out);
     }
+    if (n_dropped)
+        fprintf(stderr, "oomb-tokenize: warning: %zu input byte(s) have no token in %s's vocabulary and were left out "
+                        "(as HF tokenizers does); decoding the ids does not give them back\n", n_dropped, model.c_str());
     if (stats && !decode)
-        fprintf(stderr, "oomb-tokenize: %zu bytes -> %zu tokens in %.3f s on %d thread(s): %.2f MB/s (tokenizer load %.3f s)\n",
-                n_bytes, n_tokens, enc_s, jsonl ? threads : 1, enc_s > 0 ? n_bytes / enc_s / 1e6 : 0.0, load_s);
+        fprintf(stderr, "oomb-tokenize: %zu bytes -> %zu tokens in %.3f s on %d thread(s): %.2f MB/s (tokenizer load %.3f s, "
+                        "pre-tokenizer %s%s)\n",
+                n_bytes, n_tokens, enc_s, jsonl ? threads : 1, enc_s > 0 ? n_bytes / enc_s / 1e6 : 0.0, load_s,
+                tok.pre().c_str(), tok.pre_from_file() ? "" : ", assumed: no tokenizer.ggml.pre");
     if (fwrite(out.data(), 1, out.size(), stdout) != out.size() || fflush(stdout) != 0)
         return fail(std::string("cannot write output: ") + strerror(errno));
     return 0;

@@ -1,5 +1,6 @@
-// Qwen2 BPE tokenizer: every fixture case (HF tokenizers' ids), decode round trips, edge cases
-// (empty, invalid UTF-8, special tokens, very long words), thread safety and load errors.
+// Byte-level BPE tokenizer: every Qwen2 fixture case and every SmolLM2 case under each
+// pre-tokenizer (HF tokenizers' ids), decode round trips, edge cases (empty, invalid UTF-8, special
+// tokens, very long words, bytes without a token), thread safety and load errors.
 #include "tokenizer.h"
 
 #include "test-common.h"
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -72,6 +74,24 @@ gguf_status write_toy(const std::string& path, const std::string& model, const s
     w.set_u32("tokenizer.ggml.eos_token_id", 259);
     if (gguf_status s = w.open(path, err)) return s;
     return w.finish(err);
+}
+
+// tests/fixtures/smollm2-vocab.gguf (SmolLM2-135M-Instruct's tokenizer) with tokenizer.ggml.pre
+// set to `pre` ("" leaves the key out), written to a temporary file and loaded.
+gguf_status smollm2_with_pre(const std::string& pre, Tokenizer* t, std::string* err) {
+    GGUFReader r;
+    if (gguf_status s = r.open(oombtest::source_dir() + "/tests/fixtures/smollm2-vocab.gguf", err, GGUFReadOptions{true}))
+        return s;
+    GGUFWriter w;
+    for (auto& kv : r.metadata())
+        if (kv.first != "tokenizer.ggml.pre") w.set(kv.first, kv.second);
+    if (!pre.empty()) w.set_string("tokenizer.ggml.pre", pre);
+    const std::string path = tmp_path("smollm2-" + pre + ".gguf");
+    if (gguf_status s = w.open(path, err)) return s;
+    if (gguf_status s = w.finish(err)) return s;
+    const gguf_status s = t->load_file(path, err);
+    unlink(path.c_str());
+    return s;
 }
 
 } // namespace
@@ -385,9 +405,10 @@ TEST(Tokenizer, ToyVocabularyAndLoadErrors) {
     ASSERT_EQ(write_toy(path, "llama", "qwen2", true, &err), GGUF_OK);
     EXPECT_EQ(t.load_file(path, &err), GGUF_ERR_UNSUPPORTED);
     EXPECT_NE(err.find("llama"), std::string::npos) << err;
-    ASSERT_EQ(write_toy(path, "gpt2", "llama-bpe", true, &err), GGUF_OK);
+    ASSERT_EQ(write_toy(path, "gpt2", "falcon", true, &err), GGUF_OK);
     EXPECT_EQ(t.load_file(path, &err), GGUF_ERR_UNSUPPORTED);
-    EXPECT_NE(err.find("llama-bpe"), std::string::npos) << err;
+    EXPECT_NE(err.find("'falcon'"), std::string::npos) << err;
+    EXPECT_NE(err.find("supported: qwen2, llama-bpe, llama3, llama-v3, smollm, gpt-2, gpt2"), std::string::npos) << err;
     ASSERT_EQ(write_toy(path, "gpt2", "qwen2", false, &err), GGUF_OK);
     EXPECT_EQ(t.load_file(path, &err), GGUF_ERR_NOT_FOUND);
     EXPECT_NE(err.find("tokenizer.ggml.merges"), std::string::npos) << err;
@@ -419,4 +440,130 @@ TEST(Tokenizer, ByteLevelAlphabet) {
     EXPECT_EQ(byte_level_codepoint('!'), (uint32_t)'!');
     EXPECT_EQ(byte_level_codepoint(0), 256u);
     EXPECT_FALSE(byte_level_decode("中", &dec));
+}
+
+// SmolLM2's own vocabulary under each pre-tokenizer: the ids HF `tokenizers` gives on the same
+// vocabulary and merges (tests/fixtures/smollm2-cases.jsonl, made by make-smollm2-tokenizer.py),
+// and decode gives the text back, less the bytes the vocabulary has no token for (counted).
+TEST(Tokenizer, SmolLM2CasesEqualHF) {
+    std::map<std::string, Tokenizer> toks;
+    for (const char* pre : {"smollm", "gpt-2", "llama-bpe", "qwen2"}) {
+        std::string err;
+        ASSERT_EQ(smollm2_with_pre(pre, &toks[pre], &err), GGUF_OK) << pre << ": " << err;
+        EXPECT_EQ(toks[pre].pre(), pre);
+    }
+    const std::string cases = oombtest::source_dir() + "/tests/fixtures/smollm2-cases.jsonl";
+    std::ifstream f(cases);
+    ASSERT_TRUE(f.good()) << "cannot read " << cases;
+    std::string line;
+    std::map<std::string, int> n;
+    size_t n_dropped_total = 0;
+    while (std::getline(f, line)) {
+        if (line.empty()) continue;
+        nlohmann::json j = nlohmann::json::parse(line);
+        const std::string pre = j["pre"].get<std::string>(), text = j["text"].get<std::string>();
+        ASSERT_TRUE(toks.count(pre)) << pre;
+        const Tokenizer& t = toks[pre];
+        std::vector<int32_t> got;
+        std::string err;
+        size_t dropped = 0;
+        ASSERT_EQ(t.encode(text, &got, &err, true, &dropped), GGUF_OK) << err;
+        EXPECT_EQ(got, j["ids"].get<std::vector<int32_t>>()) << pre << " text: " << text;
+        std::string want_back;
+        size_t want_dropped = 0;
+        for (unsigned char c : pre == "qwen2" ? nfc(text) : text) {
+            if (t.has_byte_token(c)) want_back += (char)c;
+            else want_dropped++;
+        }
+        std::string back;
+        ASSERT_EQ(t.decode(got.data(), got.size(), &back, &err), GGUF_OK) << err;
+        EXPECT_EQ(back, want_back) << pre << " text: " << text;
+        EXPECT_EQ(dropped, want_dropped) << pre << " text: " << text;
+        n_dropped_total += dropped;
+        n[pre]++;
+    }
+    for (auto& kv : toks) EXPECT_GE(n[kv.first], 20) << kv.first;
+    EXPECT_GT(n_dropped_total, 0u); // the cases do hold bytes without a token
+}
+
+TEST(Tokenizer, SmolLM2VocabAndPreSelection) {
+    Tokenizer t;
+    std::string err;
+    ASSERT_EQ(t.load_file(oombtest::source_dir() + "/tests/fixtures/smollm2-vocab.gguf", &err), GGUF_OK) << err;
+    EXPECT_EQ(t.pre(), "smollm");
+    EXPECT_TRUE(t.pre_from_file());
+    ASSERT_EQ(t.n_vocab(), 49152u);
+    EXPECT_EQ(t.find_token("<|im_start|>"), 1);
+    EXPECT_EQ(t.find_token("<|im_end|>"), 2);
+    EXPECT_EQ(t.token_type(1), GGUF_TOKEN_CONTROL);
+    EXPECT_EQ(t.eos_id(), 2);
+    EXPECT_FALSE(t.has_byte_token(0x04));
+    EXPECT_FALSE(t.has_byte_token(0xff));
+    EXPECT_TRUE(t.has_byte_token('a'));
+    // chat tokens are whole tokens; as plain text they are not
+    EXPECT_EQ(t.encode("<|im_start|>user"), (std::vector<int32_t>{1, t.encode("user")[0]}));
+    EXPECT_GT(t.encode("<|im_start|>", false).size(), 1u);
+    EXPECT_EQ(t.encode(" 12345").size(), 6u); // smollm: " " then 5 single digits
+    Tokenizer g, l, q;
+    ASSERT_EQ(smollm2_with_pre("gpt2", &g, &err), GGUF_OK) << err; // the alias
+    EXPECT_EQ(g.pre(), "gpt-2");
+    ASSERT_EQ(smollm2_with_pre("llama3", &l, &err), GGUF_OK) << err;
+    EXPECT_EQ(l.pre(), "llama-bpe");
+    const std::string digits = "1234567";
+    std::string back;
+    for (const Tokenizer* x : {&t, &g, &l}) {
+        back.clear();
+        const std::vector<int32_t> ids = x->encode(digits);
+        ASSERT_EQ(x->decode(ids.data(), ids.size(), &back, &err), GGUF_OK);
+        EXPECT_EQ(back, digits) << x->pre();
+    }
+    EXPECT_EQ(t.encode(digits).size(), 7u); // (SmolLM2 has no multi-digit tokens: the pre-tokenizers'
+                                             // digit rules differ in the ids of SmolLM2CasesEqualHF only
+                                             // through the spaces and text around digits)
+    // No tokenizer.ggml.pre: qwen2, as before the key was read.
+    ASSERT_EQ(smollm2_with_pre("", &q, &err), GGUF_OK) << err;
+    EXPECT_EQ(q.pre(), "qwen2");
+    EXPECT_FALSE(q.pre_from_file());
+    // An unknown value names itself and the supported ones.
+    Tokenizer u;
+    EXPECT_EQ(smollm2_with_pre("deepseek-llm", &u, &err), GGUF_ERR_UNSUPPORTED);
+    EXPECT_NE(err.find("'deepseek-llm'"), std::string::npos) << err;
+    EXPECT_NE(err.find("smollm"), std::string::npos) << err;
+    EXPECT_EQ(u.n_vocab(), 0u);
+    // Invalid UTF-8 bytes are byte tokens (those that have one) and decode back.
+    const std::string bad = std::string("ab\x80\xe2\x82 12\xc3", 9);
+    back.clear();
+    const std::vector<int32_t> ids = t.encode(bad);
+    ASSERT_EQ(t.decode(ids.data(), ids.size(), &back, &err), GGUF_OK);
+    EXPECT_EQ(back, bad);
+}
+
+// llama-bpe keeps a piece that is a token whole (HF BPE ignore_merges), even when no merges lead
+// to it; other pre-tokenizers merge. Ids as HF gives them for the same vocabulary (checked with
+// tokenizers 0.23: ignore_merges=True gives xyz, Ġ, ab, Ġxyz, Ġ, x, y, z, ab).
+TEST(Tokenizer, IgnoreMergesUnderLlamaBpe) {
+    const std::string path = tmp_path("ignore-merges.gguf");
+    std::vector<std::string> tokens;
+    for (int b = 0; b < 256; b++) tokens.push_back(byte_level_encode(std::string(1, (char)b)));
+    for (const char* t : {"ab", "xyz", "Ġxyz"}) tokens.push_back(t); // 256, 257, 258
+    std::string err;
+    for (const char* pre : {"llama-bpe", "qwen2", "smollm", "gpt-2"}) {
+        GGUFWriter w;
+        w.set_string("tokenizer.ggml.model", "gpt2");
+        w.set_string("tokenizer.ggml.pre", pre);
+        w.set("tokenizer.ggml.tokens", GGUFValue::string_array(tokens));
+        w.set("tokenizer.ggml.merges", GGUFValue::string_array({"a b"}));
+        ASSERT_EQ(w.open(path, &err), GGUF_OK) << err;
+        ASSERT_EQ(w.finish(&err), GGUF_OK) << err;
+        Tokenizer t;
+        ASSERT_EQ(t.load_file(path, &err), GGUF_OK) << err;
+        const std::vector<int32_t> got = t.encode("xyz ab xyz xyzab");
+        if (std::string(pre) == "llama-bpe")
+            EXPECT_EQ(got, (std::vector<int32_t>{257, ' ', 256, 258, ' ', 'x', 'y', 'z', 256}));
+        else
+            EXPECT_EQ(got, (std::vector<int32_t>{'x', 'y', 'z', ' ', 256, ' ', 'x', 'y', 'z', ' ', 'x', 'y', 'z', 256}))
+                << pre;
+        EXPECT_EQ(t.decode(got), "xyz ab xyz xyzab");
+    }
+    unlink(path.c_str());
 }

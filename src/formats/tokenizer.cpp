@@ -1,4 +1,6 @@
-// Qwen2 byte-level BPE tokenizer. See ggml-oomb/tokenizer.h.
+// Byte-level BPE tokenizer with the pre-tokenizer chosen by tokenizer.ggml.pre. See
+// ggml-oomb/tokenizer.h. Design: one BPE engine; what differs between model families (the regex
+// list, NFC or not, ignore_merges) is data in kPreTokenizers.
 #include "tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -153,20 +155,65 @@ void nfc_valid_utf8(const uint8_t* p, size_t n, std::string& out) {
     flush(s, n);
 }
 
-// The Qwen2 pre-tokenizer (tokenizer.json "Split" regex, behaviour Isolated):
-//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-// with \s spelled out as the Unicode White_Space property (what HF's Oniguruma matches), so the
-// result does not depend on the PCRE2 version's idea of \s.
+// ---- Pre-tokenizers -------------------------------------------------------------------------
+// The regexes llama.cpp's src/llama-vocab.cpp uses for each tokenizer.ggml.pre, in the forms HF
+// `tokenizers` runs, with \s spelled out as the Unicode White_Space property (what HF's Oniguruma
+// matches), so the result does not depend on the PCRE2 version's idea of \s:
+//   qwen2, llama-bpe: the tokenizer.json Split regex, with (?i:...) contractions (llama.cpp spells
+//     them '[sS]|... since std::regex lacks (?i:); PCRE2 has it, as HF's Oniguruma);
+//   gpt-2 (and the second step of smollm): HF ByteLevel(use_regex)'s regex, which ends in |\s+;
+//     llama.cpp omits that last alternative, which changes nothing there since its unmatched text
+//     also stays a piece;
+//   smollm: \p{N} first (HF Digits(individual_digits = true): Rust's char::is_numeric is the N
+//     categories), then the GPT-2 regex on each piece.
 #define WS "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
-const char* kQwen2Pattern =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)"
-    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"
-    "|\\p{N}"
-    "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*"
-    "|[" WS "]*[\\r\\n]+"
+#define SPLIT_REGEX(DIGITS)                                                                      \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)"                                                               \
+    "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+"                                                             \
+    "|" DIGITS                                                                                   \
+    "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*"                                                         \
+    "|[" WS "]*[\\r\\n]+"                                                                        \
+    "|[" WS "]+(?![^" WS "])"                                                                    \
+    "|[" WS "]+"
+const char* kQwen2Regex = SPLIT_REGEX("\\p{N}");
+const char* kLlama3Regex = SPLIT_REGEX("\\p{N}{1,3}");
+const char* kGpt2Regex =
+    "'s|'t|'re|'ve|'m|'ll|'d"
+    "| ?\\p{L}+"
+    "| ?\\p{N}+"
+    "| ?[^" WS "\\p{L}\\p{N}]+"
     "|[" WS "]+(?![^" WS "])"
     "|[" WS "]+";
+const char* kDigitRegex = "\\p{N}";
+#undef SPLIT_REGEX
 #undef WS
+
+struct PreTokenizerSpec {
+    const char* name;                  // canonical tokenizer.ggml.pre value
+    std::vector<const char*> aliases;  // other values llama.cpp maps to the same regexes
+    bool nfc;                          // HF tokenizer.json has an NFC normalizer
+    bool ignore_merges;                // HF BPE ignore_merges: a piece that is a token is kept whole
+    std::vector<const char*> regexes;  // applied in sequence
+};
+
+const std::vector<PreTokenizerSpec>& pre_tokenizers() {
+    static const std::vector<PreTokenizerSpec> t = {
+        {"qwen2", {}, true, false, {kQwen2Regex}},
+        {"llama-bpe", {"llama3", "llama-v3"}, false, true, {kLlama3Regex}},
+        {"smollm", {}, false, false, {kDigitRegex, kGpt2Regex}},
+        {"gpt-2", {"gpt2"}, false, false, {kGpt2Regex}},
+    };
+    return t;
+}
+
+const PreTokenizerSpec* find_pre_tokenizer(const std::string& v) {
+    for (const PreTokenizerSpec& p : pre_tokenizers()) {
+        if (v == p.name) return &p;
+        for (const char* a : p.aliases)
+            if (v == a) return &p;
+    }
+    return nullptr;
+}
 
 // (left id, right id) -> (rank, merged id); open addressing, linear probing.
 class MergeTable {
@@ -272,20 +319,28 @@ struct Tokenizer::Impl {
     std::vector<std::string> bytes; // decoded bytes
     std::vector<int32_t> type;
     std::unordered_map<std::string, int32_t> text_to_id;
-    int32_t byte_id[256];
+    std::unordered_map<std::string, int32_t> bpe_vocab; // bytes -> id of the normal tokens
+    int32_t byte_id[256];  // -1: the vocabulary has no token for the byte (it is left out)
+    bool missing_bytes = false;
     MergeTable merges;
     // Added tokens grouped by first byte, longest first.
     bool first_byte[256] = {false};
     std::vector<int32_t> by_first[256];
     bool has_added = false;
-    pcre2_code* re = nullptr;
-    bool jit = false;
+    const PreTokenizerSpec* spec = nullptr;
+    std::string pre_name;
+    bool pre_from_file = false;
+    struct Regex {
+        pcre2_code* code = nullptr;
+        bool jit = false;
+    };
+    std::vector<Regex> re; // spec->regexes, compiled
     int32_t bos = -1, eos = -1, pad = -1;
     bool add_bos = false;
     uint64_t generation = 0;
 
     ~Impl() {
-        if (re) pcre2_code_free(re);
+        for (Regex& r : re) pcre2_code_free(r.code);
     }
 
     ThreadState& state() const {
@@ -303,17 +358,27 @@ struct Tokenizer::Impl {
         return s;
     }
 
-    // BPE over the bytes of one pre-token; appends ids.
+    void push_byte(uint8_t b, std::vector<int32_t>& out) const {
+        if (byte_id[b] >= 0) out.push_back(byte_id[b]);
+    }
+
+    // BPE over the bytes of one pre-token; appends ids. Bytes without a token are left out before
+    // merging (their neighbours become adjacent), as HF's BPE does without an unk_token.
     void bpe(const uint8_t* s, size_t n, std::vector<int32_t>& out) const {
-        if (n == 1) { out.push_back(byte_id[s[0]]); return; }
+        if (n == 1) { push_byte(s[0], out); return; }
+        if (spec->ignore_merges) {
+            auto it = bpe_vocab.find(std::string((const char*)s, n));
+            if (it != bpe_vocab.end()) { out.push_back(it->second); return; }
+        }
         if (n <= 64) bpe_small(s, n, out);
         else bpe_large(s, n, out);
     }
 
     void bpe_small(const uint8_t* s, size_t n, std::vector<int32_t>& out) const {
         int32_t ids[64], rk[64], res[64];
-        int m = (int)n;
-        for (int i = 0; i < m; i++) ids[i] = byte_id[s[i]];
+        int m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (byte_id[s[i]] >= 0) ids[m++] = byte_id[s[i]];
         for (int i = 0; i + 1 < m; i++) rk[i] = merges.find(ids[i], ids[i + 1], &res[i]);
         while (m > 1) {
             int best = -1;
@@ -338,8 +403,13 @@ struct Tokenizer::Impl {
             int32_t rank, pos, left, right;
             bool operator>(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
         };
-        std::vector<Sym> sy(n);
-        for (size_t i = 0; i < n; i++) sy[i] = {byte_id[s[i]], (int32_t)i - 1, i + 1 < n ? (int32_t)(i + 1) : -1};
+        std::vector<Sym> sy;
+        sy.reserve(n);
+        for (size_t i = 0; i < n; i++)
+            if (byte_id[s[i]] >= 0) sy.push_back({byte_id[s[i]], (int32_t)sy.size() - 1, (int32_t)sy.size() + 1});
+        if (sy.empty()) return;
+        sy.back().next = -1;
+        n = sy.size();
         std::priority_queue<Cand, std::vector<Cand>, std::greater<Cand>> q;
         auto push = [&](int32_t a) {
             const int32_t b = sy[a].next;
@@ -368,7 +438,7 @@ struct Tokenizer::Impl {
     }
 
     void bpe_cached(ThreadState& st, const uint8_t* s, size_t n, std::vector<int32_t>& out) const {
-        if (n == 1) { out.push_back(byte_id[s[0]]); return; }
+        if (n == 1) { push_byte(s[0], out); return; }
         if (n > kCacheMaxWordLen) { bpe(s, n, out); return; }
         std::string key((const char*)s, n);
         auto it = st.cache.find(key);
@@ -418,26 +488,18 @@ struct Tokenizer::Impl {
         }
     }
 
-    // Pre-tokenizes and BPE-encodes text that holds no added tokens.
-    bool encode_plain(ThreadState& st, std::string_view seg, std::vector<int32_t>& out, std::string* err) const {
-        if (seg.empty()) return true;
-        bool ascii = true;
-        for (unsigned char c : seg) if (c >= 0x80) { ascii = false; break; }
-        std::string_view text = seg;
-        if (!ascii) {
-            nfc(seg, st.norm);
-            text = st.norm;
-        }
-        const uint8_t* subj = (const uint8_t*)text.data();
-        const size_t n = text.size();
+    // Splits [s, s + n) with regex `level` and passes each piece (matches and the text between
+    // them) to the next level; after the last, BPE. Each piece is its own subject, so lookaheads
+    // do not see past it (as in HF, where each step splits the pieces of the previous one).
+    bool split(ThreadState& st, size_t level, const uint8_t* s, size_t n, std::vector<int32_t>& out,
+               std::string* err) const {
+        if (level == re.size()) { bpe_cached(st, s, n, out); return true; }
+        const Regex& r = re[level];
         size_t pos = 0;
         while (pos < n) {
-            const int rc = jit ? pcre2_jit_match(re, subj, n, pos, 0, st.md, st.mc)
-                               : pcre2_match(re, subj, n, pos, 0, st.md, st.mc);
-            if (rc == PCRE2_ERROR_NOMATCH) {
-                bpe_cached(st, subj + pos, n - pos, out); // trailing bytes no rule matches (invalid UTF-8)
-                break;
-            }
+            const int rc = r.jit ? pcre2_jit_match(r.code, s, n, pos, 0, st.md, st.mc)
+                                 : pcre2_match(r.code, s, n, pos, 0, st.md, st.mc);
+            if (rc == PCRE2_ERROR_NOMATCH) return split(st, level + 1, s + pos, n - pos, out, err); // unmatched tail
             if (rc < 0) {
                 PCRE2_UCHAR msg[256];
                 pcre2_get_error_message(rc, msg, sizeof msg);
@@ -446,16 +508,35 @@ struct Tokenizer::Impl {
             }
             const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(st.md);
             const size_t ms = ov[0], me = ov[1];
-            if (ms > pos) bpe_cached(st, subj + pos, ms - pos, out); // gap: invalid UTF-8 bytes
+            if (ms > pos && !split(st, level + 1, s + pos, ms - pos, out, err)) return false; // unmatched gap
             if (me > ms) {
-                bpe_cached(st, subj + ms, me - ms, out);
+                if (!split(st, level + 1, s + ms, me - ms, out, err)) return false;
                 pos = me;
             } else {
-                pos = ms + 1; // cannot happen with this pattern (no empty matches); avoid a loop
-                if (ms < n) bpe_cached(st, subj + ms, 1, out);
+                pos = ms + 1; // cannot happen with these patterns (no empty matches); avoid a loop
+                if (ms < n && !split(st, level + 1, s + ms, 1, out, err)) return false;
             }
         }
         return true;
+    }
+
+    // Normalizes, pre-tokenizes and BPE-encodes text that holds no added tokens; adds the number
+    // of bytes without a token to *n_dropped (when given).
+    bool encode_plain(ThreadState& st, std::string_view seg, std::vector<int32_t>& out, std::string* err,
+                      size_t* n_dropped) const {
+        if (seg.empty()) return true;
+        std::string_view text = seg;
+        if (spec->nfc) {
+            bool ascii = true;
+            for (unsigned char c : seg) if (c >= 0x80) { ascii = false; break; }
+            if (!ascii) {
+                nfc(seg, st.norm);
+                text = st.norm;
+            }
+        }
+        if (missing_bytes && n_dropped)
+            for (unsigned char c : text) *n_dropped += byte_id[c] < 0;
+        return split(st, 0, (const uint8_t*)text.data(), text.size(), out, err);
     }
 };
 
@@ -480,11 +561,21 @@ gguf_status Tokenizer::load(const GGUFReader& r, std::string* err) {
         set_err(err, path + ": tokenizer.ggml.model is '" + model + "'; only 'gpt2' (byte-level BPE) is supported");
         return GGUF_ERR_UNSUPPORTED;
     }
-    if (gguf_status s = r.get_string("tokenizer.ggml.pre", &pre, err)) return s;
-    if (pre != "qwen2") {
-        set_err(err, path + ": tokenizer.ggml.pre is '" + pre + "'; only the 'qwen2' pre-tokenizer is supported");
+    if (r.find("tokenizer.ggml.pre")) {
+        if (gguf_status s = r.get_string("tokenizer.ggml.pre", &pre, err)) return s;
+        I->pre_from_file = true;
+    } else {
+        pre = "qwen2"; // see tokenizer.h: files without the key are read as before it was read
+    }
+    I->spec = find_pre_tokenizer(pre);
+    if (!I->spec) {
+        std::string list;
+        for (const std::string& nm : tokenizer_pre_names()) list += (list.empty() ? "" : ", ") + nm;
+        set_err(err, path + ": tokenizer.ggml.pre is '" + pre + "', a pre-tokenizer this tokenizer does not know; "
+                         "supported: " + list);
         return GGUF_ERR_UNSUPPORTED;
     }
+    I->pre_name = I->spec->name;
     if (gguf_status s = r.get_string_array("tokenizer.ggml.tokens", &I->text, err)) return s;
     const size_t n = I->text.size();
     if (n == 0 || n > (size_t)INT32_MAX) {
@@ -507,7 +598,7 @@ gguf_status Tokenizer::load(const GGUFReader& r, std::string* err) {
     // Token bytes and the BPE vocabulary (bytes -> id) of the normal tokens.
     I->bytes.resize(n);
     I->text_to_id.reserve(n * 2);
-    std::unordered_map<std::string, int32_t> bpe_vocab;
+    std::unordered_map<std::string, int32_t>& bpe_vocab = I->bpe_vocab;
     bpe_vocab.reserve(n * 2);
     std::vector<int32_t> added;
     for (size_t i = 0; i < n; i++) {
@@ -525,15 +616,10 @@ gguf_status Tokenizer::load(const GGUFReader& r, std::string* err) {
             bpe_vocab.emplace(I->bytes[i], id);
         }
     }
-    for (int b = 0; b < 256; b++) {
+    for (int b = 0; b < 256; b++) { // a byte without a token is left out, as HF does (tokenizer.h)
         auto it = bpe_vocab.find(std::string(1, (char)b));
-        if (it == bpe_vocab.end()) {
-            char buf[160];
-            snprintf(buf, sizeof buf, ": the byte-level vocabulary has no token for byte 0x%02x", b);
-            set_err(err, path + buf);
-            return GGUF_ERR_FORMAT;
-        }
-        I->byte_id[b] = it->second;
+        I->byte_id[b] = it == bpe_vocab.end() ? -1 : it->second;
+        I->missing_bytes = I->missing_bytes || I->byte_id[b] < 0;
     }
     I->merges.init(merges.size());
     std::string a, b;
@@ -583,24 +669,29 @@ gguf_status Tokenizer::load(const GGUFReader& r, std::string* err) {
     if (r.find("tokenizer.ggml.add_bos_token"))
         if (gguf_status s = r.get_bool("tokenizer.ggml.add_bos_token", &I->add_bos, err)) return s;
 
-    int ec;
-    PCRE2_SIZE eo;
-    I->re = pcre2_compile((PCRE2_SPTR)kQwen2Pattern, PCRE2_ZERO_TERMINATED,
-                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &ec, &eo, nullptr);
-    if (!I->re) {
-        PCRE2_UCHAR msg[256];
-        pcre2_get_error_message(ec, msg, sizeof msg);
-        set_err(err, std::string("tokenizer: cannot compile the Qwen2 pre-tokenizer regex: ") + (const char*)msg);
-        return GGUF_ERR_UNSUPPORTED;
+    for (const char* pattern : I->spec->regexes) {
+        int ec;
+        PCRE2_SIZE eo;
+        Impl::Regex rx;
+        rx.code = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                                PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &ec, &eo, nullptr);
+        if (!rx.code) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(ec, msg, sizeof msg);
+            set_err(err, std::string("tokenizer: cannot compile the ") + I->pre_name + " pre-tokenizer regex: " +
+                             (const char*)msg);
+            return GGUF_ERR_UNSUPPORTED;
+        }
+        rx.jit = pcre2_jit_compile(rx.code, PCRE2_JIT_COMPLETE) == 0;
+        I->re.push_back(rx);
     }
-    I->jit = pcre2_jit_compile(I->re, PCRE2_JIT_COMPLETE) == 0;
     I->generation = g_generation.fetch_add(1);
     impl_ = std::move(I);
     return GGUF_OK;
 }
 
 gguf_status Tokenizer::encode(std::string_view text, std::vector<int32_t>* ids, std::string* err,
-                              bool parse_special) const {
+                              bool parse_special, size_t* n_dropped) const {
     if (!impl_) { set_err(err, "tokenizer: not loaded"); return GGUF_ERR_ARG; }
     const Impl& I = *impl_;
     ThreadState& st = I.state();
@@ -617,13 +708,13 @@ gguf_status Tokenizer::encode(std::string_view text, std::vector<int32_t>* ids, 
                 if (t.size() <= n - i && memcmp(p + i, t.data(), t.size()) == 0) { hit = id; break; }
             }
             if (hit < 0) { i++; continue; }
-            if (!I.encode_plain(st, text.substr(seg, i - seg), *ids, err)) return GGUF_ERR_ARG;
+            if (!I.encode_plain(st, text.substr(seg, i - seg), *ids, err, n_dropped)) return GGUF_ERR_ARG;
             ids->push_back(hit);
             i += I.bytes[hit].size();
             seg = i;
         }
     }
-    if (!I.encode_plain(st, text.substr(seg), *ids, err)) return GGUF_ERR_ARG;
+    if (!I.encode_plain(st, text.substr(seg), *ids, err, n_dropped)) return GGUF_ERR_ARG;
     return GGUF_OK;
 }
 
@@ -657,6 +748,27 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
 }
 
 size_t Tokenizer::n_vocab() const { return impl_ ? impl_->text.size() : 0; }
+
+const std::string& Tokenizer::pre() const {
+    static const std::string empty;
+    return impl_ ? impl_->pre_name : empty;
+}
+
+bool Tokenizer::pre_from_file() const { return impl_ && impl_->pre_from_file; }
+
+bool Tokenizer::has_byte_token(uint8_t b) const { return impl_ && impl_->byte_id[b] >= 0; }
+
+const std::vector<std::string>& tokenizer_pre_names() {
+    static const std::vector<std::string> names = [] {
+        std::vector<std::string> v;
+        for (const PreTokenizerSpec& p : pre_tokenizers()) {
+            v.push_back(p.name);
+            for (const char* a : p.aliases) v.push_back(a);
+        }
+        return v;
+    }();
+    return names;
+}
 
 const std::string& Tokenizer::token_text(int32_t id) const {
     static const std::string empty;
