@@ -65,6 +65,10 @@ oomb_kv_cache_t oomb_kv_cache_init(oomb_backend_t backend, struct oomb_kv_cache_
         oomb_tensor * t = oomb_ctx_tensor(c->ctx, i);
         oomb_tensor_alloc(c->buf, t, off);
         off += (oomb_nbytes(t) + 255) / 256 * 256;
+        // Zero pools once: a slot never written (past a sequence's last position in its page, or a
+        // position a test's schedule reads early) then holds 0, never heap garbage that could be NaN
+        // (masked keys are weighted by 0, and 0 * NaN is NaN). Costs one memset at start-up.
+        if (t != c->page_table) oomb_tensor_memset(t, 0);
     }
     oomb_kv_cache_clear(c);
     return c;
