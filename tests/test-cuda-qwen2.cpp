@@ -38,6 +38,11 @@ TEST(CudaQwen2Parity, MicroLongChunk1000) { check_cuda("qwen2-micro", "long", 10
 TEST(CudaQwen2Parity, MicroLongChunk1000AttnCache) { check_cuda("qwen2-micro", "long", 1000, 64, true); }
 TEST(CudaQwen2Parity, MicroLongChunk1000AttnCacheBf16) { check_cuda("qwen2-micro", "long", 1000, 64, true, OOMB_TYPE_BF16); }
 
+// Llama (tests/fixtures/llama-*: no biases, GQA 6/2 and 9/3, head dims 10 and 6 on the generic
+// kernels; tied and untied heads) through the same chunk driver on the GPU.
+TEST(CudaLlamaParity, MicroChunked) { check_cuda("llama-micro", "short", 24, 16); }
+TEST(CudaLlamaParity, MiniChunked) { check_cuda("llama-mini", "short", 20, 8); }
+
 // The CUDA backend's gradients against the CPU backend's on the same chunking.
 TEST(CudaQwen2Parity, MatchesCpuBackend) {
     Cuda c;
