@@ -14,14 +14,15 @@ OUT=/tmp/oomb-compare; rm -rf $OUT; mkdir -p $OUT
 trap 'sleep 1; tar -czf "$FINAL/results.tgz" -C $OUT . ; cp $OUT/summary.txt "$FINAL/" 2>/dev/null' EXIT
 exec > >(tee $OUT/summary.txt) 2>&1
 D=$PWD/.devcarry
+MODES=${*:-tests e2e 7b}
 for s in before after; do
     mkdir -p /tmp/bins-$s
     f=$D/gpu-bins.tar.xz; [ $s = before ] && f=$D/gpu-bins-before.tar.xz
+    [ $s = before ] && [ "$MODES" = tests ] && [ ! -f "$f" ] && continue   # the tests need only the new set
     tar -xJf "$f" -C /tmp/bins-$s || { echo "missing $f"; exit 1; }
 done
 cat $D/bins-commit.txt $D/bins-before-commit.txt 2>/dev/null
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv
-MODES=${*:-tests e2e 7b}
 want() { [[ " $MODES " == *" $1 "* ]]; }
 python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<22, dtype=np.uint32).tofile('/tmp/rand.bin')"
 export OOMB_FIXTURES=$D/fixtures OOMB_SOURCE_DIR=$PWD
