@@ -732,6 +732,41 @@ TEST_F(CudaOps, RopeAndBack) {
     }
 }
 
+// rope_ext / rope_back_ext with frequency factors in [1, 32] (Llama 3's range): partial rotation, odd
+// token counts, a permuted input, n_dims > 8192 (the one-block-per-row kernel k_rope), and the
+// gradient through autodiff (rope_back_ext with the same factors).
+TEST_F(CudaOps, RopeFreqFactors) {
+    REQUIRE_CUDA();
+    struct C { int64_t D, H, T, B; int n_dims; float theta; int32_t pmax; };
+    const C cases[] = {{64, 4, 9, 2, 48, 500000.0f, 131072}, {128, 3, 17, 1, 128, 500000.0f, 65536}, {34, 1, 3, 1, 30, 500.0f, 7},
+                       {6, 300, 5, 1, 4, 10000.0f, 100}, {8200, 1, 3, 1, 8196, 10000.0f, 5000}};
+    for (const C & cs : cases) {
+        for (int view = 0; view < 2; view++) {
+            char name[176];
+            snprintf(name, sizeof(name), "rope_ext / rope_back_ext D %lld H %lld T %lld n_dims %d theta %g pos < %d%s", (long long) cs.D,
+                     (long long) cs.H, (long long) cs.T, cs.n_dims, cs.theta, cs.pmax, view ? " (permuted input)" : "");
+            expect_case(name, [&cs, view](Builder & B) -> std::vector<oomb_tensor *> {
+                oomb_tensor * a = view ? oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, cs.D, cs.T, cs.H, cs.B), 0, 2, 1, 3)
+                                       : B.input(OOMB_TYPE_F32, cs.D, cs.H, cs.T, cs.B);
+                oomb_tensor * ff = B.input(OOMB_TYPE_F32, cs.n_dims / 2, 1, 1, 1, 1.0f, 32.0f);
+                oomb_tensor * pos = B.ids(B.rand_ids(cs.T, cs.pmax), cs.T);
+                return {oomb_rope_ext(B.ctx, a, pos, cs.n_dims, cs.theta, ff), oomb_rope_back_ext(B.ctx, a, pos, cs.n_dims, cs.theta, ff),
+                        oomb_rope_back_ext(B.ctx, oomb_rope_ext(B.ctx, a, pos, cs.n_dims, cs.theta, ff), pos, cs.n_dims, cs.theta, ff)};
+            }, k_f32);
+        }
+    }
+    expect_case("rope_ext autodiff: loss, dx (factors shared by two ropes)", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * x = B.param(OOMB_TYPE_F32, 64, 3, 7, 1);
+        oomb_tensor * w = B.input(OOMB_TYPE_F32, 64, 3, 7, 1);
+        oomb_tensor * ff = B.input(OOMB_TYPE_F32, 24, 1, 1, 1, 1.0f, 8.0f);
+        oomb_tensor * pos = B.ids(B.rand_ids(7, 9000), 7);
+        oomb_tensor * q = oomb_rope_ext(B.ctx, x, pos, 48, 500000.0f, ff);
+        oomb_tensor * k = oomb_rope_ext(B.ctx, oomb_mul(B.ctx, x, w), pos, 48, 500000.0f, ff);
+        B.loss = oomb_sum(B.ctx, oomb_mul(B.ctx, q, k));
+        return {B.loss, x->grad};
+    }, k_f32);
+}
+
 TEST_F(CudaOps, SoftMaxAndBack) {
     REQUIRE_CUDA();
     const int64_t shapes[][3] = {{29, 13, 2}, {1000, 7, 1}, {1, 5, 1}, {4100, 3, 1}};
