@@ -45,6 +45,13 @@ protected:
         fill_uniform(t, rng, lo, hi);
         return t;
     }
+    // T token positions: 0, then uniform in [0, pmax]
+    std::vector<int32_t> rand_pos(int64_t T, int pmax) {
+        std::vector<int32_t> p;
+        std::uniform_int_distribution<int> d(0, pmax);
+        for (int64_t t = 0; t < T; t++) p.push_back(t == 0 ? 0 : d(rng));
+        return p;
+    }
     oomb_tensor * ids(const std::vector<int32_t> & v, int64_t ne0, int64_t ne1 = 1) {
         oomb_tensor * t = oomb_new_tensor_2d(ctx, OOMB_TYPE_I32, ne0, ne1);
         for (size_t i = 0; i < v.size(); i++) oomb_set_i32_1d(t, (int64_t) i, v[i]);
@@ -526,9 +533,7 @@ TEST_F(Ops, RopeAndBack) {
         const int64_t D = cs[0], H = cs[1], T = cs[2], B = cs[3];
         const int n_dims = (int) cs[4];
         const float theta = 1000000.0f;
-        std::vector<int32_t> p;
-        std::uniform_int_distribution<int> d(0, 32767);
-        for (int64_t t = 0; t < T; t++) p.push_back(t == 0 ? 0 : d(rng));
+        const std::vector<int32_t> p = rand_pos(T, 32767);
         oomb_tensor * pos = ids(p, T);
         oomb_tensor * a = rnd(OOMB_TYPE_F32, D, H, T, B);
         oomb_tensor * y = oomb_rope(ctx, a, pos, n_dims, theta);
@@ -555,16 +560,15 @@ TEST_F(Ops, RopeAndBack) {
 // head_dim), odd token counts and factors from 1 to 32 (Llama 3's range); NULL factors and factors
 // of exactly 1 give oomb_rope's result bit for bit; bad factors are refused.
 TEST_F(Ops, RopeFreqFactors) {
-    const int64_t cases[][5] = {{64, 3, 7, 2, 48}, {24, 2, 5, 1, 16}, {6, 1, 3, 1, 2}, {128, 2, 9, 1, 128}, {10, 3, 1, 1, 6}};
-    for (auto & cs : cases) {
-        const int64_t D = cs[0], H = cs[1], T = cs[2], B = cs[3];
-        const int n_dims = (int) cs[4];
+    struct C { int64_t D, H, T, B; int n_dims; };
+    const C cases[] = {{64, 3, 7, 2, 48}, {24, 2, 5, 1, 16}, {6, 1, 3, 1, 2}, {128, 2, 9, 1, 128}, {10, 3, 1, 1, 6}};
+    for (const C & cs : cases) {
+        const int64_t D = cs.D, T = cs.T;
+        const int n_dims = cs.n_dims;
         const float theta = 500000.0f;
-        std::vector<int32_t> p;
-        std::uniform_int_distribution<int> d(0, 131071);
-        for (int64_t t = 0; t < T; t++) p.push_back(t == 0 ? 0 : d(rng));
+        const std::vector<int32_t> p = rand_pos(T, 131071);
         oomb_tensor * pos = ids(p, T);
-        oomb_tensor * a = rnd(OOMB_TYPE_F32, D, H, T, B);
+        oomb_tensor * a = rnd(OOMB_TYPE_F32, D, cs.H, T, cs.B);
         oomb_tensor * ff = rnd(OOMB_TYPE_F32, n_dims / 2, 1, 1, 1, 1.0f, 32.0f);
         const vec ffv = to_vector(ff);
         oomb_tensor * y = oomb_rope_ext(ctx, a, pos, n_dims, theta, ff);
