@@ -291,7 +291,7 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
         case OOMB_OP_RMS_NORM:      oomb_cuda_rms_norm(c, node, s[0]); break;
         case OOMB_OP_RMS_NORM_BACK: oomb_cuda_rms_norm_back(c, node, s[0], s[1]); break;
         case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK:
-                                    oomb_cuda_rope(c, node, s[0], s[1]); break;
+                                    oomb_cuda_rope(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_SOFT_MAX:      oomb_cuda_soft_max(c, node, s[0]); break;
         case OOMB_OP_SOFT_MAX_BACK: oomb_cuda_soft_max_back(c, node, s[0], s[1]); break;
         case OOMB_OP_ATTN:          oomb_cuda_attn(c, node, s[0], s[1], s[2]); break;

@@ -344,9 +344,23 @@ struct oomb_tensor * oomb_rms_norm_back(struct oomb_context * ctx, struct oomb_t
 /// as HF Qwen2 applies it. a: [head_dim, n_head, n_tokens, B] f32; pos: i32 [n_tokens] (positions);
 /// the first n_dims (even, <= head_dim) dimensions are rotated, angle = pos * theta^(-2i/n_dims).
 /// Source: Su et al. 2021 (RoFormer); HF apply_rotary_pos_emb.
+/// Same as oomb_rope_ext(ctx, a, pos, n_dims, theta, NULL).
 struct oomb_tensor * oomb_rope(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * pos, int n_dims, float theta);
-/// Adjoint of rope (rotation by the opposite angle).
+/// Adjoint of rope (rotation by the opposite angle); same as oomb_rope_back_ext(..., NULL).
 struct oomb_tensor * oomb_rope_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * pos, int n_dims, float theta);
+/// rope with per-frequency factors (Llama 3.x: the GGUF tensor rope_freqs.weight): the angle of pair i
+/// (0 <= i < n_dims/2) is pos * theta^(-2i/n_dims) / freq_factors[i], as llama.cpp's ggml_rope_ext
+/// divides by its freq_factors. freq_factors: f32 [n_dims/2], contiguous, positive and finite (the
+/// CPU backend checks the values; the CUDA backend does not read them back), or NULL: no factors,
+/// exactly oomb_rope (no factor is applied at all, results bit-identical). The factors are a source
+/// of the node (src[2]) but get no gradient. For HF's rope_type "llama3" the factors come from
+/// rope_scaling (models/rope-scaling.h). Errors: a, pos, n_dims, theta as oomb_rope; freq_factors
+/// not f32, not contiguous or not n_dims/2 elements.
+struct oomb_tensor * oomb_rope_ext(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * pos, int n_dims, float theta,
+                                   struct oomb_tensor * freq_factors);
+/// Adjoint of oomb_rope_ext (rotation by the opposite angle, the same factors).
+struct oomb_tensor * oomb_rope_back_ext(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * pos, int n_dims, float theta,
+                                        struct oomb_tensor * freq_factors);
 
 /// Softmax over dimension 0 of a*scale. causal >= 0: element (i0, i1) is masked (-inf) when
 /// i0 > i1 + causal (row i1 is query i1; causal = number of keys before the first query).

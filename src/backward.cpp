@@ -405,7 +405,7 @@ struct Builder {
                 if (need(a)) add_grad(a, oomb_rms_norm_back(ctx, a, dy, oomb::get_op_f32(t, 0)));
                 break;
             case OOMB_OP_ROPE:
-                if (need(a)) add_grad(a, oomb_rope_back(ctx, dy, b, t->op_params[0], oomb::get_op_f32(t, 1)));
+                if (need(a)) add_grad(a, oomb_rope_back_ext(ctx, dy, b, t->op_params[0], oomb::get_op_f32(t, 1), t->src[2]));  // factors: no grad
                 break;
             case OOMB_OP_SOFT_MAX:
                 if (need(a)) add_grad(a, oomb_soft_max_back(ctx, t, dy, oomb::get_op_f32(t, 0)));

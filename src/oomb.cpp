@@ -704,7 +704,8 @@ struct oomb_tensor * oomb_rms_norm_back(struct oomb_context * ctx, struct oomb_t
     return t;
 }
 
-static oomb_tensor * rope_impl(oomb_context * ctx, oomb_tensor * a, oomb_tensor * pos, int n_dims, float theta, enum oomb_op op) {
+static oomb_tensor * rope_impl(oomb_context * ctx, oomb_tensor * a, oomb_tensor * pos, int n_dims, float theta, oomb_tensor * ff,
+                               enum oomb_op op) {
     const char * opn = oomb_op_name(op);
     require_f32(a, opn, "a");
     OOMB_CHECK(pos && pos->type == OOMB_TYPE_I32, opn, "pos must be i32, got %s", shape_str(pos).c_str());
@@ -713,16 +714,28 @@ static oomb_tensor * rope_impl(oomb_context * ctx, oomb_tensor * a, oomb_tensor 
     OOMB_CHECK(n_dims > 0 && n_dims % 2 == 0 && n_dims <= a->ne[0], opn, "n_dims = %d must be even and in (0, head_dim = %" PRId64 "]",
                n_dims, a->ne[0]);
     OOMB_CHECK(theta > 0.0f, opn, "theta = %g must be positive", theta);
-    oomb_tensor * t = new_op(ctx, op, OOMB_TYPE_F32, a->ne, a, pos);
+    if (ff) {
+        OOMB_CHECK(ff->type == OOMB_TYPE_F32 && oomb_is_contiguous(ff) && oomb_nelements(ff) == n_dims / 2, opn,
+                   "freq_factors %s must be f32, contiguous, with n_dims/2 = %d elements", shape_str(ff).c_str(), n_dims / 2);
+    }
+    oomb_tensor * t = new_op(ctx, op, OOMB_TYPE_F32, a->ne, a, pos, ff);
     t->op_params[0] = n_dims;
     oomb::set_op_f32(t, 1, theta);
     return t;
 }
 struct oomb_tensor * oomb_rope(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * pos, int n_dims, float theta) {
-    return rope_impl(ctx, a, pos, n_dims, theta, OOMB_OP_ROPE);
+    return rope_impl(ctx, a, pos, n_dims, theta, nullptr, OOMB_OP_ROPE);
 }
 struct oomb_tensor * oomb_rope_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * pos, int n_dims, float theta) {
-    return rope_impl(ctx, a, pos, n_dims, theta, OOMB_OP_ROPE_BACK);
+    return rope_impl(ctx, a, pos, n_dims, theta, nullptr, OOMB_OP_ROPE_BACK);
+}
+struct oomb_tensor * oomb_rope_ext(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * pos, int n_dims, float theta,
+                                   struct oomb_tensor * freq_factors) {
+    return rope_impl(ctx, a, pos, n_dims, theta, freq_factors, OOMB_OP_ROPE);
+}
+struct oomb_tensor * oomb_rope_back_ext(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * pos, int n_dims, float theta,
+                                        struct oomb_tensor * freq_factors) {
+    return rope_impl(ctx, a, pos, n_dims, theta, freq_factors, OOMB_OP_ROPE_BACK);
 }
 
 struct oomb_tensor * oomb_soft_max(struct oomb_context * ctx, struct oomb_tensor * a, float scale, int causal) {

@@ -67,6 +67,21 @@ void check_adamw(const oomb_tensor * dst, const oomb_tensor * p, const oomb_tens
                    shape_str(v).c_str(), shape_str(p).c_str());
 }
 
+// rope / rope_back: the result shaped like a; pos i32 with one entry per token (a->ne[2]); n_dims
+// even in (0, head_dim]; freq_factors (src[2], optional) f32, contiguous, n_dims/2 elements.
+void check_rope(const oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * pos, const oomb_tensor * ff) {
+    const char * opn = oomb_op_name(dst->op);
+    check_same_shape(opn, dst, a);
+    const int n_dims = dst->op_params[0];
+    if (pos->type != OOMB_TYPE_I32 || oomb_nelements(pos) != a->ne[2]) {
+        oomb_error("%s: pos %s must be i32 with one entry per token of %s", opn, shape_str(pos).c_str(), shape_str(a).c_str());
+    }
+    if (n_dims <= 0 || n_dims % 2 != 0 || n_dims > a->ne[0]) oomb_error("%s: n_dims = %d invalid for %s", opn, n_dims, shape_str(a).c_str());
+    if (ff && (ff->type != OOMB_TYPE_F32 || !oomb_is_contiguous(ff) || oomb_nelements(ff) != n_dims / 2)) {
+        oomb_error("%s: freq_factors %s must be f32, contiguous, with n_dims/2 = %d elements", opn, shape_str(ff).c_str(), n_dims / 2);
+    }
+}
+
 } // namespace
 
 void check_op_operands(const oomb_tensor * node, const oomb_tensor * const * s) {
@@ -91,6 +106,7 @@ void check_op_operands(const oomb_tensor * node, const oomb_tensor * const * s) 
             check_same_shape(opn, s[0], s[2]);
             break;
         case OOMB_OP_MUL_MAT: check_mul_mat(node, s[0], s[1]); break;
+        case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK: check_rope(node, s[0], s[1], s[2]); break;
         case OOMB_OP_ATTN:
             check_attn(opn, s[0], s[1], s[2]);
             check_same_shape(opn, node, s[0]);

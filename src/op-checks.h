@@ -29,7 +29,7 @@ static inline attn_dims attn_dims_of(const oomb_tensor * q, const oomb_tensor * 
 attn_dims check_attn(const char * op, const oomb_tensor * q, const oomb_tensor * k, const oomb_tensor * v);
 
 // The operand checks of node's op that do not depend on the data (shapes, types, layouts),
-// on the prepared sources s[]: copies, element-wise ops, rms_norm, soft_max, mul_mat, attn and
+// on the prepared sources s[]: copies, element-wise ops, rms_norm, rope, soft_max, mul_mat, attn and
 // the optimizer steps. Errors name the op and the tensors. Called by prepare_sources.
 void check_op_operands(const oomb_tensor * node, const oomb_tensor * const * s);
 

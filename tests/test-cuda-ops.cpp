@@ -711,25 +711,55 @@ TEST_F(CudaOps, RmsNormAndBack) {
     }
 }
 
-TEST_F(CudaOps, RopeAndBack) {
-    REQUIRE_CUDA();
-    struct C { int64_t D, H, T, B; int n_dims; float theta; int32_t pmax; };
-    const C cases[] = {{64, 4, 9, 2, 64, 1000000.0f, 200000}, {128, 3, 17, 1, 128, 10000.0f, 40}, {16, 2, 5, 1, 8, 10000.0f, 131072},
-                       {34, 1, 3, 1, 30, 500.0f, 7}, {64, 14, 33, 1, 64, 1000000.0f, 32768}, {6, 300, 4, 1, 4, 10000.0f, 100}};
-    for (const C & cs : cases) {
+// rope / rope_back, or with freq factors in [1, 32] (Llama 3's range) rope_ext / rope_back_ext, and
+// the round trip, on each case as given and on a permuted input.
+struct RopeCase { int64_t D, H, T, B; int n_dims; float theta; int32_t pmax; };
+static void expect_rope_cases(const std::vector<RopeCase> & cases, bool with_ff) {
+    for (const RopeCase & cs : cases) {
         for (int view = 0; view < 2; view++) {
-            char name[160];
-            snprintf(name, sizeof(name), "rope / rope_back D %lld H %lld T %lld n_dims %d theta %g pos < %d%s", (long long) cs.D,
-                     (long long) cs.H, (long long) cs.T, cs.n_dims, cs.theta, cs.pmax, view ? " (permuted input)" : "");
-            expect_case(name, [&cs, view](Builder & B) -> std::vector<oomb_tensor *> {
+            char name[176];
+            snprintf(name, sizeof(name), "%s D %lld H %lld T %lld n_dims %d theta %g pos < %d%s",
+                     with_ff ? "rope_ext / rope_back_ext" : "rope / rope_back", (long long) cs.D, (long long) cs.H, (long long) cs.T,
+                     cs.n_dims, cs.theta, cs.pmax, view ? " (permuted input)" : "");
+            expect_case(name, [&cs, view, with_ff](Builder & B) -> std::vector<oomb_tensor *> {
                 oomb_tensor * a = view ? oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, cs.D, cs.T, cs.H, cs.B), 0, 2, 1, 3)
                                        : B.input(OOMB_TYPE_F32, cs.D, cs.H, cs.T, cs.B);
+                oomb_tensor * ff = with_ff ? B.input(OOMB_TYPE_F32, cs.n_dims / 2, 1, 1, 1, 1.0f, 32.0f) : nullptr;
                 oomb_tensor * pos = B.ids(B.rand_ids(cs.T, cs.pmax), cs.T);
-                return {oomb_rope(B.ctx, a, pos, cs.n_dims, cs.theta), oomb_rope_back(B.ctx, a, pos, cs.n_dims, cs.theta),
-                        oomb_rope_back(B.ctx, oomb_rope(B.ctx, a, pos, cs.n_dims, cs.theta), pos, cs.n_dims, cs.theta)};
+                auto rope = [&](oomb_tensor * x) { return oomb_rope_ext(B.ctx, x, pos, cs.n_dims, cs.theta, ff); };
+                auto back = [&](oomb_tensor * x) { return oomb_rope_back_ext(B.ctx, x, pos, cs.n_dims, cs.theta, ff); };
+                if (!with_ff) return {oomb_rope(B.ctx, a, pos, cs.n_dims, cs.theta), oomb_rope_back(B.ctx, a, pos, cs.n_dims, cs.theta),
+                                      oomb_rope_back(B.ctx, oomb_rope(B.ctx, a, pos, cs.n_dims, cs.theta), pos, cs.n_dims, cs.theta)};
+                return {rope(a), back(a), back(rope(a))};
             }, k_f32);
         }
     }
+}
+
+TEST_F(CudaOps, RopeAndBack) {
+    REQUIRE_CUDA();
+    expect_rope_cases({{64, 4, 9, 2, 64, 1000000.0f, 200000}, {128, 3, 17, 1, 128, 10000.0f, 40}, {16, 2, 5, 1, 8, 10000.0f, 131072},
+                       {34, 1, 3, 1, 30, 500.0f, 7}, {64, 14, 33, 1, 64, 1000000.0f, 32768}, {6, 300, 4, 1, 4, 10000.0f, 100}},
+                      false);
+}
+
+// With frequency factors: partial rotation, odd token counts, a permuted input, n_dims > 8192 (the
+// one-block-per-row kernel k_rope), and the gradient through autodiff (rope_back_ext, same factors).
+TEST_F(CudaOps, RopeFreqFactors) {
+    REQUIRE_CUDA();
+    expect_rope_cases({{64, 4, 9, 2, 48, 500000.0f, 131072}, {128, 3, 17, 1, 128, 500000.0f, 65536}, {34, 1, 3, 1, 30, 500.0f, 7},
+                       {6, 300, 5, 1, 4, 10000.0f, 100}, {8200, 1, 3, 1, 8196, 10000.0f, 5000}},
+                      true);
+    expect_case("rope_ext autodiff: loss, dx (factors shared by two ropes)", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * x = B.param(OOMB_TYPE_F32, 64, 3, 7, 1);
+        oomb_tensor * w = B.input(OOMB_TYPE_F32, 64, 3, 7, 1);
+        oomb_tensor * ff = B.input(OOMB_TYPE_F32, 24, 1, 1, 1, 1.0f, 8.0f);
+        oomb_tensor * pos = B.ids(B.rand_ids(7, 9000), 7);
+        oomb_tensor * q = oomb_rope_ext(B.ctx, x, pos, 48, 500000.0f, ff);
+        oomb_tensor * k = oomb_rope_ext(B.ctx, oomb_mul(B.ctx, x, w), pos, 48, 500000.0f, ff);
+        B.loss = oomb_sum(B.ctx, oomb_mul(B.ctx, q, k));
+        return {B.loss, x->grad};
+    }, k_f32);
 }
 
 TEST_F(CudaOps, SoftMaxAndBack) {

@@ -499,6 +499,30 @@ TEST(Grad, Rope) {
     }
 }
 
+// rope_ext with random frequency factors (an input: the factors get no gradient), full and partial
+// rotation, odd token counts.
+TEST(Grad, RopeFreqFactors) {
+    { // full rotation
+        Harness H;
+        oomb_tensor * ff = H.input("ff", {4}, 1.0f, 32.0f);
+        H.check(oomb_rope_ext(H.ctx, H.param("x", {8, 3, 5, 2}), H.ids("pos", {3, 0, 7, 2, 11}, 5), 8, 10000.0f, ff));
+    }
+    { // n_dims < head_dim: the last dimensions pass through
+        Harness H;
+        oomb_tensor * ff = H.input("ff", {3}, 0.5f, 8.0f);
+        H.check(oomb_rope_ext(H.ctx, H.param("x", {10, 2, 3}), H.ids("pos", {5, 1, 9}, 3), 6, 100.0f, ff));
+    }
+    { // on a projection reshaped to heads, factors shared by q and k as in a model
+        Harness H;
+        oomb_tensor * ff = H.input("ff", {3}, 1.0f, 8.0f);
+        oomb_tensor * pos = H.ids("pos", {0, 4, 2}, 3);
+        oomb_tensor * x = oomb_mul_mat(H.ctx, H.param("w", {3, 12}), H.param("h", {3, 3})); // [12, 3]
+        oomb_tensor * q = oomb_rope_ext(H.ctx, oomb_reshape_3d(H.ctx, x, 6, 2, 3), pos, 6, 10000.0f, ff);
+        oomb_tensor * k = oomb_rope_ext(H.ctx, oomb_reshape_3d(H.ctx, x, 6, 2, 3), pos, 6, 10000.0f, ff);
+        H.check(oomb_mul(H.ctx, q, k));
+    }
+}
+
 TEST(Grad, SoftMax) {
     { Harness H; H.check(oomb_soft_max(H.ctx, H.param("x", {7, 5, 2}, OOMB_TYPE_F32, -2, 2), 0.7f, -1)); }
     { // causal mask, more keys than queries

@@ -45,6 +45,13 @@ protected:
         fill_uniform(t, rng, lo, hi);
         return t;
     }
+    // T token positions: 0, then uniform in [0, pmax]
+    std::vector<int32_t> rand_pos(int64_t T, int pmax) {
+        std::vector<int32_t> p;
+        std::uniform_int_distribution<int> d(0, pmax);
+        for (int64_t t = 0; t < T; t++) p.push_back(t == 0 ? 0 : d(rng));
+        return p;
+    }
     oomb_tensor * ids(const std::vector<int32_t> & v, int64_t ne0, int64_t ne1 = 1) {
         oomb_tensor * t = oomb_new_tensor_2d(ctx, OOMB_TYPE_I32, ne0, ne1);
         for (size_t i = 0; i < v.size(); i++) oomb_set_i32_1d(t, (int64_t) i, v[i]);
@@ -501,15 +508,17 @@ TEST_F(Ops, RmsNormAndBack) {
     EXPECT_REL(to_vector(yv), rms_norm_ref(to_vector(xv), 5, 1e-5f), 1e-6);
 }
 
-// NEOX rope in double on [D, H, T, B] logical values.
-vec rope_ref(const oomb_tensor * a, const std::vector<int32_t> & pos, int n_dims, double theta, bool back) {
+// NEOX rope in double on [D, H, T, B] logical values; ff (if not empty): the frequency factors, the
+// angle of pair i divided by ff[i] (llama.cpp's ggml_rope_ext).
+vec rope_ref(const oomb_tensor * a, const std::vector<int32_t> & pos, int n_dims, double theta, bool back,
+             const std::vector<double> & ff = {}) {
     A4 A(a), R = A;
     const int64_t half = n_dims / 2;
     for (int64_t b = 0; b < A.ne[3]; b++)
     for (int64_t t = 0; t < A.ne[2]; t++)
     for (int64_t h = 0; h < A.ne[1]; h++)
     for (int64_t i = 0; i < half; i++) {
-        const double ang = pos[(size_t) t] * std::pow(theta, -2.0 * (double) i / n_dims);
+        const double ang = pos[(size_t) t] * std::pow(theta, -2.0 * (double) i / n_dims) / (ff.empty() ? 1.0 : ff[(size_t) i]);
         const double c = std::cos(ang), s = back ? -std::sin(ang) : std::sin(ang);
         const double x0 = A(i, h, t, b), x1 = A(i + half, h, t, b);
         R(i, h, t, b) = x0 * c - x1 * s;
@@ -524,9 +533,7 @@ TEST_F(Ops, RopeAndBack) {
         const int64_t D = cs[0], H = cs[1], T = cs[2], B = cs[3];
         const int n_dims = (int) cs[4];
         const float theta = 1000000.0f;
-        std::vector<int32_t> p;
-        std::uniform_int_distribution<int> d(0, 32767);
-        for (int64_t t = 0; t < T; t++) p.push_back(t == 0 ? 0 : d(rng));
+        const std::vector<int32_t> p = rand_pos(T, 32767);
         oomb_tensor * pos = ids(p, T);
         oomb_tensor * a = rnd(OOMB_TYPE_F32, D, H, T, B);
         oomb_tensor * y = oomb_rope(ctx, a, pos, n_dims, theta);
@@ -547,6 +554,66 @@ TEST_F(Ops, RopeAndBack) {
     oomb_tensor * y = oomb_rope(ctx, a, ids(p, 5), 16, 10000.0f);
     compute(y);
     EXPECT_REL(to_vector(y), rope_ref(a, p, 16, 10000.0, false), 1e-6);
+}
+
+// rope_ext with frequency factors: against the float64 reference on partial rotations (n_dims <
+// head_dim), odd token counts and factors from 1 to 32 (Llama 3's range); NULL factors and factors
+// of exactly 1 give oomb_rope's result bit for bit; bad factors are refused.
+TEST_F(Ops, RopeFreqFactors) {
+    struct C { int64_t D, H, T, B; int n_dims; };
+    const C cases[] = {{64, 3, 7, 2, 48}, {24, 2, 5, 1, 16}, {6, 1, 3, 1, 2}, {128, 2, 9, 1, 128}, {10, 3, 1, 1, 6}};
+    for (const C & cs : cases) {
+        const int64_t D = cs.D, T = cs.T;
+        const int n_dims = cs.n_dims;
+        const float theta = 500000.0f;
+        const std::vector<int32_t> p = rand_pos(T, 131071);
+        oomb_tensor * pos = ids(p, T);
+        oomb_tensor * a = rnd(OOMB_TYPE_F32, D, cs.H, T, cs.B);
+        oomb_tensor * ff = rnd(OOMB_TYPE_F32, n_dims / 2, 1, 1, 1, 1.0f, 32.0f);
+        const vec ffv = to_vector(ff);
+        oomb_tensor * y = oomb_rope_ext(ctx, a, pos, n_dims, theta, ff);
+        oomb_tensor * yb = oomb_rope_back_ext(ctx, a, pos, n_dims, theta, ff);
+        compute(y);
+        compute(yb);
+        EXPECT_REL(to_vector(y), rope_ref(a, p, n_dims, theta, false, ffv), 1e-6) << D << " " << n_dims;
+        EXPECT_REL(to_vector(yb), rope_ref(a, p, n_dims, theta, true, ffv), 1e-6) << D << " " << n_dims;
+        // the factors change the result (where a rotated pair has a nonzero position)
+        EXPECT_GT(rel_err(to_vector(y), rope_ref(a, p, n_dims, theta, false)), T > 1 ? 1e-3 : -1.0);
+        // rope_back_ext inverts rope_ext (in place on a copy of y, as the allocator may run it)
+        oomb_tensor * rt = oomb_rope_back_ext(ctx, y, pos, n_dims, theta, ff);
+        compute(rt);
+        EXPECT_REL(to_vector(rt), to_vector(a), 1e-6);
+        // NULL factors and factors of 1: oomb_rope bit for bit, forward and back
+        oomb_tensor * ones = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, n_dims / 2);
+        for (int i = 0; i < n_dims / 2; i++) oomb_set_f32_1d(ones, i, 1.0f);
+        for (bool back : {false, true}) {
+            oomb_tensor * r0 = back ? oomb_rope_back(ctx, a, pos, n_dims, theta) : oomb_rope(ctx, a, pos, n_dims, theta);
+            oomb_tensor * r1 = back ? oomb_rope_back_ext(ctx, a, pos, n_dims, theta, nullptr) : oomb_rope_ext(ctx, a, pos, n_dims, theta, nullptr);
+            oomb_tensor * r2 = back ? oomb_rope_back_ext(ctx, a, pos, n_dims, theta, ones) : oomb_rope_ext(ctx, a, pos, n_dims, theta, ones);
+            compute(r0);
+            compute(r1);
+            compute(r2, g_cpu1);
+            EXPECT_EQ(oomb_nbytes(r0), oomb_nbytes(r1));
+            EXPECT_EQ(0, memcmp(r0->data, r1->data, oomb_nbytes(r0))) << "NULL factors differ from rope, D " << D;
+            EXPECT_EQ(0, memcmp(r0->data, r2->data, oomb_nbytes(r0))) << "factors of 1 differ from rope, D " << D;
+        }
+    }
+    // non-contiguous source with factors
+    oomb_tensor * base = rnd(OOMB_TYPE_F32, 16, 5, 3);
+    oomb_tensor * a = oomb_permute(ctx, base, 0, 2, 1, 3); // [16, 3, 5]
+    oomb_tensor * ff = rnd(OOMB_TYPE_F32, 6, 1, 1, 1, 0.5f, 8.0f);
+    std::vector<int32_t> p = {3, 40, 5, 6000, 7};
+    oomb_tensor * y = oomb_rope_ext(ctx, a, ids(p, 5), 12, 10000.0f, ff);
+    compute(y);
+    EXPECT_REL(to_vector(y), rope_ref(a, p, 12, 10000.0, false, to_vector(ff)), 1e-6);
+    // errors: wrong size, type, layout (at graph build); a factor that is not positive (at compute)
+    oomb_tensor * pos = ids(p, 5);
+    EXPECT_OOMB_ERROR(oomb_rope_ext(ctx, a, pos, 12, 1e4f, rnd(OOMB_TYPE_F32, 7)), "rope: freq_factors");
+    EXPECT_OOMB_ERROR(oomb_rope_back_ext(ctx, a, pos, 12, 1e4f, rnd(OOMB_TYPE_F16, 6)), "rope_back: freq_factors");
+    EXPECT_OOMB_ERROR(oomb_rope_ext(ctx, a, pos, 12, 1e4f, oomb_transpose(ctx, rnd(OOMB_TYPE_F32, 2, 3))), "must be f32, contiguous");
+    oomb_tensor * bad = rnd(OOMB_TYPE_F32, 6, 1, 1, 1, 1.0f, 2.0f);
+    oomb_set_f32_1d(bad, 4, 0.0f);
+    EXPECT_OOMB_ERROR(compute(oomb_rope_ext(ctx, a, pos, 12, 1e4f, bad)), "freq_factors[4] = 0 must be positive");
 }
 
 vec softmax_row(const vec & x, double scale, int64_t n_valid) {

@@ -51,19 +51,26 @@ void compute_forward_rms_norm_back(exec_ctx & c, oomb_tensor * dst, const oomb_t
 // ---------------------------------------------------------------------------------------------
 
 // rope / rope_back: per token t (dim 2) and head (dim 1), for i < n_dims/2 with angle
-// pos[t] * theta^(-2i/n_dims) (computed in double): y[i] = x0 cos - x1 sin, y[i + n_dims/2] =
-// x0 sin + x1 cos, with x0 = x[i], x1 = x[i + n_dims/2]; rope_back rotates by -angle.
-void compute_forward_rope(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * pos) {
+// pos[t] * theta^(-2i/n_dims) (computed in double), divided by ff[i] where the node has frequency
+// factors (src[2]; without them nothing is divided): y[i] = x0 cos - x1 sin, y[i + n_dims/2] =
+// x0 sin + x1 cos, with x0 = x[i], x1 = x[i + n_dims/2]; rope_back rotates by -angle. Operands are
+// checked by check_rope (op-checks.cpp); the factors' values here (positive, finite).
+void compute_forward_rope(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * pos, const oomb_tensor * ff) {
     const char * opn = oomb_op_name(dst->op);
-    check_same_shape(opn, dst, a);
     const int n_dims = dst->op_params[0];
     const double theta = get_op_f32(dst, 1);
     const int64_t ne0 = a->ne[0];
-    if (pos->type != OOMB_TYPE_I32 || oomb_nelements(pos) != a->ne[2]) {
-        oomb_error("%s: pos %s must be i32 with one entry per token of %s", opn, shape_str(pos).c_str(), shape_str(a).c_str());
-    }
-    if (n_dims <= 0 || n_dims % 2 != 0 || n_dims > ne0) oomb_error("%s: n_dims = %d invalid for %s", opn, n_dims, shape_str(a).c_str());
     const int64_t half = n_dims / 2;
+    std::vector<double> ffd;
+    if (ff) {
+        ffd.resize((size_t) half);
+        for (int64_t i = 0; i < half; i++) {
+            ffd[(size_t) i] = (double) flat_f32(ff, i);
+            if (!(ffd[(size_t) i] > 0.0 && std::isfinite(ffd[(size_t) i])))
+                oomb_error("%s: freq_factors[%" PRId64 "] = %g must be positive and finite", opn, i, ffd[(size_t) i]);
+        }
+    }
+    const double * fd = ff ? ffd.data() : nullptr;
     const float sign = dst->op == OOMB_OP_ROPE_BACK ? -1.0f : 1.0f;
     c.reserve_thread_scratch((size_t) half * 2 * sizeof(float));
     const int64_t ne1 = a->ne[1], ne2 = a->ne[2];
@@ -76,7 +83,8 @@ void compute_forward_rope(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a
             if (i2 != cached) {
                 const double p = (double) flat_i32(pos, i2);
                 for (int64_t i = 0; i < half; i++) {
-                    const double ang = p * std::pow(theta, -2.0 * (double) i / (double) n_dims);
+                    double ang = p * std::pow(theta, -2.0 * (double) i / (double) n_dims);
+                    if (fd) ang /= fd[i];
                     cs[i] = (float) std::cos(ang);
                     sn[i] = sign * (float) std::sin(ang);
                 }
