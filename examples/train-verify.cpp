@@ -55,37 +55,46 @@ std::vector<int32_t> read_input_ids(const Options & o, int64_t n_vocab, int64_t 
     return ids;
 }
 
-std::unique_ptr<Qwen2Model> load_model(const Options & o, oomb_backend_t * be_out) {
+// The verification's inputs: the model (-m, --device, --threads, --rope-theta), the --tokens ids
+// and the driver parameters of a sequence of T tokens (--chunk, --page). `flag`: the option asking.
+struct VerifyRun {
+    oomb_backend_t be = nullptr;
+    std::unique_ptr<Qwen2Model> model;
+    std::vector<int32_t> ids;
+    int64_t B = 0, T = 0;
+    ChunkParams tp;
+};
+
+VerifyRun load_verify_run(const Options & o, const char * flag) {
+    if (o.model.empty()) fail(PROG, std::string(flag) + " needs -m MODEL.gguf");
+    VerifyRun v;
     std::string err;
-    oomb_backend_t be = make_backend(o.device, threads_default(o.threads), &err);
-    if (!be) fail(PROG, err);
-    auto model = model_load_gguf(o.model, be, compute_type(be), &err);
-    if (!model) fail(PROG, err);
-    if (o.rope_theta > 0) model->cfg.rope_theta = (float) o.rope_theta;
-    *be_out = be;
-    return model;
+    v.be = make_backend(o.device, threads_default(o.threads), &err);
+    if (!v.be) fail(PROG, err);
+    v.model = model_load_gguf(o.model, v.be, compute_type(v.be), &err);
+    if (!v.model) fail(PROG, err);
+    if (o.rope_theta > 0) v.model->cfg.rope_theta = (float) o.rope_theta;
+    v.ids = read_input_ids(o, v.model->cfg.n_vocab, &v.B, &v.T);
+    v.tp.chunk = std::min<int64_t>(o.chunk, v.T);
+    v.tp.page = o.page;
+    v.tp.max_tokens = v.T;
+    v.tp.kv_type = compute_type(v.be);
+    return v;
 }
 
 } // namespace
 
 int dump_logits(const Options & o) {
-    if (o.model.empty()) fail(PROG, "--dump-logits needs -m MODEL.gguf");
-    oomb_backend_t be = nullptr;
-    auto model = load_model(o, &be);
-    int64_t B = 0, T = 0;
-    std::vector<int32_t> ids = read_input_ids(o, model->cfg.n_vocab, &B, &T);
-    if (B != 1) fail(PROG, o.tokens + ": --dump-logits takes one sequence (input_ids [T] or [1, T]), got B=" + std::to_string(B));
-    ChunkParams tp;
-    tp.chunk = std::min<int64_t>(o.chunk, T);
-    tp.page = o.page;
-    tp.max_tokens = T;
-    tp.kv_type = compute_type(be);
+    VerifyRun v = load_verify_run(o, "--dump-logits");
+    if (v.B != 1) fail(PROG, o.tokens + ": --dump-logits takes one sequence (input_ids [T] or [1, T]), got B=" + std::to_string(v.B));
+    const int64_t T = v.T;
+    ChunkParams & tp = v.tp;
     tp.with_grad = false;  // forward only
-    ChunkDriver tr(model_chunk_builder(*model), tp);
+    ChunkDriver tr(model_chunk_builder(*v.model), tp);
     tr.set_capture_hidden(true);
-    const ChunkStats st = tr.forward(ids.data(), T);
+    const ChunkStats st = tr.forward(v.ids.data(), T);
     // the driver keeps the last chunk's logits: positions p0 .. T-1 after the earlier chunks' KV
-    const int64_t p0 = ((T - 1) / tp.chunk) * tp.chunk, n = T - p0, V = model->cfg.n_vocab;
+    const int64_t p0 = ((T - 1) / tp.chunk) * tp.chunk, n = T - p0, V = v.model->cfg.n_vocab;
     std::vector<float> logits = tr.logits();  // [n_vocab, n] (ne order): row-major [n, n_vocab]
     if ((int64_t) logits.size() != n * V) fail(PROG, "internal: the last chunk's logits have " + std::to_string(logits.size()) + " values, expected " + std::to_string(n * V));
     const float loss = (float) (st.loss_sum / (double) std::max<int64_t>(1, st.n_targets));
@@ -99,27 +108,22 @@ int dump_logits(const Options & o) {
     w.set_metadata("first_position", std::to_string(p0));
     if (w.write(o.dump_logits, &err) != GGUF_OK) fail(PROG, err);
     printf("loss %.8f over %" PRId64 " targets (T=%" PRId64 ", chunk %" PRId64 ", page %d, %s); logits of positions %" PRId64 "..%" PRId64 " -> %s\n",
-           loss, st.n_targets, T, tp.chunk, tp.page, oomb_backend_name(be), p0, T - 1, o.dump_logits.c_str());
+           loss, st.n_targets, T, tp.chunk, tp.page, oomb_backend_name(v.be), p0, T - 1, o.dump_logits.c_str());
     return 0;
 }
 
 int dump_grads(const Options & o) {
-    if (o.model.empty()) fail(PROG, "--dump-grads needs -m MODEL.gguf");
-    oomb_backend_t be = nullptr;
-    auto model = load_model(o, &be);
-    int64_t B = 0, T = 0;
-    std::vector<int32_t> ids = read_input_ids(o, model->cfg.n_vocab, &B, &T);
+    VerifyRun v = load_verify_run(o, "--dump-grads");
+    const int64_t B = v.B, T = v.T;
+    const std::vector<int32_t> & ids = v.ids;
+    oomb_backend_t be = v.be;
     std::string err;
-    std::vector<oomb_tensor *> params = qwen2_set_trainable(*model, Qwen2Trainable::All);
+    std::vector<oomb_tensor *> params = qwen2_set_trainable(*v.model, Qwen2Trainable::All);
     for (oomb_tensor * p : params) oomb_tensor_memset(p->grad, 0);
-    ChunkParams tp;
-    tp.chunk = std::min<int64_t>(o.chunk, T);
-    tp.page = o.page;
-    tp.max_tokens = T;
-    tp.kv_type = compute_type(be);
+    ChunkParams & tp = v.tp;
     tp.cache_attn = o.attn_cache;  // the verification can check the attention-cache path too
     tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
-    ChunkDriver tr(model_chunk_builder(*model), tp);
+    ChunkDriver tr(model_chunk_builder(*v.model), tp);
     double loss_sum = 0;
     int64_t count = 0;
     for (int64_t b = 0; b < B; b++) {
