@@ -9,6 +9,7 @@
 //   oomb-train --preset qwen2.5-0.5b --data-bin IDS.bin --ctx 65536 --chunk 4096
 //   oomb-train ... --resume                         continue from OUT/model.gguf + OUT/state.safetensors
 //   oomb-train -m M.gguf --tokens IDS.safetensors --chunk C --page P --dump-grads G.safetensors
+//   oomb-train -m M.gguf --tokens IDS.safetensors --chunk C --page P --dump-logits L.safetensors
 //                                                    (verification: loss and d(mean loss)/d(param))
 //
 // This file is the run, top-down: set-up (output folder, model, tokenizer, data, optimizer,
@@ -284,6 +285,27 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
            min_lr_of(o), o.beta1, o.beta2, o.weight_decay, o.grad_clip, o.out.c_str());
     fflush(stdout);
 
+    // held-out evaluation at T.step: a line, a JSONL entry, a point of the curve
+    auto evaluate = [&]() {
+        const auto e0 = std::chrono::steady_clock::now();
+        int64_t eval_targets = 0;
+        const double el = T.eval_loss(&eval_targets);
+        const double es = std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
+        printf("eval step %" PRId64 " | held-out loss %.4f | perplexity %.2f | %zu sequence(s) in %.1f s\n", T.step, el, std::exp(el),
+               T.data.eval_off.size(), es);
+        json je;
+        je["step"] = T.step;
+        je["eval_loss"] = std::isfinite(el) ? json(el) : json(nullptr);
+        je["eval_ppl"] = std::isfinite(el) ? json(std::exp(el)) : json(nullptr);
+        je["eval_targets"] = eval_targets;
+        T.log_json(je);
+        if (std::isfinite(el)) T.history.push_back({T.step, el, true});
+        T.plot();
+        fflush(stdout);
+    };
+    // fine-tuning a given model: its held-out perplexity before the first step (step 0), the baseline
+    if (!o.model.empty() && !o.resume && T.step == 0 && !T.data.eval_off.empty() && o.eval_every > 0) evaluate();
+
     // ---- loop
     std::vector<int32_t> seq((size_t) o.ctx);
     double step_time_sum = 0;
@@ -356,23 +378,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
                    fmt_bytes((double) T.tr->arena_bytes()).c_str(), dev.c_str());
             fflush(stdout);
         }
-        if (!T.data.eval_off.empty() && o.eval_every > 0 && (T.step % o.eval_every == 0 || T.step == o.steps)) {
-            const auto e0 = std::chrono::steady_clock::now();
-            int64_t eval_targets = 0;
-            const double el = T.eval_loss(&eval_targets);
-            const double es = std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
-            printf("eval step %" PRId64 " | held-out loss %.4f | perplexity %.2f | %zu sequence(s) in %.1f s\n", T.step, el, std::exp(el),
-                   T.data.eval_off.size(), es);
-            json je;
-            je["step"] = T.step;
-            je["eval_loss"] = std::isfinite(el) ? json(el) : json(nullptr);
-            je["eval_ppl"] = std::isfinite(el) ? json(std::exp(el)) : json(nullptr);
-            je["eval_targets"] = eval_targets;
-            T.log_json(je);
-            if (std::isfinite(el)) T.history.push_back({T.step, el, true});
-            T.plot();
-            fflush(stdout);
-        }
+        if (!T.data.eval_off.empty() && o.eval_every > 0 && (T.step % o.eval_every == 0 || T.step == o.steps)) evaluate();
         const bool at_end = T.step == stop_at;
         if ((o.save_every > 0 && T.step % o.save_every == 0) || (at_end && o.save_every >= 0)) {
             if (T.bad_run > 0) {
@@ -409,7 +415,7 @@ int main(int argc, char ** argv) {
     try {
         TrainCommand cmd;
         if (const int rc = parse_train_options(argc, argv, &cmd); rc >= 0) return rc;
-        if (cmd.verify) return dump_grads(cmd.o);
+        if (cmd.verify) return cmd.o.dump_logits.empty() ? dump_grads(cmd.o) : dump_logits(cmd.o);
         return train_main(cmd.o, cmd.default_run, cmd.eval_every_given);
     } catch (const std::exception & e) {
         fail(PROG, e.what());

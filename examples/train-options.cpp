@@ -103,9 +103,11 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     app.add_option("--log-every", o.log_every, "progress line every N steps")->capture_default_str();
     app.add_option("--stop-after", o.stop_after, "stop (with a checkpoint) after this step, as if interrupted; resume later");
     app.add_option("--max-bad-steps", o.max_bad_steps, "stop (exit 2) after this many consecutive non-finite steps")->capture_default_str();
-    app.add_option("--tokens", o.tokens, "verification: safetensors file with input_ids int32 [B, T] (with --dump-grads)");
+    app.add_option("--tokens", o.tokens, "verification: safetensors file with input_ids int32 [B, T] (with --dump-grads or --dump-logits)");
     app.add_option("--dump-grads", o.dump_grads,
                    "verification: one forward/backward over --tokens (every weight trainable, no update); writes loss and grad.<GGUF name>");
+    app.add_option("--dump-logits", o.dump_logits,
+                   "verification: one forward over --tokens [T]; writes the last chunk's logits (all T with --chunk >= T) and the loss");
     if (const int rc = parse_command_line(app, argc, argv, PROG); rc >= 0) return rc;
     // Range checks of the numeric options: exit 1 naming the option and its allowed range.
     auto given = [&](const char * name) { return app.count(name) > 0; };
@@ -148,8 +150,12 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
                 if (given(opt)) fail(PROG, std::string(opt) + " needs --data-format chat");
         }
     };
-    if (!o.tokens.empty() || !o.dump_grads.empty()) {
+    if (!o.tokens.empty() || !o.dump_grads.empty() || !o.dump_logits.empty()) {
         validate();
+        if (o.tokens.empty() || o.dump_grads.empty() == o.dump_logits.empty())
+            fail(PROG, "verification: give --tokens IDS.safetensors with one of --dump-grads G.safetensors or --dump-logits L.safetensors");
+        if (!o.dump_logits.empty() && (o.attn_cache || given("--attn-cache-type")))
+            fail(PROG, "--dump-logits runs the forward only: --attn-cache (a stage-2 cache) does not apply");
         // the verification run reads only the model, the tokens, --chunk, --page, --attn-cache(-type), --device, --threads
         std::string ignored;
         for (const char * opt : {"--preset", "--data", "--data-bin", "--data-format", "--train-on", "--chat-pack", "--chat-long", "--skip-bad-lines", "--eval-data", "--eval-split", "--eval-every", "--eval-seqs",
@@ -159,7 +165,8 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
                                  "--seed"}) {
             if (given(opt)) ignored += std::string(ignored.empty() ? "" : ", ") + opt;
         }
-        if (!ignored.empty()) fprintf(stderr, "%s: note: --dump-grads ignores the training options given: %s\n", PROG, ignored.c_str());
+        if (!ignored.empty()) fprintf(stderr, "%s: note: %s ignores the training options given: %s\n", PROG,
+                                     o.dump_grads.empty() ? "--dump-logits" : "--dump-grads", ignored.c_str());
         cmd->verify = true;
         return -1;
     }

@@ -59,13 +59,13 @@ struct Options {
     int stop_after = 0;
     int max_bad_steps = 3;
     // verification
-    std::string tokens, dump_grads;
+    std::string tokens, dump_grads, dump_logits;
 };
 
 // The parsed command line and the mode it selects.
 struct TrainCommand {
     Options o;
-    bool verify = false;            // --dump-grads / --tokens: one forward/backward, no training
+    bool verify = false;            // --tokens with --dump-grads (one forward/backward) or --dump-logits (one forward), no training
     bool default_run = false;       // no model and no data: the built-in run (DefaultRun)
     bool eval_every_given = false;  // --eval-every on the command line
 };

@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
 namespace oomb {
 namespace train {
@@ -26,14 +27,9 @@ std::vector<float> get_f32(const oomb_tensor * t) {
     return v;
 }
 
-} // namespace
-
-int dump_grads(const Options & o) {
-    if (o.model.empty()) fail(PROG, "--dump-grads needs -m MODEL.gguf");
-    if (o.tokens.empty() || o.dump_grads.empty()) fail(PROG, "--dump-grads and --tokens go together");
+// --tokens: input_ids [B, T] (or [T]) as i32, checked against the model's vocabulary.
+std::vector<int32_t> read_input_ids(const Options & o, int64_t n_vocab, int64_t * B_out, int64_t * T_out) {
     std::string err;
-    oomb_backend_t be = make_backend(o.device, threads_default(o.threads), &err);
-    if (!be) fail(PROG, err);
     SafetensorsFile f;
     if (f.open(o.tokens, &err) != GGUF_OK) fail(PROG, err);
     const SafetensorsTensor * it = f.find("input_ids");
@@ -50,24 +46,84 @@ int dump_grads(const Options & o) {
             ids[i] = (v < INT32_MIN || v > INT32_MAX) ? -1 : (int32_t) v;
         }
     } else fail(PROG, o.tokens + ": input_ids must be I32 or I64");
-
-    auto model = model_load_gguf(o.model, be, compute_type(be), &err);
-    if (!model) fail(PROG, err);
-    if (o.rope_theta > 0) model->cfg.rope_theta = (float) o.rope_theta;
     for (size_t i = 0; i < ids.size(); i++)
-        if (ids[i] < 0 || ids[i] >= model->cfg.n_vocab)
+        if (ids[i] < 0 || ids[i] >= n_vocab)
             fail(PROG, o.tokens + ": token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
-                           " is outside the model's vocabulary (" + std::to_string(model->cfg.n_vocab) + " entries)");
-    std::vector<oomb_tensor *> params = qwen2_set_trainable(*model, Qwen2Trainable::All);
-    for (oomb_tensor * p : params) oomb_tensor_memset(p->grad, 0);
+                           " is outside the model's vocabulary (" + std::to_string(n_vocab) + " entries)");
+    *B_out = B;
+    *T_out = T;
+    return ids;
+}
+
+// The verification's inputs: the model (-m, --device, --threads, --rope-theta), the --tokens ids
+// and the driver parameters of a sequence of T tokens (--chunk, --page). `flag`: the option asking.
+struct VerifyRun {
+    oomb_backend_t be = nullptr;
+    std::unique_ptr<Qwen2Model> model;
+    std::vector<int32_t> ids;
+    int64_t B = 0, T = 0;
     ChunkParams tp;
-    tp.chunk = std::min<int64_t>(o.chunk, T);
-    tp.page = o.page;
-    tp.max_tokens = T;
-    tp.kv_type = compute_type(be);
+};
+
+VerifyRun load_verify_run(const Options & o, const char * flag) {
+    if (o.model.empty()) fail(PROG, std::string(flag) + " needs -m MODEL.gguf");
+    VerifyRun v;
+    std::string err;
+    v.be = make_backend(o.device, threads_default(o.threads), &err);
+    if (!v.be) fail(PROG, err);
+    v.model = model_load_gguf(o.model, v.be, compute_type(v.be), &err);
+    if (!v.model) fail(PROG, err);
+    if (o.rope_theta > 0) v.model->cfg.rope_theta = (float) o.rope_theta;
+    v.ids = read_input_ids(o, v.model->cfg.n_vocab, &v.B, &v.T);
+    v.tp.chunk = std::min<int64_t>(o.chunk, v.T);
+    v.tp.page = o.page;
+    v.tp.max_tokens = v.T;
+    v.tp.kv_type = compute_type(v.be);
+    return v;
+}
+
+} // namespace
+
+int dump_logits(const Options & o) {
+    VerifyRun v = load_verify_run(o, "--dump-logits");
+    if (v.B != 1) fail(PROG, o.tokens + ": --dump-logits takes one sequence (input_ids [T] or [1, T]), got B=" + std::to_string(v.B));
+    const int64_t T = v.T;
+    ChunkParams & tp = v.tp;
+    tp.with_grad = false;  // forward only
+    ChunkDriver tr(model_chunk_builder(*v.model), tp);
+    tr.set_capture_hidden(true);
+    const ChunkStats st = tr.forward(v.ids.data(), T);
+    // the driver keeps the last chunk's logits: positions p0 .. T-1 after the earlier chunks' KV
+    const int64_t p0 = ((T - 1) / tp.chunk) * tp.chunk, n = T - p0, V = v.model->cfg.n_vocab;
+    std::vector<float> logits = tr.logits();  // [n_vocab, n] (ne order): row-major [n, n_vocab]
+    if ((int64_t) logits.size() != n * V) fail(PROG, "internal: the last chunk's logits have " + std::to_string(logits.size()) + " values, expected " + std::to_string(n * V));
+    const float loss = (float) (st.loss_sum / (double) std::max<int64_t>(1, st.n_targets));
+    std::string err;
+    SafetensorsWriter w;
+    w.add_copy("loss", SafetensorsDtype::F32, {1}, &loss);
+    if (w.add_copy("logits", SafetensorsDtype::F32, {n, V}, logits.data(), &err) != GGUF_OK) fail(PROG, err);
+    w.set_metadata("model", o.model);
+    w.set_metadata("chunk", std::to_string(tp.chunk));
+    w.set_metadata("page", std::to_string(tp.page));
+    w.set_metadata("first_position", std::to_string(p0));
+    if (w.write(o.dump_logits, &err) != GGUF_OK) fail(PROG, err);
+    printf("loss %.8f over %" PRId64 " targets (T=%" PRId64 ", chunk %" PRId64 ", page %d, %s); logits of positions %" PRId64 "..%" PRId64 " -> %s\n",
+           loss, st.n_targets, T, tp.chunk, tp.page, oomb_backend_name(v.be), p0, T - 1, o.dump_logits.c_str());
+    return 0;
+}
+
+int dump_grads(const Options & o) {
+    VerifyRun v = load_verify_run(o, "--dump-grads");
+    const int64_t B = v.B, T = v.T;
+    const std::vector<int32_t> & ids = v.ids;
+    oomb_backend_t be = v.be;
+    std::string err;
+    std::vector<oomb_tensor *> params = qwen2_set_trainable(*v.model, Qwen2Trainable::All);
+    for (oomb_tensor * p : params) oomb_tensor_memset(p->grad, 0);
+    ChunkParams & tp = v.tp;
     tp.cache_attn = o.attn_cache;  // the verification can check the attention-cache path too
     tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
-    ChunkDriver tr(model_chunk_builder(*model), tp);
+    ChunkDriver tr(model_chunk_builder(*v.model), tp);
     double loss_sum = 0;
     int64_t count = 0;
     for (int64_t b = 0; b < B; b++) {

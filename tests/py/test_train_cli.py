@@ -479,6 +479,53 @@ def test_training(tmp):
         check(rc == 1 and "CUDA backend not available" in e, f"--device cuda without CUDA: clear message ({e.strip()[-200:]})")
 
 
+def test_llama_resume(tmp):
+    """A Llama model (llama-micro, GQA, tied) fine-tuned from its GGUF: held-out evaluation at step 0
+    (the baseline of a given model), checkpoints in the llama layout (q/k rows permuted back) and
+    --resume continuing bit-exactly (identical log and final model.gguf, straight vs stopped + resumed)."""
+    print("llama checkpoints and --resume")
+    d = os.path.join(OWN_FIX, "llama-micro")
+    if not os.path.exists(CONVERT) or not os.path.isdir(d):
+        skip("llama resume: needs oomb-convert-hf and tests/fixtures/llama-micro")
+        return
+    g = os.path.join(tmp, "llama-micro.gguf")
+    if not os.path.exists(g):
+        rc, o, e = run([CONVERT, d, "-o", g])
+        check(rc == 0, f"convert llama-micro: {e.strip()[-200:]}")
+        if rc:
+            return
+    data = os.path.join(tmp, "llama-ids.bin")
+    make_bin(data, 6000, json.load(open(os.path.join(d, "config.json")))["vocab_size"], seed=3)
+    common = [TRAIN, "-m", g, "--data-bin", data, "--ctx", "48", "--chunk", "20", "--page", "8", "--lr", "1e-2",
+              "--warmup", "1", "--steps", "4", "--save-every", "2", "--eval-every", "2", "--eval-seqs", "2",
+              "--threads", "2", "--seed", "5"]
+    A, B = os.path.join(tmp, "LA"), os.path.join(tmp, "LB")
+    rc1, o1, e1 = run(common + ["--out", A])
+    rc2, o2, e2 = run(common + ["--out", B, "--stop-after", "2"])
+    rc3, o3, e3 = run(common + ["--out", B, "--resume"])
+    check(rc1 == 0 and rc2 == 0 and rc3 == 0 and "resume: from step 2" in o3,
+          f"llama: straight, stop after 2 and --resume run ({e1.strip()[-150:]} {e2.strip()[-150:]} {e3.strip()[-150:]})")
+    if rc1 or rc2 or rc3:
+        return
+    la, lb = read_log(A), read_log(B)
+    check([s for s, _ in la[1]] == [0, 2, 4], f"llama: held-out evaluation at steps 0, 2, 4 ({[s for s, _ in la[1]]})")
+    check(la[1][-1][1] < la[1][0][1], f"llama: held-out loss falls {la[1][0][1]:.4f} -> {la[1][-1][1]:.4f}")
+    check(la == lb, "llama: identical losses, straight vs resumed")
+    check(open(os.path.join(A, "model.gguf"), "rb").read() == open(os.path.join(B, "model.gguf"), "rb").read(),
+          "llama: identical final model.gguf, straight vs resumed")
+    if gguf is not None:
+        r = gguf.GGUFReader(os.path.join(A, "model.gguf"))
+        arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+        check(arch == "llama", f"llama: the checkpoint's general.architecture is llama ({arch})")
+    # the checkpoint reloads as a llama model whose step-4 evaluation it reproduces
+    rc, o, e = run([TRAIN, "-m", os.path.join(A, "model.gguf"), "--data-bin", data, "--ctx", "48", "--chunk", "20",
+                    "--page", "8", "--steps", "1", "--eval-every", "1", "--eval-seqs", "2", "--save-every", "-1",
+                    "--threads", "2", "--out", os.path.join(tmp, "LC")])
+    m = re.search(r"eval step 0 \| held-out loss ([0-9.]+)", o)
+    check(rc == 0 and m is not None and abs(float(m.group(1)) - la[1][-1][1]) < 1e-4,
+          f"llama: the saved model reloads with the same held-out loss ({m.group(1) if m else '?'} vs {la[1][-1][1]:.4f}) {e.strip()[-200:]}")
+
+
 def test_input_checks(tmp):
     print("input checks: corrupt gzip, binary files, option ranges, stale temp files, locks")
     what = "input checks"
@@ -622,6 +669,7 @@ def main():
         test_dump_grads(tmp)
         test_training(tmp)
         test_text_tiny(tmp)
+        test_llama_resume(tmp)
         test_input_checks(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
