@@ -15,6 +15,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <numeric>
 #include <string>
@@ -32,13 +35,86 @@ void check_cpu(const std::string & model, int64_t chunk, int page) {
 }
 
 TEST(LlamaParity, ShortForwardLogitsHidden) {
-    for (const std::string model_name : {"llama-micro", "llama-mini"}) check_forward(model_name);
+    for (const std::string model_name : {"llama-micro", "llama-mini", "llama-rope3"}) check_forward(model_name);
 }
 TEST(LlamaParity, MicroTiedGradients) { check_cpu("llama-micro", 64, 16); }
 TEST(LlamaParity, MicroTiedGradientsChunked) { check_cpu("llama-micro", 24, 16); }  // 64 = 24 + 24 + 16
 TEST(LlamaParity, MiniUntiedGradients) { check_cpu("llama-mini", 64, 16); }
 TEST(LlamaParity, MiniUntiedGradientsTinyChunks) { check_cpu("llama-mini", 7, 4); }  // chunk not a multiple of the page
 TEST(LlamaParity, MiniUntiedGradientsChunkNotPageMultiple) { check_cpu("llama-mini", 20, 8); }
+// Llama 3.x RoPE frequency factors (rope_type llama3, converted to rope_freqs.weight)
+TEST(LlamaParity, Rope3Gradients) { check_cpu("llama-rope3", 64, 16); }
+TEST(LlamaParity, Rope3GradientsChunked) { check_cpu("llama-rope3", 24, 16); }   // 64 = 24 + 24 + 16
+TEST(LlamaParity, Rope3GradientsTinyChunks) { check_cpu("llama-rope3", 7, 4); }  // chunk not a multiple of the page
+TEST(LlamaParity, Rope3GradientsChunkNotPageMultiple) { check_cpu("llama-rope3", 20, 8); }
+
+// The converter wrote HF's llama3 factors (one unchanged, one interpolated, the rest / 8: the
+// fixture's frequencies fall in all three branches), and without them the loss is not the
+// reference's (so the parity tests above test the factors).
+TEST(LlamaRopeFreqs, ConvertedFactorsMatter) {
+    ModelRun run(converted("llama-rope3"));
+    ASSERT_NE(run.model->rope_freqs, nullptr);
+    std::vector<float> f(8);
+    oomb_tensor_get_f32(run.model->rope_freqs, f.data(), 8);
+    EXPECT_EQ(f[0], 1.0f);
+    EXPECT_GT(f[1], 1.5f);
+    EXPECT_LT(f[1], 7.5f);
+    for (int i = 2; i < 8; i++) EXPECT_EQ(f[i], 8.0f) << i;
+    Reference ref(model_fixture_dir("llama-rope3") + "/reference-short.safetensors");
+    auto loss = [&]() {
+        ChunkParams tp;
+        tp.chunk = 24;
+        tp.page = 16;
+        tp.max_tokens = ref.T;
+        ChunkDriver tr(model_chunk_builder(*run.model), tp);
+        double sum = 0;
+        int64_t n = 0;
+        for (int64_t b = 0; b < ref.B; b++) {
+            const ChunkStats st = tr.forward(ref.ids.data() + b * ref.T, ref.T);
+            sum += st.loss_sum;
+            n += st.n_targets;
+        }
+        return sum / (double) n;
+    };
+    EXPECT_LT(std::fabs(loss() - ref.loss) / ref.loss, 1e-5);
+    const std::vector<float> ones(8, 1.0f);
+    oomb_tensor_set(run.model->rope_freqs, ones.data(), 0, ones.size() * 4);
+    EXPECT_GT(std::fabs(loss() - ref.loss) / ref.loss, 1e-3) << "the frequency factors do not change the loss";
+}
+
+// Other rope types of a Llama config are refused by name by the converter; so is llama3 scaling
+// for Qwen2 (only Llama has rope_freqs.weight).
+TEST(LlamaRopeFreqs, ConverterRefusesOtherRopeTypes) {
+    const std::string src = model_fixture_dir("llama-rope3");
+    struct Case {
+        const char * name;
+        const char * from;
+        const char * to;
+        const char * want;
+    } cases[] = {
+        {"yarn", "\"rope_type\": \"llama3\"", "\"rope_type\": \"yarn\"", "'yarn'"},
+        {"linear", "\"rope_type\": \"llama3\"", "\"rope_type\": \"linear\"", "'linear'"},
+        {"qwen2-llama3", "\"model_type\": \"llama\"", "\"model_type\": \"qwen2\"", "'llama3'"},
+        {"no-factor", "\"factor\": 8.0,", "", "factor"},
+    };
+    for (const Case & c : cases) {
+        const std::string dir = tmp_dir() + "/rope-" + c.name;
+        ASSERT_EQ(system(("rm -rf " + dir + " && mkdir -p " + dir + " && ln -s " + src + "/model.safetensors " + dir).c_str()), 0);
+        std::ifstream in(src + "/config.json");
+        std::string cfg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        const size_t at = cfg.find(c.from);
+        ASSERT_NE(at, std::string::npos) << c.name;
+        cfg.replace(at, strlen(c.from), c.to);
+        std::ofstream(dir + "/config.json") << cfg;
+        const std::string log = dir + "/log";
+        const int rc = system((bin_dir() + "/oomb-convert-hf " + dir + " -o " + dir + "/out.gguf > " + log + " 2>&1").c_str());
+        EXPECT_NE(rc, 0) << c.name;
+        std::ifstream l(log);
+        const std::string msg((std::istreambuf_iterator<char>(l)), std::istreambuf_iterator<char>());
+        EXPECT_NE(msg.find(c.want), std::string::npos) << c.name << ": " << msg;
+        EXPECT_NE(msg.find("config.json"), std::string::npos) << c.name << ": " << msg;
+    }
+}
 
 // The permutation is llama.cpp's: file row h*D + 2i + j holds HF row h*D + j*D/2 + i, and
 // unpermute inverts it (on rows of any byte size).
