@@ -9,7 +9,7 @@
 //
 // The tables here describe the llama.cpp decoder family, not only Qwen2: a DecoderArch picks the
 // key prefix ("qwen2." / "llama.") and which tensors a block has (Qwen2: q/k/v biases; Llama: none,
-// biases and rope_freqs.weight optional in llama.cpp's layout). llama-layout.{h,cpp} names the
+// biases optional in llama.cpp's layout; rope_freqs.weight when Qwen2Config::rope_freqs). llama-layout.{h,cpp} names the
 // Llama side (its keys, its checks) through these same tables, so the two never drift apart.
 //
 // Design: the loader's contract is "check, then allocate". qwen2_read_config() derives the
