@@ -9,6 +9,8 @@
 // tokenizer_config.json. Linear weights keep their bytes: a PyTorch [out, in] tensor becomes a
 // GGUF tensor with ne = {in, out}. 2-D tensors get the output type (default: the checkpoint's own,
 // so the default conversion is bit-exact); 1-D tensors (norms, biases) are F32, as llama.cpp does.
+// A Llama config with rope_type llama3 (Llama 3.1+) gets rope_freqs.weight, F32 {head_dim / 2},
+// computed from its rope scaling (models/rope-scaling.h), as llama.cpp's converter writes it.
 #include "qwen2-gguf.h"
 #include "llama-layout.h"
 
@@ -107,8 +109,9 @@ int main(int argc, char** argv) {
     Qwen2Config dims;
     bool has_rope_theta = false;
     std::string name_or_path;
+    std::vector<float> rope_freqs;  // Llama 3.x: rope_freqs.weight, computed from the config
     if (has_config) {
-        if (!read_hf_config(dir + "/config.json", &dims, &has_rope_theta, &name_or_path, &err)) return fail(err);
+        if (!read_hf_config(dir + "/config.json", &dims, &has_rope_theta, &name_or_path, &rope_freqs, &err)) return fail(err);
     } else if (!vocab_only) {
         return fail(dir + ": no config.json (needed unless --vocab-only)");
     }
@@ -189,7 +192,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> absent;
     bool absent_layer = false;
     for (auto& p : plan)
-        if (!by_gguf.count(p.name)) {
+        if (!by_gguf.count(p.name) && p.slot != Qwen2Slot::RopeFreqs) {
             absent.push_back("'" + p.hf_name + "' (" + p.name + ")");
             absent_layer = absent_layer || hf_layer_index(p.hf_name) >= 0;
         }
@@ -210,6 +213,10 @@ int main(int argc, char** argv) {
 
     bool warned = false;
     for (auto& p : plan) {
+        if (p.slot == Qwen2Slot::RopeFreqs) {  // computed, not in the checkpoint
+            if (w.add_tensor(p.name, GGUF_TENSOR_F32, p.ne, &err)) return fail(err);
+            continue;
+        }
         const SafetensorsTensor* t = by_gguf[p.name];
         std::vector<int64_t> ne(t->shape.rbegin(), t->shape.rend());
         if (ne != p.ne) {
@@ -246,6 +253,10 @@ int main(int argc, char** argv) {
     if (w.open(out, &err)) return fail(err);
     for (size_t i = 0; i < w.tensors().size(); i++) {
         const GGUFTensorInfo& ti = w.tensors()[i];
+        if (plan[i].slot == Qwen2Slot::RopeFreqs) {
+            if (w.write_tensor(ti.name, rope_freqs.data(), rope_freqs.size() * 4, &err)) return fail(err);
+            continue;
+        }
         const SafetensorsTensor* t = by_gguf[ti.name];
         const int64_t qk_heads = llama_qk_heads(dims, plan[i].slot);
         if (qk_heads) {
@@ -260,6 +271,10 @@ int main(int argc, char** argv) {
         if (!write_converted(w, *t, ti.type, &err)) return fail(err);
     }
     if (w.finish(&err)) return fail(err);
+    if (dims.rope_freqs)
+        fprintf(stderr, "oomb-convert-hf: note: rope_scaling llama3: wrote rope_freqs.weight (%zu factors, %.4g to %.4g)\n",
+                rope_freqs.size(), (double)*std::min_element(rope_freqs.begin(), rope_freqs.end()),
+                (double)*std::max_element(rope_freqs.begin(), rope_freqs.end()));
     fprintf(stderr, "oomb-convert-hf: wrote %s: %zu tensors, %s, %.1f MB\n", out.c_str(), w.tensors().size(),
             gguf_tensor_type_name(out_type), w.bytes_written() / 1e6);
     return 0;

@@ -59,7 +59,8 @@ static bool get_int(const json& c, const char* key, int64_t* out) {
 }
 
 bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_theta, std::string* name_or_path,
-                    std::string* err) {
+                    std::vector<float>* rope_freqs, std::string* err) {
+    rope_freqs->clear();
     json c;
     if (!read_json(path, &c, err)) return false;
     if (!c.is_object()) { *err = path + ": not a JSON object"; return false; }
@@ -73,18 +74,9 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
     }
     const bool llama = d->arch == DecoderArch::Llama;
     if (llama) {
-        // the model has no q/k/v/o or MLP biases and no scaled RoPE (Llama 3.x rope_scaling: llama3)
+        // the model has no q/k/v/o or MLP biases
         for (const char* b : {"attention_bias", "mlp_bias"})
             if (c.value(b, false)) { *err = path + ": " + b + " is true; Llama checkpoints with biases are not supported"; return false; }
-        for (const char* k : {"rope_scaling", "rope_parameters"}) {
-            auto it = c.find(k);
-            if (it == c.end() || !it->is_object()) continue;
-            const std::string t = it->value("rope_type", it->value("type", std::string("default")));
-            if (t != "default") {
-                *err = path + ": " + k + " has rope_type '" + t + "'; scaled RoPE (e.g. Llama 3.x frequency factors, rope_freqs) is not supported";
-                return false;
-            }
-        }
     }
     struct Req { const char* key; int64_t* dst; };
     Req req[] = {{"vocab_size", &d->n_vocab}, {"hidden_size", &d->n_embd}, {"intermediate_size", &d->n_ff},
@@ -105,7 +97,8 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
         const json& rp = c["rope_parameters"];
         theta(rp.contains("full_attention") && rp["full_attention"].is_object() ? rp["full_attention"] : rp);
     }
-    // RoPE scaling and sliding-window attention change the model's function: refused, never dropped.
+    // RoPE scaling and sliding-window attention change the model's function: refused, never dropped
+    // (except Llama 3.x's llama3 scaling, which becomes rope_freqs.weight, as in llama.cpp)
     auto rope_kind = [](const json& src, const char* key) -> std::string {
         if (!src.contains(key) || !src[key].is_object()) return "";
         const json& o = src[key];
@@ -113,12 +106,14 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
             if (o.contains(t) && o[t].is_string()) return o[t].get<std::string>();
         return "";
     };
+    bool llama3 = false;
     for (const char* key : {"rope_scaling", "rope_parameters"}) {
         const std::string kind = rope_kind(c, key);
-        if (!kind.empty() && kind != "default") {
-            *err = path + ": " + key + " of type '" + kind + "' is not supported (plain RoPE only)";
-            return false;
-        }
+        if (kind.empty() || kind == "default") continue;
+        if (llama && kind == "llama3") { llama3 = true; continue; }
+        *err = path + ": " + key + " of type '" + kind + "' is not supported (" +
+               (llama ? "plain RoPE or Llama 3.x's llama3 frequency factors only" : "plain RoPE only") + ")";
+        return false;
     }
     if (c.value("use_sliding_window", false)) {
         *err = path + ": use_sliding_window is true: sliding-window attention is not supported (full causal attention only)";
@@ -131,17 +126,26 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
         *name_or_path = it != c.end() && it->is_string() ? it->get<std::string>() : "";
     }
     // Qwen2's head size is hidden_size / num_attention_heads; Llama's config may give head_dim
-    if (llama && get_int(c, "head_dim", &d->head_dim) && d->head_dim > 0) {
-        if (!qwen2_config_valid(*d, err)) { *err = path + ": " + *err; return false; }
-        return true;
+    if (!(llama && get_int(c, "head_dim", &d->head_dim) && d->head_dim > 0)) {
+        if (d->n_head > 0 && d->n_embd % d->n_head != 0) {
+            *err = path + ": hidden_size " + std::to_string(d->n_embd) + " is not a multiple of num_attention_heads " +
+                   std::to_string(d->n_head);
+            return false;
+        }
+        d->head_dim = d->n_head > 0 ? d->n_embd / d->n_head : 0;
     }
-    if (d->n_head > 0 && d->n_embd % d->n_head != 0) {
-        *err = path + ": hidden_size " + std::to_string(d->n_embd) + " is not a multiple of num_attention_heads " +
-               std::to_string(d->n_head);
-        return false;
-    }
-    d->head_dim = d->n_head > 0 ? d->n_embd / d->n_head : 0;
+    d->rope_freqs = llama3;
     if (!qwen2_config_valid(*d, err)) { *err = path + ": " + *err; return false; }
+    if (llama3) {
+        // llama.cpp's LlamaModel.generate_extra_tensors: rope_freqs.weight from the llama3 scaling
+        Llama3RopeScaling s;
+        bool found = false;
+        if (!hf_llama3_rope_scaling(c.dump(), &s, &found, err) ||
+            !llama3_rope_freq_factors(s, (int)d->head_dim, *has_rope_theta ? (double)d->rope_theta : 10000.0, rope_freqs, err)) {
+            *err = path + ": " + *err;
+            return false;
+        }
+    }
     return true;
 }
 

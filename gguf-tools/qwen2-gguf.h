@@ -6,6 +6,7 @@
 
 #include "gguf.h"
 #include "qwen2-layout.h"
+#include "rope-scaling.h"
 
 #include <cstdint>
 #include <string>
@@ -19,10 +20,14 @@ uint32_t llama_file_type(uint32_t ggml_type);
 
 // Reads config.json of an HF Qwen2 or Llama checkpoint (transformers 4 or 5 style; model_type picks
 // the arch) into a configuration checked by qwen2_config_valid (n_vocab = vocab_size, head_dim =
-// hidden_size / heads, or Llama's head_dim). Llama with biases or scaled RoPE is an error.
+// hidden_size / heads, or Llama's head_dim). Llama with biases is an error; so is scaled RoPE,
+// except Llama's rope_type "llama3" (rope_scaling or rope_parameters: hf_llama3_rope_scaling),
+// which sets c->rope_freqs and *rope_freqs to the factors of rope_freqs.weight (f32
+// [head_dim / 2], llama3_rope_freq_factors of head_dim and rope_theta, 10000 when absent, as
+// llama.cpp's converter computes them); *rope_freqs is emptied otherwise.
 // *has_rope_theta: whether the file gives rope_theta (else qwen2.rope.freq_base is not written).
 bool read_hf_config(const std::string& path, Qwen2Config* c, bool* has_rope_theta, std::string* name_or_path,
-                    std::string* err);
+                    std::vector<float>* rope_freqs, std::string* err);
 
 // Converts the HF tokenizer in `dir` (tokenizer.json, tokenizer_config.json and, if present,
 // config.json) into tokenizer.ggml.* keys following llama.cpp's convert_hf_to_gguf.py for

@@ -5,8 +5,9 @@
 // Design: Llama and Qwen2 are the same decoder to within the layout's tables, so this file adds no
 // second key table or checker: the config is Qwen2Config with arch = DecoderArch::Llama, and the
 // functions of qwen2-layout.h (tensor list, key reading and writing, checks) read the arch from it.
-// Llama's blocks have no biases (q/k/v/o biases and rope_freqs.weight are optional in llama.cpp's
-// layout and refused here, by name).
+// Llama's blocks have no biases (q/k/v/o biases are optional in llama.cpp's layout and refused
+// here, by name). rope_freqs.weight (Llama 3.x RoPE frequency factors, optional in llama.cpp's
+// layout) is part of the layout when the file has it (Qwen2Config::rope_freqs).
 //
 // RoPE row order: llama.cpp's converter permutes the rows of HF's q_proj / k_proj per head,
 //   w.reshape(n_head, 2, head_dim / 2, n_in).swapaxes(1, 2).reshape(n_out, n_in)

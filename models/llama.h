@@ -1,4 +1,4 @@
-// Llama (Llama 2 / 3.x without RoPE frequency factors, SmolLM2, Mistral-style) on ggml-oomb:
+// Llama (Llama 2 / 3.x with its RoPE frequency factors, SmolLM2, Mistral-style) on ggml-oomb:
 // weights, GGUF load / save and the chunk graph for the OOMB ChunkDriver (oomb-chunk.h).
 //
 // The model follows HF transformers' LlamaForCausalLM: token embedding, per layer RMSNorm -> q/k/v
@@ -21,8 +21,10 @@ using LlamaModel = Qwen2Model;
 
 /// Loads a Llama GGUF (llama.cpp's names and keys; F32/F16/BF16/Q8_0/Q4_0/Q4_1 tensors converted to
 /// wtype, f32 or bf16): the metadata and every tensor are checked before anything is allocated
-/// (llama_read_config, qwen2_check_tensors). A file with rope_freqs.weight (Llama 3.x RoPE
-/// frequency factors), q/k/v/o biases, scaled RoPE or partial RoPE is refused by name. Errors:
+/// (llama_read_config, qwen2_check_tensors). rope_freqs.weight (Llama 3.x RoPE frequency factors,
+/// F32 {head_dim / 2}, values finite and > 0) is loaded as m->rope_freqs (f32, never trainable) and
+/// divides q and k's RoPE frequencies. A file with q/k/v/o biases, a rope.scaling.type key other
+/// than none, or partial RoPE is refused by name. Errors:
 /// nullptr and a message naming the file and the key or tensor in *err.
 std::unique_ptr<LlamaModel> llama_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err);
 

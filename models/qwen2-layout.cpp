@@ -114,7 +114,7 @@ const Global kEmbd = {"token_embd.weight", "model.embed_tokens.weight", Qwen2Ten
 const Global kOutNorm = {"output_norm.weight", "model.norm.weight", Qwen2TensorKind::Norm, Qwen2Slot::OutputNorm};
 const Global kOutput = {"output.weight", "lm_head.weight", Qwen2TensorKind::Weight, Qwen2Slot::Output};
 // Llama 3.x RoPE frequency factors (f32 {head_dim / 2}; llama.cpp computes them from HF's
-// rope_scaling at conversion): optional in the Llama layout, refused by this model
+// rope_scaling at conversion): in the Llama layout when the file has it (cfg.rope_freqs)
 const Global kRopeFreqs = {"rope_freqs.weight", "", Qwen2TensorKind::Norm, Qwen2Slot::RopeFreqs};
 
 // ggml shape of a block tensor.
@@ -215,6 +215,7 @@ bool qwen2_config_valid(const Qwen2Config & c, std::string * err) {
         return bad("n_head * head_dim = " + std::to_string(c.n_head) + " * " + std::to_string(c.head_dim) + " exceeds 2147483647");
     int64_t n = 0;
     if (!qwen2_n_elements(c, &n)) return bad("the model's element count overflows 64 bits");
+    if (c.rope_freqs && c.arch != DecoderArch::Llama) return bad("rope_freqs.weight (RoPE frequency factors) is only part of the Llama layout");
     // Written as float32: must be finite and positive as such.
     if (!(std::isfinite(c.rope_theta) && c.rope_theta > 0.0f)) return bad(field_desc(c.arch, "rope_theta") + " must be finite and > 0");
     if (!(std::isfinite(c.rms_eps) && c.rms_eps > 0.0f)) return bad(field_desc(c.arch, "rms_eps") + " must be finite and > 0");
@@ -254,10 +255,14 @@ std::vector<Qwen2TensorSpec> qwen2_tensors(const Qwen2Config & c, bool with_opti
     blocks(REQ);
     t.push_back({kOutNorm.gguf, kOutNorm.hf, {c.n_embd}, kOutNorm.kind, false, -1, kOutNorm.slot});
     if (!c.tied) t.push_back({kOutput.gguf, kOutput.hf, {c.n_embd, c.n_vocab}, kOutput.kind, false, -1, kOutput.slot});
+    const bool llama = c.arch == DecoderArch::Llama;
+    auto rope_freqs = [&](bool optional) {
+        t.push_back({kRopeFreqs.gguf, kRopeFreqs.hf, block_ne(c, kRopeFreqs.slot), kRopeFreqs.kind, optional, -1, kRopeFreqs.slot});
+    };
+    if (llama && c.rope_freqs) rope_freqs(false);
     if (with_optional) {
         blocks(OPT);
-        if (c.arch == DecoderArch::Llama)
-            t.push_back({kRopeFreqs.gguf, kRopeFreqs.hf, block_ne(c, kRopeFreqs.slot), kRopeFreqs.kind, true, -1, kRopeFreqs.slot});
+        if (llama && !c.rope_freqs) rope_freqs(true);
     }
     return t;
 }
@@ -409,6 +414,7 @@ gguf_status decoder_read_config(const GGUFReader & r, DecoderArch a, Qwen2Config
     }
     c.n_vocab = emb->ne[1];
     c.tied = r.find_tensor(kOutput.gguf) == nullptr;
+    c.rope_freqs = a == DecoderArch::Llama && r.find_tensor(kRopeFreqs.gguf) != nullptr;
     if (r.find(gkey(a, KEY_VOCAB_SIZE))) {
         uint32_t v = 0;
         if (gguf_status s = r.get_u32(gkey(a, KEY_VOCAB_SIZE), &v, err)) return s;
@@ -459,6 +465,12 @@ gguf_status qwen2_check_tensors(const GGUFReader & r, const Qwen2Config & c, boo
                              ne_str(s.ne.data(), s.ne.size()));
             return GGUF_ERR_TYPE;
         }
+        if (s.slot == Qwen2Slot::RopeFreqs && t->type != GGUF_TENSOR_F32) {
+            const char * tn = gguf_tensor_type_name(t->type);
+            set_err(err, path + ": tensor '" + s.name + "' (Llama 3.x RoPE frequency factors) has type " + (tn ? tn : std::to_string(t->type)) +
+                             ", expected F32 (as llama.cpp writes it)");
+            return GGUF_ERR_TYPE;
+        }
         if (!gguf_tensor_type_supported(t->type)) {
             const char * tn = gguf_tensor_type_name(t->type);
             set_err(err, path + ": tensor '" + s.name + "' has type " + (tn ? tn : std::to_string(t->type)) +
@@ -467,6 +479,16 @@ gguf_status qwen2_check_tensors(const GGUFReader & r, const Qwen2Config & c, boo
         }
     }
     return GGUF_OK;
+}
+
+bool rope_freqs_valid(const float * v, int64_t n, std::string * err) {
+    for (int64_t i = 0; i < n; i++)
+        if (!(std::isfinite(v[i]) && v[i] > 0.0f)) {
+            set_err(err, fmt("tensor '%s' (Llama 3.x RoPE frequency factors): value %" PRId64 " is %g, must be finite and > 0",
+                             kRopeFreqs.gguf, i, (double) v[i]));
+            return false;
+        }
+    return true;
 }
 
 // The summary view declared in gguf.h (GGUFQwen2Hparams), kept for the tools and tests.

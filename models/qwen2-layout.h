@@ -9,7 +9,7 @@
 //
 // The tables here describe the llama.cpp decoder family, not only Qwen2: a DecoderArch picks the
 // key prefix ("qwen2." / "llama.") and which tensors a block has (Qwen2: q/k/v biases; Llama: none,
-// biases and rope_freqs.weight optional in llama.cpp's layout). llama-layout.{h,cpp} names the
+// biases optional in llama.cpp's layout; rope_freqs.weight when Qwen2Config::rope_freqs). llama-layout.{h,cpp} names the
 // Llama side (its keys, its checks) through these same tables, so the two never drift apart.
 //
 // Design: the loader's contract is "check, then allocate". qwen2_read_config() derives the
@@ -56,6 +56,9 @@ struct Qwen2Config {
     float   rope_theta = 1e6f;    // qwen2.rope.freq_base (rope_theta)
     float   rms_eps = 1e-6f;      // qwen2.attention.layer_norm_rms_epsilon (rms_norm_eps)
     bool    tied = false;         // no output.weight: the LM head is token_embd.weight (tie_word_embeddings)
+    bool    rope_freqs = false;   // Llama only: the file has rope_freqs.weight (Llama 3.x RoPE frequency
+                                  // factors, f32 {head_dim / 2}; HF rope_scaling llama3), which q and k's
+                                  // RoPE divide each frequency by (oomb_rope_ext)
 };
 
 /// Shapes of the Qwen2.5 family ("qwen2.5-0.5b", "-1.5b", "-3b", "-7b": the published configs)
@@ -98,9 +101,11 @@ struct Qwen2TensorSpec {
 };
 
 /// Every tensor of a model of configuration cfg, in file order: token_embd, each block's 12 (Qwen2)
-/// or 9 (Llama: no biases), the final norm and, when untied, output.weight. With `with_optional`,
-/// the optional ones follow (blk.N.attn_output.bias; Llama: the q/k/v/o biases and
-/// rope_freqs.weight {head_dim / 2}). Shapes use cfg.head_dim (attn_q: {n_embd, n_head * head_dim}).
+/// or 9 (Llama: no biases), the final norm, when untied output.weight, and for a Llama cfg with
+/// rope_freqs rope_freqs.weight {head_dim / 2} (kind Norm: f32 in memory and in every file; slot
+/// RopeFreqs, never trainable). With `with_optional`, the optional ones follow
+/// (blk.N.attn_output.bias; Llama: the q/k/v/o biases and, when cfg.rope_freqs is false,
+/// rope_freqs.weight). Shapes use cfg.head_dim (attn_q: {n_embd, n_head * head_dim}).
 /// Precondition: qwen2_config_valid(cfg).
 std::vector<Qwen2TensorSpec> qwen2_tensors(const Qwen2Config & cfg, bool with_optional = false);
 
@@ -121,7 +126,8 @@ void qwen2_write_hparams(GGUFWriter & w, const Qwen2Config & cfg, bool write_rop
 /// its type and a value in range (u32 keys; a missing required key is an error naming it);
 /// block_count equals the number of blk.N blocks present (and N < block_count for every blk.N
 /// tensor); token_embd.weight is 2-D with ne[0] = embedding_length (its ne[1] is n_vocab); tied
-/// when there is no output.weight; then qwen2_config_valid. Errors: GGUF_ERR_NOT_FOUND (missing key
+/// when there is no output.weight; rope_freqs (Llama) when there is rope_freqs.weight; then
+/// qwen2_config_valid. Errors: GGUF_ERR_NOT_FOUND (missing key
 /// or token_embd.weight), GGUF_ERR_TYPE (wrong architecture, key type, value or inconsistency),
 /// with a message "<path>: <key or tensor>: <problem>" in *err.
 gguf_status qwen2_read_config(const GGUFReader & r, Qwen2Config * cfg, std::string * err);
@@ -134,8 +140,15 @@ gguf_status decoder_read_config(const GGUFReader & r, DecoderArch arch, Qwen2Con
 /// Checks that the file holds every tensor of cfg (as qwen2_read_config(r) returned it: its layer
 /// count is bounded by the file's tensors) with its ne and a readable type, and no tensor outside
 /// the layout (an optional one is an error too when `allow_optional` is false: the model
-/// has no place for it). GGUF_ERR_NOT_FOUND (missing tensor), GGUF_ERR_TYPE (shape, type, unknown
-/// or unsupported tensor); the message names the tensor. Checks cfg.arch's layout.
+/// has no place for it). rope_freqs.weight must be F32 (its values, finite and > 0, are the
+/// loader's check after reading: rope_freqs_valid). GGUF_ERR_NOT_FOUND (missing tensor),
+/// GGUF_ERR_TYPE (shape, type, unknown or unsupported tensor); the message names the tensor.
+/// Checks cfg.arch's layout.
 gguf_status qwen2_check_tensors(const GGUFReader & r, const Qwen2Config & cfg, bool allow_optional, std::string * err);
+
+/// Checks the values of rope_freqs.weight (n = head_dim / 2 floats): every one finite and > 0 (a
+/// zero or negative factor makes the RoPE angle infinite or reversed). False with a message naming
+/// rope_freqs.weight, the index and the value.
+bool rope_freqs_valid(const float * v, int64_t n, std::string * err);
 
 } // namespace oomb

@@ -39,7 +39,8 @@ const Qwen2TensorSpec * Qwen2Model::spec(const oomb_tensor * t) const {
 
 int64_t Qwen2Model::n_params() const {
     int64_t n = 0;
-    for (oomb_tensor * t : params) n += oomb_nelements(t);
+    for (oomb_tensor * t : params)
+        if (t != rope_freqs) n += oomb_nelements(t);
     return n;
 }
 
@@ -77,7 +78,8 @@ std::unique_ptr<Qwen2Model> qwen2_create_or_error(const Qwen2Config & cfg, oomb_
         case Qwen2Slot::WGate: L->w_gate = t; break;
         case Qwen2Slot::WUp: L->w_up = t; break;
         case Qwen2Slot::WDown: L->w_down = t; break;
-        case Qwen2Slot::Bo: case Qwen2Slot::RopeFreqs: break;  // optional, not in qwen2_tensors(cfg)
+        case Qwen2Slot::RopeFreqs: m->rope_freqs = t; break;  // only with cfg.rope_freqs (Llama)
+        case Qwen2Slot::Bo: break;  // optional, not in qwen2_tensors(cfg)
         }
     }
     size_t bytes = 0;
@@ -187,6 +189,10 @@ std::unique_ptr<Qwen2Model> decoder_load_gguf(const std::string & path, DecoderA
         }
         std::vector<float> v;
         if (r.read_tensor_f32(t->name, &v, err) != GGUF_OK) return nullptr;
+        if (t == m->rope_freqs && !rope_freqs_valid(v.data(), (int64_t) v.size(), err)) {
+            if (err) *err = path + ": " + *err;
+            return nullptr;
+        }
         if (qk_heads) llama_unpermute_qk_rows(v.data(), qk_heads, c.head_dim, (size_t) t->ne[0] * 4);
         upload(t, v.data());
     }
@@ -261,6 +267,7 @@ std::vector<oomb_tensor *> qwen2_set_trainable(Qwen2Model & m, Qwen2Trainable wh
     for (size_t i = 0; i < m.params.size(); i++) {
         oomb_tensor * t = m.params[i];
         const Qwen2TensorSpec & s = m.specs[i];
+        if (s.slot == Qwen2Slot::RopeFreqs) continue;  // a constant of the model, never trained
         // "linear": the blocks' projections and the LM head (the shared embedding when tied)
         const bool linear = s.kind == Qwen2TensorKind::Weight &&
                             (s.layer >= 0 || s.slot == Qwen2Slot::Output || (m.cfg.tied && s.slot == Qwen2Slot::TokEmbd));
@@ -319,8 +326,9 @@ public:
             oomb_tensor * q = linear(L.wq, L.bq);
             oomb_tensor * k = linear(L.wk, L.bk);
             oomb_tensor * v = linear(L.wv, L.bv);
-            q = oomb_rope(ctx, oomb_reshape_3d(ctx, q, hd, c.n_head, T), in.pos, (int) hd, c.rope_theta);
-            k = oomb_rope(ctx, oomb_reshape_3d(ctx, k, hd, c.n_head_kv, T), in.pos, (int) hd, c.rope_theta);
+            // Llama 3.x frequency factors (NULL: plain RoPE, exactly oomb_rope)
+            q = oomb_rope_ext(ctx, oomb_reshape_3d(ctx, q, hd, c.n_head, T), in.pos, (int) hd, c.rope_theta, m_.rope_freqs);
+            k = oomb_rope_ext(ctx, oomb_reshape_3d(ctx, k, hd, c.n_head_kv, T), in.pos, (int) hd, c.rope_theta, m_.rope_freqs);
             v = oomb_reshape_3d(ctx, v, hd, c.n_head_kv, T);
             oomb_format_name(q, "q.%" PRId64, l);
             oomb_format_name(k, "k.%" PRId64, l);

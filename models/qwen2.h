@@ -35,7 +35,7 @@ struct Qwen2Layer {
 };
 
 /// The weights, in one buffer of the backend. `params` lists every weight in GGUF order under its
-/// GGUF name.
+/// GGUF name (with rope_freqs.weight, a constant of the file, when the model has it).
 struct Qwen2Model {
     Qwen2Config cfg;
     oomb_backend_t backend = nullptr;
@@ -45,6 +45,8 @@ struct Qwen2Model {
     oomb_tensor * tok_embd = nullptr;
     oomb_tensor * output_norm = nullptr;
     oomb_tensor * output = nullptr;   // NULL when tied
+    oomb_tensor * rope_freqs = nullptr;  // Llama 3.x RoPE frequency factors, f32 [head_dim / 2]; NULL when
+                                         // cfg.rope_freqs is false. In params (saved) but never trainable
     std::vector<Qwen2Layer> layers;
     std::vector<oomb_tensor *> params;
     std::vector<Qwen2TensorSpec> specs;  // specs[i]: the layout's entry of params[i] (kind, layer, slot)
@@ -58,7 +60,7 @@ struct Qwen2Model {
     oomb_tensor * find(const std::string & gguf_name) const;
     /// The layout's entry of weight t (one of params); nullptr for another tensor.
     const Qwen2TensorSpec * spec(const oomb_tensor * t) const;
-    int64_t n_params() const;
+    int64_t n_params() const;  // elements of the weights, rope_freqs.weight excluded
 };
 
 /// Creates the weight tensors (zero) of cfg, qwen2_tensors(cfg) in that order, in `backend`'s memory
@@ -78,7 +80,9 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed);
 /// and a message naming the file and the key or tensor in *err; never an oomb_error.
 std::unique_ptr<Qwen2Model> qwen2_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err);
 /// qwen2_load_gguf for the architecture `arch` (general.architecture must name it). Llama files'
-/// attn_q / attn_k rows are un-permuted to HF's order on load (llama-layout.h).
+/// attn_q / attn_k rows are un-permuted to HF's order on load (llama-layout.h); a Llama file's
+/// rope_freqs.weight (F32 {head_dim / 2}, checked before allocation; its values finite and > 0,
+/// checked after reading: rope_freqs_valid) is loaded as m->rope_freqs.
 std::unique_ptr<Qwen2Model> decoder_load_gguf(const std::string & path, DecoderArch arch, oomb_backend_t backend, oomb_type wtype,
                                               std::string * err);
 /// Writes the model as a GGUF llama.cpp can load (weights in `out_type`: f32 or bf16; norms f32),
@@ -92,13 +96,14 @@ bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::
 /// the blocks and the LM head; with tied embeddings that is the shared embedding).
 enum class Qwen2Trainable { All, Linear };
 /// Flags the chosen weights as parameters and gives each an f32 gradient tensor (one buffer).
-/// Returns them in GGUF order.
+/// Returns them in GGUF order. rope_freqs.weight is never among them (a constant of the model).
 std::vector<oomb_tensor *> qwen2_set_trainable(Qwen2Model & m, Qwen2Trainable which);
 
 /// The Qwen2 chunk graph for the OOMB driver (oomb-chunk.h): embedding, the blocks (each layer's
 /// attention through chunk_attention), final norm, and the LM head with the loss as one
 /// oomb_linear_cross_entropy (vocabulary tiles: no [n_vocab, T] logits in the arena), except with
-/// ChunkGraphInputs::capture, which keeps mul_mat + cross_entropy_loss for the logits. Hidden
+/// ChunkGraphInputs::capture, which keeps mul_mat + cross_entropy_loss for the logits. q and k are
+/// rotated by oomb_rope_ext with m.rope_freqs (NULL without: plain RoPE, the same graph as oomb_rope). Hidden
 /// states captured: 0 = embeddings, 1..L-1 = layer outputs, L = final norm. The model must outlive
 /// the builder. Use: ChunkDriver tr(qwen2_chunk_builder(model), params);
 std::unique_ptr<ChunkGraphBuilder> qwen2_chunk_builder(const Qwen2Model & m);

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Tests of oomb-train / oomb-eval (the command-line tools, run as subprocesses).
 
-  - --dump-grads on the HF fixtures (qwen2-micro tied, qwen2-mini untied; llama-micro tied and
-    llama-mini untied from tests/fixtures), converted with oomb-convert-hf: loss to 1e-5 relative,
+  - --dump-grads on the HF fixtures (qwen2-micro tied, qwen2-mini untied; llama-micro tied,
+    llama-mini and llama-rope3 untied from tests/fixtures), converted with oomb-convert-hf: loss to 1e-5 relative,
     every gradient to 1e-4 relative (||g - ref|| / ||ref||) against the float64 references, with
     chunks that are and are not a multiple of the page (the Llama gradients of attn_q / attn_k are
     in HF's row order, the model's in memory); the converted Llama file's attn_q / attn_k rows are
-    llama.cpp's permutation of HF's;
+    llama.cpp's permutation of HF's; llama-rope3 (Llama 3.x rope_type llama3) gets rope_freqs.weight,
+    F32, equal to the llama3 scaling's factors, and its gradients match with it;
   - a few training steps of a small random model lower the loss; the JSONL log, the loss PNG and
     the checkpoint (GGUF readable by llama.cpp's `gguf` package) are written;
   - resume equivalence: 6 steps straight == 3 steps, stop, --resume 3 more (identical losses and
@@ -146,13 +147,38 @@ def check_llama_rows(d, g, model):
     check(ok, f"{model}: attn_q / attn_k rows are llama.cpp's permutation of HF's q_proj / k_proj")
 
 
+def check_rope_freqs(d, g):
+    """The converted file's rope_freqs.weight is F32 [head_dim / 2] and equals HF's llama3 scaling:
+    plain inverse frequencies over the scaled ones (transformers' own computation when installed,
+    else the formula of llama.cpp's converter, written out here)."""
+    if gguf is None:
+        skip("llama-rope3: rope_freqs.weight (needs the gguf package)")
+        return
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    rp = cfg["rope_parameters"]
+    dim, theta = cfg["head_dim"], rp["rope_theta"]
+    inv = 1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    L, lo, hi, f = rp["original_max_position_embeddings"], rp["low_freq_factor"], rp["high_freq_factor"], rp["factor"]
+    wl = 2 * np.pi / inv
+    sm = (L / wl - lo) / (hi - lo)
+    want = np.where(wl < L / hi, 1.0, np.where(wl > L / lo, f, 1.0 / ((1 - sm) / f + sm)))
+    t = {t.name: t for t in gguf.GGUFReader(g).tensors}.get("rope_freqs.weight")
+    check(t is not None and int(t.tensor_type) == 0 and list(t.shape) == [dim // 2],
+          "llama-rope3: the converted file has rope_freqs.weight F32 [head_dim / 2]")
+    if t is not None:
+        got = np.asarray(t.data, dtype=np.float64)
+        check(np.allclose(got, want, rtol=1e-6, atol=0) and len(set(np.round(want, 4))) == 3,
+              f"llama-rope3: rope_freqs.weight {np.round(got, 4).tolist()} is the llama3 scaling {np.round(want, 4).tolist()}")
+
+
 def test_dump_grads(tmp):
     print("--dump-grads vs the HF float64 references")
     if np is None or not os.path.exists(CONVERT) or not os.path.isdir(FIX):
         skip("--dump-grads: needs numpy/safetensors, oomb-convert-hf and the fixtures")
         return
     for model, chunk, page in (("qwen2-micro", 16, 8), ("qwen2-micro", 24, 16), ("qwen2-mini", 64, 128),
-                               ("llama-micro", 16, 8), ("llama-micro", 24, 16), ("llama-mini", 20, 8), ("llama-mini", 64, 128)):
+                               ("llama-micro", 16, 8), ("llama-micro", 24, 16), ("llama-mini", 20, 8), ("llama-mini", 64, 128),
+                               ("llama-rope3", 20, 8), ("llama-rope3", 7, 4)):
         d = os.path.join(OWN_FIX if model.startswith("llama-") else FIX, model)
         ref_path = os.path.join(d, "reference-short.safetensors")
         if not os.path.exists(ref_path):
@@ -166,6 +192,8 @@ def test_dump_grads(tmp):
                 continue
             if model.startswith("llama-"):
                 check_llama_rows(d, g, model)
+            if model == "llama-rope3":
+                check_rope_freqs(d, g)
         out = os.path.join(tmp, f"grads-{model}-{chunk}.safetensors")
         rc, o, e = run([TRAIN, "-m", g, "--tokens", ref_path, "--chunk", str(chunk), "--page", str(page),
                         "--threads", "2", "--dump-grads", out])
