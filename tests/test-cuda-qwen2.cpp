@@ -42,6 +42,7 @@ TEST(CudaQwen2Parity, MicroLongChunk1000AttnCacheBf16) { check_cuda("qwen2-micro
 // kernels; tied and untied heads) through the same chunk driver on the GPU.
 TEST(CudaLlamaParity, MicroChunked) { check_cuda("llama-micro", "short", 24, 16); }
 TEST(CudaLlamaParity, MiniChunked) { check_cuda("llama-mini", "short", 20, 8); }
+TEST(CudaLlamaParity, Rope3Chunked) { check_cuda("llama-rope3", "short", 20, 8); }  // Llama 3.x RoPE frequency factors
 
 // The CUDA backend's gradients against the CPU backend's on the same chunking.
 TEST(CudaQwen2Parity, MatchesCpuBackend) {
