@@ -57,7 +57,14 @@ enum gguf_tensor_type : uint32_t {
     GGUF_TENSOR_F16  = 1,
     GGUF_TENSOR_Q4_0 = 2,
     GGUF_TENSOR_Q4_1 = 3,
+    GGUF_TENSOR_Q5_0 = 6,
+    GGUF_TENSOR_Q5_1 = 7,
     GGUF_TENSOR_Q8_0 = 8,
+    GGUF_TENSOR_Q2_K = 10,
+    GGUF_TENSOR_Q3_K = 11,
+    GGUF_TENSOR_Q4_K = 12,
+    GGUF_TENSOR_Q5_K = 13,
+    GGUF_TENSOR_Q6_K = 14,
     GGUF_TENSOR_BF16 = 30,
 };
 
@@ -73,10 +80,14 @@ const char* gguf_type_name(uint32_t type);
 // number is not a ggml type.
 const char* gguf_tensor_type_name(uint32_t type);
 
-// True for the tensor types this library reads: F32, F16, BF16, Q8_0, Q4_0, Q4_1.
+// True for the tensor types this library reads (dequantized on read, bit-exact against gguf-py's
+// gguf.quants.dequantize): F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K,
+// Q6_K. Every other ggml type (Q8_1, Q8_K, IQ*, TQ*, MXFP4, ...) is named in an error.
 bool gguf_tensor_type_supported(uint32_t type);
+// The supported types as a comma-separated list of ggml names, for error messages.
+const char* gguf_tensor_types_supported_list();
 
-// Elements per block (1 for float types, 32 for Q8_0/Q4_0/Q4_1, 256 for K-quants) and bytes per
+// Elements per block (1 for float types, 32 for Q4_0..Q8_0, 256 for K-quants) and bytes per
 // block of a ggml type. Both are 0 for numbers that are not ggml types.
 int64_t gguf_tensor_type_block_size(uint32_t type);
 size_t gguf_tensor_type_block_bytes(uint32_t type);
@@ -217,7 +228,7 @@ public:
     // out-of-range offsets, bad general.alignment, metadata and tensor infos that would take more
     // than 4x the file size + 1 MiB of memory, e.g. millions of empty arrays: checked before
     // anything is allocated for them),
-    // GGUF_ERR_UNSUPPORTED (a tensor type other than F32/F16/BF16/Q8_0/Q4_0/Q4_1).
+    // GGUF_ERR_UNSUPPORTED (a tensor type that gguf_tensor_type_supported rejects).
     gguf_status open(const std::string& path, std::string* err, const GGUFReadOptions& opt = {});
     // Parses a file image held in memory (not copied: it must outlive the reader). Same errors.
     gguf_status open_memory(const void* data, size_t size, std::string* err,

@@ -474,7 +474,7 @@ gguf_status qwen2_check_tensors(const GGUFReader & r, const Qwen2Config & c, boo
         if (!gguf_tensor_type_supported(t->type)) {
             const char * tn = gguf_tensor_type_name(t->type);
             set_err(err, path + ": tensor '" + s.name + "' has type " + (tn ? tn : std::to_string(t->type)) +
-                             ", which cannot be read (F32, F16, BF16, Q8_0, Q4_0, Q4_1)");
+                             ", which cannot be read (supported: " + gguf_tensor_types_supported_list() + ")");
             return GGUF_ERR_TYPE;
         }
     }

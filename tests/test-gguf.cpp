@@ -410,8 +410,8 @@ TEST(GGUF, KnownQuantizedValues) {
     }
     std::string err;
     EXPECT_EQ(gguf_convert(GGUF_TENSOR_Q8_0, q8.data(), GGUF_TENSOR_F32, out.data(), 31, &err), GGUF_ERR_ARG);
-    EXPECT_EQ(gguf_convert(12, q8.data(), GGUF_TENSOR_F32, out.data(), 256, &err), GGUF_ERR_UNSUPPORTED);
-    EXPECT_NE(err.find("Q4_K"), std::string::npos) << err;
+    EXPECT_EQ(gguf_convert(17, q8.data(), GGUF_TENSOR_F32, out.data(), 256, &err), GGUF_ERR_UNSUPPORTED);
+    EXPECT_NE(err.find("IQ2_XS"), std::string::npos) << err;
 }
 
 TEST(GGUF, StreamingWritesInArbitraryPieces) {
@@ -674,16 +674,17 @@ TEST(GGUF, TensorInfoErrors) {
     EXPECT_GGUF_ERROR(one("w", {33}, GGUF_TENSOR_Q8_0, 0, 64), GGUF_ERR_FORMAT, "not a multiple of the Q8_0 block size");
     EXPECT_GGUF_ERROR(one("w", {32}, 4, 0, 64), GGUF_ERR_FORMAT, "unknown ggml type 4");
     EXPECT_GGUF_ERROR(one("w", {32}, 1000, 0, 64), GGUF_ERR_FORMAT, "unknown ggml type 1000");
-    EXPECT_GGUF_ERROR(one("w", {256}, 12, 0, 144), GGUF_ERR_UNSUPPORTED, "Q4_K");
+    EXPECT_EQ(parse(one("w", {256}, 12, 0, 144), &err), GGUF_OK) << err; // Q4_K is read
+    EXPECT_GGUF_ERROR(one("w", {256}, 34, 0, 144), GGUF_ERR_UNSUPPORTED, "TQ1_0");
     EXPECT_GGUF_ERROR(one("w", {256}, 17, 0, 144), GGUF_ERR_UNSUPPORTED, "IQ2_XS");
-    EXPECT_EQ(parse(one("w", {256}, 12, 0, 144), &err, true), GGUF_OK) << err; // listable for the dump tool
+    EXPECT_EQ(parse(one("w", {256}, 17, 0, 144), &err, true), GGUF_OK) << err; // listable for the dump tool
     {
-        const std::string f = one("w", {256}, 12, 0, 144);
+        const std::string f = one("w", {256}, 17, 0, 144);
         GGUFReader r;
         ASSERT_EQ(r.open_memory(f.data(), f.size(), &err, GGUFReadOptions{true}), GGUF_OK);
         std::vector<float> v;
         EXPECT_EQ(r.read_tensor_f32("w", &v, &err), GGUF_ERR_UNSUPPORTED);
-        EXPECT_NE(err.find("Q4_K"), std::string::npos) << err;
+        EXPECT_NE(err.find("IQ2_XS"), std::string::npos) << err;
     }
     EXPECT_GGUF_ERROR(one("w", {8}, GGUF_TENSOR_F32, 4, 64), GGUF_ERR_FORMAT, "not a multiple of the alignment");
     EXPECT_GGUF_ERROR(one("w", {8}, GGUF_TENSOR_F32, 64, 64), GGUF_ERR_FORMAT, "runs past the end");
