@@ -5,6 +5,7 @@
 # The difference is what the save adds; the goal is at most one staging buffer (<= 256 MB).
 #
 #   bench/checkpoint/run.sh [OOMB_TRAIN] [LABEL]     (default: build/bin/oomb-train, "this build")
+# CHECKSUM=1: also prints (stderr) hashes of the saved files, to compare two builds' output.
 # Prints one Markdown table row: label | peak RSS no save | peak RSS with save | added | ratio | save s
 set -euo pipefail
 TRAIN=${1:-build/bin/oomb-train}
@@ -24,5 +25,15 @@ run() {  # $1: output folder, rest: extra options; prints peak RSS in KiB and wa
 read -r nosave_kb nosave_wall < <(run "$WORK/nosave" --save-every -1)
 read -r save_kb save_wall < <(run "$WORK/save" --save-every 0)
 ls -l "$WORK/save/model.gguf" "$WORK/save/state.safetensors" >&2
+if [ -n "${CHECKSUM:-}" ]; then  # to compare builds: model.gguf, and state.safetensors less its elapsed_s
+    sha256sum "$WORK/save/model.gguf" >&2
+    python3 - "$WORK/save/state.safetensors" >&2 <<'PY'
+import hashlib, json, struct, sys
+f = open(sys.argv[1], 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); h['__metadata__'].pop('elapsed_s')
+d = hashlib.sha256(json.dumps(h, sort_keys=True).encode())
+for b in iter(lambda: f.read(1 << 24), b''): d.update(b)
+print(d.hexdigest(), 'state.safetensors (header less elapsed_s, and data)')
+PY
+fi
 awk -v l="$LABEL" -v a="$nosave_kb" -v b="$save_kb" -v wa="$nosave_wall" -v wb="$save_wall" 'BEGIN {
     printf "| %s | %.2f GB | %.2f GB | %+.0f MB | %.3f | %s / %s |\n", l, a*1024/1e9, b*1024/1e9, (b-a)*1024/1e6, b/a, wa, wb }'
