@@ -25,14 +25,15 @@ run() {  # $1: output folder, rest: extra options; prints peak RSS in KiB and wa
 read -r nosave_kb nosave_wall < <(run "$WORK/nosave" --save-every -1)
 read -r save_kb save_wall < <(run "$WORK/save" --save-every 0)
 ls -l "$WORK/save/model.gguf" "$WORK/save/state.safetensors" >&2
-if [ -n "${CHECKSUM:-}" ]; then  # to compare builds: model.gguf, and state.safetensors less its elapsed_s
+if [ -n "${CHECKSUM:-}" ]; then  # to compare builds: model.gguf, and state.safetensors less elapsed_s and config
     sha256sum "$WORK/save/model.gguf" >&2
     python3 - "$WORK/save/state.safetensors" >&2 <<'PY'
 import hashlib, json, struct, sys
-f = open(sys.argv[1], 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n)); h['__metadata__'].pop('elapsed_s')
+f = open(sys.argv[1], 'rb'); n = struct.unpack('<Q', f.read(8))[0]; h = json.loads(f.read(n))
+for k in ('elapsed_s', 'config'): h['__metadata__'].pop(k)  # timing; the config names the run's temporary paths
 d = hashlib.sha256(json.dumps(h, sort_keys=True).encode())
 for b in iter(lambda: f.read(1 << 24), b''): d.update(b)
-print(d.hexdigest(), 'state.safetensors (header less elapsed_s, and data)')
+print(d.hexdigest(), 'state.safetensors (header less elapsed_s and config, and data)')
 PY
 fi
 awk -v l="$LABEL" -v a="$nosave_kb" -v b="$save_kb" -v wa="$nosave_wall" -v wb="$save_wall" 'BEGIN {
