@@ -40,15 +40,24 @@ std::vector<int64_t> torch_shape(const oomb_tensor * t) {
     return s;
 }
 
-// Hash of every weight's bytes, in GGUF order (weights are f32).
+// Copies bytes [off, off + n) of t's data to dst: a fill for the streaming writers.
+static TensorChunkFill tensor_bytes(const oomb_tensor * t) {
+    return [t](void * dst, uint64_t off, size_t n, std::string *) {
+        oomb_tensor_get(t, dst, (size_t) off, n);
+        return GGUF_OK;
+    };
+}
+
+// Hash of every weight's bytes, in GGUF order (weights are f32). Read in chunks of a multiple of
+// 8 bytes, which hash64 chains to the same value as one call over the whole tensor.
 uint64_t weights_hash(const Qwen2Model & m) {
     uint64_t h = hash64("qwen2", 5);
-    std::vector<uint8_t> buf;
     for (const oomb_tensor * t : m.params) {
-        buf.resize(oomb_nbytes(t));
-        oomb_tensor_get(t, buf.data(), 0, buf.size());
         h = hash64(t->name, strlen(t->name), h);
-        h = hash64(buf.data(), buf.size(), h);
+        stream_chunks(oomb_nbytes(t), 8, tensor_bytes(t), [&h](const void * p, size_t n, std::string *) {
+            h = hash64(p, n, h);
+            return GGUF_OK;
+        }, nullptr);
     }
     return h;
 }
@@ -100,14 +109,11 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
     std::string name = o.preset.empty() ? "oomb-train" : ("oomb-train " + o.preset);
     if (!model_save_gguf(m, m_tmp, vocab_src, OOMB_TYPE_F32, name, err)) return false;
     SafetensorsWriter w;
-    std::vector<std::vector<uint8_t>> keep;  // raw f32 or bf16 moments (--opt-state)
-    keep.reserve((size_t) oomb_opt_n_state(opt));
+    // The raw f32 or bf16 moments (--opt-state), streamed from their buffers at write().
     for (int i = 0; i < oomb_opt_n_state(opt); i++) {
-        oomb_tensor * t = oomb_opt_state(opt, i);
-        keep.emplace_back(oomb_nbytes(t));
-        oomb_tensor_get(t, keep.back().data(), 0, keep.back().size());
+        const oomb_tensor * t = oomb_opt_state(opt, i);
         const SafetensorsDtype dt = t->type == OOMB_TYPE_BF16 ? SafetensorsDtype::BF16 : SafetensorsDtype::F32;
-        if (w.add(t->name, dt, torch_shape(t), keep.back().data(), err) != GGUF_OK) return false;
+        if (w.add_stream(t->name, dt, torch_shape(t), tensor_bytes(t), err) != GGUF_OK) return false;
     }
     w.set_metadata("format", STATE_FORMAT);
     w.set_metadata("step", std::to_string(p.step));

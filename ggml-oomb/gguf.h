@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -295,6 +296,26 @@ private:
 };
 
 // ---------------------------------------------------------------------------------------------
+// ---- streaming tensor bytes (checkpoints with flat memory) ----------------------------------
+// A writer asks for a tensor's serialized bytes chunk by chunk instead of holding them all: the
+// caller's fill(dst, offset, n, err) stores bytes [offset, offset + n) of the tensor (as they go
+// into the file) at dst and returns GGUF_OK, or an error status with *err set. Chunks come in
+// order, each a multiple of the granule given with the fill (except the last).
+using TensorChunkFill = std::function<gguf_status(void* dst, uint64_t offset, size_t n, std::string* err)>;
+
+// Bytes staged at a time by the streaming writers (64 MiB): the peak memory one save adds.
+constexpr size_t kStagingBytes = size_t(64) << 20;
+
+// Produces nbytes through fill in chunks of stream_chunk_bytes(nbytes, granule) bytes, one staging
+// buffer of that size (allocated once, freed on return), and hands each chunk to
+// sink(data, n, err). Errors: the first non-OK status of fill or sink; GGUF_ERR_ARG if granule is 0.
+gguf_status stream_chunks(uint64_t nbytes, size_t granule, const TensorChunkFill& fill,
+                          const std::function<gguf_status(const void* data, size_t n, std::string* err)>& sink,
+                          std::string* err);
+// The chunk size stream_chunks uses: the largest multiple of granule <= kStagingBytes (at least one
+// granule), capped at nbytes.
+size_t stream_chunk_bytes(uint64_t nbytes, size_t granule);
+
 // Writes a GGUF v3 file without holding tensor data in memory:
 //   1. set() metadata and add_tensor() every tensor (name, type, dims),
 //   2. open(path): writes header, metadata and tensor infos to `path.tmp.<pid>`,
@@ -338,6 +359,11 @@ public:
     // Writes all bytes of the next tensor, which must be called `name`.
     gguf_status write_tensor(const std::string& name, const void* data, size_t nbytes,
                              std::string* err);
+    // Writes all bytes of the next tensor, which must be called `name`, from fill (see
+    // TensorChunkFill) through one staging buffer of at most max(granule, kStagingBytes) bytes.
+    // Errors: as write_tensor, and fill's.
+    gguf_status write_tensor_chunks(const std::string& name, size_t granule, const TensorChunkFill& fill,
+                                    std::string* err);
     gguf_status finish(std::string* err);
     void abort();
 
@@ -347,6 +373,8 @@ public:
 private:
     gguf_status put(const void* p, size_t n, std::string* err);
     gguf_status pad_to(uint64_t multiple, std::string* err);
+    // Checks that `name` is the next tensor to write (skipping empty ones); *nbytes: its size.
+    gguf_status next_tensor(const std::string& name, uint64_t* nbytes, std::string* err);
     void layout();
 
     std::vector<std::pair<std::string, GGUFValue>> kv_;

@@ -108,6 +108,12 @@ public:
                         std::string* err = nullptr) {
         return add(name, SafetensorsDtype::F32, shape, data, err);
     }
+    // Adds a tensor whose bytes (nbytes = numel * dtype size, in dtype) are streamed from fill at
+    // write() (see TensorChunkFill in gguf.h: chunks of at most kStagingBytes, multiples of the
+    // dtype size), so that no copy of the tensor is held. fill is called only by write(), once
+    // per write. Errors: as add().
+    gguf_status add_stream(const std::string& name, SafetensorsDtype dtype, const std::vector<int64_t>& shape,
+                           TensorChunkFill fill, std::string* err = nullptr);
     gguf_status write(const std::string& path, std::string* err) const;
 
 private:
@@ -118,6 +124,7 @@ private:
         const void* data;
         size_t nbytes;
         std::shared_ptr<std::vector<uint8_t>> owned;
+        TensorChunkFill fill; // set by add_stream (data is null then)
     };
     std::vector<Entry> entries_;
     std::map<std::string, std::string> metadata_;

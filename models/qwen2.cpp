@@ -109,15 +109,34 @@ void upload(oomb_tensor * t, const float * v) {
     oomb_tensor_set(t, h.data(), 0, (size_t) n * 2);
 }
 
-// Reads t as f32 values.
-std::vector<float> download(const oomb_tensor * t) {
-    const int64_t n = oomb_nelements(t);
-    std::vector<float> v((size_t) n);
-    if (t->type == OOMB_TYPE_F32) { oomb_tensor_get(t, v.data(), 0, (size_t) n * 4); return v; }
-    std::vector<uint16_t> h((size_t) n);
-    oomb_tensor_get(t, h.data(), 0, (size_t) n * 2);
-    for (int64_t i = 0; i < n; i++) v[i] = t->type == OOMB_TYPE_BF16 ? bf16_to_fp32(h[i]) : fp16_to_fp32(h[i]);
-    return v;
+// Bytes [off, off + n) of t's data as `type` (f32 or bf16) would hold them: a copy when t is of
+// that type, else converted element by element through a bounded scratch buffer (at most
+// kStagingBytes of source), so that nothing the size of t is allocated. off and n: multiples of
+// the element size of `type`.
+void read_as(const oomb_tensor * t, oomb_type type, void * dst, uint64_t off, size_t n) {
+    const size_t out_es = type == OOMB_TYPE_F32 ? 4 : 2, in_es = t->type == OOMB_TYPE_F32 ? 4 : 2;
+    if (t->type == type) { oomb_tensor_get(t, dst, (size_t) off, n); return; }
+    const size_t n_el = n / out_es, first = (size_t) (off / out_es);
+    const size_t step = std::min(n_el, kStagingBytes / in_es);
+    std::vector<uint8_t> src(step * in_es);
+    for (size_t k = 0; k < n_el; k += step) {
+        const size_t m = std::min(step, n_el - k);
+        oomb_tensor_get(t, src.data(), (first + k) * in_es, m * in_es);
+        for (size_t j = 0; j < m; j++) {
+            float v;
+            if (t->type == OOMB_TYPE_F32) memcpy(&v, src.data() + 4 * j, 4);
+            else {
+                uint16_t h;
+                memcpy(&h, src.data() + 2 * j, 2);
+                v = t->type == OOMB_TYPE_BF16 ? bf16_to_fp32(h) : fp16_to_fp32(h);
+            }
+            if (type == OOMB_TYPE_F32) memcpy((uint8_t *) dst + 4 * (k + j), &v, 4);
+            else {
+                const uint16_t h = fp32_to_bf16(v);
+                memcpy((uint8_t *) dst + 2 * (k + j), &h, 2);
+            }
+        }
+    }
 }
 
 } // namespace
@@ -242,22 +261,16 @@ bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::
     for (size_t i = 0; i < specs.size(); i++) {
         const oomb_tensor * t = m.params[i];
         const int64_t qk_heads = llama_qk_heads(c, specs[i].slot);  // Llama: HF's row order to the file's
-        if (t->type == OOMB_TYPE_BF16 && !f32[i]) {
-            std::vector<uint16_t> h((size_t) oomb_nelements(t));
-            oomb_tensor_get(t, h.data(), 0, h.size() * 2);
-            if (qk_heads) llama_permute_qk_rows(h.data(), qk_heads, c.head_dim, (size_t) t->ne[0] * 2);
-            if (w.write_tensor(t->name, h.data(), h.size() * 2, err) != GGUF_OK) return false;
-            continue;
-        }
-        std::vector<float> v = download(t);
-        if (qk_heads) llama_permute_qk_rows(v.data(), qk_heads, c.head_dim, (size_t) t->ne[0] * 4);
-        if (f32[i]) {
-            if (w.write_tensor(t->name, v.data(), v.size() * 4, err) != GGUF_OK) return false;
-        } else {
-            std::vector<uint16_t> h(v.size());
-            for (size_t k = 0; k < v.size(); k++) h[k] = fp32_to_bf16(v[k]);
-            if (w.write_tensor(t->name, h.data(), h.size() * 2, err) != GGUF_OK) return false;
-        }
+        const oomb_type file_type = f32[i] ? OOMB_TYPE_F32 : OOMB_TYPE_BF16;
+        const size_t row_bytes = (size_t) t->ne[0] * (f32[i] ? 4 : 2);
+        // Chunks of whole heads when rows are permuted (the permutation stays within a head).
+        const size_t granule = qk_heads ? (size_t) c.head_dim * row_bytes : (f32[i] ? 4 : 2);
+        auto fill = [&](void * dst, uint64_t off, size_t n, std::string *) {
+            read_as(t, file_type, dst, off, n);
+            if (qk_heads) llama_permute_qk_rows(dst, (int64_t) (n / granule), c.head_dim, row_bytes);
+            return GGUF_OK;
+        };
+        if (w.write_tensor_chunks(t->name, granule, fill, err) != GGUF_OK) return false;
     }
     return w.finish(err) == GGUF_OK;
 }

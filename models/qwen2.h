@@ -88,7 +88,8 @@ std::unique_ptr<Qwen2Model> decoder_load_gguf(const std::string & path, DecoderA
 /// Writes the model as a GGUF llama.cpp can load (weights in `out_type`: f32 or bf16; norms f32),
 /// with the <arch>.* keys of m.cfg.arch (a Llama model's attn_q / attn_k rows permuted to the file's
 /// order) and, when vocab_gguf is not empty, the tokenizer.* keys copied from that
-/// file (the token list padded to n_vocab with [PAD<id>] entries). Atomic. false + *err on error.
+/// file (the token list padded to n_vocab with [PAD<id>] entries). Atomic. Tensors are streamed from their
+/// buffers in chunks of at most kStagingBytes (gguf.h), never copied whole. false + *err on error.
 bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & vocab_gguf, oomb_type out_type,
                      const std::string & name, std::string * err);
 

@@ -438,6 +438,126 @@ TEST(GGUF, StreamingWritesInArbitraryPieces) {
     unlink(path.c_str());
 }
 
+namespace {
+
+std::string file_bytes(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// Byte `i` of a pattern that is not periodic at any chunk size used here.
+uint8_t pattern_byte(uint64_t i) { return (uint8_t)((i * 2654435761u) >> 13 ^ i); }
+
+gguf_status fill_pattern(void* dst, uint64_t off, size_t n, std::string*) {
+    for (size_t k = 0; k < n; k++) ((uint8_t*)dst)[k] = pattern_byte(off + k);
+    return GGUF_OK;
+}
+
+// A fill whose copy fails after the first chunk (e.g. a device error mid-save).
+gguf_status fill_fails_after_first(void*, uint64_t off, size_t, std::string* e) {
+    if (off > 0) { *e = "device copy failed"; return GGUF_ERR_IO; }
+    return GGUF_OK;
+}
+
+} // namespace
+
+TEST(GGUF, StreamChunksAreBoundedOrderedAndWholeGranules) {
+    const uint64_t n = 2 * (uint64_t)kStagingBytes + 100;
+    for (size_t granule : {(size_t)1, (size_t)12, kStagingBytes + 24}) {
+        std::vector<std::pair<uint64_t, size_t>> got;
+        uint64_t sunk = 0;
+        std::string err;
+        ASSERT_EQ(stream_chunks(n, granule,
+                                [&](void* dst, uint64_t off, size_t k, std::string* e) {
+                                    got.emplace_back(off, k);
+                                    return fill_pattern(dst, off, k, e);
+                                },
+                                [&](const void* p, size_t k, std::string*) {
+                                    EXPECT_EQ(((const uint8_t*)p)[k - 1], pattern_byte(sunk + k - 1));
+                                    sunk += k;
+                                    return GGUF_OK;
+                                },
+                                &err),
+                  GGUF_OK) << err;
+        ASSERT_FALSE(got.empty());
+        uint64_t off = 0;
+        for (size_t i = 0; i < got.size(); i++) {
+            EXPECT_EQ(got[i].first, off);
+            EXPECT_LE(got[i].second, std::max(granule, kStagingBytes)) << "granule " << granule;
+            if (i + 1 < got.size()) EXPECT_EQ(got[i].second % granule, 0u) << "granule " << granule;
+            off += got[i].second;
+        }
+        EXPECT_EQ(off, n);
+        EXPECT_EQ(sunk, n);
+    }
+    std::string err;
+    auto sink = [](const void*, size_t, std::string*) { return GGUF_OK; };
+    EXPECT_EQ(stream_chunks(10, 0, fill_pattern, sink, &err), GGUF_ERR_ARG);
+    err.clear();
+    EXPECT_EQ(stream_chunks(2 * (uint64_t)kStagingBytes, 4, fill_fails_after_first, sink, &err), GGUF_ERR_IO);
+    EXPECT_EQ(err, "device copy failed");
+}
+
+TEST(GGUF, ChunkedTensorWritesMatchWholeWrites) {
+    // One tensor over the staging size (several chunks), one small, one empty.
+    const int64_t big = (int64_t)(kStagingBytes / 4) + 1001;
+    std::string data((size_t)big * 4, '\0');
+    fill_pattern(&data[0], 0, data.size(), nullptr);
+    const std::string a = tmp_path("whole.gguf"), b = tmp_path("chunked.gguf");
+    std::string err;
+    for (int chunked = 0; chunked < 2; chunked++) {
+        GGUFWriter w;
+        w.set_string("general.name", "chunks");
+        ASSERT_EQ(w.add_tensor("big", GGUF_TENSOR_F32, {big}, &err), GGUF_OK) << err;
+        ASSERT_EQ(w.add_tensor("empty", GGUF_TENSOR_F32, {0}, &err), GGUF_OK) << err;
+        ASSERT_EQ(w.add_tensor("small", GGUF_TENSOR_F32, {3, 5}, &err), GGUF_OK) << err;
+        ASSERT_EQ(w.open(chunked ? b : a, &err), GGUF_OK) << err;
+        if (chunked) {
+            EXPECT_EQ(w.write_tensor_chunks("small", 4, fill_pattern, &err), GGUF_ERR_ARG); // out of order
+            ASSERT_EQ(w.write_tensor_chunks("big", 4, fill_pattern, &err), GGUF_OK) << err;
+            ASSERT_EQ(w.write_tensor_chunks("small", 4, fill_pattern, &err), GGUF_OK) << err;
+        } else {
+            ASSERT_EQ(w.write_tensor("big", data.data(), data.size(), &err), GGUF_OK) << err;
+            ASSERT_EQ(w.write_tensor("small", data.data(), 60, &err), GGUF_OK) << err;
+        }
+        ASSERT_EQ(w.finish(&err), GGUF_OK) << err;
+    }
+    EXPECT_TRUE(file_bytes(a) == file_bytes(b)) << "chunked and whole writes differ";
+    // A failing fill: an error, and no file replaces the previous one.
+    {
+        GGUFWriter w;
+        ASSERT_EQ(w.add_tensor("big", GGUF_TENSOR_F32, {big}, &err), GGUF_OK) << err;
+        ASSERT_EQ(w.open(b, &err), GGUF_OK) << err;
+        EXPECT_EQ(w.write_tensor_chunks("big", 4, fill_fails_after_first, &err), GGUF_ERR_IO);
+        EXPECT_EQ(err, "device copy failed");
+    }
+    EXPECT_TRUE(file_bytes(a) == file_bytes(b)) << "an interrupted chunked write replaced the file";
+    // safetensors: add_stream writes what add writes.
+    const std::string c = tmp_path("whole.safetensors"), d = tmp_path("chunked.safetensors");
+    for (int chunked = 0; chunked < 2; chunked++) {
+        SafetensorsWriter w;
+        w.set_metadata("k", "v");
+        if (chunked) {
+            ASSERT_EQ(w.add_stream("big", SafetensorsDtype::F32, {big}, fill_pattern, &err), GGUF_OK) << err;
+            ASSERT_EQ(w.add_stream("small", SafetensorsDtype::BF16, {5, 3}, fill_pattern, &err), GGUF_OK) << err;
+            EXPECT_EQ(w.add_stream("nofill", SafetensorsDtype::F32, {1}, nullptr, &err), GGUF_ERR_ARG);
+        } else {
+            ASSERT_EQ(w.add("big", SafetensorsDtype::F32, {big}, data.data(), &err), GGUF_OK) << err;
+            ASSERT_EQ(w.add("small", SafetensorsDtype::BF16, {5, 3}, data.data(), &err), GGUF_OK) << err;
+        }
+        ASSERT_EQ(w.write(chunked ? d : c, &err), GGUF_OK) << err;
+    }
+    EXPECT_TRUE(file_bytes(c) == file_bytes(d)) << "streamed and whole safetensors differ";
+    {
+        SafetensorsWriter w;
+        ASSERT_EQ(w.add_stream("big", SafetensorsDtype::F32, {big}, fill_fails_after_first, &err), GGUF_OK);
+        EXPECT_EQ(w.write(d, &err), GGUF_ERR_IO);
+        EXPECT_NE(err.find("tensor 'big': device copy failed"), std::string::npos) << err;
+    }
+    EXPECT_TRUE(file_bytes(c) == file_bytes(d)) << "a failed streamed write replaced the file";
+    for (const std::string& p : {a, b, c, d}) unlink(p.c_str());
+}
+
 TEST(GGUF, WriterErrorsAndAtomicity) {
     const std::string path = tmp_path("atomic.gguf");
     write_all(path, "previous contents");

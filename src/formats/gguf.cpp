@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -1241,7 +1242,7 @@ gguf_status GGUFWriter::write_data(const void* data, size_t n, std::string* err)
     }
 }
 
-gguf_status GGUFWriter::write_tensor(const std::string& name, const void* data, size_t nbytes, std::string* err) {
+gguf_status GGUFWriter::next_tensor(const std::string& name, uint64_t* nbytes, std::string* err) {
     if (!opened_) { set_err(err, "GGUF writer: write_tensor() before open()"); return GGUF_ERR_ARG; }
     // Skip empty tensors declared before this one.
     while (cur_tensor_ < tensors_.size() && cur_done_ == 0 && tensors_[cur_tensor_].nbytes == 0 &&
@@ -1253,13 +1254,49 @@ gguf_status GGUFWriter::write_tensor(const std::string& name, const void* data, 
                          (cur_tensor_ < tensors_.size() ? "'" + tensors_[cur_tensor_].name + "'" : std::string("none")) + ")");
         return GGUF_ERR_ARG;
     }
-    if (nbytes != tensors_[cur_tensor_].nbytes) {
-        set_err(err, path_ + fmt(": tensor '%s': %zu bytes given, %" PRIu64 " declared", name.c_str(), nbytes,
-                                 tensors_[cur_tensor_].nbytes));
+    *nbytes = tensors_[cur_tensor_].nbytes;
+    return GGUF_OK;
+}
+
+gguf_status GGUFWriter::write_tensor(const std::string& name, const void* data, size_t nbytes, std::string* err) {
+    uint64_t declared = 0;
+    if (gguf_status s = next_tensor(name, &declared, err)) return s;
+    if (nbytes != declared) {
+        set_err(err, path_ + fmt(": tensor '%s': %zu bytes given, %" PRIu64 " declared", name.c_str(), nbytes, declared));
         return GGUF_ERR_ARG;
     }
     if (nbytes == 0) { cur_tensor_++; return GGUF_OK; }
     return write_data(data, nbytes, err);
+}
+
+gguf_status GGUFWriter::write_tensor_chunks(const std::string& name, size_t granule, const TensorChunkFill& fill,
+                                            std::string* err) {
+    uint64_t nbytes = 0;
+    if (gguf_status s = next_tensor(name, &nbytes, err)) return s;
+    if (nbytes == 0) { cur_tensor_++; return GGUF_OK; }
+    return stream_chunks(nbytes, granule, fill,
+                         [this](const void* p, size_t n, std::string* e) { return write_data(p, n, e); }, err);
+}
+
+size_t stream_chunk_bytes(uint64_t nbytes, size_t granule) {
+    if (granule == 0) return 0;
+    const size_t chunk = std::max(granule, kStagingBytes / granule * granule);
+    return (size_t)std::min<uint64_t>(nbytes, chunk);
+}
+
+gguf_status stream_chunks(uint64_t nbytes, size_t granule, const TensorChunkFill& fill,
+                          const std::function<gguf_status(const void* data, size_t n, std::string* err)>& sink,
+                          std::string* err) {
+    if (granule == 0) { set_err(err, "stream_chunks: granule 0"); return GGUF_ERR_ARG; }
+    if (nbytes == 0) return GGUF_OK;
+    const size_t chunk = stream_chunk_bytes(nbytes, granule);
+    std::unique_ptr<uint8_t[]> stage(new uint8_t[chunk]); // uninitialized: fill writes every byte
+    for (uint64_t off = 0; off < nbytes; off += chunk) {
+        const size_t n = (size_t)std::min<uint64_t>(chunk, nbytes - off);
+        if (gguf_status s = fill(stage.get(), off, n, err)) return s;
+        if (gguf_status s = sink(stage.get(), n, err)) return s;
+    }
+    return GGUF_OK;
 }
 
 gguf_status GGUFWriter::finish(std::string* err) {

@@ -374,7 +374,15 @@ gguf_status SafetensorsWriter::add(const std::string& name, SafetensorsDtype dty
             set_err(err, "safetensors: tensor '" + name + "' has a negative or overflowing shape");
             return GGUF_ERR_ARG;
         }
-    entries_.push_back({name, dtype, shape, data, (size_t)n * safetensors_dtype_size(dtype), nullptr});
+    entries_.push_back({name, dtype, shape, data, (size_t)n * safetensors_dtype_size(dtype), nullptr, nullptr});
+    return GGUF_OK;
+}
+
+gguf_status SafetensorsWriter::add_stream(const std::string& name, SafetensorsDtype dtype, const std::vector<int64_t>& shape,
+                                          TensorChunkFill fill, std::string* err) {
+    if (!fill) { set_err(err, "safetensors: tensor '" + name + "' has no fill function"); return GGUF_ERR_ARG; }
+    if (gguf_status s = add(name, dtype, shape, nullptr, err)) return s;
+    entries_.back().fill = std::move(fill);
     return GGUF_OK;
 }
 
@@ -411,15 +419,29 @@ gguf_status SafetensorsWriter::write(const std::string& path, std::string* err) 
     if (!f) { set_err(err, tmp + ": cannot create: " + strerror(errno)); return GGUF_ERR_IO; }
     const uint64_t hlen = hs.size();
     bool ok = fwrite(&hlen, 8, 1, f) == 1 && fwrite(hs.data(), 1, hs.size(), f) == hs.size();
-    for (auto& e : entries_)
-        if (ok && e.nbytes) ok = fwrite(e.data, 1, e.nbytes, f) == e.nbytes;
+    std::string fill_err;
+    bool fill_failed = false;
+    gguf_status fill_status = GGUF_OK;
+    auto sink = [f](const void* p, size_t n, std::string*) {
+        return fwrite(p, 1, n, f) == n ? GGUF_OK : GGUF_ERR_IO;
+    };
+    for (auto& e : entries_) {
+        if (!ok || !e.nbytes) continue;
+        if (!e.fill) { ok = fwrite(e.data, 1, e.nbytes, f) == e.nbytes; continue; }
+        fill_err.clear();
+        const gguf_status s = stream_chunks(e.nbytes, safetensors_dtype_size(e.dtype), e.fill, sink, &fill_err);
+        ok = s == GGUF_OK;
+        fill_failed = !ok && !fill_err.empty();  // the sink sets no message: a write error
+        if (fill_failed) fill_status = s;
+        if (fill_failed) fill_err = "tensor '" + e.name + "': " + fill_err;
+    }
     ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
     const int saved = errno;
     ok = (fclose(f) == 0) && ok;
     if (!ok) {
         unlink(tmp.c_str());
-        set_err(err, tmp + ": write failed: " + strerror(saved));
-        return GGUF_ERR_IO;
+        set_err(err, fill_failed ? tmp + ": " + fill_err : tmp + ": write failed: " + strerror(saved));
+        return fill_failed ? fill_status : GGUF_ERR_IO;
     }
     if (rename(tmp.c_str(), path.c_str()) != 0) {
         set_err(err, "cannot rename " + tmp + " to " + path + ": " + strerror(errno));
