@@ -261,7 +261,8 @@ bool oomb_buffer_is_host(oomb_buffer_t buffer) {
 }
 
 void oomb_tensor_alloc(oomb_buffer_t buffer, struct oomb_tensor * t, size_t offset) {
-    OOMB_API_NONNULL(buffer, "tensor_alloc");    OOMB_API_NONNULL(t, "tensor_alloc");
+    OOMB_API_NONNULL(buffer, "tensor_alloc");
+    OOMB_API_NONNULL(t, "tensor_alloc");
     const size_t n = oomb_nbytes(t);
     if (offset + n > buffer->size || offset > buffer->size) {
         oomb_error("tensor_alloc: %s needs %zu bytes at offset %zu, buffer has %zu", shape_str(t).c_str(), n, offset, buffer->size);
@@ -411,29 +412,38 @@ void copy_bytes(oomb_backend_t b, enum oomb_queue q, void * dst, const void * sr
 
 } // namespace
 
+namespace {
+
+// The host <-> tensor copies of set_async / get_async: checks, then bytes [offset, offset + size)
+// of t copied from (to_tensor) or to `host` on queue q.
+oomb_status host_copy_async(oomb_backend_t backend, enum oomb_queue q, const oomb_tensor * t, void * host, size_t offset, size_t size,
+                            bool to_tensor, const char * fn) {
+    OOMB_API_NONNULL(backend, fn);
+    OOMB_API_NONNULL(t, fn);
+    check_queue(q, fn);
+    check_range(t, offset, size, fn);
+    check_buffer(backend, t, fn);
+    if (size == 0) return OOMB_STATUS_OK;
+    if (!host) oomb_error("%s: data is NULL for %s", fn, shape_str(t).c_str());
+    char * dev = (char *) t->data + offset;
+    return captured(backend, fn, [&] { to_tensor ? copy_bytes(backend, q, dev, host, size) : copy_bytes(backend, q, host, dev, size); });
+}
+
+} // namespace
+
 enum oomb_status oomb_tensor_set_async(oomb_backend_t backend, enum oomb_queue q, struct oomb_tensor * t, const void * data,
                                        size_t offset, size_t size) {
-    OOMB_API_NONNULL(backend, "tensor_set_async");    OOMB_API_NONNULL(t, "tensor_set_async");
-    check_queue(q, "tensor_set_async");
-    check_range(t, offset, size, "tensor_set_async");
-    check_buffer(backend, t, "tensor_set_async");
-    if (size == 0) return OOMB_STATUS_OK;
-    if (!data) oomb_error("tensor_set_async: data is NULL for %s", shape_str(t).c_str());
-    return captured(backend, "tensor_set_async", [&] { copy_bytes(backend, q, (char *) t->data + offset, data, size); });
+    return host_copy_async(backend, q, t, const_cast<void *>(data), offset, size, true, "tensor_set_async");
 }
 enum oomb_status oomb_tensor_get_async(oomb_backend_t backend, enum oomb_queue q, const struct oomb_tensor * t, void * data,
                                        size_t offset, size_t size) {
-    OOMB_API_NONNULL(backend, "tensor_get_async");    OOMB_API_NONNULL(t, "tensor_get_async");
-    check_queue(q, "tensor_get_async");
-    check_range(t, offset, size, "tensor_get_async");
-    check_buffer(backend, t, "tensor_get_async");
-    if (size == 0) return OOMB_STATUS_OK;
-    if (!data) oomb_error("tensor_get_async: data is NULL for %s", shape_str(t).c_str());
-    return captured(backend, "tensor_get_async", [&] { copy_bytes(backend, q, data, (const char *) t->data + offset, size); });
+    return host_copy_async(backend, q, t, data, offset, size, false, "tensor_get_async");
 }
 enum oomb_status oomb_tensor_copy_async(oomb_backend_t backend, enum oomb_queue q, const struct oomb_tensor * src,
                                         struct oomb_tensor * dst) {
-    OOMB_API_NONNULL(backend, "tensor_copy_async");    OOMB_API_NONNULL(src, "tensor_copy_async");    OOMB_API_NONNULL(dst, "tensor_copy_async");
+    OOMB_API_NONNULL(backend, "tensor_copy_async");
+    OOMB_API_NONNULL(src, "tensor_copy_async");
+    OOMB_API_NONNULL(dst, "tensor_copy_async");
     check_queue(q, "tensor_copy_async");
     const size_t n = oomb_nbytes(src);
     if (oomb_nbytes(dst) != n) {
@@ -476,7 +486,8 @@ enum oomb_status oomb_event_record(oomb_event_t event, enum oomb_queue q) {
     return captured(event->backend, "event_record", [&] { event->backend->iface->event_record(event->backend, event->ev, q); });
 }
 enum oomb_status oomb_event_wait(oomb_backend_t backend, enum oomb_queue q, oomb_event_t event) {
-    OOMB_API_NONNULL(backend, "event_wait");    OOMB_API_NONNULL(event, "event_wait");
+    OOMB_API_NONNULL(backend, "event_wait");
+    OOMB_API_NONNULL(event, "event_wait");
     check_queue(q, "event_wait");
     if (!event->ev) return OOMB_STATUS_OK;   // complete at once
     if (backend->iface != event->backend->iface) {
