@@ -20,6 +20,24 @@ for c in "320 128" "128 48"; do
         --chunk $1 --page $2 > "$R/logits-$1.log" 2>&1
     echo "cuda logits chunk $1 page $2 rc=$?"; tail -2 "$R/logits-$1.log"
 done
+# files over ~30 MB do not come back from the GPU machine: split a dump into parts of 128 positions
+python3 - "$R" <<'PY'
+import os, sys
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+d = sys.argv[1]
+for n in sorted(os.listdir(d)):
+    p = os.path.join(d, n)
+    if not (n.startswith("cuda-") and n.endswith(".safetensors")) or os.path.getsize(p) < 30e6:
+        continue
+    with safe_open(p, "np") as f:
+        meta = f.metadata()
+    L, p0 = load_file(p)["logits"], int(meta["first_position"])
+    for i in range(0, L.shape[0], 128):
+        save_file({"logits": L[i:i + 128].copy()}, p[:-12] + f".part{i // 128}.safetensors", {**meta, "first_position": str(p0 + i)})
+    os.remove(p)
+    print("split", n, "into", (L.shape[0] + 127) // 128, "parts")
+PY
 for ctx in 32768 131072; do
     rm -rf /tmp/smol-$ctx
     timeout 240 $BINS/oomb-train -m "$GGUF" --data data/python-docs.txt.gz --device cuda --ctx $ctx --chunk ${CHUNK:-16384} \
@@ -27,5 +45,10 @@ for ctx in 32768 131072; do
         > "$R/train-$ctx.log" 2>&1
     echo "ours $ctx rc=$?"; grep -E "^step|plan|error|memory" "$R/train-$ctx.log" | tail -5
     cp /tmp/smol-$ctx/train.jsonl "$R/train-$ctx.jsonl" 2>/dev/null
+    [ $ctx = 32768 ] && { timeout 240 $BINS/oomb-train -m "$GGUF" --data data/python-docs.txt.gz --device cuda --ctx $ctx --chunk $ctx \
+        --page 128 --rope-theta 1e6 --steps 3 --warmup 1 --lr 1e-5 --eval-every 0 --save-every -1 -o /tmp/smol-$ctx-1c \
+        > "$R/train-$ctx-onechunk.log" 2>&1; echo "ours $ctx one chunk rc=$?"; grep -E "^step|error" "$R/train-$ctx-onechunk.log" | tail -3; }
     timeout 200 python3 bench/realmodel/hf_smollm2.py $ctx 3 1e6 | tee "$R/hf-$ctx.json"
 done
+# only a few files come back: the logs travel as one archive
+(cd "$R" && tar -czf logs.tgz *.log *.jsonl 2>/dev/null && rm -f *.log *.jsonl)

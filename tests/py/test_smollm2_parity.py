@@ -28,6 +28,10 @@ BIN = os.environ.get("OOMB_BIN_DIR", "build/bin")
 SRC = os.environ.get("OOMB_SOURCE_DIR", os.path.join(HERE, "..", ".."))
 N_TOKENS = 320
 TOL = 1e-4
+# CUDA dumps (bench/realmodel/h200-smollm2.sh, made on the GPU machine from the same ids): compared
+# with the same HF float64 reference at the bf16 tolerance of the CUDA tests (issue 5: 3e-2)
+CUDA_DUMPS = os.environ.get("OOMB_SMOLLM2_CUDA_DUMPS", "")
+TOL_BF16 = 3e-2
 
 
 def skip(why):
@@ -132,14 +136,36 @@ def ours(tmp, ids, chunk, page):
     return p0, load_file(out)["logits"].astype(np.float64)
 
 
-def compare(name, got, ref):
+def compare(name, got, ref, tol=TOL):
     err = np.abs(got - ref)
     rel = err.max() / np.abs(ref).max()
     per_pos = (err.max(axis=1) / np.abs(ref).max(axis=1)).max()
     argmax_same = (got.argmax(axis=1) == ref.argmax(axis=1)).mean()
-    ok = rel <= TOL and per_pos <= TOL
+    ok = rel <= tol and per_pos <= tol
     print(f"{name}: {got.shape[0]} positions, max|d| {err.max():.3e}, max|d|/max|HF| {rel:.3e}, worst position "
-          f"{per_pos:.3e} (tol {TOL:g}); same argmax {100 * argmax_same:.1f}% -> {'ok' if ok else 'FAIL'}")
+          f"{per_pos:.3e} (tol {tol:g}); same argmax {100 * argmax_same:.1f}% -> {'ok' if ok else 'FAIL'}")
+    return ok
+
+
+def compare_cuda_dumps(ids, ref):
+    """The CUDA backend's dumps of the same ids (OOMB_SMOLLM2_CUDA_DUMPS=DIR holding cuda-<chunk>.safetensors
+    with their ids): HF float64 vs CUDA at the bf16 tolerance."""
+    ok, n = True, 0
+    for name in sorted(os.listdir(CUDA_DUMPS)):
+        if not (name.startswith("cuda-") and name.endswith(".safetensors")):
+            continue
+        path = os.path.join(CUDA_DUMPS, name)
+        from safetensors import safe_open
+        with safe_open(path, "np") as f:
+            p0 = int(f.metadata()["first_position"])
+        got = load_file(path)["logits"].astype(np.float64)
+        p1 = p0 + got.shape[0]  # a dump may be one part of a longer one (the GPU machine splits big files)
+        if p0 < 0 or p1 > len(ids) or got.shape[1] != ref.shape[1]:
+            sys.exit(f"FAIL: {name}: positions from {p0}, shape {got.shape}: not a dump of these {len(ids)} ids")
+        ok &= compare(f"CUDA {name} (positions {p0}..{p1 - 1})", got, ref[p0:p1], TOL_BF16)
+        n += 1
+    if n == 0:
+        sys.exit(f"FAIL: OOMB_SMOLLM2_CUDA_DUMPS={CUDA_DUMPS} holds no cuda-*.safetensors")
     return ok
 
 
@@ -159,6 +185,8 @@ def main():
         if p0 != (T - 1) // 128 * 128 or got.shape != (T - p0, ref.shape[1]):
             sys.exit(f"FAIL: chunks of 128: positions from {p0}, shape {got.shape}")
         ok &= compare(f"chunks of 128, page 48 (positions {p0}..{T - 1})", got, ref[p0:])
+        if CUDA_DUMPS:
+            ok &= compare_cuda_dumps(ids, ref)
     if not ok:
         sys.exit("FAIL: SmolLM2 logits differ from HF transformers' beyond the tolerance")
     print("ok: SmolLM2-135M logits match HF transformers")
