@@ -364,7 +364,8 @@ std::string profile_key(const oomb_tensor * n) {
 void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
     oomb_cuda_ctx * c = ctx_of(b);
     set_device(c);
-    c->bf16_copies_clear();  // the host may have written any tensor since the last graph
+    // the host may have written any tensor since the last graph (not between the parts of one)
+    if (!g->continuation) c->bf16_copies_clear();
     if (c->check_err) {
         // a previous graph failed before its recorded errors were read: drop them (stream-ordered)
         CUDA_CHECK(cudaMemsetAsync(c->d_err, 0, sizeof(oomb_cuda_err_rec), c->stream));

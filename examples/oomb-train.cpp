@@ -252,6 +252,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
     if (o.attn_cache && o.chunk >= o.ctx)
         printf("note: --attn-cache is unused: a sequence of --ctx %" PRId64 " tokens is one chunk (no stage 1 to keep results from)\n", o.ctx);
+    plan_memory(PROG, o.offload, T.be, M, &tp);  // stops here when the run cannot fit
     T.tr = std::make_unique<ChunkDriver>(model_chunk_builder(M), tp);
 
     // ---- resume

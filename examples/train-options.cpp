@@ -36,6 +36,7 @@ nlohmann::json config_json(const Options & o) {
     j["lr"] = o.lr; j["min_lr"] = min_lr_of(o); j["warmup"] = o.warmup;
     j["weight_decay"] = o.weight_decay; j["adam_beta1"] = o.beta1; j["adam_beta2"] = o.beta2; j["adam_eps"] = o.adam_eps;
     j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable; j["opt_state"] = o.opt_state; j["attn_cache"] = o.attn_cache; j["attn_cache_type"] = o.attn_cache ? o.attn_cache_type : "none"; j["threads"] = o.threads; j["device"] = o.device;
+    j["offload"] = o.offload.mode; j["gpu_kv_budget"] = o.offload.gpu_kv_budget; j["offload_block"] = o.offload.block_pages;
     j["rope_theta"] = o.rope_theta; j["seed"] = o.seed;
     j["threads_used"] = threads_default(o.threads);
     return j;
@@ -91,6 +92,7 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
                    "with --attn-cache: f32 (bit-identical to recomputing) or bf16 (attention output rounded to bf16, as the "
                    "output projection's bf16 GEMM reads it; about half the memory: 7B 204 KB/token)")
         ->capture_default_str();
+    add_offload_options(app, o.offload);
     app.add_option("--opt-state", o.opt_state, "AdamW moments: f32, or bf16 (half the memory, stochastic rounding; e.g. for 7B)")
         ->capture_default_str();
     app.add_option("-t,--threads", o.threads, "CPU threads (default: all)");
@@ -138,6 +140,7 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         if (o.attn_cache_type != "f32" && o.attn_cache_type != "bf16")
             fail(PROG, "--attn-cache-type must be f32 or bf16, got '" + o.attn_cache_type + "'");
         if (given("--attn-cache-type") && !o.attn_cache) fail(PROG, "--attn-cache-type needs --attn-cache");
+        check_offload_options(PROG, app, o.offload);
         if (o.data_format != "text" && o.data_format != "chat") fail(PROG, "--data-format must be text or chat, got '" + o.data_format + "'");
         if (o.data_format == "chat") {
             if (o.train_on.empty()) o.train_on = "assistant";

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "train-common.h"
+#include "train-offload.h"
 
 #include <nlohmann/json.hpp>
 
@@ -48,6 +49,7 @@ struct Options {
     std::string opt_state = "f32";
     bool attn_cache = false;
     std::string attn_cache_type = "f32";
+    OffloadOptions offload;  // --offload, --gpu-kv-budget, --offload-block
     int threads = 0;
     std::string device = "cpu";
     double rope_theta = 0;

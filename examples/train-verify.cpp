@@ -90,6 +90,7 @@ int dump_logits(const Options & o) {
     const int64_t T = v.T;
     ChunkParams & tp = v.tp;
     tp.with_grad = false;  // forward only
+    plan_memory(PROG, o.offload, v.be, *v.model, &tp);
     ChunkDriver tr(model_chunk_builder(*v.model), tp);
     tr.set_capture_hidden(true);
     const ChunkStats st = tr.forward(v.ids.data(), T);
@@ -123,6 +124,7 @@ int dump_grads(const Options & o) {
     ChunkParams & tp = v.tp;
     tp.cache_attn = o.attn_cache;  // the verification can check the attention-cache path too
     tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
+    plan_memory(PROG, o.offload, v.be, *v.model, &tp);
     ChunkDriver tr(model_chunk_builder(*v.model), tp);
     double loss_sum = 0;
     int64_t count = 0;

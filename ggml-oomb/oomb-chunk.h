@@ -18,6 +18,7 @@
 #include "oomb-alloc.h"
 #include "oomb-backend.h"
 #include "oomb-paged.h"
+#include "oomb-offload.h"
 
 #include <cstdint>
 #include <map>
@@ -55,6 +56,12 @@ struct ChunkParams {
     // products read bf16 operands anyway (the same results, less memory and traffic), f32 on the
     // CPU (f32 products). The driver resolves it and passes it to the builder.
     oomb_type gemm_input_type = OOMB_TYPE_COUNT;
+    // Host offload (OOMB mechanism 3, oomb-offload.h): keep the first resident_pages logical pages
+    // of the KV cache (and of its gradient pages) on the device and the rest in pinned host memory,
+    // streamed in blocks of stream_block_pages pages. -1 (default), or at least the cache's page
+    // count: everything on the device. A host tier needs cache_attn off (when it would be used).
+    int64_t resident_pages = -1;
+    int stream_block_pages = 16;
 };
 
 /// Statistics of one forward(/backward) over a sequence.

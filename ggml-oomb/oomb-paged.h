@@ -26,10 +26,31 @@ struct oomb_kv_cache_params {
     bool    with_grad;   // also allocate the f32 KV-gradient pages (training)
 };
 
+/// Host tier of a KV cache (OOMB mechanism 3, host offload; oomb-offload.h streams it). Logical
+/// pages [0, resident_pages) live on the device (resident: no transfer); the pages after them live
+/// in the backend's host buffer type (CUDA: pinned memory) and are streamed through device slots:
+/// `chunk_pages` slots for the pages of the chunk being computed and two sets of `block_pages` slots
+/// for the history, which attention reads block by block. Device pools then hold
+/// resident_pages + chunk_pages + 2 * block_pages pages per layer, whatever the context length.
+struct oomb_kv_tier_params {
+    int64_t resident_pages; // >= 0; at least the cache's page count: no host tier (a plain cache)
+    int     block_pages;    // >= 1: pages per streamed history block
+    int     chunk_pages;    // >= 1: the most pages one chunk's positions span (ceil(chunk / page) + 1)
+};
+
 /// Allocates the pools and the page table in `backend`'s memory. Errors: bad sizes; returns NULL
 /// (with a message on stderr) when the memory cannot be allocated.
 oomb_kv_cache_t oomb_kv_cache_init(oomb_backend_t backend, struct oomb_kv_cache_params p);
+/// oomb_kv_cache_init with a host tier (see oomb_kv_tier_params). The page table then maps logical
+/// pages to device pool slots as the chunk being computed needs (oomb-offload.h sets it); pages of
+/// the host tier are never addressed by a kernel directly. NULL (with a message on stderr) when
+/// the device or the pinned host memory cannot be allocated. Errors: bad tier sizes.
+oomb_kv_cache_t oomb_kv_cache_init_tiered(oomb_backend_t backend, struct oomb_kv_cache_params p, struct oomb_kv_tier_params tier);
 void oomb_kv_cache_free(oomb_kv_cache_t c);
+/// Logical pages resident on the device (all of them without a host tier).
+int64_t oomb_kv_cache_resident_pages(oomb_kv_cache_t c);
+/// Bytes of the host tier's pools (0 without one).
+size_t oomb_kv_cache_host_nbytes(oomb_kv_cache_t c);
 
 /// Forgets every position: all pages return to the free list (a new sequence).
 void oomb_kv_cache_clear(oomb_kv_cache_t c);
@@ -49,7 +70,8 @@ struct oomb_tensor * oomb_kv_cache_dv(oomb_kv_cache_t c, int layer);
 /// i32 [n_pages]: logical page -> physical page (-1 while unmapped).
 struct oomb_tensor * oomb_kv_cache_page_table(oomb_kv_cache_t c);
 struct oomb_kv_cache_params oomb_kv_cache_get_params(oomb_kv_cache_t c);
-/// Bytes of the pools (K, V and gradients) and the page table.
+/// Bytes of the device pools (K, V and gradients; with a host tier: the resident pages and the
+/// streaming slots) and the page table.
 size_t oomb_kv_cache_nbytes(oomb_kv_cache_t c);
 
 #ifdef __cplusplus

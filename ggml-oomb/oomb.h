@@ -557,6 +557,15 @@ void oomb_build_backward_expand(struct oomb_context * ctx, struct oomb_cgraph * 
 /// "<name>.grad", stored in param->grad. Returns it.
 struct oomb_tensor * oomb_new_grad(struct oomb_context * ctx, struct oomb_tensor * param);
 
+/// The nodes [i0, i1) of g as a graph of their own (allocated in ctx), for computing g in parts
+/// with work in between (the host-offload engine does, after ggml_graph_view): the view shares g's
+/// tensors and allocation (compute it only while g's allocation is current), and a view with
+/// i0 > 0 is a continuation (backends keep caches about tensors the earlier parts did not write).
+/// The caller guarantees that nothing between the parts writes a tensor an earlier part read
+/// through such a cache (weights). Errors: 0 <= i0 <= i1 <= n_nodes(g) not holding.
+struct oomb_cgraph * oomb_graph_view(struct oomb_context * ctx, struct oomb_cgraph * g, int i0, int i1);
+/// Marks g as a continuation of the graph computed before it (see oomb_graph_view).
+void oomb_graph_set_continuation(struct oomb_cgraph * g, bool on);
 int oomb_graph_n_nodes(const struct oomb_cgraph * g);
 struct oomb_tensor * oomb_graph_node(struct oomb_cgraph * g, int i);  // i < 0 counts from the end
 int oomb_graph_n_leafs(const struct oomb_cgraph * g);

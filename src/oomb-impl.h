@@ -26,6 +26,10 @@ struct oomb_cgraph {
     uint64_t version = 0;              // bumped on every change (the allocator keys its plan on it)
     uint64_t alloc_id = 0;             // the graph allocator that placed its tensors (0: none)
     uint64_t alloc_gen = 0;            // ... and the plan generation it placed them with
+    // A part of a graph computed after the parts before it (oomb_graph_view with i0 > 0, or a graph
+    // the engine runs between two parts): backends keep what they cached about tensors the earlier
+    // parts did not write (the CUDA backend's bf16 copies of weights) instead of starting afresh.
+    bool continuation = false;
 };
 
 // Backend interface (one implementation per backend).

@@ -1177,6 +1177,26 @@ struct oomb_cgraph * oomb_new_graph_custom(struct oomb_context * ctx, size_t siz
     return g;
 }
 
+struct oomb_cgraph * oomb_graph_view(struct oomb_context * ctx, struct oomb_cgraph * g, int i0, int i1) {
+    OOMB_CHECK(ctx && g, "graph_view", "ctx and g must not be NULL");
+    OOMB_CHECK(0 <= i0 && i0 <= i1 && (size_t) i1 <= g->nodes.size(), "graph_view", "nodes [%d, %d) of a graph of %zu nodes", i0, i1,
+               g->nodes.size());
+    ctx->graphs.emplace_back();
+    oomb_cgraph * v = &ctx->graphs.back();
+    v->size = (size_t) (i1 - i0);
+    v->nodes.assign(g->nodes.begin() + i0, g->nodes.begin() + i1);
+    v->version = g->version;
+    v->alloc_id = g->alloc_id;
+    v->alloc_gen = g->alloc_gen;
+    v->continuation = i0 > 0 || g->continuation;
+    return v;
+}
+
+void oomb_graph_set_continuation(struct oomb_cgraph * g, bool on) {
+    OOMB_CHECK(g, "graph_set_continuation", "g must not be NULL");
+    g->continuation = on;
+}
+
 static void visit(oomb_cgraph * g, oomb_tensor * t) {
     // iterative post-order DFS (graphs of long models are deep)
     struct frame { oomb_tensor * t; int next; };

@@ -19,7 +19,9 @@ struct ChunkDriver::Graph {
     oomb_tensor * loss = nullptr;    // f32 [2]: sum, count (NULL for Fill)
     std::vector<oomb_tensor *> hidden;
     oomb_tensor * logits = nullptr;  // captured logits (capture mode only)
+    oomb_kv_stream_t stream = nullptr;  // with a host tier: computes the graph over it
     ~Graph() {
+        oomb_kv_stream_free(stream);
         oomb_gallocr_free(galloc);
         oomb_free(ctx);
     }
@@ -66,7 +68,20 @@ ChunkDriver::ChunkDriver(std::unique_ptr<ChunkGraphBuilder> builder, const Chunk
     kp.max_tokens = p.max_tokens;
     kp.type = p.kv_type;
     kp.with_grad = p.with_grad;
-    kv_ = oomb_kv_cache_init(shape_.backend, kp);
+    const int64_t n_pages = (p.max_tokens + p.page - 1) / p.page;
+    if (p.resident_pages >= 0 && p.resident_pages < n_pages) {
+        if (p.stream_block_pages < 1) oomb_error("ChunkDriver: stream_block_pages = %d must be positive", p.stream_block_pages);
+        if (p.cache_attn && p.with_grad && p.max_tokens > p.chunk)
+            oomb_error("ChunkDriver: the attention-result cache (cache_attn, oomb-train --attn-cache) does not work with a host tier "
+                       "(resident_pages %" PRId64 " < %" PRId64 " pages): drop one of them", p.resident_pages, n_pages);
+        oomb_kv_tier_params tier;
+        tier.resident_pages = p.resident_pages;
+        tier.block_pages = p.stream_block_pages;
+        tier.chunk_pages = (int) ((std::min(p.chunk, p.max_tokens) + p.page - 1) / p.page + 1);
+        kv_ = oomb_kv_cache_init_tiered(shape_.backend, kp, tier);
+    } else {
+        kv_ = oomb_kv_cache_init(shape_.backend, kp);
+    }
     if (!kv_) oomb_error("ChunkDriver: cannot allocate the KV cache for %" PRId64 " tokens", p.max_tokens);
     // a one-chunk sequence has no stage 1 to keep results from, and forward() alone no stage 2
     if (p.cache_attn && p.with_grad && p.max_tokens > p.chunk) {
@@ -147,6 +162,10 @@ ChunkDriver::Graph & ChunkDriver::graph(int64_t T, ChunkKind kind) {
         oomb_error("ChunkDriver: cannot allocate the %s graph (T = %" PRId64 ", %zu bytes)", kind == ChunkKind::Fill ? "KV-fill" : "chunk",
                    T, oomb_gallocr_planned_size(G->galloc));
     }
+    if (oomb_kv_cache_resident_pages(kv_) < (p_.max_tokens + p_.page - 1) / p_.page) {
+        G->stream = oomb_kv_stream_new(kv_, shape_.backend, G->g);
+        if (!G->stream) oomb_error("ChunkDriver: cannot allocate the offload scratch (T = %" PRId64 ")", T);
+    }
     Graph & ref = *G;
     graphs_[key] = std::move(G);
     return ref;
@@ -172,7 +191,11 @@ void ChunkDriver::run_chunk(Graph & G, const int32_t * ids, const int32_t * labe
     oomb_tensor_set(G.tokens, tok.data(), 0, tok.size() * 4);
     if (G.loss) oomb_tensor_set(G.labels, lab.data(), 0, lab.size() * 4);  // the KV-fill graph has no loss
     oomb_tensor_set(G.pos, pos.data(), 0, pos.size() * 4);
-    if (oomb_backend_graph_compute(shape_.backend, G.g) != OOMB_STATUS_OK) oomb_error("ChunkDriver: %s", oomb_backend_last_error(shape_.backend));
+    if (G.stream) {
+        if (oomb_kv_stream_compute(G.stream, p0, T) != OOMB_STATUS_OK) oomb_error("ChunkDriver: %s", oomb_kv_stream_last_error(G.stream));
+    } else if (oomb_backend_graph_compute(shape_.backend, G.g) != OOMB_STATUS_OK) {
+        oomb_error("ChunkDriver: %s", oomb_backend_last_error(shape_.backend));
+    }
     if (G.loss) {
         float loss[2];
         oomb_tensor_get(G.loss, loss, 0, sizeof(loss));

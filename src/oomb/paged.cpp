@@ -1,26 +1,18 @@
-// Paged KV cache: pools of fixed-size pages and the page table (see oomb-paged.h).
+// Paged KV cache: pools of fixed-size pages and the page table (see oomb-paged.h), optionally
+// with a host tier: the pages past the resident ones in host memory, streamed by offload.cpp.
 
 #include "oomb-paged.h"
 #include "oomb-impl.h"
+#include "paged-impl.h"
+
+#include <algorithm>
+#include <cstring>
 
 #include <cinttypes>
 #include <cstdio>
 #include <vector>
 
-struct oomb_kv_cache {
-    oomb_kv_cache_params p{};
-    oomb_backend_t backend = nullptr;
-    oomb_context * ctx = nullptr;
-    oomb_buffer_t  buf = nullptr;
-    std::vector<oomb_tensor *> k, v, dk, dv;
-    oomb_tensor * page_table = nullptr;
-    std::vector<int32_t> table;      // host copy
-    std::vector<int32_t> free_pages; // stack of free physical pages
-    int64_t n_pages = 0;
-    int64_t n_tokens = 0;
-};
-
-oomb_kv_cache_t oomb_kv_cache_init(oomb_backend_t backend, struct oomb_kv_cache_params p) {
+static oomb_kv_cache_t kv_cache_create(oomb_backend_t backend, const oomb_kv_cache_params & p, const oomb_kv_tier_params * tier) {
     if (p.n_layer <= 0 || p.n_head_kv <= 0 || p.head_dim <= 0 || p.page_size <= 0 || p.max_tokens <= 0) {
         oomb_error("kv_cache_init: bad sizes (n_layer %d, n_head_kv %d, head_dim %d, page_size %d, max_tokens %" PRId64 ")",
                    p.n_layer, p.n_head_kv, p.head_dim, p.page_size, p.max_tokens);
@@ -28,14 +20,28 @@ oomb_kv_cache_t oomb_kv_cache_init(oomb_backend_t backend, struct oomb_kv_cache_
     if (p.type != OOMB_TYPE_F32 && p.type != OOMB_TYPE_F16 && p.type != OOMB_TYPE_BF16) {
         oomb_error("kv_cache_init: K/V type must be f32, f16 or bf16, got %s", oomb_type_name(p.type));
     }
+    if (tier && (tier->resident_pages < 0 || tier->block_pages < 1 || tier->chunk_pages < 1)) {
+        oomb_error("kv_cache_init_tiered: bad tier sizes (resident_pages %" PRId64 ", block_pages %d, chunk_pages %d)",
+                   tier->resident_pages, tier->block_pages, tier->chunk_pages);
+    }
     auto * c = new oomb_kv_cache();
     c->p = p;
     c->backend = backend;
     c->n_pages = (p.max_tokens + p.page_size - 1) / p.page_size;
+    c->tiered = tier && tier->resident_pages < c->n_pages;
+    int64_t n_dev = c->n_pages;
+    if (c->tiered) {
+        c->R = tier->resident_pages;
+        c->n_cur = tier->chunk_pages;
+        c->B = tier->block_pages;
+        n_dev = c->R + c->n_cur + 2 * c->B;
+    } else {
+        c->R = c->n_pages;
+    }
     c->ctx = oomb_init({0, true});
     for (int l = 0; l < p.n_layer; l++) {
         auto mk = [&](oomb_type type, const char * what) {
-            oomb_tensor * t = oomb_new_tensor_4d(c->ctx, type, p.head_dim, p.n_head_kv, p.page_size, c->n_pages);
+            oomb_tensor * t = oomb_new_tensor_4d(c->ctx, type, p.head_dim, p.n_head_kv, p.page_size, n_dev);
             return oomb_format_name(t, "kv.%d.%s", l, what);
         };
         c->k.push_back(mk(p.type, "k_pages"));
@@ -70,12 +76,53 @@ oomb_kv_cache_t oomb_kv_cache_init(oomb_backend_t backend, struct oomb_kv_cache_
         // (masked keys are weighted by 0, and 0 * NaN is NaN). Costs one memset at start-up.
         if (t != c->page_table) oomb_tensor_memset(t, 0);
     }
+    if (c->tiered) {
+        const size_t elems = (size_t) p.head_dim * (size_t) p.n_head_kv * (size_t) p.page_size;
+        c->page_kv_bytes = elems * oomb_type_size(p.type);
+        c->page_grad_bytes = elems * 4;
+        const size_t nh = (size_t) c->n_host();
+        const size_t layer_bytes = 2 * nh * c->page_kv_bytes + (p.with_grad ? 2 * nh * c->page_grad_bytes : 0);
+        const size_t zero_bytes = p.with_grad ? (size_t) std::max(c->B, c->n_cur) * c->page_grad_bytes : 0;
+        c->host_buf = oomb_buffer_type_alloc(oomb_backend_host_buffer_type(backend), layer_bytes * (size_t) p.n_layer + zero_bytes);
+        if (!c->host_buf) {
+            fprintf(stderr, "oomb: kv_cache_init_tiered: cannot allocate %.2f GiB of %s memory for the KV cache's host tier "
+                    "(%" PRId64 " pages of %" PRId64 ")\n", (double) (layer_bytes * (size_t) p.n_layer + zero_bytes) / 1073741824.0,
+                    oomb_buffer_type_name(oomb_backend_host_buffer_type(backend)), c->n_host(), c->n_pages);
+            oomb_kv_cache_free(c);
+            return nullptr;
+        }
+        char * base = (char *) oomb_buffer_base(c->host_buf);
+        for (int l = 0; l < p.n_layer; l++) {
+            char * L = base + (size_t) l * layer_bytes;
+            c->kh.push_back(L);
+            c->vh.push_back(L + nh * c->page_kv_bytes);
+            if (p.with_grad) {
+                c->dkh.push_back(L + 2 * nh * c->page_kv_bytes);
+                c->dvh.push_back(L + 2 * nh * c->page_kv_bytes + nh * c->page_grad_bytes);
+            }
+        }
+        // K/V pages of the host tier are always written (stage 1) before they are read; zeroed
+        // anyway so that a slot past a sequence's end in its last page holds 0 (as above)
+        std::memset(base, 0, layer_bytes * (size_t) p.n_layer);
+        if (zero_bytes) {
+            c->zeros = base + layer_bytes * (size_t) p.n_layer;
+            std::memset(c->zeros, 0, zero_bytes);
+        }
+        c->grad_fresh.assign(nh, 1);
+    }
     oomb_kv_cache_clear(c);
     return c;
 }
 
+oomb_kv_cache_t oomb_kv_cache_init(oomb_backend_t backend, struct oomb_kv_cache_params p) { return kv_cache_create(backend, p, nullptr); }
+
+oomb_kv_cache_t oomb_kv_cache_init_tiered(oomb_backend_t backend, struct oomb_kv_cache_params p, struct oomb_kv_tier_params tier) {
+    return kv_cache_create(backend, p, &tier);
+}
+
 void oomb_kv_cache_free(oomb_kv_cache_t c) {
     if (!c) return;
+    oomb_buffer_free(c->host_buf);
     oomb_buffer_free(c->buf);
     oomb_free(c->ctx);
     delete c;
@@ -83,6 +130,11 @@ void oomb_kv_cache_free(oomb_kv_cache_t c) {
 
 void oomb_kv_cache_clear(oomb_kv_cache_t c) {
     c->table.assign((size_t) c->n_pages, -1);
+    if (c->tiered) {  // the offload engine maps pages to slots chunk by chunk
+        c->n_tokens = 0;
+        oomb_tensor_set(c->page_table, c->table.data(), 0, c->table.size() * sizeof(int32_t));
+        return;
+    }
     c->free_pages.clear();
     for (int64_t i = c->n_pages - 1; i >= 0; i--) c->free_pages.push_back((int32_t) i);
     c->n_tokens = 0;
@@ -96,6 +148,10 @@ void oomb_kv_cache_reserve(oomb_kv_cache_t c, int64_t n_tokens) {
                    cap, c->n_pages, c->p.page_size);
     }
     if (n_tokens <= c->n_tokens) return;
+    if (c->tiered) {  // no page to take: resident pages are their own slots, the rest are host pages
+        c->n_tokens = n_tokens;
+        return;
+    }
     const int64_t need = (n_tokens + c->p.page_size - 1) / c->p.page_size;
     bool changed = false;
     for (int64_t lp = 0; lp < need; lp++) {
@@ -113,6 +169,8 @@ int64_t oomb_kv_cache_n_tokens(oomb_kv_cache_t c) { return c->n_tokens; }
 void oomb_kv_cache_zero_grad(oomb_kv_cache_t c) {
     for (oomb_tensor * t : c->dk) oomb_tensor_memset(t, 0);
     for (oomb_tensor * t : c->dv) oomb_tensor_memset(t, 0);
+    // host gradient pages are not touched: marked fresh, they are read as zeros (offload.cpp)
+    std::fill(c->grad_fresh.begin(), c->grad_fresh.end(), (uint8_t) 1);
 }
 
 static void check_layer(oomb_kv_cache_t c, int layer, const char * fn) {
@@ -131,3 +189,5 @@ struct oomb_tensor * oomb_kv_cache_dv(oomb_kv_cache_t c, int layer) {
 struct oomb_tensor * oomb_kv_cache_page_table(oomb_kv_cache_t c) { return c->page_table; }
 struct oomb_kv_cache_params oomb_kv_cache_get_params(oomb_kv_cache_t c) { return c->p; }
 size_t oomb_kv_cache_nbytes(oomb_kv_cache_t c) { return oomb_buffer_size(c->buf); }
+int64_t oomb_kv_cache_resident_pages(oomb_kv_cache_t c) { return c->R; }
+size_t oomb_kv_cache_host_nbytes(oomb_kv_cache_t c) { return c->host_buf ? oomb_buffer_size(c->host_buf) : 0; }

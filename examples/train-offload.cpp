@@ -1,0 +1,136 @@
+// --offload / --gpu-kv-budget and the memory plan (see train-offload.h).
+
+#include "train-offload.h"
+
+#include "model.h"
+#include "train-common.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
+#include <unistd.h>
+
+namespace oomb {
+namespace train {
+
+void add_offload_options(CLI::App & app, OffloadOptions & o) {
+    app.add_option("--offload", o.mode,
+                   "host offload of the KV cache (K/V and gradient pages in pinned host memory, streamed in page blocks): auto "
+                   "(only what does not fit the device), on (everything past --gpu-kv-budget, all of it without one), off")
+        ->capture_default_str();
+    app.add_option("--gpu-kv-budget", o.gpu_kv_budget,
+                   "GiB of device memory for KV pages (resident pages and streaming slots; fractions allowed, e.g. 0.001); "
+                   "default: what is left after weights, optimizer state and the chunk arena, less a margin");
+    app.add_option("--offload-block", o.block_pages, "pages per streamed history block")->capture_default_str();
+}
+
+void check_offload_options(const char * prog, const CLI::App & app, const OffloadOptions & o) {
+    if (o.mode != "auto" && o.mode != "on" && o.mode != "off") fail(prog, "--offload must be auto, on or off, got '" + o.mode + "'");
+    if (app.count("--gpu-kv-budget") && !(o.gpu_kv_budget >= 0)) fail(prog, "--gpu-kv-budget must be >= 0 GiB, got " + std::to_string(o.gpu_kv_budget));
+    if (app.count("--gpu-kv-budget") && o.mode == "off") fail(prog, "--gpu-kv-budget sets the device share of an offloaded KV cache: it needs --offload auto or on");
+    if (o.block_pages < 1) fail(prog, "--offload-block must be >= 1, got " + std::to_string(o.block_pages));
+}
+
+namespace {
+
+// MemAvailable of /proc/meminfo (bytes), else the physical memory; 0 when unknown.
+size_t host_available() {
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    size_t kb = 0;
+    while (f >> key >> kb) {
+        if (key == "MemAvailable:") return kb * 1024;
+        f.ignore(256, '\n');
+    }
+    const long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (size_t) pages * (size_t) psz : 0;
+}
+
+} // namespace
+
+void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be, const Qwen2Model & m, ChunkParams * tp) {
+    const auto & c = m.cfg;
+    const int64_t P = tp->page, n_pages = (tp->max_tokens + P - 1) / P;
+    const bool chunked = tp->max_tokens > tp->chunk;
+    // bytes of one logical page over all layers: K and V (+ their f32 gradients when training)
+    const double page_elems = (double) c.head_dim * (double) c.n_head_kv * (double) P * (double) c.n_layer;
+    const double page_bytes = page_elems * (2.0 * (double) oomb_type_size(tp->kv_type) + (tp->with_grad ? 8.0 : 0.0));
+    const int64_t chunk_pages = (std::min(tp->chunk, tp->max_tokens) + P - 1) / P + 1;
+    const int64_t slot_pages = chunk_pages + 2 * (int64_t) oo.block_pages;
+
+    size_t used0 = 0, total = 0;
+    const bool has_dev = oomb_backend_memory(be, &used0, &total);
+    // the chunk arena: plan the graphs of one chunk once (stage 2's and stage 1's when chunked)
+    size_t arena = 0;
+    {
+        ChunkParams probe = *tp;
+        probe.max_tokens = std::min(tp->chunk, tp->max_tokens) + (chunked ? 1 : 0);
+        probe.cache_attn = false;
+        probe.resident_pages = -1;
+        ChunkDriver d(model_chunk_builder(m), probe);
+        const int64_t T = std::min(tp->chunk, tp->max_tokens);
+        if (!tp->with_grad) arena = d.planned_bytes(T, ChunkKind::Loss);
+        else if (chunked) arena = d.planned_bytes(T, ChunkKind::Backward) + d.planned_bytes(T, ChunkKind::Fill);
+        else arena = d.planned_bytes(T, ChunkKind::BackwardStore);
+    }
+    const double attn_cache = tp->cache_attn && tp->with_grad && chunked
+                                  ? (double) oomb_paged_attn_cache_row(c.head_dim, c.n_head, tp->cache_attn_type) *
+                                        (double) oomb_type_size(tp->cache_attn_type) * (double) tp->max_tokens * (double) c.n_layer
+                                  : 0.0;
+    const double margin = has_dev ? 1.0 * (1 << 30) + 0.03 * (double) total : 0.0;
+    const double free_kv = has_dev ? (double) total - (double) used0 - (double) arena - attn_cache - margin : 1e300;
+    const double all_kv = page_bytes * (double) n_pages;
+    const bool budget_given = oo.gpu_kv_budget >= 0;
+    const double budget = budget_given ? oo.gpu_kv_budget * (double) (1ull << 30) : free_kv;
+
+    int64_t R = n_pages;  // resident pages
+    if (oo.mode == "on") {
+        R = budget_given ? std::clamp<int64_t>((int64_t) (budget / page_bytes) - slot_pages, 0, n_pages - 1) : 0;
+    } else if (oo.mode == "auto" && all_kv > budget) {
+        R = std::clamp<int64_t>((int64_t) (budget / page_bytes) - slot_pages, 0, n_pages - 1);
+    }
+    const bool tiered = R < n_pages;
+    if (tiered && attn_cache > 0)
+        fail(prog, "--attn-cache keeps " + fmt_bytes(attn_cache) + " of attention results on the device, which a streamed KV cache "
+                   "does not support: drop --attn-cache (or --offload off if the KV cache fits)");
+    tp->resident_pages = tiered ? R : -1;
+    tp->stream_block_pages = oo.block_pages;
+    const double dev_kv = tiered ? page_bytes * (double) (R + slot_pages) : all_kv;
+    const double host_kv = tiered ? page_bytes * (double) (n_pages - R) : 0.0;
+    const std::string dev = oomb_backend_name(be);
+    printf("memory plan (%s%s): weights, gradients and optimizer state %s | chunk arena %s (chunk %" PRId64 ")%s\n", dev.c_str(),
+           has_dev ? (", " + fmt_bytes((double) total)).c_str() : "", fmt_bytes(has_dev ? (double) used0 : (double) rss_bytes()).c_str(),
+           fmt_bytes((double) arena).c_str(), std::min(tp->chunk, tp->max_tokens),
+           attn_cache > 0 ? (" | attention cache " + fmt_bytes(attn_cache)).c_str() : "");
+    printf("             KV cache %" PRId64 " pages of %" PRId64 " tokens, %s per page over %" PRId64 " layers (K/V %s%s): ", n_pages, P,
+           fmt_bytes(page_bytes).c_str(), c.n_layer, oomb_type_name(tp->kv_type), tp->with_grad ? " + f32 gradients" : "");
+    if (!tiered) printf("all on the device, %s (offload %s)\n", fmt_bytes(all_kv).c_str(), oo.mode.c_str());
+    else
+        printf("%" PRId64 " resident + %" PRId64 " slots on the device (%s), %" PRId64 " streamed from %s host memory (%s; offload %s, blocks of %d pages)\n",
+               R, slot_pages, fmt_bytes(dev_kv).c_str(), n_pages - R, has_dev ? "pinned" : "plain", fmt_bytes(host_kv).c_str(),
+               oo.mode.c_str(), oo.block_pages);
+    if (has_dev) {
+        const double need = (double) used0 + (double) arena + attn_cache + dev_kv;
+        printf("             device total %s of %s%s\n", fmt_bytes(need).c_str(), fmt_bytes((double) total).c_str(),
+               budget_given ? (" (KV budget " + fmt_bytes(budget) + ")").c_str() : "");
+        if (need + 0.5 * margin > (double) total) {
+            const std::string hint = oo.mode == "off" ? "--offload auto (stream the KV pages that do not fit), "
+                                     : budget_given   ? "a smaller --gpu-kv-budget, "
+                                                      : "";
+            fail(prog, "the run needs " + fmt_bytes(need) + " of device memory, " + dev + " has " + fmt_bytes((double) total) + " (" +
+                           fmt_bytes((double) used0) + " in use before the KV cache and the arena): try " + hint +
+                           "a smaller --chunk (the arena: " + fmt_bytes((double) arena) + "), a shorter --ctx, or --opt-state bf16");
+        }
+    }
+    if (host_kv > 0) {
+        const size_t avail = host_available();
+        if (avail > 0 && host_kv > 0.9 * (double) avail)
+            fail(prog, "the streamed KV pages need " + fmt_bytes(host_kv) + " of " + (has_dev ? "pinned " : "") + "host memory, " +
+                           "the machine has " + fmt_bytes((double) avail) + " available: raise --gpu-kv-budget, or shorten --ctx");
+    }
+    fflush(stdout);
+}
+
+} // namespace train
+} // namespace oomb

@@ -1,0 +1,36 @@
+// Host offload settings of oomb-train and oomb-eval (--offload, --gpu-kv-budget, --offload-block)
+// and the memory plan printed before any work: what the run holds on the device and on the host,
+// checked against what the device and the machine have, so that a run that cannot fit stops at
+// once with the figure and the setting to change, never with an allocation failure minutes in.
+#pragma once
+
+#include "oomb-chunk.h"
+#include "qwen2.h"
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+namespace oomb {
+namespace train {
+
+struct OffloadOptions {
+    std::string mode = "auto";     // auto: stream only what does not fit; on: stream past the budget (0 without one); off: all on the device
+    double gpu_kv_budget = -1;     // GiB of device memory for KV pages (resident + streaming slots); < 0: what is left
+    int block_pages = 16;          // pages per streamed history block
+};
+
+void add_offload_options(CLI::App & app, OffloadOptions & o);
+/// Errors (fail): an unknown mode, a negative budget given, block < 1.
+void check_offload_options(const char * prog, const CLI::App & app, const OffloadOptions & o);
+
+/// Decides the KV cache's tiers (tp->resident_pages, tp->stream_block_pages) from the options, the
+/// model's KV shape and the device's free memory (after the weights, gradients and optimizer state
+/// already allocated on `be`), prints the memory plan and stops (fail) when the run cannot fit:
+/// device memory for the arena and the resident KV, or pinned host memory against the machine's.
+/// The chunk arena is measured by planning the chunk graphs once (a driver of one chunk, freed).
+/// tp: chunk, page, max_tokens, kv_type, with_grad, cache_attn set.
+void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be, const Qwen2Model & m, ChunkParams * tp);
+
+} // namespace train
+} // namespace oomb

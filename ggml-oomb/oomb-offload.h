@@ -1,0 +1,58 @@
+// ggml-oomb host offload (OOMB mechanism 3): a chunk graph computed over a KV cache with a host
+// tier (oomb_kv_cache_init_tiered), so that the device holds a bounded working set whatever the
+// context length.
+//
+// Design. The KV cache's pages past the resident ones live in pinned host memory. A chunk graph's
+// paged-attention nodes are computed here block by block instead of in one kernel call: the
+// chunk's own pages (RANGE [c0, c1), with the store) first, then the resident history (RANGE
+// [0, R)), then the streamed history in blocks of B pages, each copied into one of two device slot
+// sets on the backend's copy queue while the previous block computes. The forward merges the
+// blocks' results through their log-sum-exp (oomb_paged_attn_merge); the backward is separable
+// over blocks given the saved LSE and delta (FlashAttention-2): dQ accumulates across blocks, and a
+// block's dK/dV pages are copied in, accumulated into and copied back out. Events order every
+// copy after its producer and every slot's reuse after its last reader. The rest of the graph runs
+// unchanged, in parts between the attention nodes (oomb_graph_view). The kernels are the same as
+// without offload; only the summation order of the blocks differs (results equal to rounding).
+// A chunk whose pages are all resident runs as one ordinary graph_compute (bit-identical).
+#pragma once
+
+#include "oomb.h"
+#include "oomb-backend.h"
+#include "oomb-paged.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct oomb_kv_stream * oomb_kv_stream_t;
+
+/// Transfers of the streams of a process since its start (bytes, copies, history blocks).
+struct oomb_kv_stream_stats {
+    uint64_t bytes_in;   // host -> device (K/V and gradient pages)
+    uint64_t bytes_out;  // device -> host
+    uint64_t n_copies;
+    uint64_t n_blocks;   // streamed history blocks computed
+};
+
+/// Prepares chunk graph g (allocated, its paged-attention nodes reading kv's pools) for computing
+/// over kv's host tier. Keeps pointers to g's nodes: free the stream before g. Scratch for the
+/// blocks' partial results is allocated in the backend's memory. Errors (oomb_error): a
+/// paged-attention node with a result cache (oomb_paged_attn_cached) or a schedule other than
+/// DENSE, a cache without a host tier; NULL when the scratch cannot be allocated.
+oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, struct oomb_cgraph * g);
+void oomb_kv_stream_free(oomb_kv_stream_t s);
+/// Computes g for the chunk of T consecutive positions starting at p0 (g's pos input must hold
+/// them; kv reserved up to p0 + T): sets kv's page table for this chunk, streams what the chunk
+/// reads, writes back what it changed, and waits until all of it finished. A fault of a kernel or
+/// a copy returns its status (oomb_backend_last_error names it); the host tier may then hold a
+/// partial result. Test hook: the environment variable OOMB_DEBUG_OFFLOAD_FAIL_COPY=N makes the
+/// N-th copy of the process (1-based) fail as a device error.
+enum oomb_status oomb_kv_stream_compute(oomb_kv_stream_t s, int64_t p0, int64_t T);
+/// The message of the stream's last failed compute ("" after one that succeeded).
+const char * oomb_kv_stream_last_error(oomb_kv_stream_t s);
+/// Totals of every stream of the process.
+struct oomb_kv_stream_stats oomb_kv_stream_totals(void);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,345 @@
+// Host offload of the KV cache (oomb-offload.h): a chunk graph computed in parts around its
+// paged-attention nodes, each attention node computed block by block over the KV cache's tiers,
+// with the host tier's pages streamed through device slots on the copy queue.
+//
+// Slot layout of a layer's device pools (paged-impl.h): [0, R) resident pages, then n_cur slots
+// for the chunk's own pages past R, then two sets of B slots for history blocks. The page table of
+// a chunk maps every logical page it reads to its slot: pages of history block b to set b % 2, so
+// one table serves every layer and every block of the chunk.
+//
+// Order of one attention node (the kernels and the merge are stream-ordered on the compute queue;
+// copies run on the copy queue, ordered by events):
+//   forward:  the node itself, patched to RANGE [c0, c1) (the chunk's pages, with its store) ->
+//             copy the chunk's K/V pages past R out to the host (after the node);
+//             resident history RANGE [0, min(R, c0)) -> merge;
+//             block b: copy K/V in to set b%2 (after set b%2's last reader) -> RANGE -> merge.
+//   backward: the node itself patched to RANGE [c0, c1) (dq, and dk/dv of the chunk read back) ->
+//             copy the chunk's gradient pages past R out; resident history -> dq += ...;
+//             block b: copy K/V/dK/dV in -> RANGE backward -> dq += ... -> copy dK/dV out.
+// The chunk's pages past R are copied in before the graph (the K/V that hold data, and their
+// gradients in a backward graph). Gradient pages never written since zero_grad are read from a
+// zero page instead of the host (the host tier is never cleared). The whole chunk finishes
+// (both queues synchronized) before compute returns, so chunks never overlap.
+
+#include "oomb-offload.h"
+#include "oomb-impl.h"
+#include "paged-attn-sched.h"
+#include "paged-impl.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::atomic<uint64_t> g_bytes_in{0}, g_bytes_out{0}, g_copies{0}, g_blocks{0};
+std::atomic<uint64_t> g_copy_serial{0};
+
+uint64_t fail_copy_at() {
+    static const uint64_t n = [] {
+        const char * e = std::getenv("OOMB_DEBUG_OFFLOAD_FAIL_COPY");
+        return e && *e ? (uint64_t) std::strtoull(e, nullptr, 10) : 0;
+    }();
+    return n;
+}
+
+// One paged-attention node of the chunk graph and the graph that computes one of its blocks.
+struct AttnNode {
+    int index = 0;               // in the chunk graph
+    bool back = false;           // paged_attn_back
+    int layer = 0;
+    bool store = false;          // forward: the node stores the chunk's K/V
+    oomb_tensor * node = nullptr;
+    oomb_tensor * blk = nullptr; // the block's node (RANGE patched per block), in the scratch
+    oomb_cgraph * block_graph = nullptr;  // blk, then merge (forward) or dq += (backward)
+    oomb_cgraph * self = nullptr;         // the node alone (a view of the chunk graph)
+    std::vector<oomb_tensor *> views;     // views whose data follows their source's (refreshed per run)
+};
+
+void set_range(oomb_tensor * t, int32_t first, int32_t last) {
+    t->op_params[oomb::PA_PARAM_SCHED_KIND] = OOMB_SCHEDULE_RANGE;
+    t->op_params[oomb::PA_PARAM_SCHED_FIRST] = first;
+    t->op_params[oomb::PA_PARAM_SCHED_LAST] = last;
+}
+
+} // namespace
+
+struct oomb_kv_stream {
+    oomb_kv_cache_t kv = nullptr;
+    oomb_backend_t be = nullptr;
+    oomb_cgraph * g = nullptr;
+    oomb_context * ctx = nullptr;       // block nodes, views, graph parts
+    oomb_buffer_t scratch = nullptr;    // the blocks' partial results (one at a time)
+    std::vector<AttnNode> attn;
+    std::vector<oomb_cgraph *> parts;   // parts[i]: the nodes before attn[i] (after attn[i-1]); parts[n]: the rest
+    bool has_back = false, has_store = false;
+    std::vector<oomb_event_t> ev_free;  // [layer * 2 + set]: the set's last use
+    std::vector<bool> ev_free_set;
+    oomb_event_t ev_in = nullptr, ev_done = nullptr;
+    std::string err;
+
+    ~oomb_kv_stream() {
+        for (oomb_event_t e : ev_free) oomb_event_free(e);
+        oomb_event_free(ev_in);
+        oomb_event_free(ev_done);
+        oomb_buffer_free(scratch);
+        oomb_free(ctx);
+    }
+
+    oomb_status fail(oomb_status st, const std::string & what) {
+        err = what;
+        return st;
+    }
+    oomb_status run(oomb_cgraph * part) {
+        if (part->nodes.empty()) return OOMB_STATUS_OK;
+        const oomb_status st = oomb_backend_graph_compute(be, part);
+        return st == OOMB_STATUS_OK ? st : fail(st, oomb_backend_last_error(be));
+    }
+    oomb_status copy_check(oomb_status st) {
+        if (st != OOMB_STATUS_OK) return fail(st, std::string("offload: ") + oomb_backend_last_error(be));
+        g_copies++;
+        const uint64_t at = fail_copy_at();
+        if (at && ++g_copy_serial == at)
+            return fail(OOMB_STATUS_DEVICE_ERROR, "offload: copy " + std::to_string(at) + " failed (injected by OOMB_DEBUG_OFFLOAD_FAIL_COPY)");
+        return OOMB_STATUS_OK;
+    }
+    // host pages [lp0, lp1) (logical, >= R) <-> device slots from slot0 of pool t
+    oomb_status copy_in(oomb_tensor * t, char * host, size_t pb, int64_t slot0, int64_t lp0, int64_t lp1) {
+        if (lp1 <= lp0) return OOMB_STATUS_OK;
+        const size_t n = (size_t) (lp1 - lp0) * pb;
+        g_bytes_in += n;
+        return copy_check(oomb_tensor_set_async(be, OOMB_QUEUE_COPY, t, host + (size_t) (lp0 - kv->R) * pb, (size_t) slot0 * pb, n));
+    }
+    oomb_status copy_out(oomb_tensor * t, char * host, size_t pb, int64_t slot0, int64_t lp0, int64_t lp1) {
+        if (lp1 <= lp0) return OOMB_STATUS_OK;
+        const size_t n = (size_t) (lp1 - lp0) * pb;
+        g_bytes_out += n;
+        return copy_check(oomb_tensor_get_async(be, OOMB_QUEUE_COPY, t, host + (size_t) (lp0 - kv->R) * pb, (size_t) slot0 * pb, n));
+    }
+    // gradient pages: runs of fresh pages (zero since zero_grad) come from the zero pages
+    oomb_status grad_in(int l, int64_t slot0, int64_t lp0, int64_t lp1) {
+        for (int64_t a = lp0; a < lp1;) {
+            const bool fresh = kv->grad_fresh[(size_t) (a - kv->R)] != 0;
+            int64_t b = a + 1;
+            while (b < lp1 && (kv->grad_fresh[(size_t) (b - kv->R)] != 0) == fresh) b++;
+            const size_t pb = kv->page_grad_bytes, n = (size_t) (b - a) * pb, off = (size_t) (slot0 + a - lp0) * pb;
+            for (int w = 0; w < 2; w++) {
+                oomb_tensor * t = w ? kv->dv[(size_t) l] : kv->dk[(size_t) l];
+                const char * src = fresh ? kv->zeros : (w ? kv->dvh[(size_t) l] : kv->dkh[(size_t) l]) + (size_t) (a - kv->R) * pb;
+                g_bytes_in += n;
+                if (oomb_status st = copy_check(oomb_tensor_set_async(be, OOMB_QUEUE_COPY, t, src, off, n))) return st;
+            }
+            a = b;
+        }
+        return OOMB_STATUS_OK;
+    }
+    oomb_status grad_out(int l, int64_t slot0, int64_t lp0, int64_t lp1) {
+        for (int64_t p = lp0; p < lp1; p++) kv->grad_fresh[(size_t) (p - kv->R)] = 0;
+        if (oomb_status st = copy_out(kv->dk[(size_t) l], kv->dkh[(size_t) l], kv->page_grad_bytes, slot0, lp0, lp1)) return st;
+        return copy_out(kv->dv[(size_t) l], kv->dvh[(size_t) l], kv->page_grad_bytes, slot0, lp0, lp1);
+    }
+    oomb_status kv_in(int l, int64_t slot0, int64_t lp0, int64_t lp1) {
+        if (oomb_status st = copy_in(kv->k[(size_t) l], kv->kh[(size_t) l], kv->page_kv_bytes, slot0, lp0, lp1)) return st;
+        return copy_in(kv->v[(size_t) l], kv->vh[(size_t) l], kv->page_kv_bytes, slot0, lp0, lp1);
+    }
+    oomb_status kv_out(int l, int64_t slot0, int64_t lp0, int64_t lp1) {
+        if (oomb_status st = copy_out(kv->k[(size_t) l], kv->kh[(size_t) l], kv->page_kv_bytes, slot0, lp0, lp1)) return st;
+        return copy_out(kv->v[(size_t) l], kv->vh[(size_t) l], kv->page_kv_bytes, slot0, lp0, lp1);
+    }
+    // queue `to` waits for everything queued so far on `from`
+    oomb_status order(oomb_event_t e, oomb_queue from, oomb_queue to) {
+        oomb_status st = oomb_event_record(e, from);
+        if (st == OOMB_STATUS_OK) st = oomb_event_wait(be, to, e);
+        return st == OOMB_STATUS_OK ? st : fail(st, std::string("offload: event: ") + oomb_backend_last_error(be));
+    }
+    oomb_status run_block(AttnNode & a, int32_t first, int32_t last) {
+        set_range(a.blk, first, last);
+        for (oomb_tensor * v : a.views) {
+            v->data = (char *) v->view_src->data + v->view_offs;
+            v->buffer = v->view_src->buffer;
+        }
+        return run(a.block_graph);
+    }
+    oomb_status attention(AttnNode & a, int64_t c0, int64_t c1);
+    oomb_status compute(int64_t p0, int64_t T);
+};
+
+oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, struct oomb_cgraph * g) {
+    if (!kv || !backend || !g) oomb_error("kv_stream_new: kv, backend and g must not be NULL");
+    if (!kv->tiered) oomb_error("kv_stream_new: the KV cache has no host tier (oomb_kv_cache_init_tiered with resident_pages < its pages)");
+    auto * s = new oomb_kv_stream();
+    s->kv = kv;
+    s->be = backend;
+    s->g = g;
+    s->ctx = oomb_init({0, true});
+    auto layer_of = [&](const oomb_tensor * pool) {
+        for (int l = 0; l < kv->p.n_layer; l++)
+            if (kv->k[(size_t) l] == pool) return l;
+        return -1;
+    };
+    size_t scratch_bytes = 0;
+    for (size_t i = 0; i < g->nodes.size(); i++) {
+        oomb_tensor * n = g->nodes[i];
+        if (n->op != OOMB_OP_PAGED_ATTN && n->op != OOMB_OP_PAGED_ATTN_BACK) continue;
+        oomb_paged_attn_args args = oomb_paged_attn_args_of(n);
+        const int l = layer_of(args.k_pages);
+        if (l < 0) continue;  // attention over another cache: computed as it is
+        if (args.schedule.kind != OOMB_SCHEDULE_DENSE)
+            oomb_error("kv_stream_new: node %s: only dense paged attention streams over a host tier (schedule kind %d)", n->name,
+                       (int) args.schedule.kind);
+        if (n->op == OOMB_OP_PAGED_ATTN && args.out_cache)
+            oomb_error("kv_stream_new: node %s keeps an attention-result cache, which a host tier does not support "
+                       "(oomb-train: drop --attn-cache, or keep the whole KV cache on the device)", n->name);
+        AttnNode a;
+        a.index = (int) i;
+        a.back = n->op == OOMB_OP_PAGED_ATTN_BACK;
+        a.layer = l;
+        a.node = n;
+        a.store = !a.back && args.store;
+        const int64_t D = args.q->ne[0], H = args.q->ne[1], T = args.q->ne[2];
+        a.block_graph = oomb_new_graph_custom(s->ctx, 8);
+        if (!a.back) {
+            args.store = 0;
+            args.schedule = oomb_schedule_range(0, 0);
+            a.blk = oomb_paged_attn_ext(s->ctx, &args)->view_src;
+            a.block_graph->nodes = {a.blk, oomb_paged_attn_merge(s->ctx, n, a.blk, D, H, T)};
+            a.views = {a.block_graph->nodes[1]};
+        } else {
+            a.blk = oomb_paged_attn_back_ext(s->ctx, &args);  // built dense (the fwd check), run as RANGE
+            oomb_tensor * dq = oomb_view_1d(s->ctx, n, D * H * T, 0);
+            oomb_tensor * part = oomb_view_1d(s->ctx, a.blk, D * H * T, 0);
+            oomb_tensor * add = oomb_add_inplace(s->ctx, dq, part);
+            a.block_graph->nodes = {a.blk, dq, part, add};
+            a.views = {dq, part, add};
+        }
+        oomb_graph_set_continuation(a.block_graph, true);
+        scratch_bytes = std::max(scratch_bytes, oomb_nbytes(a.blk));
+        a.self = oomb_graph_view(s->ctx, g, (int) i, (int) i + 1);
+        s->has_back |= a.back;
+        s->has_store |= a.store;
+        s->attn.push_back(a);
+    }
+    int prev = 0;
+    for (const AttnNode & a : s->attn) {
+        s->parts.push_back(oomb_graph_view(s->ctx, g, prev, a.index));
+        prev = a.index + 1;
+    }
+    s->parts.push_back(oomb_graph_view(s->ctx, g, prev, (int) g->nodes.size()));
+    s->scratch = oomb_backend_alloc_buffer(backend, scratch_bytes);
+    if (!s->scratch) {
+        fprintf(stderr, "oomb: kv_stream_new: cannot allocate %.1f MiB of scratch on %s\n", scratch_bytes / 1048576.0, oomb_backend_name(backend));
+        delete s;
+        return nullptr;
+    }
+    for (AttnNode & a : s->attn) oomb_tensor_alloc(s->scratch, a.blk, 0);  // one block computes at a time (one queue)
+    for (int i = 0; i < 2 * kv->p.n_layer; i++) s->ev_free.push_back(oomb_event_new(backend));
+    s->ev_free_set.assign(s->ev_free.size(), false);
+    s->ev_in = oomb_event_new(backend);
+    s->ev_done = oomb_event_new(backend);
+    for (oomb_event_t e : s->ev_free)
+        if (!e) oomb_error("kv_stream_new: cannot create events on %s", oomb_backend_name(backend));
+    if (!s->ev_in || !s->ev_done) oomb_error("kv_stream_new: cannot create events on %s", oomb_backend_name(backend));
+    return s;
+}
+
+void oomb_kv_stream_free(oomb_kv_stream_t s) { delete s; }
+
+oomb_status oomb_kv_stream::attention(AttnNode & a, int64_t c0, int64_t c1) {
+    const int64_t R = kv->R, B = kv->B, cs = std::max(c0, R);
+    const int l = a.layer;
+    // the chunk's own pages (the node itself, its store included)
+    int32_t saved[3];
+    for (int k = 0; k < 3; k++) saved[k] = a.node->op_params[oomb::PA_PARAM_SCHED_KIND + k];
+    set_range(a.node, (int32_t) c0, (int32_t) c1);
+    oomb_status st = run(a.self);
+    for (int k = 0; k < 3; k++) a.node->op_params[oomb::PA_PARAM_SCHED_KIND + k] = saved[k];
+    if (st) return st;
+    if (cs < c1 && (a.store || a.back)) {
+        if ((st = order(ev_done, OOMB_QUEUE_COMPUTE, OOMB_QUEUE_COPY))) return st;
+        if ((st = a.back ? grad_out(l, kv->cur_slot0(), cs, c1) : kv_out(l, kv->cur_slot0(), cs, c1))) return st;
+    }
+    // resident history
+    if (std::min(R, c0) > 0 && (st = run_block(a, 0, (int32_t) std::min(R, c0)))) return st;
+    // streamed history, two slot sets in turn
+    for (int64_t lo = R, b = 0; lo < c0; lo += B, b++) {
+        const int64_t hi = std::min(lo + B, c0);
+        const int set = (int) (b % 2);
+        const size_t e = (size_t) (2 * l + set);
+        const int64_t slot0 = kv->set_slot0(set);
+        if (ev_free_set[e] && oomb_event_wait(be, OOMB_QUEUE_COPY, ev_free[e]))
+            return fail(OOMB_STATUS_DEVICE_ERROR, std::string("offload: event: ") + oomb_backend_last_error(be));
+        if ((st = kv_in(l, slot0, lo, hi))) return st;
+        if (a.back && (st = grad_in(l, slot0, lo, hi))) return st;
+        if ((st = order(ev_in, OOMB_QUEUE_COPY, OOMB_QUEUE_COMPUTE))) return st;
+        if ((st = run_block(a, (int32_t) lo, (int32_t) hi))) return st;
+        g_blocks++;
+        if (a.back) {
+            if ((st = order(ev_done, OOMB_QUEUE_COMPUTE, OOMB_QUEUE_COPY))) return st;
+            if ((st = grad_out(l, slot0, lo, hi))) return st;
+        }
+        // the set is free once its last reader (the block) and, in a backward, its copy out finished
+        if (oomb_event_record(ev_free[e], a.back ? OOMB_QUEUE_COPY : OOMB_QUEUE_COMPUTE))
+            return fail(OOMB_STATUS_DEVICE_ERROR, std::string("offload: event: ") + oomb_backend_last_error(be));
+        ev_free_set[e] = true;
+    }
+    return OOMB_STATUS_OK;
+}
+
+oomb_status oomb_kv_stream::compute(int64_t p0, int64_t T) {
+    err.clear();
+    const int64_t P = kv->p.page_size, R = kv->R, B = kv->B;
+    const int64_t c0 = p0 / P, c1 = (p0 + T + P - 1) / P, cs = std::max(c0, R);
+    if (T <= 0 || p0 < 0 || p0 + T > kv->n_tokens)
+        oomb_error("kv_stream_compute: chunk [%" PRId64 ", %" PRId64 ") outside the %" PRId64 " reserved positions", p0, p0 + T, kv->n_tokens);
+    if (c1 - cs > kv->n_cur)
+        oomb_error("kv_stream_compute: the chunk spans %" PRId64 " pages past the resident ones, the cache has %" PRId64 " chunk slots",
+                   c1 - cs, kv->n_cur);
+    // one page table for every layer and block of this chunk
+    std::vector<int32_t> & tab = kv->table;
+    std::fill(tab.begin(), tab.end(), -1);
+    for (int64_t lp = 0; lp < std::min(R, c1); lp++) tab[(size_t) lp] = (int32_t) lp;
+    for (int64_t lp = cs; lp < c1; lp++) tab[(size_t) lp] = (int32_t) (kv->cur_slot0() + lp - cs);
+    for (int64_t lp = R; lp < c0; lp++) {
+        const int64_t b = (lp - R) / B;
+        tab[(size_t) lp] = (int32_t) (kv->set_slot0((int) (b % 2)) + (lp - R) % B);
+    }
+    oomb_tensor_set(kv->page_table, tab.data(), 0, tab.size() * sizeof(int32_t));  // compute queue: after the last chunk's kernels
+    if (c1 <= R) return run(g);  // all resident: one ordinary compute
+    // the parts are computed under g's current allocation (g is re-placed before every run)
+    auto follow = [&](oomb_cgraph * v) { v->version = g->version; v->alloc_id = g->alloc_id; v->alloc_gen = g->alloc_gen; };
+    for (oomb_cgraph * v : parts) follow(v);
+    for (AttnNode & a : attn) follow(a.self);
+
+    oomb_status st = OOMB_STATUS_OK;
+    // the chunk's own pages past R: the K/V that hold data (a store fills the rest), their gradients
+    const int64_t kv_end = has_store ? std::min(c1, (p0 + P - 1) / P) : c1;
+    for (int l = 0; l < kv->p.n_layer && !st; l++) {
+        st = kv_in(l, kv->cur_slot0(), cs, kv_end);
+        if (!st && has_back) st = grad_in(l, kv->cur_slot0(), cs, c1);
+    }
+    if (!st) st = order(ev_in, OOMB_QUEUE_COPY, OOMB_QUEUE_COMPUTE);
+    for (size_t i = 0; i < attn.size() && !st; i++) {
+        st = run(parts[i]);
+        if (!st) st = attention(attn[i], c0, c1);
+    }
+    if (!st) st = run(parts.back());
+    // finish the chunk: its copies out and kernels (the next chunk reuses every slot)
+    const oomb_status s1 = oomb_backend_queue_synchronize(be, OOMB_QUEUE_COPY);
+    oomb_backend_synchronize(be);
+    if (!st && s1) st = fail(s1, std::string("offload: ") + oomb_backend_last_error(be));
+    return st;
+}
+
+enum oomb_status oomb_kv_stream_compute(oomb_kv_stream_t s, int64_t p0, int64_t T) {
+    if (!s) oomb_error("kv_stream_compute: stream is NULL");
+    return s->compute(p0, T);
+}
+
+const char * oomb_kv_stream_last_error(oomb_kv_stream_t s) { return s ? s->err.c_str() : ""; }
+
+struct oomb_kv_stream_stats oomb_kv_stream_totals(void) {
+    return {g_bytes_in.load(), g_bytes_out.load(), g_copies.load(), g_blocks.load()};
+}
