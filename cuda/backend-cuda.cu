@@ -58,7 +58,8 @@ void oomb_cuda_ctx::bf16_copies_after(const oomb_tensor * node) {
         case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ: case OOMB_OP_GET_ROWS: case OOMB_OP_GET_ROWS_BACK: case OOMB_OP_MUL_MAT:
         case OOMB_OP_RMS_NORM: case OOMB_OP_RMS_NORM_BACK: case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK: case OOMB_OP_SOFT_MAX:
         case OOMB_OP_SOFT_MAX_BACK: case OOMB_OP_ATTN: case OOMB_OP_ATTN_BACK: case OOMB_OP_CROSS_ENTROPY:
-        case OOMB_OP_CROSS_ENTROPY_BACK: case OOMB_OP_LINEAR_CROSS_ENTROPY: case OOMB_OP_LINEAR_CROSS_ENTROPY_BACK: {
+        case OOMB_OP_CROSS_ENTROPY_BACK: case OOMB_OP_LINEAR_CROSS_ENTROPY: case OOMB_OP_LINEAR_CROSS_ENTROPY_BACK:
+        case OOMB_OP_PAGED_ATTN_MERGE: {
             if (oomb_nelements(node) == 0) return;
             const size_t lo = (size_t) node->data;
             size_t last = 0;
@@ -305,6 +306,8 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
                                     oomb_cuda_linear_ce_back(c, node, s[0], s[1], s[2], s[3], s[4]); break;
         case OOMB_OP_ADAMW_STEP:    oomb_cuda_adamw_step(c, node, s[0], s[1], s[2], s[3], s[4]); break;
         case OOMB_OP_SGD_STEP:      oomb_cuda_sgd_step(c, node, s[0], s[1], s[2]); break;
+        case OOMB_OP_PAGED_ATTN_MERGE:
+                                    oomb_cuda_paged_attn_merge(c, node, s[0], s[1]); break;
         default:
             oomb_error("graph_compute: node %s: op %s is not supported by the CUDA backend", shape_str(node).c_str(), opn);
     }

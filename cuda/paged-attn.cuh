@@ -1,4 +1,5 @@
-// Paged flash attention on the CUDA backend (OOMB_OP_PAGED_ATTN / OOMB_OP_PAGED_ATTN_BACK).
+// Paged flash attention on the CUDA backend (OOMB_OP_PAGED_ATTN / OOMB_OP_PAGED_ATTN_BACK, and the
+// merge of partial results OOMB_OP_PAGED_ATTN_MERGE).
 // The backend (backend-cuda.cu) dispatches these nodes here; semantics are those of
 // oomb_paged_attn_ext / oomb_paged_attn_back_ext in oomb.h (CPU reference: src/cpu/paged-attn.cpp).
 #pragma once
@@ -11,6 +12,9 @@
 struct oomb_cuda_ctx;
 void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst);
 void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst);
+// The merge of two partial results (OOMB_OP_PAGED_ATTN_MERGE; cuda/paged-attn-merge.cu): acc and
+// part as checked by check_op_operands, dst the view of acc.
+void oomb_cuda_paged_attn_merge(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * acc, const oomb_tensor * part);
 /// The context of a CUDA backend (oomb_backend_cuda_init), for code that calls the launchers
 /// directly (kernel tests, benchmarks). Errors: a backend that is not a CUDA backend.
 oomb_cuda_ctx & oomb_cuda_ctx_of(struct oomb_backend * backend);

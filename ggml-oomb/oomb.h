@@ -113,6 +113,7 @@ enum oomb_op {
 
     // added later (appended: the values above stay stable for programs built against older headers)
     OOMB_OP_SWIGLU_BACK, // gate, up, dy -> [dgate; dup] packed
+    OOMB_OP_PAGED_ATTN_MERGE, // acc (in place) <- log-sum-exp merge of acc and part; result is a view of acc
 
     OOMB_OP_COUNT,
 };
@@ -536,6 +537,17 @@ struct oomb_tensor * oomb_paged_attn_back_ext(struct oomb_context * ctx, const s
 /// The operands of a paged_attn node (the packed node, or the view oomb_paged_attn returns) or a
 /// paged_attn_back node. Error: another op.
 struct oomb_paged_attn_args oomb_paged_attn_args_of(const struct oomb_tensor * node);
+/// Merges two partial paged-attention results of the same queries over disjoint key sets (e.g.
+/// oomb_paged_attn_ext with RANGE schedules over disjoint page blocks), in place into acc:
+/// L = log(exp(La) + exp(Lp)), out = exp(La - L) * out_a + exp(Lp - L) * out_p, per row (t, h).
+/// acc, part: f32, contiguous, D*H*T + H*T elements each, in the packed layout of oomb_paged_attn
+/// (the packed node, i.e. the view_src of its result, or any tensor of that layout). A row with
+/// La = Lp = -inf stays out 0, L -inf; one -inf side takes the other side exactly.
+/// Result: a view of acc (op paged_attn_merge). Not differentiable (an error if a backward is built
+/// through it). Errors: sizes, types, non-contiguous operands, acc == part.
+/// Source: FlashAttention-2's / flash-decoding's split-K combine (Dao 2023).
+struct oomb_tensor * oomb_paged_attn_merge(struct oomb_context * ctx, struct oomb_tensor * acc, struct oomb_tensor * part,
+                                           int64_t D, int64_t H, int64_t T);
 
 // ---------------------------------------------------------------------------------------------
 // Graphs and automatic differentiation

@@ -67,7 +67,7 @@ int diff_srcs(const oomb_tensor * t) {
         case OOMB_OP_PAGED_ATTN: // q, k_cur, v_cur (the pools, page table and positions get none)
             return 7;
         default:
-            return -1; // *_BACK ops, optimizer steps, custom ops
+            return -1; // *_BACK ops, optimizer steps, paged_attn_merge (refused with its own message), custom ops
     }
 }
 
@@ -499,6 +499,12 @@ void oomb_build_backward_expand(struct oomb_context * ctx, struct oomb_cgraph * 
         oomb_tensor * t = *it;
         if (!reach.count(t) || !B.needs.count(t)) continue;
         const int m = diff_srcs(t);
+        if (t->op == OOMB_OP_PAGED_ATTN_MERGE) {
+            oomb_error("build_backward_expand: paged_attn_merge %s is not differentiable (it merges partial attention results "
+                       "in place, for inference / streaming over page blocks), but the loss depends on a parameter through it; "
+                       "train with one paged_attn over the whole history instead",
+                       shape_str(t).c_str());
+        }
         if (m < 0) {
             oomb_error("build_backward_expand: op %s (%s) is not differentiable, but the loss depends on a parameter through it",
                        oomb_op_name(t->op), shape_str(t).c_str());

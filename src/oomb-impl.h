@@ -156,11 +156,13 @@ static inline bool op_reads_src(enum oomb_op op, int i) {
 // Whether a backend's graph_compute prepares src[i] of op (a contiguous / in-place-safe copy where
 // needed) before calling the kernel: not for sources the op does not read, i32 sources, the
 // optimizer steps (they update their sources in place by design) and paged attention (its kernels
-// read node->src themselves; the forward writes the pools). Shared by the CPU and CUDA backends.
+// read node->src themselves; the forward writes the pools; the merge of partial results updates
+// src[0] in place and takes only contiguous operands). Shared by the CPU and CUDA backends.
 static inline bool op_prepares_src(enum oomb_op op, int i, const oomb_tensor * src) {
     if (!op_reads_src(op, i) || src->type == OOMB_TYPE_I32) return false;
     switch (op) {
         case OOMB_OP_ADAMW_STEP: case OOMB_OP_SGD_STEP: case OOMB_OP_PAGED_ATTN: case OOMB_OP_PAGED_ATTN_BACK:
+        case OOMB_OP_PAGED_ATTN_MERGE:
             return false;
         default:
             return true;
@@ -176,7 +178,7 @@ static inline op_src_req op_sources_required(enum oomb_op op) {
         case OOMB_OP_FILL:                                                              return {0, 0};
         case OOMB_OP_ADD: case OOMB_OP_SUB: case OOMB_OP_MUL: case OOMB_OP_ADD_INPLACE:
         case OOMB_OP_SILU_BACK: case OOMB_OP_SWIGLU: case OOMB_OP_RMS_NORM_BACK:
-        case OOMB_OP_SOFT_MAX_BACK:                                                     return {2, 2};
+        case OOMB_OP_SOFT_MAX_BACK: case OOMB_OP_PAGED_ATTN_MERGE:                       return {2, 2};
         case OOMB_OP_SCALE: case OOMB_OP_SILU: case OOMB_OP_REPEAT: case OOMB_OP_REPEAT_BACK:
         case OOMB_OP_SUM: case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ: case OOMB_OP_RMS_NORM:
         case OOMB_OP_SOFT_MAX:                                                          return {1, 1};

@@ -3,6 +3,7 @@
 
 #include "oomb-impl.h"
 #include "oomb/paged-attn-sched.h"
+#include "oomb/paged-attn-merge.h"
 #include "fp16.h"
 
 #include <algorithm>
@@ -41,7 +42,7 @@ static const char * k_op_name[] = {
     "soft_max", "soft_max_back", "attn", "attn_back", "cross_entropy_loss", "cross_entropy_loss_back",
     "linear_cross_entropy", "linear_cross_entropy_back",
     "adamw_step", "sgd_step", "paged_attn", "paged_attn_back", "custom",
-    "swiglu_back",
+    "swiglu_back", "paged_attn_merge",
 };
 static_assert(sizeof(k_op_name) / sizeof(k_op_name[0]) == OOMB_OP_COUNT, "k_op_name lists every op of enum oomb_op, in order");
 
@@ -1163,6 +1164,35 @@ struct oomb_paged_attn_args oomb_paged_attn_args_of(const struct oomb_tensor * n
         a.schedule.inv_offsets = s[oomb::PAB_SRC_INV_OFFSETS]; a.schedule.inv_qtiles = s[oomb::PAB_SRC_INV_QTILES];
     }
     return a;
+}
+
+struct oomb_tensor * oomb_paged_attn_merge(struct oomb_context * ctx, struct oomb_tensor * acc, struct oomb_tensor * part,
+                                           int64_t D, int64_t H, int64_t T) {
+    const char * op = "paged_attn_merge";
+    require_f32(acc, op, "acc");
+    require_f32(part, op, "part");
+    OOMB_CHECK(D >= 1 && H >= 1 && T >= 1 && D <= INT32_MAX && H <= INT32_MAX && T <= INT32_MAX, op,
+               "D = %" PRId64 ", H = %" PRId64 ", T = %" PRId64 " must each be in [1, 2^31)", D, H, T);
+    const int64_t n = D * H * T + H * T;
+    OOMB_CHECK(oomb_nelements(acc) == n && oomb_nelements(part) == n, op,
+               "acc %s and part %s must each hold D*H*T + H*T = %" PRId64 " elements (the packed paged_attn result of D = %" PRId64
+               ", H = %" PRId64 ", T = %" PRId64 ": out, then the LSE per row)",
+               shape_str(acc).c_str(), shape_str(part).c_str(), n, D, H, T);
+    OOMB_CHECK(oomb_is_contiguous(acc) && oomb_is_contiguous(part), op, "acc %s and part %s must be contiguous",
+               shape_str(acc).c_str(), shape_str(part).c_str());
+    OOMB_CHECK(acc != part, op, "acc and part are the same tensor %s", shape_str(acc).c_str());
+    // views of one owner must not overlap (acc is written in place while part is read)
+    if (oomb::mem_owner(acc) == oomb::mem_owner(part)) {
+        const size_t a0 = acc->view_src ? acc->view_offs : 0, p0 = part->view_src ? part->view_offs : 0, nb = oomb_nbytes(acc);
+        OOMB_CHECK(a0 + nb <= p0 || p0 + nb <= a0, op, "acc %s and part %s overlap in the memory of %s", shape_str(acc).c_str(),
+                   shape_str(part).c_str(), shape_str(oomb::mem_owner(acc)).c_str());
+    }
+    oomb_tensor * t = view_impl(ctx, acc, 4, acc->ne, acc->nb, 0, OOMB_OP_PAGED_ATTN_MERGE);
+    t->src[0] = acc; t->src[1] = part;
+    t->op_params[oomb::PAM_PARAM_D] = (int32_t) D;
+    t->op_params[oomb::PAM_PARAM_H] = (int32_t) H;
+    t->op_params[oomb::PAM_PARAM_T] = (int32_t) T;
+    return t;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,6 +3,9 @@
 // checks (ids, labels) and limits of one backend (int ranges of a launch, sgemm) stay with its kernels.
 
 #include "op-checks.h"
+#include "oomb/paged-attn-merge.h"
+
+#include <cinttypes>
 
 namespace oomb {
 
@@ -116,6 +119,16 @@ void check_op_operands(const oomb_tensor * node, const oomb_tensor * const * s) 
             check_same_shape(opn, s[0], s[3]);
             break;
         case OOMB_OP_ADAMW_STEP: check_adamw(node, s[0], s[1], s[2], s[3], s[4]); break;
+        case OOMB_OP_PAGED_ATTN_MERGE: {  // acc (updated in place: the result is its view), part
+            const int64_t D = node->op_params[PAM_PARAM_D], H = node->op_params[PAM_PARAM_H], T = node->op_params[PAM_PARAM_T];
+            const int64_t n = D * H * T + H * T;
+            if (D < 1 || H < 1 || T < 1 || oomb_nelements(s[0]) != n || oomb_nelements(s[1]) != n || !oomb_is_contiguous(s[0]) ||
+                !oomb_is_contiguous(s[1]) || node->data != s[0]->data || !oomb_are_same_shape(node, s[0]) || tensors_overlap(s[0], s[1]))
+                oomb_error("paged_attn_merge: invalid operands: acc %s (result %s), part %s for D = %" PRId64 ", H = %" PRId64
+                           ", T = %" PRId64 " (contiguous f32 of D*H*T + H*T elements each, not overlapping)",
+                           shape_str(s[0]).c_str(), shape_str(node).c_str(), shape_str(s[1]).c_str(), D, H, T);
+            break;
+        }
         case OOMB_OP_SGD_STEP: {
             const oomb_tensor * others[1] = {s[1]};
             check_opt("sgd_step", node, s[0], others, 1, s[2], 3);

@@ -1,7 +1,9 @@
-// CPU kernels: the reference causal GQA attention, forward and backward (conventions: ops-common.h).
-// The paged-attention kernels are in paged-attn.cpp.
+// CPU kernels: the reference causal GQA attention, forward and backward (conventions: ops-common.h),
+// and the log-sum-exp merge of two partial paged-attention results (the reference of
+// cuda/paged-attn-merge.cu). The paged-attention kernels are in paged-attn.cpp.
 
 #include "ops-common.h"
+#include "oomb/paged-attn-merge.h"
 
 namespace oomb {
 namespace cpu {
@@ -137,6 +139,31 @@ void compute_forward_attn_back(exec_ctx & c, oomb_tensor * dst, const oomb_tenso
             float * okr = dk + ((b * S + j) * Hkv + g) * D;
             float * ovr = dv + ((b * S + j) * Hkv + g) * D;
             for (int64_t i = 0; i < D; i++) { okr[i] = (float) (scale * ak[i]); ovr[i] = (float) av[i]; }
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Merge of partial paged-attention results (split-K combine)
+// ---------------------------------------------------------------------------------------------
+
+// paged_attn_merge: per row r = t*H + h of the packed layout, acc's out and LSE become the merge of
+// acc's and part's (weights: pa_merge_weights, src/oomb/paged-attn-merge.h). One row per item: its
+// LSEs are read before its LSE is written, by the same call.
+void compute_forward_paged_attn_merge(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * acc, const oomb_tensor * part) {
+    // operands: check_op_operands (op-checks.cpp): contiguous f32 of D*H*T + H*T, dst a view of acc
+    const int64_t D = dst->op_params[PAM_PARAM_D], R = (int64_t) dst->op_params[PAM_PARAM_H] * dst->op_params[PAM_PARAM_T];
+    float * a = (float *) acc->data;
+    const float * p = (const float *) part->data;
+    float * la = a + D * R;
+    const float * lp = p + D * R;
+    parallel_for(c, R, 3 * D, [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; r++) {
+            const pa_merge_w w = pa_merge_weights(la[r], lp[r]);
+            float * ar = a + r * D;
+            const float * pr = p + r * D;
+            for (int64_t d = 0; d < D; d++) ar[d] = pa_merge_out(w, ar[d], pr[d]);
+            la[r] = w.L;
         }
     });
 }

@@ -185,6 +185,7 @@ void compute_forward_soft_max_back(exec_ctx & c, oomb_tensor * dst, const oomb_t
 void compute_forward_attn(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * q, const oomb_tensor * k, const oomb_tensor * v);
 void compute_forward_attn_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * q, const oomb_tensor * k,
                                const oomb_tensor * v, const oomb_tensor * dout);
+void compute_forward_paged_attn_merge(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * acc, const oomb_tensor * part);
 // ops-loss.cpp
 void compute_forward_cross_entropy(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * logits, const oomb_tensor * labels);
 void compute_forward_cross_entropy_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * logits, const oomb_tensor * labels,

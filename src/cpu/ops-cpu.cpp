@@ -109,6 +109,8 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
                                     compute_forward_linear_cross_entropy_back(c, node, s[0], s[1], s[2], s[3], s[4]); break;
         case OOMB_OP_ADAMW_STEP:    compute_forward_adamw_step(c, node, s[0], s[1], s[2], s[3], s[4]); break;
         case OOMB_OP_SGD_STEP:      compute_forward_sgd_step(c, node, s[0], s[1], s[2]); break;
+        case OOMB_OP_PAGED_ATTN_MERGE:
+                                    compute_forward_paged_attn_merge(c, node, s[0], s[1]); break;
         default:
             oomb_error("graph_compute: node %s: op %s is not supported by the CPU backend", shape_str(node).c_str(), opn);
     }
