@@ -36,15 +36,6 @@
 namespace {
 
 std::atomic<uint64_t> g_bytes_in{0}, g_bytes_out{0}, g_copies{0}, g_blocks{0};
-std::atomic<uint64_t> g_copy_serial{0};
-
-uint64_t fail_copy_at() {
-    static const uint64_t n = [] {
-        const char * e = std::getenv("OOMB_DEBUG_OFFLOAD_FAIL_COPY");
-        return e && *e ? (uint64_t) std::strtoull(e, nullptr, 10) : 0;
-    }();
-    return n;
-}
 
 // One paged-attention node of the chunk graph and the graph that computes one of its blocks.
 struct AttnNode {
@@ -80,6 +71,7 @@ struct oomb_kv_stream {
     std::vector<bool> ev_free_set;
     oomb_event_t ev_in = nullptr, ev_done = nullptr;
     std::string err;
+    uint64_t fail_at = 0, n_copies = 0;  // test hook (OOMB_DEBUG_OFFLOAD_FAIL_COPY)
 
     ~oomb_kv_stream() {
         for (oomb_event_t e : ev_free) oomb_event_free(e);
@@ -101,9 +93,8 @@ struct oomb_kv_stream {
     oomb_status copy_check(oomb_status st) {
         if (st != OOMB_STATUS_OK) return fail(st, std::string("offload: ") + oomb_backend_last_error(be));
         g_copies++;
-        const uint64_t at = fail_copy_at();
-        if (at && ++g_copy_serial == at)
-            return fail(OOMB_STATUS_DEVICE_ERROR, "offload: copy " + std::to_string(at) + " failed (injected by OOMB_DEBUG_OFFLOAD_FAIL_COPY)");
+        if (++n_copies == fail_at)
+            return fail(OOMB_STATUS_DEVICE_ERROR, "offload: copy " + std::to_string(fail_at) + " failed (injected by OOMB_DEBUG_OFFLOAD_FAIL_COPY)");
         return OOMB_STATUS_OK;
     }
     // host pages [lp0, lp1) (logical, >= R) <-> device slots from slot0 of pool t
@@ -122,9 +113,9 @@ struct oomb_kv_stream {
     // gradient pages: runs of fresh pages (zero since zero_grad) come from the zero pages
     oomb_status grad_in(int l, int64_t slot0, int64_t lp0, int64_t lp1) {
         for (int64_t a = lp0; a < lp1;) {
-            const bool fresh = kv->grad_fresh[(size_t) (a - kv->R)] != 0;
+            const bool fresh = kv->fresh(l, a) != 0;
             int64_t b = a + 1;
-            while (b < lp1 && (kv->grad_fresh[(size_t) (b - kv->R)] != 0) == fresh) b++;
+            while (b < lp1 && (kv->fresh(l, b) != 0) == fresh) b++;
             const size_t pb = kv->page_grad_bytes, n = (size_t) (b - a) * pb, off = (size_t) (slot0 + a - lp0) * pb;
             for (int w = 0; w < 2; w++) {
                 oomb_tensor * t = w ? kv->dv[(size_t) l] : kv->dk[(size_t) l];
@@ -137,7 +128,7 @@ struct oomb_kv_stream {
         return OOMB_STATUS_OK;
     }
     oomb_status grad_out(int l, int64_t slot0, int64_t lp0, int64_t lp1) {
-        for (int64_t p = lp0; p < lp1; p++) kv->grad_fresh[(size_t) (p - kv->R)] = 0;
+        for (int64_t p = lp0; p < lp1; p++) kv->fresh(l, p) = 0;
         if (oomb_status st = copy_out(kv->dk[(size_t) l], kv->dkh[(size_t) l], kv->page_grad_bytes, slot0, lp0, lp1)) return st;
         return copy_out(kv->dv[(size_t) l], kv->dvh[(size_t) l], kv->page_grad_bytes, slot0, lp0, lp1);
     }
@@ -175,6 +166,7 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
     s->be = backend;
     s->g = g;
     s->ctx = oomb_init({0, true});
+    if (const char * e = std::getenv("OOMB_DEBUG_OFFLOAD_FAIL_COPY")) s->fail_at = std::strtoull(e, nullptr, 10);
     auto layer_of = [&](const oomb_tensor * pool) {
         for (int l = 0; l < kv->p.n_layer; l++)
             if (kv->k[(size_t) l] == pool) return l;

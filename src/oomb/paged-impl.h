@@ -30,7 +30,8 @@ struct oomb_kv_cache {
     oomb_buffer_t host_buf = nullptr;
     std::vector<char *> kh, vh, dkh, dvh;
     char * zeros = nullptr;             // max(B, n_cur) zero gradient pages (pinned): fresh gradients
-    std::vector<uint8_t> grad_fresh;    // per host page: its gradients are zero (not written since zero_grad)
+    std::vector<uint8_t> grad_fresh;    // [layer * n_host + h]: host page h's gradients of the layer are zero (not written since zero_grad)
+    uint8_t & fresh(int layer, int64_t lp) { return grad_fresh[(size_t) layer * (size_t) n_host() + (size_t) (lp - R)]; }
 
     int64_t n_host() const { return n_pages - R; }
     int64_t cur_slot0() const { return R; }

@@ -108,7 +108,7 @@ static oomb_kv_cache_t kv_cache_create(oomb_backend_t backend, const oomb_kv_cac
             c->zeros = base + layer_bytes * (size_t) p.n_layer;
             std::memset(c->zeros, 0, zero_bytes);
         }
-        c->grad_fresh.assign(nh, 1);
+        c->grad_fresh.assign(nh * (size_t) p.n_layer, 1);
     }
     oomb_kv_cache_clear(c);
     return c;

@@ -158,7 +158,7 @@ void check_forward(const std::string & model_name) {
 // One forward/backward over every sequence of the reference; checks loss and all gradients.
 int64_t check_gradients(ModelRun & run, const std::string & model_name, const std::string & ref_name, int64_t chunk, int page,
                         const ParityTolerance & tol, oomb_type kv_type, bool cache_attn, oomb_type cache_type,
-                        oomb_type gemm_input_type) {
+                        oomb_type gemm_input_type, int64_t resident_pages, int stream_block_pages) {
     SCOPED_TRACE(model_name + " " + ref_name + " chunk " + std::to_string(chunk) + " page " + std::to_string(page));
     Reference ref(model_fixture_dir(model_name) + "/reference-" + ref_name + ".safetensors");
     ChunkParams tp;
@@ -169,6 +169,8 @@ int64_t check_gradients(ModelRun & run, const std::string & model_name, const st
     tp.cache_attn = cache_attn;
     tp.cache_attn_type = cache_type;
     tp.gemm_input_type = gemm_input_type;
+    tp.resident_pages = resident_pages;  // host offload: pages past it stream (oomb-offload.h)
+    tp.stream_block_pages = stream_block_pages;
     ChunkDriver tr(model_chunk_builder(*run.model), tp);
     ChunkStats total;
     for (int64_t b = 0; b < ref.B; b++) accumulate(total, tr.forward_backward(ref.ids.data() + b * ref.T, ref.T));

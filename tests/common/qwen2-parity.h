@@ -58,6 +58,7 @@ void check_forward(const std::string & model_name);
 /// the loss and every parameter's gradient. Returns the number of targets (to normalise grads).
 int64_t check_gradients(ModelRun & run, const std::string & model_name, const std::string & ref_name, int64_t chunk, int page,
                         const ParityTolerance & tol = {}, oomb_type kv_type = OOMB_TYPE_F32, bool cache_attn = false,
-                        oomb_type cache_type = OOMB_TYPE_F32, oomb_type gemm_input_type = OOMB_TYPE_COUNT);
+                        oomb_type cache_type = OOMB_TYPE_F32, oomb_type gemm_input_type = OOMB_TYPE_COUNT,
+                        int64_t resident_pages = -1, int stream_block_pages = 16);
 
 } // namespace oombtest

@@ -1,0 +1,206 @@
+// Host offload (oomb-offload.h) on the CPU backend, the stand-in of the GPU path: the same engine
+// (tiered KV cache, page-block streaming, copies and events) with plain host memory for the host
+// tier. Offloaded gradients equal the resident ones (to the rounding of the block-wise sums) and
+// HF's float64 gradients (the fixtures), for chunk and page sizes that do not divide the sequence,
+// every resident-page count from none to almost all, and blocks of one page and more; the device
+// pools stay the same size whatever the context; a failed copy stops with a message.
+#include "test-common.h"
+#include "qwen2-parity.h"
+
+#include "oomb-offload.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+using namespace oomb;
+using namespace oombtest;
+
+namespace {
+
+struct Grads {
+    double loss = 0;
+    std::vector<std::vector<float>> g;
+};
+
+Grads run_grads(const std::string & model, const Reference & ref, int64_t chunk, int page, int64_t resident, int block,
+                bool with_labels = false) {
+    ModelRun run(converted(model));
+    ChunkParams tp;
+    tp.chunk = chunk;
+    tp.page = page;
+    tp.max_tokens = ref.T;
+    tp.resident_pages = resident;
+    tp.stream_block_pages = block;
+    ChunkDriver tr(model_chunk_builder(*run.model), tp);
+    std::vector<int32_t> labels;
+    Grads r;
+    for (int64_t b = 0; b < ref.B; b++) {
+        const int32_t * ids = ref.ids.data() + b * ref.T;
+        if (with_labels) {  // mask every third target: the chat path's ignore-index labels
+            labels.assign((size_t) ref.T, tp.ignore_index);
+            for (int64_t i = 0; i + 1 < ref.T; i++)
+                if (i % 3 != 1) labels[(size_t) i] = ids[i + 1];
+        }
+        r.loss += tr.forward_backward(ids, ref.T, with_labels ? labels.data() : nullptr).loss_sum;
+    }
+    for (oomb_tensor * p : run.params) r.g.push_back(run.grad(p->name));
+    return r;
+}
+
+// max |a - b| / max |b| over every tensor
+double worst_rel(const Grads & a, const Grads & b) {
+    double w = 0;
+    for (size_t i = 0; i < b.g.size(); i++) {
+        double d = 0, m = 1e-30;
+        for (size_t k = 0; k < b.g[i].size(); k++) {
+            d = std::max(d, (double) std::fabs(a.g[i][k] - b.g[i][k]));
+            m = std::max(m, (double) std::fabs(b.g[i][k]));
+        }
+        w = std::max(w, d / m);
+    }
+    return w;
+}
+
+} // namespace
+
+// Offloaded vs resident, the same model and tokens: chunk 13 / page 5 (64 tokens: 13 pages, a
+// chunk starting mid-page), every resident count, blocks of 1, 2 and 5 pages.
+TEST(Offload, GradientsEqualResident) {
+    Reference ref(fixtures_dir() + "/qwen2-mini/reference-short.safetensors");
+    const Grads base = run_grads("qwen2-mini", ref, 13, 5, -1, 16);
+    ASSERT_GT(base.g.size(), 10u);
+    for (int64_t R : {0, 1, 3, 7, 12}) {
+        for (int block : {1, 2, 5}) {
+            SCOPED_TRACE("resident " + std::to_string(R) + " block " + std::to_string(block));
+            const Grads off = run_grads("qwen2-mini", ref, 13, 5, R, block);
+            EXPECT_LT(std::fabs(off.loss - base.loss) / std::fabs(base.loss), 1e-6);
+            EXPECT_LT(worst_rel(off, base), 1e-5);
+        }
+    }
+}
+
+// One chunk per sequence (no stage 1: the backward graph stores its own K/V into the slots), and
+// masked labels through chunks of 7 over pages of 3.
+TEST(Offload, OneChunkAndMaskedLabels) {
+    Reference ref(fixtures_dir() + "/qwen2-mini/reference-short.safetensors");
+    const Grads one = run_grads("qwen2-mini", ref, ref.T, 16, -1, 16);
+    EXPECT_LT(worst_rel(run_grads("qwen2-mini", ref, ref.T, 16, 1, 1), one), 1e-5);
+    const Grads masked = run_grads("qwen2-mini", ref, 7, 3, -1, 16, true);
+    const Grads masked_off = run_grads("qwen2-mini", ref, 7, 3, 2, 3, true);
+    EXPECT_LT(std::fabs(masked_off.loss - masked.loss) / std::fabs(masked.loss), 1e-6);
+    EXPECT_LT(worst_rel(masked_off, masked), 1e-5);
+}
+
+// Against HF transformers' float64 gradients (the fixture's tolerance), streamed.
+TEST(Offload, GradientsMatchHF) {
+    ModelRun mini(converted("qwen2-mini"));
+    check_gradients(mini, "qwen2-mini", "short", 13, 5, {}, OOMB_TYPE_F32, false, OOMB_TYPE_F32, OOMB_TYPE_COUNT, 0, 2);
+    ModelRun micro(converted("qwen2-micro"));
+    check_gradients(micro, "qwen2-micro", "long", 1000, 64, {}, OOMB_TYPE_F32, false, OOMB_TYPE_F32, OOMB_TYPE_COUNT, 5, 4);
+}
+
+// Evaluation (forward only, no gradient pages): the Loss graphs store and stream.
+TEST(Offload, ForwardLossEqualsResident) {
+    Reference ref(fixtures_dir() + "/qwen2-micro/reference-long.safetensors");
+    ModelRun run(converted("qwen2-micro"));
+    double loss[2];
+    for (int c = 0; c < 2; c++) {
+        ChunkParams tp;
+        tp.chunk = 300;
+        tp.page = 48;
+        tp.max_tokens = ref.T;
+        tp.with_grad = false;
+        tp.resident_pages = c ? 3 : -1;
+        tp.stream_block_pages = 5;
+        ChunkDriver tr(model_chunk_builder(*run.model), tp);
+        loss[c] = tr.forward(ref.ids.data(), ref.T).loss_sum;
+    }
+    EXPECT_LT(std::fabs(loss[1] - loss[0]) / std::fabs(loss[0]), 1e-6) << loss[1] << " vs " << loss[0];
+}
+
+// The device pools do not grow with the context: resident pages + chunk slots + two block sets
+// (the page table, 4 bytes per page, does); the host tier takes the rest. And the copies are counted.
+TEST(Offload, DevicePoolsFlatInContext) {
+    ModelRun run(converted("qwen2-micro"));
+    size_t dev[2], host[2];
+    const int64_t ctxs[2] = {4096, 65536};
+    for (int i = 0; i < 2; i++) {
+        ChunkParams tp;
+        tp.chunk = 256;
+        tp.page = 64;
+        tp.max_tokens = ctxs[i];
+        tp.resident_pages = 4;
+        tp.stream_block_pages = 8;
+        ChunkDriver tr(model_chunk_builder(*run.model), tp);
+        EXPECT_EQ(oomb_kv_cache_resident_pages(tr.kv_cache()), 4);
+        dev[i] = oomb_kv_cache_nbytes(tr.kv_cache());
+        host[i] = oomb_kv_cache_host_nbytes(tr.kv_cache());
+    }
+    // only the page table (4 bytes per logical page) grows with the context
+    EXPECT_LE(dev[1] - dev[0], (size_t) (ctxs[1] / 64) * 4);
+    EXPECT_GT(host[1], 15 * host[0]);
+    Reference ref(fixtures_dir() + "/qwen2-micro/reference-long.safetensors");
+    const oomb_kv_stream_stats s0 = oomb_kv_stream_totals();
+    ChunkParams tp;
+    tp.chunk = 500;
+    tp.page = 64;
+    tp.max_tokens = ref.T;
+    tp.resident_pages = 2;
+    tp.stream_block_pages = 3;
+    ChunkDriver tr(model_chunk_builder(*run.model), tp);
+    tr.forward_backward(ref.ids.data(), ref.T);
+    const oomb_kv_stream_stats s1 = oomb_kv_stream_totals();
+    EXPECT_GT(s1.bytes_in, s0.bytes_in);
+    EXPECT_GT(s1.bytes_out, s0.bytes_out);
+    EXPECT_GT(s1.n_blocks, s0.n_blocks);
+}
+
+// A copy that fails stops the step with a message naming it (the driver raises it).
+TEST(Offload, FailedCopyIsAnError) {
+    Reference ref(fixtures_dir() + "/qwen2-mini/reference-short.safetensors");
+    ModelRun run(converted("qwen2-mini"));
+    ChunkParams tp;
+    tp.chunk = 13;
+    tp.page = 5;
+    tp.max_tokens = ref.T;
+    tp.resident_pages = 1;
+    tp.stream_block_pages = 2;
+    setenv("OOMB_DEBUG_OFFLOAD_FAIL_COPY", "40", 1);
+    ChunkDriver tr(model_chunk_builder(*run.model), tp);
+    EXPECT_OOMB_ERROR(tr.forward_backward(ref.ids.data(), ref.T), "copy 40 failed (injected by OOMB_DEBUG_OFFLOAD_FAIL_COPY)");
+    unsetenv("OOMB_DEBUG_OFFLOAD_FAIL_COPY");
+}
+
+TEST(Offload, Errors) {
+    ModelRun run(converted("qwen2-micro"));
+    ChunkParams tp;
+    tp.chunk = 64;
+    tp.page = 16;
+    tp.max_tokens = 256;
+    tp.resident_pages = 2;
+    tp.cache_attn = true;
+    EXPECT_OOMB_ERROR(ChunkDriver(model_chunk_builder(*run.model), tp), "does not work with a host tier");
+    tp.cache_attn = false;
+    tp.stream_block_pages = 0;
+    EXPECT_OOMB_ERROR(ChunkDriver(model_chunk_builder(*run.model), tp), "stream_block_pages = 0 must be positive");
+    oomb_kv_cache_params kp{};
+    kp.n_layer = 2;
+    kp.n_head_kv = 1;
+    kp.head_dim = 8;
+    kp.page_size = 4;
+    kp.max_tokens = 64;
+    kp.type = OOMB_TYPE_F32;
+    oomb_kv_tier_params bad{-1, 1, 1};
+    EXPECT_OOMB_ERROR(oomb_kv_cache_init_tiered(run.backend, kp, bad), "bad tier sizes");
+    // a cache without a host tier has nothing to stream
+    oomb_kv_cache_t plain = oomb_kv_cache_init(run.backend, kp);
+    oomb_context * ctx = oomb_init({0, true});
+    oomb_cgraph * g = oomb_new_graph(ctx);
+    EXPECT_OOMB_ERROR(oomb_kv_stream_new(plain, run.backend, g), "has no host tier");
+    oomb_free(ctx);
+    oomb_kv_cache_free(plain);
+}
