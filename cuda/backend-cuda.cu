@@ -177,6 +177,18 @@ void * cuda_event_new(oomb_backend_t b) {
     CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return (void *) e;
 }
+void * cuda_event_new_timed(oomb_backend_t b) {
+    set_device(ctx_of(b));
+    cudaEvent_t e = nullptr;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return (void *) e;
+}
+float cuda_event_elapsed_ms(oomb_backend_t b, void * start, void * end) {
+    set_device(ctx_of(b));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t) start, (cudaEvent_t) end));
+    return ms;
+}
 void cuda_event_free(oomb_backend_t b, void * ev) {
     set_device(ctx_of(b));
     cudaEventDestroy((cudaEvent_t) ev);
@@ -480,6 +492,8 @@ const oomb_backend_i k_cuda_iface = {
     /* event_wait    */ cuda_event_wait,
     /* event_synchronize */ cuda_event_synchronize,
     /* event_query   */ cuda_event_query,
+    /* event_new_timed */ cuda_event_new_timed,
+    /* event_elapsed_ms */ cuda_event_elapsed_ms,
 };
 
 } // namespace

@@ -165,6 +165,14 @@ enum oomb_status oomb_backend_queue_synchronize(oomb_backend_t backend, enum oom
 
 /// Events: a point in a queue's work. NULL when the backend cannot create one (CUDA error).
 oomb_event_t oomb_event_new(oomb_backend_t backend);
+/// An event that also records when it completed, for oomb_event_elapsed_ms (a little more costly
+/// to record). NULL as oomb_event_new.
+oomb_event_t oomb_event_new_timed(oomb_backend_t backend);
+/// Milliseconds between the completions of two recorded, completed timed events of one backend
+/// (start recorded before end), into *ms; 0 on a synchronous backend (its events complete at once).
+/// Errors: NULL, events not made by oomb_event_new_timed, events of different backends (handler);
+/// a device error (status).
+enum oomb_status oomb_event_elapsed_ms(oomb_event_t start, oomb_event_t end, float * ms);
 /// Frees an event (NULL: nothing). Each handle is freed once: a second free is undefined, as with
 /// free(). Every function here reports a NULL handle through the error handler.
 void oomb_event_free(oomb_event_t event);

@@ -32,6 +32,8 @@ struct oomb_kv_stream_stats {
     uint64_t bytes_out;  // device -> host
     uint64_t n_copies;
     uint64_t n_blocks;   // streamed history blocks computed
+    double copy_ms;      // time the copy queue spent copying (a synchronous backend: host time of its copies)
+    double wait_ms;      // time the compute queue waited for copies: the exposed part of copy_ms (synchronous: all of it)
 };
 
 /// Prepares chunk graph g (allocated, its paged-attention nodes reading kv's pools) for computing

@@ -474,6 +474,24 @@ oomb_event_t oomb_event_new(oomb_backend_t backend) {
     }
     return new oomb_event{backend, ev};
 }
+oomb_event_t oomb_event_new_timed(oomb_backend_t backend) {
+    OOMB_API_NONNULL(backend, "event_new_timed");
+    void * ev = nullptr;
+    if (backend->iface->event_new_timed) {
+        if (captured(backend, "event_new_timed", [&] { ev = backend->iface->event_new_timed(backend); }) != OOMB_STATUS_OK) return nullptr;
+    }
+    return new oomb_event{backend, ev, true};
+}
+enum oomb_status oomb_event_elapsed_ms(oomb_event_t start, oomb_event_t end, float * ms) {
+    OOMB_API_NONNULL(start, "event_elapsed_ms");
+    OOMB_API_NONNULL(end, "event_elapsed_ms");
+    OOMB_API_NONNULL(ms, "event_elapsed_ms");
+    if (!start->timed || !end->timed) oomb_error("event_elapsed_ms: both events must come from oomb_event_new_timed");
+    if (start->backend != end->backend) oomb_error("event_elapsed_ms: the events belong to different backends");
+    *ms = 0.0f;
+    if (!start->ev || !end->ev) return OOMB_STATUS_OK;  // synchronous backend: no queue time
+    return captured(start->backend, "event_elapsed_ms", [&] { *ms = start->backend->iface->event_elapsed_ms(start->backend, start->ev, end->ev); });
+}
 void oomb_event_free(oomb_event_t event) {
     if (!event) return;
     if (event->ev) event->backend->iface->event_free(event->backend, event->ev);

@@ -61,6 +61,8 @@ struct oomb_backend_i {
     void   (*event_wait)(oomb_backend_t b, void * ev, enum oomb_queue q);   // queue q of b waits for ev (of b's kind)
     void   (*event_synchronize)(oomb_backend_t b, void * ev);
     bool   (*event_query)(oomb_backend_t b, void * ev);
+    void * (*event_new_timed)(oomb_backend_t b);              // an event that records a time
+    float  (*event_elapsed_ms)(oomb_backend_t b, void * start, void * end);
 };
 
 struct oomb_buffer_type {
@@ -74,6 +76,7 @@ struct oomb_buffer_type {
 struct oomb_event {
     oomb_backend_t backend;
     void * ev;                  // NULL: completes at once (synchronous backends)
+    bool timed = false;         // oomb_event_new_timed
 };
 
 struct oomb_backend {

@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cstdlib>
 #include <string>
@@ -35,7 +36,7 @@
 
 namespace {
 
-std::atomic<uint64_t> g_bytes_in{0}, g_bytes_out{0}, g_copies{0}, g_blocks{0};
+std::atomic<uint64_t> g_bytes_in{0}, g_bytes_out{0}, g_copies{0}, g_blocks{0}, g_copy_us{0}, g_wait_us{0};
 
 // One paged-attention node of the chunk graph and the graph that computes one of its blocks.
 struct AttnNode {
@@ -73,7 +74,56 @@ struct oomb_kv_stream {
     std::string err;
     uint64_t fail_at = 0, n_copies = 0;  // test hook (OOMB_DEBUG_OFFLOAD_FAIL_COPY)
 
+    // Copy time (the copy queue busy) and exposed time (the compute queue waiting for copies):
+    // pairs of timed events, read after the chunk finished. A synchronous backend times its
+    // copies on the host clock, all of it exposed.
+    struct Span { oomb_event_t a = nullptr; std::chrono::steady_clock::time_point t; };
+    std::vector<oomb_event_t> tpool;
+    size_t tused = 0;
+    std::vector<std::pair<oomb_event_t, oomb_event_t>> copy_spans, wait_spans;
+    bool host_clock = false;
+    double host_ms = 0;
+    oomb_event_t timed() {
+        if (tused == tpool.size()) {
+            oomb_event_t e = oomb_event_new_timed(be);
+            if (!e) return nullptr;
+            tpool.push_back(e);
+        }
+        return tpool[tused++];
+    }
+    Span span_begin(oomb_queue q) {
+        Span s;
+        if (host_clock) s.t = std::chrono::steady_clock::now();
+        else if ((s.a = timed()) && oomb_event_record(s.a, q)) s.a = nullptr;
+        return s;
+    }
+    void span_end(const Span & s, oomb_queue q, bool copy) {
+        if (host_clock) {
+            if (copy) host_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s.t).count();
+            return;
+        }
+        oomb_event_t b = s.a ? timed() : nullptr;
+        if (b && !oomb_event_record(b, q)) (copy ? copy_spans : wait_spans).push_back({s.a, b});
+    }
+    // after the chunk's queues are synchronized
+    void collect_times() {
+        double copy_ms = host_ms, wait_ms = host_ms;
+        for (int w = 0; w < 2; w++) {
+            for (auto & p : w ? wait_spans : copy_spans) {
+                float ms = 0;
+                if (!oomb_event_elapsed_ms(p.first, p.second, &ms)) (w ? wait_ms : copy_ms) += ms;
+            }
+        }
+        g_copy_us += (uint64_t) (copy_ms * 1000.0);
+        g_wait_us += (uint64_t) (wait_ms * 1000.0);
+        copy_spans.clear();
+        wait_spans.clear();
+        tused = 0;
+        host_ms = 0;
+    }
+
     ~oomb_kv_stream() {
+        for (oomb_event_t e : tpool) oomb_event_free(e);
         for (oomb_event_t e : ev_free) oomb_event_free(e);
         oomb_event_free(ev_in);
         oomb_event_free(ev_done);
@@ -140,10 +190,12 @@ struct oomb_kv_stream {
         if (oomb_status st = copy_out(kv->k[(size_t) l], kv->kh[(size_t) l], kv->page_kv_bytes, slot0, lp0, lp1)) return st;
         return copy_out(kv->v[(size_t) l], kv->vh[(size_t) l], kv->page_kv_bytes, slot0, lp0, lp1);
     }
-    // queue `to` waits for everything queued so far on `from`
+    // queue `to` waits for everything queued so far on `from` (the compute queue's wait is timed)
     oomb_status order(oomb_event_t e, oomb_queue from, oomb_queue to) {
         oomb_status st = oomb_event_record(e, from);
+        const Span s = to == OOMB_QUEUE_COMPUTE && !host_clock ? span_begin(to) : Span{};
         if (st == OOMB_STATUS_OK) st = oomb_event_wait(be, to, e);
+        if (s.a) span_end(s, to, false);
         return st == OOMB_STATUS_OK ? st : fail(st, std::string("offload: event: ") + oomb_backend_last_error(be));
     }
     oomb_status run_block(AttnNode & a, int32_t first, int32_t last) {
@@ -167,6 +219,7 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
     s->g = g;
     s->ctx = oomb_init({0, true});
     if (const char * e = std::getenv("OOMB_DEBUG_OFFLOAD_FAIL_COPY")) s->fail_at = std::strtoull(e, nullptr, 10);
+    s->host_clock = oomb_backend_is_host(backend);
     auto layer_of = [&](const oomb_tensor * pool) {
         for (int l = 0; l < kv->p.n_layer; l++)
             if (kv->k[(size_t) l] == pool) return l;
@@ -251,7 +304,9 @@ oomb_status oomb_kv_stream::attention(AttnNode & a, int64_t c0, int64_t c1) {
     if (st) return st;
     if (cs < c1 && (a.store || a.back)) {
         if ((st = order(ev_done, OOMB_QUEUE_COMPUTE, OOMB_QUEUE_COPY))) return st;
+        const Span sp = span_begin(OOMB_QUEUE_COPY);
         if ((st = a.back ? grad_out(l, kv->cur_slot0(), cs, c1) : kv_out(l, kv->cur_slot0(), cs, c1))) return st;
+        span_end(sp, OOMB_QUEUE_COPY, true);
     }
     // resident history
     if (std::min(R, c0) > 0 && (st = run_block(a, 0, (int32_t) std::min(R, c0)))) return st;
@@ -263,14 +318,18 @@ oomb_status oomb_kv_stream::attention(AttnNode & a, int64_t c0, int64_t c1) {
         const int64_t slot0 = kv->set_slot0(set);
         if (ev_free_set[e] && oomb_event_wait(be, OOMB_QUEUE_COPY, ev_free[e]))
             return fail(OOMB_STATUS_DEVICE_ERROR, std::string("offload: event: ") + oomb_backend_last_error(be));
+        const Span sp = span_begin(OOMB_QUEUE_COPY);
         if ((st = kv_in(l, slot0, lo, hi))) return st;
         if (a.back && (st = grad_in(l, slot0, lo, hi))) return st;
+        span_end(sp, OOMB_QUEUE_COPY, true);
         if ((st = order(ev_in, OOMB_QUEUE_COPY, OOMB_QUEUE_COMPUTE))) return st;
         if ((st = run_block(a, (int32_t) lo, (int32_t) hi))) return st;
         g_blocks++;
         if (a.back) {
             if ((st = order(ev_done, OOMB_QUEUE_COMPUTE, OOMB_QUEUE_COPY))) return st;
+            const Span so = span_begin(OOMB_QUEUE_COPY);
             if ((st = grad_out(l, slot0, lo, hi))) return st;
+            span_end(so, OOMB_QUEUE_COPY, true);
         }
         // the set is free once its last reader (the block) and, in a backward, its copy out finished
         if (oomb_event_record(ev_free[e], a.back ? OOMB_QUEUE_COPY : OOMB_QUEUE_COMPUTE))
@@ -308,10 +367,12 @@ oomb_status oomb_kv_stream::compute(int64_t p0, int64_t T) {
     oomb_status st = OOMB_STATUS_OK;
     // the chunk's own pages past R: the K/V that hold data (a store fills the rest), their gradients
     const int64_t kv_end = has_store ? std::min(c1, (p0 + P - 1) / P) : c1;
+    const Span sp = span_begin(OOMB_QUEUE_COPY);
     for (int l = 0; l < kv->p.n_layer && !st; l++) {
         st = kv_in(l, kv->cur_slot0(), cs, kv_end);
         if (!st && has_back) st = grad_in(l, kv->cur_slot0(), cs, c1);
     }
+    span_end(sp, OOMB_QUEUE_COPY, true);
     if (!st) st = order(ev_in, OOMB_QUEUE_COPY, OOMB_QUEUE_COMPUTE);
     for (size_t i = 0; i < attn.size() && !st; i++) {
         st = run(parts[i]);
@@ -322,6 +383,7 @@ oomb_status oomb_kv_stream::compute(int64_t p0, int64_t T) {
     const oomb_status s1 = oomb_backend_queue_synchronize(be, OOMB_QUEUE_COPY);
     oomb_backend_synchronize(be);
     if (!st && s1) st = fail(s1, std::string("offload: ") + oomb_backend_last_error(be));
+    if (!st) collect_times();
     return st;
 }
 
@@ -333,5 +395,5 @@ enum oomb_status oomb_kv_stream_compute(oomb_kv_stream_t s, int64_t p0, int64_t 
 const char * oomb_kv_stream_last_error(oomb_kv_stream_t s) { return s ? s->err.c_str() : ""; }
 
 struct oomb_kv_stream_stats oomb_kv_stream_totals(void) {
-    return {g_bytes_in.load(), g_bytes_out.load(), g_copies.load(), g_blocks.load()};
+    return {g_bytes_in.load(), g_bytes_out.load(), g_copies.load(), g_blocks.load(), g_copy_us.load() / 1e3, g_wait_us.load() / 1e3};
 }
