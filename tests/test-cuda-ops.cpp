@@ -1062,6 +1062,23 @@ TEST_F(CudaOps, AdamwAndSgd) {
     }
 }
 
+// The merge of two partial paged-attention results (in place into acc, through the backends'
+// dispatchers): random outs and finite LSEs (the -inf rows: test-cuda-paged-attn.cpp), sizes that
+// divide neither the CUDA kernel's row runs nor a warp.
+TEST_F(CudaOps, PagedAttnMerge) {
+    REQUIRE_CUDA();
+    const int64_t dims[2][3] = {{24, 3, 37}, {64, 5, 130}};
+    for (const auto & d : dims) {
+        const std::string name = "paged_attn_merge D" + std::to_string(d[0]) + " H" + std::to_string(d[1]) + " T" + std::to_string(d[2]);
+        expect_case(name.c_str(), [&d](Builder & B) -> std::vector<oomb_tensor *> {
+            const int64_t n = d[0] * d[1] * d[2] + d[1] * d[2];
+            oomb_tensor * acc = B.input(OOMB_TYPE_F32, n, 1, 1, 1, -3.0f, 3.0f);
+            oomb_tensor * part = B.input(OOMB_TYPE_F32, n, 1, 1, 1, -3.0f, 3.0f);
+            return {oomb_paged_attn_merge(B.ctx, acc, part, d[0], d[1], d[2])};
+        }, 1e-6);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Forward + backward of a small transformer block on both backends
 // ---------------------------------------------------------------------------------------------

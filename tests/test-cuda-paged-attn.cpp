@@ -12,6 +12,8 @@
 // them (ranges: all; lists: the generic kernels, where the dispatcher routes them from bf16 pools
 // too), and each case checks that the dispatcher ran the kernel family it should (oomb_cuda_paged_attn_last_family).
 // Kernel choices are set through oomb_cuda_paged_attn_set_config (ConfigScope), not the environment.
+// The merge of partial results (cuda/paged-attn-merge.cu) against the CPU kernel on random data with
+// rows where one or both LSEs are -inf, and DENSE equal to the merge of RANGE blocks on the GPU.
 
 #include <gtest/gtest.h>
 
@@ -678,6 +680,150 @@ TEST(CudaPagedAttn, Schedules) {
                 run_case(cc, seed++);
             }
         }
+    }
+#endif
+}
+
+#ifdef OOMB_USE_CUDA
+namespace {
+// One merge on the CPU backend (host acc / part) and through the CUDA launcher (device copies).
+void merge_both(const std::vector<float> & a, const std::vector<float> & p, int64_t D, int64_t H, int64_t T, std::vector<float> & cpu_r,
+                std::vector<float> & gpu_r) {
+    const int64_t n = (int64_t) a.size();
+    oomb_context * hc = oomb_init({0, false});
+    oomb_tensor * acc = oomb_new_tensor_1d(hc, OOMB_TYPE_F32, n), * part = oomb_new_tensor_1d(hc, OOMB_TYPE_F32, n);
+    memcpy(acc->data, a.data(), (size_t) n * 4);
+    memcpy(part->data, p.data(), (size_t) n * 4);
+    oomb_context * dc = oomb_init({0, true});
+    DevMem mem;
+    oomb_tensor * d_acc = mem.copy_of(dc, acc), * d_part = mem.copy_of(dc, part);
+    oomb_tensor * d_m = oomb_paged_attn_merge(dc, d_acc, d_part, D, H, T);
+    d_m->data = d_acc->data;  // no_alloc context: the view's data is set by hand
+    oomb_tensor * m = oomb_paged_attn_merge(hc, acc, part, D, H, T);
+    oomb_cgraph * g = oomb_new_graph(hc);
+    oomb_build_forward_expand(g, m);
+    oomb_backend_graph_compute(cpu(), g);
+    cpu_r = host_f32(acc);
+    if (!mem.failed) {
+        cudaDeviceSynchronize();
+        oomb_cuda_paged_attn_merge(cuda_ctx(), d_m, d_acc, d_part);
+        cudaDeviceSynchronize();
+        gpu_r = dev_f32(d_acc);
+    }
+    oomb_free(dc);
+    oomb_free(hc);
+}
+} // namespace
+#endif
+
+// Random outs / LSEs, rows by r % 5: acc's LSE -inf, part's -inf, both, LSEs 120 apart, random; the
+// -inf side's out holds garbage (1e30) that must not be read. GPU vs CPU: -inf rows exactly, the
+// rest within 1e-6 (expf / logf differ from the host's in the last bits).
+TEST(CudaPagedAttnMerge, MatchesCpu) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    const int64_t dims[3][3] = {{24, 3, 37}, {64, 5, 130}, {1500, 1, 3}};
+    for (const auto & dm : dims) {
+        const int64_t D = dm[0], H = dm[1], T = dm[2], R = H * T;
+        SCOPED_TRACE("D" + std::to_string(D) + " H" + std::to_string(H) + " T" + std::to_string(T));
+        std::mt19937 rng((uint32_t) (D * 31 + T));
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f), l(-4.0f, 6.0f);
+        std::vector<float> a((size_t) (D * R + R)), p(a.size());
+        for (int64_t r = 0; r < R; r++) {
+            float la = l(rng), lp = l(rng);
+            if (r % 5 == 0 || r % 5 == 2) la = -INFINITY;
+            if (r % 5 == 1 || r % 5 == 2) lp = -INFINITY;
+            if (r % 5 == 3) lp = la - 120.0f;
+            a[(size_t) (D * R + r)] = la;
+            p[(size_t) (D * R + r)] = lp;
+            for (int64_t d = 0; d < D; d++) {
+                a[(size_t) (r * D + d)] = la == -INFINITY ? 1e30f : u(rng);
+                p[(size_t) (r * D + d)] = lp == -INFINITY ? -1e30f : u(rng);
+            }
+        }
+        std::vector<float> c, g;
+        merge_both(a, p, D, H, T, c, g);
+        ASSERT_EQ(g.size(), c.size());
+        int bad = 0;
+        for (int64_t r = 0; r < R; r++) {
+            const bool exact = r % 5 <= 2;
+            for (int64_t d = 0; d <= D; d++) {  // d == D: the row's LSE
+                const size_t i = d < D ? (size_t) (r * D + d) : (size_t) (D * R + r);
+                if (exact) bad += !(g[i] == c[i]);
+                else bad += !std::isfinite(g[i]) || !(std::fabs(g[i] - c[i]) <= 1e-6f * std::max(1.0f, std::fabs(c[i])));
+            }
+        }
+        EXPECT_EQ(bad, 0) << "elements off (out or LSE)";
+    }
+#endif
+}
+
+// DENSE equals the merge of RANGE blocks [0, 2), [2, 5), [5, last) and an empty one on the GPU, bf16
+// pools on the fast kernels (head dim 64, page 64; the chunk starts mid-page 4, its first rows see
+// no key of [5, last)) and f32 pools on the generic ones; against the CPU's dense result at the
+// tolerances of the other cases (bf16 operands in the tensor-core kernels: 3e-2).
+TEST(CudaPagedAttnMerge, MergedRangesEqualDense) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    for (oomb_type type : {OOMB_TYPE_BF16, OOMB_TYPE_F32}) {
+        SCOPED_TRACE(oomb_type_name(type));
+        const int D = 64, P = 64, H = 14, Hkv = 2, hist = 300, T = 37;
+        const int n_logical = (hist + T + P - 1) / P, n_pages = n_logical + 2;
+        std::mt19937 rng(4321);
+        oomb_context * hc = oomb_init({0, false});
+        oomb_tensor * q = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, D, H, T);
+        oomb_tensor * kc = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, D, Hkv, T), * vc = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, D, Hkv, T);
+        oomb_tensor * kp = oomb_new_tensor_4d(hc, type, D, Hkv, P, n_pages), * vp = oomb_new_tensor_4d(hc, type, D, Hkv, P, n_pages);
+        oomb_tensor * pt = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, n_logical), * pos = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, T);
+        oombtest::fill_uniform(q, rng, -2.0f, 2.0f);
+        for (oomb_tensor * t : {kc, vc, kp, vp}) oombtest::fill_uniform(t, rng, -1.0f, 1.0f);
+        std::vector<int> perm(n_pages);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (int i = 0; i < n_logical; i++) ((int32_t *) pt->data)[i] = perm[i];
+        for (int t = 0; t < T; t++) ((int32_t *) pos->data)[t] = hist + t;
+        auto attn = [&](oomb_context * x, oomb_tensor * q_, oomb_tensor * kc_, oomb_tensor * vc_, oomb_tensor * kp_, oomb_tensor * vp_,
+                        oomb_tensor * pt_, oomb_tensor * pos_, const oomb_page_schedule & sc) {
+            oomb_paged_attn_args a{};
+            a.q = q_; a.k_cur = kc_; a.v_cur = vc_; a.k_pages = kp_; a.v_pages = vp_; a.page_table = pt_; a.pos = pos_;
+            a.schedule = sc; a.scale = 1.0f / std::sqrt((float) D);
+            return oomb_paged_attn_ext(x, &a)->view_src;  // the packed node
+        };
+        oomb_tensor * dense = attn(hc, q, kc, vc, kp, vp, pt, pos, oomb_schedule_dense());
+        oomb_cgraph * g = oomb_new_graph(hc);
+        oomb_build_forward_expand(g, dense);
+        oomb_backend_graph_compute(cpu(), g);
+        const std::vector<float> want = host_f32(dense);
+
+        oomb_context * dc = oomb_init({0, true});
+        DevMem mem;
+        auto dev = [&](const oomb_tensor * h) { return mem.copy_of(dc, h); };
+        oomb_tensor * d_q = dev(q), * d_kc = dev(kc), * d_vc = dev(vc), * d_kp = dev(kp), * d_vp = dev(vp), * d_pt = dev(pt), * d_pos = dev(pos);
+        const int cuts[4][2] = {{0, 2}, {2, 5}, {5, n_logical}, {n_logical, n_logical + 2}};
+        oomb_tensor * blocks[4];
+        for (int b = 0; b < 4; b++) {
+            blocks[b] = attn(dc, d_q, d_kc, d_vc, d_kp, d_vp, d_pt, d_pos, oomb_schedule_range(cuts[b][0], cuts[b][1]));
+            mem.place(blocks[b], nullptr);
+        }
+        if (mem.failed) { oomb_free(dc); oomb_free(hc); return; }
+        for (int b = 0; b < 4; b++) launch_fwd(blocks[b]);
+        for (int b = 1; b < 4; b++) {
+            oomb_tensor * m = oomb_paged_attn_merge(dc, blocks[0], blocks[b], D, H, T);
+            m->data = blocks[0]->data;
+            cudaDeviceSynchronize();
+            oomb_cuda_paged_attn_merge(cuda_ctx(), m, blocks[0], blocks[b]);
+            cudaDeviceSynchronize();
+        }
+        const std::vector<float> got = dev_f32(blocks[0]);
+        const size_t n_out = (size_t) D * H * T;
+        const double tol = type == OOMB_TYPE_F32 ? 1e-3 : 3e-2;
+        EXPECT_LT(rel_err(std::vector<float>(got.begin(), got.begin() + n_out), std::vector<float>(want.begin(), want.begin() + n_out)), tol)
+            << "merged out vs dense";
+        int bad = 0;
+        for (size_t i = n_out; i < want.size(); i++) bad += !(std::fabs(got[i] - want[i]) <= tol * std::max(1.0f, std::fabs(want[i])));
+        EXPECT_EQ(bad, 0) << "merged LSE vs dense";
+        oomb_free(dc);
+        oomb_free(hc);
     }
 #endif
 }
