@@ -10,6 +10,7 @@
 // to all earlier tokens of that window. Prints the token count, the mean negative log-likelihood
 // over all predicted tokens (nats) and the perplexity exp(mean NLL).
 #include "train-common.h"
+#include "train-offload.h"
 
 #include "gguf.h"
 #include "model.h"
@@ -55,8 +56,11 @@ int main(int argc, char ** argv) {
     app.add_option("--device", device, "cpu or cuda")->capture_default_str();
     app.add_option("--rope-theta", rope_theta, "override the RoPE base");
     app.add_option("--json", json_out, "also write the results as JSON to this file");
+    OffloadOptions offload;
+    add_offload_options(app, offload);
     if (const int rc = parse_command_line(app, argc, argv, PROG); rc >= 0) return rc;
     check_chunk_options(PROG, app, ctx, chunk, page, threads, rope_theta);
+    check_offload_options(PROG, app, offload);
     if (app.count("--max-tokens")) need_in_range(PROG, max_tokens >= 1, "--max-tokens", (double) max_tokens, ">= 1");
     if (data.empty() == data_bin.empty()) fail(PROG, "give --data FILE (text) or --data-bin FILE (ids)");
     if (!json_out.empty()) {   // fail before evaluating when the result could not be written
@@ -110,6 +114,7 @@ int main(int argc, char ** argv) {
     tp.page = page;
     tp.max_tokens = ctx;
     tp.with_grad = false;  // forward only: no KV-gradient pages
+    plan_memory(PROG, offload, be, *m, &tp);
     ChunkDriver tr(model_chunk_builder(*m), tp);
     double nll = 0;
     int64_t targets = 0, windows = 0;

@@ -313,8 +313,10 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     int64_t steps_run = 0;
     int64_t last_good_ckpt = o.resume ? T.step : -1;
     const int64_t stop_at = o.stop_after > 0 ? std::min<int64_t>(o.stop_after, o.steps) : o.steps;
+    const bool offloaded = oomb_kv_cache_host_nbytes(T.tr->kv_cache()) > 0;
     while (T.step < stop_at) {
         const auto t0 = std::chrono::steady_clock::now();
+        const oomb_kv_stream_stats off0 = oomb_kv_stream_totals();
         const double lr = lr_at(o, T.step);
         oomb_opt_zero_grads(T.opt);
         double loss_sum = 0;
@@ -360,6 +362,22 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         if (has_dev) j["device_mem_bytes"] = dev_used;  // in use after the step = its peak (nothing is freed in a step)
         j["epoch"] = T.sampler.epoch;
         if (!good) j["skipped"] = true;
+        std::string off_line;
+        if (offloaded) {  // this step's transfers: bytes, and copy time hidden behind compute vs exposed
+            const oomb_kv_stream_stats off1 = oomb_kv_stream_totals();
+            const double in = (double) (off1.bytes_in - off0.bytes_in), out = (double) (off1.bytes_out - off0.bytes_out);
+            const double copy_s = (off1.copy_ms - off0.copy_ms) / 1e3, wait_s = (off1.wait_ms - off0.wait_ms) / 1e3;
+            j["offload_bytes_in"] = in;
+            j["offload_bytes_out"] = out;
+            j["offload_copy_s"] = copy_s;
+            j["offload_exposed_s"] = wait_s;
+            j["host_kv_bytes"] = oomb_kv_cache_host_nbytes(T.tr->kv_cache());
+            char buf[200];
+            snprintf(buf, sizeof(buf), " | host KV %s, copied %s in + %s out, %.1f s (%.0f%% hidden, %.1f GB/s)",
+                     fmt_bytes((double) oomb_kv_cache_host_nbytes(T.tr->kv_cache())).c_str(), fmt_bytes(in).c_str(), fmt_bytes(out).c_str(),
+                     copy_s, copy_s > 0 ? 100.0 * std::max(0.0, 1.0 - wait_s / copy_s) : 0.0, copy_s > 0 ? (in + out) / copy_s / 1e9 : 0.0);
+            off_line = buf;
+        }
         T.log_json(j);
         if (std::isfinite(loss)) T.history.push_back({T.step, loss, false});
         if (T.bad_run >= o.max_bad_steps) {
@@ -376,7 +394,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
                    (int) std::to_string(o.steps).size(), T.step, o.steps, loss, lr, gnorm, (double) o.seqs_per_step * o.ctx / dt,
                    fmt_duration(eta).c_str(), fmt_bytes((double) rss_bytes()).c_str(),
                    fmt_bytes((double) (oomb_kv_cache_nbytes(T.tr->kv_cache()) + T.tr->attn_cache_bytes())).c_str(),
-                   fmt_bytes((double) T.tr->arena_bytes()).c_str(), dev.c_str());
+                   fmt_bytes((double) T.tr->arena_bytes()).c_str(), (dev + off_line).c_str());
             fflush(stdout);
         }
         if (!T.data.eval_off.empty() && o.eval_every > 0 && (T.step % o.eval_every == 0 || T.step == o.steps)) evaluate();

@@ -56,8 +56,10 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     // bytes of one logical page over all layers: K and V (+ their f32 gradients when training)
     const double page_elems = (double) c.head_dim * (double) c.n_head_kv * (double) P * (double) c.n_layer;
     const double page_bytes = page_elems * (2.0 * (double) oomb_type_size(tp->kv_type) + (tp->with_grad ? 8.0 : 0.0));
-    const int64_t chunk_pages = (std::min(tp->chunk, tp->max_tokens) + P - 1) / P + 1;
-    const int64_t slot_pages = chunk_pages + 2 * (int64_t) oo.block_pages;
+    ChunkParams all_streamed = *tp;  // the most slots any resident count gives
+    all_streamed.resident_pages = 0;
+    all_streamed.stream_block_pages = oo.block_pages;
+    oomb_kv_tier_params slots = chunk_kv_tier(all_streamed);
 
     size_t used0 = 0, total = 0;
     const bool has_dev = oomb_backend_memory(be, &used0, &total);
@@ -83,20 +85,31 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     const double all_kv = page_bytes * (double) n_pages;
     const bool budget_given = oo.gpu_kv_budget >= 0;
     const double budget = budget_given ? oo.gpu_kv_budget * (double) (1ull << 30) : free_kv;
+    // a budget smaller than the streaming slots shrinks the blocks (down to one page); the chunk's
+    // own pages stay on the device whatever the budget
+    const int64_t budget_pages = (int64_t) std::min(budget / page_bytes, 1e15);
+    const bool streams = oo.mode == "on" || (oo.mode == "auto" && all_kv > budget);
+    if (streams && budget_pages < slots.chunk_pages + 2 * (int64_t) slots.block_pages) {
+        all_streamed.stream_block_pages = (int) std::max<int64_t>(1, (budget_pages - slots.chunk_pages) / 2);
+        slots = chunk_kv_tier(all_streamed);
+        if (budget_pages < slots.chunk_pages + 2 * (int64_t) slots.block_pages)
+            printf("note: the KV budget (%s, %" PRId64 " pages) is below the streaming slots (%d pages of the chunk + 2 x %d): the "
+                   "device holds the slots\n", fmt_bytes(budget).c_str(), budget_pages, slots.chunk_pages, slots.block_pages);
+    }
+    const int64_t slot_pages = slots.chunk_pages + 2 * (int64_t) slots.block_pages;
 
     int64_t R = n_pages;  // resident pages
-    if (oo.mode == "on") {
-        R = budget_given ? std::clamp<int64_t>((int64_t) (budget / page_bytes) - slot_pages, 0, n_pages - 1) : 0;
-    } else if (oo.mode == "auto" && all_kv > budget) {
-        R = std::clamp<int64_t>((int64_t) (budget / page_bytes) - slot_pages, 0, n_pages - 1);
-    }
+    if (oo.mode == "on") R = budget_given ? std::clamp<int64_t>(budget_pages - slot_pages, 0, n_pages - 1) : 0;
+    else if (streams) R = std::clamp<int64_t>(budget_pages - slot_pages, 0, n_pages - 1);
     const bool tiered = R < n_pages;
     if (tiered && attn_cache > 0)
         fail(prog, "--attn-cache keeps " + fmt_bytes(attn_cache) + " of attention results on the device, which a streamed KV cache "
                    "does not support: drop --attn-cache (or --offload off if the KV cache fits)");
     tp->resident_pages = tiered ? R : -1;
-    tp->stream_block_pages = oo.block_pages;
-    const double dev_kv = tiered ? page_bytes * (double) (R + slot_pages) : all_kv;
+    tp->stream_block_pages = slots.block_pages;
+    const oomb_kv_tier_params used = chunk_kv_tier(*tp);  // what the driver allocates (slots capped by the streamed pages)
+    const int64_t used_slots = used.chunk_pages + 2 * (int64_t) used.block_pages;
+    const double dev_kv = tiered ? page_bytes * (double) (R + used_slots) : all_kv;
     const double host_kv = tiered ? page_bytes * (double) (n_pages - R) : 0.0;
     const std::string dev = oomb_backend_name(be);
     printf("memory plan (%s%s): weights, gradients and optimizer state %s | chunk arena %s (chunk %" PRId64 ")%s\n", dev.c_str(),
@@ -108,8 +121,8 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     if (!tiered) printf("all on the device, %s (offload %s)\n", fmt_bytes(all_kv).c_str(), oo.mode.c_str());
     else
         printf("%" PRId64 " resident + %" PRId64 " slots on the device (%s), %" PRId64 " streamed from %s host memory (%s; offload %s, blocks of %d pages)\n",
-               R, slot_pages, fmt_bytes(dev_kv).c_str(), n_pages - R, has_dev ? "pinned" : "plain", fmt_bytes(host_kv).c_str(),
-               oo.mode.c_str(), oo.block_pages);
+               R, used_slots, fmt_bytes(dev_kv).c_str(), n_pages - R, has_dev ? "pinned" : "plain", fmt_bytes(host_kv).c_str(),
+               oo.mode.c_str(), used.block_pages);
     if (has_dev) {
         const double need = (double) used0 + (double) arena + attn_cache + dev_kv;
         printf("             device total %s of %s%s\n", fmt_bytes(need).c_str(), fmt_bytes((double) total).c_str(),

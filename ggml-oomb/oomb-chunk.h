@@ -64,6 +64,12 @@ struct ChunkParams {
     int stream_block_pages = 16;
 };
 
+/// The host tier a driver of these parameters gives its KV cache (p.resident_pages at least the
+/// cache's page count, or negative: resident_pages = the page count, no host tier): the chunk slots
+/// (the pages a chunk spans, at most the streamed pages) and the block sets' size (at most the
+/// streamed pages).
+oomb_kv_tier_params chunk_kv_tier(const ChunkParams & p);
+
 /// Statistics of one forward(/backward) over a sequence.
 struct ChunkStats {
     double  loss_sum = 0.0;  // sum of the per-target cross-entropies

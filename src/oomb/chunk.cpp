@@ -47,6 +47,16 @@ oomb_tensor * chunk_attention(oomb_context * ctx, const ChunkGraphInputs & in, i
     return a;
 }
 
+oomb_kv_tier_params chunk_kv_tier(const ChunkParams & p) {
+    const int64_t n_pages = (p.max_tokens + p.page - 1) / p.page;
+    oomb_kv_tier_params t;
+    t.resident_pages = p.resident_pages >= 0 && p.resident_pages < n_pages ? p.resident_pages : n_pages;
+    const int64_t streamed = std::max<int64_t>(1, n_pages - t.resident_pages);
+    t.chunk_pages = (int) std::min<int64_t>((std::min(p.chunk, p.max_tokens) + p.page - 1) / p.page + 1, streamed);
+    t.block_pages = (int) std::min<int64_t>(std::max(1, p.stream_block_pages), streamed);
+    return t;
+}
+
 ChunkDriver::ChunkDriver(std::unique_ptr<ChunkGraphBuilder> builder, const ChunkParams & p) : builder_(std::move(builder)), p_(p) {
     if (!builder_) oomb_error("ChunkDriver: no chunk-graph builder");
     shape_ = builder_->shape();
@@ -74,11 +84,7 @@ ChunkDriver::ChunkDriver(std::unique_ptr<ChunkGraphBuilder> builder, const Chunk
         if (p.cache_attn && p.with_grad && p.max_tokens > p.chunk)
             oomb_error("ChunkDriver: the attention-result cache (cache_attn, oomb-train --attn-cache) does not work with a host tier "
                        "(resident_pages %" PRId64 " < %" PRId64 " pages): drop one of them", p.resident_pages, n_pages);
-        oomb_kv_tier_params tier;
-        tier.resident_pages = p.resident_pages;
-        tier.block_pages = p.stream_block_pages;
-        tier.chunk_pages = (int) ((std::min(p.chunk, p.max_tokens) + p.page - 1) / p.page + 1);
-        kv_ = oomb_kv_cache_init_tiered(shape_.backend, kp, tier);
+        kv_ = oomb_kv_cache_init_tiered(shape_.backend, kp, chunk_kv_tier(p));
     } else {
         kv_ = oomb_kv_cache_init(shape_.backend, kp);
     }
