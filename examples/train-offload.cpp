@@ -22,14 +22,14 @@ void add_offload_options(CLI::App & app, OffloadOptions & o) {
     app.add_option("--gpu-kv-budget", o.gpu_kv_budget,
                    "GiB of device memory for KV pages (resident pages and streaming slots; fractions allowed, e.g. 0.001); "
                    "default: what is left after weights, optimizer state and the chunk arena, less a margin");
-    app.add_option("--offload-block", o.block_pages, "pages per streamed history block")->capture_default_str();
+    app.add_option("--offload-block", o.block_pages, "pages per streamed history block (0: 16,384 tokens' worth)")->capture_default_str();
 }
 
 void check_offload_options(const char * prog, const CLI::App & app, const OffloadOptions & o) {
     if (o.mode != "auto" && o.mode != "on" && o.mode != "off") fail(prog, "--offload must be auto, on or off, got '" + o.mode + "'");
     if (app.count("--gpu-kv-budget") && !(o.gpu_kv_budget >= 0)) fail(prog, "--gpu-kv-budget must be >= 0 GiB, got " + std::to_string(o.gpu_kv_budget));
     if (app.count("--gpu-kv-budget") && o.mode == "off") fail(prog, "--gpu-kv-budget sets the device share of an offloaded KV cache: it needs --offload auto or on");
-    if (o.block_pages < 1) fail(prog, "--offload-block must be >= 1, got " + std::to_string(o.block_pages));
+    if (o.block_pages < 0) fail(prog, "--offload-block must be >= 0 (0: automatic), got " + std::to_string(o.block_pages));
 }
 
 namespace {
@@ -58,7 +58,7 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     const double page_bytes = page_elems * (2.0 * (double) oomb_type_size(tp->kv_type) + (tp->with_grad ? 8.0 : 0.0));
     ChunkParams all_streamed = *tp;  // the most slots any resident count gives
     all_streamed.resident_pages = 0;
-    all_streamed.stream_block_pages = oo.block_pages;
+    all_streamed.stream_block_pages = oo.block_pages > 0 ? oo.block_pages : (int) std::max<int64_t>(1, 16384 / P);
     oomb_kv_tier_params slots = chunk_kv_tier(all_streamed);
 
     size_t used0 = 0, total = 0;
