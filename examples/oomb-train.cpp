@@ -369,6 +369,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
             const double copy_s = (off1.copy_ms - off0.copy_ms) / 1e3, wait_s = (off1.wait_ms - off0.wait_ms) / 1e3;
             j["offload_bytes_in"] = in;
             j["offload_bytes_out"] = out;
+            j["offload_copies"] = off1.n_copies - off0.n_copies;
             j["offload_copy_s"] = copy_s;
             j["offload_exposed_s"] = wait_s;
             j["host_kv_bytes"] = oomb_kv_cache_host_nbytes(T.tr->kv_cache());

@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Host offload through the command line (issue 12's verification contract), on the CPU backend:
+
+  - `oomb-train -m M.gguf --tokens IDS --chunk C --page P --device cpu --offload on
+    --gpu-kv-budget 0.001 --dump-grads OUT` gives the same gradients as without offload (every
+    tensor to 1e-5 of its largest element: only the blocks' summation order differs), for chunk and
+    page sizes that do not divide the sequence (qwen2-mini, 64 tokens: chunk 13 / page 5, chunk 24 /
+    page 7), and the memory plan says what streams;
+  - a training run with offload prints the plan and the progress line's host-KV and copy figures,
+    and logs them in train.jsonl;
+  - a copy that fails mid-run (OOMB_DEBUG_OFFLOAD_FAIL_COPY, the test hook) stops the run with a
+    message naming it and a non-zero exit, and the last checkpoint stays loadable: --resume from it
+    finishes the run;
+  - bad settings: --offload maybe, --gpu-kv-budget -1, --gpu-kv-budget with --offload off,
+    --offload-block -2: clear messages, exit 1;
+  - oomb-eval --offload on gives the resident perplexity.
+
+Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT (OOMB_FIXTURES
+overrides it). Exit 0: all passed; 1: a failure; 77 (skip, with a SKIPPED line): a tool, fixture or
+Python package missing.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
+BIN = os.environ.get("OOMB_BIN_DIR") or os.path.join(SRC, "build", "bin")
+FIX = os.environ.get("OOMB_FIXTURES") or os.environ.get("OOMB_FIXTURES_DEFAULT") or os.path.join(SRC, "..", "shared", "fixtures")
+TRAIN, EVAL, CONVERT = (os.path.join(BIN, t) for t in ("oomb-train", "oomb-eval", "oomb-convert-hf"))
+
+
+def skip(why):
+    print(f"SKIPPED: {why}")
+    sys.exit(77)
+
+
+try:
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+except ImportError as e:
+    skip(f"{e} (needs numpy and safetensors)")
+for tool in (TRAIN, EVAL, CONVERT):
+    if not os.access(tool, os.X_OK):
+        skip(f"{tool} not built")
+if not os.path.isdir(os.path.join(FIX, "qwen2-mini")):
+    skip(f"fixture qwen2-mini not in {FIX}")
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok: " if ok else "FAIL: ") + what)
+    if not ok:
+        failures.append(what)
+
+
+def run(args, env=None, timeout=600):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=e)
+
+
+def worst_rel(a, b):
+    w = 0.0
+    for k in b:
+        if not k.startswith("grad."):
+            continue
+        x, y = a[k].astype(np.float64), b[k].astype(np.float64)
+        w = max(w, float(np.abs(x - y).max() / max(np.abs(y).max(), 1e-30)))
+    return w
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="oomb-py-offload-") as tmp:
+        gguf = os.path.join(tmp, "mini.gguf")
+        r = run([CONVERT, os.path.join(FIX, "qwen2-mini"), "--outtype", "f32", "-o", gguf])
+        if r.returncode != 0:
+            sys.exit(f"FAIL: oomb-convert-hf: {r.stdout}{r.stderr}")
+        ref = load_file(os.path.join(FIX, "qwen2-mini", "reference-short.safetensors"))
+        ids = os.path.join(tmp, "ids.safetensors")
+        save_file({"input_ids": ref["input_ids"].astype(np.int32)}, ids)
+
+        # 1. the verification contract: offloaded gradients == resident ones
+        for chunk, page in ((13, 5), (24, 7)):
+            out = {}
+            for name, extra in (("resident", []), ("offload", ["--offload", "on", "--gpu-kv-budget", "0.001"])):
+                path = os.path.join(tmp, f"g-{name}-{chunk}.safetensors")
+                r = run([TRAIN, "-m", gguf, "--tokens", ids, "--chunk", str(chunk), "--page", str(page), "--device", "cpu",
+                         "--dump-grads", path] + extra)
+                if r.returncode != 0:
+                    check(False, f"--dump-grads {name} chunk {chunk}: exit {r.returncode}: {r.stderr[-400:]}")
+                    break
+                out[name] = load_file(path)
+                if name == "offload":
+                    check("streamed from plain host memory" in r.stdout, f"chunk {chunk} page {page}: the plan says the KV pages stream")
+            if len(out) == 2:
+                w = worst_rel(out["offload"], out["resident"])
+                check(w < 1e-5, f"chunk {chunk} page {page}: offloaded gradients equal resident ones (worst {w:.2e}, tol 1e-5)")
+                l0, l1 = float(out["resident"]["loss"][0]), float(out["offload"]["loss"][0])
+                check(abs(l1 - l0) <= 1e-6 * abs(l0), f"chunk {chunk} page {page}: same loss ({l1:.8f} vs {l0:.8f})")
+
+        # 2. a training run with offload: plan, progress line, JSONL
+        data = os.path.join(tmp, "rand.bin")
+        np.random.default_rng(0).integers(0, 2048, size=20000, dtype=np.uint32).tofile(data)
+        base = [TRAIN, "-m", gguf, "--data-bin", data, "--ctx", "200", "--chunk", "64", "--page", "16", "--eval-every", "0",
+                "--offload", "on", "--gpu-kv-budget", "0.001", "--threads", "2"]
+        o1 = os.path.join(tmp, "run1")
+        r = run(base + ["--steps", "2", "--save-every", "-1", "-o", o1])
+        check(r.returncode == 0, f"training with --offload on: exit {r.returncode} {r.stderr[-300:]}")
+        check("memory plan" in r.stdout and "streamed from plain host memory" in r.stdout, "training prints the memory plan")
+        check("host KV" in r.stdout and "% hidden" in r.stdout, "the progress line shows the host KV and the copy time")
+        rows = [json.loads(x) for x in open(os.path.join(o1, "train.jsonl"))] if r.returncode == 0 else []
+        check(bool(rows) and rows[-1].get("offload_bytes_in", 0) > 0 and rows[-1].get("offload_copies", 0) > 0,
+              "train.jsonl logs the offload bytes and copies")
+        per_step = rows[-1]["offload_copies"] if rows else 0
+
+        # 3. a copy failing in step 3 of 4: message, exit code, the step-2 checkpoint kept and resumable
+        if per_step:
+            o2 = os.path.join(tmp, "run2")
+            r = run(base + ["--steps", "4", "--save-every", "1", "-o", o2], env={"OOMB_DEBUG_OFFLOAD_FAIL_COPY": str(2 * per_step + 3)})
+            check(r.returncode != 0 and "injected by OOMB_DEBUG_OFFLOAD_FAIL_COPY" in r.stderr,
+                  f"a failed copy stops the run with a message (exit {r.returncode}: {r.stderr.strip()[-200:]})")
+            check("checkpoint: step 2" in r.stdout and "checkpoint: step 3" not in r.stdout, "the run saved steps 1 and 2, not 3")
+            r = run(base + ["--steps", "4", "--save-every", "1", "-o", o2, "--resume"])
+            check(r.returncode == 0 and "step 4/4" in r.stdout, f"--resume after the fault finishes the run (exit {r.returncode} {r.stderr[-200:]})")
+
+        # 4. bad settings
+        for bad, msg in ((["--offload", "maybe"], "--offload must be auto, on or off"),
+                         (["--offload", "on", "--gpu-kv-budget", "-1"], "--gpu-kv-budget must be >= 0"),
+                         (["--offload", "off", "--gpu-kv-budget", "1"], "needs --offload auto or on"),
+                         (["--offload-block", "-2"], "--offload-block must be >= 0")):
+            r = run([TRAIN, "-m", gguf, "--tokens", ids, "--dump-grads", os.path.join(tmp, "x.safetensors")] + bad)
+            check(r.returncode == 1 and msg in r.stderr, f"{' '.join(bad)}: exit 1 with '{msg}' (got {r.returncode}: {r.stderr.strip()[-200:]})")
+
+        # 5. oomb-eval with offload: the same perplexity
+        res = {}
+        for name, extra in (("resident", []), ("offload", ["--offload", "on", "--gpu-kv-budget", "0.0005"])):
+            js = os.path.join(tmp, f"eval-{name}.json")
+            r = run([EVAL, "-m", gguf, "--data-bin", data, "--ctx", "300", "--chunk", "70", "--page", "16", "--max-tokens", "900",
+                     "--json", js] + extra)
+            check(r.returncode == 0, f"oomb-eval {name}: exit {r.returncode} {r.stderr[-300:]}")
+            if r.returncode == 0:
+                res[name] = json.load(open(js))
+        if len(res) == 2:
+            a, b = res["resident"]["mean_nll"], res["offload"]["mean_nll"]
+            check(abs(a - b) <= 1e-6 * abs(a), f"oomb-eval: offloaded mean NLL {b:.8f} equals resident {a:.8f}")
+
+    if failures:
+        sys.exit(f"FAIL: {len(failures)} check(s) failed")
+    print("ok: host offload through the command line")
+
+
+if __name__ == "__main__":
+    main()
