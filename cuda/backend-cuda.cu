@@ -129,6 +129,7 @@ void cuda_free_mem(oomb_backend_t b, void * base) {
     set_device(c);
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->copy_stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->copy_out_stream));
     CUDA_CHECK(cudaFree(base));
 }
 
@@ -150,10 +151,13 @@ void cuda_free_host(oomb_backend_t b, void * base) {
     // queued copies may still read or write it
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->copy_stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->copy_out_stream));
     CUDA_CHECK(cudaFreeHost(base));
 }
 
-cudaStream_t queue_stream(oomb_cuda_ctx * c, enum oomb_queue q) { return q == OOMB_QUEUE_COPY ? c->copy_stream : c->stream; }
+cudaStream_t queue_stream(oomb_cuda_ctx * c, enum oomb_queue q) {
+    return q == OOMB_QUEUE_COPY ? c->copy_stream : q == OOMB_QUEUE_COPY_OUT ? c->copy_out_stream : c->stream;
+}
 
 // dst and src: host memory (pinned or pageable) or device memory; UVA finds the direction.
 void cuda_copy_async(oomb_backend_t b, enum oomb_queue q, void * dst, const void * src, size_t size) {
@@ -430,6 +434,7 @@ void cuda_free_backend(oomb_backend_t b) {
     cudaSetDevice(c->device);
     cudaStreamSynchronize(c->stream);
     cudaStreamSynchronize(c->copy_stream);
+    cudaStreamSynchronize(c->copy_out_stream);
     if (c->profile) {
         double total = 0;
         for (int op = 0; op < OOMB_OP_COUNT; op++) total += c->prof_ms[op];
@@ -465,6 +470,7 @@ void cuda_free_backend(oomb_backend_t b) {
     if (c->d_err) cudaFree(c->d_err);
     if (c->stream) cudaStreamDestroy(c->stream);
     if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
+    if (c->copy_out_stream) cudaStreamDestroy(c->copy_out_stream);
     delete c;
     delete b;
 }
@@ -536,6 +542,7 @@ oomb_backend_t oomb_backend_cuda_init(int device) {
     }
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_out_stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&c->cublas));
     CUBLAS_CHECK(cublasSetStream(c->cublas, c->stream));
     c->cublas_ws_size = (size_t) 32 << 20;

@@ -68,6 +68,7 @@ struct oomb_cuda_ctx {
     int device = 0;
     cudaStream_t stream = nullptr;       // OOMB_QUEUE_COMPUTE: kernels, cuBLAS, synchronous set/get
     cudaStream_t copy_stream = nullptr;  // OOMB_QUEUE_COPY: asynchronous copies beside the kernels
+    cudaStream_t copy_out_stream = nullptr;  // OOMB_QUEUE_COPY_OUT: a second copy queue (the other PCIe direction)
     std::string buft_name;               // "CUDA<device>"
     cudaError_t fail_next_copy = cudaSuccess;  // oomb_cuda_debug_fail_next_copy (tests)
     cublasHandle_t cublas = nullptr;

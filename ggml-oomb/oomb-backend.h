@@ -26,7 +26,7 @@
 //     by oomb_pinned_host_bytes(); CPU: aligned host memory). A tensor placed in a host buffer
 //     is a host tensor (the CPU backend and oomb_get/set_f32_* can use it directly).
 //   - Queues: a backend has a compute queue (graph_compute, the synchronous oomb_tensor_set/get)
-//     and a copy queue (CUDA: a second stream, so uploads / downloads overlap kernels). The
+//     and two copy queues (CUDA: two more streams, so uploads and downloads overlap kernels and each other). The
 //     asynchronous copies take the queue; work on one queue runs in order, work on different
 //     queues is unordered unless an event orders it: record an event on one queue after the
 //     copy, make the other queue wait for it. A host buffer passed to an asynchronous copy must
@@ -49,8 +49,11 @@ typedef struct oomb_event   * oomb_event_t;
 
 /// The queues of a backend (see the top of this file).
 enum oomb_queue {
-    OOMB_QUEUE_COMPUTE = 0,
-    OOMB_QUEUE_COPY    = 1,
+    OOMB_QUEUE_COMPUTE  = 0,
+    OOMB_QUEUE_COPY     = 1,
+    // a second copy queue: PCIe is full duplex, so copies to the host on this queue run beside copies
+    // from the host on OOMB_QUEUE_COPY (CUDA: a third stream; any direction is allowed on either)
+    OOMB_QUEUE_COPY_OUT = 2,
 };
 
 /// Result of the backend calls that can fault at run time (graph_compute, asynchronous copies).

@@ -47,8 +47,9 @@ void oomb_kv_stream_free(oomb_kv_stream_t s);
 /// them; kv reserved up to p0 + T): sets kv's page table for this chunk, streams what the chunk
 /// reads, writes back what it changed, and waits until all of it finished. A fault of a kernel or
 /// a copy returns its status (oomb_backend_last_error names it); the host tier may then hold a
-/// partial result. Test hook: OOMB_DEBUG_OFFLOAD_FAIL_COPY=N in the environment when the stream is
-/// created makes its N-th copy (1-based, counted over all its computes) fail as a device error.
+/// partial result. Test hook: OOMB_DEBUG_OFFLOAD_FAIL_COPY=N in the environment when a stream is
+/// created (the first one with that value) makes the N-th copy after it, counted over every
+/// stream of the process, fail once as a device error.
 enum oomb_status oomb_kv_stream_compute(oomb_kv_stream_t s, int64_t p0, int64_t T);
 /// The message of the stream's last failed compute ("" after one that succeeded).
 const char * oomb_kv_stream_last_error(oomb_kv_stream_t s);

@@ -394,7 +394,7 @@ template <typename F> oomb_status captured(oomb_backend_t b, const char * what, 
 }
 
 void check_queue(enum oomb_queue q, const char * fn) {
-    if (q != OOMB_QUEUE_COMPUTE && q != OOMB_QUEUE_COPY) oomb_error("%s: unknown queue %d", fn, (int) q);
+    if (q != OOMB_QUEUE_COMPUTE && q != OOMB_QUEUE_COPY && q != OOMB_QUEUE_COPY_OUT) oomb_error("%s: unknown queue %d", fn, (int) q);
 }
 
 // t's memory is host memory or a buffer of b (either type).

@@ -7,19 +7,24 @@
 // a chunk maps every logical page it reads to its slot: pages of history block b to set b % 2, so
 // one table serves every layer and every block of the chunk.
 //
-// Order of one attention node (the kernels and the merge are stream-ordered on the compute queue;
-// copies run on the copy queue, ordered by events):
+// Order of one attention node (kernels and merges in order on the compute queue; copies to the
+// device on the copy queue, copies to the host on the second copy queue, PCIe's other direction;
+// events order them):
+//   the first two history blocks start streaming into sets 0 and 1 (each set once its last use
+//   finished), then
 //   forward:  the node itself, patched to RANGE [c0, c1) (the chunk's pages, with its store) ->
 //             copy the chunk's K/V pages past R out to the host (after the node);
 //             resident history RANGE [0, min(R, c0)) -> merge;
-//             block b: copy K/V in to set b%2 (after set b%2's last reader) -> RANGE -> merge.
+//             block b (after its copy in): RANGE -> merge; then block b + 2 streams into the set.
 //   backward: the node itself patched to RANGE [c0, c1) (dq, and dk/dv of the chunk read back) ->
 //             copy the chunk's gradient pages past R out; resident history -> dq += ...;
-//             block b: copy K/V/dK/dV in -> RANGE backward -> dq += ... -> copy dK/dV out.
+//             block b: RANGE backward -> dq += ... -> copy its dK/dV out; then block b + 2 streams
+//             in (K/V/dK/dV) once that copy out finished.
+// So block b + 1's copy in and block b - 1's copy out run beside block b's kernel.
 // The chunk's pages past R are copied in before the graph (the K/V that hold data, and their
 // gradients in a backward graph). Gradient pages never written since zero_grad are read from a
 // zero page instead of the host (the host tier is never cleared). The whole chunk finishes
-// (both queues synchronized) before compute returns, so chunks never overlap.
+// (every queue synchronized) before compute returns, so chunks never overlap.
 
 #include "oomb-offload.h"
 #include "oomb-impl.h"
@@ -31,12 +36,26 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <vector>
 
 namespace {
 
 std::atomic<uint64_t> g_bytes_in{0}, g_bytes_out{0}, g_copies{0}, g_blocks{0}, g_copy_us{0}, g_wait_us{0};
+// test hook OOMB_DEBUG_OFFLOAD_FAIL_COPY=N: armed by the first stream created while it is set (a
+// new value arms it again): the N-th copy after that, over every stream, fails once
+std::atomic<uint64_t> g_fail_at{0};
+std::mutex g_fail_mutex;
+std::string g_fail_armed;
+
+void arm_fault() {
+    const char * e = std::getenv("OOMB_DEBUG_OFFLOAD_FAIL_COPY");
+    std::lock_guard<std::mutex> lock(g_fail_mutex);
+    if (!e || !*e || g_fail_armed == e) return;
+    g_fail_armed = e;
+    g_fail_at = g_copies.load() + std::strtoull(e, nullptr, 10);
+}
 
 // One paged-attention node of the chunk graph and the graph that computes one of its blocks.
 struct AttnNode {
@@ -71,8 +90,8 @@ struct oomb_kv_stream {
     std::vector<oomb_event_t> ev_free;  // [layer * 2 + set]: the set's last use
     std::vector<bool> ev_free_set;
     oomb_event_t ev_in = nullptr, ev_done = nullptr;
+    oomb_event_t ev_set_in[2] = {nullptr, nullptr};  // a block's copies into set s finished
     std::string err;
-    uint64_t fail_at = 0, n_copies = 0;  // test hook (OOMB_DEBUG_OFFLOAD_FAIL_COPY)
 
     // Copy time (the copy queue busy) and exposed time (the compute queue waiting for copies):
     // pairs of timed events, read after the chunk finished. A synchronous backend times its
@@ -127,6 +146,7 @@ struct oomb_kv_stream {
         for (oomb_event_t e : ev_free) oomb_event_free(e);
         oomb_event_free(ev_in);
         oomb_event_free(ev_done);
+        for (oomb_event_t e : ev_set_in) oomb_event_free(e);
         oomb_buffer_free(scratch);
         oomb_free(ctx);
     }
@@ -142,9 +162,10 @@ struct oomb_kv_stream {
     }
     oomb_status copy_check(oomb_status st) {
         if (st != OOMB_STATUS_OK) return fail(st, std::string("offload: ") + oomb_backend_last_error(be));
-        g_copies++;
-        if (++n_copies == fail_at)
-            return fail(OOMB_STATUS_DEVICE_ERROR, "offload: copy " + std::to_string(fail_at) + " failed (injected by OOMB_DEBUG_OFFLOAD_FAIL_COPY)");
+        const uint64_t n = ++g_copies;
+        uint64_t at = g_fail_at.load();
+        if (at && n == at && g_fail_at.compare_exchange_strong(at, 0))
+            return fail(OOMB_STATUS_DEVICE_ERROR, "offload: copy " + g_fail_armed + " failed (injected by OOMB_DEBUG_OFFLOAD_FAIL_COPY)");
         return OOMB_STATUS_OK;
     }
     // host pages [lp0, lp1) (logical, >= R) <-> device slots from slot0 of pool t
@@ -158,7 +179,7 @@ struct oomb_kv_stream {
         if (lp1 <= lp0) return OOMB_STATUS_OK;
         const size_t n = (size_t) (lp1 - lp0) * pb;
         g_bytes_out += n;
-        return copy_check(oomb_tensor_get_async(be, OOMB_QUEUE_COPY, t, host + (size_t) (lp0 - kv->R) * pb, (size_t) slot0 * pb, n));
+        return copy_check(oomb_tensor_get_async(be, OOMB_QUEUE_COPY_OUT, t, host + (size_t) (lp0 - kv->R) * pb, (size_t) slot0 * pb, n));
     }
     // gradient pages: runs of fresh pages (zero since zero_grad) come from the zero pages
     oomb_status grad_in(int l, int64_t slot0, int64_t lp0, int64_t lp1) {
@@ -218,7 +239,7 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
     s->be = backend;
     s->g = g;
     s->ctx = oomb_init({0, true});
-    if (const char * e = std::getenv("OOMB_DEBUG_OFFLOAD_FAIL_COPY")) s->fail_at = std::strtoull(e, nullptr, 10);
+    arm_fault();
     s->host_clock = oomb_backend_is_host(backend);
     auto layer_of = [&](const oomb_tensor * pool) {
         for (int l = 0; l < kv->p.n_layer; l++)
@@ -284,6 +305,8 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
     s->ev_free_set.assign(s->ev_free.size(), false);
     s->ev_in = oomb_event_new(backend);
     s->ev_done = oomb_event_new(backend);
+    for (oomb_event_t & e : s->ev_set_in)
+        if (!(e = oomb_event_new(backend))) oomb_error("kv_stream_new: cannot create events on %s", oomb_backend_name(backend));
     for (oomb_event_t e : s->ev_free)
         if (!e) oomb_error("kv_stream_new: cannot create events on %s", oomb_backend_name(backend));
     if (!s->ev_in || !s->ev_done) oomb_error("kv_stream_new: cannot create events on %s", oomb_backend_name(backend));
@@ -295,46 +318,62 @@ void oomb_kv_stream_free(oomb_kv_stream_t s) { delete s; }
 oomb_status oomb_kv_stream::attention(AttnNode & a, int64_t c0, int64_t c1) {
     const int64_t R = kv->R, B = kv->B, cs = std::max(c0, R);
     const int l = a.layer;
+    const int64_t n_blocks = c0 > R ? (c0 - R + B - 1) / B : 0;
+    oomb_status st = OOMB_STATUS_OK;
+    auto evfail = [&] { return fail(OOMB_STATUS_DEVICE_ERROR, std::string("offload: event: ") + oomb_backend_last_error(be)); };
+    // block b's copies into set b % 2 (copy queue), once the set's last use finished
+    auto copy_block_in = [&](int64_t b) -> oomb_status {
+        const int64_t lo = R + b * B, hi = std::min(lo + B, c0);
+        const int set = (int) (b % 2);
+        const size_t e = (size_t) (2 * l + set);
+        if (ev_free_set[e] && oomb_event_wait(be, OOMB_QUEUE_COPY, ev_free[e])) return evfail();
+        const Span sp = span_begin(OOMB_QUEUE_COPY);
+        oomb_status r = kv_in(l, kv->set_slot0(set), lo, hi);
+        if (!r && a.back) r = grad_in(l, kv->set_slot0(set), lo, hi);
+        if (r) return r;
+        span_end(sp, OOMB_QUEUE_COPY, true);
+        return oomb_event_record(ev_set_in[set], OOMB_QUEUE_COPY) ? evfail() : OOMB_STATUS_OK;
+    };
+    // the first two blocks stream while the chunk's own part and the resident history compute
+    for (int64_t b = 0; b < std::min<int64_t>(2, n_blocks); b++)
+        if ((st = copy_block_in(b))) return st;
     // the chunk's own pages (the node itself, its store included)
     int32_t saved[3];
     for (int k = 0; k < 3; k++) saved[k] = a.node->op_params[oomb::PA_PARAM_SCHED_KIND + k];
     set_range(a.node, (int32_t) c0, (int32_t) c1);
-    oomb_status st = run(a.self);
+    st = run(a.self);
     for (int k = 0; k < 3; k++) a.node->op_params[oomb::PA_PARAM_SCHED_KIND + k] = saved[k];
     if (st) return st;
-    if (cs < c1 && (a.store || a.back)) {
-        if ((st = order(ev_done, OOMB_QUEUE_COMPUTE, OOMB_QUEUE_COPY))) return st;
-        const Span sp = span_begin(OOMB_QUEUE_COPY);
+    if (cs < c1 && (a.store || a.back)) {  // written back on the second copy queue (the other PCIe direction)
+        if ((st = order(ev_done, OOMB_QUEUE_COMPUTE, OOMB_QUEUE_COPY_OUT))) return st;
+        const Span sp = span_begin(OOMB_QUEUE_COPY_OUT);
         if ((st = a.back ? grad_out(l, kv->cur_slot0(), cs, c1) : kv_out(l, kv->cur_slot0(), cs, c1))) return st;
-        span_end(sp, OOMB_QUEUE_COPY, true);
+        span_end(sp, OOMB_QUEUE_COPY_OUT, true);
     }
     // resident history
     if (std::min(R, c0) > 0 && (st = run_block(a, 0, (int32_t) std::min(R, c0)))) return st;
-    // streamed history, two slot sets in turn
-    for (int64_t lo = R, b = 0; lo < c0; lo += B, b++) {
-        const int64_t hi = std::min(lo + B, c0);
+    // streamed history: block b computes while block b + 1 streams in and block b - 1 streams out
+    for (int64_t b = 0; b < n_blocks; b++) {
+        const int64_t lo = R + b * B, hi = std::min(lo + B, c0);
         const int set = (int) (b % 2);
         const size_t e = (size_t) (2 * l + set);
-        const int64_t slot0 = kv->set_slot0(set);
-        if (ev_free_set[e] && oomb_event_wait(be, OOMB_QUEUE_COPY, ev_free[e]))
-            return fail(OOMB_STATUS_DEVICE_ERROR, std::string("offload: event: ") + oomb_backend_last_error(be));
-        const Span sp = span_begin(OOMB_QUEUE_COPY);
-        if ((st = kv_in(l, slot0, lo, hi))) return st;
-        if (a.back && (st = grad_in(l, slot0, lo, hi))) return st;
-        span_end(sp, OOMB_QUEUE_COPY, true);
-        if ((st = order(ev_in, OOMB_QUEUE_COPY, OOMB_QUEUE_COMPUTE))) return st;
+        {
+            const Span sw = host_clock ? Span{} : span_begin(OOMB_QUEUE_COMPUTE);
+            if (oomb_event_wait(be, OOMB_QUEUE_COMPUTE, ev_set_in[set])) return evfail();
+            if (sw.a) span_end(sw, OOMB_QUEUE_COMPUTE, false);
+        }
         if ((st = run_block(a, (int32_t) lo, (int32_t) hi))) return st;
         g_blocks++;
-        if (a.back) {
-            if ((st = order(ev_done, OOMB_QUEUE_COMPUTE, OOMB_QUEUE_COPY))) return st;
-            const Span so = span_begin(OOMB_QUEUE_COPY);
-            if ((st = grad_out(l, slot0, lo, hi))) return st;
-            span_end(so, OOMB_QUEUE_COPY, true);
+        if (a.back) {  // the block's gradient pages go back out once its kernel finished
+            if ((st = order(ev_done, OOMB_QUEUE_COMPUTE, OOMB_QUEUE_COPY_OUT))) return st;
+            const Span so = span_begin(OOMB_QUEUE_COPY_OUT);
+            if ((st = grad_out(l, kv->set_slot0(set), lo, hi))) return st;
+            span_end(so, OOMB_QUEUE_COPY_OUT, true);
         }
         // the set is free once its last reader (the block) and, in a backward, its copy out finished
-        if (oomb_event_record(ev_free[e], a.back ? OOMB_QUEUE_COPY : OOMB_QUEUE_COMPUTE))
-            return fail(OOMB_STATUS_DEVICE_ERROR, std::string("offload: event: ") + oomb_backend_last_error(be));
+        if (oomb_event_record(ev_free[e], a.back ? OOMB_QUEUE_COPY_OUT : OOMB_QUEUE_COMPUTE)) return evfail();
         ev_free_set[e] = true;
+        if (b + 2 < n_blocks && (st = copy_block_in(b + 2))) return st;
     }
     return OOMB_STATUS_OK;
 }
@@ -380,7 +419,8 @@ oomb_status oomb_kv_stream::compute(int64_t p0, int64_t T) {
     }
     if (!st) st = run(parts.back());
     // finish the chunk: its copies out and kernels (the next chunk reuses every slot)
-    const oomb_status s1 = oomb_backend_queue_synchronize(be, OOMB_QUEUE_COPY);
+    oomb_status s1 = oomb_backend_queue_synchronize(be, OOMB_QUEUE_COPY);
+    if (!s1) s1 = oomb_backend_queue_synchronize(be, OOMB_QUEUE_COPY_OUT);
     oomb_backend_synchronize(be);
     if (!st && s1) st = fail(s1, std::string("offload: ") + oomb_backend_last_error(be));
     if (!st) collect_times();
