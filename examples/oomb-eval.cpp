@@ -1,4 +1,4 @@
-// oomb-eval: perplexity of a long text under a Qwen2 GGUF model, computed chunk by chunk through
+// oomb-eval: perplexity of a long text under a Qwen2 or Llama GGUF model, computed chunk by chunk through
 // the same paged-KV path as training (ChunkDriver::forward: stage 1 only; no gradients and no
 // KV-gradient pages).
 //
@@ -39,7 +39,7 @@ int main(int argc, char ** argv) {
     int64_t ctx = 4096, chunk = 4096, max_tokens = 0;
     int page = 128, threads = 0;
     double rope_theta = 0;
-    CLI::App app{"oomb-eval: perplexity of a long text under a Qwen2 GGUF model, computed chunk by chunk over the paged KV cache "
+    CLI::App app{"oomb-eval: perplexity of a long text under a Qwen2 or Llama GGUF model, computed chunk by chunk over the paged KV cache "
                  "(the same path as oomb-train).",
                  "oomb-eval"};
     app.get_formatter()->column_width(30);
@@ -86,7 +86,9 @@ int main(int argc, char ** argv) {
     } else {
         Tokenizer tok;
         std::string src = model;
-        if (tok.load_file(model, &err) != GGUF_OK) {
+        const ModelTokenizer mt = load_model_tokenizer(model, &tok, &err);
+        if (mt == ModelTokenizer::Failed) fail(PROG, "the model's tokenizer: " + err);
+        if (mt == ModelTokenizer::Absent) {
             if (vocab.empty()) vocab = find_project_file("models/qwen2.5-vocab.gguf");
             if (vocab.empty()) fail(PROG, "'" + model + "' has no tokenizer: give --vocab FILE.gguf or use --data-bin");
             src = vocab;

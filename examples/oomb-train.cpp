@@ -175,10 +175,13 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     if (!o.model.empty()) {  // the model's own tokenizer, when it has one
         auto t = std::make_unique<Tokenizer>();
         std::string e;
-        if (t->load_file(o.model, &e) == GGUF_OK) {
+        const ModelTokenizer mt = load_model_tokenizer(o.model, t.get(), &e);
+        if (mt == ModelTokenizer::Failed && o.data_bin.empty()) fail(PROG, "the model's tokenizer: " + e);
+        if (mt == ModelTokenizer::Loaded) {
             tok = std::move(t);
             tok_src = o.model;
         }
+        if (tok && !o.vocab.empty()) printf("note: --vocab %s is not used: the model has its own tokenizer\n", o.vocab.c_str());
     }
     if (!tok && !o.vocab.empty()) {
         if (!is_file(o.vocab)) {

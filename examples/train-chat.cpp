@@ -1,5 +1,6 @@
 // oomb-train's chat data (see train-chat.h).
 #include "train-chat.h"
+#include "train-common.h"
 
 #include "gguf.h"
 
@@ -84,7 +85,11 @@ bool read_chat_template(const std::string & gguf_path, std::string * tmpl, bool 
 bool parse_chat_line(const std::string & line, bool need_assistant, std::vector<ChatMessage> * msgs, std::string * err) {
     msgs->clear();
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded()) { *err = "not JSON"; return false; }
+    if (j.is_discarded()) {  // say why when the bytes are not text (JSON strings must be UTF-8)
+        const std::string why = not_text_reason(line);
+        *err = why.empty() ? "not JSON" : "not JSON: " + why;
+        return false;
+    }
     if (!j.is_object() || !j.contains("messages")) { *err = "no \"messages\" (each line must be {\"messages\": [...]})"; return false; }
     const auto & ms = j["messages"];
     if (!ms.is_array()) { *err = "\"messages\" is not an array"; return false; }

@@ -376,6 +376,15 @@ bool tokenize_paths(const Tokenizer & tok, const std::vector<std::string> & path
     return true;
 }
 
+ModelTokenizer load_model_tokenizer(const std::string & gguf, Tokenizer * tok, std::string * err) {
+    std::string e;
+    const gguf_status st = tok->load_file(gguf, &e);
+    if (st == GGUF_OK) return ModelTokenizer::Loaded;
+    if (st == GGUF_ERR_NOT_FOUND && e.find("tokenizer.ggml.model") != std::string::npos) return ModelTokenizer::Absent;
+    *err = e;
+    return ModelTokenizer::Failed;
+}
+
 bool read_ids_bin(const std::string & path, int64_t n_vocab, std::vector<int32_t> * ids, std::string * err) {
     if (!is_file(path)) {
         if (err) *err = "'" + path + "': no such file";

@@ -64,6 +64,12 @@ std::string not_text_reason(const std::string & text);
 // Reports bytes read in *n_bytes.
 bool tokenize_paths(const Tokenizer & tok, const std::vector<std::string> & paths, int32_t eos, int n_threads,
                     std::vector<int32_t> * ids, size_t * n_bytes, std::string * err);
+// The tokenizer of a model GGUF: Loaded (into *tok), Absent (the file has no tokenizer.ggml.model:
+// a weights-only file), or Failed (*err: the file has tokenizer keys that cannot be used, e.g. an
+// unknown tokenizer.ggml.pre; callers stop there rather than fall back to another vocabulary).
+enum class ModelTokenizer { Loaded, Absent, Failed };
+ModelTokenizer load_model_tokenizer(const std::string & gguf, Tokenizer * tok, std::string * err);
+
 // Reads little-endian uint32 ids (no header). Errors: missing file, size not a multiple of 4, an
 // id >= n_vocab (naming the id and its position).
 bool read_ids_bin(const std::string & path, int64_t n_vocab, std::vector<int32_t> * ids, std::string * err);

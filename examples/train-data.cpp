@@ -67,6 +67,8 @@ void load_chat_data(const Options & o, const Tokenizer * tok, const std::string 
     if (pad < 0) pad = tok->eos_id();
     if (pad < 0) pad = 0;  // any id: padding has no label and, after the conversation, no effect on it (causal)
     ChatSequences tr = chat_sequences(o, o.data, "--data", *tok, t, pad), ev;
+    if (tr.n_seqs == 0)
+        fail(PROG, "--data: no conversation to train on: the files hold no usable conversation (empty, or every line skipped)");
     if (!o.eval_data.empty()) {
         ev = chat_sequences(o, o.eval_data, "--eval-data", *tok, t, pad);
     } else if (o.eval_split > 0) {  // the last --eval-split percent of the sequences

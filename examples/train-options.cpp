@@ -45,13 +45,13 @@ nlohmann::json config_json(const Options & o) {
 int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     Options & o = cmd->o;
     DefaultRun dr;
-    CLI::App app{"oomb-train: train or fine-tune a Qwen2/Qwen2.5 model with OOMB chunk-recurrent training over paged KV caches.\n"
+    CLI::App app{"oomb-train: train or fine-tune a Qwen2/Qwen2.5 or Llama (SmolLM2, Llama 3.x) model with OOMB chunk-recurrent training over paged KV caches.\n"
                  "With no arguments: pre-train the 'tiny' preset (real Qwen vocabulary) on the shipped Python documentation text\n"
                  "(data/python-docs.txt.gz), ctx 256, chunk 128, 300 steps; outputs in out/.",
                  "oomb-train"};
     app.get_formatter()->column_width(34);
     app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later value wins
-    app.add_option("-m,--model", o.model, "GGUF model to train (qwen2 architecture)");
+    app.add_option("-m,--model", o.model, "GGUF model to train (qwen2 or llama architecture)");
     app.add_option("--preset", o.preset, "fresh model: " + qwen2_preset_choices());
     app.add_option("--vocab", o.vocab, "tokenizer GGUF for --preset (default: models/qwen2.5-vocab.gguf of the source tree)");
     app.add_option("--data", o.data, "training text: files or folders (recursive; .gz read directly); repeatable")->take_all();

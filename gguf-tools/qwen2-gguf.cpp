@@ -189,7 +189,9 @@ bool write_hf_tokenizer(const std::string& dir, int64_t n_rows, GGUFWriter& w, i
     const std::string qwen2_regex =
         "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
     if (pattern != qwen2_regex) {
-        *err = tp + ": pre-tokenizer is not Qwen2's split regex (found '" + pattern + "'); only qwen2 is supported";
+        *err = tp + ": pre-tokenizer is not Qwen2's split regex (found '" + pattern + "'); the converter writes only qwen2 "
+               "tokenizers: convert the weights without this tokenizer.json (move it away) and train with --vocab or "
+               "--data-bin, or start from a GGUF that carries the tokenizer (llama.cpp's convert_hf_to_gguf.py)";
         return false;
     }
 

@@ -146,6 +146,19 @@ def main():
               f"a conversation longer than --ctx: exit 1 with its line: {p.stderr.strip()[-200:]}")
         p, log = run(["--data", data, "--steps", "1", "--ctx", "20", "--chat-long", "split", "--train-on", "all"], os.path.join(d, "out-split"))
         check(p.returncode == 0 and "split" in p.stdout, f"--chat-long split runs: {p.stderr.strip()[-200:]}")
+        # (fresh review) an empty file and every line skipped say that no conversation was read; a
+        # line of invalid UTF-8 says so
+        f = os.path.join(d, "empty.jsonl")
+        open(f, "w").close()
+        p, log = run(["--data", f, "--steps", "1"], os.path.join(d, "out-empty"))
+        check(p.returncode == 1 and "no conversation to train on" in p.stderr, f"an empty JSONL: {p.stderr.strip()[-200:]}")
+        write_jsonl(f, [], [bad_lines[0][0]])
+        p, log = run(["--data", f, "--steps", "1", "--skip-bad-lines"], os.path.join(d, "out-allskipped"))
+        check(p.returncode == 1 and "no conversation to train on" in p.stderr, f"every line skipped: {p.stderr.strip()[-200:]}")
+        with open(f, "wb") as fh:
+            fh.write(b'{"messages": [{"role": "user", "content": "caf\xe9"}, {"role": "assistant", "content": "ok"}]}\n')
+        p, log = run(["--data", f, "--steps", "1"], os.path.join(d, "out-utf8"))
+        check(p.returncode == 1 and "empty.jsonl:1: " in p.stderr and "invalid UTF-8" in p.stderr, f"a non-UTF-8 line: {p.stderr.strip()[-200:]}")
         p = subprocess.run([TRAIN, "--preset", "tiny", "--data", data, "--train-on", "all"], capture_output=True, text=True)
         check(p.returncode == 1 and "--train-on needs --data-format chat" in p.stderr, "--train-on without chat data: an error")
     print("FAILED: " + "; ".join(failures) if failures else "all chat checks passed")
