@@ -3,6 +3,7 @@
 #   bench/offload/run-h200.sh overhead   7B at 128K: resident vs --offload on (nothing resident), same call
 #   bench/offload/run-h200.sh curve CTX...  7B --offload on, one step per context: GPU memory vs context
 #   bench/offload/run-h200.sh long CTX [MODEL]  one step at a long context (MODEL: qwen2.5-7b or qwen2.5-0.5b)
+# EXTRA: more oomb-train options for every run (e.g. EXTRA="--offload-block 256").
 # 7B: --trainable linear --opt-state bf16, chunk 2048 (CHUNK7B), page 128, random weights made in memory, no
 # --attn-cache (a streamed KV cache cannot keep it; the resident run goes without it too, the same work).
 # Binaries: $BINS (default /tmp/bins-after, unpacked by bench/gpu/compare.sh or by hand from
@@ -21,7 +22,7 @@ run() {
     local extra="--trainable linear --opt-state bf16"; [ "$preset" = qwen2.5-0.5b ] && extra="--trainable all"
     rm -rf /tmp/r-$name
     /usr/bin/time -v timeout ${LIMIT:-560} $BINS/oomb-train --preset $preset --device cuda --ctx $ctx --chunk ${CHUNK7B:-2048} --page 128 \
-        --steps 1 --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin $extra -o /tmp/r-$name "$@" \
+        --steps 1 --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin $extra ${EXTRA:-} -o /tmp/r-$name "$@" \
         > $W/$name.log 2>&1
     local rc=$?
     cp /tmp/r-$name/train.jsonl $W/$name.jsonl 2>/dev/null
