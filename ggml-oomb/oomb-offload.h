@@ -56,6 +56,41 @@ const char * oomb_kv_stream_last_error(oomb_kv_stream_t s);
 /// Totals of every stream of the process.
 struct oomb_kv_stream_stats oomb_kv_stream_totals(void);
 
+// ---------------------------------------------------------------------------------------------
+// Host-offload tensors: any graph's tensors (weights, optimizer state, caches) stored in host
+// memory (the backend's host buffer type: pinned for CUDA) and brought into a bounded device
+// working set for the nodes that use them (see src/oomb/offload-tensors.cpp for the schedule).
+// ---------------------------------------------------------------------------------------------
+
+typedef struct oomb_offload * oomb_offload_t;
+
+struct oomb_offload_stats {
+    uint64_t bytes_in;   // host -> working set
+    uint64_t bytes_out;  // working set -> host (tensors the graphs wrote)
+    size_t peak_bytes;   // most of the working set in use at once
+};
+
+/// A set of host-offload tensors of `backend` with a device working set of working_set_bytes
+/// (rounded down to 256). NULL (message on stderr) when the working set cannot be allocated.
+/// Error: working_set_bytes 0.
+oomb_offload_t oomb_offload_new(oomb_backend_t backend, size_t working_set_bytes);
+/// Frees the working set and the tensors' host memory (their data becomes NULL).
+void oomb_offload_free(oomb_offload_t o);
+/// Makes t a host-offload tensor: allocates its host memory, where t->data points between
+/// computes (oomb_tensor_set/get and host code use it as a host tensor). Errors: t already has data
+/// or is a view, t was added before, t larger than the working set.
+void oomb_offload_add(oomb_offload_t o, struct oomb_tensor * t);
+/// Computes g (allocated as usual; its host-offload tensors are leafs or results with their host
+/// memory) on the offload's backend: each node that touches a host-offload tensor (result, source,
+/// or a view of one) runs with that tensor in the working set, copied in on the copy queue ahead of
+/// use (prefetched while earlier nodes compute) and copied back after the tensor's last use when a
+/// node wrote it. Bit-identical to computing with the tensors in device memory. Returns when all of
+/// it finished, every tensor home on the host. Errors (status, oomb_offload_last_error): one node's
+/// host-offload tensors not fitting the working set together (ALLOC_FAILED), a failed kernel or copy.
+enum oomb_status oomb_offload_graph_compute(oomb_offload_t o, struct oomb_cgraph * g);
+const char * oomb_offload_last_error(oomb_offload_t o);
+struct oomb_offload_stats oomb_offload_get_stats(oomb_offload_t o);
+
 #ifdef __cplusplus
 }
 #endif
