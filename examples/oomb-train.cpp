@@ -368,10 +368,11 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         std::string off_line;
         if (offloaded) {  // this step's transfers: bytes, and copy time hidden behind compute vs exposed
             const oomb_kv_stream_stats off1 = oomb_kv_stream_totals();
-            const double in = (double) (off1.bytes_in - off0.bytes_in), out = (double) (off1.bytes_out - off0.bytes_out);
+            const uint64_t in_b = off1.bytes_in - off0.bytes_in, out_b = off1.bytes_out - off0.bytes_out;
+            const double in = (double) in_b, out = (double) out_b;
             const double copy_s = (off1.copy_ms - off0.copy_ms) / 1e3, wait_s = (off1.wait_ms - off0.wait_ms) / 1e3;
-            j["offload_bytes_in"] = in;
-            j["offload_bytes_out"] = out;
+            j["offload_bytes_in"] = in_b;
+            j["offload_bytes_out"] = out_b;
             j["offload_copies"] = off1.n_copies - off0.n_copies;
             j["offload_copy_s"] = copy_s;
             j["offload_exposed_s"] = wait_s;

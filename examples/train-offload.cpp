@@ -16,12 +16,14 @@ namespace train {
 
 void add_offload_options(CLI::App & app, OffloadOptions & o) {
     app.add_option("--offload", o.mode,
-                   "host offload of the KV cache (K/V and gradient pages in pinned host memory, streamed in page blocks): auto "
-                   "(only what does not fit the device), on (everything past --gpu-kv-budget, all of it without one), off")
+                   "host offload of the KV cache (K/V pages, and their gradients when training, in pinned host memory, streamed "
+                   "in page blocks): auto (only what does not fit the device; the most pages that fit stay resident), on (forced: "
+                   "everything past --gpu-kv-budget, all of it without one, even where that holds more than the whole cache), off")
         ->capture_default_str();
     app.add_option("--gpu-kv-budget", o.gpu_kv_budget,
                    "GiB of device memory for KV pages (resident pages and streaming slots; fractions allowed, e.g. 0.001); "
-                   "default: what is left after weights, optimizer state and the chunk arena, less a margin");
+                   "default: on a GPU what is left after the model (and optimizer state) and the chunk arena, less a margin; "
+                   "on the CPU no limit");
     app.add_option("--offload-block", o.block_pages, "pages per streamed history block (0: 16,384 tokens' worth)")->capture_default_str();
 }
 
@@ -29,6 +31,7 @@ void check_offload_options(const char * prog, const CLI::App & app, const Offloa
     if (o.mode != "auto" && o.mode != "on" && o.mode != "off") fail(prog, "--offload must be auto, on or off, got '" + o.mode + "'");
     if (app.count("--gpu-kv-budget") && !(o.gpu_kv_budget >= 0)) fail(prog, "--gpu-kv-budget must be >= 0 GiB, got " + std::to_string(o.gpu_kv_budget));
     if (app.count("--gpu-kv-budget") && o.mode == "off") fail(prog, "--gpu-kv-budget sets the device share of an offloaded KV cache: it needs --offload auto or on");
+    if (app.count("--offload-block") && o.mode == "off") fail(prog, "--offload-block sets the streamed blocks: it needs --offload auto or on");
     if (o.block_pages < 0) fail(prog, "--offload-block must be >= 0 (0: automatic), got " + std::to_string(o.block_pages));
 }
 
@@ -56,10 +59,16 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     // bytes of one logical page over all layers: K and V (+ their f32 gradients when training)
     const double page_elems = (double) c.head_dim * (double) c.n_head_kv * (double) P * (double) c.n_layer;
     const double page_bytes = page_elems * (2.0 * (double) oomb_type_size(tp->kv_type) + (tp->with_grad ? 8.0 : 0.0));
-    ChunkParams all_streamed = *tp;  // the most slots any resident count gives
-    all_streamed.resident_pages = 0;
-    all_streamed.stream_block_pages = oo.block_pages > 0 ? oo.block_pages : (int) std::max<int64_t>(1, 16384 / P);
-    oomb_kv_tier_params slots = chunk_kv_tier(all_streamed);
+    const int block = oo.block_pages > 0 ? oo.block_pages : (int) std::max<int64_t>(1, 16384 / P);
+    // the tier the driver gives R resident pages and blocks of B (slots capped by the streamed
+    // pages), and the device pages it holds
+    auto tier_of = [&](int64_t R, int B) {
+        ChunkParams q = *tp;
+        q.resident_pages = R;
+        q.stream_block_pages = B;
+        return chunk_kv_tier(q);
+    };
+    auto dev_pages = [](const oomb_kv_tier_params & t) { return t.resident_pages + t.chunk_pages + 2 * (int64_t) t.block_pages; };
 
     size_t used0 = 0, total = 0;
     const bool has_dev = oomb_backend_memory(be, &used0, &total);
@@ -85,35 +94,58 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     const double all_kv = page_bytes * (double) n_pages;
     const bool budget_given = oo.gpu_kv_budget >= 0;
     const double budget = budget_given ? oo.gpu_kv_budget * (double) (1ull << 30) : free_kv;
-    // a budget smaller than the streaming slots shrinks the blocks (down to one page); the chunk's
-    // own pages stay on the device whatever the budget
     const int64_t budget_pages = (int64_t) std::min(budget / page_bytes, 1e15);
     const bool streams = oo.mode == "on" || (oo.mode == "auto" && all_kv > budget);
-    if (streams && budget_pages < slots.chunk_pages + 2 * (int64_t) slots.block_pages) {
-        all_streamed.stream_block_pages = (int) std::max<int64_t>(1, (budget_pages - slots.chunk_pages) / 2);
-        slots = chunk_kv_tier(all_streamed);
-        if (budget_pages < slots.chunk_pages + 2 * (int64_t) slots.block_pages)
-            printf("note: the KV budget (%s, %" PRId64 " pages) is below the streaming slots (%d pages of the chunk + 2 x %d): the "
-                   "device holds the slots\n", fmt_bytes(budget).c_str(), budget_pages, slots.chunk_pages, slots.block_pages);
-    }
-    const int64_t slot_pages = slots.chunk_pages + 2 * (int64_t) slots.block_pages;
-
     int64_t R = n_pages;  // resident pages
-    if (oo.mode == "on") R = budget_given ? std::clamp<int64_t>(budget_pages - slot_pages, 0, n_pages - 1) : 0;
-    else if (streams) R = std::clamp<int64_t>(budget_pages - slot_pages, 0, n_pages - 1);
+    int B = block;
+    if (streams) {
+        // as many resident pages as fit the budget beside the slots (pages that fit stay resident),
+        // with the largest blocks (halved from --offload-block) that keep that many; --offload on
+        // without a budget: none resident
+        const bool none = oo.mode == "on" && !budget_given;
+        R = -1;
+        for (int b = block; b >= 1; b = b > 1 ? b / 2 : 0) {
+            int64_t rb = -1;
+            for (int64_t r = none ? 0 : std::min(n_pages - 1, budget_pages); r >= 0 && rb < 0; r--)
+                if (none || dev_pages(tier_of(r, b)) <= budget_pages) rb = r;
+            if (rb > R) { R = rb; B = b; }
+            if (none) break;
+        }
+        if (R < 0) {  // not even the slots fit: smaller blocks (down to one page), nothing resident
+            R = 0;
+            B = (int) std::max<int64_t>(1, (budget_pages - tier_of(0, 1).chunk_pages) / 2);
+            if (dev_pages(tier_of(0, B)) > budget_pages)
+                printf("note: the KV budget (%s, %" PRId64 " pages) is below the streaming slots (%d pages of the chunk + 2 x %d): the "
+                       "device holds the slots\n", fmt_bytes(budget).c_str(), budget_pages, tier_of(0, B).chunk_pages, tier_of(0, B).block_pages);
+        }
+        if (dev_pages(tier_of(R, B)) >= n_pages) {  // the slots would hold as much as the whole cache
+            if (oo.mode == "auto") {
+                printf("note: streaming would keep %" PRId64 " pages on the device, the whole KV cache has %" PRId64 ": it stays resident\n",
+                       dev_pages(tier_of(R, B)), n_pages);
+                R = n_pages;
+            } else {  // forced on (tests, benchmarks): stream anyway, say what it costs
+                printf("note: --offload on keeps %" PRId64 " pages on the device, more than the %" PRId64 " of the whole KV cache "
+                       "(--offload auto would keep it resident)\n", dev_pages(tier_of(R, B)), n_pages);
+            }
+        }
+    }
     const bool tiered = R < n_pages;
     if (tiered && attn_cache > 0)
         fail(prog, "--attn-cache keeps " + fmt_bytes(attn_cache) + " of attention results on the device, which a streamed KV cache "
                    "does not support: drop --attn-cache (or --offload off if the KV cache fits)");
     tp->resident_pages = tiered ? R : -1;
-    tp->stream_block_pages = slots.block_pages;
+    tp->stream_block_pages = B;
     const oomb_kv_tier_params used = chunk_kv_tier(*tp);  // what the driver allocates (slots capped by the streamed pages)
     const int64_t used_slots = used.chunk_pages + 2 * (int64_t) used.block_pages;
     const double dev_kv = tiered ? page_bytes * (double) (R + used_slots) : all_kv;
-    const double host_kv = tiered ? page_bytes * (double) (n_pages - R) : 0.0;
+    // the host tier, and the zero gradient pages fresh gradients are read from (offload.cpp)
+    const double host_kv = tiered ? page_bytes * (double) (n_pages - R) +
+                                        (tp->with_grad ? (double) std::max(used.block_pages, used.chunk_pages) * page_elems / (double) c.n_layer * 4.0 : 0.0)
+                                  : 0.0;
     const std::string dev = oomb_backend_name(be);
-    printf("memory plan (%s%s): weights, gradients and optimizer state %s | chunk arena %s (chunk %" PRId64 ")%s\n", dev.c_str(),
-           has_dev ? (", " + fmt_bytes((double) total)).c_str() : "", fmt_bytes(has_dev ? (double) used0 : (double) rss_bytes()).c_str(),
+    printf("memory plan (%s%s): %s %s | chunk arena %s (chunk %" PRId64 ")%s\n", dev.c_str(),
+           has_dev ? (", " + fmt_bytes((double) total)).c_str() : "", tp->with_grad ? "weights, gradients and optimizer state" : "weights",
+           fmt_bytes(has_dev ? (double) used0 : (double) rss_bytes()).c_str(),
            fmt_bytes((double) arena).c_str(), std::min(tp->chunk, tp->max_tokens),
            attn_cache > 0 ? (" | attention cache " + fmt_bytes(attn_cache)).c_str() : "");
     printf("             KV cache %" PRId64 " pages of %" PRId64 " tokens, %s per page over %" PRId64 " layers (K/V %s%s): ", n_pages, P,
