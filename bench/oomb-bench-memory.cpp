@@ -29,6 +29,10 @@ int main(int argc, char ** argv) {
     app.add_option("--chunk", chunk, "tokens per chunk");
     app.add_option("--page", page, "tokens per KV page");
     app.add_option("-t,--threads", threads, "CPU threads");
+    int64_t resident = -1;
+    int block = 16;
+    app.add_option("--resident-pages", resident, "host offload: KV pages kept in the (stand-in) device pool; the rest stream (-1: all resident)");
+    app.add_option("--offload-block", block, "host offload: pages per streamed block");
     CLI11_PARSE(app, argc, argv);
 
     try {
@@ -41,6 +45,7 @@ int main(int argc, char ** argv) {
         const std::vector<int32_t> ids = bench::make_ids(ctx, m->cfg.n_vocab);
         const size_t rss_model = bench::cur_rss_bytes();
 
+        size_t host_kv = 0;
         size_t kv_bytes, arena_f, arena_b, arena_max, rss_trainer, rss_after, peak;
         double t_step;
         ChunkStats st;
@@ -49,8 +54,11 @@ int main(int argc, char ** argv) {
             tp.chunk = std::min(chunk, ctx);
             tp.page = page;
             tp.max_tokens = ctx;
+            tp.resident_pages = resident;
+            tp.stream_block_pages = block;
             ChunkDriver tr(qwen2_chunk_builder(*m), tp);
             kv_bytes = oomb_kv_cache_nbytes(tr.kv_cache());
+            host_kv = oomb_kv_cache_host_nbytes(tr.kv_cache());
             rss_trainer = bench::cur_rss_bytes();
             const double t0 = bench::now_s();
             st = tr.forward_backward(ids.data(), ctx);
@@ -69,7 +77,9 @@ int main(int argc, char ** argv) {
         j["n_layer"] = c.n_layer; j["n_head"] = c.n_head; j["n_head_kv"] = c.n_head_kv; j["head_dim"] = c.head_dim;
         j["peak_rss"] = peak;
         j["rss_start"] = rss0; j["rss_model"] = rss_model; j["rss_trainer_init"] = rss_trainer; j["rss_after_step"] = rss_after;
-        j["kv_cache_bytes"] = kv_bytes;                  // K, V, dK, dV pools + page table
+        j["kv_cache_bytes"] = kv_bytes;                  // K, V, dK, dV pools + page table (with offload: the device pools)
+        j["host_kv_bytes"] = host_kv;                    // with offload: the host tier
+        j["resident_pages"] = resident;
         j["kv_bytes_per_token_expected"] = kv_per_token; // n_layer * Hkv * D * (K, V f32 + dK, dV f32)
         j["arena_fwd_bytes"] = arena_f; j["arena_fwdbwd_bytes"] = arena_b; j["arena_peak_bytes"] = arena_max;
         j["weights_bytes"] = w_bytes; j["grads_bytes"] = g_bytes;

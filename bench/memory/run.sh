@@ -6,6 +6,7 @@
 #   bench/memory/run.sh                 # lengths 4K 8K 16K 32K 64K
 #   LENGTHS="4096 8192" bench/memory/run.sh
 #   BIN=build-bench/bin THREADS=2 bench/memory/run.sh
+#   EXTRA="--resident-pages 0" OUT=bench/offload/cpu-memory.jsonl bench/memory/run.sh   # host offload (stand-in device pools)
 #
 # Model: qwen2-micro's widths (vocab 4096, hidden 128, ffn 352, head dim 64) with one layer, one
 # query head and one KV head, random weights: the CPU attention is O(S^2), so few layers and heads keep 64K
@@ -25,6 +26,6 @@ OUT=${OUT:-bench/memory/results.jsonl}
 for n in $LENGTHS; do
     echo "ctx $n ..." >&2
     # shellcheck disable=SC2086
-    "$BIN/oomb-bench-memory" --ctx "$n" --chunk "$CHUNK" --page "$PAGE" --threads "$THREADS" $MODEL_ARGS >> "$OUT"
+    "$BIN/oomb-bench-memory" --ctx "$n" --chunk "$CHUNK" --page "$PAGE" --threads "$THREADS" $MODEL_ARGS ${EXTRA:-} >> "$OUT"
 done
 python3 bench/memory/fit.py "$OUT"
