@@ -25,10 +25,12 @@ import math
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_data import make_bin  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -63,18 +65,6 @@ def check(ok, what):
 def run(args, timeout=600):
     r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     return r.returncode, r.stdout, r.stderr
-
-
-def make_bin(path, n, vocab, seed=0):
-    """A learnable id stream: a noisy cyclic pattern, little-endian uint32."""
-    import random
-    r = random.Random(seed)
-    ids, x = [], 1
-    for _ in range(n):
-        x = (x * 5 + 3) % 61 if r.random() > 0.1 else r.randrange(vocab)
-        ids.append(x)
-    with open(path, "wb") as f:
-        f.write(struct.pack(f"<{n}I", *ids))
 
 
 def make_llama(path, seed=4):
