@@ -20,7 +20,6 @@
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR. Exit 0: all passed; 1: a failure; 77
 (skip, with a SKIPPED line): a tool or Python package missing.
 """
-import json
 import math
 import os
 import re
@@ -30,7 +29,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_data import make_bin  # noqa: E402
+from train_data import make_bin, read_log  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -100,17 +99,6 @@ def field(r, key):
     if f.types[0] == gguf.GGUFValueType.STRING:
         return bytes(f.parts[-1]).decode()
     return f.parts[-1][0]
-
-
-def read_log(out):
-    train, ev = [], []
-    for line in open(os.path.join(out, "train.jsonl")):
-        j = json.loads(line)
-        if "loss" in j:
-            train.append((j["step"], j["loss"]))
-        if "eval_loss" in j:
-            ev.append((j["step"], j["eval_loss"]))
-    return train, ev
 
 
 def nll(args):

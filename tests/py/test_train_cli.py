@@ -36,7 +36,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_data import make_bin  # noqa: E402
+from train_data import make_bin, read_log  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -85,18 +85,6 @@ def run(args, env=None, timeout=300):
         e.update(env)
     p = subprocess.run(args, capture_output=True, text=True, env=e, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
-
-
-def read_log(out):
-    train, ev = [], []
-    with open(os.path.join(out, "train.jsonl")) as f:
-        for line in f:
-            j = json.loads(line)
-            if "loss" in j:
-                train.append((j["step"], j["loss"]))
-            if "eval_loss" in j:
-                ev.append((j["step"], j["eval_loss"]))
-    return train, ev
 
 
 # HF parameter name -> GGUF name (llama.cpp's Qwen2 layout)
