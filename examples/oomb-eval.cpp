@@ -3,6 +3,8 @@
 // KV-gradient pages).
 //
 //   oomb-eval -m MODEL.gguf --data FILE [--ctx N] [--chunk C] [--page P] [--threads T]
+//   oomb-eval -m BASE.gguf --lora ADAPTER.gguf ...   base + a llama.cpp LoRA adapter (models/lora.h),
+//                                                    applied as llama.cpp does: W x + alpha / r * B (A x)
 //
 // The text (plain or .gz; files or folders; documents separated by <|endoftext|> as in
 // oomb-train) is tokenized with the model's tokenizer (or --vocab) and cut into windows of --ctx
@@ -34,7 +36,7 @@ static const char * PROG = "oomb-eval";
 int main(int argc, char ** argv) {
     install_error_handler(PROG, 1);
     install_temp_file_cleanup();  // Ctrl-C / SIGTERM during a checkpoint save leaves no temporary file
-    std::string model, vocab, data_bin, device = "cpu", json_out;
+    std::string model, vocab, data_bin, device = "cpu", json_out, lora;
     std::vector<std::string> data;
     int64_t ctx = 4096, chunk = 4096, max_tokens = 0;
     int page = 128, threads = 0;
@@ -47,6 +49,7 @@ int main(int argc, char ** argv) {
     app.add_option("-m,--model", model, "GGUF model (qwen2 or llama architecture)")->required();
     app.add_option("--data", data, "text files or folders (.gz read directly)")->take_all();
     app.add_option("--data-bin", data_bin, "little-endian uint32 token ids instead of text");
+    app.add_option("--lora", lora, "LoRA adapter GGUF (llama.cpp's format, e.g. oomb-train --trainable lora's adapter.gguf) applied to -m");
     app.add_option("--vocab", vocab, "tokenizer GGUF when the model file has none");
     app.add_option("--ctx", ctx, "tokens per window (each window is one sequence)")->capture_default_str();
     app.add_option("--chunk", chunk, "tokens per chunk (capped to --ctx)")->capture_default_str();
@@ -71,12 +74,14 @@ int main(int argc, char ** argv) {
     }
     threads = threads_default(threads);
     if (!is_file(model)) fail(PROG, "-m: '" + model + "': no such file");
+    if (!lora.empty() && !is_file(lora)) fail(PROG, "--lora: '" + lora + "': no such file");
 
     std::string err;
     oomb_backend_t be = make_backend(device, threads, &err);
     if (!be) fail(PROG, err);
     auto m = model_load_gguf(model, be, OOMB_TYPE_F32, &err);
     if (!m) fail(PROG, err);
+    if (!lora.empty() && !lora_load_gguf(*m, lora, &err)) fail(PROG, "--lora: " + err);
     if (rope_theta > 0) m->cfg.rope_theta = (float) rope_theta;
 
     std::vector<int32_t> ids;
@@ -136,6 +141,9 @@ int main(int argc, char ** argv) {
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     const double mean = nll / (double) targets;
     printf("model: %s\n", model.c_str());
+    if (m->lora)
+        printf("adapter: %s (LoRA rank %" PRId64 ", alpha %g, targets %s)\n", lora.c_str(), m->lora->cfg.rank, m->lora->cfg.alpha,
+               lora_targets_string(m->lora->cfg.targets).c_str());
     printf("tokens: %" PRId64 " in %" PRId64 " window(s) of up to %" PRId64 " (chunk %" PRId64 ", page %d), %" PRId64 " predicted\n", n,
            windows, ctx, chunk, page, targets);
     printf("mean NLL: %.6f nats/token\n", mean);
@@ -144,7 +152,7 @@ int main(int argc, char ** argv) {
            std::chrono::duration<double>(t1 - t0).count());
     if (!json_out.empty()) {
         nlohmann::json j;
-        j["model"] = model; j["tokens"] = n; j["targets"] = targets; j["windows"] = windows; j["ctx"] = ctx;
+        j["model"] = model; if (!lora.empty()) j["lora"] = lora; j["tokens"] = n; j["targets"] = targets; j["windows"] = windows; j["ctx"] = ctx;
         j["chunk"] = chunk; j["page"] = page; j["mean_nll"] = mean; j["perplexity"] = std::exp(mean); j["seconds"] = dt;
         if (!write_file_atomic(json_out, j.dump(2) + "\n", &err)) fail(PROG, err);
     }

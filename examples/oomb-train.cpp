@@ -8,6 +8,8 @@
 //   oomb-train -m MODEL.gguf --data TEXT... --ctx 8192 --steps 500 --lr 5e-5 --trainable linear
 //   oomb-train --preset qwen2.5-0.5b --data-bin IDS.bin --ctx 65536 --chunk 4096
 //   oomb-train ... --resume                         continue from OUT/model.gguf + OUT/state.safetensors
+//   oomb-train -m BASE.gguf --data TEXT --trainable lora --lora-rank 16 --lora-alpha 32
+//                                                    LoRA on a frozen base: OUT/adapter.gguf (llama.cpp's format)
 //   oomb-train -m M.gguf --tokens IDS.safetensors --chunk C --page P --dump-grads G.safetensors
 //   oomb-train -m M.gguf --tokens IDS.safetensors --chunk C --page P --dump-logits L.safetensors
 //                                                    (verification: loss and d(mean loss)/d(param))
@@ -128,8 +130,10 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     const int threads = threads_default(o.threads);
 
     // ---- output folder
-    if (o.resume && !is_file(o.out + "/model.gguf"))
-        fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + o.out + "/model.gguf not found)");
+    const bool lora = o.trainable == "lora";
+    const std::string ckpt_name = checkpoint_model_name(o);  // adapter.gguf with --trainable lora, else model.gguf
+    if (o.resume && !is_file(o.out + "/" + ckpt_name))
+        fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + o.out + "/" + ckpt_name + " not found)");
     if (!make_dirs(o.out, &err)) fail(PROG, err);
     lock_output_folder(o.out);
     remove_stale_temp_files(o.out);
@@ -142,7 +146,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     check_data_paths(o);
 
     // ---- model
-    const std::string ckpt_model = T.path("model.gguf"), ckpt_state = T.path("state.safetensors");
+    const std::string ckpt_model = T.path(ckpt_name), ckpt_state = T.path("state.safetensors");
     if (o.save_every < 0 && o.resume)
         fail(PROG, "--resume with --save-every -1 would train past the checkpoint without saving, leaving the log ahead of it: "
                    "give --save-every 0 (save at the end) or more");
@@ -150,12 +154,12 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         // a run that never saves would leave the old checkpoint beside its new log: a later --resume
         // would continue the old run under the new run's first log lines
         fail(PROG, o.out + " already holds a checkpoint, which --save-every -1 would leave beside this run's log; use another "
-                       "--out, or remove model.gguf and state.safetensors there");
-    if (o.resume) {
+                       "--out, or remove " + ckpt_name + " and state.safetensors there");
+    if (o.resume && !lora) {
         if (!is_file(ckpt_model)) fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + ckpt_model + " not found)");
         T.model = model_load_gguf(ckpt_model, T.be, compute_type(T.be), &err);
         if (!T.model) fail(PROG, "--resume: " + err);
-    } else if (!o.model.empty()) {
+    } else if (!o.model.empty()) {  // with lora also on --resume: the frozen base
         if (!is_file(o.model)) fail(PROG, "-m: '" + o.model + "': no such file");
         T.model = model_load_gguf(o.model, T.be, compute_type(T.be), &err);
         if (!T.model) fail(PROG, err);
@@ -168,6 +172,21 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     }
     Qwen2Model & M = *T.model;
     if (o.rope_theta > 0) M.cfg.rope_theta = (float) o.rope_theta;
+    if (lora) {
+        // the adapter: PEFT's initialisation (B = 0: the run starts at the base model), or the checkpoint's
+        const LoraConfig lc = lora_config_of(o);
+        if (o.resume) {
+            if (!lora_load_gguf(M, ckpt_model, &err)) fail(PROG, "--resume: " + err);
+            const LoraConfig & fc = M.lora->cfg;
+            if (fc.rank != lc.rank || fc.alpha != lc.alpha || fc.targets != lc.targets)
+                fail(PROG, "--resume: " + ckpt_model + " is an adapter of rank " + std::to_string(fc.rank) + ", alpha " + std::to_string(fc.alpha) +
+                               ", targets " + lora_targets_string(fc.targets) + "; this run asks for rank " + std::to_string(lc.rank) + ", alpha " +
+                               std::to_string(lc.alpha) + ", targets " + lora_targets_string(lc.targets) + " (--lora-rank, --lora-alpha, --lora-targets)");
+        } else {
+            if (!lora_attach(M, lc, &err)) fail(PROG, err);
+            lora_init_peft(*M.lora, o.seed);
+        }
+    }
 
     // ---- tokenizer and the vocabulary written into saved models
     std::unique_ptr<Tokenizer> tok;
@@ -212,7 +231,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
 
     printf("model: %s | vocab %" PRId64 ", embd %" PRId64 ", ff %" PRId64 ", layers %" PRId64 ", heads %" PRId64 "/%" PRId64
            ", head dim %" PRId64 ", %s, rope theta %g | %.2fM parameters\n",
-           o.resume ? ckpt_model.c_str() : (!o.model.empty() ? o.model.c_str() : ("preset " + o.preset).c_str()), M.cfg.n_vocab,
+           o.resume && !lora ? ckpt_model.c_str() : (!o.model.empty() ? o.model.c_str() : ("preset " + o.preset).c_str()), M.cfg.n_vocab,
            M.cfg.n_embd, M.cfg.n_ff, M.cfg.n_layer, M.cfg.n_head, M.cfg.n_head_kv, M.cfg.head_dim, M.cfg.tied ? "tied" : "untied",
            M.cfg.rope_theta, M.n_params() / 1e6);
 
@@ -229,11 +248,12 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
                o.seqs_per_step, T.data.n_seqs);
 
     // ---- trainer and optimizer
-    T.params = qwen2_set_trainable(M, o.trainable == "all" ? Qwen2Trainable::All : Qwen2Trainable::Linear);
+    // lora: only A and B train (the base gets no gradients)
+    T.params = lora ? lora_set_trainable(M) : qwen2_set_trainable(M, o.trainable == "all" ? Qwen2Trainable::All : Qwen2Trainable::Linear);
     std::vector<char> decay_c(T.params.size());
     int64_t n_train_params = 0;
     for (size_t i = 0; i < T.params.size(); i++) {
-        decay_c[i] = M.spec(T.params[i])->kind == Qwen2TensorKind::Weight;  // no decay on norms and biases
+        decay_c[i] = lora || M.spec(T.params[i])->kind == Qwen2TensorKind::Weight;  // no decay on norms and biases
         n_train_params += oomb_nelements(T.params[i]);
     }
     std::unique_ptr<bool[]> decay(new bool[T.params.size()]);
@@ -411,7 +431,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
                 const auto s0 = std::chrono::steady_clock::now();
                 if (!T.save(&err)) fail(PROG, "checkpoint: " + err);
                 last_good_ckpt = T.step;
-                printf("checkpoint: step %" PRId64 " -> %s, %s (%.1f s)\n", T.step, T.path("model.gguf").c_str(),
+                printf("checkpoint: step %" PRId64 " -> %s, %s (%.1f s)\n", T.step, ckpt_model.c_str(),
                        T.path("state.safetensors").c_str(),
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count());
             }

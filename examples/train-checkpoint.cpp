@@ -51,8 +51,9 @@ static TensorChunkFill tensor_bytes(const oomb_tensor * t) {
 // Hash of every weight's bytes, in GGUF order (weights are f32). Read in chunks of a multiple of
 // 8 bytes, which hash64 chains to the same value as one call over the whole tensor.
 uint64_t weights_hash(const Qwen2Model & m) {
-    uint64_t h = hash64("qwen2", 5);
-    for (const oomb_tensor * t : m.params) {
+    // with an adapter, the checkpoint's model file is the adapter (the base is not written)
+    uint64_t h = m.lora ? hash64("lora", 4) : hash64("qwen2", 5);
+    for (const oomb_tensor * t : m.lora ? m.lora->params : m.params) {
         h = hash64(t->name, strlen(t->name), h);
         stream_chunks(oomb_nbytes(t), 8, tensor_bytes(t), [&h](const void * p, size_t n, std::string *) {
             h = hash64(p, n, h);
@@ -65,7 +66,7 @@ uint64_t weights_hash(const Qwen2Model & m) {
 // Removes temporary files of saves that a killed process left in `out` ("<name>.tmp.<pid>" of our
 // output files, e.g. model.gguf.saving.tmp.1234) whose process no longer exists.
 void remove_stale_temp_files(const std::string & out) {
-    static const char * bases[] = {"model.gguf.saving", "state.safetensors.saving", "loss.png", "train.jsonl"};
+    static const char * bases[] = {"model.gguf.saving", "adapter.gguf.saving", "state.safetensors.saving", "loss.png", "train.jsonl"};
     DIR * d = opendir(out.c_str());
     if (!d) return;
     std::vector<std::string> names;
@@ -105,9 +106,14 @@ void lock_output_folder(const std::string & out) {
 
 bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string & vocab_src, oomb_optimizer_t opt, const Sampler & s,
                      uint64_t data_hash, const TrainProgress & p, std::string * err) {
-    const std::string m_tmp = path(o, "model.gguf.saving"), s_tmp = path(o, "state.safetensors.saving");
+    const std::string m_name = checkpoint_model_name(o);
+    const std::string m_tmp = path(o, m_name + ".saving"), s_tmp = path(o, "state.safetensors.saving");
     std::string name = o.preset.empty() ? "oomb-train" : ("oomb-train " + o.preset);
-    if (!model_save_gguf(m, m_tmp, vocab_src, OOMB_TYPE_F32, name, err)) return false;
+    if (m.lora) {
+        if (!lora_save_gguf(m, m_tmp, "oomb-train LoRA", err)) return false;
+    } else if (!model_save_gguf(m, m_tmp, vocab_src, OOMB_TYPE_F32, name, err)) {
+        return false;
+    }
     SafetensorsWriter w;
     // The raw f32 or bf16 moments (--opt-state), streamed from their buffers at write().
     for (int i = 0; i < oomb_opt_n_state(opt); i++) {
@@ -131,7 +137,7 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
     w.set_metadata("weights_hash", hex64(weights_hash(m)));
     w.set_metadata("config", config_json(o).dump());
     if (w.write(s_tmp, err) != GGUF_OK) return false;
-    if (rename(m_tmp.c_str(), path(o, "model.gguf").c_str()) != 0) {
+    if (rename(m_tmp.c_str(), path(o, m_name).c_str()) != 0) {
         *err = "cannot rename " + m_tmp + ": " + strerror(errno);
         return false;
     }
@@ -145,7 +151,7 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
 void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t opt, uint64_t data_hash, int64_t n_seqs, int threads,
                        Sampler * sampler, TrainProgress * p, std::vector<LogEntry> * history) {
     std::string err;
-    const std::string ckpt_model = path(o, "model.gguf"), ckpt_state = path(o, "state.safetensors");
+    const std::string ckpt_model = path(o, checkpoint_model_name(o)), ckpt_state = path(o, "state.safetensors");
     SafetensorsFile sf;
     const uint64_t wh = weights_hash(m);
     auto state_hash = [&](const std::string & file, std::string * e) -> std::string {
@@ -206,7 +212,8 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
         for (char & c : k) if (c == '_') c = '-';
         return "--" + k;
     };
-    for (const char * k : {"ctx", "seqs_per_step", "seed", "trainable", "opt_state", "data_format", "train_on", "chat_pack", "chat_long"}) {
+    for (const char * k : {"ctx", "seqs_per_step", "seed", "trainable", "opt_state", "data_format", "train_on", "chat_pack", "chat_long",
+                           "lora_rank", "lora_alpha", "lora_targets"}) {
         const std::string key = k;
         if (!saved.contains(k) && key == "opt_state") continue;  // older checkpoints: f32 (the dtype check below)
         const json sv = saved.contains(k) ? saved[k] : json(), nv = now.contains(k) ? now.at(k) : json();

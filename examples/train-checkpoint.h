@@ -5,6 +5,8 @@
 // damages the previous checkpoint, and a save interrupted between the renames is completed by
 // --resume (the pending state file matches the new model's weights hash). Also the output folder's
 // lock and the clean-up of temporary files that a killed process left.
+// With --trainable lora the model file is OUT/adapter.gguf instead (llama.cpp's LoRA adapter format,
+// models/lora.h; the base, given by -m, is not rewritten) and the weights hash covers the adapter.
 #pragma once
 
 #include "train-data.h"

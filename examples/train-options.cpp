@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 
@@ -26,6 +27,16 @@ struct DefaultRun {
 
 double min_lr_of(const Options & o) { return o.min_lr < 0 ? o.lr * 0.1 : o.min_lr; }
 
+LoraConfig lora_config_of(const Options & o) {
+    LoraConfig c;
+    c.rank = o.lora_rank;
+    c.alpha = (float) o.lora_alpha;
+    if (!lora_parse_targets(o.lora_targets, &c.targets, nullptr)) c.targets = 0;  // checked with the options
+    return c;
+}
+
+std::string checkpoint_model_name(const Options & o) { return o.trainable == "lora" ? "adapter.gguf" : "model.gguf"; }
+
 nlohmann::json config_json(const Options & o) {
     nlohmann::json j;
     j["model"] = o.model; j["preset"] = o.preset; j["vocab"] = o.vocab;
@@ -35,7 +46,9 @@ nlohmann::json config_json(const Options & o) {
     j["ctx"] = o.ctx; j["chunk"] = o.chunk; j["page"] = o.page; j["steps"] = o.steps; j["seqs_per_step"] = o.seqs_per_step;
     j["lr"] = o.lr; j["min_lr"] = min_lr_of(o); j["warmup"] = o.warmup;
     j["weight_decay"] = o.weight_decay; j["adam_beta1"] = o.beta1; j["adam_beta2"] = o.beta2; j["adam_eps"] = o.adam_eps;
-    j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable; j["opt_state"] = o.opt_state; j["attn_cache"] = o.attn_cache; j["attn_cache_type"] = o.attn_cache ? o.attn_cache_type : "none"; j["threads"] = o.threads; j["device"] = o.device;
+    j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable;
+    if (o.trainable == "lora") { j["lora_rank"] = o.lora_rank; j["lora_alpha"] = o.lora_alpha; j["lora_targets"] = lora_targets_string(lora_config_of(o).targets); }
+    j["opt_state"] = o.opt_state; j["attn_cache"] = o.attn_cache; j["attn_cache_type"] = o.attn_cache ? o.attn_cache_type : "none"; j["threads"] = o.threads; j["device"] = o.device;
     j["offload"] = o.offload.mode; j["gpu_kv_budget"] = o.offload.gpu_kv_budget >= 0 ? nlohmann::json(o.offload.gpu_kv_budget) : nlohmann::json("default"); j["offload_block"] = o.offload.block_pages;
     j["rope_theta"] = o.rope_theta; j["seed"] = o.seed;
     j["threads_used"] = threads_default(o.threads);
@@ -84,7 +97,12 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     app.add_option("--adam-beta2", o.beta2, "AdamW beta2")->capture_default_str();
     app.add_option("--adam-eps", o.adam_eps, "AdamW epsilon")->capture_default_str();
     app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to this (0: off)")->capture_default_str();
-    app.add_option("--trainable", o.trainable, "all, or linear (block projections + LM head, as the OOMB reference)")->capture_default_str();
+    app.add_option("--trainable", o.trainable, "all, linear (block projections + LM head, as the OOMB reference), or lora (low-rank "
+                                               "adapters on a frozen -m base; checkpoints OUT/adapter.gguf in llama.cpp's LoRA format)")->capture_default_str();
+    app.add_option("--lora-rank", o.lora_rank, "--trainable lora: adapter rank r")->capture_default_str();
+    app.add_option("--lora-alpha", o.lora_alpha, "--trainable lora: alpha (scale alpha / r; default 2 x the default rank)")->capture_default_str();
+    app.add_option("--lora-targets", o.lora_targets, "--trainable lora: the projections adapted, a comma-separated subset of q,k,v,o,gate,up,down")
+        ->capture_default_str();
     app.add_flag("--attn-cache", o.attn_cache,
                  "keep stage 1's attention results for stage 2 instead of recomputing them: faster, (heads * (head dim + 1)) "
                  "* 4 bytes per token and layer more memory (0.5B: 87 KB/token, 7B: 404 KB/token)");
@@ -98,9 +116,9 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     app.add_option("-t,--threads", o.threads, "CPU threads (default: all)");
     app.add_option("--device", o.device, "cpu or cuda")->capture_default_str();
     app.add_option("--rope-theta", o.rope_theta, "override the RoPE base (context extension)");
-    app.add_option("-o,--out", o.out, "output folder: train.jsonl, loss.png, model.gguf, state.safetensors")->capture_default_str();
+    app.add_option("-o,--out", o.out, "output folder: train.jsonl, loss.png, model.gguf (lora: adapter.gguf), state.safetensors")->capture_default_str();
     app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end; -1: never, e.g. benchmarks)")->capture_default_str();
-    app.add_flag("--resume", o.resume, "continue from OUT/model.gguf + OUT/state.safetensors (same command line otherwise)");
+    app.add_flag("--resume", o.resume, "continue from OUT/model.gguf (lora: OUT/adapter.gguf) + OUT/state.safetensors (same command line otherwise)");
     app.add_option("--seed", o.seed, "seed of the initialisation and of the data order")->capture_default_str();
     app.add_option("--log-every", o.log_every, "progress line every N steps")->capture_default_str();
     app.add_option("--stop-after", o.stop_after, "stop (with a checkpoint) after this step, as if interrupted; resume later");
@@ -135,7 +153,18 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         check_chunk_options(PROG, app, o.ctx, o.chunk, o.page, o.threads, o.rope_theta);
         need(o.steps >= 1, "--steps", o.steps, ">= 1");
         need(o.seqs_per_step >= 1, "--seqs-per-step", o.seqs_per_step, ">= 1");
-        if (o.trainable != "all" && o.trainable != "linear") fail(PROG, "--trainable must be all or linear, got '" + o.trainable + "'");
+        if (o.trainable != "all" && o.trainable != "linear" && o.trainable != "lora")
+            fail(PROG, "--trainable must be all, linear or lora, got '" + o.trainable + "'");
+        if (o.trainable == "lora") {
+            need(o.lora_rank >= 1 && o.lora_rank <= INT32_MAX, "--lora-rank", (double) o.lora_rank, "from 1 to 2147483647");
+            need(std::isfinite(o.lora_alpha), "--lora-alpha", o.lora_alpha, "a finite number");
+            uint32_t mask = 0;
+            std::string e;
+            if (!lora_parse_targets(o.lora_targets, &mask, &e)) fail(PROG, e);
+        } else {
+            for (const char * opt : {"--lora-rank", "--lora-alpha", "--lora-targets"})
+                if (given(opt)) fail(PROG, std::string(opt) + " needs --trainable lora");
+        }
         if (o.opt_state != "f32" && o.opt_state != "bf16") fail(PROG, "--opt-state must be f32 or bf16, got '" + o.opt_state + "'");
         if (o.attn_cache_type != "f32" && o.attn_cache_type != "bf16")
             fail(PROG, "--attn-cache-type must be f32 or bf16, got '" + o.attn_cache_type + "'");
@@ -164,7 +193,7 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         for (const char * opt : {"--preset", "--data", "--data-bin", "--data-format", "--train-on", "--chat-pack", "--chat-long", "--skip-bad-lines", "--eval-data", "--eval-split", "--eval-every", "--eval-seqs",
                                  "--ctx", "--steps", "--seqs-per-step", "--lr", "--min-lr", "--warmup", "--weight-decay",
                                  "--adam-beta1", "--adam-beta2", "--adam-eps", "--grad-clip", "--trainable", "--out",
-                                 "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every", "--opt-state",
+                                 "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every", "--opt-state", "--lora-rank", "--lora-alpha", "--lora-targets",
                                  "--seed"}) {
             if (given(opt)) ignored += std::string(ignored.empty() ? "" : ", ") + opt;
         }
@@ -207,6 +236,8 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         printf("note: no model given: training a fresh --preset tiny\n");
     }
     validate();
+    if (o.trainable == "lora" && o.model.empty())
+        fail(PROG, "--trainable lora trains adapters on a frozen base model: give -m BASE.gguf (not --preset or the default run)");
     if (!default_run && app.count("--warmup") == 0) o.warmup = std::min(o.warmup, o.steps / 10);
     if (o.model.empty() && o.vocab.empty()) o.vocab = find_project_file("models/qwen2.5-vocab.gguf");
     o.chunk = std::min(o.chunk, o.ctx);

@@ -5,6 +5,8 @@
 #include "train-common.h"
 #include "train-offload.h"
 
+#include "lora.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -45,7 +47,12 @@ struct Options {
     double weight_decay = 0.1;
     double beta1 = 0.9, beta2 = 0.98, adam_eps = 1e-8;
     double grad_clip = 1.0;
-    std::string trainable = "all";
+    std::string trainable = "all";     // all, linear or lora
+    // --trainable lora (models/lora.h): rank, alpha (scale alpha / rank; 32 = 2 x the default rank, the
+    // common choice; PEFT's own default is 8), targets
+    int64_t lora_rank = 16;
+    double lora_alpha = 32;
+    std::string lora_targets = "q,k,v,o,gate,up,down";
     std::string opt_state = "f32";
     bool attn_cache = false;
     std::string attn_cache_type = "f32";
@@ -76,6 +83,11 @@ struct TrainCommand {
 /// defaults that depend on other options (the built-in default run, --warmup, --vocab). Returns -1
 /// when the program should go on, else its exit code (0 after --help, 1 after an error, printed).
 int parse_train_options(int argc, char ** argv, TrainCommand * cmd);
+
+/// --trainable lora: the adapter's configuration of the options (checked by parse_train_options).
+LoraConfig lora_config_of(const Options & o);
+/// The checkpoint's model file in OUT: "adapter.gguf" with --trainable lora, else "model.gguf".
+std::string checkpoint_model_name(const Options & o);
 
 /// The final learning rate of the cosine decay (--min-lr, default --lr / 10).
 double min_lr_of(const Options & o);

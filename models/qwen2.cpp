@@ -331,14 +331,20 @@ public:
         for (int64_t l = 0; l < c.n_layer; l++) {
             const Qwen2Layer & L = m_.layers[l];
             oomb_tensor * h = oomb_mul_ext(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.attn_norm, gemm_in);
+            // mul_mat(W, x) = x W^T, plus the LoRA term of W's adapter when the model has one
+            auto proj = [&](oomb_tensor * w, Qwen2Slot slot, oomb_tensor * in) {
+                oomb_tensor * y = oomb_mul_mat(ctx, w, in);
+                const LoraWeight * lw = m_.lora ? m_.lora->find(l, slot) : nullptr;
+                return lw ? lora_apply(ctx, *lw, y, in) : y;
+            };
             // x W^T (+ b): Llama has no biases
-            auto linear = [&](oomb_tensor * w, oomb_tensor * b) {
-                oomb_tensor * y = oomb_mul_mat(ctx, w, h);
+            auto linear = [&](oomb_tensor * w, Qwen2Slot slot, oomb_tensor * b) {
+                oomb_tensor * y = proj(w, slot, h);
                 return b ? oomb_add(ctx, y, b) : y;
             };
-            oomb_tensor * q = linear(L.wq, L.bq);
-            oomb_tensor * k = linear(L.wk, L.bk);
-            oomb_tensor * v = linear(L.wv, L.bv);
+            oomb_tensor * q = linear(L.wq, Qwen2Slot::Wq, L.bq);
+            oomb_tensor * k = linear(L.wk, Qwen2Slot::Wk, L.bk);
+            oomb_tensor * v = linear(L.wv, Qwen2Slot::Wv, L.bv);
             // Llama 3.x frequency factors (NULL: plain RoPE, exactly oomb_rope)
             q = oomb_rope_ext(ctx, oomb_reshape_3d(ctx, q, hd, c.n_head, T), in.pos, (int) hd, c.rope_theta, m_.rope_freqs);
             k = oomb_rope_ext(ctx, oomb_reshape_3d(ctx, k, hd, c.n_head_kv, T), in.pos, (int) hd, c.rope_theta, m_.rope_freqs);
@@ -354,9 +360,10 @@ public:
                 return out;
             }
             a = oomb_reshape_2d(ctx, a, c.n_head * hd, T);
-            x = oomb_add(ctx, x, oomb_mul_mat(ctx, L.wo, a));
+            x = oomb_add(ctx, x, proj(L.wo, Qwen2Slot::Wo, a));
             oomb_tensor * h2 = oomb_mul_ext(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.ffn_norm, gemm_in);
-            oomb_tensor * f = oomb_mul_mat(ctx, L.w_down, oomb_swiglu_ext(ctx, oomb_mul_mat(ctx, L.w_gate, h2), oomb_mul_mat(ctx, L.w_up, h2), gemm_in));
+            oomb_tensor * f = proj(L.w_down, Qwen2Slot::WDown,
+                                   oomb_swiglu_ext(ctx, proj(L.w_gate, Qwen2Slot::WGate, h2), proj(L.w_up, Qwen2Slot::WUp, h2), gemm_in));
             x = oomb_format_name(oomb_add(ctx, x, f), "l_out.%" PRId64, l);
             if (l + 1 < c.n_layer) capture(x);
         }

@@ -20,6 +20,7 @@
 #include "oomb-paged.h"
 #include "oomb-chunk.h"
 #include "qwen2-layout.h"  // Qwen2Config, presets, the GGUF layout
+#include "lora.h"          // LoraAdapter: the optional low-rank adapters of the projections
 
 #include <cstdint>
 #include <map>
@@ -50,6 +51,8 @@ struct Qwen2Model {
     std::vector<Qwen2Layer> layers;
     std::vector<oomb_tensor *> params;
     std::vector<Qwen2TensorSpec> specs;  // specs[i]: the layout's entry of params[i] (kind, layer, slot)
+    std::unique_ptr<LoraAdapter> lora;   // LoRA adapters of the block projections (lora.h); NULL: none.
+                                         // The chunk graph adds their term where present.
 
     Qwen2Model() = default;
     Qwen2Model(const Qwen2Model &) = delete;
@@ -106,7 +109,8 @@ std::vector<oomb_tensor *> qwen2_set_trainable(Qwen2Model & m, Qwen2Trainable wh
 /// ChunkGraphInputs::capture, which keeps mul_mat + cross_entropy_loss for the logits. q and k are
 /// rotated by oomb_rope_ext with m.rope_freqs (NULL without: plain RoPE, the same graph as oomb_rope). Hidden
 /// states captured: 0 = embeddings, 1..L-1 = layer outputs, L = final norm. The model must outlive
-/// the builder. Use: ChunkDriver tr(qwen2_chunk_builder(model), params);
+/// the builder. With m.lora, every adapted projection adds its term (lora_apply: W x + s B (A x), the
+/// bias after). Use: ChunkDriver tr(qwen2_chunk_builder(model), params);
 std::unique_ptr<ChunkGraphBuilder> qwen2_chunk_builder(const Qwen2Model & m);
 
 } // namespace oomb

@@ -1,5 +1,5 @@
 // Deterministic, thread-count-independent normal(0, std) initialisation of named weights, shared by
-// qwen2_init_random (models/qwen2.cpp) and oomb-gguf-init: the same seed and tensor name give the
+// qwen2_init_random (models/qwen2.cpp) and oomb-gguf-init (and uniform, for lora_init_peft): the same seed and tensor name give the
 // same values in both. A tensor is generated in chunks of kInitChunk values, chunk c from its own
 // xoshiro256+ stream seeded by (seed, FNV-1a of the name, c), so chunks can run on any thread.
 // Internal header.
@@ -55,6 +55,15 @@ inline void fill_normal(uint64_t seed, float std, float * out, int64_t n) {
         const float f = std::sqrt(-2.0f * std::log(s) / s) * std;
         out[i++] = u * f;
         if (i < n) out[i++] = v * f;
+    }
+}
+
+// n uniform samples in [-bound, bound) (24-bit resolution), from the same streams (LoRA's A).
+inline void fill_uniform(uint64_t seed, float bound, float * out, int64_t n) {
+    InitRng g(seed);
+    for (int64_t i = 0; i < n; i++) {
+        const float u = (float) (g.next() >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+        out[i] = (2.0f * u - 1.0f) * bound;
     }
 }
 

@@ -35,6 +35,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_data import make_bin, read_log  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
 BIN = os.environ.get("OOMB_BIN_DIR") or os.path.join(SRC, "build", "bin")
@@ -82,18 +85,6 @@ def run(args, env=None, timeout=300):
         e.update(env)
     p = subprocess.run(args, capture_output=True, text=True, env=e, timeout=timeout)
     return p.returncode, p.stdout, p.stderr
-
-
-def read_log(out):
-    train, ev = [], []
-    with open(os.path.join(out, "train.jsonl")) as f:
-        for line in f:
-            j = json.loads(line)
-            if "loss" in j:
-                train.append((j["step"], j["loss"]))
-            if "eval_loss" in j:
-                ev.append((j["step"], j["eval_loss"]))
-    return train, ev
 
 
 # HF parameter name -> GGUF name (llama.cpp's Qwen2 layout)
@@ -249,19 +240,6 @@ def make_model(tmp):
     if os.path.exists(micro):
         return micro
     return None
-
-
-def make_bin(path, n, vocab, seed=0):
-    """A learnable id stream: a noisy cyclic pattern, little-endian uint32."""
-    import random
-    r = random.Random(seed)
-    ids, x = [], 1
-    for i in range(n):
-        x = (x * 5 + 3) % 61 if r.random() > 0.1 else r.randrange(vocab)
-        ids.append(x)
-    with open(path, "wb") as f:
-        f.write(struct.pack(f"<{n}I", *ids))
-    return ids
 
 
 def test_training(tmp):

@@ -1,0 +1,320 @@
+// LoRA adapters of the decoder: targets, creation, PEFT initialisation, the graph term, and the
+// llama.cpp adapter GGUF (see lora.h).
+#include "lora.h"
+
+#include "qwen2.h"
+#include "llama-layout.h"  // the attn_q / attn_k row order of Llama files
+#include "gguf.h"
+#include "../src/init-normal.h"
+
+#include <cinttypes>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+namespace oomb {
+
+namespace {
+
+struct TargetInfo {
+    const char * name;
+    Qwen2Slot slot;
+};
+const TargetInfo kTargets[kLoraTargets] = {
+    {"q", Qwen2Slot::Wq}, {"k", Qwen2Slot::Wk}, {"v", Qwen2Slot::Wv}, {"o", Qwen2Slot::Wo},
+    {"gate", Qwen2Slot::WGate}, {"up", Qwen2Slot::WUp}, {"down", Qwen2Slot::WDown},
+};
+
+constexpr const char * SUFFIX_A = ".lora_a";
+constexpr const char * SUFFIX_B = ".lora_b";
+
+oomb_tensor * base_weight(const Qwen2Layer & L, Qwen2Slot s) {
+    switch (s) {
+    case Qwen2Slot::Wq: return L.wq;
+    case Qwen2Slot::Wk: return L.wk;
+    case Qwen2Slot::Wv: return L.wv;
+    case Qwen2Slot::Wo: return L.wo;
+    case Qwen2Slot::WGate: return L.w_gate;
+    case Qwen2Slot::WUp: return L.w_up;
+    case Qwen2Slot::WDown: return L.w_down;
+    default: return nullptr;
+    }
+}
+
+std::string shape_str(const int64_t * ne, int n) {
+    std::string s = "[";
+    for (int i = 0; i < n; i++) s += (i ? ", " : "") + std::to_string(ne[i]);
+    return s + "]";
+}
+
+// A new adapter of c on m (zero A/B, allocated), or nullptr + *err.
+std::unique_ptr<LoraAdapter> make_adapter(const Qwen2Model & m, const LoraConfig & c, std::string * err) {
+    auto a = std::make_unique<LoraAdapter>();
+    a->cfg = c;
+    a->ctx = oomb_init({0, true});
+    a->layers.resize((size_t) m.cfg.n_layer);
+    for (int64_t l = 0; l < m.cfg.n_layer; l++) {
+        for (int t = 0; t < kLoraTargets; t++) {
+            if (!(c.targets & (1u << t))) continue;
+            const oomb_tensor * w = base_weight(m.layers[(size_t) l], kTargets[t].slot);
+            const int64_t r = c.rank;
+            LoraWeight & lw = a->layers[(size_t) l][(size_t) t];
+            lw.a = oomb_format_name(oomb_new_tensor_2d(a->ctx, OOMB_TYPE_F32, w->ne[0], r), "%s%s", w->name, SUFFIX_A);
+            lw.b = oomb_format_name(oomb_new_tensor_2d(a->ctx, OOMB_TYPE_F32, r, w->ne[1]), "%s%s", w->name, SUFFIX_B);
+            // llama.cpp: scale = alpha / rank, or 1 when alpha is 0
+            lw.scale = c.alpha != 0.0f ? c.alpha / (float) r : 1.0f;
+            a->params.push_back(lw.a);
+            a->params.push_back(lw.b);
+        }
+    }
+    size_t bytes = 0;
+    a->buf = oomb_backend_try_alloc_ctx_tensors(a->ctx, m.backend, &bytes);
+    if (!a->buf) {
+        if (err) *err = "lora: " + std::string(oomb_backend_name(m.backend)) + " cannot allocate the adapter (" + std::to_string(bytes) + " bytes)";
+        return nullptr;
+    }
+    for (oomb_tensor * t : a->params) oomb_tensor_memset(t, 0);
+    return a;
+}
+
+} // namespace
+
+const char * lora_target_name(LoraTarget t) { return kTargets[(int) t].name; }
+Qwen2Slot lora_target_slot(LoraTarget t) { return kTargets[(int) t].slot; }
+
+bool lora_parse_targets(const std::string & list, uint32_t * mask, std::string * err) {
+    uint32_t m = 0;
+    size_t i = 0;
+    const std::string choices = lora_targets_string(kLoraAllTargets);
+    while (i <= list.size()) {
+        const size_t j = std::min(list.find(',', i), list.size());
+        const std::string name = list.substr(i, j - i);
+        int t = 0;
+        while (t < kLoraTargets && name != kTargets[t].name) t++;
+        if (t == kLoraTargets) {
+            if (err) *err = "--lora-targets: unknown target '" + name + "' (choose from " + choices + ")";
+            return false;
+        }
+        if (m & (1u << t)) {
+            if (err) *err = "--lora-targets: target '" + name + "' is given twice";
+            return false;
+        }
+        m |= 1u << t;
+        i = j + 1;
+    }
+    *mask = m;
+    return true;
+}
+
+std::string lora_targets_string(uint32_t mask) {
+    std::string s;
+    for (int t = 0; t < kLoraTargets; t++)
+        if (mask & (1u << t)) s += (s.empty() ? "" : ",") + std::string(kTargets[t].name);
+    return s;
+}
+
+LoraAdapter::~LoraAdapter() {
+    oomb_buffer_free(grad_buf);
+    oomb_buffer_free(buf);
+    oomb_free(ctx);
+}
+
+const LoraWeight * LoraAdapter::find(int64_t layer, Qwen2Slot slot) const {
+    if (layer < 0 || layer >= (int64_t) layers.size()) return nullptr;
+    for (int t = 0; t < kLoraTargets; t++)
+        if (kTargets[t].slot == slot) {
+            const LoraWeight & w = layers[(size_t) layer][(size_t) t];
+            return w.a ? &w : nullptr;
+        }
+    return nullptr;
+}
+
+int64_t LoraAdapter::n_params() const {
+    int64_t n = 0;
+    for (const oomb_tensor * t : params) n += oomb_nelements(t);
+    return n;
+}
+
+bool lora_config_valid(const LoraConfig & c, std::string * err) {
+    if (c.rank < 1 || c.rank > INT32_MAX) {
+        if (err) *err = "--lora-rank must be from 1 to 2147483647, got " + std::to_string(c.rank);
+        return false;
+    }
+    if (!std::isfinite(c.alpha)) {
+        if (err) *err = "--lora-alpha must be a finite number";
+        return false;
+    }
+    if (c.targets == 0 || (c.targets & ~kLoraAllTargets)) {
+        if (err) *err = "--lora-targets must name at least one of " + lora_targets_string(kLoraAllTargets);
+        return false;
+    }
+    return true;
+}
+
+bool lora_attach(Qwen2Model & m, const LoraConfig & c, std::string * err) {
+    if (!lora_config_valid(c, err)) return false;
+    auto a = make_adapter(m, c, err);
+    if (!a) return false;
+    m.lora = std::move(a);
+    return true;
+}
+
+void lora_init_peft(LoraAdapter & a, uint64_t seed) {
+    for (oomb_tensor * t : a.params) {
+        const bool is_a = strstr(t->name, SUFFIX_A) != nullptr;
+        std::vector<float> v((size_t) oomb_nelements(t), 0.0f);
+        if (is_a) {
+            // torch.nn.init.kaiming_uniform_(a = sqrt(5)) of PEFT's lora_A [r, n_in]: fan_in = n_in,
+            // gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / fan_in) = 1 / sqrt(n_in)
+            const float bound = 1.0f / std::sqrt((float) t->ne[0]);
+            const int64_t n = (int64_t) v.size();
+            for (int64_t c = 0; c * kInitChunk < n; c++)
+                fill_uniform(init_chunk_seed(seed, t->name, c), bound, v.data() + c * kInitChunk, std::min(kInitChunk, n - c * kInitChunk));
+        }
+        oomb_tensor_set(t, v.data(), 0, v.size() * 4);
+    }
+}
+
+std::vector<oomb_tensor *> lora_set_trainable(Qwen2Model & m) {
+    if (!m.lora) oomb_error("lora_set_trainable: the model has no adapter");
+    LoraAdapter & a = *m.lora;
+    for (oomb_tensor * t : a.params) {
+        oomb_set_param(t);
+        if (!t->grad) oomb_new_grad(a.ctx, t);
+    }
+    oomb_buffer_free(a.grad_buf);
+    a.grad_buf = oomb_backend_alloc_ctx_tensors(a.ctx, m.backend);
+    return a.params;
+}
+
+oomb_tensor * lora_apply(oomb_context * ctx, const LoraWeight & w, oomb_tensor * y, oomb_tensor * x) {
+    oomb_tensor * d = oomb_mul_mat(ctx, w.b, oomb_mul_mat(ctx, w.a, x));
+    return oomb_add(ctx, y, oomb_scale(ctx, d, w.scale));
+}
+
+bool lora_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & name, std::string * err) {
+    if (!m.lora) {
+        if (err) *err = "lora_save_gguf: the model has no adapter";
+        return false;
+    }
+    const LoraAdapter & a = *m.lora;
+    GGUFWriter w;
+    w.set_string("general.architecture", decoder_arch_name(m.cfg.arch));
+    w.set_string("general.type", "adapter");
+    w.set_string("general.name", name);
+    w.set_string("adapter.type", "lora");
+    w.set_f32("adapter.lora.alpha", a.cfg.alpha);
+    for (const oomb_tensor * t : a.params)
+        if (w.add_tensor(t->name, GGUF_TENSOR_F32, {t->ne[0], t->ne[1]}, err) != GGUF_OK) return false;
+    if (w.open(path, err) != GGUF_OK) return false;
+    for (int64_t l = 0; l < m.cfg.n_layer; l++) {
+        for (int t = 0; t < kLoraTargets; t++) {
+            const LoraWeight & lw = a.layers[(size_t) l][(size_t) t];
+            if (!lw.a) continue;
+            for (const oomb_tensor * x : {lw.a, lw.b}) {
+                std::vector<float> v((size_t) oomb_nelements(x));
+                oomb_tensor_get(x, v.data(), 0, v.size() * 4);
+                // Llama: B's output rows in the file's order of attn_q / attn_k (W_file = P W, so B_file = P B)
+                const int64_t qk_heads = llama_qk_heads(m.cfg, kTargets[t].slot);
+                if (x == lw.b && qk_heads) llama_permute_qk_rows(v.data(), qk_heads, m.cfg.head_dim, (size_t) x->ne[0] * 4);
+                if (w.write_tensor(x->name, v.data(), v.size() * 4, err) != GGUF_OK) return false;
+            }
+        }
+    }
+    return w.finish(err) == GGUF_OK;
+}
+
+bool lora_load_gguf(Qwen2Model & m, const std::string & path, std::string * err) {
+    auto fail = [&](const std::string & msg) {
+        if (err) *err = path + ": " + msg;
+        return false;
+    };
+    GGUFReader r;
+    if (r.open(path, err) != GGUF_OK) return false;
+    auto get_str = [&](const char * key, std::string * v) {
+        const GGUFValue * x = r.find(key);
+        if (!x) return fail(std::string("key '") + key + "' is missing (not a llama.cpp LoRA adapter?)");
+        if (x->type() != GGUF_TYPE_STRING) return fail(std::string("key '") + key + "' is not a string");
+        *v = x->str();
+        return true;
+    };
+    std::string type, arch, adapter_type;
+    if (!get_str("general.type", &type)) return false;
+    if (type != "adapter") return fail("general.type is '" + type + "', expected 'adapter'");
+    if (!get_str("adapter.type", &adapter_type)) return false;
+    if (adapter_type != "lora") return fail("adapter.type is '" + adapter_type + "', expected 'lora'");
+    if (!get_str("general.architecture", &arch)) return false;
+    if (arch != decoder_arch_name(m.cfg.arch))
+        return fail("general.architecture is '" + arch + "' but the base model is '" + decoder_arch_name(m.cfg.arch) + "'");
+    LoraConfig c;
+    c.alpha = 0.0f;  // llama.cpp: absent means 0, i.e. scale 1
+    if (const GGUFValue * x = r.find("adapter.lora.alpha")) {
+        if (x->type() != GGUF_TYPE_FLOAT32) return fail("key 'adapter.lora.alpha' is not an f32");
+        if (r.get_f32("adapter.lora.alpha", &c.alpha, err) != GGUF_OK) return false;
+        if (!std::isfinite(c.alpha)) return fail("adapter.lora.alpha is not finite");
+    }
+    // every tensor: <base block projection>.lora_a / .lora_b
+    std::map<std::string, std::pair<int64_t, int>> base;  // base name -> (layer, target)
+    for (int64_t l = 0; l < m.cfg.n_layer; l++)
+        for (int t = 0; t < kLoraTargets; t++) base[base_weight(m.layers[(size_t) l], kTargets[t].slot)->name] = {l, t};
+    std::map<std::pair<int64_t, int>, std::pair<const GGUFTensorInfo *, const GGUFTensorInfo *>> pairs;
+    for (const GGUFTensorInfo & ti : r.tensors()) {
+        const std::string & n = ti.name;
+        const bool is_a = n.size() > 7 && n.compare(n.size() - 7, 7, SUFFIX_A) == 0;
+        const bool is_b = n.size() > 7 && n.compare(n.size() - 7, 7, SUFFIX_B) == 0;
+        if (!is_a && !is_b) return fail("tensor '" + n + "' is neither a .lora_a nor a .lora_b");
+        auto it = base.find(n.substr(0, n.size() - 7));
+        if (it == base.end())
+            return fail("tensor '" + n + "' adapts '" + n.substr(0, n.size() - 7) + "', which is not a block projection (" +
+                        lora_targets_string(kLoraAllTargets) + ") of the base model");
+        if (ti.type != GGUF_TENSOR_F32 && ti.type != GGUF_TENSOR_F16 && ti.type != GGUF_TENSOR_BF16) {
+            const char * tn = gguf_tensor_type_name(ti.type);
+            return fail("tensor '" + n + "' has type " + (tn ? tn : std::to_string(ti.type)) + ", expected F32, F16 or BF16");
+        }
+        auto & p = pairs[it->second];
+        (is_a ? p.first : p.second) = &ti;
+    }
+    if (pairs.empty()) return fail("the adapter holds no tensors");
+    c.targets = 0;
+    c.rank = 0;
+    for (const auto & kv : pairs) {
+        const oomb_tensor * w = base_weight(m.layers[(size_t) kv.first.first], kTargets[kv.first.second].slot);
+        const GGUFTensorInfo * ta = kv.second.first, * tb = kv.second.second;
+        if (!ta || !tb) return fail(std::string("the pair of '") + w->name + "' lacks its " + (ta ? ".lora_b" : ".lora_a"));
+        // llama.cpp's checks: base ne[0] == a ne[0], base ne[1] == b ne[1], a ne[1] == b ne[0]
+        if (ta->n_dims != 2 || tb->n_dims != 2 || ta->ne[0] != w->ne[0] || tb->ne[1] != w->ne[1] || ta->ne[1] != tb->ne[0])
+            return fail(std::string("tensors '") + ta->name + "' ne " + shape_str(ta->ne, (int) ta->n_dims) + " and '" + tb->name + "' ne " +
+                        shape_str(tb->ne, (int) tb->n_dims) + " do not fit '" + w->name + "' ne " + shape_str(w->ne, 2) +
+                        " (expected [" + std::to_string(w->ne[0]) + ", r] and [r, " + std::to_string(w->ne[1]) + "])");
+        if (c.rank == 0) c.rank = ta->ne[1];
+        if (ta->ne[1] != c.rank)
+            return fail(std::string("tensor '") + ta->name + "' has rank " + std::to_string(ta->ne[1]) + ", the others " + std::to_string(c.rank) +
+                        " (one rank per adapter is supported)");
+        c.targets |= 1u << kv.first.second;
+    }
+    // every layer must adapt the same targets (the configuration is one mask)
+    for (int64_t l = 0; l < m.cfg.n_layer; l++)
+        for (int t = 0; t < kLoraTargets; t++)
+            if ((c.targets & (1u << t)) && !pairs.count({l, t}))
+                return fail(std::string("'") + base_weight(m.layers[(size_t) l], kTargets[t].slot)->name + "' has no adapter while other layers' " +
+                            kTargets[t].name + " projections have one");
+    auto a = make_adapter(m, c, err);
+    if (!a) return fail(*err);
+    for (int64_t l = 0; l < m.cfg.n_layer; l++) {
+        for (int t = 0; t < kLoraTargets; t++) {
+            const LoraWeight & lw = a->layers[(size_t) l][(size_t) t];
+            if (!lw.a) continue;
+            for (oomb_tensor * x : {lw.a, lw.b}) {
+                std::vector<float> v((size_t) oomb_nelements(x));
+                if (r.read_tensor(x->name, GGUF_TENSOR_F32, v.data(), v.size() * 4, err) != GGUF_OK) return false;
+                const int64_t qk_heads = llama_qk_heads(m.cfg, kTargets[t].slot);
+                if (x == lw.b && qk_heads) llama_unpermute_qk_rows(v.data(), qk_heads, m.cfg.head_dim, (size_t) x->ne[0] * 4);
+                oomb_tensor_set(x, v.data(), 0, v.size() * 4);
+            }
+        }
+    }
+    m.lora = std::move(a);
+    return true;
+}
+
+} // namespace oomb
