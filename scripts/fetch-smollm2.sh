@@ -21,8 +21,16 @@ with open(p, "rb") as f:
     head = f.read(4096)
 if head[:4] != b"GGUF":
     sys.exit(f"{p}: not a GGUF file (magic {head[:4]!r})")
-if b"general.architecture" not in head or b"llama" not in head:
-    sys.exit(f"{p}: general.architecture is not llama")
+key = b"general.architecture"
+i = head.find(struct.pack("<Q", len(key)) + key)  # the key, then its type (u32 8: string), length and bytes
+arch = None
+if i >= 0:
+    j = i + 8 + len(key)
+    if struct.unpack("<I", head[j:j + 4])[0] == 8:
+        n = struct.unpack("<Q", head[j + 4:j + 12])[0]
+        arch = head[j + 12:j + 12 + n]
+if arch != b"llama":
+    sys.exit(f"{p}: general.architecture is {arch!r}, not 'llama'")
 if not 90e6 < size < 110e6:
     sys.exit(f"{p}: {size} bytes, expected about 98 MB (truncated download?)")
 PY
