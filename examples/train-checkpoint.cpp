@@ -93,7 +93,7 @@ uint64_t weights_hash(const Qwen2Model & m, gguf_tensor_type saved) {
 // Removes temporary files of saves that a killed process left in `out` ("<name>.tmp.<pid>" of our
 // output files, e.g. model.gguf.saving.tmp.1234) whose process no longer exists.
 void remove_stale_temp_files(const std::string & out) {
-    static const char * bases[] = {"model.gguf.saving", "adapter.gguf.saving", "state.safetensors.saving", "loss.png", "train.jsonl"};
+    static const char * bases[] = {"model.gguf.saving", "adapter.gguf.saving", "adapter_model.safetensors.saving", "adapter_config.json.saving", "state.safetensors.saving", "loss.png", "train.jsonl"};
     DIR * d = opendir(out.c_str());
     if (!d) return;
     std::vector<std::string> names;
@@ -136,8 +136,12 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
     const std::string m_name = checkpoint_model_name(o);
     const std::string m_tmp = path(o, m_name + ".saving"), s_tmp = path(o, "state.safetensors.saving");
     std::string name = o.preset.empty() ? "oomb-train" : ("oomb-train " + o.preset);
+    // with an adapter, also PEFT's files (renamed before the adapter, so that a complete checkpoint has them)
+    const std::string peft_st = "adapter_model.safetensors", peft_cfg = "adapter_config.json";
     if (m.lora) {
         if (!lora_save_gguf(m, m_tmp, "oomb-train LoRA", err)) return false;
+        if (!lora_save_peft_safetensors(m, path(o, peft_st + ".saving"), err)) return false;
+        if (!write_file_atomic(path(o, peft_cfg + ".saving"), lora_peft_config_json(m.lora->cfg, o.model), err)) return false;
     } else if (!model_save_gguf(m, m_tmp, vocab_src, out_type_of(o), name, err)) {
         return false;
     }
@@ -165,6 +169,13 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
     w.set_metadata("weights_hash", hex64(weights_hash(m, m.lora ? GGUF_TENSOR_F32 : out_type_of(o))));
     w.set_metadata("config", config_json(o).dump());
     if (w.write(s_tmp, err) != GGUF_OK) return false;
+    for (const std::string & f : {peft_st, peft_cfg}) {
+        if (!m.lora) break;
+        if (rename(path(o, f + ".saving").c_str(), path(o, f).c_str()) != 0) {
+            *err = "cannot rename " + path(o, f + ".saving") + ": " + strerror(errno);
+            return false;
+        }
+    }
     if (rename(m_tmp.c_str(), path(o, m_name).c_str()) != 0) {
         *err = "cannot rename " + m_tmp + ": " + strerror(errno);
         return false;
