@@ -83,6 +83,24 @@ std::unique_ptr<LoraAdapter> make_adapter(const Qwen2Model & m, const LoraConfig
     return a;
 }
 
+// Calls fn(layer, target, tensor, is_b, values) for A then B of every pair of m.lora, by layer then
+// target (the files' order), with the tensor's f32 values read to the host; false as soon as fn is.
+template <class Fn> bool for_each_pair_values(const Qwen2Model & m, Fn && fn) {
+    std::vector<float> v;
+    for (int64_t l = 0; l < m.cfg.n_layer; l++) {
+        for (int t = 0; t < kLoraTargets; t++) {
+            const LoraWeight & lw = m.lora->layers[(size_t) l][(size_t) t];
+            if (!lw.a) continue;
+            for (const oomb_tensor * x : {lw.a, lw.b}) {
+                v.resize((size_t) oomb_nelements(x));
+                oomb_tensor_get(x, v.data(), 0, v.size() * 4);
+                if (!fn(l, t, x, x == lw.b, v)) return false;
+            }
+        }
+    }
+    return true;
+}
+
 } // namespace
 
 const char * lora_target_name(LoraTarget t) { return kTargets[(int) t].name; }
@@ -213,21 +231,12 @@ bool lora_save_gguf(const Qwen2Model & m, const std::string & path, const std::s
     for (const oomb_tensor * t : a.params)
         if (w.add_tensor(t->name, GGUF_TENSOR_F32, {t->ne[0], t->ne[1]}, err) != GGUF_OK) return false;
     if (w.open(path, err) != GGUF_OK) return false;
-    for (int64_t l = 0; l < m.cfg.n_layer; l++) {
-        for (int t = 0; t < kLoraTargets; t++) {
-            const LoraWeight & lw = a.layers[(size_t) l][(size_t) t];
-            if (!lw.a) continue;
-            for (const oomb_tensor * x : {lw.a, lw.b}) {
-                std::vector<float> v((size_t) oomb_nelements(x));
-                oomb_tensor_get(x, v.data(), 0, v.size() * 4);
-                // Llama: B's output rows in the file's order of attn_q / attn_k (W_file = P W, so B_file = P B)
-                const int64_t qk_heads = llama_qk_heads(m.cfg, kTargets[t].slot);
-                if (x == lw.b && qk_heads) llama_permute_qk_rows(v.data(), qk_heads, m.cfg.head_dim, (size_t) x->ne[0] * 4);
-                if (w.write_tensor(x->name, v.data(), v.size() * 4, err) != GGUF_OK) return false;
-            }
-        }
-    }
-    return w.finish(err) == GGUF_OK;
+    return for_each_pair_values(m, [&](int64_t, int t, const oomb_tensor * x, bool is_b, std::vector<float> & v) {
+        // Llama: B's output rows in the file's order of attn_q / attn_k (W_file = P W, so B_file = P B)
+        const int64_t qk_heads = llama_qk_heads(m.cfg, kTargets[t].slot);
+        if (is_b && qk_heads) llama_permute_qk_rows(v.data(), qk_heads, m.cfg.head_dim, (size_t) x->ne[0] * 4);
+        return w.write_tensor(x->name, v.data(), v.size() * 4, err) == GGUF_OK;
+    }) && w.finish(err) == GGUF_OK;
 }
 
 std::string lora_peft_tensor_name(int64_t layer, LoraTarget t, bool b) {
@@ -239,25 +248,14 @@ bool lora_save_peft_safetensors(const Qwen2Model & m, const std::string & path, 
         if (err) *err = "lora_save_peft_safetensors: the model has no adapter";
         return false;
     }
-    const LoraAdapter & a = *m.lora;
     SafetensorsWriter w;
     w.set_metadata("format", "pt");  // as PEFT's save_pretrained (safetensors.torch.save_file)
-    for (int64_t l = 0; l < m.cfg.n_layer; l++) {
-        for (int t = 0; t < kLoraTargets; t++) {
-            const LoraWeight & lw = a.layers[(size_t) l][(size_t) t];
-            if (!lw.a) continue;
-            // ne [n_in, r] is torch [r, n_in] (lora_A), ne [r, n_out] torch [n_out, r] (lora_B): the same bytes;
-            // B's rows are in HF's order in memory (no permutation, unlike the GGUF file)
-            for (const oomb_tensor * x : {lw.a, lw.b}) {
-                std::vector<float> v((size_t) oomb_nelements(x));
-                oomb_tensor_get(x, v.data(), 0, v.size() * 4);
-                if (w.add_copy(lora_peft_tensor_name(l, (LoraTarget) t, x == lw.b), SafetensorsDtype::F32, {x->ne[1], x->ne[0]}, v.data(), err) !=
-                    GGUF_OK)
-                    return false;
-            }
-        }
-    }
-    return w.write(path, err) == GGUF_OK;
+    // ne [n_in, r] is torch [r, n_in] (lora_A), ne [r, n_out] torch [n_out, r] (lora_B): the same bytes;
+    // B's rows are in HF's order in memory (no permutation, unlike the GGUF file)
+    const bool ok = for_each_pair_values(m, [&](int64_t l, int t, const oomb_tensor * x, bool is_b, std::vector<float> & v) {
+        return w.add_copy(lora_peft_tensor_name(l, (LoraTarget) t, is_b), SafetensorsDtype::F32, {x->ne[1], x->ne[0]}, v.data(), err) == GGUF_OK;
+    });
+    return ok && w.write(path, err) == GGUF_OK;
 }
 
 std::string lora_peft_config_json(const LoraConfig & c, const std::string & base_model) {

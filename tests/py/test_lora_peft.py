@@ -17,12 +17,11 @@ tool not built, or a fixture absent.
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_data import make_bin  # noqa: E402
+from train_data import Checks, make_bin, run_tool as run, need_tools, skip  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -33,11 +32,6 @@ CTX = 64
 MODULES = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
 
 
-def skip(why):
-    print(f"SKIPPED: {why}")
-    sys.exit(77)
-
-
 try:
     import numpy as np
     import torch
@@ -46,26 +40,14 @@ try:
     from safetensors.numpy import load_file
 except ImportError as e:
     skip(f"{e} (needs numpy, torch, transformers, peft, safetensors)")
-for tool in (TRAIN, EVAL, CONVERT):
-    if not os.access(tool, os.X_OK):
-        skip(f"{tool} not built")
+need_tools(TRAIN, EVAL, CONVERT)
 BASES = [("qwen2", os.path.join(FIX, "qwen2-mini")), ("llama", os.path.join(SRC, "tests", "fixtures", "llama-micro"))]
 for _, d in BASES:
     if not os.path.isfile(os.path.join(d, "config.json")):
         skip(f"fixture {d} not found")
 
-failures = []
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what)
-    if not ok:
-        failures.append(what)
-
-
-def run(args, timeout=600):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    return r.returncode, r.stdout, r.stderr
+checks = Checks()
+check = checks.check
 
 
 def oomb_nll(args):
@@ -153,10 +135,7 @@ def main():
         for arch, d in BASES:
             print(f"{arch}: {d}")
             one_base(tmp, arch, d)
-    if failures:
-        print(f"{len(failures)} failure(s)")
-        sys.exit(1)
-    print("all passed")
+    checks.finish()
 
 
 if __name__ == "__main__":

@@ -14,22 +14,16 @@ Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR. Exit 0: all passed; 1
 """
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_data import make_bin, read_log  # noqa: E402
+from train_data import Checks, make_bin, read_log, run_tool as run, need_tools, skip  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
 BIN = os.environ.get("OOMB_BIN_DIR") or os.path.join(SRC, "build", "bin")
 TRAIN, EVAL, INIT = (os.path.join(BIN, t) for t in ("oomb-train", "oomb-eval", "oomb-gguf-init"))
-
-
-def skip(why):
-    print(f"SKIPPED: {why}")
-    sys.exit(77)
 
 
 try:
@@ -38,24 +32,12 @@ try:
     from gguf import quants
 except ImportError as e:
     skip(f"{e} (needs numpy and gguf)")
-for tool in (TRAIN, EVAL, INIT):
-    if not os.access(tool, os.X_OK):
-        skip(f"{tool} not built")
+need_tools(TRAIN, EVAL, INIT)
 
-failures = []
+checks = Checks()
+check = checks.check
 Q = gguf.GGMLQuantizationType
 TYPES = {"f32": (Q.F32, 0), "f16": (Q.F16, 1), "bf16": (Q.BF16, 32), "q8_0": (Q.Q8_0, 7)}
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what)
-    if not ok:
-        failures.append(what)
-
-
-def run(args, timeout=600):
-    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
-    return r.returncode, r.stdout, r.stderr
 
 
 def nll(model, data):
@@ -67,12 +49,11 @@ def nll(model, data):
 
 def main():
     with tempfile.TemporaryDirectory(prefix="oomb-py-outtype-") as tmp:
-        base = os.path.join(tmp, "qwen2.gguf")
-        rc, o, e = run([INIT, "--vocab-size", "512", "--hidden", "64", "--ffn", "128", "--layers", "2", "--heads", "4",
-                        "--kv-heads", "2", "--outtype", "f32", "--seed", "3", "-o", base])
+        base, data = os.path.join(tmp, "qwen2.gguf"), os.path.join(tmp, "ids.bin")
+        shape = {"--vocab-size": 384, "--hidden": 96, "--ffn": 192, "--layers": 2, "--heads": 3, "--kv-heads": 1}
+        rc, o, e = run([INIT] + [str(x) for kv in shape.items() for x in kv] + ["--outtype", "f32", "--seed", "3", "-o", base])
         check(rc == 0, f"oomb-gguf-init {e.strip()[-200:]}")
-        data = os.path.join(tmp, "ids.bin")
-        make_bin(data, 8000, 512)
+        make_bin(data, 8000, shape["--vocab-size"])
         cmd = [TRAIN, "-m", base, "--data-bin", data, "--ctx", "64", "--chunk", "24", "--page", "16", "--lr", "1e-2",
                "--warmup", "1", "--eval-every", "0", "--eval-seqs", "2", "--threads", "2", "--seed", "7"]
         files = {}
@@ -116,10 +97,7 @@ def main():
         check(rc == 1 and "--out-type must be f32, f16, bf16 or q8_0, got 'q4_k'" in e, f"unknown --out-type: refused ({e.strip()[-200:]})")
         rc, o, e = run(cmd + ["--steps", "1", "--trainable", "lora", "--out-type", "f16", "--out", os.path.join(tmp, "bad")])
         check(rc == 1 and "--out-type" in e and "--trainable lora" in e, f"--out-type with --trainable lora: refused ({e.strip()[-200:]})")
-    if failures:
-        print(f"{len(failures)} failure(s)")
-        sys.exit(1)
-    print("all passed")
+    checks.finish()
 
 
 if __name__ == "__main__":
