@@ -48,16 +48,43 @@ static TensorChunkFill tensor_bytes(const oomb_tensor * t) {
     };
 }
 
-// Hash of every weight's bytes, in GGUF order (weights are f32). Read in chunks of a multiple of
-// 8 bytes, which hash64 chains to the same value as one call over the whole tensor.
-uint64_t weights_hash(const Qwen2Model & m) {
+// Hash of every weight's bytes, in GGUF order, as a model file of `saved` type loads them back (see
+// train-checkpoint.h). Read in chunks of a multiple of 8 bytes (but the last), which hash64 chains
+// to the same value as one call over the whole tensor.
+uint64_t weights_hash(const Qwen2Model & m, gguf_tensor_type saved) {
     // with an adapter, the checkpoint's model file is the adapter (the base is not written)
     uint64_t h = m.lora ? hash64("lora", 4) : hash64("qwen2", 5);
-    for (const oomb_tensor * t : m.lora ? m.lora->params : m.params) {
+    auto sink = [&h](const void * p, size_t n, std::string *) {
+        h = hash64(p, n, h);
+        return GGUF_OK;
+    };
+    const std::vector<oomb_tensor *> & ts = m.lora ? m.lora->params : m.params;
+    for (size_t i = 0; i < ts.size(); i++) {
+        const oomb_tensor * t = ts[i];
         h = hash64(t->name, strlen(t->name), h);
-        stream_chunks(oomb_nbytes(t), 8, tensor_bytes(t), [&h](const void * p, size_t n, std::string *) {
-            h = hash64(p, n, h);
+        const gguf_tensor_type ft = m.lora ? GGUF_TENSOR_F32 : qwen2_saved_type(m, i, saved);
+        const uint32_t mt = t->type == OOMB_TYPE_F32 ? GGUF_TENSOR_F32 : t->type == OOMB_TYPE_BF16 ? GGUF_TENSOR_BF16 : GGUF_TENSOR_F16;
+        if (ft == GGUF_TENSOR_F32 || ft == mt) {  // the file holds t's values exactly
+            stream_chunks(oomb_nbytes(t), 8, tensor_bytes(t), sink, nullptr);
+            continue;
+        }
+        // t's values rounded to the file's type and back into t's type, 32 values per granule
+        const size_t bb = gguf_tensor_type_block_bytes(ft) * (size_t) (32 / gguf_tensor_type_block_size(ft));
+        const size_t es = oomb_type_size(t->type);
+        std::vector<float> f;
+        std::vector<uint8_t> back;
+        auto fill = [t, ft](void * dst, uint64_t off, size_t n, std::string *) {
+            qwen2_tensor_read_as(t, ft, dst, off, n);
             return GGUF_OK;
+        };
+        const uint64_t file_bytes = (uint64_t) (oomb_nelements(t) / gguf_tensor_type_block_size(ft)) * gguf_tensor_type_block_bytes(ft);
+        stream_chunks(file_bytes, bb, fill, [&](const void * p, size_t n, std::string * e) {
+            const int64_t ne = (int64_t) (n / gguf_tensor_type_block_bytes(ft)) * gguf_tensor_type_block_size(ft);
+            f.resize((size_t) ne);
+            back.resize((size_t) ne * es);
+            gguf_convert(ft, p, GGUF_TENSOR_F32, f.data(), ne, e);
+            gguf_convert(GGUF_TENSOR_F32, f.data(), mt, back.data(), ne, e);
+            return sink(back.data(), back.size(), e);
         }, nullptr);
     }
     return h;
@@ -66,7 +93,7 @@ uint64_t weights_hash(const Qwen2Model & m) {
 // Removes temporary files of saves that a killed process left in `out` ("<name>.tmp.<pid>" of our
 // output files, e.g. model.gguf.saving.tmp.1234) whose process no longer exists.
 void remove_stale_temp_files(const std::string & out) {
-    static const char * bases[] = {"model.gguf.saving", "adapter.gguf.saving", "state.safetensors.saving", "loss.png", "train.jsonl"};
+    static const char * bases[] = {"model.gguf.saving", "adapter.gguf.saving", "adapter_model.safetensors.saving", "adapter_config.json.saving", "state.safetensors.saving", "loss.png", "train.jsonl"};
     DIR * d = opendir(out.c_str());
     if (!d) return;
     std::vector<std::string> names;
@@ -109,9 +136,13 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
     const std::string m_name = checkpoint_model_name(o);
     const std::string m_tmp = path(o, m_name + ".saving"), s_tmp = path(o, "state.safetensors.saving");
     std::string name = o.preset.empty() ? "oomb-train" : ("oomb-train " + o.preset);
+    // with an adapter, also PEFT's files (renamed before the adapter, so that a complete checkpoint has them)
+    const std::string peft_st = "adapter_model.safetensors", peft_cfg = "adapter_config.json";
     if (m.lora) {
         if (!lora_save_gguf(m, m_tmp, "oomb-train LoRA", err)) return false;
-    } else if (!model_save_gguf(m, m_tmp, vocab_src, OOMB_TYPE_F32, name, err)) {
+        if (!lora_save_peft_safetensors(m, path(o, peft_st + ".saving"), err)) return false;
+        if (!write_file_atomic(path(o, peft_cfg + ".saving"), lora_peft_config_json(m.lora->cfg, o.model), err)) return false;
+    } else if (!model_save_gguf(m, m_tmp, vocab_src, out_type_of(o), name, err)) {
         return false;
     }
     SafetensorsWriter w;
@@ -134,9 +165,17 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
     snprintf(el, sizeof(el), "%.17g", p.elapsed_s);
     w.set_metadata("elapsed_s", el);
     w.set_metadata("data_hash", hex64(data_hash));
-    w.set_metadata("weights_hash", hex64(weights_hash(m)));
+    // the weights as the model file holds them (rounded to --out-type): what --resume loads and hashes
+    w.set_metadata("weights_hash", hex64(weights_hash(m, m.lora ? GGUF_TENSOR_F32 : out_type_of(o))));
     w.set_metadata("config", config_json(o).dump());
     if (w.write(s_tmp, err) != GGUF_OK) return false;
+    for (const std::string & f : {peft_st, peft_cfg}) {
+        if (!m.lora) break;
+        if (rename(path(o, f + ".saving").c_str(), path(o, f).c_str()) != 0) {
+            *err = "cannot rename " + path(o, f + ".saving") + ": " + strerror(errno);
+            return false;
+        }
+    }
     if (rename(m_tmp.c_str(), path(o, m_name).c_str()) != 0) {
         *err = "cannot rename " + m_tmp + ": " + strerror(errno);
         return false;

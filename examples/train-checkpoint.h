@@ -1,4 +1,4 @@
-// oomb-train's checkpoints: OUT/model.gguf (f32 weights, llama.cpp-loadable, tokenizer keys from
+// oomb-train's checkpoints: OUT/model.gguf (2-D weights in --out-type, default bf16, llama.cpp-loadable, tokenizer keys from
 // the vocabulary) and OUT/state.safetensors (AdamW moments and metadata: step, data position, RNG
 // state, configuration, hashes of the data and the weights). Both are first written completely
 // under temporary names ("<name>.saving") and then renamed, model first: an interrupted save never
@@ -35,8 +35,11 @@ struct TrainProgress {
 
 /// PyTorch's shape of t (ne reversed), as safetensors stores it.
 std::vector<int64_t> torch_shape(const oomb_tensor * t);
-/// Hash of every weight's bytes, in GGUF order: ties a state file to its model file.
-uint64_t weights_hash(const Qwen2Model & m);
+/// Hash of every weight's bytes, in GGUF order: ties a state file to its model file. `saved`: the
+/// --out-type of the model file; the hash is of the weights as that file loads them back into m's
+/// types (2-D weights rounded to `saved` and back), so that it equals weights_hash(loaded model)
+/// at --resume. GGUF_TENSOR_F32 (and any type equal to a tensor's own): the raw bytes.
+uint64_t weights_hash(const Qwen2Model & m, gguf_tensor_type saved = GGUF_TENSOR_F32);
 
 /// One trainer per output folder: takes an exclusive lock on OUT/.lock (writing the pid into it),
 /// held until the process exits. Fails (exit 1) naming the other process when it is taken.

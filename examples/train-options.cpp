@@ -35,6 +35,13 @@ LoraConfig lora_config_of(const Options & o) {
     return c;
 }
 
+gguf_tensor_type out_type_of(const Options & o) {
+    if (o.out_type == "f32") return GGUF_TENSOR_F32;
+    if (o.out_type == "f16") return GGUF_TENSOR_F16;
+    if (o.out_type == "q8_0") return GGUF_TENSOR_Q8_0;
+    return GGUF_TENSOR_BF16;
+}
+
 std::string checkpoint_model_name(const Options & o) { return o.trainable == "lora" ? "adapter.gguf" : "model.gguf"; }
 
 nlohmann::json config_json(const Options & o) {
@@ -48,6 +55,7 @@ nlohmann::json config_json(const Options & o) {
     j["weight_decay"] = o.weight_decay; j["adam_beta1"] = o.beta1; j["adam_beta2"] = o.beta2; j["adam_eps"] = o.adam_eps;
     j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable;
     if (o.trainable == "lora") { j["lora_rank"] = o.lora_rank; j["lora_alpha"] = o.lora_alpha; j["lora_targets"] = lora_targets_string(lora_config_of(o).targets); }
+    if (o.trainable != "lora") j["out_type"] = o.out_type;
     j["opt_state"] = o.opt_state; j["attn_cache"] = o.attn_cache; j["attn_cache_type"] = o.attn_cache ? o.attn_cache_type : "none"; j["threads"] = o.threads; j["device"] = o.device;
     j["offload"] = o.offload.mode; j["gpu_kv_budget"] = o.offload.gpu_kv_budget >= 0 ? nlohmann::json(o.offload.gpu_kv_budget) : nlohmann::json("default"); j["offload_block"] = o.offload.block_pages;
     j["rope_theta"] = o.rope_theta; j["seed"] = o.seed;
@@ -113,6 +121,10 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     add_offload_options(app, o.offload);
     app.add_option("--opt-state", o.opt_state, "AdamW moments: f32, or bf16 (half the memory, stochastic rounding; e.g. for 7B)")
         ->capture_default_str();
+    app.add_option("--out-type", o.out_type,
+                   "full-model checkpoints: type of model.gguf's 2-D weights, f32, f16, bf16 or q8_0 (norms and biases stay f32; "
+                   "--resume from a rounded checkpoint continues from the rounded weights)")
+        ->capture_default_str();
     app.add_option("-t,--threads", o.threads, "CPU threads (default: all)");
     app.add_option("--device", o.device, "cpu or cuda")->capture_default_str();
     app.add_option("--rope-theta", o.rope_theta, "override the RoPE base (context extension)");
@@ -165,6 +177,10 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
             for (const char * opt : {"--lora-rank", "--lora-alpha", "--lora-targets"})
                 if (given(opt)) fail(PROG, std::string(opt) + " needs --trainable lora");
         }
+        if (o.out_type != "f32" && o.out_type != "f16" && o.out_type != "bf16" && o.out_type != "q8_0")
+            fail(PROG, "--out-type must be f32, f16, bf16 or q8_0, got '" + o.out_type + "'");
+        if (o.trainable == "lora" && given("--out-type"))
+            fail(PROG, "--out-type sets model.gguf's weight type, which --trainable lora does not write (the adapter is f32)");
         if (o.opt_state != "f32" && o.opt_state != "bf16") fail(PROG, "--opt-state must be f32 or bf16, got '" + o.opt_state + "'");
         if (o.attn_cache_type != "f32" && o.attn_cache_type != "bf16")
             fail(PROG, "--attn-cache-type must be f32 or bf16, got '" + o.attn_cache_type + "'");
@@ -193,7 +209,7 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         for (const char * opt : {"--preset", "--data", "--data-bin", "--data-format", "--train-on", "--chat-pack", "--chat-long", "--skip-bad-lines", "--eval-data", "--eval-split", "--eval-every", "--eval-seqs",
                                  "--ctx", "--steps", "--seqs-per-step", "--lr", "--min-lr", "--warmup", "--weight-decay",
                                  "--adam-beta1", "--adam-beta2", "--adam-eps", "--grad-clip", "--trainable", "--out",
-                                 "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every", "--opt-state", "--lora-rank", "--lora-alpha", "--lora-targets",
+                                 "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every", "--opt-state", "--out-type", "--lora-rank", "--lora-alpha", "--lora-targets",
                                  "--seed"}) {
             if (given(opt)) ignored += std::string(ignored.empty() ? "" : ", ") + opt;
         }

@@ -54,6 +54,7 @@ struct Options {
     double lora_alpha = 32;
     std::string lora_targets = "q,k,v,o,gate,up,down";
     std::string opt_state = "f32";
+    std::string out_type = "bf16";  // --out-type: model.gguf's 2-D weights (full-model checkpoints)
     bool attn_cache = false;
     std::string attn_cache_type = "f32";
     OffloadOptions offload;  // --offload, --gpu-kv-budget, --offload-block
@@ -88,6 +89,9 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd);
 LoraConfig lora_config_of(const Options & o);
 /// The checkpoint's model file in OUT: "adapter.gguf" with --trainable lora, else "model.gguf".
 std::string checkpoint_model_name(const Options & o);
+
+/// --out-type as a GGUF tensor type: f32, f16, bf16 or q8_0 (checked by parse_train_options).
+gguf_tensor_type out_type_of(const Options & o);
 
 /// The final learning rate of the cosine decay (--min-lr, default --lr / 10).
 double min_lr_of(const Options & o);

@@ -12,7 +12,7 @@ std::unique_ptr<LlamaModel> llama_create(const LlamaConfig & cfg, oomb_backend_t
     return qwen2_create(cfg, backend, wtype);
 }
 
-bool llama_save_gguf(const LlamaModel & m, const std::string & path, const std::string & vocab_gguf, oomb_type out_type,
+bool llama_save_gguf(const LlamaModel & m, const std::string & path, const std::string & vocab_gguf, gguf_tensor_type out_type,
                      const std::string & name, std::string * err) {
     if (m.cfg.arch != DecoderArch::Llama) {
         if (err) *err = "llama_save_gguf: the model is not a Llama model";

@@ -33,7 +33,7 @@ std::unique_ptr<LlamaModel> llama_create(const LlamaConfig & cfg, oomb_backend_t
 
 /// Writes a Llama model as llama.cpp writes one (llama.* keys, attn_q / attn_k rows in the file's
 /// order); as qwen2_save_gguf. false + *err on error, also when m is not a Llama model.
-bool llama_save_gguf(const LlamaModel & m, const std::string & path, const std::string & vocab_gguf, oomb_type out_type,
+bool llama_save_gguf(const LlamaModel & m, const std::string & path, const std::string & vocab_gguf, gguf_tensor_type out_type,
                      const std::string & name, std::string * err);
 
 /// The Llama chunk graph for the OOMB driver: qwen2_chunk_builder's graph (without biases). The

@@ -5,12 +5,15 @@
 #include "qwen2.h"
 #include "llama-layout.h"  // the attn_q / attn_k row order of Llama files
 #include "gguf.h"
+#include "safetensors.h"
 #include "../src/init-normal.h"
 
 #include <cinttypes>
 #include <cmath>
 #include <cstring>
 #include <map>
+
+#include <nlohmann/json.hpp>
 
 namespace oomb {
 
@@ -20,6 +23,9 @@ struct TargetInfo {
     const char * name;
     Qwen2Slot slot;
 };
+// HF's module of each target (PEFT's target_modules names, the module paths of its state dict)
+const char * const kHfModule[kLoraTargets] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                              "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
 const TargetInfo kTargets[kLoraTargets] = {
     {"q", Qwen2Slot::Wq}, {"k", Qwen2Slot::Wk}, {"v", Qwen2Slot::Wv}, {"o", Qwen2Slot::Wo},
     {"gate", Qwen2Slot::WGate}, {"up", Qwen2Slot::WUp}, {"down", Qwen2Slot::WDown},
@@ -75,6 +81,24 @@ std::unique_ptr<LoraAdapter> make_adapter(const Qwen2Model & m, const LoraConfig
     }
     for (oomb_tensor * t : a->params) oomb_tensor_memset(t, 0);
     return a;
+}
+
+// Calls fn(layer, target, tensor, is_b, values) for A then B of every pair of m.lora, by layer then
+// target (the files' order), with the tensor's f32 values read to the host; false as soon as fn is.
+template <class Fn> bool for_each_pair_values(const Qwen2Model & m, Fn && fn) {
+    std::vector<float> v;
+    for (int64_t l = 0; l < m.cfg.n_layer; l++) {
+        for (int t = 0; t < kLoraTargets; t++) {
+            const LoraWeight & lw = m.lora->layers[(size_t) l][(size_t) t];
+            if (!lw.a) continue;
+            for (const oomb_tensor * x : {lw.a, lw.b}) {
+                v.resize((size_t) oomb_nelements(x));
+                oomb_tensor_get(x, v.data(), 0, v.size() * 4);
+                if (!fn(l, t, x, x == lw.b, v)) return false;
+            }
+        }
+    }
+    return true;
 }
 
 } // namespace
@@ -207,21 +231,61 @@ bool lora_save_gguf(const Qwen2Model & m, const std::string & path, const std::s
     for (const oomb_tensor * t : a.params)
         if (w.add_tensor(t->name, GGUF_TENSOR_F32, {t->ne[0], t->ne[1]}, err) != GGUF_OK) return false;
     if (w.open(path, err) != GGUF_OK) return false;
-    for (int64_t l = 0; l < m.cfg.n_layer; l++) {
-        for (int t = 0; t < kLoraTargets; t++) {
-            const LoraWeight & lw = a.layers[(size_t) l][(size_t) t];
-            if (!lw.a) continue;
-            for (const oomb_tensor * x : {lw.a, lw.b}) {
-                std::vector<float> v((size_t) oomb_nelements(x));
-                oomb_tensor_get(x, v.data(), 0, v.size() * 4);
-                // Llama: B's output rows in the file's order of attn_q / attn_k (W_file = P W, so B_file = P B)
-                const int64_t qk_heads = llama_qk_heads(m.cfg, kTargets[t].slot);
-                if (x == lw.b && qk_heads) llama_permute_qk_rows(v.data(), qk_heads, m.cfg.head_dim, (size_t) x->ne[0] * 4);
-                if (w.write_tensor(x->name, v.data(), v.size() * 4, err) != GGUF_OK) return false;
-            }
-        }
+    return for_each_pair_values(m, [&](int64_t, int t, const oomb_tensor * x, bool is_b, std::vector<float> & v) {
+        // Llama: B's output rows in the file's order of attn_q / attn_k (W_file = P W, so B_file = P B)
+        const int64_t qk_heads = llama_qk_heads(m.cfg, kTargets[t].slot);
+        if (is_b && qk_heads) llama_permute_qk_rows(v.data(), qk_heads, m.cfg.head_dim, (size_t) x->ne[0] * 4);
+        return w.write_tensor(x->name, v.data(), v.size() * 4, err) == GGUF_OK;
+    }) && w.finish(err) == GGUF_OK;
+}
+
+std::string lora_peft_tensor_name(int64_t layer, LoraTarget t, bool b) {
+    return "base_model.model.model.layers." + std::to_string(layer) + "." + kHfModule[(int) t] + (b ? ".lora_B.weight" : ".lora_A.weight");
+}
+
+bool lora_save_peft_safetensors(const Qwen2Model & m, const std::string & path, std::string * err) {
+    if (!m.lora) {
+        if (err) *err = "lora_save_peft_safetensors: the model has no adapter";
+        return false;
     }
-    return w.finish(err) == GGUF_OK;
+    SafetensorsWriter w;
+    w.set_metadata("format", "pt");  // as PEFT's save_pretrained (safetensors.torch.save_file)
+    // ne [n_in, r] is torch [r, n_in] (lora_A), ne [r, n_out] torch [n_out, r] (lora_B): the same bytes;
+    // B's rows are in HF's order in memory (no permutation, unlike the GGUF file)
+    const bool ok = for_each_pair_values(m, [&](int64_t l, int t, const oomb_tensor * x, bool is_b, std::vector<float> & v) {
+        return w.add_copy(lora_peft_tensor_name(l, (LoraTarget) t, is_b), SafetensorsDtype::F32, {x->ne[1], x->ne[0]}, v.data(), err) == GGUF_OK;
+    });
+    return ok && w.write(path, err) == GGUF_OK;
+}
+
+std::string lora_peft_config_json(const LoraConfig & c, const std::string & base_model) {
+    nlohmann::json j;
+    nlohmann::json targets = nlohmann::json::array();
+    for (int t = 0; t < kLoraTargets; t++) {
+        if (!(c.targets & (1u << t))) continue;
+        const std::string mod = kHfModule[t];
+        targets.push_back(mod.substr(mod.find('.') + 1));
+    }
+    j["peft_type"] = "LORA";
+    j["task_type"] = "CAUSAL_LM";
+    j["base_model_name_or_path"] = base_model;
+    j["revision"] = nullptr;
+    j["inference_mode"] = true;
+    j["r"] = c.rank;
+    j["lora_alpha"] = c.alpha;
+    j["lora_dropout"] = 0.0;
+    j["target_modules"] = targets;
+    j["bias"] = "none";
+    j["fan_in_fan_out"] = false;
+    j["use_rslora"] = false;
+    j["use_dora"] = false;
+    j["init_lora_weights"] = true;
+    j["modules_to_save"] = nullptr;
+    j["layers_to_transform"] = nullptr;
+    j["layers_pattern"] = nullptr;
+    j["rank_pattern"] = nlohmann::json::object();
+    j["alpha_pattern"] = nlohmann::json::object();
+    return j.dump(2) + "\n";
 }
 
 bool lora_load_gguf(Qwen2Model & m, const std::string & path, std::string * err) {

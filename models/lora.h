@@ -1,6 +1,6 @@
 // LoRA (Hu et al. 2021, arXiv 2106.09685) on the decoder of qwen2.h (Qwen2 and Llama): low-rank
 // adapters on the blocks' linear projections, trained while the base weights stay frozen, and
-// saved / loaded in llama.cpp's GGUF LoRA adapter format.
+// saved / loaded in llama.cpp's GGUF LoRA adapter format (and saved in HF PEFT's format).
 //
 // A target projection y = W x (+ b) becomes y = W x + s * B (A x) (+ b), s = alpha / r, with
 // A ne [n_in, r] and B ne [r, n_out] (ggml order: mul_mat(A, x) is [r, T], mul_mat(B, .) [n_out, T]),
@@ -105,6 +105,21 @@ oomb_tensor * lora_apply(oomb_context * ctx, const LoraWeight & w, oomb_tensor *
 /// Writes m.lora as a llama.cpp LoRA adapter GGUF (see the top of this file; F32 tensors, general.name
 /// `name`). Atomic. false + *err on error (also when m has no adapter).
 bool lora_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & name, std::string * err);
+
+/// PEFT's state-dict key of a pair: "base_model.model.model.layers.<layer>.self_attn.q_proj.lora_A.weight"
+/// (k/v/o_proj under self_attn, gate/up/down_proj under mlp; lora_B when b).
+std::string lora_peft_tensor_name(int64_t layer, LoraTarget t, bool b);
+
+/// Writes m.lora as HF PEFT's adapter_model.safetensors (what save_pretrained writes): for every pair
+/// lora_peft_tensor_name's lora_A F32 torch shape [r, n_in] and lora_B F32 [n_out, r], B's rows in HF's
+/// order (also for Llama: no llama.cpp permutation), metadata format = pt. Atomic. false + *err on
+/// error (also when m has no adapter).
+bool lora_save_peft_safetensors(const Qwen2Model & m, const std::string & path, std::string * err);
+
+/// PEFT's adapter_config.json for c (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, target_modules
+/// as HF module names q_proj ... down_proj, bias none, lora_dropout 0, fan_in_fan_out false, use_rslora
+/// false: scale alpha / r as here), base_model_name_or_path = base_model. JSON text.
+std::string lora_peft_config_json(const LoraConfig & c, const std::string & base_model);
 
 /// Loads a llama.cpp LoRA adapter GGUF onto m (m.lora, replacing any): checks general.type =
 /// "adapter", adapter.type = "lora", general.architecture = m's, adapter.lora.alpha (f32; absent or

@@ -28,7 +28,7 @@ std::unique_ptr<ChunkGraphBuilder> model_chunk_builder(const Qwen2Model & m) {
     return m.cfg.arch == DecoderArch::Llama ? llama_chunk_builder(m) : qwen2_chunk_builder(m);
 }
 
-bool model_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & vocab_gguf, oomb_type out_type,
+bool model_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & vocab_gguf, gguf_tensor_type out_type,
                      const std::string & name, std::string * err) {
     return m.cfg.arch == DecoderArch::Llama ? llama_save_gguf(m, path, vocab_gguf, out_type, name, err)
                                             : qwen2_save_gguf(m, path, vocab_gguf, out_type, name, err);

@@ -27,7 +27,7 @@ std::unique_ptr<Qwen2Model> model_load_gguf(const std::string & path, oomb_backe
 std::unique_ptr<ChunkGraphBuilder> model_chunk_builder(const Qwen2Model & m);
 
 /// Saves a model in its own architecture's layout (qwen2_save_gguf / llama_save_gguf).
-bool model_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & vocab_gguf, oomb_type out_type,
+bool model_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & vocab_gguf, gguf_tensor_type out_type,
                      const std::string & name, std::string * err);
 
 } // namespace oomb

@@ -109,37 +109,36 @@ void upload(oomb_tensor * t, const float * v) {
     oomb_tensor_set(t, h.data(), 0, (size_t) n * 2);
 }
 
-// Bytes [off, off + n) of t's data as `type` (f32 or bf16) would hold them: a copy when t is of
-// that type, else converted element by element through a bounded scratch buffer (at most
-// kStagingBytes of source), so that nothing the size of t is allocated. off and n: multiples of
-// the element size of `type`.
-void read_as(const oomb_tensor * t, oomb_type type, void * dst, uint64_t off, size_t n) {
-    const size_t out_es = type == OOMB_TYPE_F32 ? 4 : 2, in_es = t->type == OOMB_TYPE_F32 ? 4 : 2;
-    if (t->type == type) { oomb_tensor_get(t, dst, (size_t) off, n); return; }
-    const size_t n_el = n / out_es, first = (size_t) (off / out_es);
-    const size_t step = std::min(n_el, kStagingBytes / in_es);
-    std::vector<uint8_t> src(step * in_es);
-    for (size_t k = 0; k < n_el; k += step) {
-        const size_t m = std::min(step, n_el - k);
-        oomb_tensor_get(t, src.data(), (first + k) * in_es, m * in_es);
-        for (size_t j = 0; j < m; j++) {
-            float v;
-            if (t->type == OOMB_TYPE_F32) memcpy(&v, src.data() + 4 * j, 4);
-            else {
-                uint16_t h;
-                memcpy(&h, src.data() + 2 * j, 2);
-                v = t->type == OOMB_TYPE_BF16 ? bf16_to_fp32(h) : fp16_to_fp32(h);
-            }
-            if (type == OOMB_TYPE_F32) memcpy((uint8_t *) dst + 4 * (k + j), &v, 4);
-            else {
-                const uint16_t h = fp32_to_bf16(v);
-                memcpy((uint8_t *) dst + 2 * (k + j), &h, 2);
-            }
-        }
-    }
+} // namespace
+
+gguf_tensor_type qwen2_saved_type(const Qwen2Model & m, size_t i, gguf_tensor_type out_type) {
+    return m.specs[i].kind == Qwen2TensorKind::Weight ? out_type : GGUF_TENSOR_F32;
 }
 
-} // namespace
+// A copy when the file's type is t's own; else converted through f32 in pieces of at most
+// kStagingBytes of f32 values (gguf_convert: the one rounding / quantization of every type), so
+// that nothing the size of t is allocated.
+void qwen2_tensor_read_as(const oomb_tensor * t, gguf_tensor_type type, void * dst, uint64_t off, size_t n) {
+    const bool same = (type == GGUF_TENSOR_F32 && t->type == OOMB_TYPE_F32) || (type == GGUF_TENSOR_BF16 && t->type == OOMB_TYPE_BF16) ||
+                      (type == GGUF_TENSOR_F16 && t->type == OOMB_TYPE_F16);
+    if (same) { oomb_tensor_get(t, dst, (size_t) off, n); return; }
+    const int64_t blk = gguf_tensor_type_block_size(type);
+    const size_t bb = gguf_tensor_type_block_bytes(type), in_es = oomb_type_size(t->type);
+    const size_t n_blk = n / bb, first_el = (size_t) (off / bb) * (size_t) blk;
+    const size_t step = std::max<size_t>(1, kStagingBytes / 4 / (size_t) blk);  // blocks per piece
+    std::vector<uint8_t> src(std::min(step, n_blk) * (size_t) blk * in_es);
+    std::vector<float> f(std::min(step, n_blk) * (size_t) blk);
+    for (size_t k = 0; k < n_blk; k += step) {
+        const size_t nb = std::min(step, n_blk - k), ne = nb * (size_t) blk, el0 = first_el + k * (size_t) blk;
+        if (t->type == OOMB_TYPE_F32) {
+            oomb_tensor_get(t, f.data(), el0 * 4, ne * 4);
+        } else {
+            oomb_tensor_get(t, src.data(), el0 * in_es, ne * in_es);
+            gguf_convert(t->type == OOMB_TYPE_BF16 ? GGUF_TENSOR_BF16 : GGUF_TENSOR_F16, src.data(), GGUF_TENSOR_F32, f.data(), (int64_t) ne, nullptr);
+        }
+        gguf_convert(GGUF_TENSOR_F32, f.data(), type, (uint8_t *) dst + k * bb, (int64_t) ne, nullptr);
+    }
+}
 
 void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
     // chunked, seekable streams (src/init-normal.h): values depend on (seed, name, chunk) only, so
@@ -218,13 +217,26 @@ std::unique_ptr<Qwen2Model> decoder_load_gguf(const std::string & path, DecoderA
     return m;
 }
 
-bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & vocab_gguf, oomb_type out_type,
+bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & vocab_gguf, gguf_tensor_type out_type,
                      const std::string & name, std::string * err) {
     GGUFWriter w;
     const Qwen2Config & c = m.cfg;
+    uint32_t ftype = 0;  // llama_ftype: ALL_F32 = 0, MOSTLY_F16 = 1, MOSTLY_Q8_0 = 7, MOSTLY_BF16 = 32
+    switch (out_type) {
+    case GGUF_TENSOR_F32: ftype = 0; break;
+    case GGUF_TENSOR_F16: ftype = 1; break;
+    case GGUF_TENSOR_Q8_0: ftype = 7; break;
+    case GGUF_TENSOR_BF16: ftype = 32; break;
+    default: {
+        const char * tn = gguf_tensor_type_name(out_type);
+        if (err) *err = std::string("qwen2_save_gguf: cannot write weights of type ") + (tn ? tn : std::to_string(out_type)) +
+                        " (supported: F32, F16, BF16, Q8_0)";
+        return false;
+    }
+    }
     w.set_string("general.architecture", decoder_arch_name(c.arch));
     w.set_string("general.name", name);
-    w.set_u32("general.file_type", out_type == OOMB_TYPE_BF16 ? 32 : 0);  // llama_ftype: ALL_F32 = 0, MOSTLY_BF16 = 32
+    w.set_u32("general.file_type", ftype);
     qwen2_write_hparams(w, c);
     if (!vocab_gguf.empty()) {
         GGUFReader v;
@@ -250,23 +262,28 @@ bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::
         w.set("tokenizer.ggml.tokens", GGUFValue::string_array(tokens));
         w.set("tokenizer.ggml.token_type", GGUFValue::array(types));
     }
-    // norms and biases stay f32 (as llama.cpp writes them)
+    // norms and biases stay f32 (as llama.cpp writes them); 2-D weights in out_type
     const std::vector<Qwen2TensorSpec> & specs = m.specs;
-    std::vector<bool> f32(specs.size());
+    std::vector<gguf_tensor_type> ft(specs.size());
     for (size_t i = 0; i < specs.size(); i++) {
-        f32[i] = specs[i].kind != Qwen2TensorKind::Weight || out_type == OOMB_TYPE_F32;
-        if (w.add_tensor(specs[i].name, f32[i] ? GGUF_TENSOR_F32 : GGUF_TENSOR_BF16, specs[i].ne, err) != GGUF_OK) return false;
+        ft[i] = qwen2_saved_type(m, i, out_type);
+        const int64_t blk = gguf_tensor_type_block_size(ft[i]);
+        if (specs[i].ne[0] % blk != 0) {
+            if (err) *err = "cannot save " + specs[i].name + " (ne[0] = " + std::to_string(specs[i].ne[0]) + ") as " +
+                            gguf_tensor_type_name(ft[i]) + ": its rows must be a multiple of " + std::to_string(blk) + " values";
+            return false;
+        }
+        if (w.add_tensor(specs[i].name, ft[i], specs[i].ne, err) != GGUF_OK) return false;
     }
     if (w.open(path, err) != GGUF_OK) return false;
     for (size_t i = 0; i < specs.size(); i++) {
         const oomb_tensor * t = m.params[i];
         const int64_t qk_heads = llama_qk_heads(c, specs[i].slot);  // Llama: HF's row order to the file's
-        const oomb_type file_type = f32[i] ? OOMB_TYPE_F32 : OOMB_TYPE_BF16;
-        const size_t row_bytes = (size_t) t->ne[0] * (f32[i] ? 4 : 2);
+        const size_t row_bytes = (size_t) (t->ne[0] / gguf_tensor_type_block_size(ft[i])) * gguf_tensor_type_block_bytes(ft[i]);
         // Chunks of whole heads when rows are permuted (the permutation stays within a head).
-        const size_t granule = qk_heads ? (size_t) c.head_dim * row_bytes : (f32[i] ? 4 : 2);
+        const size_t granule = qk_heads ? (size_t) c.head_dim * row_bytes : gguf_tensor_type_block_bytes(ft[i]);
         auto fill = [&](void * dst, uint64_t off, size_t n, std::string *) {
-            read_as(t, file_type, dst, off, n);
+            qwen2_tensor_read_as(t, ft[i], dst, off, n);
             if (qk_heads) llama_permute_qk_rows(dst, (int64_t) (n / granule), c.head_dim, row_bytes);
             return GGUF_OK;
         };

@@ -88,12 +88,20 @@ std::unique_ptr<Qwen2Model> qwen2_load_gguf(const std::string & path, oomb_backe
 /// checked after reading: rope_freqs_valid) is loaded as m->rope_freqs.
 std::unique_ptr<Qwen2Model> decoder_load_gguf(const std::string & path, DecoderArch arch, oomb_backend_t backend, oomb_type wtype,
                                               std::string * err);
-/// Writes the model as a GGUF llama.cpp can load (weights in `out_type`: f32 or bf16; norms f32),
+/// The type qwen2_save_gguf(..., out_type, ...) gives m.params[i] in the file: out_type for the 2-D
+/// weights (Qwen2TensorKind::Weight), F32 for norms, biases and other 1-D tensors.
+gguf_tensor_type qwen2_saved_type(const Qwen2Model & m, size_t i, gguf_tensor_type out_type);
+/// Bytes [off, off + n) of t's data as a GGUF tensor of `type` (F32, F16, BF16 or Q8_0) holds them:
+/// a copy when `type` is t's own, else converted / quantized by gguf_convert through a bounded f32
+/// scratch (never the size of t). off and n: multiples of the type's block bytes (4, 2, 2, 34).
+void qwen2_tensor_read_as(const oomb_tensor * t, gguf_tensor_type type, void * dst, uint64_t off, size_t n);
+/// Writes the model as a GGUF llama.cpp can load (2-D weights in `out_type`: F32, F16, BF16 or Q8_0,
+/// Q8_0 needing rows of a multiple of 32 values; norms and biases f32; another type is an error),
 /// with the <arch>.* keys of m.cfg.arch (a Llama model's attn_q / attn_k rows permuted to the file's
 /// order) and, when vocab_gguf is not empty, the tokenizer.* keys copied from that
 /// file (the token list padded to n_vocab with [PAD<id>] entries). Atomic. Tensors are streamed from their
 /// buffers in chunks of at most kStagingBytes (gguf.h), never copied whole. false + *err on error.
-bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & vocab_gguf, oomb_type out_type,
+bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & vocab_gguf, gguf_tensor_type out_type,
                      const std::string & name, std::string * err);
 
 /// Which weights train: every one, or the reference's choice ("linear": the linear projections of

@@ -1087,3 +1087,36 @@ TEST(GGUFInterop, WriteSample) {
     std::string err;
     ASSERT_EQ(write_sample(make_sample(), out, &err, 64), GGUF_OK) << err;
 }
+
+// gguf_convert into Q8_0: the reference formula's blocks (random values, a zero block, a block
+// whose maximum is negative), from f32 and from bf16; a count that is not whole blocks is an error.
+TEST(GGUF, ConvertQuantizesQ8_0) {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 0.7f);
+    std::vector<float> x(32 * 5);
+    for (auto& v : x) v = nd(rng);
+    std::fill(x.begin() + 64, x.begin() + 96, 0.0f);
+    x[100] = -9.0f;
+    std::vector<uint8_t> want(5 * 34), got(5 * 34, 0xAA);
+    for (int b = 0; b < 5; b++) quantize_q8_0(x.data() + 32 * b, want.data() + 34 * b);
+    std::string err;
+    ASSERT_EQ(gguf_convert(GGUF_TENSOR_F32, x.data(), GGUF_TENSOR_Q8_0, got.data(), 160, &err), GGUF_OK) << err;
+    EXPECT_EQ(got, want);
+    // from bf16: the bf16 values' blocks
+    std::vector<uint16_t> h(x.size());
+    std::vector<float> xb(x.size());
+    for (size_t i = 0; i < x.size(); i++) { h[i] = fp32_to_bf16(x[i]); xb[i] = bf16_to_fp32(h[i]); }
+    for (int b = 0; b < 5; b++) quantize_q8_0(xb.data() + 32 * b, want.data() + 34 * b);
+    ASSERT_EQ(gguf_convert(GGUF_TENSOR_BF16, h.data(), GGUF_TENSOR_Q8_0, got.data(), 160, &err), GGUF_OK) << err;
+    EXPECT_EQ(got, want);
+    // round trip: dequantized values re-quantize to the same blocks
+    std::vector<float> back(x.size());
+    ASSERT_EQ(gguf_convert(GGUF_TENSOR_Q8_0, want.data(), GGUF_TENSOR_F32, back.data(), 160, &err), GGUF_OK) << err;
+    ASSERT_EQ(gguf_convert(GGUF_TENSOR_F32, back.data(), GGUF_TENSOR_Q8_0, got.data(), 160, &err), GGUF_OK) << err;
+    EXPECT_EQ(got, want);
+    err.clear();
+    EXPECT_EQ(gguf_convert(GGUF_TENSOR_F32, x.data(), GGUF_TENSOR_Q8_0, got.data(), 40, &err), GGUF_ERR_ARG);
+    EXPECT_NE(err.find("not a multiple of its block size 32"), std::string::npos) << err;
+    EXPECT_EQ(gguf_convert(GGUF_TENSOR_F32, x.data(), GGUF_TENSOR_Q4_K, got.data(), 256, &err), GGUF_ERR_ARG);
+    EXPECT_NE(err.find("F32, F16, BF16 or Q8_0"), std::string::npos) << err;
+}

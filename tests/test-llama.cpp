@@ -161,7 +161,7 @@ TEST(LlamaLayout, ConvertLoadSaveRowOrder) {
     EXPECT_EQ(mem, hf);
 
     const std::string out = tmp_dir() + "/llama-mini-saved.gguf";
-    ASSERT_TRUE(model_save_gguf(*run.model, out, "", OOMB_TYPE_F32, "llama-mini", &err)) << err;
+    ASSERT_TRUE(model_save_gguf(*run.model, out, "", GGUF_TENSOR_F32, "llama-mini", &err)) << err;
     GGUFReader r2;
     ASSERT_EQ(r2.open(out, &err), GGUF_OK) << err;
     std::string arch;
@@ -295,7 +295,7 @@ TEST(LlamaRopeFreqs, LoadSaveAndUnitFactors) {
     }
     const std::string out = tmp_dir() + "/rope-freqs-saved.gguf";
     std::string err;
-    ASSERT_TRUE(model_save_gguf(*run.model, out, "", OOMB_TYPE_BF16, "rope-freqs", &err)) << err;
+    ASSERT_TRUE(model_save_gguf(*run.model, out, "", GGUF_TENSOR_BF16, "rope-freqs", &err)) << err;
     GGUFReader r;
     ASSERT_EQ(r.open(out, &err), GGUF_OK) << err;
     const GGUFTensorInfo * t = r.find_tensor("rope_freqs.weight");
@@ -308,7 +308,7 @@ TEST(LlamaRopeFreqs, LoadSaveAndUnitFactors) {
     ModelRun plain(converted("llama-micro"));
     EXPECT_EQ(plain.model->rope_freqs, nullptr);
     const std::string out2 = tmp_dir() + "/no-rope-freqs-saved.gguf";
-    ASSERT_TRUE(model_save_gguf(*plain.model, out2, "", OOMB_TYPE_F32, "plain", &err)) << err;
+    ASSERT_TRUE(model_save_gguf(*plain.model, out2, "", GGUF_TENSOR_F32, "plain", &err)) << err;
     GGUFReader r2;
     ASSERT_EQ(r2.open(out2, &err), GGUF_OK) << err;
     EXPECT_EQ(r2.find_tensor("rope_freqs.weight"), nullptr);

@@ -296,7 +296,7 @@ TEST(LoraFile, LoaderRefusals) {
     EXPECT_NE(err.find("blk.0.attn_q.weight.lora_a' ne [16, 3]"), std::string::npos) << err;
     EXPECT_NE(err.find("do not fit 'blk.0.attn_q.weight' ne [24, 16]"), std::string::npos) << err;
     // a model file, not an adapter
-    ASSERT_TRUE(model_save_gguf(*s.m, mp, "", OOMB_TYPE_F32, "m", &err)) << err;
+    ASSERT_TRUE(model_save_gguf(*s.m, mp, "", GGUF_TENSOR_F32, "m", &err)) << err;
     EXPECT_FALSE(lora_load_gguf(*s.m, mp, &err));
     EXPECT_NE(err.find("key 'general.type' is missing"), std::string::npos) << err;
     EXPECT_NE(s.m->lora, nullptr) << "a failed load leaves the adapter as it was";

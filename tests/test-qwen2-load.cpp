@@ -354,7 +354,7 @@ TEST(Qwen2Load, SaveLoadRoundTrip) {
     qwen2_init_random(*m, 3);
     const std::string path = tmp_path("saved.gguf");
     std::string err;
-    ASSERT_TRUE(qwen2_save_gguf(*m, path, "", OOMB_TYPE_F32, "t", &err)) << err;
+    ASSERT_TRUE(qwen2_save_gguf(*m, path, "", GGUF_TENSOR_F32, "t", &err)) << err;
     GGUFReader g;
     ASSERT_EQ(g.open(path, &err), GGUF_OK) << err;
     uint32_t kl = 0;

@@ -401,6 +401,17 @@ void dequant_q6_k(const uint8_t* b, float* y) {
     }
 }
 
+// Q8_0 quantization of one block, ggml's quantize_row_q8_0_ref (= gguf-py's gguf.quants Q8_0):
+// d = max|x| / 127 (stored f16), q = round-half-away(x / d) with 1/d computed once.
+void quant_q8_0(const float* x, uint8_t* b) {
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) amax = std::max(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = fp32_to_fp16(d);
+    memcpy(b, &dh, 2);
+    for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)std::round(x[j] * id);
+}
+
 } // namespace
 
 // Dequantizes/converts n elements of src_type (a supported type; n a multiple of its block) into f32.
@@ -441,15 +452,22 @@ gguf_status gguf_convert(uint32_t src_type, const void* src_v, uint32_t dst_type
                          ": supported types are " + gguf_tensor_types_supported_list());
         return GGUF_ERR_UNSUPPORTED;
     }
-    if (dst_type != GGUF_TENSOR_F32 && dst_type != GGUF_TENSOR_F16 && dst_type != GGUF_TENSOR_BF16) {
+    if (dst_type != GGUF_TENSOR_F32 && dst_type != GGUF_TENSOR_F16 && dst_type != GGUF_TENSOR_BF16 &&
+        dst_type != GGUF_TENSOR_Q8_0) {
         set_err(err, "cannot convert to tensor type " + tensor_type_desc(dst_type) +
-                         ": the output type must be F32, F16 or BF16");
+                         ": the output type must be F32, F16, BF16 or Q8_0");
         return GGUF_ERR_ARG;
     }
     const int64_t blk = gguf_tensor_type_block_size(src_type);
     if (n < 0 || n % blk != 0) {
         set_err(err, fmt("cannot convert %" PRId64 " elements of %s: not a multiple of its block size %" PRId64,
                          n, gguf_tensor_type_name(src_type), blk));
+        return GGUF_ERR_ARG;
+    }
+    const int64_t dst_blk = gguf_tensor_type_block_size(dst_type);
+    if (n % dst_blk != 0) {
+        set_err(err, fmt("cannot convert %" PRId64 " elements to %s: not a multiple of its block size %" PRId64,
+                         n, gguf_tensor_type_name(dst_type), dst_blk));
         return GGUF_ERR_ARG;
     }
     if (n == 0) return GGUF_OK;
@@ -462,7 +480,7 @@ gguf_status gguf_convert(uint32_t src_type, const void* src_v, uint32_t dst_type
         to_f32(src_type, src, (float*)dst_v, n);
         return GGUF_OK;
     }
-    // 16-bit output: go through f32 in chunks.
+    // 16-bit and Q8_0 output: go through f32 in chunks.
     constexpr int64_t kChunk = 4096; // multiple of every supported block size
     float tmp[kChunk];
     uint16_t* dst = (uint16_t*)dst_v;
@@ -470,7 +488,9 @@ gguf_status gguf_convert(uint32_t src_type, const void* src_v, uint32_t dst_type
     for (int64_t i = 0; i < n; i += kChunk) {
         const int64_t m = std::min(kChunk, n - i);
         to_f32(src_type, src + (size_t)(i / kChunk) * src_bytes_per_chunk, tmp, m);
-        if (dst_type == GGUF_TENSOR_F16) {
+        if (dst_type == GGUF_TENSOR_Q8_0) {
+            for (int64_t j = 0; j < m; j += 32) quant_q8_0(tmp + j, (uint8_t*)dst_v + (size_t)((i + j) / 32) * 34);
+        } else if (dst_type == GGUF_TENSOR_F16) {
             for (int64_t j = 0; j < m; j++) dst[i + j] = fp32_to_fp16(tmp[j]);
         } else {
             for (int64_t j = 0; j < m; j++) dst[i + j] = fp32_to_bf16(tmp[j]);

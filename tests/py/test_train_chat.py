@@ -107,7 +107,7 @@ def main():
         got = [e["n_targets"] for e in log if "n_targets" in e]
         check(p.returncode == 0 and got == [sum(want_asst)] * 2, f"--chat-pack: one sequence with all {sum(want_asst)} targets: {got}")
         # resume keeps the data position: 4 steps straight == 2 steps, stop, --resume 2 more
-        common = ["--data", data, "--steps", "4", "--train-on", "assistant", "--save-every", "1"]
+        common = ["--data", data, "--steps", "4", "--train-on", "assistant", "--save-every", "1", "--out-type", "f32"]
         p1, straight = run(common, os.path.join(d, "out-straight"))
         p2, _ = run(common + ["--stop-after", "2"], os.path.join(d, "out-resumed"))
         p3, resumed = run(common + ["--resume"], os.path.join(d, "out-resumed"))

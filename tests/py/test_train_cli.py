@@ -251,7 +251,8 @@ def test_training(tmp):
     data = os.path.join(tmp, "ids.bin")
     make_bin(data, 12000, 512)
     base = [TRAIN, "-m", model, "--data-bin", data, "--ctx", "64", "--chunk", "24", "--page", "16",
-            "--lr", "1e-2", "--warmup", "2", "--eval-every", "3", "--eval-seqs", "4", "--threads", "2", "--seed", "7"]
+            "--lr", "1e-2", "--warmup", "2", "--eval-every", "3", "--eval-seqs", "4", "--threads", "2", "--seed", "7",
+            "--out-type", "f32"]  # f32 checkpoints: --resume continues bit-exactly, oomb-eval == the run's held-out loss
 
     # a longer run lowers the loss
     out = os.path.join(tmp, "run20")
@@ -504,7 +505,7 @@ def test_llama_resume(tmp):
     make_bin(data, 6000, json.load(open(os.path.join(d, "config.json")))["vocab_size"], seed=3)
     common = [TRAIN, "-m", g, "--data-bin", data, "--ctx", "48", "--chunk", "20", "--page", "8", "--lr", "1e-2",
               "--warmup", "1", "--steps", "4", "--save-every", "2", "--eval-every", "2", "--eval-seqs", "2",
-              "--threads", "2", "--seed", "5"]
+              "--threads", "2", "--seed", "5", "--out-type", "f32"]  # f32 checkpoints: a bit-exact --resume
     A, B = os.path.join(tmp, "LA"), os.path.join(tmp, "LB")
     rc1, o1, e1 = run(common + ["--out", A])
     rc2, o2, e2 = run(common + ["--out", B, "--stop-after", "2"])

@@ -3,6 +3,8 @@ import json
 import os
 import random
 import struct
+import subprocess
+import sys
 
 
 def make_bin(path, n, vocab, seed=0):
@@ -28,3 +30,40 @@ def read_log(out):
             if "eval_loss" in j:
                 ev.append((j["step"], j["eval_loss"]))
     return train, ev
+
+
+class Checks:
+    """The CLI tests' reporting: check() prints ok / FAIL lines, finish() exits 1 after any failure."""
+
+    def __init__(self):
+        self.failures = []
+
+    def check(self, ok, what):
+        print(("ok: " if ok else "FAIL: ") + what)
+        if not ok:
+            self.failures.append(what)
+
+    def finish(self):
+        if self.failures:
+            print(f"{len(self.failures)} failure(s)")
+            sys.exit(1)
+        print("all passed")
+
+
+def skip(why):
+    """Exit 77 (CTest's skip) with a visible SKIPPED line."""
+    print(f"SKIPPED: {why}")
+    sys.exit(77)
+
+
+def run_tool(args, timeout=600):
+    """(exit code, stdout, stderr) of a command."""
+    r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    return r.returncode, r.stdout, r.stderr
+
+
+def need_tools(*tools):
+    """Skip (exit 77) unless every tool is an executable file."""
+    for tool in tools:
+        if not os.access(tool, os.X_OK):
+            skip(f"{tool} not built")
