@@ -6,6 +6,8 @@
 #include "train-common.h"
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
@@ -99,18 +101,24 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     int64_t R = n_pages;  // resident pages
     int B = block;
     if (streams) {
-        // as many resident pages as fit the budget beside the slots (pages that fit stay resident),
-        // with the largest blocks (halved from --offload-block) that keep that many; --offload on
-        // without a budget: none resident
+        // as many resident pages as fit the budget beside the slots (pages that fit stay resident):
+        // for each block size (halved from --offload-block) the most resident pages that fit; the
+        // largest blocks that keep within 10 % of the best count win (small blocks mean many small
+        // kernel calls: slower on a GPU). --offload on without a budget: none resident.
         const bool none = oo.mode == "on" && !budget_given;
-        R = -1;
+        std::vector<std::pair<int, int64_t>> fits;  // (block, resident), largest block first
         for (int b = block; b >= 1; b = b > 1 ? b / 2 : 0) {
             int64_t rb = -1;
             for (int64_t r = none ? 0 : std::min(n_pages - 1, budget_pages); r >= 0 && rb < 0; r--)
                 if (none || dev_pages(tier_of(r, b)) <= budget_pages) rb = r;
-            if (rb > R) { R = rb; B = b; }
+            fits.push_back({b, rb});
             if (none) break;
         }
+        int64_t best = -1;
+        for (auto & f : fits) best = std::max(best, f.second);
+        R = -1;
+        for (auto & f : fits)
+            if (best >= 0 && f.second >= 0 && (double) f.second >= 0.9 * (double) best) { R = f.second; B = f.first; break; }
         if (R < 0) {  // not even the slots fit: smaller blocks (down to one page), nothing resident
             R = 0;
             B = (int) std::max<int64_t>(1, (budget_pages - tier_of(0, 1).chunk_pages) / 2);
