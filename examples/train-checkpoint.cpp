@@ -241,9 +241,6 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
         return x;
     };
     if (get("format") != STATE_FORMAT) fail(PROG, "--resume: " + ckpt_state + " has format '" + get("format") + "', expected " + STATE_FORMAT);
-    if (get("data_hash") != hex64(data_hash))
-        fail(PROG, "--resume: the training data differ from the checkpoint's (data hash " + hex64(data_hash) + " vs " +
-                       get("data_hash") + "): give the same --data/--data-bin, --ctx, --eval-* and chat options (--data-format, --train-on, --chat-pack, --chat-long)");
     json saved = json::parse(get("config"), nullptr, false);
     if (saved.is_discarded() || !saved.is_object()) fail(PROG, "--resume: bad config metadata in " + ckpt_state + " (not a JSON object)");
     const json now = config_json(o);
@@ -260,6 +257,10 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
         if (sv != nv)
             fail(PROG, "--resume: " + opt_name(k) + " differs from the checkpoint's (" + sv.dump() + " vs " + nv.dump() + ")");
     }
+    // after the options that shape the data (a changed one is named above), the data themselves
+    if (get("data_hash") != hex64(data_hash))
+        fail(PROG, "--resume: the training data differ from the checkpoint's (data hash " + hex64(data_hash) + " vs " +
+                       get("data_hash") + "): give the same --data/--data-bin, --ctx, --eval-* and chat options (--data-format, --train-on, --chat-pack, --chat-long)");
     for (auto it = now.begin(); it != now.end(); ++it) {
         if (saved.contains(it.key()) && saved[it.key()] != it.value() && it.key() != "threads" && it.key() != "threads_used")
             printf("resume: note: %s changed from %s to %s\n", opt_name(it.key()).c_str(), saved[it.key()].dump().c_str(), it.value().dump().c_str());
