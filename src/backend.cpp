@@ -51,10 +51,6 @@ namespace {
 thread_local std::string t_last_fault;
 thread_local uint64_t t_n_faults = 0;
 
-bool is_view_op(enum oomb_op op) {
-    return op == OOMB_OP_NONE || op == OOMB_OP_VIEW || op == OOMB_OP_RESHAPE || op == OOMB_OP_PERMUTE || op == OOMB_OP_TRANSPOSE;
-}
-
 // A tensor the node computes or reads has data the backend can use (programming errors: handler).
 void check_data(oomb_backend_t b, const oomb_tensor * node, const oomb_tensor * t, int src_index) {
     if (oomb_nelements(t) == 0) return;
@@ -77,7 +73,7 @@ void check_data(oomb_backend_t b, const oomb_tensor * node, const oomb_tensor * 
 // Every node that computes something: its result and the sources it reads have usable data.
 void validate_graph(oomb_backend_t b, const oomb_cgraph * g) {
     for (const oomb_tensor * node : g->nodes) {
-        if (is_view_op(node->op)) continue;
+        if (oomb::op_is_view(node->op)) continue;
         check_data(b, node, node, -1);
         for (int i = 0; i < OOMB_MAX_SRC; i++) {
             const oomb_tensor * s = node->src[i];

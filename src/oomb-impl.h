@@ -153,6 +153,10 @@ static inline oomb_tensor * mem_owner(oomb_tensor * t) { return t->view_src ? t-
 bool op_can_inplace(enum oomb_op op);
 // Whether op reads src[i] (cpy's src[1] and repeat's / repeat_back's src[1] only give a
 // destination or a shape).
+// Nodes that compute nothing (leafs and views of their source's memory).
+static inline bool op_is_view(enum oomb_op op) {
+    return op == OOMB_OP_NONE || op == OOMB_OP_VIEW || op == OOMB_OP_RESHAPE || op == OOMB_OP_PERMUTE || op == OOMB_OP_TRANSPOSE;
+}
 static inline bool op_reads_src(enum oomb_op op, int i) {
     return !(i == 1 && (op == OOMB_OP_CPY || op == OOMB_OP_REPEAT || op == OOMB_OP_REPEAT_BACK));
 }

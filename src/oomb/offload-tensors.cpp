@@ -167,9 +167,6 @@ oomb_status oomb_offload::compute(oomb_cgraph * g) {
     err.clear();
     const int n = (int) g->nodes.size();
     auto root = [](const oomb_tensor * t) { return t->view_src ? t->view_src : t; };
-    auto is_view_op = [](oomb_op op) {
-        return op == OOMB_OP_VIEW || op == OOMB_OP_RESHAPE || op == OOMB_OP_PERMUTE || op == OOMB_OP_TRANSPOSE || op == OOMB_OP_NONE;
-    };
     // per node: the offloaded entries it touches and whether it writes them; per entry: the views
     // of it in the graph and the nodes that use it
     std::vector<std::vector<std::pair<size_t, bool>>> touch((size_t) n);
@@ -187,7 +184,7 @@ oomb_status oomb_offload::compute(oomb_cgraph * g) {
             touch[(size_t) i].push_back({it->second, write});
             uses[it->second].push_back(i);
         };
-        add(node, !is_view_op(node->op));
+        add(node, !oomb::op_is_view(node->op));
         for (int k = 0; k < OOMB_MAX_SRC; k++)
             if (node->src[k]) add(node->src[k], false);
     }

@@ -30,31 +30,20 @@ SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, ".
 BIN = os.environ.get("OOMB_BIN_DIR") or os.path.join(SRC, "build", "bin")
 FIX = os.environ.get("OOMB_FIXTURES") or os.environ.get("OOMB_FIXTURES_DEFAULT") or os.path.join(SRC, "..", "shared", "fixtures")
 TRAIN, EVAL, CONVERT = (os.path.join(BIN, t) for t in ("oomb-train", "oomb-eval", "oomb-convert-hf"))
-
-
-def skip(why):
-    print(f"SKIPPED: {why}")
-    sys.exit(77)
-
+sys.path.insert(0, HERE)
+from train_data import Checks, need_tools, skip  # noqa: E402
 
 try:
     import numpy as np
     from safetensors.numpy import load_file, save_file
 except ImportError as e:
     skip(f"{e} (needs numpy and safetensors)")
-for tool in (TRAIN, EVAL, CONVERT):
-    if not os.access(tool, os.X_OK):
-        skip(f"{tool} not built")
+need_tools(TRAIN, EVAL, CONVERT)
 if not os.path.isdir(os.path.join(FIX, "qwen2-mini")):
     skip(f"fixture qwen2-mini not in {FIX}")
 
-failures = []
-
-
-def check(ok, what):
-    print(("ok: " if ok else "FAIL: ") + what)
-    if not ok:
-        failures.append(what)
+checks = Checks()
+check = checks.check
 
 
 def run(args, env=None, timeout=600):
@@ -163,9 +152,7 @@ def main():
             a, b = res["resident"]["mean_nll"], res["offload"]["mean_nll"]
             check(abs(a - b) <= 1e-6 * abs(a), f"oomb-eval: offloaded mean NLL {b:.8f} equals resident {a:.8f}")
 
-    if failures:
-        sys.exit(f"FAIL: {len(failures)} check(s) failed")
-    print("ok: host offload through the command line")
+    checks.finish()
 
 
 if __name__ == "__main__":
