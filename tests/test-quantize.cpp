@@ -43,26 +43,33 @@ double rel_rms(const std::vector<float>& x, const std::vector<float>& y) {
     return std::sqrt(e / s);
 }
 
+// x quantized to `type` and dequantized back (gtest failure + empty result on an error).
+std::vector<float> round_trip(uint32_t type, const std::vector<float>& x) {
+    const int64_t n = (int64_t)x.size();
+    std::vector<uint8_t> q(bytes_for(type, n));
+    std::vector<float> y((size_t)n);
+    std::string err;
+    EXPECT_EQ(gguf_convert(GGUF_TENSOR_F32, x.data(), type, q.data(), n, &err), GGUF_OK) << err;
+    if (!err.empty()) return {};
+    EXPECT_EQ(gguf_convert(type, q.data(), GGUF_TENSOR_F32, y.data(), n, &err), GGUF_OK) << err;
+    return err.empty() ? y : std::vector<float>{};
+}
+
 } // namespace
 
 TEST(Quantize, ErrorWithinBoundOnRandomRows) {
     const int64_t n = 4864 * 3;
     const std::vector<float> x = normal((size_t)n, 11);
     for (const QCase& c : kTypes) {
-        std::vector<uint8_t> q(bytes_for(c.type, n));
-        std::vector<float> y((size_t)n);
-        std::string err;
-        ASSERT_EQ(gguf_convert(GGUF_TENSOR_F32, x.data(), c.type, q.data(), n, &err), GGUF_OK) << err;
-        ASSERT_EQ(gguf_convert(c.type, q.data(), GGUF_TENSOR_F32, y.data(), n, &err), GGUF_OK) << err;
+        const std::vector<float> y = round_trip(c.type, x);
+        ASSERT_EQ(y.size(), x.size());
         const double r = rel_rms(x, y);
         printf("  %s: rms error / rms = %.4f (bound %.3f)\n", gguf_tensor_type_name(c.type), r, c.max_rel_rms);
         EXPECT_LT(r, c.max_rel_rms) << gguf_tensor_type_name(c.type);
         EXPECT_GT(r, 0.0) << "a lossy type cannot reproduce random data exactly";
-        // re-quantizing the dequantized values does not lose more
-        std::vector<uint8_t> q2(q.size());
-        std::vector<float> y2((size_t)n);
-        ASSERT_EQ(gguf_convert(GGUF_TENSOR_F32, y.data(), c.type, q2.data(), n, &err), GGUF_OK) << err;
-        ASSERT_EQ(gguf_convert(c.type, q2.data(), GGUF_TENSOR_F32, y2.data(), n, &err), GGUF_OK) << err;
+        // quantizing the dequantized values once more stays within the bound
+        const std::vector<float> y2 = round_trip(c.type, y);
+        ASSERT_EQ(y2.size(), x.size());
         EXPECT_LT(rel_rms(x, y2), c.max_rel_rms) << gguf_tensor_type_name(c.type);
     }
 }
@@ -78,11 +85,8 @@ TEST(Quantize, SpecialBlocks) {
     for (int i = 0; i < 256; i++) x[(size_t)(768 + i)] = r[(size_t)i] * 0.01f;
     x[800] = 40.0f;
     for (const QCase& c : kTypes) {
-        std::vector<uint8_t> q(bytes_for(c.type, n));
-        std::vector<float> y((size_t)n);
-        std::string err;
-        ASSERT_EQ(gguf_convert(GGUF_TENSOR_F32, x.data(), c.type, q.data(), n, &err), GGUF_OK) << err;
-        ASSERT_EQ(gguf_convert(c.type, q.data(), GGUF_TENSOR_F32, y.data(), n, &err), GGUF_OK) << err;
+        const std::vector<float> y = round_trip(c.type, x);
+        ASSERT_EQ(y.size(), x.size());
         const char* name = gguf_tensor_type_name(c.type);
         for (int i = 0; i < 256; i++) ASSERT_EQ(y[(size_t)i], 0.0f) << name << " zero block, element " << i;
         for (int i = 256; i < 768; i++) ASSERT_NEAR(y[(size_t)i], x[(size_t)i], 0.02) << name << " constant block, element " << i;
