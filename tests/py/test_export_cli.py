@@ -18,6 +18,7 @@ lora (rank 8, alpha 32, 8 steps):
     otherwise; tied embeddings (no output.weight): token_embd.weight Q6_K;
   - bf16, q8_0 and q4_k_m outputs load and give an NLL close to the f16 one: bf16 and q8_0 within
     1e-3 relative, q4_k_m within 5e-3 (measured ~4e-4);
+  - an adapter without adapter.lora.alpha merges with scale 1, as oomb-eval --lora applies it;
   - a quantized base (the q8_0 output) can be a base again (--out-type f16, no adapter);
   - bad inputs: a missing base or adapter (named), a model given as --lora, an adapter given as
     -m, another architecture's adapter, another shape's adapter, an incomplete pair, a tensor the
@@ -94,7 +95,9 @@ def add_tokenizer(src, dst):
 
 def write_adapter(path, arch, tensors, alpha=32.0):
     w = gguf.GGUFWriter(path, arch=arch)
-    w.add_string("general.type", "adapter"); w.add_string("adapter.type", "lora"); w.add_float32("adapter.lora.alpha", alpha)
+    w.add_string("general.type", "adapter"); w.add_string("adapter.type", "lora")
+    if alpha is not None:
+        w.add_float32("adapter.lora.alpha", alpha)
     for name, x in tensors.items():
         w.add_tensor(name, x)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
@@ -189,6 +192,15 @@ def main():
         else:
             c.check(False, f"NLLs computed: {lora_nll} {nlls}")
 
+        # no adapter.lora.alpha: scale 1 (llama.cpp's rule), as oomb-eval --lora applies it
+        a = {t.name: np.array(t.data) for t in gguf.GGUFReader(adapter).tensors}
+        no_alpha, merged_na = os.path.join(tmp, "no-alpha.gguf"), os.path.join(tmp, "merged-no-alpha.gguf")
+        write_adapter(no_alpha, "qwen2", a, alpha=None)
+        rc, _, e = run_tool([EXPORT, "-m", base, "--lora", no_alpha, "--out-type", "f32", "-o", merged_na])
+        v, ref = (nll(merged_na) if rc == 0 else None), nll(base, "--lora", no_alpha)
+        c.check(None not in (v, ref) and abs(v - ref) <= 1e-5 * ref and abs(v - lora_nll) > 1e-4,
+                f"an adapter without adapter.lora.alpha (scale 1): merged NLL {v} == oomb-eval --lora {ref} {e.strip()[-200:]}")
+
         # a quantized file as the base: dequantized, re-typed
         again = os.path.join(tmp, "again.gguf")
         rc, _, e = run_tool([EXPORT, "-m", out["q8_0"], "--out-type", "f16", "-o", again])
@@ -207,7 +219,6 @@ def main():
                 f"tied embeddings: token_embd.weight is Q6_K ({types.get('token_embd.weight')}) {e.strip()[-200:]}")
 
         # bad inputs
-        a = {t.name: np.array(t.data) for t in gguf.GGUFReader(adapter).tensors}
         other_arch, bad_shape, half, extra = (os.path.join(tmp, n + ".gguf") for n in ("llama-ad", "shape-ad", "half-ad", "extra-ad"))
         write_adapter(other_arch, "llama", a)
         s = dict(a)
