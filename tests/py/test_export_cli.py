@@ -19,6 +19,8 @@ lora (rank 8, alpha 32, 8 steps):
   - bf16, q8_0 and q4_k_m outputs load and give an NLL close to the f16 one: bf16 and q8_0 within
     1e-3 relative, q4_k_m within 5e-3 (measured ~4e-4);
   - an adapter without adapter.lora.alpha merges with scale 1, as oomb-eval --lora applies it;
+  - a Llama base (make_llama; attn_q / attn_k rows permuted in the file): merged f32 / f16 NLL ==
+    oomb-eval --lora (1e-5 / 1e-4 relative);
   - a quantized base (the q8_0 output) can be a base again (--out-type f16, no adapter);
   - bad inputs: a missing base or adapter (named), a model given as --lora, an adapter given as
     -m, another architecture's adapter, another shape's adapter, an incomplete pair, a tensor the
@@ -34,7 +36,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_data import Checks, make_bin, need_tools, run_tool, skip  # noqa: E402
+from train_data import Checks, make_bin, make_llama, need_tools, run_tool, skip  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -121,13 +123,18 @@ def main():
         add_tokenizer(raw, base)
         data = os.path.join(tmp, "ids.bin")
         make_bin(data, 12000, 512)
-        run_dir = os.path.join(tmp, "run")
-        rc, _, e = run_tool([TRAIN, "-m", base, "--data-bin", data, "--ctx", "64", "--chunk", "24", "--page", "16", "--lr", "3e-2",
-                             "--warmup", "2", "--threads", "2", "--seed", "7", "--trainable", "lora", "--lora-rank", "8",
-                             "--lora-alpha", "32", "--steps", "8", "--save-every", "0", "--eval-every", "0", "--out", run_dir])
-        adapter = os.path.join(run_dir, "adapter.gguf")
-        c.check(rc == 0 and os.path.exists(adapter), f"oomb-train --trainable lora writes an adapter {e.strip()[-200:]}")
-        if rc:
+
+        def train(model, run_dir):
+            rc, _, e = run_tool([TRAIN, "-m", model, "--data-bin", data, "--ctx", "64", "--chunk", "24", "--page", "16", "--lr",
+                                 "3e-2", "--warmup", "2", "--threads", "2", "--seed", "7", "--trainable", "lora", "--lora-rank",
+                                 "8", "--lora-alpha", "32", "--steps", "8", "--save-every", "0", "--eval-every", "0", "--out", run_dir])
+            adapter = os.path.join(run_dir, "adapter.gguf")
+            c.check(rc == 0 and os.path.exists(adapter), f"oomb-train --trainable lora on {os.path.basename(model)} writes an adapter "
+                    f"{e.strip()[-200:]}")
+            return adapter if rc == 0 else None
+
+        adapter = train(base, os.path.join(tmp, "run"))
+        if adapter is None:
             c.finish()
 
         def nll(model, *extra):
@@ -200,6 +207,20 @@ def main():
         v, ref = (nll(merged_na) if rc == 0 else None), nll(base, "--lora", no_alpha)
         c.check(None not in (v, ref) and abs(v - ref) <= 1e-5 * ref and abs(v - lora_nll) > 1e-4,
                 f"an adapter without adapter.lora.alpha (scale 1): merged NLL {v} == oomb-eval --lora {ref} {e.strip()[-200:]}")
+
+        # a Llama base (attn_q / attn_k rows permuted in the file, the adapter's B rows too): the merge
+        # in the file's order means what oomb-eval --lora computes
+        llama = os.path.join(tmp, "llama.gguf")
+        make_llama(llama)
+        ladapter = train(llama, os.path.join(tmp, "run-llama"))
+        if ladapter:
+            ref = nll(llama, "--lora", ladapter)
+            for t, tol in (("f32", 1e-5), ("f16", 1e-4)):
+                merged_l = os.path.join(tmp, f"llama-merged-{t}.gguf")
+                rc, _, e = run_tool([EXPORT, "-m", llama, "--lora", ladapter, "--out-type", t, "-o", merged_l])
+                v = nll(merged_l) if rc == 0 else None
+                c.check(rc == 0 and "14 merged" in e and v is not None and ref is not None and abs(v - ref) <= tol * ref,
+                        f"llama: merged {t} NLL {v} == oomb-eval --lora {ref} ({tol:g} rel) {e.strip()[-200:]}")
 
         # a quantized file as the base: dequantized, re-typed
         again = os.path.join(tmp, "again.gguf")
