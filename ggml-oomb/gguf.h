@@ -94,11 +94,15 @@ int64_t gguf_tensor_type_block_size(uint32_t type);
 size_t gguf_tensor_type_block_bytes(uint32_t type);
 
 // Converts `n` consecutive elements of type `src_type` (any supported type; for block types `n`
-// must be a multiple of the block size) into `dst_type`, which must be F32, F16, BF16 or Q8_0
-// (then `n` must be a multiple of 32: GGUF_ERR_ARG otherwise). Rounding is to nearest-even for
-// the float types; Q8_0 quantizes as ggml's quantize_row_q8_0_ref and gguf-py's gguf.quants do
-// (d = max|x| / 127 in f16, q = round-half-away-from-zero(x / d)). Converting a type into itself
-// copies the bytes.
+// must be a multiple of the block size) into `dst_type`, which must be F32, F16, BF16, Q8_0,
+// Q5_0 (then `n` must be a multiple of 32), Q4_K, Q5_K or Q6_K (a multiple of 256): GGUF_ERR_ARG
+// otherwise. Rounding is to nearest-even for the float types; Q8_0 quantizes as ggml's
+// quantize_row_q8_0_ref and gguf-py's gguf.quants do (d = max|x| / 127 in f16, q =
+// round-half-away-from-zero(x / d)), Q5_0 as ggml's quantize_row_q5_0_ref (bit-exact with gguf-py),
+// the K-quants by the per-sub-block scale/min search of ggml's reference quantizers (no
+// importance matrix; src/formats/quantize.h). Into a quantized type, a NaN or infinite value is
+// GGUF_ERR_ARG naming the element index, and so is a block whose f16 scale would overflow.
+// Converting a type into itself copies the bytes.
 gguf_status gguf_convert(uint32_t src_type, const void* src, uint32_t dst_type, void* dst,
                          int64_t n, std::string* err);
 

@@ -1117,6 +1117,6 @@ TEST(GGUF, ConvertQuantizesQ8_0) {
     err.clear();
     EXPECT_EQ(gguf_convert(GGUF_TENSOR_F32, x.data(), GGUF_TENSOR_Q8_0, got.data(), 40, &err), GGUF_ERR_ARG);
     EXPECT_NE(err.find("not a multiple of its block size 32"), std::string::npos) << err;
-    EXPECT_EQ(gguf_convert(GGUF_TENSOR_F32, x.data(), GGUF_TENSOR_Q4_K, got.data(), 256, &err), GGUF_ERR_ARG);
-    EXPECT_NE(err.find("F32, F16, BF16 or Q8_0"), std::string::npos) << err;
+    EXPECT_EQ(gguf_convert(GGUF_TENSOR_F32, x.data(), GGUF_TENSOR_Q2_K, got.data(), 256, &err), GGUF_ERR_ARG);
+    EXPECT_NE(err.find("F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q5_K or Q6_K"), std::string::npos) << err;
 }

@@ -2,6 +2,7 @@
 #include "gguf.h"
 
 #include "../fp16.h"
+#include "quantize.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -453,9 +454,9 @@ gguf_status gguf_convert(uint32_t src_type, const void* src_v, uint32_t dst_type
         return GGUF_ERR_UNSUPPORTED;
     }
     if (dst_type != GGUF_TENSOR_F32 && dst_type != GGUF_TENSOR_F16 && dst_type != GGUF_TENSOR_BF16 &&
-        dst_type != GGUF_TENSOR_Q8_0) {
+        dst_type != GGUF_TENSOR_Q8_0 && !quantize_type_supported(dst_type)) {
         set_err(err, "cannot convert to tensor type " + tensor_type_desc(dst_type) +
-                         ": the output type must be F32, F16, BF16 or Q8_0");
+                         ": the output type must be F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q5_K or Q6_K");
         return GGUF_ERR_ARG;
     }
     const int64_t blk = gguf_tensor_type_block_size(src_type);
@@ -480,16 +481,33 @@ gguf_status gguf_convert(uint32_t src_type, const void* src_v, uint32_t dst_type
         to_f32(src_type, src, (float*)dst_v, n);
         return GGUF_OK;
     }
-    // 16-bit and Q8_0 output: go through f32 in chunks.
+    // 16-bit and block-quantized output: go through f32 in chunks. Quantized output refuses NaN and
+    // infinity (naming the element) instead of writing blocks that decode to garbage.
     constexpr int64_t kChunk = 4096; // multiple of every supported block size
     float tmp[kChunk];
     uint16_t* dst = (uint16_t*)dst_v;
     const size_t src_bytes_per_chunk = (size_t)(kChunk / blk) * gguf_tensor_type_block_bytes(src_type);
+    const size_t dst_block_bytes = gguf_tensor_type_block_bytes(dst_type);
     for (int64_t i = 0; i < n; i += kChunk) {
         const int64_t m = std::min(kChunk, n - i);
         to_f32(src_type, src + (size_t)(i / kChunk) * src_bytes_per_chunk, tmp, m);
-        if (dst_type == GGUF_TENSOR_Q8_0) {
-            for (int64_t j = 0; j < m; j += 32) quant_q8_0(tmp + j, (uint8_t*)dst_v + (size_t)((i + j) / 32) * 34);
+        if (dst_type == GGUF_TENSOR_Q8_0 || quantize_type_supported(dst_type)) {
+            if (!quantize_check_finite(tmp, m, i, dst_type, err)) return GGUF_ERR_ARG;
+        }
+        if (quantize_type_supported(dst_type)) {
+            const gguf_status st = quantize_blocks(dst_type, tmp, (uint8_t*)dst_v + (size_t)(i / dst_blk) * dst_block_bytes,
+                                                   m, i, err);
+            if (st != GGUF_OK) return st;
+        } else if (dst_type == GGUF_TENSOR_Q8_0) {
+            for (int64_t j = 0; j < m; j += 32) {
+                uint8_t* b = (uint8_t*)dst_v + (size_t)((i + j) / 32) * 34;
+                quant_q8_0(tmp + j, b);
+                if (!std::isfinite(f16_at(b))) {
+                    set_err(err, fmt("cannot quantize elements %" PRId64 "..%" PRId64 " to Q8_0: their scale overflows f16 "
+                                     "(values too large for this type)", i + j, i + j + 31));
+                    return GGUF_ERR_ARG;
+                }
+            }
         } else if (dst_type == GGUF_TENSOR_F16) {
             for (int64_t j = 0; j < m; j++) dst[i + j] = fp32_to_fp16(tmp[j]);
         } else {

@@ -1,4 +1,5 @@
-"""Training data and logs for the CLI tests (test_train_cli.py, test_lora_cli.py): a learnable id stream."""
+"""Training data and logs for the CLI tests (test_train_cli.py, test_lora_cli.py, test_export_cli.py): a learnable id
+stream, a small random Llama GGUF."""
 import json
 import os
 import random
@@ -67,3 +68,32 @@ def need_tools(*tools):
     for tool in tools:
         if not os.access(tool, os.X_OK):
             skip(f"{tool} not built")
+
+
+def make_llama(path, seed=4):
+    """A small random Llama GGUF (llama.* keys, f32, untied, 2 layers, hidden 64), written with gguf-py."""
+    import numpy as np
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    V, E, F, L, H, KV, D = 512, 64, 128, 2, 4, 2, 16
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(L); w.add_context_length(2048); w.add_embedding_length(E); w.add_feed_forward_length(F)
+    w.add_head_count(H); w.add_head_count_kv(KV); w.add_rope_freq_base(10000.0); w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(V); w.add_rope_dimension_count(D)
+    t = lambda *shape: (rng.standard_normal(shape) * 0.05).astype(np.float32)
+    w.add_tensor("token_embd.weight", t(V, E))
+    for l in range(L):
+        b = f"blk.{l}."
+        w.add_tensor(b + "attn_norm.weight", np.ones(E, np.float32))
+        w.add_tensor(b + "attn_q.weight", t(H * D, E))
+        w.add_tensor(b + "attn_k.weight", t(KV * D, E))
+        w.add_tensor(b + "attn_v.weight", t(KV * D, E))
+        w.add_tensor(b + "attn_output.weight", t(E, H * D))
+        w.add_tensor(b + "ffn_norm.weight", np.ones(E, np.float32))
+        w.add_tensor(b + "ffn_gate.weight", t(F, E))
+        w.add_tensor(b + "ffn_up.weight", t(F, E))
+        w.add_tensor(b + "ffn_down.weight", t(E, F))
+    w.add_tensor("output_norm.weight", np.ones(E, np.float32))
+    w.add_tensor("output.weight", t(V, E))
+    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
