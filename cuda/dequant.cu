@@ -11,7 +11,9 @@ namespace {
 #define OOMB_QMUL(a, b) __fmul_rn((a), (b))
 #define OOMB_QADD(a, b) __fadd_rn((a), (b))
 #define OOMB_QSUB(a, b) __fsub_rn((a), (b))
+#define OOMB_QF16(h) __half2float(__ushort_as_half(h))
 #include "formats/quants-blocks.h"
+#undef OOMB_QF16
 #undef OOMB_QHD
 #undef OOMB_QMUL
 #undef OOMB_QADD

@@ -302,7 +302,9 @@ struct oomb_tensor * oomb_cont_4d(struct oomb_context * ctx, struct oomb_tensor 
 /// Copies a's values into b (same element count; any float types, or i32 to i32), converting the
 /// type. The result is a view of b; computing it writes b.
 struct oomb_tensor * oomb_cpy(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
-/// New contiguous tensor holding a converted to `type` (f32 <-> f16/bf16).
+/// New contiguous tensor holding a converted to `type` (f32 <-> f16/bf16; a block-type a of
+/// row-major blocks is dequantized to f32 / f16 / bf16, bit-exact as gguf-py). Errors: a block-type
+/// `type` (no quantizing op), a transposed block-type a, i32 <-> float.
 struct oomb_tensor * oomb_cast(struct oomb_context * ctx, struct oomb_tensor * a, enum oomb_type type);
 /// Constant tensor of the given f32 shape, every element `value`.
 struct oomb_tensor * oomb_fill(struct oomb_context * ctx, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, float value);
@@ -363,6 +365,11 @@ struct oomb_tensor * oomb_get_rows_back(struct oomb_context * ctx, struct oomb_t
 /// Result f32 [M, N, B2, B3] with res[n][m] = sum_k a[m][k] * b[n][k], i.e. in PyTorch terms
 /// res = b @ a^T: with a = W (a Linear weight [out, in] = ne [in, out]) and b = x [in, tokens],
 /// mul_mat(W, x) = x W^T of shape [out, tokens]. Either operand may be a transposed view.
+/// a may also be of a block type (q8_0 .. q6_k: a frozen quantized weight): 2-D, row-major blocks
+/// (rows may be a whole-row view) or oomb_transpose of such (the autodiff's db = mul_mat(a^T, dy));
+/// the backends dequantize it per product (CPU: tiles of rows to f32, then sgemm; CUDA: into the bf16
+/// copy slots, then cuBLAS), never keeping all of it in a float type. Errors: a block-type b, a
+/// block-type a with batch dims or another layout.
 struct oomb_tensor * oomb_mul_mat(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
 
 /// RMSNorm over dimension 0: y = x / sqrt(mean(x^2) + eps) (no weight; multiply by it with oomb_mul).

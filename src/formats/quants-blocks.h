@@ -8,27 +8,11 @@
 // f16 fields are little-endian IEEE halves (exact in f32, so any correct conversion agrees).
 //
 // Before including: define OOMB_QHD (function qualifiers, e.g. `static inline` or
-// `__device__ __forceinline__`) and OOMB_QMUL(a, b), OOMB_QADD(a, b), OOMB_QSUB(a, b).
+// `__device__ __forceinline__`), OOMB_QMUL(a, b), OOMB_QADD(a, b), OOMB_QSUB(a, b) and OOMB_QF16(bits)
+// (IEEE half bits -> float: exact, e.g. fp16.h's fp16_to_fp32 or __half2float).
 // Pointers: b -> one block of the type's bytes, y -> the block's elements (f32).
 
-OOMB_QHD float qb_f16(const uint8_t * p) {
-    const uint32_t h = (uint32_t) p[0] | ((uint32_t) p[1] << 8);
-    const uint32_t sign = (h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, u;
-    if (exp == 0) {
-        if (mant == 0) u = sign;
-        else {  // subnormal
-            exp = 127 - 15 + 1;
-            while (!(mant & 0x400u)) { mant <<= 1; exp--; }
-            mant &= 0x3ffu;
-            u = sign | (exp << 23) | (mant << 13);
-        }
-    } else if (exp == 31) u = sign | 0x7f800000u | (mant << 13);
-    else u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+OOMB_QHD float qb_f16(const uint8_t * p) { return OOMB_QF16((uint16_t) (p[0] | (p[1] << 8))); }
 OOMB_QHD uint32_t qb_u32(const uint8_t * p) {
     return (uint32_t) p[0] | ((uint32_t) p[1] << 8) | ((uint32_t) p[2] << 16) | ((uint32_t) p[3] << 24);
 }

@@ -2,6 +2,8 @@
 // -ffp-contract=off (CMakeLists.txt) so no product and sum is fused into one rounding.
 #include "quants.h"
 
+#include "../fp16.h"
+
 #include <cstring>
 
 namespace oomb {
@@ -11,7 +13,9 @@ namespace {
 #define OOMB_QMUL(a, b) ((a) * (b))
 #define OOMB_QADD(a, b) ((a) + (b))
 #define OOMB_QSUB(a, b) ((a) - (b))
+#define OOMB_QF16(h) fp16_to_fp32(h)
 #include "quants-blocks.h"
+#undef OOMB_QF16
 #undef OOMB_QHD
 #undef OOMB_QMUL
 #undef OOMB_QADD
