@@ -170,7 +170,8 @@ TEST(QuantTypes, CastDequantizesAsTheReader) {
 }
 
 // Forward: mul_mat(a, x) with a quantized vs mul_mat(dequantized a, x); db: mul_mat(transpose(a), dy)
-// vs the same with the dequantized a. Sizes that divide no tile: M = 37, 300; N = 1, 5, 129.
+// vs the same with the dequantized a. Sizes that divide no tile: M = 37, 300; N = 1, 5, 129 (the CPU
+// tiles hold 65536 / K rows: M = 300 takes 2 tiles at K = 256, 4 at K = 768 and 800, the last partial).
 TEST(QuantMatMul, MatchesDequantizedF32) {
     for (oomb_type t : kTypes) {
         for (int ki = 0; ki < 2; ki++) {

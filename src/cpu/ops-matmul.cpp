@@ -57,9 +57,9 @@ const float * tensor_to_f32(exec_ctx & c, const oomb_tensor * t, int slot) {
 // Matrix product with a block-type (quantized) a: tiles of a's rows dequantized, never all of a
 // ---------------------------------------------------------------------------------------------
 
-// Rows of f32 per tile of a block-type a: about 1 MiB of f32 (at least 16 rows), so a large weight
-// is never held in f32; a small one may fit in one tile.
-static int64_t quant_tile_rows(int64_t K) { return std::max<int64_t>(16, ((int64_t) 1 << 18) / std::max<int64_t>(K, 1)); }
+// Rows of f32 per tile of a block-type a: about 256 KiB of f32 (at least 16 rows; 85 rows of 768,
+// 256 of 256), so a large weight is never held in f32 (a small one may fit in one tile).
+static int64_t quant_tile_rows(int64_t K) { return std::max<int64_t>(16, ((int64_t) 1 << 16) / std::max<int64_t>(K, 1)); }
 
 // Dequantizes stored rows [r0, r0 + nr) (each K elements, rows `rs` bytes apart from base) into
 // the contiguous f32 dst [nr x K], rows split over the threads (quants.h: bit-exact).
