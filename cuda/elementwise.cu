@@ -1,6 +1,7 @@
 // Element-wise, broadcasting and copy kernels (see elementwise.cuh).
 
 #include "elementwise.cuh"
+#include "dequant.cuh"
 
 #include <algorithm>
 
@@ -343,6 +344,16 @@ __global__ void k_colsum_final(const double * partial, int64_t n_part, int64_t n
 void oomb_cuda_copy_tensor(oomb_cuda_ctx & c, const oomb_tensor * src, const oomb_tensor * dst) {
     const int64_t n = oomb_nelements(src);
     if (n == 0) return;
+    if (oomb_type_is_quantized(src->type)) {
+        // cast / cpy of row-major blocks: dequantized (f32 / bf16 results of the same shape, contiguous)
+        if (!oomb_are_same_shape(src, dst) || oomb::quant_block_dim(src) != 0 || !oomb_is_contiguous(dst) ||
+            (src->ne[2] * src->ne[3] != 1 && !oomb_is_contiguous(src)) ||
+            (dst->type != OOMB_TYPE_F32 && dst->type != OOMB_TYPE_BF16))
+            oomb_error("%s: dequantizing %s into %s on the GPU needs row-major blocks and a contiguous f32 / bf16 result of the same shape",
+                       oomb_op_name(dst->op), shape_str(src).c_str(), shape_str(dst).c_str());
+        oomb_cuda_dequantize_rows(c, src->type, src->data, src->nb[1], oomb_nrows(src), src->ne[0], dst->data, dst->type);
+        return;
+    }
     if (src->type == dst->type) {
         if (oomb::tensors_same_layout(src, dst)) return; // copying onto itself
         if (oomb_is_contiguous(src) && oomb_is_contiguous(dst)) {

@@ -2,6 +2,7 @@
 
 #include "mul-mat.cuh"
 #include "elementwise.cuh"
+#include "dequant.cuh"
 
 #include <climits>
 #include <cstdint>
@@ -10,10 +11,7 @@ using oomb::shape_str;
 
 namespace {
 
-void set_contiguous(oomb_tensor * t) {
-    t->nb[0] = oomb_type_size(t->type);
-    for (int i = 1; i < 4; i++) t->nb[i] = t->nb[i - 1] * (size_t) t->ne[i - 1];
-}
+void set_contiguous(oomb_tensor * t) { oomb::set_contiguous_nb(t); }
 
 // Byte range [lo, hi) that t's elements span.
 void byte_range(const oomb_tensor * t, size_t & lo, size_t & hi) {
@@ -22,7 +20,7 @@ void byte_range(const oomb_tensor * t, size_t & lo, size_t & hi) {
     if (oomb_nelements(t) == 0) return;
     size_t last = 0;
     for (int i = 0; i < 4; i++) last += (size_t) (t->ne[i] - 1) * t->nb[i];
-    hi = lo + last + oomb_type_size(t->type);
+    hi = lo + (oomb_type_is_quantized(t->type) ? oomb_nbytes(t) : last + oomb_type_size(t->type));
 }
 
 // A contiguous bf16 copy of src (any layout): a kept copy of the same source layout when one is
@@ -61,7 +59,12 @@ const __nv_bfloat16 * bf16_copy_of(oomb_cuda_ctx & c, const oomb_tensor * src, b
     oomb_cuda_ctx::bf16_copy & e = c.bf16_copies[pick];
     e.valid = false;
     d.data = c.scratch(oomb_cuda_ctx::SLOT_BF16 + pick, bytes);
-    oomb_cuda_copy_tensor(c, src, &d);
+    if (oomb_type_is_quantized(src->type)) {
+        // row-major blocks (2-D: check_mul_mat) dequantized into the slot: only this matrix is held in bf16
+        oomb_cuda_dequantize_rows(c, src->type, src->data, src->nb[1], src->ne[1], src->ne[0], d.data, OOMB_TYPE_BF16);
+    } else {
+        oomb_cuda_copy_tensor(c, src, &d);
+    }
     if (cacheable) {
         e.valid = true;
         e.src = (const char *) src->data;
@@ -79,6 +82,16 @@ const __nv_bfloat16 * bf16_copy_of(oomb_cuda_ctx & c, const oomb_tensor * src, b
 // a transposing copy; the caller flips the cuBLAS op. NULL when t is not such a view.
 const __nv_bfloat16 * to_bf16_transposed(oomb_cuda_ctx & c, const oomb_tensor * t, bool cacheable, const void * keep) {
     const size_t es = oomb_type_size(t->type);
+    if (oomb_type_is_quantized(t->type)) {
+        // the transposed view of row-major blocks (the autodiff's db): the stored rows dequantized
+        if (oomb::quant_block_dim(t) != 1 || t->ne[2] != 1 || t->ne[3] != 1) return nullptr;
+        oomb_tensor s = *t;  // the stored matrix: [ne1, ne0], row-major blocks
+        s.view_src = nullptr;
+        s.op = OOMB_OP_NONE;
+        s.ne[0] = t->ne[1]; s.ne[1] = t->ne[0];
+        s.nb[0] = t->nb[1]; s.nb[1] = t->nb[0];
+        return bf16_copy_of(c, &s, cacheable, keep);
+    }
     if (t->type == OOMB_TYPE_I32 || t->ne[2] != 1 || t->ne[3] != 1 || t->ne[0] <= 1 || t->ne[1] <= 1) return nullptr;
     if (t->nb[1] != es || t->nb[0] != es * (size_t) t->ne[1]) return nullptr;
     oomb_tensor s = *t;  // the same memory seen as [ne1, ne0], contiguous

@@ -36,7 +36,7 @@ static const char * PROG = "oomb-eval";
 int main(int argc, char ** argv) {
     install_error_handler(PROG, 1);
     install_temp_file_cleanup();  // Ctrl-C / SIGTERM during a checkpoint save leaves no temporary file
-    std::string model, vocab, data_bin, device = "cpu", json_out, lora;
+    std::string model, vocab, data_bin, device = "cpu", json_out, lora, base_type = "keep";
     std::vector<std::string> data;
     int64_t ctx = 4096, chunk = 4096, max_tokens = 0;
     int page = 128, threads = 0;
@@ -50,6 +50,8 @@ int main(int argc, char ** argv) {
     app.add_option("--data", data, "text files or folders (.gz read directly)")->take_all();
     app.add_option("--data-bin", data_bin, "little-endian uint32 token ids instead of text");
     app.add_option("--lora", lora, "LoRA adapter GGUF (llama.cpp's format, e.g. oomb-train --trainable lora's adapter.gguf) applied to -m");
+    app.add_option("--base-type", base_type, "keep (-m's quantized projections stay in their GGUF block type, dequantized per "
+                                             "product), bf16 or f32 (weights converted on load)")->capture_default_str();
     app.add_option("--vocab", vocab, "tokenizer GGUF when the model file has none");
     app.add_option("--ctx", ctx, "tokens per window (each window is one sequence)")->capture_default_str();
     app.add_option("--chunk", chunk, "tokens per chunk (capped to --ctx)")->capture_default_str();
@@ -66,6 +68,8 @@ int main(int argc, char ** argv) {
     check_offload_options(PROG, app, offload);
     if (app.count("--max-tokens")) need_in_range(PROG, max_tokens >= 1, "--max-tokens", (double) max_tokens, ">= 1");
     if (data.empty() == data_bin.empty()) fail(PROG, "give --data FILE (text) or --data-bin FILE (ids)");
+    if (base_type != "keep" && base_type != "bf16" && base_type != "f32")
+        fail(PROG, "--base-type must be keep, bf16 or f32, got '" + base_type + "'");
     if (!json_out.empty()) {   // fail before evaluating when the result could not be written
         const size_t sl = json_out.rfind('/');
         const std::string dir = sl == std::string::npos ? "." : (sl == 0 ? "/" : json_out.substr(0, sl));
@@ -79,8 +83,10 @@ int main(int argc, char ** argv) {
     std::string err;
     oomb_backend_t be = make_backend(device, threads, &err);
     if (!be) fail(PROG, err);
-    auto m = model_load_gguf(model, be, OOMB_TYPE_F32, &err);
+    auto m = model_load_gguf(model, be, base_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32, &err, base_type == "keep");
     if (!m) fail(PROG, err);
+    printf("weights: %s in %s memory (--base-type %s)\n", fmt_bytes((double) qwen2_weight_bytes(*m)).c_str(), oomb_backend_name(be),
+           base_type.c_str());
     if (!lora.empty() && !lora_load_gguf(*m, lora, &err)) fail(PROG, "--lora: " + err);
     if (rope_theta > 0) m->cfg.rope_theta = (float) rope_theta;
 

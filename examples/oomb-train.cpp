@@ -161,7 +161,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         if (!T.model) fail(PROG, "--resume: " + err);
     } else if (!o.model.empty()) {  // with lora also on --resume: the frozen base
         if (!is_file(o.model)) fail(PROG, "-m: '" + o.model + "': no such file");
-        T.model = model_load_gguf(o.model, T.be, compute_type(T.be), &err);
+        T.model = model_load_gguf(o.model, T.be, base_weight_type(o.base_type, T.be), &err, lora && o.base_type == "keep");
         if (!T.model) fail(PROG, err);
     } else {
         Qwen2Config c;
@@ -305,6 +305,8 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     printf("train: %s %d steps x %d sequence(s) of %" PRId64 " tokens, chunk %" PRId64 ", page %d | %s, %d thread(s) | %.2fM trainable (%s)\n",
            default_run ? "default run:" : "", o.steps, o.seqs_per_step, o.ctx, o.chunk, o.page, oomb_backend_name(T.be), threads,
            n_train_params / 1e6, o.trainable.c_str());
+    printf("       weights %s in %s memory%s\n", fmt_bytes((double) qwen2_weight_bytes(M)).c_str(), oomb_backend_name(T.be),
+           lora && o.base_type == "keep" ? " (quantized projections kept in their GGUF type: --base-type keep)" : "");
     printf("       AdamW lr %g (warmup %d, cosine to %g), betas %g/%g, weight decay %g, grad clip %g | out %s/\n", o.lr, o.warmup,
            min_lr_of(o), o.beta1, o.beta2, o.weight_decay, o.grad_clip, o.out.c_str());
     fflush(stdout);

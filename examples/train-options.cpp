@@ -107,6 +107,8 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     app.add_option("--grad-clip", o.grad_clip, "clip the global gradient norm to this (0: off)")->capture_default_str();
     app.add_option("--trainable", o.trainable, "all, linear (block projections + LM head, as the OOMB reference), or lora (low-rank "
                                                "adapters on a frozen -m base; checkpoints OUT/adapter.gguf in llama.cpp's LoRA format)")->capture_default_str();
+    app.add_option("--base-type", o.base_type, "keep (-m's quantized projections stay in their GGUF block type; a frozen base: "
+                                               "--trainable lora), bf16 or f32 (weights converted on load)")->capture_default_str();
     app.add_option("--lora-rank", o.lora_rank, "--trainable lora: adapter rank r")->capture_default_str();
     app.add_option("--lora-alpha", o.lora_alpha, "--trainable lora: alpha (scale alpha / r; default 2 x the default rank)")->capture_default_str();
     app.add_option("--lora-targets", o.lora_targets, "--trainable lora: the projections adapted, a comma-separated subset of q,k,v,o,gate,up,down")
@@ -177,6 +179,11 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
             for (const char * opt : {"--lora-rank", "--lora-alpha", "--lora-targets"})
                 if (given(opt)) fail(PROG, std::string(opt) + " needs --trainable lora");
         }
+        if (o.base_type != "keep" && o.base_type != "bf16" && o.base_type != "f32")
+            fail(PROG, "--base-type must be keep, bf16 or f32, got '" + o.base_type + "'");
+        if (o.base_type == "keep" && o.trainable != "lora" && given("--base-type"))
+            fail(PROG, "--base-type keep keeps quantized weights frozen, which needs --trainable lora (--trainable " + o.trainable +
+                           " trains the weights: give --base-type bf16 or f32, or leave it out to dequantize them)");
         if (o.out_type != "f32" && o.out_type != "f16" && o.out_type != "bf16" && o.out_type != "q8_0")
             fail(PROG, "--out-type must be f32, f16, bf16 or q8_0, got '" + o.out_type + "'");
         if (o.trainable == "lora" && given("--out-type"))
@@ -204,13 +211,13 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
             fail(PROG, "verification: give --tokens IDS.safetensors with one of --dump-grads G.safetensors or --dump-logits L.safetensors");
         if (!o.dump_logits.empty() && (o.attn_cache || given("--attn-cache-type")))
             fail(PROG, "--dump-logits runs the forward only: --attn-cache (a stage-2 cache) does not apply");
-        // the verification run reads only the model, the tokens, --chunk, --page, --attn-cache(-type), --device, --threads
+        // the verification run reads only the model, the tokens, --chunk, --page, --attn-cache(-type), --device, --threads,
+        // and --trainable lora with --lora-rank / --lora-alpha / --lora-targets / --seed / --base-type (the adapter's gradients)
         std::string ignored;
         for (const char * opt : {"--preset", "--data", "--data-bin", "--data-format", "--train-on", "--chat-pack", "--chat-long", "--skip-bad-lines", "--eval-data", "--eval-split", "--eval-every", "--eval-seqs",
                                  "--ctx", "--steps", "--seqs-per-step", "--lr", "--min-lr", "--warmup", "--weight-decay",
-                                 "--adam-beta1", "--adam-beta2", "--adam-eps", "--grad-clip", "--trainable", "--out",
-                                 "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every", "--opt-state", "--out-type", "--lora-rank", "--lora-alpha", "--lora-targets",
-                                 "--seed"}) {
+                                 "--adam-beta1", "--adam-beta2", "--adam-eps", "--grad-clip", "--out",
+                                 "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every", "--opt-state", "--out-type"}) {
             if (given(opt)) ignored += std::string(ignored.empty() ? "" : ", ") + opt;
         }
         if (!ignored.empty()) fprintf(stderr, "%s: note: %s ignores the training options given: %s\n", PROG,

@@ -21,6 +21,11 @@ constexpr const char * TRAIN_PROG = "oomb-train";
 // Storage type of the linear weights and of the KV pages: f32 on the CPU, bf16 on a GPU (bf16
 // operands with f32 accumulation; the KV-gradient pages stay f32).
 inline oomb_type compute_type(oomb_backend_t be) { return oomb_backend_is_host(be) ? OOMB_TYPE_F32 : OOMB_TYPE_BF16; }
+/// The weight type a -m file is converted to on load under --base-type (keep / bf16 / f32): keep
+/// converts what it does not keep (everything but block-type projections) to compute_type(be).
+inline oomb_type base_weight_type(const std::string & base_type, oomb_backend_t be) {
+    return base_type == "f32" ? OOMB_TYPE_F32 : base_type == "bf16" ? OOMB_TYPE_BF16 : compute_type(be);
+}
 
 struct Options {
     std::string model, preset, vocab;
@@ -55,6 +60,10 @@ struct Options {
     std::string lora_targets = "q,k,v,o,gate,up,down";
     std::string opt_state = "f32";
     std::string out_type = "bf16";  // --out-type: model.gguf's 2-D weights (full-model checkpoints)
+    // --base-type: a -m file's block-type (quantized) projections. keep: stay in their GGUF type in
+    // backend memory (frozen base: --trainable lora only; with all / linear the default falls back
+    // to dequantizing, an explicit keep is an error); bf16 / f32: every weight converted to it.
+    std::string base_type = "keep";
     bool attn_cache = false;
     std::string attn_cache_type = "f32";
     OffloadOptions offload;  // --offload, --gpu-kv-budget, --offload-block

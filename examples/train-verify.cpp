@@ -71,7 +71,10 @@ VerifyRun load_verify_run(const Options & o, const char * flag) {
     std::string err;
     v.be = make_backend(o.device, threads_default(o.threads), &err);
     if (!v.be) fail(PROG, err);
-    v.model = model_load_gguf(o.model, v.be, compute_type(v.be), &err);
+    // --trainable lora (--dump-grads): the frozen base as oomb-train loads it (--base-type)
+    const bool lora = o.trainable == "lora";
+    v.model = model_load_gguf(o.model, v.be, lora ? base_weight_type(o.base_type, v.be) : compute_type(v.be), &err,
+                              lora && o.base_type == "keep");
     if (!v.model) fail(PROG, err);
     if (o.rope_theta > 0) v.model->cfg.rope_theta = (float) o.rope_theta;
     v.ids = read_input_ids(o, v.model->cfg.n_vocab, &v.B, &v.T);
@@ -119,7 +122,16 @@ int dump_grads(const Options & o) {
     const std::vector<int32_t> & ids = v.ids;
     oomb_backend_t be = v.be;
     std::string err;
-    std::vector<oomb_tensor *> params = qwen2_set_trainable(*v.model, Qwen2Trainable::All);
+    // every weight, or with --trainable lora the adapter's A and B (PEFT's initialisation with --seed:
+    // B = 0, so the A gradients are 0 and the B gradients carry the check) on the frozen base
+    std::vector<oomb_tensor *> params;
+    if (o.trainable == "lora") {
+        if (!lora_attach(*v.model, lora_config_of(o), &err)) fail(PROG, err);
+        lora_init_peft(*v.model->lora, o.seed);
+        params = lora_set_trainable(*v.model);
+    } else {
+        params = qwen2_set_trainable(*v.model, Qwen2Trainable::All);
+    }
     for (oomb_tensor * p : params) oomb_tensor_memset(p->grad, 0);
     ChunkParams & tp = v.tp;
     tp.cache_attn = o.attn_cache;  // the verification can check the attention-cache path too

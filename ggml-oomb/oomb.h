@@ -40,12 +40,41 @@ enum oomb_type {
     OOMB_TYPE_F16  = 1,
     OOMB_TYPE_BF16 = 2,
     OOMB_TYPE_I32  = 3,
+    // ggml's block types (frozen quantized weights, as stored in GGUF files; dequantized by
+    // src/formats/quants.h). A block of oomb_blck_size(type) consecutive elements of a row takes
+    // oomb_type_size(type) bytes. Allowed only as graph leaves without gradient, as a of mul_mat
+    // (contiguous, or the transposed view the autodiff makes for db), in whole-row views /
+    // reshapes / one transpose, and as the source of oomb_cast / oomb_cpy to f32 or bf16.
+    OOMB_TYPE_Q8_0 = 4,
+    OOMB_TYPE_Q4_0 = 5,
+    OOMB_TYPE_Q4_1 = 6,
+    OOMB_TYPE_Q5_0 = 7,
+    OOMB_TYPE_Q5_1 = 8,
+    OOMB_TYPE_Q2_K = 9,
+    OOMB_TYPE_Q3_K = 10,
+    OOMB_TYPE_Q4_K = 11,
+    OOMB_TYPE_Q5_K = 12,
+    OOMB_TYPE_Q6_K = 13,
     OOMB_TYPE_COUNT,
 };
 
-/// Size in bytes of one element of `type`.
+/// Bytes of one block of `type`: the element size for plain types (f32 4, f16 / bf16 2, i32 4),
+/// e.g. 34 for q8_0, 144 for q4_k. Error: an unknown type.
 size_t oomb_type_size(enum oomb_type type);
-/// Name of `type` ("f32", "f16", "bf16", "i32").
+/// Elements per block of `type`: 1 for plain types, 32 (q8_0, q4_0, q4_1, q5_0, q5_1) or 256
+/// (q2_k .. q6_k). Error: an unknown type.
+int64_t oomb_blck_size(enum oomb_type type);
+/// Bytes of a row of ne0 elements of `type` (ne0 / blck_size blocks). Error: ne0 negative or not
+/// a multiple of the block size.
+size_t oomb_row_size(enum oomb_type type, int64_t ne0);
+/// true for the block types (q8_0 .. q6_k).
+bool oomb_type_is_quantized(enum oomb_type type);
+/// The ggml / GGUF type id of `type` (gguf_tensor_type: F32 0, F16 1, BF16 30, I32 26, Q8_0 8,
+/// Q4_K 12, ...).
+uint32_t oomb_type_to_ggml(enum oomb_type type);
+/// The oomb type of ggml / GGUF type id t; false when there is none (IQ*, TQ*, Q8_K, ...).
+bool oomb_type_from_ggml(uint32_t t, enum oomb_type * type);
+/// Name of `type` ("f32", "f16", "bf16", "i32", "q8_0", ..., "q6_k").
 const char * oomb_type_name(enum oomb_type type);
 
 /// Scalar conversions (round to nearest even; NaN and infinities preserved).
@@ -214,6 +243,7 @@ struct oomb_tensor * oomb_format_name(struct oomb_tensor * t, const char * fmt, 
 const char * oomb_get_name(const struct oomb_tensor * t);
 
 /// Marks t as a trainable parameter / graph input / graph output / loss.
+/// set_param errors: t is not a leaf, t is i32, t is of a block type (quantized weights are frozen).
 void oomb_set_param(struct oomb_tensor * t);
 void oomb_set_input(struct oomb_tensor * t);
 void oomb_set_output(struct oomb_tensor * t);
@@ -221,7 +251,7 @@ void oomb_set_loss(struct oomb_tensor * t);
 
 int64_t oomb_nelements(const struct oomb_tensor * t);
 int64_t oomb_nrows(const struct oomb_tensor * t);    // ne1*ne2*ne3
-size_t  oomb_nbytes(const struct oomb_tensor * t);   // bytes spanned by the tensor's elements
+size_t  oomb_nbytes(const struct oomb_tensor * t);   // bytes spanned by the tensor's elements (whole blocks for block types)
 int     oomb_n_dims(const struct oomb_tensor * t);   // index of the last dimension > 1, plus one (at least 1)
 bool    oomb_is_contiguous(const struct oomb_tensor * t);
 bool    oomb_are_same_shape(const struct oomb_tensor * a, const struct oomb_tensor * b);
@@ -272,7 +302,9 @@ struct oomb_tensor * oomb_cont_4d(struct oomb_context * ctx, struct oomb_tensor 
 /// Copies a's values into b (same element count; any float types, or i32 to i32), converting the
 /// type. The result is a view of b; computing it writes b.
 struct oomb_tensor * oomb_cpy(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
-/// New contiguous tensor holding a converted to `type` (f32 <-> f16/bf16).
+/// New contiguous tensor holding a converted to `type` (f32 <-> f16/bf16; a block-type a of
+/// row-major blocks is dequantized to f32 / f16 / bf16, bit-exact as gguf-py). Errors: a block-type
+/// `type` (no quantizing op), a transposed block-type a, i32 <-> float.
 struct oomb_tensor * oomb_cast(struct oomb_context * ctx, struct oomb_tensor * a, enum oomb_type type);
 /// Constant tensor of the given f32 shape, every element `value`.
 struct oomb_tensor * oomb_fill(struct oomb_context * ctx, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3, float value);
@@ -333,6 +365,11 @@ struct oomb_tensor * oomb_get_rows_back(struct oomb_context * ctx, struct oomb_t
 /// Result f32 [M, N, B2, B3] with res[n][m] = sum_k a[m][k] * b[n][k], i.e. in PyTorch terms
 /// res = b @ a^T: with a = W (a Linear weight [out, in] = ne [in, out]) and b = x [in, tokens],
 /// mul_mat(W, x) = x W^T of shape [out, tokens]. Either operand may be a transposed view.
+/// a may also be of a block type (q8_0 .. q6_k: a frozen quantized weight): 2-D, row-major blocks
+/// (rows may be a whole-row view) or oomb_transpose of such (the autodiff's db = mul_mat(a^T, dy));
+/// the backends dequantize it per product (CPU: tiles of rows to f32, then sgemm; CUDA: into the bf16
+/// copy slots, then cuBLAS), never keeping all of it in a float type. Errors: a block-type b, a
+/// block-type a with batch dims or another layout.
 struct oomb_tensor * oomb_mul_mat(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
 
 /// RMSNorm over dimension 0: y = x / sqrt(mean(x^2) + eps) (no weight; multiply by it with oomb_mul).

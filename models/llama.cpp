@@ -3,8 +3,9 @@
 
 namespace oomb {
 
-std::unique_ptr<LlamaModel> llama_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err) {
-    return decoder_load_gguf(path, DecoderArch::Llama, backend, wtype, err);
+std::unique_ptr<LlamaModel> llama_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err,
+                                            bool keep_quantized) {
+    return decoder_load_gguf(path, DecoderArch::Llama, backend, wtype, err, keep_quantized);
 }
 
 std::unique_ptr<LlamaModel> llama_create(const LlamaConfig & cfg, oomb_backend_t backend, oomb_type wtype) {

@@ -26,7 +26,8 @@ using LlamaModel = Qwen2Model;
 /// divides q and k's RoPE frequencies. A file with q/k/v/o biases, a rope.scaling.type key other
 /// than none, or partial RoPE is refused by name. Errors:
 /// nullptr and a message naming the file and the key or tensor in *err.
-std::unique_ptr<LlamaModel> llama_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err);
+std::unique_ptr<LlamaModel> llama_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err,
+                                            bool keep_quantized = false);
 
 /// Creates a zero Llama model of cfg (cfg.arch must be DecoderArch::Llama); as qwen2_create.
 std::unique_ptr<LlamaModel> llama_create(const LlamaConfig & cfg, oomb_backend_t backend, oomb_type wtype);

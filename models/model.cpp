@@ -13,7 +13,8 @@ bool model_gguf_arch(const std::string & path, std::string * arch, std::string *
     return r.get_string("general.architecture", arch, err) == GGUF_OK;
 }
 
-std::unique_ptr<Qwen2Model> model_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err) {
+std::unique_ptr<Qwen2Model> model_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err,
+                                            bool keep_quantized) {
     std::string name;
     if (!model_gguf_arch(path, &name, err)) return nullptr;
     DecoderArch arch;
@@ -21,7 +22,8 @@ std::unique_ptr<Qwen2Model> model_load_gguf(const std::string & path, oomb_backe
         if (err) *err = path + ": general.architecture is '" + name + "': supported are " + model_arch_choices();
         return nullptr;
     }
-    return arch == DecoderArch::Llama ? llama_load_gguf(path, backend, wtype, err) : qwen2_load_gguf(path, backend, wtype, err);
+    return arch == DecoderArch::Llama ? llama_load_gguf(path, backend, wtype, err, keep_quantized)
+                                      : qwen2_load_gguf(path, backend, wtype, err, keep_quantized);
 }
 
 std::unique_ptr<ChunkGraphBuilder> model_chunk_builder(const Qwen2Model & m) {

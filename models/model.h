@@ -20,8 +20,10 @@ bool model_gguf_arch(const std::string & path, std::string * arch, std::string *
 
 /// Loads a GGUF of any supported architecture (qwen2_load_gguf / llama_load_gguf by
 /// general.architecture). Another architecture: nullptr and "<path>: general.architecture is 'X':
-/// supported are qwen2, llama" in *err; other errors as the loaders'.
-std::unique_ptr<Qwen2Model> model_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err);
+/// supported are qwen2, llama" in *err; other errors as the loaders'. keep_quantized: the layers'
+/// projections stored in a block type stay in it (a frozen base: decoder_load_gguf).
+std::unique_ptr<Qwen2Model> model_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err,
+                                            bool keep_quantized = false);
 
 /// The chunk graph of a loaded model, by its cfg.arch. The model must outlive the builder.
 std::unique_ptr<ChunkGraphBuilder> model_chunk_builder(const Qwen2Model & m);

@@ -44,7 +44,8 @@ int64_t Qwen2Model::n_params() const {
     return n;
 }
 
-std::unique_ptr<Qwen2Model> qwen2_create_or_error(const Qwen2Config & cfg, oomb_backend_t backend, oomb_type wtype, std::string * err) {
+std::unique_ptr<Qwen2Model> qwen2_create_or_error(const Qwen2Config & cfg, oomb_backend_t backend, oomb_type wtype, std::string * err,
+                                                  const std::vector<oomb_type> * types) {
     if (!qwen2_config_valid(cfg, err)) return nullptr;
     if (wtype != OOMB_TYPE_F32 && wtype != OOMB_TYPE_BF16) {
         if (err) *err = "qwen2_create: weight type must be f32 or bf16";
@@ -56,8 +57,10 @@ std::unique_ptr<Qwen2Model> qwen2_create_or_error(const Qwen2Config & cfg, oomb_
     m->ctx = oomb_init({0, true});
     m->layers.resize((size_t) cfg.n_layer);
     m->specs = qwen2_tensors(cfg);
-    for (const Qwen2TensorSpec & s : m->specs) {
-        const oomb_type type = s.kind == Qwen2TensorKind::Weight ? wtype : OOMB_TYPE_F32;  // norms and biases stay f32
+    for (size_t si = 0; si < m->specs.size(); si++) {
+        const Qwen2TensorSpec & s = m->specs[si];
+        oomb_type type = s.kind == Qwen2TensorKind::Weight ? wtype : OOMB_TYPE_F32;  // norms and biases stay f32
+        if (types && si < types->size() && (*types)[si] != OOMB_TYPE_COUNT) type = (*types)[si];
         oomb_tensor * t = s.is_1d() ? oomb_new_tensor_1d(m->ctx, type, s.ne[0]) : oomb_new_tensor_2d(m->ctx, type, s.ne[0], s.ne[1]);
         oomb_set_name(t, s.name.c_str());
         m->params.push_back(t);
@@ -175,19 +178,41 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
     }
 }
 
-std::unique_ptr<Qwen2Model> qwen2_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err) {
-    return decoder_load_gguf(path, DecoderArch::Qwen2, backend, wtype, err);
+std::unique_ptr<Qwen2Model> qwen2_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err,
+                                            bool keep_quantized) {
+    return decoder_load_gguf(path, DecoderArch::Qwen2, backend, wtype, err, keep_quantized);
+}
+
+bool qwen2_slot_is_projection(Qwen2Slot s) {
+    return s == Qwen2Slot::Wq || s == Qwen2Slot::Wk || s == Qwen2Slot::Wv || s == Qwen2Slot::Wo || s == Qwen2Slot::WGate ||
+           s == Qwen2Slot::WUp || s == Qwen2Slot::WDown;
+}
+
+size_t qwen2_weight_bytes(const Qwen2Model & m) {
+    size_t n = 0;
+    for (const oomb_tensor * t : m.params) n += oomb_nbytes(t);
+    return n;
 }
 
 std::unique_ptr<Qwen2Model> decoder_load_gguf(const std::string & path, DecoderArch arch, oomb_backend_t backend, oomb_type wtype,
-                                              std::string * err) {
+                                              std::string * err, bool keep_quantized) {
     GGUFReader r;
     if (r.open(path, err) != GGUF_OK) return nullptr;
     // check, then allocate: the metadata against the tensor table, every tensor's shape and type
     Qwen2Config c;
     if (decoder_read_config(r, arch, &c, err) != GGUF_OK) return nullptr;
     if (qwen2_check_tensors(r, c, false, err) != GGUF_OK) return nullptr;
-    auto m = qwen2_create_or_error(c, backend, wtype, err);
+    std::vector<oomb_type> types;
+    if (keep_quantized) {
+        for (const Qwen2TensorSpec & s : qwen2_tensors(c)) {
+            const GGUFTensorInfo * ti = r.find_tensor(s.name);  // present: qwen2_check_tensors
+            oomb_type qt = OOMB_TYPE_COUNT;
+            if (!(qwen2_slot_is_projection(s.slot) && ti && oomb_type_from_ggml(ti->type, &qt) && oomb_type_is_quantized(qt)))
+                qt = OOMB_TYPE_COUNT;
+            types.push_back(qt);
+        }
+    }
+    auto m = qwen2_create_or_error(c, backend, wtype, err, keep_quantized ? &types : nullptr);
     if (!m) {
         if (err) *err = path + ": " + *err;
         return nullptr;
@@ -197,6 +222,19 @@ std::unique_ptr<Qwen2Model> decoder_load_gguf(const std::string & path, DecoderA
         const GGUFTensorInfo & ti = *r.find_tensor(t->name);  // present: qwen2_check_tensors
         // Llama's attn_q / attn_k rows: the file's interleaved-RoPE order back to HF's (llama-layout.h)
         const int64_t qk_heads = llama_qk_heads(c, m->specs[i].slot);
+        if (oomb_type_is_quantized(t->type)) {
+            // kept in its block type: the file's blocks, bit for bit (whole rows: the q/k un-permutation moves rows)
+            const size_t n = oomb_nbytes(t);
+            const uint8_t * src = r.tensor_data(ti);
+            if (!src) {
+                if (err) *err = path + ": " + t->name + ": cannot read the tensor's data";
+                return nullptr;
+            }
+            std::vector<uint8_t> h(src, src + n);
+            if (qk_heads) llama_unpermute_qk_rows(h.data(), qk_heads, c.head_dim, oomb_row_size(t->type, t->ne[0]));
+            oomb_tensor_set(t, h.data(), 0, n);
+            continue;
+        }
         if (t->type == OOMB_TYPE_BF16 && ti.type == GGUF_TENSOR_BF16) {
             // bit-exact: copy the bf16 payload
             std::vector<uint16_t> h((size_t) oomb_nelements(t));
@@ -219,6 +257,12 @@ std::unique_ptr<Qwen2Model> decoder_load_gguf(const std::string & path, DecoderA
 
 bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::string & vocab_gguf, gguf_tensor_type out_type,
                      const std::string & name, std::string * err) {
+    for (const oomb_tensor * t : m.params)
+        if (oomb_type_is_quantized(t->type)) {
+            if (err) *err = "qwen2_save_gguf: " + std::string(t->name) + " is kept in its block type " + oomb_type_name(t->type) +
+                            " (a frozen base); load the model with block types converted (--base-type f32 or bf16) to save it";
+            return false;
+        }
     GGUFWriter w;
     const Qwen2Config & c = m.cfg;
     uint32_t ftype = 0;  // llama_ftype: ALL_F32 = 0, MOSTLY_F16 = 1, MOSTLY_Q8_0 = 7, MOSTLY_BF16 = 32

@@ -71,7 +71,10 @@ struct Qwen2Model {
 /// that cannot be allocated, is an oomb_error; qwen2_create_or_error returns nullptr and a message
 /// in *err instead.
 std::unique_ptr<Qwen2Model> qwen2_create(const Qwen2Config & cfg, oomb_backend_t backend, oomb_type wtype);
-std::unique_ptr<Qwen2Model> qwen2_create_or_error(const Qwen2Config & cfg, oomb_backend_t backend, oomb_type wtype, std::string * err);
+/// types (optional): per entry of qwen2_tensors(cfg), a type that replaces wtype for that tensor
+/// (OOMB_TYPE_COUNT: keep wtype), e.g. a projection kept in its GGUF block type.
+std::unique_ptr<Qwen2Model> qwen2_create_or_error(const Qwen2Config & cfg, oomb_backend_t backend, oomb_type wtype, std::string * err,
+                                                  const std::vector<oomb_type> * types = nullptr);
 /// HF's initialisation: normal(0, 0.02) for linear and embedding weights, ones for RMSNorm
 /// weights, zeros for biases. Deterministic for a seed (values depend on the seed and the tensor
 /// name, not on the thread count; the same as oomb-gguf-init's with that seed). Uses all cores.
@@ -81,13 +84,23 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed);
 /// allocated (qwen2_read_config, qwen2_check_tensors). Errors (missing file, other architecture,
 /// bad or inconsistent key, missing, misshapen, unreadable or unknown tensor, no memory): nullptr
 /// and a message naming the file and the key or tensor in *err; never an oomb_error.
-std::unique_ptr<Qwen2Model> qwen2_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err);
+std::unique_ptr<Qwen2Model> qwen2_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err,
+                                            bool keep_quantized = false);
 /// qwen2_load_gguf for the architecture `arch` (general.architecture must name it). Llama files'
 /// attn_q / attn_k rows are un-permuted to HF's order on load (llama-layout.h); a Llama file's
 /// rope_freqs.weight (F32 {head_dim / 2}, checked before allocation; its values finite and > 0,
 /// checked after reading: rope_freqs_valid) is loaded as m->rope_freqs.
+/// keep_quantized: the seven projections of each layer (q, k, v, o, gate, up, down: Qwen2TensorKind
+/// of the layers' linear weights) that the file stores in a block type (Q8_0, Q4_0, Q4_1, Q5_0,
+/// Q5_1, Q2_K .. Q6_K) keep it in backend memory, bit for bit (a frozen base: they cannot be
+/// trainable, oomb_set_param refuses block types); every other tensor is converted to wtype as
+/// without it. Such a model cannot be saved (qwen2_save_gguf: an error).
 std::unique_ptr<Qwen2Model> decoder_load_gguf(const std::string & path, DecoderArch arch, oomb_backend_t backend, oomb_type wtype,
-                                              std::string * err);
+                                              std::string * err, bool keep_quantized = false);
+/// true for the slots of the seven per-layer projections (Wq, Wk, Wv, Wo, WGate, WUp, WDown).
+bool qwen2_slot_is_projection(Qwen2Slot s);
+/// Bytes of the weights in backend memory (block types at their real size).
+size_t qwen2_weight_bytes(const Qwen2Model & m);
 /// The type qwen2_save_gguf(..., out_type, ...) gives m.params[i] in the file: out_type for the 2-D
 /// weights (Qwen2TensorKind::Weight), F32 for norms, biases and other 1-D tensors.
 gguf_tensor_type qwen2_saved_type(const Qwen2Model & m, size_t i, gguf_tensor_type out_type);

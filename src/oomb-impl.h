@@ -130,6 +130,30 @@ void backend_init_buffer_types(oomb_backend_t b, const char * device_name, const
 // Shape string "[a, b, c, d] type" for error messages.
 std::string shape_str(const oomb_tensor * t);
 
+// Block types (oomb_type_is_quantized): the dimension along which t's blocks run: 0 for row-major
+// blocks, 1 for the transposed view (an oomb_transpose node of row-major blocks: ne [M, K],
+// nb[0] = the row bytes, nb[1] = the block bytes), the one layout besides row-major the core makes
+// (the autodiff's db = mul_mat(transpose(a), dy)). Metadata alone cannot tell the two apart when
+// a row is one block, hence the op.
+static inline int quant_block_dim(const oomb_tensor * t) { return t->op == OOMB_OP_TRANSPOSE ? 1 : 0; }
+// Contiguous strides for t's type and shape: nb[0] = bytes per block (the element size of plain
+// types), nb[1] = the row bytes (ne0 / block size blocks), nb[i] = nb[i-1] * ne[i-1] beyond.
+static inline void set_contiguous_nb(oomb_tensor * t) {
+    t->nb[0] = oomb_type_size(t->type);
+    t->nb[1] = t->nb[0] * (size_t) (t->ne[0] / oomb_blck_size(t->type));
+    for (int i = 2; i < 4; i++) t->nb[i] = t->nb[i - 1] * (size_t) t->ne[i - 1];
+}
+// A block-type 2-D a of mul_mat as its kernels read it: row-major blocks (nb[0] = block bytes,
+// rows nb[1] >= the row bytes apart) or their transposed view (quant_block_dim 1).
+static inline bool quant_mat_layout_ok(const oomb_tensor * t) {
+    const size_t ts = oomb_type_size(t->type);
+    const int d = quant_block_dim(t);
+    const int64_t K = t->ne[d], R = t->ne[1 - d];
+    if (K % oomb_blck_size(t->type) != 0) return false;
+    const size_t rs = ts * (size_t) (K / oomb_blck_size(t->type));
+    return t->nb[d] == ts && (R <= 1 || t->nb[1 - d] >= rs);
+}
+
 // Data pointer of element (i0, i1, i2, i3).
 static inline void * elem_ptr(const oomb_tensor * t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
     return (char *) t->data + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];

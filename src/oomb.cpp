@@ -18,12 +18,36 @@
 // Types
 // ---------------------------------------------------------------------------------------------
 
-static const size_t k_type_size[OOMB_TYPE_COUNT] = {4, 2, 2, 4};
-static const char * k_type_name[OOMB_TYPE_COUNT] = {"f32", "f16", "bf16", "i32"};
+// Per type: bytes per block, elements per block, ggml / GGUF type id (block sizes: quants.h).
+static const size_t k_type_size[OOMB_TYPE_COUNT] = {4, 2, 2, 4, 34, 18, 20, 22, 24, 84, 110, 144, 176, 210};
+static const int64_t k_blck_size[OOMB_TYPE_COUNT] = {1, 1, 1, 1, 32, 32, 32, 32, 32, 256, 256, 256, 256, 256};
+static const uint32_t k_ggml_type[OOMB_TYPE_COUNT] = {0, 1, 30, 26, 8, 2, 3, 6, 7, 10, 11, 12, 13, 14};
+static const char * k_type_name[OOMB_TYPE_COUNT] = {"f32", "f16", "bf16", "i32", "q8_0", "q4_0", "q4_1",
+                                                    "q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"};
 
 size_t oomb_type_size(enum oomb_type type) {
     if ((unsigned) type >= OOMB_TYPE_COUNT) oomb_error("type_size: unknown tensor type %d", (int) type);
     return k_type_size[type];
+}
+int64_t oomb_blck_size(enum oomb_type type) {
+    if ((unsigned) type >= OOMB_TYPE_COUNT) oomb_error("blck_size: unknown tensor type %d", (int) type);
+    return k_blck_size[type];
+}
+size_t oomb_row_size(enum oomb_type type, int64_t ne0) {
+    const int64_t bs = oomb_blck_size(type);
+    if (ne0 < 0 || ne0 % bs != 0)
+        oomb_error("row_size: %" PRId64 " elements of %s are not a whole number of blocks of %" PRId64, ne0, k_type_name[type], bs);
+    return (size_t) (ne0 / bs) * k_type_size[type];
+}
+bool oomb_type_is_quantized(enum oomb_type type) { return (unsigned) type < OOMB_TYPE_COUNT && k_blck_size[type] > 1; }
+uint32_t oomb_type_to_ggml(enum oomb_type type) {
+    if ((unsigned) type >= OOMB_TYPE_COUNT) oomb_error("type_to_ggml: unknown tensor type %d", (int) type);
+    return k_ggml_type[type];
+}
+bool oomb_type_from_ggml(uint32_t t, enum oomb_type * type) {
+    for (int i = 0; i < OOMB_TYPE_COUNT; i++)
+        if (k_ggml_type[i] == t) { if (type) *type = (enum oomb_type) i; return true; }
+    return false;
 }
 const char * oomb_type_name(enum oomb_type type) {
     return (unsigned) type < OOMB_TYPE_COUNT ? k_type_name[type] : "unknown";
@@ -175,11 +199,14 @@ static oomb_tensor * new_tensor_impl(oomb_context * ctx, enum oomb_type type, in
         OOMB_CHECK(ne[i] >= 0, op, "negative size ne[%d] = %" PRId64, i, ne[i]);
         shape[i] = ne[i];
     }
-    // overflow check on the total byte size
+    // rows of a block type are whole blocks; overflow check on the total byte size
     const size_t ts = k_type_size[type];
+    const int64_t bs = k_blck_size[type];
+    OOMB_CHECK(shape[0] % bs == 0, op, "ne0 = %" PRId64 " of a %s tensor is not a multiple of its block size %" PRId64, shape[0],
+               k_type_name[type], bs);
     __int128 total = ts;
     for (int i = 0; i < 4; i++) {
-        total *= shape[i];
+        total *= i == 0 ? shape[0] / bs : shape[i];
         OOMB_CHECK(total <= (__int128) std::numeric_limits<int64_t>::max(), op,
                    "tensor size overflows: [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] %s", shape[0], shape[1],
                    shape[2], shape[3], k_type_name[type]);
@@ -189,8 +216,7 @@ static oomb_tensor * new_tensor_impl(oomb_context * ctx, enum oomb_type type, in
     memset(t, 0, sizeof(*t));
     t->type = type;
     for (int i = 0; i < 4; i++) t->ne[i] = shape[i];
-    t->nb[0] = ts;
-    for (int i = 1; i < 4; i++) t->nb[i] = t->nb[i - 1] * (size_t) t->ne[i - 1];
+    oomb::set_contiguous_nb(t);
     t->op = OOMB_OP_NONE;
     if (view_src) {
         if (view_src->view_src) { view_offs += view_src->view_offs; view_src = view_src->view_src; }
@@ -249,6 +275,9 @@ void oomb_set_param(struct oomb_tensor * t) {
     OOMB_CHECK(t->op == OOMB_OP_NONE, "set_param", "%s is the result of op %s; only leaf tensors can be parameters",
                shape_str(t).c_str(), oomb_op_name(t->op));
     OOMB_CHECK(t->type != OOMB_TYPE_I32, "set_param", "%s: an i32 tensor cannot be trainable", shape_str(t).c_str());
+    OOMB_CHECK(!oomb_type_is_quantized(t->type), "set_param",
+               "%s: a %s tensor cannot be trainable (block-quantized weights are frozen; cast it to f32 or bf16 to train it)",
+               shape_str(t).c_str(), k_type_name[t->type]);
     t->flags |= OOMB_TENSOR_FLAG_PARAM;
 }
 void oomb_set_input(struct oomb_tensor * t) { t->flags |= OOMB_TENSOR_FLAG_INPUT; }
@@ -261,10 +290,14 @@ void oomb_set_loss(struct oomb_tensor * t) {
 int64_t oomb_nelements(const struct oomb_tensor * t) { return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3]; }
 int64_t oomb_nrows(const struct oomb_tensor * t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
 // Bytes spanned by t's elements, in 128 bits (strides of views can be anything a caller passes).
+// Block types: the blocks run along dim 0 (dim 1 for the transposed view, oomb::quant_block_dim),
+// whole blocks of k_type_size bytes each.
 static __int128 nbytes_wide(const oomb_tensor * t) {
     if (oomb_nelements(t) == 0) return 0;
-    __int128 n = k_type_size[t->type];
-    for (int i = 0; i < 4; i++) n += (__int128) (t->ne[i] - 1) * (__int128) t->nb[i];
+    const int64_t bs = k_blck_size[t->type];
+    const int d = bs > 1 ? oomb::quant_block_dim(t) : -1;
+    __int128 n = bs > 1 ? (__int128) (t->ne[d] / bs) * (__int128) k_type_size[t->type] : (__int128) k_type_size[t->type];
+    for (int i = 0; i < 4; i++) if (i != d) n += (__int128) (t->ne[i] - 1) * (__int128) t->nb[i];
     return n;
 }
 size_t oomb_nbytes(const struct oomb_tensor * t) {
@@ -276,10 +309,11 @@ int oomb_n_dims(const struct oomb_tensor * t) {
     return 1;
 }
 bool oomb_is_contiguous(const struct oomb_tensor * t) {
+    if (oomb_type_is_quantized(t->type) && oomb::quant_block_dim(t) != 0) return false;
     size_t expect = k_type_size[t->type];
     for (int i = 0; i < 4; i++) {
         if (t->ne[i] != 1 && t->nb[i] != expect) return false;
-        expect *= (size_t) t->ne[i];
+        expect *= (size_t) (i == 0 ? t->ne[0] / k_blck_size[t->type] : t->ne[i]);
     }
     return true;
 }
@@ -310,7 +344,7 @@ static float load_f32(const void * p, enum oomb_type type) {
         case OOMB_TYPE_F16: return oomb::fp16_to_fp32(*(const uint16_t *) p);
         case OOMB_TYPE_BF16: return oomb::bf16_to_fp32(*(const uint16_t *) p);
         case OOMB_TYPE_I32: return (float) *(const int32_t *) p;
-        default: oomb_error("get_f32: unknown type %d", (int) type);
+        default: oomb_error("get_f32: elements of type %s are not addressable one by one (dequantize with oomb_cast)", oomb_type_name(type));
     }
 }
 static void store_f32(void * p, enum oomb_type type, float v) {
@@ -319,7 +353,7 @@ static void store_f32(void * p, enum oomb_type type, float v) {
         case OOMB_TYPE_F16: *(uint16_t *) p = oomb::fp32_to_fp16(v); break;
         case OOMB_TYPE_BF16: *(uint16_t *) p = oomb::fp32_to_bf16(v); break;
         case OOMB_TYPE_I32: *(int32_t *) p = (int32_t) v; break;
-        default: oomb_error("set_f32: unknown type %d", (int) type);
+        default: oomb_error("set_f32: elements of type %s are not addressable one by one", oomb_type_name(type));
     }
 }
 
@@ -398,7 +432,9 @@ static void require_f32(const oomb_tensor * t, const char * op, const char * wha
 }
 static void require_float(const oomb_tensor * t, const char * op, const char * what) {
     OOMB_CHECK(t, op, "%s is NULL", what);
-    OOMB_CHECK(t->type != OOMB_TYPE_I32, op, "%s must be a float type, got %s", what, shape_str(t).c_str());
+    OOMB_CHECK(t->type != OOMB_TYPE_I32 && !oomb_type_is_quantized(t->type), op,
+               "%s must be f32, f16 or bf16, got %s%s", what, shape_str(t).c_str(),
+               oomb_type_is_quantized(t->type) ? " (block types are allowed only as mul_mat's a and in cast / cpy to a float type)" : "");
 }
 static void require_same_shape(const oomb_tensor * a, const oomb_tensor * b, const char * op) {
     OOMB_CHECK(oomb_are_same_shape(a, b), op, "shapes differ: %s vs %s", shape_str(a).c_str(), shape_str(b).c_str());
@@ -417,9 +453,21 @@ static oomb_tensor * view_impl(oomb_context * ctx, oomb_tensor * a, int n_dims, 
     memset(&tmp, 0, sizeof(tmp));
     tmp.type = a->type;
     for (int i = 0; i < 4; i++) tmp.ne[i] = i < n_dims ? ne[i] : 1;
-    tmp.nb[0] = k_type_size[a->type];
-    for (int i = 1; i < 4; i++) tmp.nb[i] = (nb && i < n_dims) ? nb[i] : tmp.nb[i - 1] * (size_t) tmp.ne[i - 1];
+    oomb::set_contiguous_nb(&tmp);
+    for (int i = 1; i < 4; i++) if (nb && i < n_dims) tmp.nb[i] = nb[i];
     if (nb && n_dims >= 1 && nb[0]) tmp.nb[0] = nb[0];
+    if (oomb_type_is_quantized(a->type) && op != OOMB_OP_PERMUTE) {
+        // block types: whole rows of row-major blocks only (the kernels read whole blocks)
+        const size_t rs = oomb_row_size(a->type, a->ne[0]);
+        OOMB_CHECK(oomb::quant_block_dim(a) == 0, opn, "%s: views of a transposed %s tensor are not supported", shape_str(a).c_str(),
+                   k_type_name[a->type]);
+        bool whole = tmp.ne[0] == a->ne[0] && offset % rs == 0 && tmp.nb[0] == k_type_size[a->type];
+        for (int i = 1; i < 4; i++) whole = whole && (tmp.ne[i] <= 1 || tmp.nb[i] % rs == 0);
+        OOMB_CHECK(whole, opn,
+                   "a view [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "] at offset %zu of %s must take whole rows (ne0 = %" PRId64
+                   ", offset and strides multiples of the row size %zu bytes)",
+                   tmp.ne[0], tmp.ne[1], tmp.ne[2], tmp.ne[3], offset, shape_str(a).c_str(), a->ne[0], rs);
+    }
     // the memory of a spans [0, nbytes(a)) relative to a->data; computed in 128 bits so that huge
     // offsets or strides cannot wrap around
     const __int128 need = (__int128) offset + nbytes_wide(&tmp);
@@ -481,8 +529,16 @@ struct oomb_tensor * oomb_reshape_4d(struct oomb_context * ctx, struct oomb_tens
     return reshape_impl(ctx, a, 4, ne);
 }
 
+static oomb_tensor * permute_impl(oomb_context * ctx, oomb_tensor * a, int axis0, int axis1, int axis2, int axis3, enum oomb_op op);
+
 struct oomb_tensor * oomb_permute(struct oomb_context * ctx, struct oomb_tensor * a, int axis0, int axis1, int axis2, int axis3) {
     OOMB_CHECK(a, "permute", "source is NULL");
+    OOMB_CHECK(!oomb_type_is_quantized(a->type), "permute", "%s: a %s tensor cannot be permuted (oomb_transpose of a row-major one is allowed)",
+               shape_str(a).c_str(), k_type_name[a->type]);
+    return permute_impl(ctx, a, axis0, axis1, axis2, axis3, OOMB_OP_PERMUTE);
+}
+
+static oomb_tensor * permute_impl(oomb_context * ctx, oomb_tensor * a, int axis0, int axis1, int axis2, int axis3, enum oomb_op op) {
     const int ax[4] = {axis0, axis1, axis2, axis3};
     bool seen[4] = {false, false, false, false};
     for (int i = 0; i < 4; i++) {
@@ -496,13 +552,16 @@ struct oomb_tensor * oomb_permute(struct oomb_context * ctx, struct oomb_tensor 
         t->nb[ax[i]] = a->nb[i];
     }
     for (int i = 0; i < 4; i++) t->op_params[i] = ax[i];
+    t->op = op;
     return t;
 }
 
 struct oomb_tensor * oomb_transpose(struct oomb_context * ctx, struct oomb_tensor * a) {
-    oomb_tensor * t = oomb_permute(ctx, a, 1, 0, 2, 3);
-    t->op = OOMB_OP_TRANSPOSE;
-    return t;
+    OOMB_CHECK(a, "transpose", "source is NULL");
+    OOMB_CHECK(!oomb_type_is_quantized(a->type) || oomb::quant_block_dim(a) == 0, "transpose",
+               "%s: a transposed %s tensor cannot be transposed again (use the row-major tensor)", shape_str(a).c_str(),
+               k_type_name[a->type]);
+    return permute_impl(ctx, a, 1, 0, 2, 3, OOMB_OP_TRANSPOSE);
 }
 
 struct oomb_tensor * oomb_cont(struct oomb_context * ctx, struct oomb_tensor * a) {
@@ -514,6 +573,9 @@ struct oomb_tensor * oomb_cont_4d(struct oomb_context * ctx, struct oomb_tensor 
     OOMB_CHECK(ne0 * ne1 * ne2 * ne3 == oomb_nelements(a), "cont",
                "cannot make %s contiguous as [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "]: element counts differ",
                shape_str(a).c_str(), ne0, ne1, ne2, ne3);
+    OOMB_CHECK(!oomb_type_is_quantized(a->type), "cont",
+               "%s: a %s tensor cannot be copied as blocks; dequantize it with oomb_cast (or oomb_cpy) to f32 or bf16",
+               shape_str(a).c_str(), k_type_name[a->type]);
     const int64_t ne[4] = {ne0, ne1, ne2, ne3};
     return new_op(ctx, OOMB_OP_CONT, a->type, ne, a);
 }
@@ -528,6 +590,9 @@ struct oomb_tensor * oomb_cpy(struct oomb_context * ctx, struct oomb_tensor * a,
                shape_str(b).c_str());
     OOMB_CHECK((a->type == OOMB_TYPE_I32) == (b->type == OOMB_TYPE_I32), "cpy",
                "cannot convert between i32 and float: %s -> %s", shape_str(a).c_str(), shape_str(b).c_str());
+    OOMB_CHECK(!oomb_type_is_quantized(b->type) && (!oomb_type_is_quantized(a->type) || oomb::quant_block_dim(a) == 0), "cpy",
+               "cannot copy %s -> %s: block types can only be dequantized from row-major blocks (quantizing is not an op)",
+               shape_str(a).c_str(), shape_str(b).c_str());
     oomb_tensor * t = view_impl(ctx, b, 4, b->ne, b->nb, 0, OOMB_OP_CPY);
     t->src[0] = a;
     t->src[1] = b;
@@ -538,6 +603,9 @@ struct oomb_tensor * oomb_cast(struct oomb_context * ctx, struct oomb_tensor * a
     OOMB_CHECK(a, "cast", "source is NULL");
     OOMB_CHECK((unsigned) type < OOMB_TYPE_COUNT, "cast", "unknown type %d", (int) type);
     OOMB_CHECK((a->type == OOMB_TYPE_I32) == (type == OOMB_TYPE_I32), "cast", "cannot convert %s to %s",
+               shape_str(a).c_str(), oomb_type_name(type));
+    OOMB_CHECK(!oomb_type_is_quantized(type) && (!oomb_type_is_quantized(a->type) || oomb::quant_block_dim(a) == 0), "cast",
+               "cannot convert %s to %s: block types can only be dequantized (to f32, f16 or bf16) from row-major blocks",
                shape_str(a).c_str(), oomb_type_name(type));
     return new_op(ctx, OOMB_OP_CAST, type, a->ne, a);
 }
@@ -678,12 +746,15 @@ struct oomb_tensor * oomb_get_rows_back(struct oomb_context * ctx, struct oomb_t
 }
 
 struct oomb_tensor * oomb_mul_mat(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) {
-    require_float(a, "mul_mat", "a");
+    OOMB_CHECK(a, "mul_mat", "a is NULL");
+    if (!oomb_type_is_quantized(a->type)) require_float(a, "mul_mat", "a");
     require_float(b, "mul_mat", "b");
+    OOMB_CHECK(!oomb_type_is_quantized(a->type) || (a->ne[2] == 1 && a->ne[3] == 1 && oomb::quant_mat_layout_ok(a)), "mul_mat",
+               "a %s of a block type must be a 2-D matrix of row-major blocks (contiguous) or its oomb_transpose", shape_str(a).c_str());
     OOMB_CHECK(a->ne[0] == b->ne[0], "mul_mat", "inner dimensions differ (ne0): a %s, b %s", shape_str(a).c_str(), shape_str(b).c_str());
     OOMB_CHECK(a->ne[2] > 0 && a->ne[3] > 0 && b->ne[2] % a->ne[2] == 0 && b->ne[3] % a->ne[3] == 0, "mul_mat",
                "batch dims of a %s cannot be broadcast to b %s", shape_str(a).c_str(), shape_str(b).c_str());
-    OOMB_CHECK(a->nb[0] == oomb_type_size(a->type) || a->nb[1] == oomb_type_size(a->type), "mul_mat",
+    OOMB_CHECK(oomb_type_is_quantized(a->type) || a->nb[0] == oomb_type_size(a->type) || a->nb[1] == oomb_type_size(a->type), "mul_mat",
                "a %s must have unit stride in dim 0 or dim 1", shape_str(a).c_str());
     const int64_t ne[4] = {a->ne[1], b->ne[1], b->ne[2], b->ne[3]};
     return new_op(ctx, OOMB_OP_MUL_MAT, OOMB_TYPE_F32, ne, a, b);

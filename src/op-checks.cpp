@@ -35,6 +35,11 @@ namespace {
 void check_mul_mat(const oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int64_t A2 = a->ne[2], A3 = a->ne[3], B2 = b->ne[2], B3 = b->ne[3];
+    if (oomb_type_is_quantized(b->type) ||
+        (oomb_type_is_quantized(a->type) && (A2 != 1 || A3 != 1 || !quant_mat_layout_ok(a)))) {
+        oomb_error("mul_mat: invalid operands a %s, b %s: a block-type a must be a 2-D matrix of row-major blocks or their "
+                   "transposed view, b a float type", shape_str(a).c_str(), shape_str(b).c_str());
+    }
     if (a->type == OOMB_TYPE_I32 || b->type == OOMB_TYPE_I32 || b->ne[0] != K || A2 <= 0 || A3 <= 0 || B2 % A2 != 0 ||
         B3 % A3 != 0 || dst->ne[0] != M || dst->ne[1] != N || dst->ne[2] != B2 || dst->ne[3] != B3) {
         oomb_error("mul_mat: invalid operands a %s, b %s, result %s", shape_str(a).c_str(), shape_str(b).c_str(), shape_str(dst).c_str());
@@ -90,6 +95,15 @@ void check_rope(const oomb_tensor * dst, const oomb_tensor * a, const oomb_tenso
 void check_op_operands(const oomb_tensor * node, const oomb_tensor * const * s) {
     const enum oomb_op op = node->op;
     const char * opn = oomb_op_name(op);
+    // block types: only as mul_mat's a and as the source of a dequantizing cast / cpy; never a result
+    if (oomb_type_is_quantized(node->type))
+        oomb_error("%s: result %s: block types are never computed (only dequantized)", opn, shape_str(node).c_str());
+    for (int i = 0; i < OOMB_MAX_SRC; i++) {
+        if (!s[i] || !oomb_type_is_quantized(s[i]->type) || !op_reads_src(op, i)) continue;
+        if (i == 0 && (op == OOMB_OP_MUL_MAT || op == OOMB_OP_CAST || op == OOMB_OP_CPY)) continue;
+        oomb_error("%s: src[%d] %s is of block type %s, which this op does not take (block types: mul_mat's a, cast / cpy to a "
+                   "float type)", opn, i, shape_str(s[i]).c_str(), oomb_type_name(s[i]->type));
+    }
     switch (op) {
         case OOMB_OP_CONT: check_copy_operands("cont", s[0], node, true); break;
         case OOMB_OP_CPY:  check_copy_operands("cpy", s[0], node, false); break;

@@ -37,6 +37,7 @@ void check_op_operands(const oomb_tensor * node, const oomb_tensor * const * s);
 // unit-stride and the kernel needs unit rows, or it overlaps dst with another layout (in-place
 // execution with the same layout is always safe, see common.cuh / ops-cpu.cpp).
 static inline bool src_needs_copy(const oomb_tensor * t, const oomb_tensor * dst, bool need_unit_rows) {
+    if (oomb_type_is_quantized(t->type)) return false;  // read as blocks by the kernels that take them (check_op_operands)
     if (need_unit_rows && t->ne[0] > 1 && t->nb[0] != oomb_type_size(t->type)) return true;
     return dst && t != dst && tensors_overlap(t, dst) && !tensors_same_layout(t, dst);
 }
@@ -44,8 +45,7 @@ static inline bool src_needs_copy(const oomb_tensor * t, const oomb_tensor * dst
 // t's shape and type with contiguous strides, no view source and no data yet.
 static inline oomb_tensor contiguous_like(const oomb_tensor * t) {
     oomb_tensor r = *t;
-    r.nb[0] = oomb_type_size(r.type);
-    for (int i = 1; i < 4; i++) r.nb[i] = r.nb[i - 1] * (size_t) r.ne[i - 1];
+    set_contiguous_nb(&r);
     r.view_src = nullptr;
     r.data = nullptr;
     return r;

@@ -160,7 +160,7 @@ TEST(CoreErrors, BadTensors) {
     const int64_t huge[4] = {INT64_C(1) << 40, INT64_C(1) << 30, 1, 1};
     EXPECT_OOMB_ERROR(oomb_new_tensor(c.ctx, OOMB_TYPE_F32, 4, huge), "overflows");
     EXPECT_OOMB_ERROR(oomb_new_tensor(c.ctx, OOMB_TYPE_F32, 5, huge), "n_dims");
-    EXPECT_OOMB_ERROR(oomb_new_tensor_1d(c.ctx, (oomb_type) 9, 3), "unknown tensor type");
+    EXPECT_OOMB_ERROR(oomb_new_tensor_1d(c.ctx, (oomb_type) OOMB_TYPE_COUNT, 3), "unknown tensor type");
     oomb_context * small = oomb_init({2, true});
     oomb_new_tensor_1d(small, OOMB_TYPE_F32, 1);
     oomb_new_tensor_1d(small, OOMB_TYPE_F32, 1);

@@ -139,6 +139,14 @@ struct Builder {
         poison.push_back(poison_it);
         return t;
     }
+    // A block-type (quantized) [K, M] weight: random blocks with finite moderate scales (fill_random_blocks).
+    oomb_tensor * qinput(oomb_type type, int64_t K, int64_t M) {
+        oomb_tensor * t = oomb_new_tensor_2d(in, type, K, M);
+        if (!gpu) oombtest::fill_random_blocks(t, rng);
+        inputs.push_back(t);
+        poison.push_back(false);
+        return t;
+    }
     // A tensor the graph writes (cpy destination): random initial data, poisoned on the GPU.
     oomb_tensor * dest(oomb_type type, int64_t ne0, int64_t ne1 = 1, int64_t ne2 = 1, int64_t ne3 = 1) {
         return input(type, ne0, ne1, ne2, ne3, -1.0f, 1.0f, true);
@@ -684,6 +692,32 @@ TEST_F(CudaOps, MulMat) {
 // ---------------------------------------------------------------------------------------------
 // Normalization, rotary embedding, softmax
 // ---------------------------------------------------------------------------------------------
+
+// Block types: the GPU's dequantization (cuda/dequant.cu) is bit-exact against the CPU's (f32
+// dequantization, then oomb_fp32_to_bf16 for bf16): rel_err 0 exactly (tolerance 1e-30); mul_mat
+// with a quantized a (dequantized into the bf16 copy slots, then cuBLAS) vs the CPU backend, forward
+// and the db direction mul_mat(transpose(a), dy), at the bf16 products' tolerance. Sizes divide no tile.
+TEST_F(CudaOps, QuantizedDequantAndMulMat) {
+    REQUIRE_CUDA();
+    const oomb_type types[] = {OOMB_TYPE_Q8_0, OOMB_TYPE_Q4_0, OOMB_TYPE_Q4_1, OOMB_TYPE_Q5_0, OOMB_TYPE_Q5_1,
+                               OOMB_TYPE_Q2_K, OOMB_TYPE_Q3_K, OOMB_TYPE_Q4_K, OOMB_TYPE_Q5_K, OOMB_TYPE_Q6_K};
+    for (oomb_type t : types) {
+        const std::string tn = oomb_type_name(t);
+        const int64_t K = oomb_blck_size(t) == 256 ? 768 : 32 * 25;
+        expect_case(("dequantize " + tn + " to f32 and bf16, bit-exact").c_str(), [t, K](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * a = B.qinput(t, K, 37);
+            return {oomb_cast(B.ctx, a, OOMB_TYPE_F32), oomb_cast(B.ctx, a, OOMB_TYPE_BF16)};
+        }, 1e-30);
+        for (int64_t N : {1, 5, 129}) {
+            expect_case(("mul_mat quantized a " + tn + " [" + std::to_string(K) + ", 300] x b, N = " + std::to_string(N)).c_str(),
+                        [t, K, N](Builder & B) -> std::vector<oomb_tensor *> {
+                oomb_tensor * a = B.qinput(t, K, 300);
+                return {oomb_mul_mat(B.ctx, a, B.input(OOMB_TYPE_F32, K, N)),
+                        oomb_mul_mat(B.ctx, oomb_transpose(B.ctx, a), B.input(OOMB_TYPE_F32, 300, N))};
+            }, k_bf16);
+        }
+    }
+}
 
 TEST_F(CudaOps, RmsNormAndBack) {
     REQUIRE_CUDA();

@@ -423,6 +423,19 @@ TEST(Grad, GetRows) {
     }
 }
 
+// A frozen block-type (quantized) a: the gradient of b (through the autodiff's
+// mul_mat(transpose(a), dy), computed by tiles of dequantized rows) against finite differences.
+TEST(Grad, MulMatQuantizedA) {
+    for (oomb_type t : {OOMB_TYPE_Q8_0, OOMB_TYPE_Q4_1, OOMB_TYPE_Q4_K, OOMB_TYPE_Q6_K}) {
+        SCOPED_TRACE(oomb_type_name(t));
+        Harness H;
+        const int64_t K = oomb_blck_size(t) == 256 ? 256 : 64;
+        oomb_tensor * a = H.tensor("wq", {K, 5}, t);
+        oombtest::fill_random_blocks(a, H.rng);
+        H.check(oomb_mul_mat(H.ctx, a, H.param("b", {K, 3})));
+    }
+}
+
 TEST(Grad, MulMat) {
     { Harness H; H.check(oomb_mul_mat(H.ctx, H.param("a", {6, 5}), H.param("b", {6, 7}))); }
     { Harness H; H.check(oomb_mul_mat(H.ctx, H.param("a", {4, 3, 2, 3}), H.param("b", {4, 5, 2, 3}))); }

@@ -19,6 +19,7 @@
 #include "ops-cpu.h"
 #include "op-checks.h"
 #include "fp16.h"
+#include "formats/quants.h"
 
 #include <algorithm>
 #include <atomic>
@@ -137,10 +138,7 @@ inline float max_f(const float * x, int64_t n) {
     return r;
 }
 
-inline void set_contiguous_strides(oomb_tensor * t) {
-    t->nb[0] = tsize(t->type);
-    for (int i = 1; i < 4; i++) t->nb[i] = t->nb[i - 1] * (size_t) t->ne[i - 1];
-}
+inline void set_contiguous_strides(oomb_tensor * t) { set_contiguous_nb(t); }
 
 // ---------------------------------------------------------------------------------------------
 // Shared by several kernel files

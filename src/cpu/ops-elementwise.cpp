@@ -44,11 +44,37 @@ static void cvt_row(const char * s, int64_t ss, oomb_type st_, char * d, int64_t
 #undef OOMB_CVT
 }
 
+// Dequantizing copy (cast / cpy of a block-type src, row-major blocks, to a float dst of the same
+// shape): each row block by block through a 256-float stack buffer (quants.h, bit-exact).
+static void copy_dequant(exec_ctx & c, const oomb_tensor * src, const oomb_tensor * dst) {
+    if (!oomb_are_same_shape(src, dst) || quant_block_dim(src) != 0 || dst->type == OOMB_TYPE_I32 || oomb_type_is_quantized(dst->type))
+        oomb_error("%s: dequantizing %s into %s needs row-major blocks and a float result of the same shape", oomb_op_name(dst->op),
+                   shape_str(src).c_str(), shape_str(dst).c_str());
+    const uint32_t gt = oomb_type_to_ggml(src->type);
+    const int64_t bs = oomb_blck_size(src->type), ne0 = src->ne[0];
+    const size_t bb = oomb_type_size(src->type);
+    parallel_for(c, oomb_nrows(src), ne0, [&](int64_t r0, int64_t r1, int) {
+        float y[256];
+        for (int64_t r = r0; r < r1; r++) {
+            int64_t i1, i2, i3;
+            row_index(src, r, i1, i2, i3);
+            const char * s = row_ptr(src, i1, i2, i3);
+            char * d = row_ptr(dst, i1, i2, i3);
+            for (int64_t b = 0; b < ne0 / bs; b++) {
+                dequantize_blocks(gt, s + (size_t) b * bb, y, 1);
+                cvt_row((const char *) y, 4, OOMB_TYPE_F32, d + b * bs * (int64_t) dst->nb[0], (int64_t) dst->nb[0], dst->type, bs);
+            }
+        }
+    });
+}
+
 // Copies src into dst element by element in logical order (same element count; shapes may
-// differ), converting the type. Any strides on both sides.
+// differ), converting the type. Any strides on both sides. A block-type src is dequantized
+// (copy_dequant: same shape only).
 void copy_tensor(exec_ctx & c, const oomb_tensor * src, const oomb_tensor * dst) {
     const int64_t n = oomb_nelements(src);
     if (n == 0) return;
+    if (oomb_type_is_quantized(src->type)) { copy_dequant(c, src, dst); return; }
     const int64_t ne0 = src->ne[0];
     const int64_t nrows = oomb_nrows(src);
     if (oomb_are_same_shape(src, dst)) {

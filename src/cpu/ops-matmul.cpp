@@ -53,6 +53,70 @@ const float * tensor_to_f32(exec_ctx & c, const oomb_tensor * t, int slot) {
     return (const float *) d.data;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Matrix product with a block-type (quantized) a: tiles of a's rows dequantized, never all of a
+// ---------------------------------------------------------------------------------------------
+
+// Rows of f32 per tile of a block-type a: about 256 KiB of f32 (at least 16 rows; 85 rows of 768,
+// 256 of 256), so a large weight is never held in f32 (a small one may fit in one tile).
+static int64_t quant_tile_rows(int64_t K) { return std::max<int64_t>(16, ((int64_t) 1 << 16) / std::max<int64_t>(K, 1)); }
+
+// Dequantizes stored rows [r0, r0 + nr) (each K elements, rows `rs` bytes apart from base) into
+// the contiguous f32 dst [nr x K], rows split over the threads (quants.h: bit-exact).
+static void quant_rows_to_f32(exec_ctx & c, const char * base, size_t rs, oomb_type type, int64_t K, int64_t r0, int64_t nr,
+                              float * dst) {
+    const uint32_t gt = oomb_type_to_ggml(type);
+    const int64_t nblk = K / oomb_blck_size(type);
+    parallel_for(c, nr, K, [&](int64_t i0, int64_t i1, int) {
+        for (int64_t r = i0; r < i1; r++) dequantize_blocks(gt, base + (size_t) (r0 + r) * rs, dst + r * K, nblk);
+    });
+}
+
+// b as sgemm reads it here: NN = N*B2*B3 rows of K f32, ld apart (in place when its rows are
+// unit-stride and evenly spaced, else a contiguous f32 copy in slot N_PREP_SLOTS_END + 1).
+static const float * b_rows_f32(exec_ctx & c, const oomb_tensor * b, int64_t & ld) {
+    const int64_t K = b->ne[0], N = b->ne[1], B2 = b->ne[2], B3 = b->ne[3], NN = N * B2 * B3;
+    const int64_t rs = N > 1 ? (int64_t) b->nb[1] : B2 > 1 ? (int64_t) b->nb[2] : (int64_t) b->nb[3];
+    const bool flat = b->type == OOMB_TYPE_F32 && (K <= 1 || b->nb[0] == 4) && rs % 4 == 0 && (N == 1 || (int64_t) b->nb[1] == rs) &&
+                      (B2 == 1 || (int64_t) b->nb[2] == N * rs) && (B3 == 1 || (int64_t) b->nb[3] == B2 * N * rs) &&
+                      (NN <= 1 || rs / 4 >= K);
+    if (flat) { ld = NN <= 1 ? std::max<int64_t>(K, 1) : rs / 4; return (const float *) b->data; }
+    ld = std::max<int64_t>(K, 1);
+    return tensor_to_f32(c, b, N_PREP_SLOTS_END + 1);
+}
+
+// mul_mat with a block-type a (operands: check_mul_mat, op-checks.cpp; a is 2-D).
+//   row-major a [K, M]: C[NN x M] = B[NN x K] * A^T, per tile of a's rows: C[:, m0:m0+mc] = B * tile^T.
+//   transposed view (the autodiff's db = mul_mat(transpose(a), dy)): a->ne = [R, Kr] over R stored
+//   rows of Kr elements, b [R, NN]: C[NN x Kr] = sum over tiles of stored rows of B[:, r0:r0+rc] * tile,
+//   accumulated by sgemm (beta 1 after the first tile).
+static void mul_mat_quant(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
+    const int64_t NN = b->ne[1] * b->ne[2] * b->ne[3];
+    const bool tr = quant_block_dim(a) == 1;
+    const int64_t R = tr ? a->ne[0] : a->ne[1];   // stored rows
+    const int64_t Kr = tr ? a->ne[1] : a->ne[0];  // elements per stored row
+    const size_t rs = tr ? a->nb[0] : a->nb[1];   // bytes between stored rows
+    if (Kr > INT_MAX || R > INT_MAX || NN > INT_MAX)
+        oomb_error("mul_mat: sizes exceed sgemm's int range: a %s, b %s", shape_str(a).c_str(), shape_str(b).c_str());
+    int64_t ldb = 0;
+    const float * bp = b_rows_f32(c, b, ldb);
+    set_blas_threads(c.n_threads);
+    const int64_t mt = std::min(R, quant_tile_rows(Kr));
+    float * tile = (float *) c.slot(N_PREP_SLOTS_END, (size_t) (mt * Kr) * 4);
+    float * cp = (float *) dst->data;
+    for (int64_t r0 = 0; r0 < R; r0 += mt) {
+        const int64_t rc = std::min(mt, R - r0);
+        quant_rows_to_f32(c, (const char *) a->data, rs, a->type, Kr, r0, rc, tile);
+        if (!tr) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int) NN, (int) rc, (int) Kr, 1.0f, bp, (int) ldb, tile, (int) Kr,
+                        0.0f, cp + r0, (int) R);
+        } else {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int) NN, (int) Kr, (int) rc, 1.0f, bp + r0, (int) ldb, tile,
+                        (int) Kr, r0 == 0 ? 0.0f : 1.0f, cp, (int) Kr);
+        }
+    }
+}
+
 // mul_mat: res[n][m] = sum_k a[m][k] * b[n][k], i.e. C[N x M] = B[N x K] * A[M x K]^T per batch,
 // a broadcast over b's batch dims. Operands are read in place when sgemm can (unit stride in dim 0
 // or dim 1); otherwise (f16 / bf16 a, other strides) they are converted to f32 first, a in blocks
@@ -62,6 +126,7 @@ void compute_forward_mul_mat(exec_ctx & c, oomb_tensor * dst, const oomb_tensor 
     const int64_t A2 = a->ne[2], A3 = a->ne[3], B2 = b->ne[2], B3 = b->ne[3];  // operands: check_op_operands (op-checks.cpp)
     if (oomb_nelements(dst) == 0) return;
     if (K == 0) { memset(dst->data, 0, oomb_nbytes(dst)); return; }
+    if (oomb_type_is_quantized(a->type)) { mul_mat_quant(c, dst, a, b); return; }
     oomb_tensor b32;
     if (b->type != OOMB_TYPE_F32) {
         // f16 / bf16 b (oomb_mul_ext, oomb_swiglu_ext results): a contiguous f32 copy (slot N_PREP_SLOTS_END + 1,

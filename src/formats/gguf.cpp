@@ -2,6 +2,7 @@
 #include "gguf.h"
 
 #include "../fp16.h"
+#include "quants.h"
 #include "quantize.h"
 
 #include <algorithm>
@@ -277,130 +278,8 @@ static std::string tensor_type_desc(uint32_t t) {
     return n ? fmt("%s (ggml type %u)", n, t) : fmt("unknown ggml type %u", t);
 }
 
-// ---- block dequantization (ggml's layouts; one function per type, one block per call) --------
-// Restated from ggml-common.h / ggml-quants.c. Every value is computed with the same float32
-// operations, in the same order, as gguf-py's gguf.quants.dequantize (e.g. Q4_K: (d*sc)*q -
-// (dmin*m)), so the results are bit-exact against it; gguf.cpp is built with -ffp-contract=off
-// so that no a*b+c is fused into one rounding. f16 fields are little-endian IEEE halves.
+// ---- block dequantization: quants.h (the one truth for the layouts, shared with the core) ----
 namespace {
-
-float f16_at(const uint8_t* p) { uint16_t h; memcpy(&h, p, 2); return fp16_to_fp32(h); }
-
-// Q8_0 (34 B / 32): d f16, q int8[32]. x = q*d.
-void dequant_q8_0(const uint8_t* b, float* y) {
-    const float d = f16_at(b);
-    for (int j = 0; j < 32; j++) y[j] = (float)(int8_t)b[2 + j] * d;
-}
-// Q4_0 (18 B / 32): d f16, qs[16]; element j is the low nibble of qs[j], j+16 the high one. x = (q-8)*d.
-void dequant_q4_0(const uint8_t* b, float* y) {
-    const float d = f16_at(b);
-    for (int j = 0; j < 16; j++) {
-        y[j] = (float)((int)(b[2 + j] & 0x0f) - 8) * d;
-        y[j + 16] = (float)((int)(b[2 + j] >> 4) - 8) * d;
-    }
-}
-// Q4_1 (20 B / 32): d f16, m f16, qs[16] as Q4_0. x = q*d + m.
-void dequant_q4_1(const uint8_t* b, float* y) {
-    const float d = f16_at(b), m = f16_at(b + 2);
-    for (int j = 0; j < 16; j++) {
-        y[j] = (float)(b[4 + j] & 0x0f) * d + m;
-        y[j + 16] = (float)(b[4 + j] >> 4) * d + m;
-    }
-}
-// The 5-bit quants of Q5_0/Q5_1: nibbles as Q4_0, bit 4 of element j is bit j of qh (u32 LE).
-int q5_at(const uint8_t* qh, const uint8_t* qs, int j) {
-    uint32_t h; memcpy(&h, qh, 4);
-    const int lo = j < 16 ? (qs[j] & 0x0f) : (qs[j - 16] >> 4);
-    return lo | (int)(((h >> j) & 1u) << 4);
-}
-// Q5_0 (22 B / 32): d f16, qh u32, qs[16]. x = (q-16)*d.
-void dequant_q5_0(const uint8_t* b, float* y) {
-    const float d = f16_at(b);
-    for (int j = 0; j < 32; j++) y[j] = d * (float)(q5_at(b + 2, b + 6, j) - 16);
-}
-// Q5_1 (24 B / 32): d f16, m f16, qh u32, qs[16]. x = d*q + m.
-void dequant_q5_1(const uint8_t* b, float* y) {
-    const float d = f16_at(b), m = f16_at(b + 2);
-    for (int j = 0; j < 32; j++) y[j] = d * (float)q5_at(b + 4, b + 8, j) + m;
-}
-// Q2_K (84 B / 256): scales[16] (low nibble: scale, high: min, per 16 elements), qs[64], d f16,
-// dmin f16. Element e = 128h + 32s + l has bits (qs[32h+l] >> 2s) & 3. x = (d*sc)*q - (dmin*mn).
-void dequant_q2_k(const uint8_t* b, float* y) {
-    const uint8_t* sc = b;
-    const uint8_t* qs = b + 16;
-    const float d = f16_at(b + 80), dmin = f16_at(b + 82);
-    for (int e = 0; e < 256; e++) {
-        const int h = e / 128, s = (e % 128) / 32, l = e % 32;
-        const float dl = d * (float)(sc[e / 16] & 0x0f), ml = dmin * (float)(sc[e / 16] >> 4);
-        y[e] = dl * (float)((qs[32 * h + l] >> (2 * s)) & 3) - ml;
-    }
-}
-// Q3_K (110 B / 256): hmask[32], qs[64], scales[12] (16 6-bit scales: low nibbles in bytes 0..7,
-// first the low then the high nibble of each, 2 high bits in bytes 8..11), d f16. Element
-// e = 128h + 32s + l: low bits (qs[32h+l] >> 2s) & 3, minus 4 when bit e/32 of hmask[e%32] is
-// clear. x = (d*(sc-32))*q.
-void dequant_q3_k(const uint8_t* b, float* y) {
-    const uint8_t* hm = b;
-    const uint8_t* qs = b + 32;
-    const uint8_t* sb = b + 96;
-    const float d = f16_at(b + 108);
-    float dl[16];
-    for (int i = 0; i < 16; i++) {
-        const int lo = (sb[i % 8] >> (4 * (i / 8))) & 0x0f;
-        const int hi = (sb[8 + i % 4] >> (2 * (i / 4))) & 0x03;
-        dl[i] = d * (float)((lo | (hi << 4)) - 32);
-    }
-    for (int e = 0; e < 256; e++) {
-        const int h = e / 128, s = (e % 128) / 32, l = e % 32;
-        const int ql = (qs[32 * h + l] >> (2 * s)) & 3;
-        const int high = (hm[l] >> (e / 32)) & 1;
-        y[e] = dl[e / 16] * (float)(ql - (high ? 0 : 4));
-    }
-}
-// The 8 6-bit scales and mins of Q4_K/Q5_K, packed in 12 bytes (ggml's get_scale_min_k4).
-void scale_min_k4(const uint8_t* s, int j, int* sc, int* mn) {
-    if (j < 4) {
-        *sc = s[j] & 0x3f;
-        *mn = s[j + 4] & 0x3f;
-    } else {
-        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 2) & 0x30);
-        *mn = (s[j + 4] >> 4) | ((s[j] >> 2) & 0x30);
-    }
-}
-// Q4_K (144 B / 256) and Q5_K (176 B / 256): d f16, dmin f16, scales[12], [Q5_K: qh[32]], qs[128].
-// Element e = 64c + 32k + l (sub-block e/32 = 2c+k) has low bits (qs[32c+l] >> 4k) & 15 and, for
-// Q5_K, bit 4 = (qh[l] >> e/32) & 1. x = (d*sc)*q - (dmin*mn).
-void dequant_q45_k(const uint8_t* b, float* y, bool five) {
-    const float d = f16_at(b), dmin = f16_at(b + 2);
-    const uint8_t* qh = b + 16;
-    const uint8_t* qs = b + (five ? 48 : 16);
-    for (int j = 0; j < 8; j++) {
-        int sc, mn;
-        scale_min_k4(b + 4, j, &sc, &mn);
-        const float dj = d * (float)sc, mj = dmin * (float)mn;
-        const int c = j / 2, k = j % 2;
-        for (int l = 0; l < 32; l++) {
-            int q = (qs[32 * c + l] >> (4 * k)) & 0x0f;
-            if (five) q |= ((qh[l] >> j) & 1) << 4;
-            y[32 * j + l] = dj * (float)q - mj;
-        }
-    }
-}
-// Q6_K (210 B / 256): ql[128], qh[64], scales int8[16] (per 16 elements), d f16. Element
-// e = 128h + r: low bits (ql[64h + r%64] >> 4(r/64)) & 15, high bits (qh[32h + r%32] >> 2(r/32)) & 3.
-// x = (d*sc)*(q-32).
-void dequant_q6_k(const uint8_t* b, float* y) {
-    const uint8_t* ql = b;
-    const uint8_t* qh = b + 128;
-    const int8_t* sc = (const int8_t*)(b + 192);
-    const float d = f16_at(b + 208);
-    for (int e = 0; e < 256; e++) {
-        const int h = e / 128, r = e % 128;
-        const int lo = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0f;
-        const int hi = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 0x03;
-        y[e] = (d * (float)sc[e / 16]) * (float)((lo | (hi << 4)) - 32);
-    }
-}
 
 // Q8_0 quantization of one block, ggml's quantize_row_q8_0_ref (= gguf-py's gguf.quants Q8_0):
 // d = max|x| / 127 (stored f16), q = round-half-away(x / d) with 1/d computed once.
@@ -427,23 +306,8 @@ static void to_f32(uint32_t src_type, const uint8_t* src, float* dst, int64_t n)
         return;
     default: break;
     }
-    void (*block_fn)(const uint8_t*, float*) = nullptr;
-    switch (src_type) {
-    case GGUF_TENSOR_Q8_0: block_fn = dequant_q8_0; break;
-    case GGUF_TENSOR_Q4_0: block_fn = dequant_q4_0; break;
-    case GGUF_TENSOR_Q4_1: block_fn = dequant_q4_1; break;
-    case GGUF_TENSOR_Q5_0: block_fn = dequant_q5_0; break;
-    case GGUF_TENSOR_Q5_1: block_fn = dequant_q5_1; break;
-    case GGUF_TENSOR_Q2_K: block_fn = dequant_q2_k; break;
-    case GGUF_TENSOR_Q3_K: block_fn = dequant_q3_k; break;
-    case GGUF_TENSOR_Q4_K: block_fn = [](const uint8_t* b, float* y) { dequant_q45_k(b, y, false); }; break;
-    case GGUF_TENSOR_Q5_K: block_fn = [](const uint8_t* b, float* y) { dequant_q45_k(b, y, true); }; break;
-    case GGUF_TENSOR_Q6_K: block_fn = dequant_q6_k; break;
-    default: return; // unreachable: callers check gguf_tensor_type_supported
-    }
     const int64_t blk = gguf_tensor_type_block_size(src_type);
-    const size_t bytes = gguf_tensor_type_block_bytes(src_type);
-    for (int64_t i = 0; i < n / blk; i++) block_fn(src + (size_t)i * bytes, dst + i * blk);
+    dequantize_blocks(src_type, src, dst, n / blk); // callers check gguf_tensor_type_supported
 }
 
 gguf_status gguf_convert(uint32_t src_type, const void* src_v, uint32_t dst_type, void* dst_v,

@@ -71,4 +71,50 @@ std::vector<double> to_vector(const oomb_tensor * t) {
     return out;
 }
 
+// Byte offsets of the f16 scale / min fields of each block type (ggml-common.h).
+static std::vector<size_t> scale_fields(oomb_type t) {
+    switch (t) {
+        case OOMB_TYPE_Q8_0: case OOMB_TYPE_Q4_0: case OOMB_TYPE_Q5_0: return {0};
+        case OOMB_TYPE_Q4_1: case OOMB_TYPE_Q5_1: case OOMB_TYPE_Q4_K: case OOMB_TYPE_Q5_K: return {0, 2};
+        case OOMB_TYPE_Q2_K: return {80, 82};
+        case OOMB_TYPE_Q3_K: return {108};
+        case OOMB_TYPE_Q6_K: return {208};
+        default: return {};
+    }
+}
+
+void fill_random_blocks(oomb_tensor * t, std::mt19937 & rng) {
+    if (!oomb_type_is_quantized(t->type) || !oomb_is_contiguous(t)) throw std::runtime_error("fill_random_blocks: not a contiguous block-type tensor");
+    const size_t bb = oomb_type_size(t->type), n_blocks = oomb_nbytes(t) / bb;
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> mag(0.01f, 0.1f);
+    std::vector<uint8_t> h(oomb_nbytes(t));
+    for (auto & v : h) v = (uint8_t) byte(rng);
+    for (size_t b = 0; b < n_blocks; b++) {
+        for (size_t off : scale_fields(t->type)) {
+            const float s = mag(rng) * (byte(rng) & 1 ? 1.0f : -1.0f);
+            const uint16_t f = oomb_fp32_to_fp16(s);
+            memcpy(&h[b * bb + off], &f, 2);
+        }
+    }
+    oomb_tensor_set(t, h.data(), 0, h.size());
+}
+
+std::vector<double> dequantized(const oomb_tensor * t) {
+    oomb_context * c = oomb_init({0, false});
+    oomb_tensor * q = oomb_new_tensor(c, t->type, 4, t->ne);
+    std::vector<uint8_t> h(oomb_nbytes(t));
+    oomb_tensor_get(t, h.data(), 0, h.size());
+    memcpy(q->data, h.data(), h.size());
+    oomb_tensor * f = oomb_cast(c, q, OOMB_TYPE_F32);
+    oomb_cgraph * g = oomb_new_graph(c);
+    oomb_build_forward_expand(g, f);
+    oomb_backend_t be = oomb_backend_cpu_init(1);
+    (oomb_backend_graph_compute)(be, g);
+    std::vector<double> r = to_vector(f);
+    oomb_backend_free(be);
+    oomb_free(c);
+    return r;
+}
+
 } // namespace oombtest

@@ -35,6 +35,11 @@ struct ErrorCapture {
 
 /// Fills a host f32/f16/bf16 tensor (any strides) with uniform values in [lo, hi).
 void fill_uniform(oomb_tensor * t, std::mt19937 & rng, float lo = -1.0f, float hi = 1.0f);
+/// Fills a host tensor of a block type (contiguous) with random blocks: random quant bits, and
+/// every f16 scale / min field a finite value of magnitude in [0.01, 0.1) with a random sign.
+void fill_random_blocks(oomb_tensor * t, std::mt19937 & rng);
+/// Dequantized values of a host block-type tensor (contiguous), in logical order (f32 as double).
+std::vector<double> dequantized(const oomb_tensor * t);
 /// Reads any host float tensor (any strides) into a flat vector in logical order.
 std::vector<double> to_vector(const oomb_tensor * t);
 

@@ -88,10 +88,11 @@ def write(path, r, tensors):
 
 
 def nll(model, data):
-    """oomb-eval's results (its --json file, all digits) or None, and its output."""
+    """oomb-eval's results (its --json file, all digits) or None, and its output. --base-type f32: the
+    weights dequantized on load, the reader's bit-exactness (--base-type keep: test_quant_base_cli.py)."""
     js = model + ".json"
     rc, o, e = run([EVAL, "-m", model, "--data-bin", data, "--ctx", "64", "--chunk", "24", "--page", "16",
-                    "--max-tokens", "256", "--threads", "2", "--json", js])
+                    "--max-tokens", "256", "--threads", "2", "--base-type", "f32", "--json", js])
     res = json.load(open(js)) if rc == 0 and os.path.exists(js) else None
     return rc, res, o + e
 
