@@ -13,6 +13,7 @@
 
 #include "common.cuh"
 #include "sparse.cuh"
+#include "oomb-sparse.h"
 #include "../src/oomb/sparse-impl.h"
 
 namespace {
