@@ -297,16 +297,7 @@ struct Params {
 class TinyBuilder : public oomb::ChunkGraphBuilder {
 public:
     explicit TinyBuilder(Params & p) : p_(p) {}
-    oomb::ChunkModelShape shape() const override {
-        oomb::ChunkModelShape s;
-        s.backend = cpu();
-        s.n_vocab = kV;
-        s.n_layer = kL;
-        s.n_head = kH;
-        s.n_head_kv = kHkv;
-        s.head_dim = kD;
-        return s;
-    }
+    oomb::ChunkModelShape shape() const override { return {cpu(), kV, kL, kH, kHkv, kD}; }
     oomb::ChunkGraphOutputs build(oomb_context * ctx, const oomb::ChunkGraphInputs & in) override {
         const int64_t T = in.T;
         oomb_tensor * h = nullptr, * sum = nullptr, * a = nullptr;

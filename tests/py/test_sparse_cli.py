@@ -23,22 +23,17 @@ import os
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
-BIN = os.environ.get("OOMB_BIN_DIR") or os.path.join(SRC, "build", "bin")
-FIX = os.environ.get("OOMB_FIXTURES") or os.environ.get("OOMB_FIXTURES_DEFAULT") or os.path.join(SRC, "..", "shared", "fixtures")
-TRAIN, EVAL, CONVERT = (os.path.join(BIN, t) for t in ("oomb-train", "oomb-eval", "oomb-convert-hf"))
-sys.path.insert(0, HERE)
-from train_data import Checks, make_bin, need_tools, run_tool, skip  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_data import BIN, Checks, make_bin, need_fixture, need_tools, run_tool, skip  # noqa: E402
 
 try:
     import numpy as np
     from safetensors.numpy import load_file, save_file
 except ImportError as e:
     skip(f"{e} (needs numpy and safetensors)")
+TRAIN, EVAL, CONVERT = (os.path.join(BIN, t) for t in ("oomb-train", "oomb-eval", "oomb-convert-hf"))
 need_tools(TRAIN, EVAL, CONVERT)
-if not os.path.isdir(os.path.join(FIX, "qwen2-mini")):
-    skip(f"fixture qwen2-mini not in {FIX}")
+MINI = need_fixture("qwen2-mini")
 
 checks = Checks()
 check = checks.check
@@ -47,10 +42,10 @@ check = checks.check
 def main():
     with tempfile.TemporaryDirectory(prefix="oomb-py-sparse-") as tmp:
         gguf = os.path.join(tmp, "mini.gguf")
-        rc, out, err = run_tool([CONVERT, os.path.join(FIX, "qwen2-mini"), "--outtype", "f32", "-o", gguf])
+        rc, out, err = run_tool([CONVERT, MINI, "--outtype", "f32", "-o", gguf])
         if rc != 0:
             sys.exit(f"FAIL: oomb-convert-hf: {out}{err}")
-        ref = load_file(os.path.join(FIX, "qwen2-mini", "reference-short.safetensors"))
+        ref = load_file(os.path.join(MINI, "reference-short.safetensors"))
         ids = os.path.join(tmp, "ids.safetensors")
         save_file({"input_ids": ref["input_ids"].astype(np.int32)}, ids)
         base = [TRAIN, "-m", gguf, "--tokens", ids, "--chunk", "13", "--page", "5", "--device", "cpu", "--threads", "2"]

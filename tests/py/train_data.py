@@ -6,6 +6,11 @@ import struct
 import subprocess
 import sys
 
+# The CLI tests' folders (set by CTest; defaults for a run by hand from the source tree).
+SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+BIN = os.environ.get("OOMB_BIN_DIR") or os.path.join(SRC, "build", "bin")
+FIX = os.environ.get("OOMB_FIXTURES") or os.environ.get("OOMB_FIXTURES_DEFAULT") or os.path.join(SRC, "..", "shared", "fixtures")
+
 
 def make_bin(path, n, vocab, seed=0):
     """A learnable id stream: a noisy cyclic pattern, little-endian uint32."""
@@ -67,3 +72,11 @@ def need_tools(*tools):
     for tool in tools:
         if not os.access(tool, os.X_OK):
             skip(f"{tool} not built")
+
+
+def need_fixture(name):
+    """FIX/name, or skip (exit 77) when the fixture is missing."""
+    path = os.path.join(FIX, name)
+    if not os.path.isdir(path):
+        skip(f"fixture {name} not in {FIX}")
+    return path
