@@ -99,7 +99,7 @@ __global__ void k_page_select(const float * q, const float * sm, const int32_t *
             for (int64_t p = tid; p < c0; p += nt) {
                 const float * mu = sm + (p * Hkv + g) * S * D;
                 float l = 0.0f;
-                for (int64_t d = 0; d < D; d++) l += qs[d] * mu[d];
+                for (int64_t d = 0; d < D; d++) l = __fadd_rn(l, __fmul_rn(qs[d], mu[d]));  // no FMA: the CPU's roundings
                 logit[p] = l;
                 m = fmaxf(m, l);
             }

@@ -5,19 +5,23 @@
 //  * page_select: head dims 64 / 128, GQA 7 and 1, page 16, histories of 37 and 301 pages with
 //    budgets 7 and 64 (none divides another), chunks of 45 / 100 positions starting mid-page,
 //    sink and local pages, mean and quest, a history within the budget (dense): the same offsets
-//    and the same page lists (fixed seeds: the data are the same on every run; the GPU's softmax
-//    sums in a tree, so a near tie could in principle order differently: none occurs here).
+//    as the CPU, page lists that obey the rule against the tests' double-precision scores
+//    (tests/common/sparse-ref.h, as test-sparse checks the CPU kernel), and the count of entries
+//    that differ from the CPU's printed (the GPU's softmax sums over pages in a tree and its expf
+//    differs in the last bits, so only a near tie can order differently).
 // Every test skips with a visible reason where no GPU is present.
 #include "oomb.h"
 #include "oomb-alloc.h"
 #include "oomb-backend.h"
 #include "oomb-sparse.h"
+#include "sparse-ref.h"
 #include "test-common.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <functional>
+#include <cstdio>
 #include <numeric>
 #include <random>
 #include <string>
@@ -102,15 +106,14 @@ TEST(CudaSparse, SummaryMatchesCpu) {
 
 TEST(CudaSparse, SelectMatchesCpu) {
     SKIP_WITHOUT_GPU();
-    struct C { int D, H, Hkv, P, pos0, T, K, sink, local; oomb_sparse_score score; };
-    const C cases[] = {
+    const oombtest::SparseRefCase cases[] = {
         {64, 14, 2, 16, 37 * 16 + 5, 45, 7, 0, 0, OOMB_SPARSE_SCORE_MEAN},
         {128, 28, 4, 16, 301 * 16 + 9, 100, 64, 1, 2, OOMB_SPARSE_SCORE_MEAN},
         {64, 4, 4, 16, 37 * 16 + 5, 45, 7, 1, 0, OOMB_SPARSE_SCORE_QUEST},
         {128, 28, 4, 16, 301 * 16, 100, 64, 0, 0, OOMB_SPARSE_SCORE_QUEST},
         {64, 14, 2, 16, 6 * 16 + 3, 45, 7, 0, 0, OOMB_SPARSE_SCORE_MEAN},  // 6 history pages <= K: dense
     };
-    for (const C & c : cases) {
+    for (const oombtest::SparseRefCase & c : cases) {
         SCOPED_TRACE("D" + std::to_string(c.D) + " H" + std::to_string(c.H) + "/" + std::to_string(c.Hkv) + " pos0 " + std::to_string(c.pos0) +
                      " T" + std::to_string(c.T) + " K" + std::to_string(c.K) + (c.score ? " quest" : " mean"));
         std::mt19937 rng(3 + c.D + c.K);
@@ -129,7 +132,15 @@ TEST(CudaSparse, SelectMatchesCpu) {
         const std::vector<uint8_t> g = run(true, ops, build), h = run(false, ops, build);
         const int32_t * go = (const int32_t *) g.data(), * ho = (const int32_t *) h.data();
         for (int64_t j = 0; j <= nqt; j++) ASSERT_EQ(go[j], ho[j]) << "offsets[" << j << "]";
-        for (int64_t i = 0; i < ho[nqt]; i++) EXPECT_EQ(go[nqt + 1 + i], ho[nqt + 1 + i]) << "list entry " << i;
+        // the GPU's lists obey the rule (the tests' double-precision scores), and how many entries differ from the CPU's
+        const std::vector<float> qf((const float *) ops[0].bytes.data(), (const float *) ops[0].bytes.data() + ops[0].bytes.size() / 4);
+        const std::vector<float> sf((const float *) ops[1].bytes.data(), (const float *) ops[1].bytes.data() + ops[1].bytes.size() / 4);
+        oombtest::sparse_check_lists(c, go, nqt, oombtest::sparse_ref_scores(c, std::vector<double>(qf.begin(), qf.end()),
+                                                                           std::vector<double>(sf.begin(), sf.end())));
+        int64_t differ = 0;
+        for (int64_t i = 0; i < ho[nqt]; i++) differ += go[nqt + 1 + i] != ho[nqt + 1 + i];
+        printf("%s: %lld of %d list entries differ from the CPU's (near ties only: the rule check above passed or failed)\n",
+               ::testing::UnitTest::GetInstance()->current_test_info()->name(), (long long) differ, ho[nqt]);
     }
 }
 

@@ -14,6 +14,7 @@
 #include "oomb-backend.h"
 #include "oomb-chunk.h"
 #include "oomb-sparse.h"
+#include "sparse-ref.h"
 #include "test-common.h"
 
 #include <gtest/gtest.h>
@@ -103,44 +104,10 @@ TEST(SparseSummary, MatchesNaive) {
 
 // ---- page_select ------------------------------------------------------------------------------
 
-struct SelCase {
-    int D, H, Hkv, P, pos0, T, K, sink, local;
-    oomb_sparse_score score;
-};
-
-// The test's own scores (double): score[j][p] for tile j of the chunk.
-std::vector<std::vector<double>> ref_scores(const SelCase & c, const std::vector<double> & q, const std::vector<double> & sm) {
-    const int c0 = c.pos0 / c.P, n_act = (c.pos0 + c.T - 1) / c.P - c0 + 1, G = c.H / c.Hkv, S = c.score == OOMB_SPARSE_SCORE_QUEST ? 2 : 1;
-    std::vector<std::vector<double>> out(n_act, std::vector<double>(c0, 0.0));
-    for (int t = 0; t < c.T; t++) {
-        const int j = (c.pos0 + t) / c.P - c0;
-        for (int g = 0; g < c.Hkv; g++) {
-            std::vector<double> qs(c.D, 0.0), l(c0);
-            for (int h = g * G; h < (g + 1) * G; h++)
-                for (int d = 0; d < c.D; d++) qs[d] += q[((size_t) t * c.H + h) * c.D + d];
-            for (int p = 0; p < c0; p++) {
-                const double * a = &sm[((size_t) p * c.Hkv + g) * S * c.D];
-                double v = 0;
-                for (int d = 0; d < c.D; d++) v += S == 1 ? qs[d] * a[d] : std::max(qs[d] * a[d], qs[d] * a[c.D + d]);
-                l[p] = v;
-            }
-            if (S == 2) {
-                for (int p = 0; p < c0; p++) out[j][p] += l[p];
-                continue;
-            }
-            const double m = *std::max_element(l.begin(), l.end());
-            double z = 0;
-            for (int p = 0; p < c0; p++) z += std::exp(l[p] - m);
-            for (int p = 0; p < c0; p++) out[j][p] += std::exp(l[p] - m) / z;
-        }
-    }
-    return out;
-}
-
-void check_select(const SelCase & c, uint32_t seed) {
+void check_select(const oombtest::SparseRefCase & c, uint32_t seed) {
     std::mt19937 rng(seed);
     const int S = c.score == OOMB_SPARSE_SCORE_QUEST ? 2 : 1, c0 = c.pos0 / c.P, n_logical = c0 + c.T / c.P + 3;
-    const int n_act = (c.pos0 + c.T - 1) / c.P - c0 + 1, nqt = (int) oomb_page_select_max_qtiles(c.T, c.P);
+    const int nqt = (int) oomb_page_select_max_qtiles(c.T, c.P);
     oomb_context * ctx = oomb_init({0, false});
     oomb_tensor * q = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, c.D, c.H, c.T);
     oomb_tensor * sm = oomb_new_tensor_4d(ctx, OOMB_TYPE_F32, c.D, S, c.Hkv, n_logical);
@@ -161,39 +128,13 @@ void check_select(const SelCase & c, uint32_t seed) {
     oomb_sparse_params sp = {c.K, c.score, c.sink, c.local};
     oomb_tensor * sel = oomb_page_select(ctx, q, sm, pos, c.P, nqt, &sp);
     compute(ctx, sel);
-    const int32_t * off = (const int32_t *) sel->data, * pages = off + nqt + 1;
-    const auto sc = ref_scores(c, oombtest::to_vector(q), oombtest::to_vector(sm));
-    const int len = std::min(c0, c.K);
-    ASSERT_EQ(off[0], 0);
-    for (int j = 0; j < nqt; j++) {
-        SCOPED_TRACE("tile " + std::to_string(j));
-        ASSERT_EQ(off[j + 1] - off[j], j < n_act ? len : 0);
-        std::vector<int32_t> l(pages + off[j], pages + off[j + 1]);
-        for (size_t i = 1; i < l.size(); i++) ASSERT_LT(l[i - 1], l[i]) << "ascending";
-        for (int32_t x : l) ASSERT_TRUE(x >= 0 && x < c0);
-        if (j >= n_act) continue;
-        if (c0 <= c.K) {  // dense below the budget
-            for (int i = 0; i < len; i++) EXPECT_EQ(l[i], i);
-            continue;
-        }
-        std::vector<char> in(c0, 0);
-        for (int32_t x : l) in[x] = 1;
-        for (int x = 0; x < std::min(c.sink, c0); x++) EXPECT_TRUE(in[x]) << "sink page " << x;
-        for (int x = std::max(0, c0 - c.local); x < c0; x++) EXPECT_TRUE(in[x]) << "local page " << x;
-        double worst_in = INFINITY, best_out = -INFINITY;
-        for (int x = 0; x < c0; x++) {
-            const bool forced = x < c.sink || x >= c0 - c.local;
-            if (forced) continue;
-            if (in[x]) worst_in = std::min(worst_in, sc[j][x]);
-            else best_out = std::max(best_out, sc[j][x]);
-        }
-        EXPECT_GE(worst_in, best_out - 1e-5 * std::max(1.0, std::fabs(best_out))) << "an unselected page scores higher";
-    }
+    oombtest::sparse_check_lists(c, (const int32_t *) sel->data, nqt,
+                                 oombtest::sparse_ref_scores(c, oombtest::to_vector(q), oombtest::to_vector(sm)));
     oomb_free(ctx);
 }
 
 TEST(SparseSelect, TopKMatchesReference) {
-    const SelCase cases[] = {
+    const oombtest::SparseRefCase cases[] = {
         {8, 6, 2, 5, 37, 13, 3, 0, 0, OOMB_SPARSE_SCORE_MEAN},   // c0 7, tiles start mid-page, GQA 3
         {8, 6, 2, 5, 37, 13, 3, 1, 1, OOMB_SPARSE_SCORE_MEAN},   // sink + local inside K
         {8, 4, 2, 5, 52, 13, 4, 1, 0, OOMB_SPARSE_SCORE_QUEST},  // quest
@@ -202,7 +143,7 @@ TEST(SparseSelect, TopKMatchesReference) {
         {8, 4, 2, 5, 23, 13, 3, 3, 0, OOMB_SPARSE_SCORE_QUEST},  // all kept pages (sink = K)
     };
     uint32_t seed = 5;
-    for (const SelCase & c : cases) {
+    for (const oombtest::SparseRefCase & c : cases) {
         SCOPED_TRACE("D" + std::to_string(c.D) + " H" + std::to_string(c.H) + "/" + std::to_string(c.Hkv) + " P" + std::to_string(c.P) +
                      " pos0 " + std::to_string(c.pos0) + " T" + std::to_string(c.T) + " K" + std::to_string(c.K) + " sink" +
                      std::to_string(c.sink) + " local" + std::to_string(c.local) + (c.score ? " quest" : " mean"));
