@@ -16,6 +16,7 @@
 #include "rope.cuh"
 #include "softmax.cuh"
 #include "paged-attn.cuh"
+#include "sparse.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -274,6 +275,12 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
             oomb_error("graph_compute: node %s: op %s is not supported by the CUDA backend (this build has no cuda/paged-attn.cu)",
                        shape_str(node).c_str(), oomb_op_name(op));
 #endif
+        case OOMB_OP_PAGE_SUMMARY:  // sparse attention (cuda/sparse.cu): the kernels read node->src themselves
+            oomb_cuda_page_summary(c, node);
+            return;
+        case OOMB_OP_PAGE_SELECT:
+            oomb_cuda_page_select(c, node);
+            return;
         case OOMB_OP_CUSTOM: case OOMB_OP_COUNT:
             oomb_error("graph_compute: node %s: op %s is not supported by the CUDA backend", shape_str(node).c_str(), oomb_op_name(op));
         default:

@@ -13,6 +13,7 @@
 // over all predicted tokens (nats) and the perplexity exp(mean NLL).
 #include "train-common.h"
 #include "train-offload.h"
+#include "train-sparse.h"
 
 #include "gguf.h"
 #include "model.h"
@@ -63,9 +64,12 @@ int main(int argc, char ** argv) {
     app.add_option("--json", json_out, "also write the results as JSON to this file");
     OffloadOptions offload;
     add_offload_options(app, offload);
+    SparseOptions sparse;
+    add_sparse_options(app, sparse);
     if (const int rc = parse_command_line(app, argc, argv, PROG); rc >= 0) return rc;
     check_chunk_options(PROG, app, ctx, chunk, page, threads, rope_theta);
     check_offload_options(PROG, app, offload);
+    check_sparse_options(PROG, app, sparse, offload.mode, false);
     if (app.count("--max-tokens")) need_in_range(PROG, max_tokens >= 1, "--max-tokens", (double) max_tokens, ">= 1");
     if (data.empty() == data_bin.empty()) fail(PROG, "give --data FILE (text) or --data-bin FILE (ids)");
     if (base_type != "keep" && base_type != "bf16" && base_type != "f32")
@@ -127,6 +131,8 @@ int main(int argc, char ** argv) {
     tp.page = page;
     tp.max_tokens = ctx;
     tp.with_grad = false;  // forward only: no KV-gradient pages
+    apply_sparse_options(sparse, &tp);  // the same selection rule as oomb-train
+    if (sparse.pages > 0) printf("%s\n", sparse_summary_line(sparse, m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, page).c_str());
     plan_memory(PROG, offload, be, *m, &tp);
     ChunkDriver tr(model_chunk_builder(*m), tp);
     double nll = 0;

@@ -273,6 +273,8 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     tp.kv_type = compute_type(T.be);
     tp.cache_attn = o.attn_cache;
     tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
+    apply_sparse_options(o.sparse, &tp);
+    if (o.sparse.pages > 0) printf("%s\n", sparse_summary_line(o.sparse, M.cfg.n_layer, M.cfg.n_head_kv, M.cfg.head_dim, o.page).c_str());
     if (o.attn_cache && o.chunk >= o.ctx)
         printf("note: --attn-cache is unused: a sequence of --ctx %" PRId64 " tokens is one chunk (no stage 1 to keep results from)\n", o.ctx);
     plan_memory(PROG, o.offload, T.be, M, &tp);  // stops here when the run cannot fit

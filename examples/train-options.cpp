@@ -58,6 +58,8 @@ nlohmann::json config_json(const Options & o) {
     if (o.trainable != "lora") j["out_type"] = o.out_type;
     j["opt_state"] = o.opt_state; j["attn_cache"] = o.attn_cache; j["attn_cache_type"] = o.attn_cache ? o.attn_cache_type : "none"; j["threads"] = o.threads; j["device"] = o.device;
     j["offload"] = o.offload.mode; j["gpu_kv_budget"] = o.offload.gpu_kv_budget >= 0 ? nlohmann::json(o.offload.gpu_kv_budget) : nlohmann::json("default"); j["offload_block"] = o.offload.block_pages;
+    j["sparse_pages"] = o.sparse.pages;
+    if (o.sparse.pages > 0) { j["sparse_score"] = o.sparse.score; j["sparse_sink"] = o.sparse.sink; j["sparse_local"] = o.sparse.local; }
     j["rope_theta"] = o.rope_theta; j["seed"] = o.seed;
     j["threads_used"] = threads_default(o.threads);
     return j;
@@ -121,6 +123,7 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
                    "output projection's bf16 GEMM reads it; about half the memory: 7B 204 KB/token)")
         ->capture_default_str();
     add_offload_options(app, o.offload);
+    add_sparse_options(app, o.sparse);
     app.add_option("--opt-state", o.opt_state, "AdamW moments: f32, or bf16 (half the memory, stochastic rounding; e.g. for 7B)")
         ->capture_default_str();
     app.add_option("--out-type", o.out_type,
@@ -193,6 +196,7 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
             fail(PROG, "--attn-cache-type must be f32 or bf16, got '" + o.attn_cache_type + "'");
         if (given("--attn-cache-type") && !o.attn_cache) fail(PROG, "--attn-cache-type needs --attn-cache");
         check_offload_options(PROG, app, o.offload);
+        check_sparse_options(PROG, app, o.sparse, o.offload.mode, o.attn_cache);
         if (o.data_format != "text" && o.data_format != "chat") fail(PROG, "--data-format must be text or chat, got '" + o.data_format + "'");
         if (o.data_format == "chat") {
             if (o.train_on.empty()) o.train_on = "assistant";
@@ -211,7 +215,7 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
             fail(PROG, "verification: give --tokens IDS.safetensors with one of --dump-grads G.safetensors or --dump-logits L.safetensors");
         if (!o.dump_logits.empty() && (o.attn_cache || given("--attn-cache-type")))
             fail(PROG, "--dump-logits runs the forward only: --attn-cache (a stage-2 cache) does not apply");
-        // the verification run reads only the model, the tokens, --chunk, --page, --attn-cache(-type), --device, --threads,
+        // the verification run reads only the model, the tokens, --chunk, --page, --attn-cache(-type), --sparse-*, --device, --threads,
         // and --trainable lora with --lora-rank / --lora-alpha / --lora-targets / --seed / --base-type (the adapter's gradients)
         std::string ignored;
         for (const char * opt : {"--preset", "--data", "--data-bin", "--data-format", "--train-on", "--chat-pack", "--chat-long", "--skip-bad-lines", "--eval-data", "--eval-split", "--eval-every", "--eval-seqs",

@@ -4,6 +4,7 @@
 
 #include "train-common.h"
 #include "train-offload.h"
+#include "train-sparse.h"
 
 #include "lora.h"
 
@@ -67,6 +68,7 @@ struct Options {
     bool attn_cache = false;
     std::string attn_cache_type = "f32";
     OffloadOptions offload;  // --offload, --gpu-kv-budget, --offload-block
+    SparseOptions sparse;    // --sparse-pages, --sparse-score, --sparse-sink, --sparse-local
     int threads = 0;
     std::string device = "cpu";
     double rope_theta = 0;

@@ -82,6 +82,7 @@ VerifyRun load_verify_run(const Options & o, const char * flag) {
     v.tp.page = o.page;
     v.tp.max_tokens = v.T;
     v.tp.kv_type = compute_type(v.be);
+    apply_sparse_options(o.sparse, &v.tp);
     return v;
 }
 

@@ -19,10 +19,12 @@
 #include "oomb-backend.h"
 #include "oomb-paged.h"
 #include "oomb-offload.h"
+#include "oomb-sparse.h"
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 namespace oomb {
@@ -62,6 +64,32 @@ struct ChunkParams {
     // count: everything on the device. A host tier needs cache_attn off (when it would be used).
     int64_t resident_pages = -1;
     int stream_block_pages = 16;
+    // Page-level top-K sparse attention (OOMB mechanism 4, oomb-sparse.h); sparse.pages = 0: off.
+    // On: stage 1 (and forward()) keeps page summaries of every layer (summary_bytes()) and, for
+    // every chunk whose history has more than sparse.pages pages, selects each query tile's pages
+    // in the chunk's graph; stage 2 reuses exactly those lists (selection()). A chunk whose history
+    // fits the budget runs the dense graphs (bit-identical to dense attention). Not with a host
+    // tier (resident_pages) or the attention-result cache (cache_attn): refused.
+    oomb_sparse_params sparse = {0, OOMB_SPARSE_SCORE_MEAN, 0, 0};
+};
+
+/// The page lists a chunk's layer attended (stage 1 / forward(), reused by stage 2): CSR over the
+/// chunk's query tiles, offsets [n_qtiles + 1] and pages [offsets[n_qtiles]] (oomb-schedule.h).
+struct PageSelection {
+    std::vector<int32_t> offsets, pages;
+};
+
+/// A chunk graph's sparse-attention state, filled by chunk_attention() (driver-internal; builders
+/// only pass ChunkGraphInputs on).
+struct ChunkSparseGraph {
+    oomb_sparse_params params{};
+    const std::vector<oomb_tensor *> * summary = nullptr;  // per layer: f32 [D, S, Hkv, n_pages]
+    bool lists = false;           // attend through page lists (else dense; summaries still written)
+    int64_t n_qtiles = 0;         // list capacity: query tiles of the graph's chunk length
+    int64_t n_hist = 0;           // inverse-list capacity: history pages (the cache's page count)
+    std::vector<oomb_tensor *> select;      // per layer, Fill / Loss with lists: the page_select node
+    std::vector<oomb_tensor *> inputs;      // per layer x 4, Backward with lists: offsets, pages, inv_offsets, inv_qtiles
+    std::vector<oomb_tensor *> side;        // page_summary nodes to compute after the chunk (not ancestors of the output)
 };
 
 /// The host tier a driver of these parameters gives its KV cache (p.resident_pages at least the
@@ -105,6 +133,7 @@ struct ChunkGraphInputs {
     // Parity hook: expose the hidden states (embedding output, each layer's output but the last,
     // final norm) as outputs, and compute the loss through explicit [n_vocab, T] logits.
     bool capture = false;
+    ChunkSparseGraph * sparse = nullptr;  // sparse attention on (ChunkParams::sparse), else NULL
 };
 
 /// The outputs a builder names.
@@ -167,6 +196,11 @@ public:
     oomb_kv_cache_t kv_cache() const { return kv_; }
     /// Bytes of the attention-result cache (0 unless ChunkParams::cache_attn).
     size_t attn_cache_bytes() const;
+    /// Bytes of the sparse-attention page summaries (0 when off).
+    size_t summary_bytes() const;
+    /// The page lists of chunk `chunk`, layer `layer` made by the last forward() / stage 1; NULL when
+    /// that chunk attended densely (its history fit the budget, or sparse attention is off).
+    const PageSelection * selection(int64_t chunk, int layer) const;
     /// Peak arena bytes over the graphs used so far.
     size_t arena_bytes() const;
     const ChunkParams & params() const { return p_; }
@@ -182,9 +216,12 @@ public:
 
 private:
     struct Graph;
-    Graph & graph(int64_t T, ChunkKind kind);
-    // labels: NULL (the next ids) or n targets (see forward())
+    Graph & graph(int64_t T, ChunkKind kind, bool lists = false);
+    // labels: NULL (the next ids) or n targets (see forward()); lists: upload the stored selection
+    // of chunk p0 / chunk (Backward graphs with page lists)
     void run_chunk(Graph & g, const int32_t * ids, const int32_t * labels, int64_t n, int64_t p0, int64_t T, ChunkStats & st);
+    // Whether the chunk starting at p0 attends through page lists (its history exceeds the budget).
+    bool chunk_lists(int64_t p0) const;
     void check_sequence(const int32_t * ids, const int32_t * labels, int64_t n) const;
     // Clears the KV cache and runs the chunks of ids in order with graphs of this kind.
     void forward_chunks(const int32_t * ids, const int32_t * labels, int64_t n, ChunkKind kind, ChunkStats & st);
@@ -197,7 +234,11 @@ private:
     oomb_context * attn_ctx_ = nullptr;          // cache_attn: one tensor per layer
     oomb_buffer_t attn_buf_ = nullptr;
     std::vector<oomb_tensor *> attn_cache_;
-    std::map<std::pair<int64_t, int>, std::unique_ptr<Graph>> graphs_;
+    std::map<std::tuple<int64_t, int, int>, std::unique_ptr<Graph>> graphs_;
+    oomb_context * sum_ctx_ = nullptr;           // sparse: one summary tensor per layer
+    oomb_buffer_t sum_buf_ = nullptr;
+    std::vector<oomb_tensor *> summary_;
+    std::vector<std::vector<PageSelection>> sel_;  // [chunk][layer]; empty: that chunk was dense
     bool capture_hidden_ = false;
     Graph * last_ = nullptr;
 };

@@ -143,6 +143,8 @@ enum oomb_op {
     // added later (appended: the values above stay stable for programs built against older headers)
     OOMB_OP_SWIGLU_BACK, // gate, up, dy -> [dgate; dup] packed
     OOMB_OP_PAGED_ATTN_MERGE, // acc (in place) <- log-sum-exp merge of acc and part; result is a view of acc
+    OOMB_OP_PAGE_SUMMARY,     // sparse attention: page summaries written in place (oomb-sparse.h); a view of the pool
+    OOMB_OP_PAGE_SELECT,      // sparse attention: top-K history pages per query tile, a LISTS schedule (oomb-sparse.h)
 
     OOMB_OP_COUNT,
 };

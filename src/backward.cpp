@@ -66,6 +66,8 @@ int diff_srcs(const oomb_tensor * t) {
         case OOMB_OP_ATTN:
         case OOMB_OP_PAGED_ATTN: // q, k_cur, v_cur (the pools, page table and positions get none)
             return 7;
+        case OOMB_OP_PAGE_SUMMARY: case OOMB_OP_PAGE_SELECT: // sparse selection: integer / summary data, no gradients
+            return 0;
         default:
             return -1; // *_BACK ops, optimizer steps, paged_attn_merge (refused with its own message), custom ops
     }

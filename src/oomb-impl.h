@@ -169,6 +169,11 @@ bool graph_alloc_is_current(const oomb_cgraph * g);
 // true when t's data lives in host memory (context memory or a host backend's buffer).
 bool tensor_is_host(const oomb_tensor * t);
 
+// Op nodes for op constructors outside oomb.cpp (src/oomb/sparse.cpp): a new node of op with its
+// own memory, and a node of op that is a view of all of a (an op writing a in place).
+oomb_tensor * new_op_node(oomb_context * ctx, enum oomb_op op, enum oomb_type type, const int64_t ne[4]);
+oomb_tensor * view_op_node(oomb_context * ctx, oomb_tensor * a, enum oomb_op op);
+
 // The tensor whose memory t uses (follows view_src).
 static inline oomb_tensor * mem_owner(oomb_tensor * t) { return t->view_src ? t->view_src : t; }
 

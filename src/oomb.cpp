@@ -66,7 +66,7 @@ static const char * k_op_name[] = {
     "soft_max", "soft_max_back", "attn", "attn_back", "cross_entropy_loss", "cross_entropy_loss_back",
     "linear_cross_entropy", "linear_cross_entropy_back",
     "adamw_step", "sgd_step", "paged_attn", "paged_attn_back", "custom",
-    "swiglu_back", "paged_attn_merge",
+    "swiglu_back", "paged_attn_merge", "page_summary", "page_select",
 };
 static_assert(sizeof(k_op_name) / sizeof(k_op_name[0]) == OOMB_OP_COUNT, "k_op_name lists every op of enum oomb_op, in order");
 
@@ -482,6 +482,15 @@ static oomb_tensor * view_impl(oomb_context * ctx, oomb_tensor * a, int n_dims, 
     if (a->name[0]) oomb_format_name(t, "%.50s (%s)", a->name, opn);
     return t;
 }
+
+namespace oomb {
+oomb_tensor * new_op_node(oomb_context * ctx, enum oomb_op op, enum oomb_type type, const int64_t ne[4]) {
+    return new_op(ctx, op, type, ne, nullptr);
+}
+oomb_tensor * view_op_node(oomb_context * ctx, oomb_tensor * a, enum oomb_op op) {
+    return view_impl(ctx, a, 4, a->ne, a->nb, 0, op);
+}
+} // namespace oomb
 
 struct oomb_tensor * oomb_view_1d(struct oomb_context * ctx, struct oomb_tensor * a, int64_t ne0, size_t offset) {
     const int64_t ne[1] = {ne0};

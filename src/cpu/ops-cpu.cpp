@@ -5,6 +5,7 @@
 
 #include "ops-common.h"
 #include "cpu/paged-attn.h"
+#include "oomb/sparse-impl.h"
 
 #include <cblas.h>
 
@@ -59,6 +60,12 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
             return;
         case OOMB_OP_PAGED_ATTN_BACK:
             oomb::cpu_paged_attn_back(node, c.pool);
+            return;
+        case OOMB_OP_PAGE_SUMMARY: // sparse attention (src/oomb/sparse.cpp): read node->src themselves
+            oomb::cpu_page_summary(node, c.pool);
+            return;
+        case OOMB_OP_PAGE_SELECT:
+            oomb::cpu_page_select(node, c.pool);
             return;
         default:
             break;

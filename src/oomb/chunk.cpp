@@ -20,6 +20,7 @@ struct ChunkDriver::Graph {
     std::vector<oomb_tensor *> hidden;
     oomb_tensor * logits = nullptr;  // captured logits (capture mode only)
     oomb_kv_stream_t stream = nullptr;  // with a host tier: computes the graph over it
+    std::unique_ptr<ChunkSparseGraph> sparse;  // sparse attention on
     ~Graph() {
         oomb_kv_stream_free(stream);
         oomb_gallocr_free(galloc);
@@ -31,10 +32,36 @@ oomb_tensor * chunk_attention(oomb_context * ctx, const ChunkGraphInputs & in, i
                               oomb_tensor * v, float scale) {
     const int store = in.kind == ChunkKind::Backward ? 0 : 1;  // stage 2 reads its K/V from the cache
     oomb_tensor * kp = oomb_kv_cache_k(in.kv, layer), * vp = oomb_kv_cache_v(in.kv, layer);
+    ChunkSparseGraph * sp = in.sparse;
     // with the attention cache, stage 1 (Fill) saves each layer's result and stage 2 (Backward)
     // loads it instead of recomputing; a one-chunk sequence (BackwardStore) and evaluation compute
     oomb_tensor * a;
-    if (in.attn_cache && !in.attn_cache->empty() && (in.kind == ChunkKind::Fill || in.kind == ChunkKind::Backward)) {
+    if (sp && sp->lists) {
+        // sparse: stage 1 / evaluation select the pages in the graph; stage 2 gets them uploaded
+        oomb_paged_attn_args pa{};
+        pa.q = q; pa.k_cur = k; pa.v_cur = v; pa.k_pages = kp; pa.v_pages = vp;
+        pa.page_table = in.page_table; pa.pos = in.pos; pa.scale = scale; pa.store = store;
+        if (in.kind == ChunkKind::Backward) {
+            const int64_t cap = std::max<int64_t>(1, sp->n_qtiles * sp->params.pages);
+            const int64_t ne[4] = {sp->n_qtiles + 1, cap, sp->n_hist + 1, cap};
+            static const char * names[4] = {"sparse.%d.offsets", "sparse.%d.pages", "sparse.%d.inv_offsets", "sparse.%d.inv_qtiles"};
+            oomb_tensor * t[4];
+            for (int i = 0; i < 4; i++) {
+                t[i] = oomb_format_name(oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, ne[i]), names[i], layer);
+                oomb_set_input(t[i]);
+                sp->inputs[(size_t) layer * 4 + i] = t[i];
+            }
+            pa.schedule = oomb_schedule_lists(t[0], t[1], t[2], t[3]);
+        } else {
+            oomb_tensor * qc = oomb_is_contiguous(q) ? q : oomb_cont(ctx, q);
+            oomb_tensor * sel = oomb_page_select(ctx, qc, (*sp->summary)[(size_t) layer], in.pos, (int32_t) kp->ne[2], sp->n_qtiles,
+                                                 &sp->params);
+            oomb_format_name(sel, "sparse.%d.select", layer);
+            sp->select[(size_t) layer] = sel;
+            pa.schedule = oomb_schedule_lists(oomb_page_select_offsets(ctx, sel), oomb_page_select_pages(ctx, sel), nullptr, nullptr);
+        }
+        a = oomb_paged_attn_ext(ctx, &pa);
+    } else if (in.attn_cache && !in.attn_cache->empty() && (in.kind == ChunkKind::Fill || in.kind == ChunkKind::Backward)) {
         a = oomb_paged_attn_cached(ctx, q, k, v, kp, vp, in.page_table, in.pos, scale, store, (*in.attn_cache)[(size_t) layer],
                                    in.kind == ChunkKind::Backward ? 1 : 0);
     } else {
@@ -44,6 +71,10 @@ oomb_tensor * chunk_attention(oomb_context * ctx, const ChunkGraphInputs & in, i
     // backward
     oomb_format_name(a, "attn.%d", layer);
     oomb_format_name(a->view_src, "attn.%d.packed", layer);
+    // the chunk's completed pages get their summaries once its keys are stored (stage 1, evaluation)
+    if (sp && (in.kind == ChunkKind::Fill || in.kind == ChunkKind::Loss))
+        sp->side.push_back(oomb_format_name(oomb_page_summary(ctx, kp, in.page_table, in.pos, (*sp->summary)[(size_t) layer], a->view_src),
+                                            "sparse.%d.summary", layer));
     return a;
 }
 
@@ -79,6 +110,16 @@ ChunkDriver::ChunkDriver(std::unique_ptr<ChunkGraphBuilder> builder, const Chunk
     kp.type = p.kv_type;
     kp.with_grad = p.with_grad;
     const int64_t n_pages = (p.max_tokens + p.page - 1) / p.page;
+    if (p.sparse.pages != 0) {
+        oomb_sparse_check_params(&p.sparse, "ChunkDriver (sparse attention)");
+        if (p.resident_pages >= 0 && p.resident_pages < n_pages)
+            oomb_error("ChunkDriver: sparse attention (--sparse-pages) with a host tier (--offload, resident_pages %" PRId64
+                       " < %" PRId64 " pages) is not supported yet: the offload streams every history page; drop one of them",
+                       p.resident_pages, n_pages);
+        if (p.cache_attn && p.with_grad && p.max_tokens > p.chunk)
+            oomb_error("ChunkDriver: sparse attention (--sparse-pages) with the attention-result cache (cache_attn, --attn-cache) is not "
+                       "supported (the cache holds dense results): drop one of them");
+    }
     if (p.resident_pages >= 0 && p.resident_pages < n_pages) {
         if (p.stream_block_pages < 1) oomb_error("ChunkDriver: stream_block_pages = %d must be positive", p.stream_block_pages);
         if (p.cache_attn && p.with_grad && p.max_tokens > p.chunk)
@@ -89,6 +130,20 @@ ChunkDriver::ChunkDriver(std::unique_ptr<ChunkGraphBuilder> builder, const Chunk
         kv_ = oomb_kv_cache_init(shape_.backend, kp);
     }
     if (!kv_) oomb_error("ChunkDriver: cannot allocate the KV cache for %" PRId64 " tokens", p.max_tokens);
+    if (p.sparse.pages != 0) {
+        const int64_t S = oomb_sparse_summary_slots(p.sparse.score);
+        const size_t bytes = ((size_t) (shape_.head_dim * S * shape_.n_head_kv * n_pages) * 4 + 255) / 256 * 256;
+        sum_ctx_ = oomb_init({0, true});
+        sum_buf_ = oomb_backend_alloc_buffer(shape_.backend, bytes * (size_t) shape_.n_layer);
+        if (!sum_buf_)
+            oomb_error("ChunkDriver: cannot allocate the sparse page summaries: %.2f MiB", (double) bytes * (double) shape_.n_layer / (1 << 20));
+        for (int64_t l = 0; l < shape_.n_layer; l++) {
+            oomb_tensor * t = oomb_new_tensor_4d(sum_ctx_, OOMB_TYPE_F32, shape_.head_dim, S, shape_.n_head_kv, n_pages);
+            oomb_tensor_alloc(sum_buf_, t, (size_t) l * bytes);
+            oomb_tensor_memset(t, 0);
+            summary_.push_back(oomb_format_name(t, "sparse_summary.%" PRId64, l));
+        }
+    }
     // a one-chunk sequence has no stage 1 to keep results from, and forward() alone no stage 2
     if (p.cache_attn && p.with_grad && p.max_tokens > p.chunk) {
         const int64_t row = oomb_paged_attn_cache_row(shape_.head_dim, shape_.n_head, p.cache_attn_type);  // per position
@@ -111,6 +166,8 @@ ChunkDriver::~ChunkDriver() {
     graphs_.clear();
     oomb_buffer_free(attn_buf_);
     oomb_free(attn_ctx_);
+    oomb_buffer_free(sum_buf_);
+    oomb_free(sum_ctx_);
     oomb_kv_cache_free(kv_);
 }
 
@@ -120,10 +177,24 @@ size_t ChunkDriver::attn_cache_bytes() const {
     return n;
 }
 
-ChunkDriver::Graph & ChunkDriver::graph(int64_t T, ChunkKind kind) {
+size_t ChunkDriver::summary_bytes() const {
+    size_t n = 0;
+    for (const oomb_tensor * t : summary_) n += oomb_nbytes(t);
+    return n;
+}
+
+const PageSelection * ChunkDriver::selection(int64_t chunk, int layer) const {
+    if (chunk < 0 || chunk >= (int64_t) sel_.size() || sel_[(size_t) chunk].empty() || layer < 0 || layer >= (int) sel_[(size_t) chunk].size())
+        return nullptr;
+    return &sel_[(size_t) chunk][(size_t) layer];
+}
+
+bool ChunkDriver::chunk_lists(int64_t p0) const { return p_.sparse.pages > 0 && p0 / p_.page > p_.sparse.pages; }
+
+ChunkDriver::Graph & ChunkDriver::graph(int64_t T, ChunkKind kind, bool lists) {
     const bool backward = kind == ChunkKind::Backward || kind == ChunkKind::BackwardStore;
     if (backward && !p_.with_grad) oomb_error("ChunkDriver: a backward graph needs the KV-gradient pages (ChunkParams::with_grad)");
-    auto key = std::make_pair(T, (int) kind);
+    auto key = std::make_tuple(T, (int) kind, lists ? 1 : 0);
     auto it = graphs_.find(key);
     if (it != graphs_.end()) return *it->second;
     auto G = std::make_unique<Graph>();
@@ -148,6 +219,18 @@ ChunkDriver::Graph & ChunkDriver::graph(int64_t T, ChunkKind kind) {
     in.ignore_index = p_.ignore_index;
     in.gemm_input_type = gemm_in_;
     in.capture = capture_hidden_ && kind == ChunkKind::Loss;
+    if (p_.sparse.pages > 0 && kind != ChunkKind::BackwardStore) {  // one chunk: no history, nothing to summarise
+        G->sparse = std::make_unique<ChunkSparseGraph>();
+        ChunkSparseGraph & sp = *G->sparse;
+        sp.params = p_.sparse;
+        sp.summary = &summary_;
+        sp.lists = lists;
+        sp.n_qtiles = oomb_page_select_max_qtiles(T, p_.page);
+        sp.n_hist = (p_.max_tokens + p_.page - 1) / p_.page;
+        sp.select.assign((size_t) shape_.n_layer, nullptr);
+        sp.inputs.assign((size_t) shape_.n_layer * 4, nullptr);
+        in.sparse = &sp;
+    }
     ChunkGraphOutputs out = builder_->build(ctx, in);
     if (!out.out || out.has_loss != (kind != ChunkKind::Fill))
         oomb_error("ChunkDriver: the chunk-graph builder gave no %s output (T = %" PRId64 ")", kind == ChunkKind::Fill ? "KV-fill" : "loss", T);
@@ -162,6 +245,14 @@ ChunkDriver::Graph & ChunkDriver::graph(int64_t T, ChunkKind kind) {
     G->g = oomb_new_graph_custom(ctx, 65536);
     oomb_set_output(out.out);
     oomb_build_forward_expand(G->g, out.out);
+    if (G->sparse) {
+        for (oomb_tensor * sel : G->sparse->select)
+            if (sel) oomb_set_output(sel);  // copied to host after the run
+        if (lists && kind != ChunkKind::Backward)
+            for (int64_t l = 0; l < shape_.n_layer; l++)
+                if (!G->sparse->select[(size_t) l]) oomb_error("ChunkDriver: sparse attention: layer %" PRId64 " made no chunk_attention() call", l);
+        for (oomb_tensor * s : G->sparse->side) oomb_build_forward_expand(G->g, s);
+    }
     if (backward) oomb_build_backward_expand(ctx, G->g, G->loss, nullptr);
     G->galloc = oomb_gallocr_new(shape_.backend);
     if (!oomb_gallocr_alloc_graph(G->galloc, G->g)) {
@@ -197,10 +288,37 @@ void ChunkDriver::run_chunk(Graph & G, const int32_t * ids, const int32_t * labe
     oomb_tensor_set(G.tokens, tok.data(), 0, tok.size() * 4);
     if (G.loss) oomb_tensor_set(G.labels, lab.data(), 0, lab.size() * 4);  // the KV-fill graph has no loss
     oomb_tensor_set(G.pos, pos.data(), 0, pos.size() * 4);
+    const int64_t ci = p0 / p_.chunk;
+    ChunkSparseGraph * sp = G.sparse.get();
+    if (sp && sp->lists && !sp->inputs.empty() && sp->inputs[0]) {  // stage 2: exactly stage 1's lists, and their inverse
+        for (int64_t l = 0; l < shape_.n_layer; l++) {
+            const PageSelection * s = selection(ci, (int) l);
+            if (!s) oomb_error("ChunkDriver: sparse attention: no stored selection of chunk %" PRId64 " layer %" PRId64 " (stage 1 not run)", ci, l);
+            oomb_tensor * const * t = &sp->inputs[(size_t) l * 4];
+            const int64_t nqt = (int64_t) s->offsets.size() - 1, nnz = (int64_t) s->pages.size();
+            std::vector<int32_t> io((size_t) sp->n_hist + 1), iq((size_t) std::max<int64_t>(1, nnz));
+            oomb_schedule_invert(s->offsets.data(), nqt, s->pages.data(), sp->n_hist, io.data(), iq.data());
+            oomb_tensor_set(t[0], s->offsets.data(), 0, s->offsets.size() * 4);
+            if (nnz) oomb_tensor_set(t[1], s->pages.data(), 0, (size_t) nnz * 4);
+            oomb_tensor_set(t[2], io.data(), 0, io.size() * 4);
+            if (nnz) oomb_tensor_set(t[3], iq.data(), 0, (size_t) nnz * 4);
+        }
+    }
     if (G.stream) {
         if (oomb_kv_stream_compute(G.stream, p0, T) != OOMB_STATUS_OK) oomb_error("ChunkDriver: %s", oomb_kv_stream_last_error(G.stream));
     } else if (oomb_backend_graph_compute(shape_.backend, G.g) != OOMB_STATUS_OK) {
         oomb_error("ChunkDriver: %s", oomb_backend_last_error(shape_.backend));
+    }
+    if (sp && sp->lists && !sp->select.empty() && sp->select[0]) {  // stage 1 / evaluation: keep the lists
+        if ((int64_t) sel_.size() <= ci) sel_.resize((size_t) ci + 1);
+        sel_[(size_t) ci].assign((size_t) shape_.n_layer, PageSelection{});
+        for (int64_t l = 0; l < shape_.n_layer; l++) {
+            PageSelection & s = sel_[(size_t) ci][(size_t) l];
+            s.offsets.resize((size_t) sp->n_qtiles + 1);
+            oomb_tensor_get(sp->select[(size_t) l], s.offsets.data(), 0, s.offsets.size() * 4);
+            s.pages.resize((size_t) s.offsets.back());
+            if (!s.pages.empty()) oomb_tensor_get(sp->select[(size_t) l], s.pages.data(), s.offsets.size() * 4, s.pages.size() * 4);
+        }
     }
     if (G.loss) {
         float loss[2];
@@ -230,10 +348,11 @@ void ChunkDriver::check_sequence(const int32_t * ids, const int32_t * labels, in
 
 void ChunkDriver::forward_chunks(const int32_t * ids, const int32_t * labels, int64_t n, ChunkKind kind, ChunkStats & st) {
     oomb_kv_cache_clear(kv_);
+    sel_.clear();
     for (int64_t p0 = 0; p0 < n; p0 += p_.chunk) {
         const int64_t T = std::min(p_.chunk, n - p0);
         oomb_kv_cache_reserve(kv_, p0 + T);
-        run_chunk(graph(T, kind), ids, labels, n, p0, T, st);
+        run_chunk(graph(T, kind, chunk_lists(p0)), ids, labels, n, p0, T, st);
     }
 }
 
@@ -251,6 +370,7 @@ ChunkStats ChunkDriver::forward_backward(const int32_t * ids, int64_t n, const i
         // one chunk: its backward graph stores its own K/V, no stage 1 needed
         ChunkStats st;
         oomb_kv_cache_clear(kv_);
+        sel_.clear();
         oomb_kv_cache_reserve(kv_, n);
         oomb_kv_cache_zero_grad(kv_);
         run_chunk(graph(n, ChunkKind::BackwardStore), ids, labels, n, 0, n, st);
@@ -266,7 +386,7 @@ ChunkStats ChunkDriver::forward_backward(const int32_t * ids, int64_t n, const i
     for (int64_t ci = n_chunks - 1; ci >= 0; ci--) {
         const int64_t p0 = ci * p_.chunk;
         const int64_t T = std::min(p_.chunk, n - p0);
-        run_chunk(graph(T, ChunkKind::Backward), ids, labels, n, p0, T, st);
+        run_chunk(graph(T, ChunkKind::Backward, chunk_lists(p0)), ids, labels, n, p0, T, st);
     }
     return st;
 }

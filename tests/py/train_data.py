@@ -7,6 +7,11 @@ import struct
 import subprocess
 import sys
 
+# The CLI tests' folders (set by CTest; defaults for a run by hand from the source tree).
+SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+BIN = os.environ.get("OOMB_BIN_DIR") or os.path.join(SRC, "build", "bin")
+FIX = os.environ.get("OOMB_FIXTURES") or os.environ.get("OOMB_FIXTURES_DEFAULT") or os.path.join(SRC, "..", "shared", "fixtures")
+
 
 def make_bin(path, n, vocab, seed=0):
     """A learnable id stream: a noisy cyclic pattern, little-endian uint32."""
@@ -97,3 +102,11 @@ def make_llama(path, seed=4):
     w.add_tensor("output_norm.weight", np.ones(E, np.float32))
     w.add_tensor("output.weight", t(V, E))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+
+
+def need_fixture(name):
+    """FIX/name, or skip (exit 77) when the fixture is missing."""
+    path = os.path.join(FIX, name)
+    if not os.path.isdir(path):
+        skip(f"fixture {name} not in {FIX}")
+    return path
