@@ -292,6 +292,8 @@ void quant_q8_0(const float* x, uint8_t* b) {
     for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)std::round(x[j] * id);
 }
 
+float f16_at(const uint8_t* p) { uint16_t h; memcpy(&h, p, 2); return fp16_to_fp32(h); }
+
 } // namespace
 
 // Dequantizes/converts n elements of src_type (a supported type; n a multiple of its block) into f32.
