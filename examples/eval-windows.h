@@ -7,7 +7,9 @@
 //     window's first token replaced by BOS when the vocabulary says add_bos, and only positions
 //     i in [ctx/2, ctx - 1) scored (the target ids[i + 1]): ctx - ctx/2 - 1 targets per window, so
 //     every scored token has at least ctx/2 tokens of context. Same numbers as llama-perplexity
-//     on the same ids (its mean NLL, printed by --ppl-output-type 1).
+//     on the same ids (its mean NLL, printed by --ppl-output-type 1). llama-perplexity's ids are
+//     the whole text tokenized with BOS first when add_bos: oomb-eval prepends it to a text's ids
+//     too (not to --data-bin ids, which are taken as they are).
 // Design: the convention is expressed as the ChunkDriver's per-position labels (ignore_index where
 // nothing is scored), so the model's forward is the same code in both conventions.
 #pragma once

@@ -24,6 +24,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -121,9 +122,17 @@ int main(int argc, char ** argv) {
         size_t n_bytes = 0;
         if (!tokenize_paths(tok, data, eos, threads, &ids, &n_bytes, &err)) fail(PROG, "--data: " + err);
         if (!ids.empty()) ids.pop_back();  // no end-of-text after the last document
-        if (second_half && tok.add_bos()) {
-            win.bos = tok.bos_id();
-            if (win.bos < 0) fail(PROG, src + ": tokenizer.ggml.add_bos_token is true but there is no BOS id");
+        if (second_half) {
+            // llama-perplexity tokenizes the text whole, BOS first when add_bos (so its windows start
+            // one token earlier), and reads <|endoftext|> as plain text: the documents do not match
+            if (tok.add_bos()) {
+                win.bos = tok.bos_id();
+                if (win.bos < 0) fail(PROG, src + ": tokenizer.ggml.add_bos_token is true but there is no BOS id");
+                ids.insert(ids.begin(), win.bos);
+            }
+            if (std::find(ids.begin(), ids.end(), eos) != ids.end())
+                printf("note: --score-second-half: the text has several documents (<|endoftext|>); llama-perplexity reads "
+                       "that separator as plain text, so its numbers will differ\n");
         }
         printf("text: %.2f MB -> %zu tokens (%.2f bytes/token)\n", n_bytes / 1e6, ids.size(), (double) n_bytes / std::max<size_t>(1, ids.size()));
     }
@@ -178,7 +187,7 @@ int main(int argc, char ** argv) {
         nlohmann::json j;
         j["model"] = model; if (!lora.empty()) j["lora"] = lora; j["tokens"] = n; j["targets"] = targets; j["windows"] = windows; j["ctx"] = ctx;
         j["chunk"] = chunk; j["page"] = page;
-        j["score_second_half"] = second_half; j["mean_nll"] = mean; j["perplexity"] = std::exp(mean); j["seconds"] = dt;
+        j["score_second_half"] = second_half; if (second_half) j["bos"] = win.bos; j["mean_nll"] = mean; j["perplexity"] = std::exp(mean); j["seconds"] = dt;
         if (!write_file_atomic(json_out, j.dump(2) + "\n", &err)) fail(PROG, err);
     }
     return 0;

@@ -36,6 +36,7 @@ import gzip
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 
@@ -84,15 +85,17 @@ def llama_ppl(model, text, lora=None):
     return (float(lines[-1][2]), int(m.group(1))), log
 
 
-def compare(what, model, text, lora=None, oomb_lora=None):
-    """llama-perplexity vs oomb-eval --score-second-half on one file: returns oomb's mean NLL."""
+def compare(what, model, text, lora=None, bos=-1):
+    """llama-perplexity vs oomb-eval --score-second-half on one file (bos: the BOS id the vocabulary puts
+    first, -1: none): returns oomb's mean NLL."""
     ll, log = llama_ppl(model, text, lora)
-    ours, err = oomb_eval(model, text, oomb_lora if oomb_lora is not None else lora, extra=["--score-second-half"])
+    ours, err = oomb_eval(model, text, lora, extra=["--score-second-half"])
     c.check(ll is not None, f"{what}: llama-perplexity runs ({'' if ll else log})")
     c.check(ours is not None, f"{what}: oomb-eval --score-second-half runs ({'' if ours else err})")
     if ll is None or ours is None:
         return None
     nll, chunks = ll
+    c.check(ours.get("bos") == bos, f"{what}: oomb-eval's BOS {ours.get('bos')} (expected {bos})")
     c.check(chunks == ours["windows"] == ours["tokens"] // CTX,
             f"{what}: the same windows: llama.cpp {chunks} chunks, oomb {ours['windows']} of {ours['tokens']} tokens")
     c.check(ours["targets"] == chunks * (CTX - CTX // 2 - 1), f"{what}: {ours['targets']} scored tokens")
@@ -125,6 +128,11 @@ def check_second_half(tmp, base):
 
 def main():
     need_tools(TRAIN, EVAL, INIT)
+    try:
+        import gguf  # noqa: F401  (llama.cpp's gguf-py: the tensor types of llama-quantize's files)
+    except ImportError as e:
+        skip(f"{e} (needs gguf)")
+    globals()["gguf"] = gguf
     if not os.path.exists(VOCAB):
         skip(f"{VOCAB} missing")
     with tempfile.TemporaryDirectory(prefix="oomb-py-llamacpp-") as tmp:
@@ -146,12 +154,34 @@ def main():
 
         text_all = gzip.open(os.path.join(SRC, "data", "python-docs.txt.gz"), "rt", encoding="utf-8").read()
         text, train_text = os.path.join(tmp, "eval.txt"), os.path.join(tmp, "train.txt")
-        # no trailing newline: llama.cpp's -f drops one; no <|endoftext|>: oomb splits documents there
-        open(text, "w", encoding="utf-8").write(text_all[200000:212000].rstrip("\n"))
+        # one document: llama.cpp reads <|endoftext|> as plain text (oomb: a document separator, its id);
+        # no trailing newline: llama.cpp's -f drops one
+        open(text, "w", encoding="utf-8").write(text_all[200000:212000].replace("<|endoftext|>", "\n").rstrip("\n"))
         open(train_text, "w", encoding="utf-8").write(text_all[:60000])
 
         # 1. baseline: the f32 base alone
         base_nll = compare("f32 base", base, text)
+
+        # the same with a vocabulary that says add_bos (Qwen2.5's does not): BOS first in the text and
+        # in every window, as llama-perplexity does
+        vocab_bos = os.path.join(tmp, "vocab-add-bos.gguf")
+        shutil.copyfile(VOCAB, vocab_bos)
+        r = gguf.GGUFReader(vocab_bos, "r+")
+        r.fields["tokenizer.ggml.add_bos_token"].parts[-1][0] = True
+        bos_id = int(r.fields["tokenizer.ggml.bos_token_id"].parts[-1][0])
+        r.data.flush()
+        del r
+        base_bos = os.path.join(tmp, "base-f32-add-bos.gguf")
+        rc, o, e = run_tool([INIT, "--vocab-size", str(N_VOCAB), "--hidden", "256", "--ffn", "512", "--layers", "2",
+                             "--heads", "4", "--kv-heads", "2", "--tied", "--init-std", "0.1", "--outtype", "f32",
+                             "--vocab", vocab_bos, "--seed", "3", "-o", base_bos])
+        c.check(rc == 0, f"oomb-gguf-init with an add_bos vocabulary {e.strip()[-200:] if rc else ''}")
+        if rc == 0:
+            bos_nll = compare("f32 base, add_bos vocabulary", base_bos, text, bos=bos_id)
+            # (a weak check on its own: on this random model BOS first moves the NLL by only ~5e-6
+            # relative; the windows themselves are unit-tested in tests/test-eval-windows.cpp)
+            if bos_nll and base_nll:
+                print(f"note: add_bos vocabulary NLL {bos_nll:.6f} vs {base_nll:.6f} without BOS")
 
         # a. our adapter in llama.cpp
         out = os.path.join(tmp, "run")
@@ -194,8 +224,9 @@ def main():
             rc, o, e = run_tool([QUANTIZE, base, q, qtype, "2"])
             c.check(rc == 0, f"llama-quantize f32 -> {qtype} {(o + e).strip()[-300:] if rc else ''}")
             if rc == 0:
-                types = sorted(set(re.findall(r"type\s*=\s*(\w+)", o + e)) - {"f32"})
-                print(f"note: {qtype} file tensor types (llama-quantize log): {types}")
+                types = sorted({gguf.GGMLQuantizationType(t.tensor_type).name for t in gguf.GGUFReader(q).tensors})
+                want = {"Q8_0": {"Q8_0"}, "Q4_K_M": {"Q4_K", "Q6_K"}}[qtype]
+                c.check(want <= set(types), f"llama-quantize {qtype}: the file holds {types} (wanted {sorted(want)} among them)")
                 nll = compare(f"llama-quantize {qtype}", q, text)
                 if nll and base_nll:
                     print(f"note: {qtype} NLL {nll:.6f} vs f32 {base_nll:.6f}")
