@@ -104,6 +104,16 @@ def compare(what, model, text, lora=None, bos=-1):
     return ours["mean_nll"]
 
 
+def check_merge(what, cmd, merged, text, lora_nll):
+    """A merge of base + adapter (cmd writes `merged`): llama.cpp == oomb-eval on it, == base + adapter's NLL."""
+    rc, o, e = run_tool(cmd)
+    c.check(rc == 0, f"{what}: {os.path.basename(cmd[0])} runs {(o + e).strip()[-300:] if rc else ''}")
+    nll = compare(what, merged, text) if rc == 0 else None
+    if nll:
+        d = abs(nll - lora_nll) / lora_nll
+        c.check(d <= REL, f"{what}: {nll:.6f} == base + adapter {lora_nll:.6f} in oomb-eval (rel. {d:.2e})")
+
+
 def check_second_half(tmp, base):
     """Part 0: --score-second-half on one window of 2k == sum over 2k ids - sum over k+1 ids."""
     k = 64
@@ -199,22 +209,10 @@ def main():
         # b. merged models: llama.cpp's merge of our adapter loads here; ours (oomb-export) loads there
         if lora_nll:
             m2 = os.path.join(tmp, "merged-by-llama.gguf")
-            rc, o, e = run_tool([EXPORT_LORA, "-m", base, "--lora", adapter, "-o", m2, "-t", "2"])
-            c.check(rc == 0, f"llama-export-lora merges our adapter {(o + e).strip()[-300:] if rc else ''}")
-            if rc == 0:
-                nll = compare("llama-export-lora's merge", m2, text)
-                if nll:
-                    d = abs(nll - lora_nll) / lora_nll
-                    c.check(d <= REL, f"llama-export-lora's merge {nll:.6f} == base + adapter {lora_nll:.6f} in oomb-eval (rel. {d:.2e})")
+            check_merge("llama-export-lora's merge", [EXPORT_LORA, "-m", base, "--lora", adapter, "-o", m2, "-t", "2"], m2, text, lora_nll)
             if os.access(EXPORT, os.X_OK):
                 m = os.path.join(tmp, "merged-f16.gguf")
-                rc, o, e = run_tool([EXPORT, "-m", base, "--lora", adapter, "--out-type", "f16", "-o", m])
-                c.check(rc == 0, f"oomb-export --lora --out-type f16 {e.strip()[-300:]}")
-                if rc == 0:
-                    nll = compare("oomb-export's f16 merge", m, text)
-                    if nll:
-                        d = abs(nll - lora_nll) / lora_nll
-                        c.check(d <= REL, f"oomb-export's f16 merge {nll:.6f} == base + adapter {lora_nll:.6f} (rel. {d:.2e})")
+                check_merge("oomb-export's f16 merge", [EXPORT, "-m", base, "--lora", adapter, "--out-type", "f16", "-o", m], m, text, lora_nll)
             else:
                 print(f"SKIPPED: (b) merged model through oomb-export: {EXPORT} not built")
 
