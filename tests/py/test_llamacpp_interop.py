@@ -21,13 +21,17 @@ tokenizer, f32), text: a slice of data/python-docs.txt.gz (~3.5K tokens; windows
      sum equals the default NLL sum of the first 2k ids (positions 0 .. 2k-2 scored) minus that of
      the first k+1 ids (positions 0 .. k-1): the scored positions are exactly k .. 2k-2, whatever
      the chunking; bad --ctx / too short data named;
-  1. baseline: the f32 base alone, llama-perplexity == oomb-eval;
+  1. baseline: the f32 base alone (and its f16 twin), llama-perplexity == oomb-eval; the same with a
+     vocabulary that says add_bos (BOS first: a weak check on this random model, see below);
   a. adapter: oomb-train --trainable lora a few steps -> DIR/adapter.gguf; llama-perplexity --lora
      == oomb-eval --lora (and the adapter moves the NLL well past the tolerance);
   b. merged: oomb-export --lora --out-type f16 (SKIPPED while oomb-export is not built) -> both on
      M.gguf equal each other and the adapter's NLL; also llama-export-lora's merge of our adapter
      loads here with llama.cpp's NLL;
-  c. llama-quantize of the f32 base to Q8_0 and Q4_K_M: loads in oomb-eval, NLL == llama's.
+  c. llama-quantize of the f32 base to Q8_0 and Q4_K_M (checked to hold Q8_0 / Q4_K and Q6_K
+     tensors): loads in oomb-eval, NLL == llama's; and llama-perplexity on the file's weights
+     dequantized by gguf-py into f32 == oomb-eval on the quantized file to 1e-4 (llama.cpp's own
+     quantized products round the activations too: that part of the difference is theirs).
 
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_LLAMACPP_DIR. Exit 0: all passed;
 1: a failure; 77 (SKIPPED line): llama.cpp (or a tool, Python package) missing.
@@ -114,6 +118,29 @@ def check_merge(what, cmd, merged, text, lora_nll):
         c.check(d <= REL, f"{what}: {nll:.6f} == base + adapter {lora_nll:.6f} in oomb-eval (rel. {d:.2e})")
 
 
+def check_dequantized(tmp, base, q, qtype, text, nll):
+    """llama.cpp multiplies quantized weights with quantized activations (Q8_K blocks of 256 for the
+    K-quants, Q8_0 for Q8_0), so its NLL on q differs from exact math by more than f32 rounding. Here
+    the same weights dequantized by gguf-py (gguf.quants) into an f32 copy of the base, run through
+    llama-perplexity (f32 math), must equal oomb-eval's NLL on the quantized file to 1e-4 (f32
+    agreement is ~4e-6): our loading of llama-quantize's file is exact, the rest is llama.cpp's."""
+    deq = os.path.join(tmp, f"dequantized-{qtype}.gguf")
+    shutil.copyfile(base, deq)
+    src = {t.name: t for t in gguf.GGUFReader(q).tensors}
+    out = gguf.GGUFReader(deq, "r+")
+    for t in out.tensors:
+        st = src[t.name]
+        t.data[...] = gguf.quants.dequantize(st.data, st.tensor_type).reshape(t.data.shape)
+    out.data.flush()
+    del out
+    ll, log = llama_ppl(deq, text)
+    c.check(ll is not None, f"{qtype} dequantized by gguf-py: llama-perplexity runs ({'' if ll else log})")
+    if ll:
+        d = abs(ll[0] - nll) / nll
+        c.check(d <= 1e-4, f"{qtype}: llama.cpp on gguf-py's f32 dequantization {ll[0]:.6f} == oomb-eval on the {qtype} file "
+                           f"{nll:.6f} (rel. {d:.2e} <= 1e-4)")
+
+
 def check_second_half(tmp, base):
     """Part 0: --score-second-half on one window of 2k == sum over 2k ids - sum over k+1 ids."""
     k = 64
@@ -136,6 +163,14 @@ def check_second_half(tmp, base):
     c.check(r is None and "fewer than one window of --ctx" in e, f"--score-second-half, data shorter than --ctx: refused, named ({e})")
 
 
+def make_base(path, vocab, outtype):
+    """The tiny Qwen2 (hidden 256: the K-quants apply; tied head) with `vocab`'s tokenizer: (ok, message)."""
+    rc, o, e = run_tool([INIT, "--vocab-size", str(N_VOCAB), "--hidden", "256", "--ffn", "512", "--layers", "2",
+                         "--heads", "4", "--kv-heads", "2", "--tied", "--init-std", "0.1", "--outtype", outtype,
+                         "--vocab", vocab, "--seed", "3", "-o", path])
+    return rc == 0, e.strip()[-200:]
+
+
 def main():
     need_tools(TRAIN, EVAL, INIT)
     try:
@@ -147,11 +182,9 @@ def main():
         skip(f"{VOCAB} missing")
     with tempfile.TemporaryDirectory(prefix="oomb-py-llamacpp-") as tmp:
         base = os.path.join(tmp, "base-f32.gguf")
-        rc, o, e = run_tool([INIT, "--vocab-size", str(N_VOCAB), "--hidden", "256", "--ffn", "512", "--layers", "2",
-                             "--heads", "4", "--kv-heads", "2", "--tied", "--init-std", "0.1", "--outtype", "f32",
-                             "--vocab", VOCAB, "--seed", "3", "-o", base])
-        c.check(rc == 0, f"oomb-gguf-init: a tiny Qwen2 with the Qwen2.5 tokenizer {e.strip()[-200:]}")
-        if rc:
+        ok, msg = make_base(base, VOCAB, "f32")
+        c.check(ok, f"oomb-gguf-init: a tiny Qwen2 with the Qwen2.5 tokenizer {msg}")
+        if not ok:
             c.finish()
         check_second_half(tmp, base)
 
@@ -169,8 +202,14 @@ def main():
         open(text, "w", encoding="utf-8").write(text_all[200000:212000].replace("<|endoftext|>", "\n").rstrip("\n"))
         open(train_text, "w", encoding="utf-8").write(text_all[:60000])
 
-        # 1. baseline: the f32 base alone
+        # 1. baseline: the f32 base alone, and the same weights in f16 (llama.cpp rounds the activations
+        # to f16 for f16 weights)
         base_nll = compare("f32 base", base, text)
+        base16 = os.path.join(tmp, "base-f16.gguf")
+        ok, msg = make_base(base16, VOCAB, "f16")
+        c.check(ok, f"oomb-gguf-init --outtype f16 {'' if ok else msg}")
+        if ok:
+            compare("f16 base", base16, text)
 
         # the same with a vocabulary that says add_bos (Qwen2.5's does not): BOS first in the text and
         # in every window, as llama-perplexity does
@@ -182,11 +221,9 @@ def main():
         r.data.flush()
         del r
         base_bos = os.path.join(tmp, "base-f32-add-bos.gguf")
-        rc, o, e = run_tool([INIT, "--vocab-size", str(N_VOCAB), "--hidden", "256", "--ffn", "512", "--layers", "2",
-                             "--heads", "4", "--kv-heads", "2", "--tied", "--init-std", "0.1", "--outtype", "f32",
-                             "--vocab", vocab_bos, "--seed", "3", "-o", base_bos])
-        c.check(rc == 0, f"oomb-gguf-init with an add_bos vocabulary {e.strip()[-200:] if rc else ''}")
-        if rc == 0:
+        ok, msg = make_base(base_bos, vocab_bos, "f32")
+        c.check(ok, f"oomb-gguf-init with an add_bos vocabulary {'' if ok else msg}")
+        if ok:
             bos_nll = compare("f32 base, add_bos vocabulary", base_bos, text, bos=bos_id)
             # (a weak check on its own: on this random model BOS first moves the NLL by only ~5e-6
             # relative; the windows themselves are unit-tested in tests/test-eval-windows.cpp)
@@ -228,6 +265,8 @@ def main():
                 nll = compare(f"llama-quantize {qtype}", q, text)
                 if nll and base_nll:
                     print(f"note: {qtype} NLL {nll:.6f} vs f32 {base_nll:.6f}")
+                if nll:
+                    check_dequantized(tmp, base, q, qtype, text, nll)
     c.finish()
 
 
