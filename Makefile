@@ -2,12 +2,13 @@
 #   make         install missing Debian packages, configure and build (build/)
 #   make run     build and run the main job (the example trainer's default run)
 #   make test    build and run the whole test suite through CTest
+#   make llama-cpp  build llama.cpp's tools for tests/py/test_llamacpp_interop.py (cached in $(BUILD)/llama.cpp)
 #   make clean   remove build/
 BUILD   ?= build
 JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build run test clean bench
+.PHONY: all deps configure build run test clean bench llama-cpp
 
 all: build
 
@@ -29,6 +30,9 @@ run: build
 test: deps configure
 	cmake --build $(BUILD) -j $(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+llama-cpp:
+	@scripts/build-llama-cpp.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

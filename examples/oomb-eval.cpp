@@ -10,7 +10,10 @@
 // oomb-train) is tokenized with the model's tokenizer (or --vocab) and cut into windows of --ctx
 // tokens (the last, shorter window included); every window is one sequence whose tokens attend
 // to all earlier tokens of that window. Prints the token count, the mean negative log-likelihood
-// over all predicted tokens (nats) and the perplexity exp(mean NLL).
+// over all predicted tokens (nats) and the perplexity exp(mean NLL). --score-second-half scores as
+// llama.cpp's llama-perplexity does instead (examples/eval-windows.h): whole windows of --ctx only,
+// BOS first when the vocabulary says add_bos, the second half of each window scored.
+#include "eval-windows.h"
 #include "train-common.h"
 #include "train-offload.h"
 #include "train-sparse.h"
@@ -22,6 +25,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -42,6 +46,7 @@ int main(int argc, char ** argv) {
     int64_t ctx = 4096, chunk = 4096, max_tokens = 0;
     int page = 128, threads = 0;
     double rope_theta = 0;
+    bool second_half = false;
     CLI::App app{"oomb-eval: perplexity of a long text under a Qwen2 or Llama GGUF model, computed chunk by chunk over the paged KV cache "
                  "(the same path as oomb-train).",
                  "oomb-eval"};
@@ -61,6 +66,9 @@ int main(int argc, char ** argv) {
     app.add_option("-t,--threads", threads, "CPU threads (default: all)");
     app.add_option("--device", device, "cpu or cuda")->capture_default_str();
     app.add_option("--rope-theta", rope_theta, "override the RoPE base");
+    app.add_flag("--score-second-half", second_half,
+                 "score as llama-perplexity: floor(tokens / ctx) windows of exactly --ctx, each starting with BOS when the "
+                 "vocabulary says add_bos, only positions ctx/2 .. ctx-2 scored");
     app.add_option("--json", json_out, "also write the results as JSON to this file");
     OffloadOptions offload;
     add_offload_options(app, offload);
@@ -95,9 +103,15 @@ int main(int argc, char ** argv) {
     if (rope_theta > 0) m->cfg.rope_theta = (float) rope_theta;
 
     std::vector<int32_t> ids;
+    EvalWindowing win;
+    win.second_half = second_half;
     const auto t0 = std::chrono::steady_clock::now();
     if (!data_bin.empty()) {
         if (!read_ids_bin(data_bin, m->cfg.n_vocab, &ids, &err)) fail(PROG, "--data-bin: " + err);
+        if (second_half) {  // ids given: BOS as the model's vocabulary says, when it has one
+            Tokenizer tok;
+            if (load_model_tokenizer(model, &tok, &err) == ModelTokenizer::Loaded && tok.add_bos()) win.bos = tok.bos_id();
+        }
     } else {
         Tokenizer tok;
         std::string src = model;
@@ -118,12 +132,26 @@ int main(int argc, char ** argv) {
         size_t n_bytes = 0;
         if (!tokenize_paths(tok, data, eos, threads, &ids, &n_bytes, &err)) fail(PROG, "--data: " + err);
         if (!ids.empty()) ids.pop_back();  // no end-of-text after the last document
+        if (second_half) {
+            // llama-perplexity tokenizes the text whole, BOS first when add_bos (so its windows start
+            // one token earlier), and reads <|endoftext|> as plain text: the documents do not match
+            if (tok.add_bos()) {
+                win.bos = tok.bos_id();
+                if (win.bos < 0) fail(PROG, src + ": tokenizer.ggml.add_bos_token is true but there is no BOS id");
+                ids.insert(ids.begin(), win.bos);
+            }
+            if (std::find(ids.begin(), ids.end(), eos) != ids.end())
+                printf("note: --score-second-half: the text has several documents (<|endoftext|>); llama-perplexity reads "
+                       "that separator as plain text, so its numbers will differ\n");
+        }
         printf("text: %.2f MB -> %zu tokens (%.2f bytes/token)\n", n_bytes / 1e6, ids.size(), (double) n_bytes / std::max<size_t>(1, ids.size()));
     }
     if (max_tokens > 0 && (int64_t) ids.size() > max_tokens) ids.resize((size_t) max_tokens);
     const int64_t n = (int64_t) ids.size();
-    if (n < 2) fail(PROG, "the data hold " + std::to_string(n) + " token(s); at least 2 are needed");
-    ctx = std::min<int64_t>(ctx, n);
+    win.ctx = ctx;
+    int64_t n_windows = 0;
+    if (!eval_window_count(n, win, &n_windows, &err)) fail(PROG, err);
+    if (!second_half) ctx = std::min<int64_t>(ctx, n);
     chunk = std::min(chunk, ctx);
 
     ChunkParams tp;
@@ -133,21 +161,23 @@ int main(int argc, char ** argv) {
     tp.with_grad = false;  // forward only: no KV-gradient pages
     apply_sparse_options(sparse, &tp);  // the same selection rule as oomb-train
     if (sparse.pages > 0) printf("%s\n", sparse_summary_line(sparse, m->cfg.n_layer, m->cfg.n_head_kv, m->cfg.head_dim, page).c_str());
+    win.ignore_index = tp.ignore_index;
     plan_memory(PROG, offload, be, *m, &tp);
     ChunkDriver tr(model_chunk_builder(*m), tp);
     double nll = 0;
     int64_t targets = 0, windows = 0;
     const auto t1 = std::chrono::steady_clock::now();
     const bool tty = isatty(2);
-    for (int64_t off = 0; off + 1 < n; off += ctx) {
-        const int64_t len = std::min(ctx, n - off);
-        ChunkStats st = tr.forward(ids.data() + off, len);
+    for (int64_t k = 0; k < n_windows; k++) {
+        const EvalWindow w = eval_window(ids.data(), n, k, win);
+        const int64_t len = (int64_t) w.ids.size(), done = w.offset + len;
+        ChunkStats st = tr.forward(w.ids.data(), len, w.labels.empty() ? nullptr : w.labels.data());
         nll += st.loss_sum;
         targets += st.n_targets;
         windows++;
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-        if (tty) fprintf(stderr, "\r%s: %" PRId64 "/%" PRId64 " tokens, running NLL %.4f, %.0f tok/s   ", PROG, off + len, n,
-                nll / std::max<int64_t>(1, targets), (off + len) / std::max(1e-9, dt));
+        if (tty) fprintf(stderr, "\r%s: %" PRId64 "/%" PRId64 " tokens, running NLL %.4f, %.0f tok/s   ", PROG, done, n,
+                nll / std::max<int64_t>(1, targets), done / std::max(1e-9, dt));
     }
     if (tty) fprintf(stderr, "\n");
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
@@ -158,6 +188,9 @@ int main(int argc, char ** argv) {
                lora_targets_string(m->lora->cfg.targets).c_str());
     printf("tokens: %" PRId64 " in %" PRId64 " window(s) of up to %" PRId64 " (chunk %" PRId64 ", page %d), %" PRId64 " predicted\n", n,
            windows, ctx, chunk, page, targets);
+    if (second_half)
+        printf("scored: the second half of each window of %" PRId64 " (llama-perplexity's convention), BOS %s\n", ctx,
+               win.bos >= 0 ? ("id " + std::to_string(win.bos) + " first").c_str() : "not added");
     printf("mean NLL: %.6f nats/token\n", mean);
     printf("perplexity: %.4f\n", std::exp(mean));
     printf("time: %.2f s (%.0f tok/s; load + tokenize %.2f s)\n", dt, n / std::max(1e-9, dt),
@@ -165,7 +198,8 @@ int main(int argc, char ** argv) {
     if (!json_out.empty()) {
         nlohmann::json j;
         j["model"] = model; if (!lora.empty()) j["lora"] = lora; j["tokens"] = n; j["targets"] = targets; j["windows"] = windows; j["ctx"] = ctx;
-        j["chunk"] = chunk; j["page"] = page; j["mean_nll"] = mean; j["perplexity"] = std::exp(mean); j["seconds"] = dt;
+        j["chunk"] = chunk; j["page"] = page;
+        j["score_second_half"] = second_half; if (second_half) j["bos"] = win.bos; j["mean_nll"] = mean; j["perplexity"] = std::exp(mean); j["seconds"] = dt;
         if (!write_file_atomic(json_out, j.dump(2) + "\n", &err)) fail(PROG, err);
     }
     return 0;
