@@ -57,6 +57,7 @@ struct Options {
     std::string out_type = "bf16";  // --out-type: model.gguf's 2-D weights (full-model checkpoints)
     bool attn_cache = false;
     std::string attn_cache_type = "f32";
+    std::string kv_grad_type = "f32";  // --kv-grad-type: KV-gradient pages, f32 or bf16 (stochastic rounding)
     OffloadOptions offload;  // --offload, --gpu-kv-budget, --offload-block
     int threads = 0;
     std::string device = "cpu";
