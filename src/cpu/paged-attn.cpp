@@ -15,6 +15,9 @@
 // gradient pages are written without races), and the dq contributions go to one of a fixed number
 // of partial dq buffers, summed in a fixed order. Results depend neither on the thread count nor on
 // scheduling.
+// Gradient pages in f32 or bf16: a bf16 page element gets the block's f32 sum added in f32 and is
+// rounded back stochastically (sround.h, bits from the element and a per-call salt), once per call,
+// so the error stays one rounding per chunk and the expectation exact.
 // Page schedules (oomb-schedule.h): a key block lies in one logical page, so a schedule is a
 // per-row yes/no for the whole block; a row that does not attend the block gets position -1 for
 // it (every key masked, the same path as the causal mask), and a block no row of a tile attends is
