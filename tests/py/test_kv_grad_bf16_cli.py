@@ -11,7 +11,8 @@
     plan and holds 3/4 of the host bytes (train.jsonl host_kv_bytes: 12 instead of 16 bytes per page
     element with the CPU's f32 K/V) and copies fewer (offload_bytes_in / _out: the gradient copies
     halve, the K/V copies stay);
-  - the same seed gives the same gradients (two bf16 runs are bit-identical);
+  - the same seed gives the same gradients (two bf16 runs are bit-identical), and a run stopped after
+    step 1 and resumed gives step 2's loss and gradient norm of an uninterrupted run;
   - `--kv-grad-type f16`: exit 1 with a message.
 
 Prints the per-tensor relative errors (the table in bench/offload/RESULTS.md).
@@ -141,6 +142,21 @@ def main():
                     check(a > 0 and abs(b / a - 0.75) < 0.01, f"{key}: bf16 / f32 = {b / max(a, 1):.3f} (12 / 16 bytes per element)")
                 else:  # the gradient copies halve, the K/V copies (more of them: history blocks per chunk) stay
                     check(a > 0 and 0.5 < b / a < 1.0, f"{key}: bf16 / f32 = {b / max(a, 1):.3f} (between 1/2 and 1)")
+
+        # resume (f32 checkpoints: bit-exact): the rounding is seeded by the step, so 2 steps in one run
+        # equal 1 step, then --resume for the second
+        tr = [TRAIN, "-m", models["qwen2-mini"], "--data-bin", data, "--ctx", "200", "--chunk", "64", "--page", "16", "--eval-every", "0",
+              "--threads", "2", "--steps", "2", "--kv-grad-type", "bf16", "--save-every", "1", "--out-type", "f32"]
+        whole, part = os.path.join(tmp, "whole"), os.path.join(tmp, "part")
+        r1 = run(tr + ["-o", whole])
+        r2 = run(tr + ["-o", part, "--stop-after", "1"])
+        r3 = run(tr + ["-o", part, "--resume"])
+        check(r1.returncode == 0 and r2.returncode == 0 and r3.returncode == 0, f"bf16 pages: train / stop / resume ran ({r1.returncode} {r2.returncode} {r3.returncode} {r3.stderr[-200:]})")
+        if r1.returncode == 0 and r3.returncode == 0:
+            a = [json.loads(x) for x in open(os.path.join(whole, "train.jsonl"))][-1]
+            b = [json.loads(x) for x in open(os.path.join(part, "train.jsonl"))][-1]
+            check(a["step"] == b["step"] == 2 and a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"],
+                  f"bf16 pages: step 2 resumed equals step 2 of one run (loss {b['loss']} vs {a['loss']}, grad norm {b['grad_norm']} vs {a['grad_norm']})")
 
         r = run([TRAIN, "-m", models["qwen2-mini"], "--tokens", ids, "--dump-grads", os.path.join(tmp, "x.safetensors"), "--kv-grad-type", "f16"])
         check(r.returncode == 1 and "--kv-grad-type must be f32 or bf16" in r.stderr, f"--kv-grad-type f16: exit 1 with a message ({r.returncode}: {r.stderr[-200:]})")
