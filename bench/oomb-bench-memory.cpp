@@ -33,6 +33,8 @@ int main(int argc, char ** argv) {
     int block = 16;
     app.add_option("--resident-pages", resident, "host offload: KV pages kept in the (stand-in) device pool; the rest stream (-1: all resident)");
     app.add_option("--offload-block", block, "host offload: pages per streamed block");
+    std::string kv_grad = "f32";
+    app.add_option("--kv-grad-type", kv_grad, "KV-gradient pages: f32 or bf16 (stochastic rounding)")->check(CLI::IsMember({"f32", "bf16"}));
     CLI11_PARSE(app, argc, argv);
 
     try {
@@ -56,6 +58,7 @@ int main(int argc, char ** argv) {
             tp.max_tokens = ctx;
             tp.resident_pages = resident;
             tp.stream_block_pages = block;
+            tp.kv_grad_type = kv_grad == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
             ChunkDriver tr(qwen2_chunk_builder(*m), tp);
             kv_bytes = oomb_kv_cache_nbytes(tr.kv_cache());
             host_kv = oomb_kv_cache_host_nbytes(tr.kv_cache());
@@ -70,7 +73,8 @@ int main(int argc, char ** argv) {
             arena_max = tr.arena_bytes();
         }
         const Qwen2Config & c = m->cfg;
-        const size_t kv_per_token = (size_t) (c.n_layer * c.n_head_kv * c.head_dim) * (2 * 4 + 2 * 4);
+        const size_t grad_es = kv_grad == "bf16" ? 2 : 4;
+        const size_t kv_per_token = (size_t) (c.n_layer * c.n_head_kv * c.head_dim) * (2 * 4 + 2 * grad_es);
         nlohmann::json j;
         j["ctx"] = ctx; j["chunk"] = std::min(chunk, ctx); j["page"] = page; j["threads"] = threads;
         j["model"] = mo.model.empty() ? mo.shape_str(c) : mo.model;
@@ -80,7 +84,8 @@ int main(int argc, char ** argv) {
         j["kv_cache_bytes"] = kv_bytes;                  // K, V, dK, dV pools + page table (with offload: the device pools)
         j["host_kv_bytes"] = host_kv;                    // with offload: the host tier
         j["resident_pages"] = resident;
-        j["kv_bytes_per_token_expected"] = kv_per_token; // n_layer * Hkv * D * (K, V f32 + dK, dV f32)
+        j["kv_bytes_per_token_expected"] = kv_per_token; // n_layer * Hkv * D * (K, V f32 + dK, dV f32 or bf16)
+        j["kv_grad_type"] = kv_grad;
         j["arena_fwd_bytes"] = arena_f; j["arena_fwdbwd_bytes"] = arena_b; j["arena_peak_bytes"] = arena_max;
         j["weights_bytes"] = w_bytes; j["grads_bytes"] = g_bytes;
         j["ids_bytes"] = ids.size() * sizeof(int32_t);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "oomb-impl.h"
+#include "../src/sround.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -131,9 +132,30 @@ __global__ void pa_store_kernel(const char * kc, const char * vc, size_t c_nb0, 
     *(KT *) (vp + po) = from_f32<KT>(*(const float *) (vc + so));
 }
 
-// dk_cur / dv_cur [D, Hkv, T] from the gradient pages at pos.
+// bf16 gradient pages (oomb_paged_attn_back): the backward kernels' pointers and strides then count
+// 16-bit elements, and each element gets old + its f32 sum, stochastically rounded (src/sround.h,
+// the same bits as the CPU backend: index (p, g, d), salt from the pool seed and pos[0]).
+struct GradSR {
+    int bf16;                  // 0: f32 pages (the kernels' plain path)
+    uint32_t seed_k, seed_v;   // oomb_paged_attn_grad_seed of dk_pages / dv_pages
+    const int32_t * pos;       // the op's positions (device): pos[0] salts the chunk's writes
+    int Hkv;
+    int p_off;                 // absolute position of the kernel's key position 0 (a RANGE geometry's first page * P)
+};
+// Adds dk / dv into the bf16 gradient pages at element offset off (pools' element strides), which
+// holds (position p, KV head g, dim d); sk / sv: sr_kv_salt of the seeds.
+__device__ __forceinline__ void grad_add_bf16(const GradSR & gs, float * dkp, float * dvp, int64_t off, int p, int g, int d, int D,
+                                              float dk, float dv, uint32_t sk, uint32_t sv) {
+    uint16_t * k = (uint16_t *) dkp + off, * v = (uint16_t *) dvp + off;
+    const uint32_t i = oomb::sr_kv_index((int64_t) p + gs.p_off, g, d, gs.Hkv, D);
+    *k = oomb::sr_bf16_add(*k, dk, i, sk);
+    *v = oomb::sr_bf16_add(*v, dv, i, sv);
+}
+
+// dk_cur / dv_cur [D, Hkv, T] from the gradient pages at pos (bf16 pages: strides in elements, converted).
 __global__ void pa_readback_kernel(const float * dkp, const float * dvp, int64_t s1, int64_t s2, int64_t s3, const int32_t * pt,
-                                   const int32_t * pos, int n_logical, int n_pages, int P, int D, int Hkv, int T, float * dkc, float * dvc) {
+                                   const int32_t * pos, int n_logical, int n_pages, int P, int D, int Hkv, int T, float * dkc, float * dvc,
+                                   int grad_bf16) {
     const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (int64_t) D * Hkv * T) return;
     const int d = (int) (i % D), g = (int) ((i / D) % Hkv), t = (int) (i / ((int64_t) D * Hkv));
@@ -142,8 +164,13 @@ __global__ void pa_readback_kernel(const float * dkp, const float * dvp, int64_t
     float vk = 0.0f, vv = 0.0f;
     if (pg >= 0) {
         const int64_t off = (int64_t) pg * s3 + (int64_t) (p % P) * s2 + (int64_t) g * s1 + d;
-        vk = dkp[off];
-        vv = dvp[off];
+        if (grad_bf16) {
+            vk = oomb::sr_bf16_to_f32(((const uint16_t *) dkp)[off]);
+            vv = oomb::sr_bf16_to_f32(((const uint16_t *) dvp)[off]);
+        } else {
+            vk = dkp[off];
+            vv = dvp[off];
+        }
     }
     dkc[i] = vk;
     dvc[i] = vv;

@@ -29,7 +29,8 @@ struct GenArgs {
     float * out;                                 // [T][H][D]
     const float * dout; int64_t do_s1, do_s2;    // floats
     float * lse; float * delta;                  // [T*H] natural-log units (forward: the op's saved LSE)
-    float * dkp; float * dvp; int64_t gr_s1, gr_s2, gr_s3; // floats
+    float * dkp; float * dvp; int64_t gr_s1, gr_s2, gr_s3; // elements (f32, or bf16 with gsr.bf16)
+    GradSR gsr;                                  // bf16 gradient pages
     const int * maxpos;
     int Hkv;
     oomb::pa_sched sched;                        // device pointers to the lists
@@ -222,6 +223,15 @@ __global__ void pa_dkdv_generic(const GenArgs a, int64_t n_items) {
         }
     }
     const int64_t goff = (int64_t) pg * a.gr_s3 + (int64_t) (p % a.P) * a.gr_s2 + (int64_t) g * a.gr_s1;
+    if (a.gsr.bf16) {
+        const uint32_t sk = oomb::sr_kv_salt(a.gsr.seed_k, a.pos[0]), sv = oomb::sr_kv_salt(a.gsr.seed_v, a.pos[0]);
+#pragma unroll
+        for (int i = 0; i < GMAX; i++) {
+            const int d = lane + 32 * i;
+            if (d < a.D) grad_add_bf16(a.gsr, a.dkp, a.dvp, goff + d, p, g, d, a.D, dk[i], dv[i], sk, sv);
+        }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < GMAX; i++) {
         const int d = lane + 32 * i;

@@ -281,7 +281,8 @@ struct BwdArgs {
     const int * maxpos;                       // [1]
     int n_rt;
     const bf16 * kp; const bf16 * vp; int64_t kv_s1, kv_s2, kv_s3;   // elements
-    float * dkp; float * dvp; int64_t gr_s1, gr_s2, gr_s3;          // floats
+    float * dkp; float * dvp; int64_t gr_s1, gr_s2, gr_s3;          // elements (f32, or bf16 with gsr.bf16)
+    GradSR gsr;                               // bf16 gradient pages (then nsplit == 1)
     const int32_t * pt; int n_logical, n_pages, P;
     int T, H, G, TGp;
     float c, scale;
@@ -504,6 +505,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
 
     // add dK/dV into the gradient pages (with nsplit == 1 this block alone owns these rows in this
     // launch; otherwise the nsplit blocks of the key tile add with atomics)
+    const uint32_t sk = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_k, a.gsr.pos[0]) : 0u;
+    const uint32_t sv = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_v, a.gsr.pos[0]) : 0u;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int p = k0 + krow0 + (lane >> 2) + hf * 8;
@@ -511,6 +514,15 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
         const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
         if (pg < 0) continue;
         const int64_t off = (int64_t) pg * a.gr_s3 + (int64_t) (p % a.P) * a.gr_s2 + (int64_t) g * a.gr_s1 + (lane & 3) * 2;
+        if (a.gsr.bf16) {
+#pragma unroll
+            for (int nb = 0; nb < D / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    grad_add_bf16(a.gsr, a.dkp, a.dvp, off + nb * 8 + e, p, g, nb * 8 + (lane & 3) * 2 + e, D, dk[nb][hf * 2 + e],
+                                  dv[nb][hf * 2 + e], sk, sv);
+            continue;
+        }
         float * dkr = a.dkp + off;
         float * dvr = a.dvp + off;
         if (zs > 1) {

@@ -232,6 +232,8 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     }
     cp_async_wait<0>();
 
+    const uint32_t sk = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_k, a.gsr.pos[0]) : 0u;  // bf16 gradient pages
+    const uint32_t sv = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_v, a.gsr.pos[0]) : 0u;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int p = k0 + krow0 + (lane >> 2) + hf * 8;
@@ -239,6 +241,15 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
         if (pg < 0) continue;
         const int64_t off = (int64_t) pg * a.gr_s3 + (int64_t) (p % a.P) * a.gr_s2 + (int64_t) g * a.gr_s1 + (lane & 3) * 2;
+        if (a.gsr.bf16) {
+#pragma unroll
+            for (int nb = 0; nb < D / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    grad_add_bf16(a.gsr, a.dkp, a.dvp, off + nb * 8 + e, p, g, nb * 8 + (lane & 3) * 2 + e, D, dk[4 * nb + hf * 2 + e],
+                                  dv[4 * nb + hf * 2 + e], sk, sv);
+            continue;
+        }
         float * dkr = a.dkp + off;
         float * dvr = a.dvp + off;
         if (zs > 1) {

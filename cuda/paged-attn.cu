@@ -502,9 +502,15 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
     const Geom G = make_geom(A.q, A.k_pages, A.page_table, A.pos);
     check_common(G, A.k_pages, "paged_attn_back");
     if (G.T == 0) return;
-    if (A.dk_pages->nb[0] != 4 || A.dv_pages->nb[0] != 4) oomb_error("paged_attn_back (cuda): gradient pages must be contiguous f32");
+    const bool grad_bf16 = A.dk_pages->type == OOMB_TYPE_BF16;
+    const size_t ges = grad_bf16 ? 2 : 4;  // gradient-page element size: strides below count elements
+    if (A.dk_pages->type != A.dv_pages->type || A.dk_pages->nb[0] != ges || A.dv_pages->nb[0] != ges)
+        oomb_error("paged_attn_back (cuda): gradient pages must be contiguous, both f32 or both bf16");
     for (int i = 1; i < 4; i++)
         if (A.dk_pages->nb[i] != A.dv_pages->nb[i]) oomb_error("paged_attn_back (cuda): dk/dv gradient pages must have the same strides");
+    // bf16 gradient pages: read, add in f32, stochastic rounding (GradSR); p_off set per geometry below
+    GradSR gsr{grad_bf16 ? 1 : 0, grad_bf16 ? oomb_paged_attn_grad_seed(A.dk_pages) : 0u,
+               grad_bf16 ? oomb_paged_attn_grad_seed(A.dv_pages) : 0u, G.pos, G.Hkv, 0};
 
     float * dq = (float *) dst->data;
     float * dkc = dq + (int64_t) G.D * G.H * G.T;
@@ -578,13 +584,16 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             a.kp = (const bf16 *) A.k_pages->data; a.vp = (const bf16 *) A.v_pages->data;
             a.kv_s1 = A.k_pages->nb[1] / 2; a.kv_s2 = A.k_pages->nb[2] / 2; a.kv_s3 = A.k_pages->nb[3] / 2;
             a.dkp = (float *) A.dk_pages->data; a.dvp = (float *) A.dv_pages->data;
-            a.gr_s1 = A.dk_pages->nb[1] / 4; a.gr_s2 = A.dk_pages->nb[2] / 4; a.gr_s3 = A.dk_pages->nb[3] / 4;
+            a.gr_s1 = A.dk_pages->nb[1] / ges; a.gr_s2 = A.dk_pages->nb[2] / ges; a.gr_s3 = A.dk_pages->nb[3] / ges;
+            a.gsr = gsr;
+            if (range) a.gsr.p_off = std::min<int>(A.schedule.first, G.n_logical) * G.P;  // range_geom's key 0
             a.pt = K.pt; a.n_logical = K.n_logical; a.n_pages = K.n_pages; a.P = K.P;
             a.T = G.T; a.H = G.H; a.G = G.G; a.TGp = TGp;
             a.c = A.scale * kLog2e; a.scale = A.scale;
             a.dq = dq;
             const int n_key_tiles = (int) ((n_keys_k + BN - 1) / BN);
-            a.nsplit = bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt);
+            // bf16 gradient pages: one block per key tile owns its rows (read-add-round, no atomics)
+            a.nsplit = grad_bf16 ? 1 : bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt);
             if (n_key_tiles == 0) {
                 // an empty page range: no key, no gradient
             } else if (wg) {
@@ -615,7 +624,8 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
         a.dout = (const float *) A.dout->data; a.do_s1 = A.dout->nb[1] / 4; a.do_s2 = A.dout->nb[2] / 4;
         a.lse = lse; a.delta = delta; a.maxpos = maxpos;
         a.dkp = (float *) A.dk_pages->data; a.dvp = (float *) A.dv_pages->data;
-        a.gr_s1 = A.dk_pages->nb[1] / 4; a.gr_s2 = A.dk_pages->nb[2] / 4; a.gr_s3 = A.dk_pages->nb[3] / 4;
+        a.gr_s1 = A.dk_pages->nb[1] / ges; a.gr_s2 = A.dk_pages->nb[2] / ges; a.gr_s3 = A.dk_pages->nb[3] / ges;
+        a.gsr = gsr;  // absolute positions: p_off 0
         const int wpb = 4;
         const dim3 grid_r((unsigned) ((rows + wpb - 1) / wpb));
         // The saved statistics are used when the forward ran these generic kernels too (same f32
@@ -653,8 +663,8 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
     {
         const int64_t n = (int64_t) G.D * G.Hkv * G.T;
         pa_readback_kernel<<<(unsigned) ((n + 255) / 256), 256, 0, stream>>>((const float *) A.dk_pages->data, (const float *) A.dv_pages->data,
-                                                                            A.dk_pages->nb[1] / 4, A.dk_pages->nb[2] / 4, A.dk_pages->nb[3] / 4, G.pt, G.pos,
-                                                                            G.n_logical, G.n_pages, G.P, G.D, G.Hkv, G.T, dkc, dvc);
+                                                                            A.dk_pages->nb[1] / ges, A.dk_pages->nb[2] / ges, A.dk_pages->nb[3] / ges, G.pt, G.pos,
+                                                                            G.n_logical, G.n_pages, G.P, G.D, G.Hkv, G.T, dkc, dvc, grad_bf16 ? 1 : 0);
         PA_LAUNCH_CHECK();
     }
 }

@@ -275,6 +275,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
     apply_sparse_options(o.sparse, &tp);
     if (o.sparse.pages > 0) printf("%s\n", sparse_summary_line(o.sparse, M.cfg.n_layer, M.cfg.n_head_kv, M.cfg.head_dim, o.page).c_str());
+    tp.kv_grad_type = o.kv_grad_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
     if (o.attn_cache && o.chunk >= o.ctx)
         printf("note: --attn-cache is unused: a sequence of --ctx %" PRId64 " tokens is one chunk (no stage 1 to keep results from)\n", o.ctx);
     plan_memory(PROG, o.offload, T.be, M, &tp);  // stops here when the run cannot fit
@@ -352,6 +353,8 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
             const int64_t si = T.sampler.next();
             const int32_t * src = T.data.train.data() + si * o.ctx;
             const int32_t * lab = T.data.train_labels.empty() ? nullptr : T.data.train_labels.data() + si * o.ctx;  // chat: masked
+            // bf16 KV-gradient pages: rounding bits from the step and the sequence (a resumed run draws the same)
+            oomb_kv_cache_set_grad_seed(T.tr->kv_cache(), (uint32_t) (T.step * o.seqs_per_step + s));
             ChunkStats st = T.tr->forward_backward(src, o.ctx, lab);
             loss_sum += st.loss_sum;
             count += st.n_targets;

@@ -58,9 +58,10 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     const auto & c = m.cfg;
     const int64_t P = tp->page, n_pages = (tp->max_tokens + P - 1) / P;
     const bool chunked = tp->max_tokens > tp->chunk;
-    // bytes of one logical page over all layers: K and V (+ their f32 gradients when training)
+    // bytes of one logical page over all layers: K and V (+ their gradients, f32 or bf16, when training)
     const double page_elems = (double) c.head_dim * (double) c.n_head_kv * (double) P * (double) c.n_layer;
-    const double page_bytes = page_elems * (2.0 * (double) oomb_type_size(tp->kv_type) + (tp->with_grad ? 8.0 : 0.0));
+    const double grad_es = (double) oomb_type_size(tp->kv_grad_type);
+    const double page_bytes = page_elems * (2.0 * (double) oomb_type_size(tp->kv_type) + (tp->with_grad ? 2.0 * grad_es : 0.0));
     const int block = oo.block_pages > 0 ? oo.block_pages : (int) std::max<int64_t>(1, 16384 / P);
     // the tier the driver gives R resident pages and blocks of B (slots capped by the streamed
     // pages), and the device pages it holds
@@ -148,7 +149,7 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     const double dev_kv = tiered ? page_bytes * (double) (R + used_slots) : all_kv;
     // the host tier, and the zero gradient pages fresh gradients are read from (offload.cpp)
     const double host_kv = tiered ? page_bytes * (double) (n_pages - R) +
-                                        (tp->with_grad ? (double) std::max(used.block_pages, used.chunk_pages) * page_elems / (double) c.n_layer * 4.0 : 0.0)
+                                        (tp->with_grad ? (double) std::max(used.block_pages, used.chunk_pages) * page_elems / (double) c.n_layer * grad_es : 0.0)
                                   : 0.0;
     const std::string dev = oomb_backend_name(be);
     printf("memory plan (%s%s): %s %s | chunk arena %s (chunk %" PRId64 ")%s\n", dev.c_str(),
@@ -157,7 +158,7 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
            fmt_bytes((double) arena).c_str(), std::min(tp->chunk, tp->max_tokens),
            attn_cache > 0 ? (" | attention cache " + fmt_bytes(attn_cache)).c_str() : "");
     printf("             KV cache %" PRId64 " pages of %" PRId64 " tokens, %s per page over %" PRId64 " layers (K/V %s%s): ", n_pages, P,
-           fmt_bytes(page_bytes).c_str(), c.n_layer, oomb_type_name(tp->kv_type), tp->with_grad ? " + f32 gradients" : "");
+           fmt_bytes(page_bytes).c_str(), c.n_layer, oomb_type_name(tp->kv_type), tp->with_grad ? (std::string(" + ") + oomb_type_name(tp->kv_grad_type) + " gradients").c_str() : "");
     if (!tiered) printf("all on the device, %s (offload %s)\n", fmt_bytes(all_kv).c_str(), oo.mode.c_str());
     else
         printf("%" PRId64 " resident + %" PRId64 " slots on the device (%s), %" PRId64 " streamed from %s host memory (%s; offload %s, blocks of %d pages)\n",

@@ -67,6 +67,7 @@ struct Options {
     std::string base_type = "keep";
     bool attn_cache = false;
     std::string attn_cache_type = "f32";
+    std::string kv_grad_type = "f32";  // --kv-grad-type: KV-gradient pages, f32 or bf16 (stochastic rounding)
     OffloadOptions offload;  // --offload, --gpu-kv-budget, --offload-block
     SparseOptions sparse;    // --sparse-pages, --sparse-score, --sparse-sink, --sparse-local
     int threads = 0;

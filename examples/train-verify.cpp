@@ -137,11 +137,13 @@ int dump_grads(const Options & o) {
     ChunkParams & tp = v.tp;
     tp.cache_attn = o.attn_cache;  // the verification can check the attention-cache path too
     tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
+    tp.kv_grad_type = o.kv_grad_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
     plan_memory(PROG, o.offload, v.be, *v.model, &tp);
     ChunkDriver tr(model_chunk_builder(*v.model), tp);
     double loss_sum = 0;
     int64_t count = 0;
     for (int64_t b = 0; b < B; b++) {
+        oomb_kv_cache_set_grad_seed(tr.kv_cache(), (uint32_t) b);  // bf16 gradient pages: reproducible rounding
         ChunkStats st = tr.forward_backward(ids.data() + b * T, T);
         loss_sum += st.loss_sum;
         count += st.n_targets;
@@ -161,6 +163,7 @@ int dump_grads(const Options & o) {
     w.set_metadata("chunk", std::to_string(tp.chunk));
     w.set_metadata("page", std::to_string(tp.page));
     w.set_metadata("n_targets", std::to_string(count));
+    w.set_metadata("kv_grad_type", oomb_type_name(tp.kv_grad_type));
     if (w.write(o.dump_grads, &err) != GGUF_OK) fail(PROG, err);
     printf("loss %.8f over %" PRId64 " targets (B=%" PRId64 ", T=%" PRId64 ", chunk %" PRId64 ", page %d, %s); %zu gradients -> %s\n",
            loss, count, B, T, tp.chunk, tp.page, oomb_backend_name(be), params.size(), o.dump_grads.c_str());

@@ -44,6 +44,10 @@ struct ChunkParams {
     // Allocate the f32 KV-gradient pages (as large as the K/V pools): needed by forward_backward();
     // an evaluation-only driver (forward() only, e.g. oomb-eval) sets false and has none.
     bool with_grad = true;
+    // KV-gradient page type: f32, or bf16 (stochastic rounding, oomb_paged_attn_back; with bf16 K/V
+    // 112 instead of 168 KiB per token for Qwen2.5-7B). Seed the rounding per step with
+    // oomb_kv_cache_set_grad_seed(kv_cache(), step) (default seed 0).
+    oomb_type kv_grad_type = OOMB_TYPE_F32;
     // Keep stage 1's attention results (out and LSE, f32) for stage 2 instead of recomputing the
     // attention forward there (oomb_paged_attn_cached): (H*D + H) * 4 bytes per token and layer,
     // i.e. 87 KB per token over all layers of Qwen2.5-0.5B, 404 KB for 7B. Bit-identical results.

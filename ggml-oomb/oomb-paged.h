@@ -3,7 +3,8 @@
 // layers (OOMB mechanism 2). Appending a chunk takes free pages; nothing is ever moved.
 //
 // Pools are tensors [head_dim, n_head_kv, page_size, n_pages] in the backend's memory: K and V in
-// `type` (f32 on the CPU, bf16 on the GPU), gradient pages in f32. Graph ops read and write them
+// `type` (f32 on the CPU, bf16 on the GPU), gradient pages in `grad_type` (f32, or bf16 with
+// stochastic rounding: 2/3 of the bytes with bf16 K/V). Graph ops read and write them
 // through oomb_paged_attn / oomb_paged_attn_back with the page table as an input tensor.
 #pragma once
 
@@ -23,7 +24,10 @@ struct oomb_kv_cache_params {
     int     page_size;   // tokens per page (OOMB reference: 128 on H100/H200, 64 on A100)
     int64_t max_tokens;  // capacity: the pool holds ceil(max_tokens / page_size) pages per layer
     enum oomb_type type; // K/V element type: f32, f16 or bf16
-    bool    with_grad;   // also allocate the f32 KV-gradient pages (training)
+    bool    with_grad;   // also allocate the KV-gradient pages (training)
+    // Gradient-page element type: OOMB_TYPE_F32 (0: the value of a zero-initialised struct) or
+    // OOMB_TYPE_BF16 (the backward rounds each chunk's sums stochastically, oomb_paged_attn_back).
+    enum oomb_type grad_type;
 };
 
 /// Host tier of a KV cache (OOMB mechanism 3, host offload; oomb-offload.h streams it). Logical
@@ -62,6 +66,11 @@ void oomb_kv_cache_reserve(oomb_kv_cache_t c, int64_t n_tokens);
 int64_t oomb_kv_cache_n_tokens(oomb_kv_cache_t c);
 /// Sets every gradient page to zero.
 void oomb_kv_cache_zero_grad(oomb_kv_cache_t c);
+/// Seeds the stochastic rounding of bf16 gradient pages for the next backward passes (call once
+/// per step with e.g. the step number: a run is then reproducible and resumes draw the same bits):
+/// every layer's dK and dV pages get a distinct seed derived from `seed`
+/// (oomb_paged_attn_set_grad_seed). No effect with f32 gradient pages or without with_grad.
+void oomb_kv_cache_set_grad_seed(oomb_kv_cache_t c, uint32_t seed);
 
 struct oomb_tensor * oomb_kv_cache_k(oomb_kv_cache_t c, int layer);
 struct oomb_tensor * oomb_kv_cache_v(oomb_kv_cache_t c, int layer);

@@ -529,10 +529,16 @@ struct oomb_tensor * oomb_paged_attn_cached(struct oomb_context * ctx, struct oo
                                             struct oomb_tensor * v_cur, struct oomb_tensor * k_pages, struct oomb_tensor * v_pages,
                                             struct oomb_tensor * page_table, struct oomb_tensor * pos, float scale, int store,
                                             struct oomb_tensor * out_cache, int load);
-/// Backward of oomb_paged_attn: accumulates dK/dV of every attended position into the f32 gradient
-/// pages dk_pages/dv_pages (in place; shaped like the K/V pools) and returns one f32 tensor holding
-/// dq [D, H, T], then dk_cur and dv_cur [D, Hkv, T] read back from the gradient pages at pos (complete
-/// once every later chunk has run its backward).
+/// Backward of oomb_paged_attn: accumulates dK/dV of every attended position into the gradient
+/// pages dk_pages/dv_pages (in place; shaped like the K/V pools; both f32, or both bf16) and returns
+/// one f32 tensor holding dq [D, H, T], then dk_cur and dv_cur [D, Hkv, T] read back (as f32) from
+/// the gradient pages at pos (complete once every later chunk has run its backward).
+/// bf16 gradient pages: each call reads an element, adds its f32 contribution and writes the sum
+/// back with stochastic rounding (random bits from (position, KV head, dim), the pages' seed,
+/// oomb_paged_attn_set_grad_seed, and pos[0]: reproducible, the same on the CPU and CUDA backends
+/// where the f32 sums agree; unbiased: the expected page value is the f32 sum). Error per element
+/// after n chunks' additions: at most n bf16 ulps of the running sums (2^-8 relative each), in
+/// expectation 0.
 /// fwd: the result of oomb_paged_attn for the same q, pools, page table and positions (the view it
 /// returns or its packed node): the backward reads the saved out and LSE from it instead of
 /// recomputing them with an extra forward pass (delta = dout . out per row). NULL: recomputed.
@@ -541,6 +547,15 @@ struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb
                                           struct oomb_tensor * dv_pages, struct oomb_tensor * page_table,
                                           struct oomb_tensor * pos, struct oomb_tensor * dout, struct oomb_tensor * fwd,
                                           float scale);
+
+/// Seed of the stochastic rounding of bf16 gradient pages grad_pages (a dk_pages / dv_pages
+/// tensor): kept on the tensor and read by oomb_paged_attn_back's kernels when the graph is
+/// computed, so a graph built once draws new random bits each step after a new seed. Default 0.
+/// Give dK and dV pages and every layer distinct seeds (oomb_kv_cache_set_grad_seed does). Unused
+/// for f32 pages. Error: grad_pages NULL.
+void oomb_paged_attn_set_grad_seed(struct oomb_tensor * grad_pages, uint32_t seed);
+/// The seed set by oomb_paged_attn_set_grad_seed (0 if never set).
+uint32_t oomb_paged_attn_grad_seed(const struct oomb_tensor * grad_pages);
 
 /// Every operand of the paged-attention ops, by name (the general constructors below take it;
 /// oomb_paged_attn_args_of reads it back from a node, so no code indexes the nodes' sources).

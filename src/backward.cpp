@@ -519,8 +519,8 @@ void oomb_build_backward_expand(struct oomb_context * ctx, struct oomb_cgraph * 
                            shape_str(t).c_str());
             for (const oomb_tensor * pool : {pa.k_pages, pa.v_pages}) {
                 const oomb_tensor * gp = pool->grad;
-                if (!gp || gp->type != OOMB_TYPE_F32 || !oomb_are_same_shape(gp, pool)) {
-                    oomb_error("build_backward_expand: paged_attn %s: the pool %s needs its f32 gradient pages in ->grad "
+                if (!gp || (gp->type != OOMB_TYPE_F32 && gp->type != OOMB_TYPE_BF16) || !oomb_are_same_shape(gp, pool)) {
+                    oomb_error("build_backward_expand: paged_attn %s: the pool %s needs its f32 or bf16 gradient pages in ->grad "
                                "(a KV cache created with with_grad), got %s",
                                shape_str(t).c_str(), shape_str(pool).c_str(), gp ? shape_str(gp).c_str() : "none");
                 }

@@ -12,6 +12,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 // ---------------------------------------------------------------------------------------------
@@ -1150,8 +1151,11 @@ struct oomb_tensor * oomb_paged_attn_back_ext(struct oomb_context * ctx, const s
     oomb_tensor * page_table = a->page_table, * pos = a->pos, * dout = a->dout, * fwd = a->fwd;
     const float scale = a->scale;
     check_paged(q, k_pages, v_pages, page_table, pos, "paged_attn_back");
-    require_f32(dk_pages, "paged_attn_back", "dk_pages");
-    require_f32(dv_pages, "paged_attn_back", "dv_pages");
+    OOMB_CHECK(dk_pages && dv_pages && (dk_pages->type == OOMB_TYPE_F32 || dk_pages->type == OOMB_TYPE_BF16) &&
+                   dv_pages->type == dk_pages->type && oomb_is_contiguous(dk_pages) && oomb_is_contiguous(dv_pages),
+               "paged_attn_back", "gradient pages must be contiguous and both f32 or both bf16, got dk_pages %s (%s), dv_pages %s (%s)",
+               dk_pages ? shape_str(dk_pages).c_str() : "NULL", dk_pages ? oomb_type_name(dk_pages->type) : "-",
+               dv_pages ? shape_str(dv_pages).c_str() : "NULL", dv_pages ? oomb_type_name(dv_pages->type) : "-");
     OOMB_CHECK(oomb_are_same_shape(dk_pages, k_pages) && oomb_are_same_shape(dv_pages, k_pages), "paged_attn_back",
                "gradient pages %s / %s must be shaped like the pools %s", shape_str(dk_pages).c_str(), shape_str(dv_pages).c_str(),
                shape_str(k_pages).c_str());
@@ -1213,6 +1217,21 @@ struct oomb_tensor * oomb_paged_attn_back(struct oomb_context * ctx, struct oomb
     a.scale = scale;
     a.dout = dout; a.fwd = fwd; a.dk_pages = dk_pages; a.dv_pages = dv_pages;
     return oomb_paged_attn_back_ext(ctx, &a);
+}
+
+// The seed lives in op_params[0] of the gradient-page tensor, a leaf (no op reads its op_params).
+void oomb_paged_attn_set_grad_seed(struct oomb_tensor * grad_pages, uint32_t seed) {
+    OOMB_CHECK(grad_pages, "paged_attn_set_grad_seed", "grad_pages must not be NULL");
+    OOMB_CHECK(grad_pages->op == OOMB_OP_NONE, "paged_attn_set_grad_seed", "%s is the result of op %s, not a gradient-page tensor",
+               shape_str(grad_pages).c_str(), oomb_op_name(grad_pages->op));
+    std::memcpy(&grad_pages->op_params[0], &seed, sizeof(seed));
+}
+
+uint32_t oomb_paged_attn_grad_seed(const struct oomb_tensor * grad_pages) {
+    OOMB_CHECK(grad_pages, "paged_attn_grad_seed", "grad_pages must not be NULL");
+    uint32_t seed;
+    std::memcpy(&seed, &grad_pages->op_params[0], sizeof(seed));
+    return seed;
 }
 
 struct oomb_paged_attn_args oomb_paged_attn_args_of(const struct oomb_tensor * node) {

@@ -1,6 +1,8 @@
-// Stochastic rounding f32 -> bf16 for optimizer state (AdamW moments kept in bf16).
-// Internal header shared by the CPU backend (src/ops-cpu.cpp) and the CUDA backend (cuda/optim.cu):
-// both round the same way, so a bf16-state step is reproducible on either.
+// Stochastic rounding f32 -> bf16 for optimizer state (AdamW moments kept in bf16) and for bf16
+// KV-gradient pages (the paged-attention backward adds each chunk's dK/dV in f32 and rounds back).
+// Internal header shared by the CPU backend (src/ops-cpu.cpp, src/cpu/paged-attn.cpp) and the CUDA
+// backend (cuda/optim.cu, cuda/paged-attn*): both round the same way, so a bf16 step is
+// reproducible on either.
 //
 // Why stochastic: an EMA such as v = b2*v + (1-b2)*g^2 with b2 = 0.999 changes v by 0.1 % per
 // step, below half a bf16 ulp (0.39 %): round-to-nearest would freeze it. Rounding up with
@@ -47,6 +49,31 @@ OOMB_SR_HD uint16_t sr_bf16_bits(uint32_t u, uint32_t i, uint32_t salt) {
     const uint32_t up = u + r;  // carries into the kept bits with probability (u & 0xffff) / 2^16
     if ((up & 0x7f800000u) == 0x7f800000u) return (uint16_t) (u >> 16);  // never round a finite value to inf
     return (uint16_t) (up >> 16);
+}
+
+// ---- bf16 KV-gradient pages -------------------------------------------------------------------
+// Each paged_attn_back call adds its chunk's f32 contribution to an element once and rounds the
+// sum back to bf16. The random bits of element (position p, KV head g, dim d) come from its index
+// (p * Hkv + g) * D + d (wrapping at 2^32: only a repeat of random bits) and a salt mixing the
+// pool's seed (oomb_paged_attn_set_grad_seed: per step, layer, dK or dV) with the chunk's first
+// query position, so every chunk's write draws new bits and a run is reproducible.
+OOMB_SR_HD uint32_t sr_kv_salt(uint32_t pool_seed, int32_t chunk_pos0) {
+    return sr_hash(pool_seed ^ sr_hash((uint32_t) chunk_pos0 ^ 0x632be5abu)) * 0x85ebca6bu;
+}
+OOMB_SR_HD uint32_t sr_kv_index(int64_t p, int64_t g, int64_t d, int64_t Hkv, int64_t D) {
+    return (uint32_t) (((uint64_t) p * (uint64_t) Hkv + (uint64_t) g) * (uint64_t) D + (uint64_t) d);
+}
+OOMB_SR_HD float sr_bf16_to_f32(uint16_t h) {
+    const uint32_t u = (uint32_t) h << 16;
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f; __builtin_memcpy(&f, &u, 4); return f;
+#endif
+}
+// old (bf16 bits) + add (f32), summed in f32, stochastically rounded back to bf16 bits.
+OOMB_SR_HD uint16_t sr_bf16_add(uint16_t old, float add, uint32_t i, uint32_t salt) {
+    return sr_bf16_bits(f32_bits(sr_bf16_to_f32(old) + add), i, salt);
 }
 
 } // namespace oomb

@@ -1,8 +1,8 @@
 // CUDA paged flash attention (cuda/paged-attn.cu) against the CPU reference kernels on random data:
 // forward (with and without storing the chunk's K/V), backward (dq, dK/dV accumulated into the f32
-// gradient pages, dk_cur/dv_cur read back), over head dims 64/128, page sizes 64/128, GQA groups
-// 28/4, 14/2, 4/4, chunks of 1, 37 and 256 tokens after histories of 0, 1000 and 5000 positions,
-// with a shuffled page table. The kernels are called directly on device tensors (no CUDA backend
+// gradient pages, dk_cur/dv_cur read back; bf16 gradient pages at the end), over head dims 64/128,
+// page sizes 64/128, GQA groups 28/4, 14/2, 4/4, chunks of 1, 37 and 256 tokens after histories
+// of 0, 1000 and 5000 positions, with a shuffled page table. The kernels are called directly on device tensors (no CUDA backend
 // needed). Every test skips with a visible reason where no GPU is present.
 // oomb_paged_attn's node is packed (out [D, H, T], then each row's log-sum-exp) and the op returns
 // a view of its out part: the forward kernel runs on the packed node, the saved LSE is compared
@@ -825,5 +825,137 @@ TEST(CudaPagedAttnMerge, MergedRangesEqualDense) {
         oomb_free(dc);
         oomb_free(hc);
     }
+#endif
+}
+
+// ---- bf16 KV-gradient pages (GradSR in cuda/paged-attn*) -----------------------------------------
+// The same backward (dense and a page range) into bf16 gradient pages holding random bf16 values,
+// on the tensor-core kernels (bf16 pools, head dims 128 / 64, a chunk of 37 after 1000 positions:
+// neither a multiple of the page nor of the key tile) and on the generic kernels (f32 pools, head
+// dim 40). Checked: the CUDA bf16 pages' increments against the CPU's (within the f32 pages'
+// tolerance plus the rounding), against CUDA's own f32-page run element by element within one
+// stochastic rounding (one bf16 ulp of the value: one rounding per element and call), dk_cur /
+// dv_cur equal to the pages, and the same bits from two runs with the same seed.
+#ifdef OOMB_USE_CUDA
+namespace {
+struct GradCase {
+    int D, P, H, Hkv, T, hist;
+    oomb_type pool;
+    bool range;  // RANGE schedule from the middle of the history (the fast kernels' shifted key geometry)
+};
+
+void run_grad_case(const GradCase & c, uint32_t seed) {
+    SCOPED_TRACE("bf16 gradient pages: D" + std::to_string(c.D) + " P" + std::to_string(c.P) + " " + oomb_type_name(c.pool) +
+                 (c.range ? " range" : ""));
+    std::mt19937 rng(seed);
+    const int n_pos = c.hist + c.T, n_need = (n_pos + c.P - 1) / c.P, n_pages = n_need + 2;
+    const float scale = 1.0f / std::sqrt((float) c.D);
+    oomb_context * hc = oomb_init({0, false});
+    oomb_tensor * q = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, c.D, c.H, c.T);
+    oomb_tensor * dout = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, c.D, c.H, c.T);
+    oomb_tensor * kp = oomb_new_tensor_4d(hc, c.pool, c.D, c.Hkv, c.P, n_pages);
+    oomb_tensor * vp = oomb_new_tensor_4d(hc, c.pool, c.D, c.Hkv, c.P, n_pages);
+    oomb_tensor * dk[2], * dv[2];  // [0]: f32 gradient pages, [1]: bf16 (the same starting values)
+    for (int b = 0; b < 2; b++) {
+        dk[b] = oomb_new_tensor_4d(hc, b ? OOMB_TYPE_BF16 : OOMB_TYPE_F32, c.D, c.Hkv, c.P, n_pages);
+        dv[b] = oomb_new_tensor_4d(hc, b ? OOMB_TYPE_BF16 : OOMB_TYPE_F32, c.D, c.Hkv, c.P, n_pages);
+    }
+    oomb_tensor * pt = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, n_need);
+    oomb_tensor * pos = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, c.T);
+    oombtest::fill_uniform(q, rng, -2.0f, 2.0f);
+    oombtest::fill_uniform(dout, rng, -1.0f, 1.0f);
+    oombtest::fill_uniform(kp, rng);
+    oombtest::fill_uniform(vp, rng);
+    oombtest::fill_uniform(dk[1], rng, -0.5f, 0.5f);
+    oombtest::fill_uniform(dv[1], rng, -0.5f, 0.5f);
+    const std::vector<float> dk0 = host_pool_f32(dk[1]), dv0 = host_pool_f32(dv[1]);
+    memcpy(dk[0]->data, dk0.data(), oomb_nbytes(dk[0]));
+    memcpy(dv[0]->data, dv0.data(), oomb_nbytes(dv[0]));
+    std::vector<int> perm(n_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int i = 0; i < n_need; i++) ((int32_t *) pt->data)[i] = perm[i];
+    for (int t = 0; t < c.T; t++) ((int32_t *) pos->data)[t] = c.hist + t;
+    const oomb_page_schedule sched = c.range ? oomb_schedule_range(c.hist / c.P / 2, n_need) : oomb_schedule_dense();
+    auto back_op = [&](oomb_context * x, oomb_tensor * q_, oomb_tensor * kp_, oomb_tensor * vp_, oomb_tensor * dkp_, oomb_tensor * dvp_,
+                       oomb_tensor * pt_, oomb_tensor * pos_, oomb_tensor * dout_) {
+        oomb_paged_attn_args a{};
+        a.q = q_; a.k_pages = kp_; a.v_pages = vp_; a.dk_pages = dkp_; a.dv_pages = dvp_; a.page_table = pt_; a.pos = pos_;
+        a.dout = dout_; a.schedule = sched; a.scale = scale;
+        oomb_paged_attn_set_grad_seed(dkp_, 11);
+        oomb_paged_attn_set_grad_seed(dvp_, 12);
+        return oomb_paged_attn_back_ext(x, &a);
+    };
+    // device copies (before the CPU run changes the host pages), one result per GPU run
+    oomb_context * dc = oomb_init({0, true});
+    DevMem mem;
+    oomb_tensor * d_q = mem.copy_of(dc, q), * d_do = mem.copy_of(dc, dout), * d_kp = mem.copy_of(dc, kp), * d_vp = mem.copy_of(dc, vp);
+    oomb_tensor * d_pt = mem.copy_of(dc, pt), * d_pos = mem.copy_of(dc, pos);
+    oomb_tensor * d_dk[3], * d_dv[3], * d_back[3];  // runs: f32 pages, bf16 pages, bf16 pages again
+    for (int r = 0; r < 3; r++) {
+        d_dk[r] = mem.copy_of(dc, dk[r > 0]);
+        d_dv[r] = mem.copy_of(dc, dv[r > 0]);
+        d_back[r] = back_op(dc, d_q, d_kp, d_vp, d_dk[r], d_dv[r], d_pt, d_pos, d_do);
+        mem.place(d_back[r], nullptr);
+    }
+    oomb_tensor * cb = back_op(hc, q, kp, vp, dk[1], dv[1], pt, pos, dout);
+    oomb_cgraph * g = oomb_new_graph(hc);
+    oomb_build_forward_expand(g, cb);
+    oomb_backend_graph_compute(cpu(), g);
+    if (mem.failed) { oomb_free(dc); oomb_free(hc); return; }
+    const std::vector<float> c_dk = host_pool_f32(dk[1]), c_dv = host_pool_f32(dv[1]);
+    std::vector<float> g_dk[3], g_dv[3], g_res[3];
+    for (int r = 0; r < 3; r++) {
+        launch_bwd(d_back[r]);
+        CK(cudaDeviceSynchronize());
+        g_dk[r] = dev_pool_f32(d_dk[r]);
+        g_dv[r] = dev_pool_f32(d_dv[r]);
+        g_res[r] = dev_f32(d_back[r]);
+        if (r == 1) {
+            const bool fast = c.pool == OOMB_TYPE_BF16 && (c.D == 64 || c.D == 128) && !oomb_cuda_paged_attn_config().generic;
+            EXPECT_EQ(std::string(oomb_cuda_paged_attn_last_family(1)) == "generic", !fast) << oomb_cuda_paged_attn_last_family(1);
+        }
+    }
+    auto inc = [](std::vector<float> v, const std::vector<float> & v0) { for (size_t i = 0; i < v.size(); i++) v[i] -= v0[i]; return v; };
+    const double tol = (c.pool == OOMB_TYPE_F32 ? 1e-3 : 3e-2) + 1e-2;  // the f32 pages' tolerance + the rounding
+    EXPECT_LT(rel_err(inc(g_dk[1], dk0), inc(c_dk, dk0)), tol) << "CUDA vs CPU: bf16 dK pages' increments";
+    EXPECT_LT(rel_err(inc(g_dv[1], dv0), inc(c_dv, dv0)), tol) << "CUDA vs CPU: bf16 dV pages' increments";
+    // one rounding per element: |bf16 - f32| <= one bf16 ulp of the value (2^-7 relative), plus the
+    // f32 sums' own difference (the f32 run may split key tiles over blocks: another summation order)
+    auto bound = [](float f, float f0) { return std::ldexp(1.0, -7) * std::fabs(f) * 1.01 + 1e-4 * std::fabs(f - f0) + 1e-7; };
+    for (size_t i = 0; i < g_dk[0].size(); i++) {
+        ASSERT_LE(std::fabs(g_dk[1][i] - g_dk[0][i]), bound(g_dk[0][i], dk0[i])) << "dK element " << i;
+        ASSERT_LE(std::fabs(g_dv[1][i] - g_dv[0][i]), bound(g_dv[0][i], dv0[i])) << "dV element " << i;
+    }
+    EXPECT_FALSE(g_dk[1] == g_dk[0]) << "bf16 pages equal the f32 run: not rounded?";
+    EXPECT_TRUE(g_dk[1] == g_dk[2] && g_dv[1] == g_dv[2] && g_res[1] == g_res[2]) << "two runs with the same seed differ";
+    // dk_cur / dv_cur (after dq in the result): the bf16 pages at the chunk's positions
+    const int64_t nq = (int64_t) c.D * c.H * c.T, nkv = (int64_t) c.D * c.Hkv * c.T;
+    for (int t = 0; t < c.T; t++)
+        for (int h = 0; h < c.Hkv; h++)
+            for (int d = 0; d < c.D; d++) {
+                const int p = c.hist + t;
+                const size_t e = (((size_t) perm[p / c.P] * c.P + p % c.P) * c.Hkv + h) * c.D + d;
+                const size_t r = ((size_t) t * c.Hkv + h) * c.D + d;
+                ASSERT_EQ(g_res[1][(size_t) nq + r], g_dk[1][e]);
+                ASSERT_EQ(g_res[1][(size_t) (nq + nkv) + r], g_dv[1][e]);
+            }
+    oomb_free(dc);
+    oomb_free(hc);
+}
+} // namespace
+#endif
+
+TEST(CudaPagedAttn, Bf16GradPages) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    const GradCase cases[] = {
+        {128, 64, 14, 2, 37, 1000, OOMB_TYPE_BF16, false},
+        {128, 128, 28, 4, 37, 1000, OOMB_TYPE_BF16, true},
+        {64, 64, 14, 2, 37, 1000, OOMB_TYPE_BF16, false},
+        {40, 24, 6, 2, 37, 100, OOMB_TYPE_F32, false},
+    };
+    uint32_t seed = 77;
+    for (const GradCase & c : cases) run_grad_case(c, seed++);
 #endif
 }

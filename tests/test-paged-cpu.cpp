@@ -335,7 +335,7 @@ struct CacheChunk {
     oomb_tensor * q, * kc, * vc, * pos, * kpool, * vpool, * pt;
     CacheChunk(int64_t D, int64_t H, int64_t Hkv, int64_t T, int p0, int64_t P = 4, int64_t S = 32) {
         be = oomb_backend_cpu_init(2);
-        oomb_kv_cache_params kp;
+        oomb_kv_cache_params kp{};
         kp.n_layer = 1; kp.n_head_kv = (int) Hkv; kp.head_dim = (int) D; kp.page_size = (int) P; kp.max_tokens = S;
         kp.type = OOMB_TYPE_F32; kp.with_grad = false;
         kv = oomb_kv_cache_init(be, kp);

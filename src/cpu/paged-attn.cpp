@@ -15,6 +15,9 @@
 // gradient pages are written without races), and the dq contributions go to one of a fixed number
 // of partial dq buffers, summed in a fixed order. Results depend neither on the thread count nor on
 // scheduling.
+// Gradient pages in f32 or bf16: a bf16 page element gets the block's f32 sum added in f32 and is
+// rounded back stochastically (sround.h, bits from the element and a per-call salt), once per call,
+// so the error stays one rounding per chunk and the expectation exact.
 // Page schedules (oomb-schedule.h): a key block lies in one logical page, so a schedule is a
 // per-row yes/no for the whole block; a row that does not attend the block gets position -1 for
 // it (every key masked, the same path as the causal mask), and a block no row of a tile attends is
@@ -25,6 +28,7 @@
 #include "oomb-impl.h"
 #include "oomb/paged-attn-sched.h"
 #include "fp16.h"
+#include "sround.h"
 
 #include <algorithm>
 #include <atomic>
@@ -513,10 +517,16 @@ void cpu_paged_attn_back(oomb_tensor * dst, cpu::thread_pool * pool) {
     // KV head) taken in order; it owns the dK/dV of its blocks (so the gradient pages are written
     // without races) and adds the dq contributions into its own dq buffer; the NPART buffers are
     // summed in a fixed order at the end. NPART does not depend on the thread count, so neither do
-    // the results. (Offsets are computed in the K/V pools; the f32 gradient pages have the same
-    // shape, contiguous, so an element's byte offset there is its K/V offset / element size * 4.)
+    // the results. (Offsets are computed in the K/V pools; the gradient pages have the same shape,
+    // contiguous, so an element's byte offset there is its K/V offset / element size * grad size.)
+    // bf16 gradient pages: the block's f32 sum is added to the page value in f32 and rounded back
+    // stochastically (sround.h: one rounding per element and call, bits from (p, g, d) and the salt).
     constexpr int NPART = 4;
     const size_t kv_es = oomb_type_size(A.k_pages->type);
+    const bool grad_bf16 = A.dk_pages->type == OOMB_TYPE_BF16;
+    const size_t gr_es = oomb_type_size(A.dk_pages->type);
+    const uint32_t salt_k = grad_bf16 ? sr_kv_salt(oomb_paged_attn_grad_seed(A.dk_pages), G.pos[0]) : 0;
+    const uint32_t salt_v = grad_bf16 ? sr_kv_salt(oomb_paged_attn_grad_seed(A.dv_pages), G.pos[0]) : 0;
     const int64_t n_tiles = (int64_t) tiles.size();
     std::vector<std::vector<int64_t>> tiles_of(G.Hkv);
     for (int64_t k = 0; k < n_tiles; k++) tiles_of[tiles[k].g].push_back(k);
@@ -553,6 +563,21 @@ void cpu_paged_attn_back(oomb_tensor * dst, cpu::thread_pool * pool) {
                 any = true;
             }
             if (!any) continue;
+            if (grad_bf16) {
+                for (int j = 0; j < b.n; j++) {
+                    const size_t goff = G.offset(b.p0 + j, g, op) / kv_es * gr_es;
+                    uint16_t * dkr = (uint16_t *) ((char *) A.dk_pages->data + goff);
+                    uint16_t * dvr = (uint16_t *) ((char *) A.dv_pages->data + goff);
+                    const float * ak = s.acc1.data() + (size_t) j * D;
+                    const float * av = s.acc2.data() + (size_t) j * D;
+                    for (int d = 0; d < D; d++) {
+                        const uint32_t i = sr_kv_index(b.p0 + j, g, d, G.Hkv, D);
+                        dkr[d] = sr_bf16_add(dkr[d], ak[d] * A.scale, i, salt_k);
+                        dvr[d] = sr_bf16_add(dvr[d], av[d], i, salt_v);
+                    }
+                }
+                continue;
+            }
             for (int j = 0; j < b.n; j++) {
                 const size_t goff = G.offset(b.p0 + j, g, op) / kv_es * sizeof(float);
                 float * dkr = (float *) ((char *) A.dk_pages->data + goff);
@@ -581,11 +606,19 @@ void cpu_paged_attn_back(oomb_tensor * dst, cpu::thread_pool * pool) {
     for (int64_t t = 0; t < T; t++)
         for (int64_t g = 0; g < G.Hkv; g++) {
             const size_t off = G.offset(G.pos[t], g, op);
-            const size_t goff = off / kv_es * sizeof(float);
-            const float * dkr = (const float *) ((const char *) A.dk_pages->data + goff);
-            const float * dvr = (const float *) ((const char *) A.dv_pages->data + goff);
-            std::copy(dkr, dkr + D, dkc + (t * G.Hkv + g) * D);
-            std::copy(dvr, dvr + D, dvc + (t * G.Hkv + g) * D);
+            const size_t goff = off / kv_es * gr_es;
+            const char * dkr = (const char *) A.dk_pages->data + goff;
+            const char * dvr = (const char *) A.dv_pages->data + goff;
+            float * dko = dkc + (t * G.Hkv + g) * D, * dvo = dvc + (t * G.Hkv + g) * D;
+            if (!grad_bf16) {
+                std::copy((const float *) dkr, (const float *) dkr + D, dko);
+                std::copy((const float *) dvr, (const float *) dvr + D, dvo);
+                continue;
+            }
+            for (int d = 0; d < D; d++) {
+                dko[d] = sr_bf16_to_f32(((const uint16_t *) dkr)[d]);
+                dvo[d] = sr_bf16_to_f32(((const uint16_t *) dvr)[d]);
+            }
         }
 }
 

@@ -101,7 +101,7 @@ ChunkDriver::ChunkDriver(std::unique_ptr<ChunkGraphBuilder> builder, const Chunk
     gemm_in_ = p.gemm_input_type != OOMB_TYPE_COUNT ? p.gemm_input_type
                : oomb_backend_is_host(shape_.backend) ? OOMB_TYPE_F32
                                                       : OOMB_TYPE_BF16;
-    oomb_kv_cache_params kp;
+    oomb_kv_cache_params kp{};
     kp.n_layer = (int) shape_.n_layer;
     kp.n_head_kv = (int) shape_.n_head_kv;
     kp.head_dim = (int) shape_.head_dim;
@@ -109,6 +109,7 @@ ChunkDriver::ChunkDriver(std::unique_ptr<ChunkGraphBuilder> builder, const Chunk
     kp.max_tokens = p.max_tokens;
     kp.type = p.kv_type;
     kp.with_grad = p.with_grad;
+    kp.grad_type = p.kv_grad_type;
     const int64_t n_pages = (p.max_tokens + p.page - 1) / p.page;
     if (p.sparse.pages != 0) {
         oomb_sparse_check_params(&p.sparse, "ChunkDriver (sparse attention)");

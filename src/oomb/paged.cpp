@@ -4,6 +4,7 @@
 #include "oomb-paged.h"
 #include "oomb-impl.h"
 #include "paged-impl.h"
+#include "sround.h"
 
 #include <algorithm>
 #include <cstring>
@@ -19,6 +20,9 @@ static oomb_kv_cache_t kv_cache_create(oomb_backend_t backend, const oomb_kv_cac
     }
     if (p.type != OOMB_TYPE_F32 && p.type != OOMB_TYPE_F16 && p.type != OOMB_TYPE_BF16) {
         oomb_error("kv_cache_init: K/V type must be f32, f16 or bf16, got %s", oomb_type_name(p.type));
+    }
+    if (p.grad_type != OOMB_TYPE_F32 && p.grad_type != OOMB_TYPE_BF16) {
+        oomb_error("kv_cache_init: gradient-page type must be f32 or bf16, got %s", oomb_type_name(p.grad_type));
     }
     if (tier && (tier->resident_pages < 0 || tier->block_pages < 1 || tier->chunk_pages < 1)) {
         oomb_error("kv_cache_init_tiered: bad tier sizes (resident_pages %" PRId64 ", block_pages %d, chunk_pages %d)",
@@ -48,8 +52,8 @@ static oomb_kv_cache_t kv_cache_create(oomb_backend_t backend, const oomb_kv_cac
         c->v.push_back(mk(p.type, "v_pages"));
         if (p.with_grad) {
             // the gradient pages are the pools' gradients: the backward of paged_attn accumulates into them
-            c->dk.push_back(mk(OOMB_TYPE_F32, "dk_pages"));
-            c->dv.push_back(mk(OOMB_TYPE_F32, "dv_pages"));
+            c->dk.push_back(mk(p.grad_type, "dk_pages"));
+            c->dv.push_back(mk(p.grad_type, "dv_pages"));
             c->k.back()->grad = c->dk.back();
             c->v.back()->grad = c->dv.back();
         }
@@ -79,7 +83,7 @@ static oomb_kv_cache_t kv_cache_create(oomb_backend_t backend, const oomb_kv_cac
     if (c->tiered) {
         const size_t elems = (size_t) p.head_dim * (size_t) p.n_head_kv * (size_t) p.page_size;
         c->page_kv_bytes = elems * oomb_type_size(p.type);
-        c->page_grad_bytes = elems * 4;
+        c->page_grad_bytes = elems * oomb_type_size(p.grad_type);
         const size_t nh = (size_t) c->n_host();
         const size_t layer_bytes = 2 * nh * c->page_kv_bytes + (p.with_grad ? 2 * nh * c->page_grad_bytes : 0);
         const size_t zero_bytes = p.with_grad ? (size_t) std::max(c->B, c->n_cur) * c->page_grad_bytes : 0;
@@ -171,6 +175,14 @@ void oomb_kv_cache_zero_grad(oomb_kv_cache_t c) {
     for (oomb_tensor * t : c->dv) oomb_tensor_memset(t, 0);
     // host gradient pages are not touched: marked fresh, they are read as zeros (offload.cpp)
     std::fill(c->grad_fresh.begin(), c->grad_fresh.end(), (uint8_t) 1);
+}
+
+void oomb_kv_cache_set_grad_seed(oomb_kv_cache_t c, uint32_t seed) {
+    // distinct streams per (layer, dK / dV): sround.h's hash of the step seed and the pool's number
+    for (size_t l = 0; l < c->dk.size(); l++) {
+        oomb_paged_attn_set_grad_seed(c->dk[l], oomb::sr_hash(seed * 0x9E3779B9u ^ (uint32_t) (2 * l + 1)));
+        oomb_paged_attn_set_grad_seed(c->dv[l], oomb::sr_hash(seed * 0x9E3779B9u ^ (uint32_t) (2 * l + 2)));
+    }
 }
 
 static void check_layer(oomb_kv_cache_t c, int layer, const char * fn) {
