@@ -151,7 +151,7 @@ def cmd_curves(a):
         for j in read_jsonl(path):
             if j.get("eval_loss") is not None:
                 ev[j["step"]] = j["eval_loss"]
-            if "loss" in j:
+            if j.get("loss") is not None:
                 last = j
         runs.append((label, ev, last))
     steps = sorted(set().union(*[set(ev) for _, ev, _ in runs]))
