@@ -112,6 +112,7 @@ ft() {
     timeout "$LIMIT" "$BINS/oomb-train" -m "$GGUF" --data "$FT_DATA" --device "$DEVICE" "${THR[@]}" --ctx "$FT_CTX" --chunk "$FT_CHUNK" \
         --page "$PAGE" --rope-theta "$ROPE" --trainable "$FT_TRAINABLE" --steps "$FT_STEPS" --warmup 3 --lr "$FT_LR" \
         --eval-every "$FT_EVAL" --eval-seqs "$FT_EVAL_SEQS" --save-every "$([ "$FT_DENSE_EVAL" = 1 ] && echo 0 || echo -1)" \
+        $([ "$FT_TRAINABLE" != lora ] && echo --out-type f32) \
         -o "$WORK/$tag" "$@" > "$WORK/logs/$tag.log" 2>&1
     local rc=$?
     cp "$WORK/$tag/train.jsonl" "$RES/$tag.jsonl" 2>/dev/null
