@@ -708,6 +708,20 @@ TEST_F(CudaOps, QuantizedDequantAndMulMat) {
             oomb_tensor * a = B.qinput(t, K, 37);
             return {oomb_cast(B.ctx, a, OOMB_TYPE_F32), oomb_cast(B.ctx, a, OOMB_TYPE_BF16)};
         }, 1e-30);
+        // the kernel's tiles (256 threads: 8 blocks of 256 or 64 of 32): K = 256*3 / 32*7 with 37 rows
+        // (111 / 259 blocks, no whole number of tiles); and every other row (a strided view, so rows
+        // are not merged) of 11 / 69 blocks (two tiles per row, the second partial), starting at
+        // row 1: its address is 2 mod 4 for q8_0, q4_0, q5_0, q3_k and q6_k (the staging's byte ends)
+        const int64_t bs = oomb_blck_size(t);
+        expect_case(("dequantize " + tn + " K = " + std::to_string(bs == 256 ? 768 : 224) + ", 37 rows").c_str(), [t, bs](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * a = B.qinput(t, bs == 256 ? 256 * 3 : 32 * 7, 37);
+            return {oomb_cast(B.ctx, a, OOMB_TYPE_F32), oomb_cast(B.ctx, a, OOMB_TYPE_BF16)};
+        }, 1e-30);
+        expect_case(("dequantize " + tn + " every other row from row 1").c_str(), [t, bs](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * a = B.qinput(t, bs * (bs == 256 ? 11 : 69), 26);
+            oomb_tensor * v = oomb_view_2d(B.ctx, a, a->ne[0], 13, 2 * a->nb[1], a->nb[1]);
+            return {oomb_cast(B.ctx, v, OOMB_TYPE_F32), oomb_cast(B.ctx, v, OOMB_TYPE_BF16)};
+        }, 1e-30);
         for (int64_t N : {1, 5, 129}) {
             expect_case(("mul_mat quantized a " + tn + " [" + std::to_string(K) + ", 300] x b, N = " + std::to_string(N)).c_str(),
                         [t, K, N](Builder & B) -> std::vector<oomb_tensor *> {

@@ -15,6 +15,7 @@
 
 #include "oomb.h"
 #include "cuda/paged-attn.cuh"
+#include "bench/cuda-bench.h"
 
 #include <cuda_runtime.h>
 
@@ -28,14 +29,6 @@
 #include <string>
 #include <vector>
 
-#define CK(call)                                                                                      \
-    do {                                                                                              \
-        cudaError_t e_ = (call);                                                                      \
-        if (e_ != cudaSuccess) {                                                                      \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-            exit(1);                                                                                  \
-        }                                                                                             \
-    } while (0)
 
 static std::vector<int64_t> parse_list(const char * s) {
     std::vector<int64_t> v;
@@ -59,11 +52,6 @@ static void fill_random(float * dev, size_t n, float lo, float hi, uint32_t seed
     for (auto & x : h) x = u(rng);
     CK(cudaMemcpy(dev, h.data(), blk * sizeof(float), cudaMemcpyHostToDevice));
     for (size_t off = blk; off < n; off += blk) CK(cudaMemcpy(dev + off, dev, std::min(blk, n - off) * sizeof(float), cudaMemcpyDeviceToDevice));
-}
-
-static double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
 }
 
 int main(int argc, char ** argv) {
@@ -166,22 +154,7 @@ int main(int argc, char ** argv) {
         if (!fwd_only) run_bwd();
         CK(cudaStreamSynchronize(stream));
 
-        cudaEvent_t e0, e1;
-        CK(cudaEventCreate(&e0));
-        CK(cudaEventCreate(&e1));
-        auto time = [&](auto fn) {
-            std::vector<double> ms;
-            for (int r = 0; r < reps; r++) {
-                CK(cudaEventRecord(e0, stream));
-                fn();
-                CK(cudaEventRecord(e1, stream));
-                CK(cudaEventSynchronize(e1));
-                float x = 0;
-                CK(cudaEventElapsedTime(&x, e0, e1));
-                ms.push_back(x);
-            }
-            return median(ms);
-        };
+        auto time = [&](auto fn) { return cuda_time_ms(stream, reps, fn); };
         const double fwd_ms = time(run_fwd);
         const double bwd_ms = fwd_only ? 0.0 : time(run_bwd);
         CK(cudaGetLastError());
@@ -199,8 +172,6 @@ int main(int argc, char ** argv) {
                fwd_ms + bwd_ms, flop_fwd / fwd_ms * 1e-9, fwd_only ? 0.0 : 2.5 * flop_fwd / bwd_ms * 1e-9,
                fwd_only ? 0.0 : 3.5 * flop_fwd / (fwd_ms + bwd_ms) * 1e-9);
         fflush(stdout);
-        CK(cudaEventDestroy(e0));
-        CK(cudaEventDestroy(e1));
         oomb_free(ctx);
         for (void * p : {(void *) q, (void *) dout, (void *) kc, (void *) vc, (void *) out, (void *) back, (void *) kp, (void *) vp,
                          (void *) dkp, (void *) dvp, (void *) pt, (void *) pos})

@@ -14,8 +14,10 @@ namespace {
 #define OOMB_QADD(a, b) ((a) + (b))
 #define OOMB_QSUB(a, b) ((a) - (b))
 #define OOMB_QF16(h) fp16_to_fp32(h)
+#define OOMB_QUNROLL _Pragma("GCC unroll 1")  // leave the run loops to the vectorizer (full unrolling defeats it)
 #include "quants-blocks.h"
 #undef OOMB_QF16
+#undef OOMB_QUNROLL
 #undef OOMB_QHD
 #undef OOMB_QMUL
 #undef OOMB_QADD
