@@ -928,9 +928,15 @@ void run_grad_case(const GradCase & c, uint32_t seed) {
         ASSERT_LE(std::fabs(g_dv[1][i] - g_dv[0][i]), bound(g_dv[0][i], dv0[i])) << "dV element " << i;
     }
     EXPECT_FALSE(g_dk[1] == g_dk[0]) << "bf16 pages equal the f32 run: not rounded?";
-    EXPECT_TRUE(g_dk[1] == g_dk[2] && g_dv[1] == g_dv[2] && g_res[1] == g_res[2]) << "two runs with the same seed differ";
-    // dk_cur / dv_cur (after dq in the result): the bf16 pages at the chunk's positions
+    // the same seed, the same rounded pages (and so the same dk_cur / dv_cur read back from them);
+    // dq (the first nq values of the result) is summed over key tiles with float atomics: its order,
+    // and so its last bits, may differ between runs, as with f32 pages
     const int64_t nq = (int64_t) c.D * c.H * c.T, nkv = (int64_t) c.D * c.Hkv * c.T;
+    EXPECT_TRUE(g_dk[1] == g_dk[2] && g_dv[1] == g_dv[2]) << "two runs with the same seed differ in the gradient pages";
+    EXPECT_TRUE(std::equal(g_res[1].begin() + nq, g_res[1].end(), g_res[2].begin() + nq)) << "two runs with the same seed differ in dk_cur / dv_cur";
+    EXPECT_LT(rel_err(std::vector<float>(g_res[1].begin(), g_res[1].begin() + nq), std::vector<float>(g_res[2].begin(), g_res[2].begin() + nq)), 1e-5)
+        << "two runs' dq";
+    // dk_cur / dv_cur (after dq in the result): the bf16 pages at the chunk's positions
     for (int t = 0; t < c.T; t++)
         for (int h = 0; h < c.Hkv; h++)
             for (int d = 0; d < c.D; d++) {

@@ -33,9 +33,14 @@ namespace {
     do { if (!oomb_cuda_available()) GTEST_SKIP() << "no CUDA GPU"; } while (0)
 
 oomb_backend_t backend(bool cuda) {
-    static oomb_backend_t c = oomb_backend_cpu_init(2);
-    static oomb_backend_t g = cuda && oomb_cuda_available() ? oomb_backend_cuda_init(0) : nullptr;
-    return cuda ? g : c;
+    // each made on first use (a static initialised from the first call's argument would stay NULL
+    // for the GPU when the CPU run comes first)
+    if (!cuda) {
+        static oomb_backend_t c = oomb_backend_cpu_init(2);
+        return c;
+    }
+    static oomb_backend_t g = oomb_cuda_available() ? oomb_backend_cuda_init(0) : nullptr;
+    return g;
 }
 
 // Host data of one case's operands; run() builds the op on a backend and returns its result bytes.
