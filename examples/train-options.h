@@ -28,6 +28,10 @@ inline oomb_type base_weight_type(const std::string & base_type, oomb_backend_t 
     return base_type == "f32" ? OOMB_TYPE_F32 : base_type == "bf16" ? OOMB_TYPE_BF16 : compute_type(be);
 }
 
+/// true for the --base-type values that make a preset's projections random blocks of a block type
+/// (q4_k_m, q4_k, q6_k, q8_0: qwen2_random_base_types; --preset with --trainable lora only).
+inline bool base_type_is_block(const std::string & t) { return t == "q4_k_m" || t == "q4_k" || t == "q6_k" || t == "q8_0"; }
+
 struct Options {
     std::string model, preset, vocab;
     std::vector<std::string> data;
@@ -64,6 +68,8 @@ struct Options {
     // --base-type: a -m file's block-type (quantized) projections. keep: stay in their GGUF type in
     // backend memory (frozen base: --trainable lora only; with all / linear the default falls back
     // to dequantizing, an explicit keep is an error); bf16 / f32: every weight converted to it.
+    // With --preset --trainable lora: keep = the compute type, bf16 / f32, or q4_k_m / q4_k / q6_k /
+    // q8_0 (the projections made as random blocks of that type: base_type_is_block).
     std::string base_type = "keep";
     bool attn_cache = false;
     std::string attn_cache_type = "f32";
