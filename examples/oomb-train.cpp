@@ -176,7 +176,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         if (!T.model) fail(PROG, "--preset " + o.preset + ": " + err);
         const auto t_init = std::chrono::steady_clock::now();
         qwen2_init_random(*T.model, o.seed);
-        printf("model: preset %s, random weights made in %.1f s%s\n", o.preset.c_str(),
+        printf("init: preset %s, random weights made in %.1f s%s\n", o.preset.c_str(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count(),
                lora ? (" (frozen base, --base-type " + o.base_type + ")").c_str() : "");
     }
@@ -319,7 +319,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
            n_train_params / 1e6, o.trainable.c_str());
     printf("       weights %s in %s memory%s\n", fmt_bytes((double) qwen2_weight_bytes(M)).c_str(), oomb_backend_name(T.be),
            lora && o.base_type == "keep" && !o.model.empty() ? " (quantized projections kept in their GGUF type: --base-type keep)"
-           : lora && base_type_is_block(o.base_type) ? " (random projections in block types: --base-type q4_k_m/q4_k/q6_k/q8_0)" : "");
+           : lora && base_type_is_block(o.base_type) ? (" (random projections in block types: --base-type " + o.base_type + ")").c_str() : "");
     printf("       AdamW lr %g (warmup %d, cosine to %g), betas %g/%g, weight decay %g, grad clip %g | out %s/\n", o.lr, o.warmup,
            min_lr_of(o), o.beta1, o.beta2, o.weight_decay, o.grad_clip, o.out.c_str());
     fflush(stdout);

@@ -48,7 +48,7 @@ ours() {
     local rc=$?
     cp /tmp/r-$name/train.jsonl $W/$name.jsonl 2>/dev/null
     echo "== $name (--base-type $bt, ctx $ctx, chunk $CHUNK, $*) rc=$rc"
-    grep -E "^model:|memory plan|KV cache|weights .* memory|^step|error|Maximum resident" $W/$name.log | sed 's/^ *//' | cut -c1-400
+    grep -E "^init:|^model:|memory plan|KV cache|weights .* memory|^step|error|Maximum resident" $W/$name.log | sed 's/^ *//' | cut -c1-400
     # the last step counts: its tok/s and the device memory in use after it (= the step's peak)
     python3 - "$W/$name.jsonl" "$name" $bt $ctx $rc >> "$RES" <<'PY'
 import json, sys
