@@ -7,6 +7,7 @@
 #include "train-sparse.h"
 
 #include "lora.h"
+#include "qwen2.h"  // qwen2_random_base_type_known
 
 #include <nlohmann/json.hpp>
 
@@ -30,7 +31,7 @@ inline oomb_type base_weight_type(const std::string & base_type, oomb_backend_t 
 
 /// true for the --base-type values that make a preset's projections random blocks of a block type
 /// (q4_k_m, q4_k, q6_k, q8_0: qwen2_random_base_types; --preset with --trainable lora only).
-inline bool base_type_is_block(const std::string & t) { return t == "q4_k_m" || t == "q4_k" || t == "q6_k" || t == "q8_0"; }
+inline bool base_type_is_block(const std::string & t) { return qwen2_random_base_type_known(t); }
 
 struct Options {
     std::string model, preset, vocab;

@@ -197,12 +197,21 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
     }
 }
 
+namespace {
+// the --base-type names of qwen2_random_base_types: the block type of the projections, llama.cpp's mix
+struct RandomBaseType { const char * name; uint32_t ggml; bool mix; };
+constexpr RandomBaseType k_random_base_types[] = {{"q4_k_m", GGUF_TENSOR_Q4_K, true}, {"q4_k", GGUF_TENSOR_Q4_K, false},
+                                                  {"q6_k", GGUF_TENSOR_Q6_K, false}, {"q8_0", GGUF_TENSOR_Q8_0, false}};
+const RandomBaseType * random_base_type(const std::string & name) {
+    for (const RandomBaseType & k : k_random_base_types) if (name == k.name) return &k;
+    return nullptr;
+}
+} // namespace
+
+bool qwen2_random_base_type_known(const std::string & base_type) { return random_base_type(base_type) != nullptr; }
+
 bool qwen2_random_base_types(const Qwen2Config & cfg, const std::string & base_type, std::vector<oomb_type> * types, std::string * err) {
-    struct Named { const char * name; uint32_t ggml; bool mix; };
-    static const Named k_types[] = {{"q4_k_m", GGUF_TENSOR_Q4_K, true}, {"q4_k", GGUF_TENSOR_Q4_K, false},
-                                    {"q6_k", GGUF_TENSOR_Q6_K, false}, {"q8_0", GGUF_TENSOR_Q8_0, false}};
-    const Named * bt = nullptr;
-    for (const Named & k : k_types) if (base_type == k.name) bt = &k;
+    const RandomBaseType * bt = random_base_type(base_type);
     if (!bt) {
         if (err) *err = "random quantized base: unknown block type '" + base_type + "' (choose q4_k_m, q4_k, q6_k or q8_0)";
         return false;

@@ -91,6 +91,8 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed);
 /// wtype), every other entry OOMB_TYPE_COUNT (wtype / f32 as without types). Another base_type:
 /// false and a message naming it and the choices in *err.
 bool qwen2_random_base_types(const Qwen2Config & cfg, const std::string & base_type, std::vector<oomb_type> * types, std::string * err);
+/// true for the base_type names qwen2_random_base_types takes (q4_k_m, q4_k, q6_k, q8_0).
+bool qwen2_random_base_type_known(const std::string & base_type);
 /// Loads a Qwen2 GGUF (llama.cpp's names and keys; F32/F16/BF16/Q8_0/Q4_0/Q4_1 tensors are
 /// converted to wtype). The metadata is checked against the tensor table before anything is
 /// allocated (qwen2_read_config, qwen2_check_tensors). Errors (missing file, other architecture,
