@@ -167,8 +167,18 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         Qwen2Config c;
         if (!qwen2_preset(o.preset, &c)) fail(PROG, "unknown preset '" + o.preset + "'");  // checked with the options
         if (o.rope_theta > 0) c.rope_theta = (float) o.rope_theta;
-        T.model = qwen2_create(c, T.be, compute_type(T.be));
+        // --trainable lora: a frozen random base in --base-type (bf16 / f32 / the compute type, or the
+        // projections as random blocks of q4_k_m / q4_k / q6_k / q8_0)
+        std::vector<oomb_type> qtypes;
+        const bool qbase = lora && base_type_is_block(o.base_type);
+        if (qbase && !qwen2_random_base_types(c, o.base_type, &qtypes, &err)) fail(PROG, err);
+        T.model = qwen2_create_or_error(c, T.be, lora ? base_weight_type(o.base_type, T.be) : compute_type(T.be), &err, qbase ? &qtypes : nullptr);
+        if (!T.model) fail(PROG, "--preset " + o.preset + ": " + err);
+        const auto t_init = std::chrono::steady_clock::now();
         qwen2_init_random(*T.model, o.seed);
+        printf("init: preset %s, random weights made in %.1f s%s\n", o.preset.c_str(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count(),
+               lora ? (" (frozen base, --base-type " + o.base_type + ")").c_str() : "");
     }
     Qwen2Model & M = *T.model;
     if (o.rope_theta > 0) M.cfg.rope_theta = (float) o.rope_theta;
@@ -309,7 +319,8 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
            default_run ? "default run:" : "", o.steps, o.seqs_per_step, o.ctx, o.chunk, o.page, oomb_backend_name(T.be), threads,
            n_train_params / 1e6, o.trainable.c_str());
     printf("       weights %s in %s memory%s\n", fmt_bytes((double) qwen2_weight_bytes(M)).c_str(), oomb_backend_name(T.be),
-           lora && o.base_type == "keep" ? " (quantized projections kept in their GGUF type: --base-type keep)" : "");
+           lora && o.base_type == "keep" && !o.model.empty() ? " (quantized projections kept in their GGUF type: --base-type keep)"
+           : lora && base_type_is_block(o.base_type) ? (" (random projections in block types: --base-type " + o.base_type + ")").c_str() : "");
     printf("       AdamW lr %g (warmup %d, cosine to %g), betas %g/%g, weight decay %g, grad clip %g | out %s/\n", o.lr, o.warmup,
            min_lr_of(o), o.beta1, o.beta2, o.weight_decay, o.grad_clip, o.out.c_str());
     fflush(stdout);

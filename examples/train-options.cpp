@@ -110,7 +110,9 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     app.add_option("--trainable", o.trainable, "all, linear (block projections + LM head, as the OOMB reference), or lora (low-rank "
                                                "adapters on a frozen -m base; checkpoints OUT/adapter.gguf in llama.cpp's LoRA format)")->capture_default_str();
     app.add_option("--base-type", o.base_type, "keep (-m's quantized projections stay in their GGUF block type; a frozen base: "
-                                               "--trainable lora), bf16 or f32 (weights converted on load)")->capture_default_str();
+                                               "--trainable lora), bf16 or f32 (weights converted on load); with --preset and "
+                                               "--trainable lora also q4_k_m, q4_k, q6_k or q8_0 (the layers' projections made as "
+                                               "random blocks of that type; q4_k_m: llama.cpp's mix)")->capture_default_str();
     app.add_option("--lora-rank", o.lora_rank, "--trainable lora: adapter rank r")->capture_default_str();
     app.add_option("--lora-alpha", o.lora_alpha, "--trainable lora: alpha (scale alpha / r; default 2 x the default rank)")->capture_default_str();
     app.add_option("--lora-targets", o.lora_targets, "--trainable lora: the projections adapted, a comma-separated subset of q,k,v,o,gate,up,down")
@@ -186,8 +188,15 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
             for (const char * opt : {"--lora-rank", "--lora-alpha", "--lora-targets"})
                 if (given(opt)) fail(PROG, std::string(opt) + " needs --trainable lora");
         }
-        if (o.base_type != "keep" && o.base_type != "bf16" && o.base_type != "f32")
-            fail(PROG, "--base-type must be keep, bf16 or f32, got '" + o.base_type + "'");
+        if (o.base_type != "keep" && o.base_type != "bf16" && o.base_type != "f32" && !base_type_is_block(o.base_type))
+            fail(PROG, "--base-type must be keep, bf16 or f32 (with --preset and --trainable lora also q4_k_m, q4_k, q6_k or q8_0), got '" +
+                           o.base_type + "'");
+        if (base_type_is_block(o.base_type) && !o.model.empty())
+            fail(PROG, "--base-type " + o.base_type + " makes a random base of a --preset; -m's quantized projections keep their own "
+                           "type (--base-type keep): to re-type a model file, write it with oomb-export --out-type " + o.base_type);
+        if (base_type_is_block(o.base_type) && o.trainable != "lora")
+            fail(PROG, "--base-type " + o.base_type + " makes a frozen base in a block type, which needs --trainable lora (--trainable " +
+                           o.trainable + " trains the weights)");
         if (o.base_type == "keep" && o.trainable != "lora" && given("--base-type"))
             fail(PROG, "--base-type keep keeps quantized weights frozen, which needs --trainable lora (--trainable " + o.trainable +
                            " trains the weights: give --base-type bf16 or f32, or leave it out to dequantize them)");
@@ -271,8 +280,9 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         printf("note: no model given: training a fresh --preset tiny\n");
     }
     validate();
-    if (o.trainable == "lora" && o.model.empty())
-        fail(PROG, "--trainable lora trains adapters on a frozen base model: give -m BASE.gguf (not --preset or the default run)");
+    if (o.trainable == "lora" && o.model.empty() && (default_run || app.count("--preset") == 0))
+        fail(PROG, "--trainable lora trains adapters on a frozen base model: give -m BASE.gguf or --preset NAME (a random base), "
+                   "not the default run");
     if (!default_run && app.count("--warmup") == 0) o.warmup = std::min(o.warmup, o.steps / 10);
     if (o.model.empty() && o.vocab.empty()) o.vocab = find_project_file("models/qwen2.5-vocab.gguf");
     o.chunk = std::min(o.chunk, o.ctx);

@@ -7,6 +7,7 @@
 #include "train-sparse.h"
 
 #include "lora.h"
+#include "qwen2.h"  // qwen2_random_base_type_known
 
 #include <nlohmann/json.hpp>
 
@@ -27,6 +28,10 @@ inline oomb_type compute_type(oomb_backend_t be) { return oomb_backend_is_host(b
 inline oomb_type base_weight_type(const std::string & base_type, oomb_backend_t be) {
     return base_type == "f32" ? OOMB_TYPE_F32 : base_type == "bf16" ? OOMB_TYPE_BF16 : compute_type(be);
 }
+
+/// true for the --base-type values that make a preset's projections random blocks of a block type
+/// (q4_k_m, q4_k, q6_k, q8_0: qwen2_random_base_types; --preset with --trainable lora only).
+inline bool base_type_is_block(const std::string & t) { return qwen2_random_base_type_known(t); }
 
 struct Options {
     std::string model, preset, vocab;
@@ -64,6 +69,8 @@ struct Options {
     // --base-type: a -m file's block-type (quantized) projections. keep: stay in their GGUF type in
     // backend memory (frozen base: --trainable lora only; with all / linear the default falls back
     // to dequantizing, an explicit keep is an error); bf16 / f32: every weight converted to it.
+    // With --preset --trainable lora: keep = the compute type, bf16 / f32, or q4_k_m / q4_k / q6_k /
+    // q8_0 (the projections made as random blocks of that type: base_type_is_block).
     std::string base_type = "keep";
     bool attn_cache = false;
     std::string attn_cache_type = "f32";

@@ -211,6 +211,21 @@ struct GGUFTensorInfo {
     std::vector<int64_t> shape() const;
 };
 
+// The tensor types of a quantized file (src/formats/quant-mix.cpp): one type id per tensor of
+// `tensors` (only name, n_dims and ne[0] are read), in their order. 2-D tensors whose name ends in
+// "weight" (not "_norm.weight") get `type`; every other tensor F32. q4_k_m_mix: llama.cpp's Q4_K_M
+// mix (llama-quant.cpp, llama_tensor_get_type; `type` should then be Q4_K): Q4_K by default; Q6_K
+// for output.weight (for token_embd.weight when there is no output.weight: tied embeddings); Q5_K
+// for a fused attn_qkv; Q6_K for attn_v and ffn_down where gguf_use_more_bits(i, n) holds, i the
+// index of that tensor among the n of its kind in the given order (= the layer). A row length
+// (ne[0]) that is not a multiple of the block size falls back as llama.cpp does (Q4_K -> Q5_0,
+// Q6_K / Q5_K -> Q8_0), one that is not a multiple of 32 (or a Q8_0 / Q5_0 that does not fit) to
+// F16. Float types (F32, F16, BF16) are returned as given. Never fails.
+std::vector<uint32_t> gguf_plan_weight_types(const std::vector<GGUFTensorInfo>& tensors, uint32_t type, bool q4_k_m_mix);
+// llama.cpp's rule for the layers (i of n, integer division) whose attn_v / ffn_down get more bits
+// in Q4_K_M / Q5_K_M: i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2.
+bool gguf_use_more_bits(int64_t i, int64_t n);
+
 // Options of GGUFReader::open.
 struct GGUFReadOptions {
     // Accept tensors of ggml types that cannot be read (Q4_K, IQ2_XS, ...): they are listed and

@@ -23,7 +23,8 @@
 //     use_more_bits(i, n) = i < n/8 || i >= 7n/8 || (i - n/8) % 3 == 2      (integer division)
 // A row length that is not a multiple of 256 falls back as llama.cpp does (Q4_K -> Q5_0,
 // Q6_K -> Q8_0; Q5_K -> Q8_0 here, llama.cpp takes Q5_1), and one that is not a multiple of 32 to
-// F16; q8_0 output falls back to F16 the same way. The extra types f32, q4_k, q5_k and q6_k put
+// F16; q8_0 output falls back to F16 the same way (gguf_plan_weight_types, gguf.h: one rule with
+// oomb-train's random quantized presets). The extra types f32, q4_k, q5_k and q6_k put
 // every such weight in that one type (same fallbacks).
 //
 // Memory stays bounded: the base is memory-mapped, tensors are written one at a time in row
@@ -129,17 +130,6 @@ bool load_adapter(const GGUFReader& base, const GGUFReader& ad, std::map<std::st
     return true;
 }
 
-// llama.cpp's rule for the layers whose attn_v / ffn_down get more bits in Q4_K_M / Q5_K_M.
-bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
-
-// A block type that fits rows of ne0 elements: `want`, else llama.cpp's fallback, else F16.
-uint32_t fit_row(uint32_t want, int64_t ne0) {
-    if (ne0 % gguf_tensor_type_block_size(want) == 0) return want;
-    uint32_t fb = want == GGUF_TENSOR_Q4_K ? GGUF_TENSOR_Q5_0 : GGUF_TENSOR_Q8_0;
-    if (want == GGUF_TENSOR_Q8_0 || want == GGUF_TENSOR_Q5_0) fb = GGUF_TENSOR_F16;
-    return ne0 % gguf_tensor_type_block_size(fb) == 0 ? fb : GGUF_TENSOR_F16;
-}
-
 struct OutType {
     const char* name;
     uint32_t type;      // the type of weights (Q4_K for the q4_k_m mix)
@@ -151,39 +141,6 @@ const OutType kOutTypes[] = {
     {"q4_k_m", GGUF_TENSOR_Q4_K, true, 15}, {"f32", GGUF_TENSOR_F32, false, 0},    {"q4_k", GGUF_TENSOR_Q4_K, false, 14},
     {"q5_k", GGUF_TENSOR_Q5_K, false, 16},  {"q6_k", GGUF_TENSOR_Q6_K, false, 18},
 };
-
-// The output type of every tensor of the base, in file order.
-std::vector<uint32_t> plan_types(const GGUFReader& base, const OutType& ot) {
-    const auto& ts = base.tensors();
-    bool has_output = false;
-    int64_t n_attn_v = 0, n_ffn_down = 0, i_attn_v = 0, i_ffn_down = 0;
-    for (const GGUFTensorInfo& t : ts) {
-        has_output |= t.name == "output.weight";
-        n_attn_v += t.name.find("attn_v.weight") != std::string::npos;
-        n_ffn_down += t.name.find("ffn_down") != std::string::npos;
-    }
-    std::vector<uint32_t> out;
-    for (const GGUFTensorInfo& t : ts) {
-        const bool weight = t.n_dims >= 2 && ends_with(t.name, "weight") && !ends_with(t.name, "_norm.weight");
-        if (!weight) { out.push_back(GGUF_TENSOR_F32); continue; }
-        uint32_t want = ot.type;
-        if (ot.mix) {
-            if (t.name == "output.weight" || (!has_output && t.name == "token_embd.weight")) {
-                want = t.ne[0] % 256 == 0 ? GGUF_TENSOR_Q6_K : GGUF_TENSOR_Q8_0;
-            } else if (t.name.find("attn_qkv.weight") != std::string::npos) {
-                want = GGUF_TENSOR_Q5_K;
-            } else if (t.name.find("attn_v.weight") != std::string::npos) {
-                if (use_more_bits(i_attn_v, n_attn_v)) want = GGUF_TENSOR_Q6_K;
-                i_attn_v++;
-            } else if (t.name.find("ffn_down") != std::string::npos) {
-                if (use_more_bits(i_ffn_down, n_ffn_down)) want = GGUF_TENSOR_Q6_K;
-                i_ffn_down++;
-            }
-        }
-        out.push_back(gguf_tensor_type_block_size(want) == 1 ? want : fit_row(want, t.ne[0]));
-    }
-    return out;
-}
 
 } // namespace
 
@@ -227,7 +184,7 @@ int main(int argc, char** argv) {
         if (!load_adapter(base, adapter, &pairs, &alpha, &err)) return fail(err);
     }
 
-    const std::vector<uint32_t> types = plan_types(base, ot);
+    const std::vector<uint32_t> types = gguf_plan_weight_types(base.tensors(), ot.type, ot.mix);  // the mix rule: gguf.h
     GGUFWriter w;
     bool quantized = false;
     for (uint32_t t : types) quantized |= gguf_tensor_type_block_size(t) > 1;

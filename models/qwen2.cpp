@@ -7,6 +7,7 @@
 #include "../src/fp16.h"
 #include "../src/init-normal.h"
 #include "../src/cpu/thread-pool.h"
+#include "../src/formats/quants.h"  // quant_random_blocks
 
 #include <cinttypes>
 #include <cmath>
@@ -146,7 +147,9 @@ void qwen2_tensor_read_as(const oomb_tensor * t, gguf_tensor_type type, void * d
 void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
     // chunked, seekable streams (src/init-normal.h): values depend on (seed, name, chunk) only, so
     // the chunks of a tensor are generated on all cores (a 7B model's 7.6e9 values in seconds), on
-    // the library's thread pool (src/cpu/thread-pool.h), made once for the whole model
+    // the library's thread pool (src/cpu/thread-pool.h), made once for the whole model. A tensor in
+    // a block type (qwen2_random_base_types) is made as random blocks directly (quant_random_blocks:
+    // mean 0, RMS ~0.02), kInitChunk values' worth of blocks per chunk.
     const int n_threads = (int) std::max(1u, std::min(64u, std::thread::hardware_concurrency()));
     cpu::thread_pool pool(n_threads);
     std::vector<std::vector<float>> scratch((size_t) pool.size(), std::vector<float>((size_t) kInitChunk));
@@ -155,6 +158,22 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
         const std::string name = t->name;
         const Qwen2TensorKind kind = m.specs[ti].kind;
         const int64_t n = oomb_nelements(t);
+        if (oomb_type_is_quantized(t->type)) {
+            const uint32_t gt = oomb_type_to_ggml(t->type);
+            if (!quant_random_supported(gt))
+                oomb_error("qwen2_init_random: %s: no random blocks of type %s", t->name, oomb_type_name(t->type));
+            const int64_t blk = oomb_blck_size(t->type), n_blk = n / blk, per_chunk = kInitChunk / blk;
+            const size_t bb = quant_block_bytes(gt);
+            std::vector<uint8_t> host(oomb_nbytes(t));
+            cpu::parallel_for(pool, (n_blk + per_chunk - 1) / per_chunk, 1, [&](int64_t c0, int64_t c1, int) {
+                for (int64_t c = c0; c < c1; c++) {
+                    const int64_t b0 = c * per_chunk;
+                    quant_random_blocks(gt, init_chunk_seed(seed, name, c), host.data() + (size_t) b0 * bb, std::min(per_chunk, n_blk - b0));
+                }
+            });
+            oomb_tensor_set(t, host.data(), 0, host.size());
+            continue;
+        }
         const bool bf = t->type == OOMB_TYPE_BF16, f16 = t->type == OOMB_TYPE_F16;
         const size_t es = oomb_type_size(t->type);
         std::vector<uint8_t> host((size_t) n * es);
@@ -176,6 +195,43 @@ void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
         });
         oomb_tensor_set(t, host.data(), 0, host.size());
     }
+}
+
+namespace {
+// the --base-type names of qwen2_random_base_types: the block type of the projections, llama.cpp's mix
+struct RandomBaseType { const char * name; uint32_t ggml; bool mix; };
+constexpr RandomBaseType k_random_base_types[] = {{"q4_k_m", GGUF_TENSOR_Q4_K, true}, {"q4_k", GGUF_TENSOR_Q4_K, false},
+                                                  {"q6_k", GGUF_TENSOR_Q6_K, false}, {"q8_0", GGUF_TENSOR_Q8_0, false}};
+const RandomBaseType * random_base_type(const std::string & name) {
+    for (const RandomBaseType & k : k_random_base_types) if (name == k.name) return &k;
+    return nullptr;
+}
+} // namespace
+
+bool qwen2_random_base_type_known(const std::string & base_type) { return random_base_type(base_type) != nullptr; }
+
+bool qwen2_random_base_types(const Qwen2Config & cfg, const std::string & base_type, std::vector<oomb_type> * types, std::string * err) {
+    const RandomBaseType * bt = random_base_type(base_type);
+    if (!bt) {
+        if (err) *err = "random quantized base: unknown block type '" + base_type + "' (choose q4_k_m, q4_k, q6_k or q8_0)";
+        return false;
+    }
+    const std::vector<Qwen2TensorSpec> specs = qwen2_tensors(cfg);
+    std::vector<GGUFTensorInfo> infos(specs.size());
+    for (size_t i = 0; i < specs.size(); i++) {
+        infos[i].name = specs[i].name;
+        infos[i].n_dims = (uint32_t) specs[i].ne.size();
+        for (size_t d = 0; d < specs[i].ne.size() && d < GGUF_MAX_DIMS; d++) infos[i].ne[d] = specs[i].ne[d];
+    }
+    const std::vector<uint32_t> planned = gguf_plan_weight_types(infos, bt->ggml, bt->mix);  // the one mix rule (gguf.h)
+    types->assign(specs.size(), OOMB_TYPE_COUNT);
+    for (size_t i = 0; i < specs.size(); i++) {
+        oomb_type qt = OOMB_TYPE_COUNT;
+        // only the projections; a row-length fallback to F16 stays in the model's float type
+        if (qwen2_slot_is_projection(specs[i].slot) && quant_random_supported(planned[i]) && oomb_type_from_ggml(planned[i], &qt))
+            (*types)[i] = qt;
+    }
+    return true;
 }
 
 std::unique_ptr<Qwen2Model> qwen2_load_gguf(const std::string & path, oomb_backend_t backend, oomb_type wtype, std::string * err,

@@ -78,7 +78,21 @@ std::unique_ptr<Qwen2Model> qwen2_create_or_error(const Qwen2Config & cfg, oomb_
 /// HF's initialisation: normal(0, 0.02) for linear and embedding weights, ones for RMSNorm
 /// weights, zeros for biases. Deterministic for a seed (values depend on the seed and the tensor
 /// name, not on the thread count; the same as oomb-gguf-init's with that seed). Uses all cores.
+/// Projections created in a block type (qwen2_random_base_types) are made as random blocks
+/// directly (src/formats/quants.h, quant_random_blocks: mean 0, RMS ~0.02, no quantizer), also
+/// deterministic in (seed, name, chunk) and on all cores; an oomb_error for a block type without
+/// random blocks (supported: Q8_0, Q5_0, Q4_K, Q5_K, Q6_K).
 void qwen2_init_random(Qwen2Model & m, uint64_t seed);
+/// The types argument of qwen2_create_or_error for a frozen random base in a block type (a model
+/// made in memory: oomb-train --preset NAME --trainable lora --base-type q4_k_m): base_type q4_k_m
+/// (llama.cpp's Q4_K_M mix by gguf_plan_weight_types: Q4_K, Q6_K for attn_v / ffn_down of the
+/// use_more_bits layers), q4_k, q6_k or q8_0; the seven projections of every layer get their type
+/// (with llama.cpp's row-length fallbacks: Q4_K -> Q5_0, Q6_K -> Q8_0; a fallback to F16 keeps
+/// wtype), every other entry OOMB_TYPE_COUNT (wtype / f32 as without types). Another base_type:
+/// false and a message naming it and the choices in *err.
+bool qwen2_random_base_types(const Qwen2Config & cfg, const std::string & base_type, std::vector<oomb_type> * types, std::string * err);
+/// true for the base_type names qwen2_random_base_types takes (q4_k_m, q4_k, q6_k, q8_0).
+bool qwen2_random_base_type_known(const std::string & base_type);
 /// Loads a Qwen2 GGUF (llama.cpp's names and keys; F32/F16/BF16/Q8_0/Q4_0/Q4_1 tensors are
 /// converted to wtype). The metadata is checked against the tensor table before anything is
 /// allocated (qwen2_read_config, qwen2_check_tensors). Errors (missing file, other architecture,

@@ -20,4 +20,17 @@ size_t quant_block_bytes(uint32_t ggml_type);
 /// values at dst. The type must be supported (checked by the callers; otherwise nothing is written).
 void dequantize_blocks(uint32_t ggml_type, const void * src, float * dst, int64_t n_blocks);
 
+/// true for the block types quant_random_blocks writes: Q8_0, Q5_0, Q4_K, Q5_K, Q6_K (ids 8, 6, 12, 13, 14).
+bool quant_random_supported(uint32_t ggml_type);
+/// Random weights made directly as blocks (no quantizer: a 7B model in seconds), for models made
+/// in memory (oomb-train --preset NAME --base-type q4_k_m): the quant bits of n_blocks blocks at dst
+/// are uniform random bits from the stream `seed` (src/init-normal.h's xoshiro256+), the scale
+/// fields are fixed, chosen so that the dequantized values have mean 0 and an RMS of about 0.02,
+/// like the normal(0, 0.02) f32 init (the choice per type in quants.cpp). Deterministic in (seed,
+/// n_blocks). An even n_blocks keeps the sign alternation of Q8_0 / Q5_0 in step between calls.
+/// Returns false (nothing written) for a type quant_random_supported rejects.
+bool quant_random_blocks(uint32_t ggml_type, uint64_t seed, void * dst, int64_t n_blocks);
+/// The RMS of the values quant_random_blocks makes, in expectation (0 for an unsupported type).
+double quant_random_rms(uint32_t ggml_type);
+
 } // namespace oomb
