@@ -14,6 +14,7 @@
 // read once per process by oomb_paged_attn_config_from_env.
 
 #include "oomb.h"
+#include "cuda/common.cuh"
 #include "cuda/paged-attn.cuh"
 #include "bench/cuda-bench.h"
 
@@ -81,6 +82,8 @@ int main(int argc, char ** argv) {
     fprintf(stderr, "device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     cudaStream_t stream;
     CK(cudaStreamCreate(&stream));
+    oomb_cuda_ctx cctx;  // the kernels' context: the stream, scratch slots grown on demand
+    cctx.stream = stream;
     const float scale = 1.0f / std::sqrt((float) D);
 
     for (int64_t S : seqs) {
@@ -148,8 +151,8 @@ int main(int argc, char ** argv) {
             fwd.push_back(f);
             bwd.push_back(b);
         }
-        auto run_fwd = [&]() { for (oomb_tensor * f : fwd) oomb_cuda_paged_attn(stream, f); };
-        auto run_bwd = [&]() { for (auto it = bwd.rbegin(); it != bwd.rend(); ++it) oomb_cuda_paged_attn_back(stream, *it); };
+        auto run_fwd = [&]() { for (oomb_tensor * f : fwd) oomb_cuda_paged_attn(cctx, f); };
+        auto run_bwd = [&]() { for (auto it = bwd.rbegin(); it != bwd.rend(); ++it) oomb_cuda_paged_attn_back(cctx, *it); };
         run_fwd();
         if (!fwd_only) run_bwd();
         CK(cudaStreamSynchronize(stream));
