@@ -13,6 +13,7 @@
     halve, the K/V copies stay);
   - the same seed gives the same gradients (two bf16 runs are bit-identical), and a run stopped after
     step 1 and resumed gives step 2's loss and gradient norm of an uninterrupted run;
+  - with `--sparse-pages 3` (page lists) too: bf16 vs f32 pages of the same sparse run, same bound;
   - `--kv-grad-type f16`: exit 1 with a message.
 
 Prints the per-tensor relative errors (the table in bench/offload/RESULTS.md).
@@ -109,6 +110,19 @@ def main():
         ids = os.path.join(tmp, "ids.safetensors")
         save_file({"input_ids": ref["input_ids"].astype(np.int32)}, ids)
         compare("qwen2-mini 2x64", models["qwen2-mini"], ids, tmp, 13, 5)
+
+        # with sparse attention (page lists): the bf16 pages of the selected pages only, the same
+        # bound against the same sparse run with f32 pages, and the sparse loss unchanged
+        sp = ["--sparse-pages", "3"]
+        r32, g32 = dump(models["qwen2-mini"], ids, os.path.join(tmp, "sparse-f32.safetensors"), 13, 5, sp)
+        r16, g16 = dump(models["qwen2-mini"], ids, os.path.join(tmp, "sparse-bf16.safetensors"), 13, 5, sp + ["--kv-grad-type", "bf16"])
+        check(r32.returncode == 0 and r16.returncode == 0, f"sparse: exit {r32.returncode} / {r16.returncode} {r16.stderr[-300:]}")
+        if g32 is not None and g16 is not None:
+            errs = rel_errors(g16, g32)
+            worst = max(errs, key=errs.get)
+            print(f"[ sparse 3 pages, bf16 vs f32 pages ] max {errs[worst]:.2e} ({worst})")
+            check(0 < errs[worst] < 2e-2, f"sparse: bf16 pages within 2e-2 of f32 pages, and rounded (worst {worst} {errs[worst]:.2e})")
+            check(float(g16["loss"][0]) == float(g32["loss"][0]), "sparse: the same loss")
 
         vocab = json.load(open(os.path.join(FIX, "qwen2-micro", "config.json")))["vocab_size"]
         long_ids = os.path.join(tmp, "long.safetensors")
