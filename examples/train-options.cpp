@@ -56,6 +56,7 @@ nlohmann::json config_json(const Options & o) {
     j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable;
     if (o.trainable == "lora") { j["lora_rank"] = o.lora_rank; j["lora_alpha"] = o.lora_alpha; j["lora_targets"] = lora_targets_string(lora_config_of(o).targets); }
     if (o.trainable != "lora") j["out_type"] = o.out_type;
+    j["base_type"] = o.base_type;  // not checked on --resume, but a change is noted (keep vs bf16 / f32 changes the frozen base's numbers)
     j["opt_state"] = o.opt_state; j["attn_cache"] = o.attn_cache; j["attn_cache_type"] = o.attn_cache ? o.attn_cache_type : "none"; j["kv_grad_type"] = o.kv_grad_type; j["threads"] = o.threads; j["device"] = o.device;
     j["offload"] = o.offload.mode; j["gpu_kv_budget"] = o.offload.gpu_kv_budget >= 0 ? nlohmann::json(o.offload.gpu_kv_budget) : nlohmann::json("default"); j["offload_block"] = o.offload.block_pages;
     j["sparse_pages"] = o.sparse.pages;

@@ -149,6 +149,11 @@ def main():
         if rc1 == 0 and rc3 == 0:
             la, lb = read_log(A), read_log(B)
             C.check(la == lb and len(la[0]) == 6, f"resume: identical train and held-out losses ({la[0][-1]} {lb[0][-1]})")
+        # a resume with another --base-type is noted (the frozen base's numbers change), not silent
+        rc4, o4, e4 = run_tool(args[:-6] + ["--steps", "7", "--save-every", "3", "--eval-every", "0", "--out", B, "--resume",
+                                            "--base-type", "f32"])
+        C.check(rc4 == 0 and 'resume: note: --base-type changed from "keep" to "f32"' in o4,
+                f"resume with --base-type f32 after keep: noted (rc {rc4}) {e4.strip()[-150:]}")
 
         # --dump-grads --trainable lora: keep vs f32 base
         toks = os.path.join(tmp, "toks.safetensors")
