@@ -40,6 +40,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <sys/stat.h>
 #include <thread>
 
 using namespace oomb;
@@ -212,6 +213,10 @@ int main(int argc, char** argv) {
         return 1;
     };
     if (o_threads->count() && threads < 1) return fail("-t/--threads must be at least 1, not " + std::to_string(threads));
+    // checked before any work: otherwise the whole file is converted into OUT.tmp.<pid> and only the final rename fails
+    if (out_path.empty()) return fail("-o/--output is empty");
+    if (struct stat st; stat(out_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+        return fail("-o/--output " + out_path + " is a directory: give the output file's path");
     const OutType& ot = *std::find_if(std::begin(kOutTypes), std::end(kOutTypes), [&](const OutType& o) { return out_type == o.name; });
 
     std::string err;

@@ -264,6 +264,11 @@ def main():
             rc, _, e = run_tool([EXPORT, *args, "-o", o])
             c.check(rc == 1 and want in e and not os.path.exists(o),
                     f"oomb-export {' '.join(os.path.basename(x) for x in args)}: exit 1 naming '{os.path.basename(want)}' ({e.strip()[-200:]})")
+        # an output path that cannot be the file: refused before any work, nothing left behind
+        for out, want in ((tmp, "is a directory"), ("", "-o/--output is empty")):
+            rc, _, e = run_tool([EXPORT, "-m", base, "--out-type", "q8_0", "-o", out])
+            c.check(rc == 1 and want in e and "->" not in e and not glob.glob(os.path.join(tmp, ".tmp*")),
+                    f"oomb-export -o '{out}': exit 1, '{want}', before converting ({e.strip()[-200:]})")
         # a NaN in a base weight: named, the previous output kept, no temporary file left
         nan_base = os.path.join(tmp, "nan.gguf")
         r = gguf.GGUFReader(base)
