@@ -286,6 +286,23 @@ def main():
                 f"a NaN in a base weight: exit 1 naming the tensor, row and element ({e.strip()[-200:]})")
         c.check(open(o, "rb").read() == b"previous" and not glob.glob(o + ".tmp*"),
                 "the previous output file is kept and no temporary file is left")
+        # unquantized output refuses them too (was: NaN written as is), and f16 a finite value past its range (was: inf)
+        rc, _, e = run_tool([EXPORT, "-m", nan_base, "--out-type", "f16", "-o", o])
+        c.check(rc == 1 and "blk.2.ffn_gate.weight" in e and "row 1" in e and "element 5 is NaN" in e and open(o, "rb").read() == b"previous",
+                f"a NaN in a base weight, --out-type f16: exit 1 naming it, the previous output kept ({e.strip()[-200:]})")
+        big_base = os.path.join(tmp, "big.gguf")
+        w = gguf.GGUFWriter(big_base, arch="qwen2")
+        for t in r.tensors:
+            x = np.array(t.data)
+            if t.name == "blk.1.ffn_up.weight":
+                x = x.copy(); x[2, 3] = 1e6
+            w.add_tensor(t.name, x)
+        w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+        rc, _, e = run_tool([EXPORT, "-m", big_base, "--out-type", "f16", "-o", o])
+        c.check(rc == 1 and "blk.1.ffn_up.weight" in e and "row 2" in e and "element 3 is 1e+06, beyond F16's range" in e,
+                f"a weight of 1e6, --out-type f16: exit 1 naming it ({e.strip()[-200:]})")
+        rc, _, e = run_tool([EXPORT, "-m", big_base, "--out-type", "bf16", "-o", o])
+        c.check(rc == 0, f"the same weight, --out-type bf16: written ({e.strip()[-200:]})")
     c.finish()
 
 
