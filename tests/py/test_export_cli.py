@@ -32,6 +32,7 @@ Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR. Exit 0 pass, 1 failur
 import glob
 import os
 import re
+import shutil
 import sys
 import tempfile
 
@@ -286,6 +287,16 @@ def main():
                 f"a NaN in a base weight: exit 1 naming the tensor, row and element ({e.strip()[-200:]})")
         c.check(open(o, "rb").read() == b"previous" and not glob.glob(o + ".tmp*"),
                 "the previous output file is kept and no temporary file is left")
+        # oomb-eval of that NaN model: exit 2 with a message (was: "perplexity: -nan", exit 0)
+        nan_model = os.path.join(tmp, "nan-model.gguf")  # the base (all metadata) with one NaN weight, patched in place
+        shutil.copy(base, nan_model)
+        t = next(t for t in gguf.GGUFReader(base).tensors if t.name == "blk.2.ffn_gate.weight")
+        assert t.tensor_type == gguf.GGMLQuantizationType.F32
+        with open(nan_model, "r+b") as f:
+            f.seek(t.data_offset + 4 * 5)
+            f.write(np.float32(np.nan).tobytes())
+        rc, out, e = run_tool([EVAL, "-m", nan_model, "--data-bin", data, "--max-tokens", "256", "--ctx", "64", "--threads", "2"])
+        c.check(rc == 2 and "the mean NLL is not finite" in e, f"oomb-eval of a model with a NaN weight: exit 2 ({rc}: {e.strip()[-200:]})")
         # unquantized output refuses them too (was: NaN written as is), and f16 a finite value past its range (was: inf)
         rc, _, e = run_tool([EXPORT, "-m", nan_base, "--out-type", "f16", "-o", o])
         c.check(rc == 1 and "blk.2.ffn_gate.weight" in e and "row 1" in e and "element 5 is NaN" in e and open(o, "rb").read() == b"previous",
