@@ -180,6 +180,13 @@ def main():
             C.check(worst <= 1e-4 and nb == 14, f"gradients keep vs f32 agree: worst relative L2 difference {worst:.3g}; {nb} non-zero B gradients")
             C.check(abs(float(gk["loss"][0]) - float(gf["loss"][0])) <= 1e-5 * abs(float(gf["loss"][0])), "same loss")
 
+        # --dump-grads --trainable linear: every weight's gradient, and a note saying so (was: silent)
+        g = os.path.join(tmp, "grads-linear.safetensors")
+        rc, o, e = run_tool([TRAIN, "-m", model, "--tokens", toks, "--dump-grads", g, "--chunk", "32", "--page", "16", "--threads", "2",
+                             "--trainable", "linear"])
+        C.check(rc == 0 and "ignores the training options given: --trainable linear" in e,
+                f"--dump-grads --trainable linear: a note that it is ignored (rc {rc}) {e.strip()[-200:]}")
+
         rc, o, e = run_tool([TRAIN, "-m", model, "--data-bin", data, "--ctx", "64", "--steps", "1", "--trainable", "all",
                              "--base-type", "keep", "--out", os.path.join(tmp, "bad")])
         C.check(rc == 1 and "--base-type keep" in e and "--trainable lora" in e, f"--base-type keep with --trainable all refused ({e.strip()[-200:]})")
