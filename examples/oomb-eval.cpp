@@ -202,5 +202,9 @@ int main(int argc, char ** argv) {
         j["score_second_half"] = second_half; if (second_half) j["bos"] = win.bos; j["mean_nll"] = mean; j["perplexity"] = std::exp(mean); j["seconds"] = dt;
         if (!write_file_atomic(json_out, j.dump(2) + "\n", &err)) fail(PROG, err);
     }
+    if (!std::isfinite(mean)) {  // as oomb-train's non-finite steps: not a result (was: "perplexity: -nan", exit 0)
+        fprintf(stderr, "%s: error: the mean NLL is not finite (non-finite weights or an overflow in the model?)\n", PROG);
+        return 2;
+    }
     return 0;
 }

@@ -142,6 +142,10 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     if (tiered && attn_cache > 0)
         fail(prog, "--attn-cache keeps " + fmt_bytes(attn_cache) + " of attention results on the device, which a streamed KV cache "
                    "does not support: drop --attn-cache (or --offload off if the KV cache fits)");
+    if (tiered && tp->sparse.pages > 0)
+        fail(prog, "--sparse-pages needs the whole KV cache on the device, but " + fmt_bytes(all_kv) + " of KV pages do not fit " +
+                   (budget_given ? "--gpu-kv-budget" : "the device memory left") + " (" + fmt_bytes(budget) +
+                   "), so --offload auto would stream them: lower --ctx, raise --gpu-kv-budget, or drop --sparse-pages");
     tp->resident_pages = tiered ? R : -1;
     tp->stream_block_pages = B;
     const oomb_kv_tier_params used = chunk_kv_tier(*tp);  // what the driver allocates (slots capped by the streamed pages)

@@ -56,6 +56,7 @@ nlohmann::json config_json(const Options & o) {
     j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable;
     if (o.trainable == "lora") { j["lora_rank"] = o.lora_rank; j["lora_alpha"] = o.lora_alpha; j["lora_targets"] = lora_targets_string(lora_config_of(o).targets); }
     if (o.trainable != "lora") j["out_type"] = o.out_type;
+    j["base_type"] = o.base_type;  // not checked on --resume, but a change is noted (keep vs bf16 / f32 changes the frozen base's numbers)
     j["opt_state"] = o.opt_state; j["attn_cache"] = o.attn_cache; j["attn_cache_type"] = o.attn_cache ? o.attn_cache_type : "none"; j["kv_grad_type"] = o.kv_grad_type; j["threads"] = o.threads; j["device"] = o.device;
     j["offload"] = o.offload.mode; j["gpu_kv_budget"] = o.offload.gpu_kv_budget >= 0 ? nlohmann::json(o.offload.gpu_kv_budget) : nlohmann::json("default"); j["offload_block"] = o.offload.block_pages;
     j["sparse_pages"] = o.sparse.pages;
@@ -146,9 +147,10 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     app.add_option("--log-every", o.log_every, "progress line every N steps")->capture_default_str();
     app.add_option("--stop-after", o.stop_after, "stop (with a checkpoint) after this step, as if interrupted; resume later");
     app.add_option("--max-bad-steps", o.max_bad_steps, "stop (exit 2) after this many consecutive non-finite steps")->capture_default_str();
-    app.add_option("--tokens", o.tokens, "verification: safetensors file with input_ids int32 [B, T] (with --dump-grads or --dump-logits)");
+    app.add_option("--tokens", o.tokens, "verification: safetensors file with input_ids int32 or int64 [B, T] (with --dump-grads or --dump-logits)");
     app.add_option("--dump-grads", o.dump_grads,
-                   "verification: one forward/backward over --tokens (every weight trainable, no update); writes loss and grad.<GGUF name>");
+                   "verification: one forward/backward over --tokens (every weight trainable, or with --trainable lora the adapters; no update); "
+                   "writes loss and grad.<GGUF name>");
     app.add_option("--dump-logits", o.dump_logits,
                    "verification: one forward over --tokens [T]; writes the last chunk's logits (all T with --chunk >= T) and the loss");
     if (const int rc = parse_command_line(app, argc, argv, PROG); rc >= 0) return rc;
@@ -241,6 +243,8 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
                                  "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every", "--opt-state", "--out-type"}) {
             if (given(opt)) ignored += std::string(ignored.empty() ? "" : ", ") + opt;
         }
+        if (given("--trainable") && o.trainable == "linear")  // only lora changes what is differentiated
+            ignored += std::string(ignored.empty() ? "" : ", ") + "--trainable linear (every weight's gradient is written)";
         if (!ignored.empty()) fprintf(stderr, "%s: note: %s ignores the training options given: %s\n", PROG,
                                      o.dump_grads.empty() ? "--dump-logits" : "--dump-grads", ignored.c_str());
         cmd->verify = true;

@@ -12,7 +12,8 @@ namespace train {
 void add_sparse_options(CLI::App & app, SparseOptions & o) {
     app.add_option("--sparse-pages", o.pages,
                    "page-level top-K sparse attention: each query tile (one page of queries) attends its K highest-scoring history "
-                   "pages plus its own chunk causally (dense while the history has at most K pages); 0: dense")
+                   "pages plus its own chunk causally (dense while the history has at most K pages); 0: dense. Needs the whole KV cache on "
+                   "the device (not with --offload on, nor a streaming --offload auto) and no --attn-cache")
         ->capture_default_str();
     app.add_option("--sparse-score", o.score,
                    "with --sparse-pages: mean (softmax over pages of the group-summed query . the page's mean key, the reference's) "
@@ -38,7 +39,7 @@ void check_sparse_options(const char * prog, const CLI::App & app, const SparseO
         fail(prog, "--sparse-sink " + std::to_string(o.sink) + " + --sparse-local " + std::to_string(o.local) + " exceed --sparse-pages " +
                        std::to_string(o.pages) + " (the always-kept pages count inside the budget)");
     if (offload_mode == "on")
-        fail(prog, "--sparse-pages with --offload on is not supported yet (the host offload streams every history page): use --offload off or auto");
+        fail(prog, "--sparse-pages with --offload on is not supported yet (the host offload streams every history page): use --offload off or auto (both keep the whole KV cache on the device; auto stops when it does not fit)");
     if (attn_cache) fail(prog, "--sparse-pages with --attn-cache is not supported (the attention cache holds dense results): drop one of them");
 }
 

@@ -41,6 +41,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <sys/stat.h>
 #include <thread>
 
 using namespace oomb;
@@ -169,6 +170,10 @@ int main(int argc, char** argv) {
         return 1;
     };
     if (o_threads->count() && threads < 1) return fail("-t/--threads must be at least 1, not " + std::to_string(threads));
+    // checked before any work: otherwise the whole file is converted into OUT.tmp.<pid> and only the final rename fails
+    if (out_path.empty()) return fail("-o/--output is empty");
+    if (struct stat st; stat(out_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+        return fail("-o/--output " + out_path + " is a directory: give the output file's path");
     const OutType& ot = *std::find_if(std::begin(kOutTypes), std::end(kOutTypes), [&](const OutType& o) { return out_type == o.name; });
 
     std::string err;
@@ -240,6 +245,23 @@ int main(int argc, char** argv) {
                             for (int64_t j = 0; j < ne0; j++) row[(size_t)j] += c * ak[j];
                         }
                     }
+                    // the quantized types refuse non-finite values themselves; f32 / f16 / bf16 would write them (and f16
+                    // turns a finite |x| > 65504 into inf): a model that evaluates to NaN, so refuse those here too
+                    if (s == GGUF_OK && gguf_tensor_type_block_size(dst_type) == 1)
+                        for (int64_t j = 0; j < ne0; j++) {
+                            const float x = row[(size_t)j];
+                            if (std::isfinite(x) && (dst_type != GGUF_TENSOR_F16 || std::fabs(x) <= 65504.0f)) continue;
+                            char buf[200];
+                            if (!std::isfinite(x))
+                                snprintf(buf, sizeof buf, "element %lld is %s: a model with non-finite weights is not written",
+                                         (long long)j, std::isnan(x) ? "NaN" : (x > 0 ? "inf" : "-inf"));
+                            else
+                                snprintf(buf, sizeof buf, "element %lld is %g, beyond F16's range (+-65504): use --out-type bf16 or f32",
+                                         (long long)j, (double)x);
+                            m = buf;
+                            s = GGUF_ERR_ARG;
+                            break;
+                        }
                     if (s == GGUF_OK)
                         s = gguf_convert(GGUF_TENSOR_F32, row.data(), dst_type, (uint8_t*)dst + (size_t)(r - r0) * dst_row, ne0, &m);
                     if (s != GGUF_OK) {

@@ -32,6 +32,7 @@ Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR. Exit 0 pass, 1 failur
 import glob
 import os
 import re
+import shutil
 import sys
 import tempfile
 
@@ -264,6 +265,11 @@ def main():
             rc, _, e = run_tool([EXPORT, *args, "-o", o])
             c.check(rc == 1 and want in e and not os.path.exists(o),
                     f"oomb-export {' '.join(os.path.basename(x) for x in args)}: exit 1 naming '{os.path.basename(want)}' ({e.strip()[-200:]})")
+        # an output path that cannot be the file: refused before any work, nothing left behind
+        for out, want in ((tmp, "is a directory"), ("", "-o/--output is empty")):
+            rc, _, e = run_tool([EXPORT, "-m", base, "--out-type", "q8_0", "-o", out])
+            c.check(rc == 1 and want in e and "->" not in e and not glob.glob(os.path.join(tmp, ".tmp*")),
+                    f"oomb-export -o '{out}': exit 1, '{want}', before converting ({e.strip()[-200:]})")
         # a NaN in a base weight: named, the previous output kept, no temporary file left
         nan_base = os.path.join(tmp, "nan.gguf")
         r = gguf.GGUFReader(base)
@@ -281,6 +287,33 @@ def main():
                 f"a NaN in a base weight: exit 1 naming the tensor, row and element ({e.strip()[-200:]})")
         c.check(open(o, "rb").read() == b"previous" and not glob.glob(o + ".tmp*"),
                 "the previous output file is kept and no temporary file is left")
+        # oomb-eval of that NaN model: exit 2 with a message (was: "perplexity: -nan", exit 0)
+        nan_model = os.path.join(tmp, "nan-model.gguf")  # the base (all metadata) with one NaN weight, patched in place
+        shutil.copy(base, nan_model)
+        t = next(t for t in gguf.GGUFReader(base).tensors if t.name == "blk.2.ffn_gate.weight")
+        assert t.tensor_type == gguf.GGMLQuantizationType.F32
+        with open(nan_model, "r+b") as f:
+            f.seek(t.data_offset + 4 * 5)
+            f.write(np.float32(np.nan).tobytes())
+        rc, out, e = run_tool([EVAL, "-m", nan_model, "--data-bin", data, "--max-tokens", "256", "--ctx", "64", "--threads", "2"])
+        c.check(rc == 2 and "the mean NLL is not finite" in e, f"oomb-eval of a model with a NaN weight: exit 2 ({rc}: {e.strip()[-200:]})")
+        # unquantized output refuses them too (was: NaN written as is), and f16 a finite value past its range (was: inf)
+        rc, _, e = run_tool([EXPORT, "-m", nan_base, "--out-type", "f16", "-o", o])
+        c.check(rc == 1 and "blk.2.ffn_gate.weight" in e and "row 1" in e and "element 5 is NaN" in e and open(o, "rb").read() == b"previous",
+                f"a NaN in a base weight, --out-type f16: exit 1 naming it, the previous output kept ({e.strip()[-200:]})")
+        big_base = os.path.join(tmp, "big.gguf")
+        w = gguf.GGUFWriter(big_base, arch="qwen2")
+        for t in r.tensors:
+            x = np.array(t.data)
+            if t.name == "blk.1.ffn_up.weight":
+                x = x.copy(); x[2, 3] = 1e6
+            w.add_tensor(t.name, x)
+        w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
+        rc, _, e = run_tool([EXPORT, "-m", big_base, "--out-type", "f16", "-o", o])
+        c.check(rc == 1 and "blk.1.ffn_up.weight" in e and "row 2" in e and "element 3 is 1e+06, beyond F16's range" in e,
+                f"a weight of 1e6, --out-type f16: exit 1 naming it ({e.strip()[-200:]})")
+        rc, _, e = run_tool([EXPORT, "-m", big_base, "--out-type", "bf16", "-o", o])
+        c.check(rc == 0, f"the same weight, --out-type bf16: written ({e.strip()[-200:]})")
     c.finish()
 
 

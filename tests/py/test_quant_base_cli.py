@@ -149,6 +149,11 @@ def main():
         if rc1 == 0 and rc3 == 0:
             la, lb = read_log(A), read_log(B)
             C.check(la == lb and len(la[0]) == 6, f"resume: identical train and held-out losses ({la[0][-1]} {lb[0][-1]})")
+        # a resume with another --base-type is noted (the frozen base's numbers change), not silent
+        rc4, o4, e4 = run_tool(args[:-6] + ["--steps", "7", "--save-every", "3", "--eval-every", "0", "--out", B, "--resume",
+                                            "--base-type", "f32"])
+        C.check(rc4 == 0 and 'resume: note: --base-type changed from "keep" to "f32"' in o4,
+                f"resume with --base-type f32 after keep: noted (rc {rc4}) {e4.strip()[-150:]}")
 
         # --dump-grads --trainable lora: keep vs f32 base
         toks = os.path.join(tmp, "toks.safetensors")
@@ -174,6 +179,13 @@ def main():
                 nb += k.endswith("lora_b") and den > 0
             C.check(worst <= 1e-4 and nb == 14, f"gradients keep vs f32 agree: worst relative L2 difference {worst:.3g}; {nb} non-zero B gradients")
             C.check(abs(float(gk["loss"][0]) - float(gf["loss"][0])) <= 1e-5 * abs(float(gf["loss"][0])), "same loss")
+
+        # --dump-grads --trainable linear: every weight's gradient, and a note saying so (was: silent)
+        g = os.path.join(tmp, "grads-linear.safetensors")
+        rc, o, e = run_tool([TRAIN, "-m", model, "--tokens", toks, "--dump-grads", g, "--chunk", "32", "--page", "16", "--threads", "2",
+                             "--trainable", "linear"])
+        C.check(rc == 0 and "ignores the training options given: --trainable linear" in e,
+                f"--dump-grads --trainable linear: a note that it is ignored (rc {rc}) {e.strip()[-200:]}")
 
         rc, o, e = run_tool([TRAIN, "-m", model, "--data-bin", data, "--ctx", "64", "--steps", "1", "--trainable", "all",
                              "--base-type", "keep", "--out", os.path.join(tmp, "bad")])

@@ -80,7 +80,10 @@ def main():
                          (["--sparse-pages", "3", "--sparse-score", "max"], "--sparse-score must be mean or quest"),
                          (["--sparse-pages", "3", "--sparse-sink", "2", "--sparse-local", "2"], "exceed --sparse-pages 3"),
                          (["--sparse-pages", "3", "--offload", "on"], "--offload on is not supported yet"),
-                         (["--sparse-pages", "3", "--attn-cache"], "--attn-cache is not supported")):
+                         (["--sparse-pages", "3", "--attn-cache"], "--attn-cache is not supported"),
+                         # a KV cache that --offload auto would stream: the CLI says so (was: the ChunkDriver's internal error)
+                         (["--sparse-pages", "3", "--offload", "auto", "--gpu-kv-budget", "0.00001"],
+                          "--sparse-pages needs the whole KV cache on the device")):
             rc, out, err = run_tool(base + ["--dump-grads", os.path.join(tmp, "x.safetensors")] + bad)
             check(rc == 1 and msg in err, f"{' '.join(bad)}: exit 1 with '{msg}' (got {rc}: {err.strip()[-200:]})")
 
@@ -95,6 +98,10 @@ def main():
             check(rc == 0, f"oomb-eval {name}: exit {rc} {err.strip()[-300:]}")
             if rc == 0:
                 res[name] = json.load(open(js))["mean_nll"]
+        rc, out, err = run_tool([EVAL, "-m", gguf, "--data-bin", data, "--ctx", "300", "--chunk", "70", "--page", "16", "--threads", "2",
+                                 "--sparse-pages", "2", "--gpu-kv-budget", "0.00001"])
+        check(rc == 1 and "--sparse-pages needs the whole KV cache on the device" in err and "ChunkDriver" not in err,
+              f"oomb-eval --sparse-pages with a streaming --offload auto: exit 1, the CLI's message (got {rc}: {err.strip()[-200:]})")
         if len(res) == 3:
             check(res["k17"] == res["dense"], f"oomb-eval K 17 (covers the history): mean NLL {res['k17']:.8f} == dense {res['dense']:.8f}")
             check(math.isfinite(res["k2"]) and res["k2"] != res["dense"], f"oomb-eval K 2: mean NLL {res['k2']:.8f}, differs from dense")
