@@ -29,18 +29,10 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_data import make_bin, make_llama, read_log  # noqa: E402
+from train_data import BIN, SRC, make_bin, make_llama, need_tools, read_log, skip  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.environ.get("OOMB_SOURCE_DIR") or os.path.abspath(os.path.join(HERE, "..", ".."))
-BIN = os.environ.get("OOMB_BIN_DIR") or os.path.join(SRC, "build", "bin")
 TRAIN, EVAL, INIT = (os.path.join(BIN, t) for t in ("oomb-train", "oomb-eval", "oomb-gguf-init"))
 TARGETS = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
-
-
-def skip(why):
-    print(f"SKIPPED: {why}")
-    sys.exit(77)
 
 
 try:
@@ -48,9 +40,7 @@ try:
     import gguf
 except ImportError as e:
     skip(f"{e} (needs numpy and gguf)")
-for tool in (TRAIN, EVAL, INIT):
-    if not os.access(tool, os.X_OK):
-        skip(f"{tool} not built")
+need_tools(TRAIN, EVAL, INIT)
 
 failures = []
 
