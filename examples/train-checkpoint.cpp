@@ -29,6 +29,7 @@ namespace {
 
 const char * PROG = TRAIN_PROG;
 constexpr const char * STATE_FORMAT = "oomb-train-state-1";
+constexpr size_t kStateSlice = (size_t) 64 << 20;  // resume: optimizer state copied to its buffers 64 MiB at a time
 
 std::string path(const Options & o, const std::string & name) { return o.out + "/" + name; }
 
@@ -280,7 +281,12 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
         if (st->dtype != want)
             fail(PROG, std::string("--resume: optimizer tensor '") + t->name + "' is " + safetensors_dtype_name(st->dtype) + " in " +
                            ckpt_state + ", this run keeps " + safetensors_dtype_name(want) + " moments (--opt-state)");
-        oomb_tensor_set(t, st->data, 0, st->nbytes);
+        // in slices, each given back to the kernel once copied: the state file never becomes resident whole
+        for (size_t off = 0; off < st->nbytes; off += kStateSlice) {
+            const size_t len = std::min(kStateSlice, st->nbytes - off);
+            oomb_tensor_set(t, st->data + off, off, len);
+            sf.release(st->data + off, len);
+        }
     }
     const int64_t I64 = std::numeric_limits<int64_t>::max();
     p->step = get_int("step", 0, std::numeric_limits<int>::max());

@@ -287,6 +287,10 @@ public:
     const GGUFTensorInfo* find_tensor(const std::string& name) const; // null when absent
     // Raw bytes of a tensor inside the mapping (t.nbytes of them).
     const uint8_t* tensor_data(const GGUFTensorInfo& t) const;
+    // Gives the mapped pages of [p, p + n) (a range of tensor_data) back to the kernel: a loader that
+    // copied those bytes elsewhere calls it so the file does not stay in the resident set; a later
+    // read maps them again. No-op for open_memory readers.
+    void release(const void* p, size_t n) const;
 
     // Reads a tensor converted to `out_type` (GGUF_TENSOR_F32, _F16 or _BF16) into `dst`, which
     // must hold exactly nelements * sizeof(element) bytes (`dst_bytes`). Quantized types are

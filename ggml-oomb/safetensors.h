@@ -65,6 +65,9 @@ public:
     const std::vector<SafetensorsTensor>& tensors() const { return tensors_; } // in offset order
     const SafetensorsTensor* find(const std::string& name) const;             // null when absent
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
+    // Gives the mapped pages of [p, p + n) (a range of a tensor's data) back to the kernel once the
+    // caller copied them elsewhere, so a multi-GB file does not stay resident; a later read maps them again.
+    void release(const void* p, size_t n) const;
 
 private:
     std::string path_;

@@ -276,6 +276,12 @@ std::unique_ptr<Qwen2Model> decoder_load_gguf(const std::string & path, DecoderA
     for (size_t i = 0; i < m->params.size(); i++) {
         oomb_tensor * t = m->params[i];
         const GGUFTensorInfo & ti = *r.find_tensor(t->name);  // present: qwen2_check_tensors
+        // the file's bytes of this tensor leave the resident set once it is loaded (a 7B model is 15 GB of mapping)
+        struct Release {
+            const GGUFReader & r;
+            const GGUFTensorInfo & ti;
+            ~Release() { r.release(r.tensor_data(ti), ti.nbytes); }
+        } release{r, ti};
         // Llama's attn_q / attn_k rows: the file's interleaved-RoPE order back to HF's (llama-layout.h)
         const int64_t qk_heads = llama_qk_heads(c, m->specs[i].slot);
         if (oomb_type_is_quantized(t->type)) {

@@ -4,6 +4,7 @@
 #include "../fp16.h"
 #include "quants.h"
 #include "quantize.h"
+#include "mapped-file.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -659,6 +660,8 @@ gguf_status GGUFReader::open(const std::string& path, std::string* err, const GG
     }
     return s;
 }
+
+void GGUFReader::release(const void* p, size_t n) const { mapped_release(map_, map_size_, p, n); }
 
 gguf_status GGUFReader::open_memory(const void* data, size_t size, std::string* err,
                                     const GGUFReadOptions& opt) {

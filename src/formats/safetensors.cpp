@@ -2,6 +2,7 @@
 #include "safetensors.h"
 
 #include "../fp16.h"
+#include "mapped-file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -270,6 +271,8 @@ gguf_status SafetensorsFile::open(const std::string& path, std::string* err) {
     for (size_t i = 0; i < tensors_.size(); i++) index_[tensors_[i].name] = i; // JSON object keys are unique
     return GGUF_OK;
 }
+
+void SafetensorsFile::release(const void* p, size_t n) const { mapped_release(map_, map_size_, p, n); }
 
 const SafetensorsTensor* SafetensorsFile::find(const std::string& name) const {
     auto it = index_.find(name);
