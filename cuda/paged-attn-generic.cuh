@@ -185,6 +185,9 @@ __global__ void pa_dkdv_generic(const GenArgs a, int64_t n_items) {
     if (it >= n_items) return;
     const int p = (int) (it / a.Hkv), g = (int) (it % a.Hkv);
     if (p > *a.maxpos) return;
+    const int c0 = a.pos[0] / a.P, lp = p / a.P;
+    // outside a RANGE / LISTS_RANGE window, or a history page no tile listed: not read, not written
+    if (!oomb::pa_sched_page_used(a.sched, c0, lp)) return;
     const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
     if (pg < 0) return;
     const int64_t off = (int64_t) pg * a.p_s3 + (int64_t) (p % a.P) * a.p_s2 + (int64_t) g * a.p_s1;
@@ -196,8 +199,6 @@ __global__ void pa_dkdv_generic(const GenArgs a, int64_t n_items) {
         vv[i] = d < a.D ? gload<KT>(a.vp, off, a.p_s0, d) : 0.0f;
         dk[i] = dv[i] = 0.0f;
     }
-    const int c0 = a.pos[0] / a.P, lp = p / a.P;
-    if (a.sched.kind == 1 && (lp < a.sched.first || lp >= a.sched.last)) return;  // RANGE: a page outside
     for (int t = 0; t < a.T; t++) {
         if (a.pos[t] < p) continue;
         if (a.sched.kind && !oomb::pa_sched_attends_inv(a.sched, c0, oomb::pa_qtile(a.pos[t], c0, a.P), lp)) continue;

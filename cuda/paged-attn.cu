@@ -299,7 +299,7 @@ void record_family(int backward, const char * f) { g_last_family[backward].store
 // the inverse lists; not written yet, so the dispatcher routes page lists to the generic kernels
 // (exact f32, slower).
 bool fast_family(const oomb_paged_attn_args & A, const oomb_tensor * dout) {
-    return A.schedule.kind != OOMB_SCHEDULE_LISTS && fast_ok(A.q, A.k_pages, A.v_pages, dout);
+    return !oomb_schedule_has_lists(A.schedule.kind) && fast_ok(A.q, A.k_pages, A.v_pages, dout);
 }
 
 // A page range [first, last) on the fast kernels without touching them: they see only the range's

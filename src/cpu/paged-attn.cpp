@@ -319,7 +319,7 @@ const int32_t * block_rpos(const PagedGeom & G, const KeyBlock & b, int R, Scrat
 void set_schedule(PagedGeom & G, const oomb_paged_attn_args & a, bool backward, const char * op) {
     G.sched = pa_sched_of(a.schedule);
     G.c0 = G.T > 0 ? (int) (G.pos[0] / G.P) : 0;
-    if (G.sched.kind != OOMB_SCHEDULE_LISTS) return;
+    if (!oomb_schedule_has_lists((oomb_page_schedule_kind) G.sched.kind)) return;
     const pa_sched & S = G.sched;
     const int64_t nnz = S.offsets[S.n_qtiles];
     if (nnz < 0 || nnz > oomb_nelements(a.schedule.pages))
@@ -540,6 +540,7 @@ void cpu_paged_attn_back(oomb_tensor * dst, cpu::thread_pool * pool) {
         float * dqp = dq_part.data() + (size_t) part * n_tiles * tile_stride;
         for (int64_t bi = part; bi < nb; bi += NPART) {
             const KeyBlock & b = blocks[bi];
+            if (!pa_sched_page_used(G.sched, G.c0, (int) (b.p0 / G.P))) continue;  // no row sees it: not read (may be unmapped)
             load_block(G, A.k_pages, g, b, s.Kt.data(), s.Kr.data(), op);
             load_block(G, A.v_pages, g, b, s.Vt.data(), nullptr, op);
             std::fill(s.acc1.begin(), s.acc1.end(), 0.0f);  // dK
