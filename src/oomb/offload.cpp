@@ -382,14 +382,18 @@ void oomb_kv_stream_free(oomb_kv_stream_t s) { delete s; }
 // blocks' page table (uploaded on the compute queue, read by the node's blocks only).
 oomb_status oomb_kv_stream::sparse_lists(AttnNode & a, int64_t c0) {
     const int64_t R = kv->R, B = kv->B, nq = oomb_nelements(a.offsets) - 1;
+    // read through the view's source (stage 1's lists are views of the selection node)
+    auto get = [](const oomb_tensor * t, void * dst, size_t n) {
+        oomb_tensor_get(t->view_src ? t->view_src : t, dst, t->view_src ? t->view_offs : 0, n);
+    };
     a.h_offsets.resize((size_t) nq + 1);
-    oomb_tensor_get(a.offsets, a.h_offsets.data(), 0, a.h_offsets.size() * sizeof(int32_t));
+    get(a.offsets, a.h_offsets.data(), a.h_offsets.size() * sizeof(int32_t));
     const int64_t nnz = a.h_offsets.back();
     if (nnz < 0 || nnz > oomb_nelements(a.pages))
         oomb_error("kv_stream_compute: node %s: page lists: offsets[%" PRId64 "] = %" PRId64 " entries, the pages tensor holds %" PRId64,
                    a.node->name, nq, nnz, oomb_nelements(a.pages));
     a.h_pages.resize((size_t) nnz);
-    if (nnz) oomb_tensor_get(a.pages, a.h_pages.data(), 0, (size_t) nnz * sizeof(int32_t));
+    if (nnz) get(a.pages, a.h_pages.data(), (size_t) nnz * sizeof(int32_t));
     oomb_schedule_check_lists(a.h_offsets.data(), nq, a.h_pages.data(), nnz, c0, "kv_stream_compute (sparse lists)");
     std::vector<int32_t> all(a.h_pages);
     std::sort(all.begin(), all.end());
