@@ -5,11 +5,15 @@
 // Page schedules (oomb-schedule.h): every kernel here takes one (GenArgs::sched; kind 0 = dense
 // adds one untaken branch per page). The row kernels skip the pages a row's query tile does not
 // attend (pa_sched_attends, the forward lists); the key kernel asks the inverse lists
-// (pa_sched_attends_inv) whether the query tile of a row chose the key's page.
+// (pa_sched_attends_inv) whether the query tile of a row chose the key's page, and returns before
+// reading a page no tile listed (pa_sched_page_used: the offload maps only the listed pages). Under
+// a window (RANGE, LISTS_RANGE) the row loops and the key grid cover the window's pages only.
 #pragma once
 
 #include "paged-attn-common.cuh"
 #include "oomb/paged-attn-sched.h"
+
+#include <climits>
 
 namespace {
 
@@ -34,6 +38,7 @@ struct GenArgs {
     const int * maxpos;
     int Hkv;
     oomb::pa_sched sched;                        // device pointers to the lists
+    int key0;                                    // dK/dV kernel: the first key position of its items (a window's start)
 };
 
 template <typename KT>
@@ -47,6 +52,16 @@ __device__ __forceinline__ bool sched_skips_page(const GenArgs & a, int c0, int 
     if (!a.sched.kind || p % a.P != 0 || oomb::pa_sched_attends(a.sched, c0, qt, p / a.P)) return false;
     p += a.P - 1;
     return true;
+}
+
+// The positions a row's key loop visits, [key_begin, key_end(pos)]: a RANGE / LISTS_RANGE window's
+// pages only (the offload's blocks of a long history: each block's rows do not walk the pages
+// before or after its window), else 0 .. pos.
+__device__ __forceinline__ int sched_key_begin(const GenArgs & a) {
+    return a.sched.kind == 1 || a.sched.kind == 3 ? (int) min((int64_t) a.sched.first * a.P, (int64_t) INT_MAX) : 0;
+}
+__device__ __forceinline__ int sched_key_end(const GenArgs & a, int pos) {
+    return a.sched.kind == 1 || a.sched.kind == 3 ? (int) min((int64_t) pos, (int64_t) a.sched.last * a.P - 1) : pos;
 }
 
 // MODE_OUT: out and lse (the op's packed node); MODE_LSE: lse and delta (with dout)
@@ -66,7 +81,7 @@ __global__ void pa_fwd_generic(const GenArgs a) {
     float m = -INFINITY, l = 0.0f;
     const int pt_ = a.pos[t];
     const int c0 = a.pos[0] / a.P, qt = oomb::pa_qtile(pt_, c0, a.P);
-    for (int p = 0; p <= pt_; p++) {
+    for (int p = sched_key_begin(a), pe = sched_key_end(a, pt_); p <= pe; p++) {
         if (sched_skips_page(a, c0, qt, p)) continue;
         const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
         if (pg < 0) continue;
@@ -149,7 +164,7 @@ __global__ void pa_dq_generic(const GenArgs a) {
     }
     const float lse = a.lse[r], delta = a.delta[r];
     const int c0 = a.pos[0] / a.P, qt = oomb::pa_qtile(a.pos[t], c0, a.P);
-    for (int p = 0; p <= a.pos[t]; p++) {
+    for (int p = sched_key_begin(a), pe = sched_key_end(a, a.pos[t]); p <= pe; p++) {
         if (sched_skips_page(a, c0, qt, p)) continue;
         const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
         if (pg < 0) continue;
@@ -183,8 +198,11 @@ __global__ void pa_dkdv_generic(const GenArgs a, int64_t n_items) {
     const int lane = threadIdx.x & 31;
     const int64_t it = (int64_t) blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     if (it >= n_items) return;
-    const int p = (int) (it / a.Hkv), g = (int) (it % a.Hkv);
+    const int p = a.key0 + (int) (it / a.Hkv), g = (int) (it % a.Hkv);
     if (p > *a.maxpos) return;
+    const int c0 = a.pos[0] / a.P, lp = p / a.P;
+    // outside a RANGE / LISTS_RANGE window, or a history page no tile listed: not read, not written
+    if (!oomb::pa_sched_page_used(a.sched, c0, lp)) return;
     const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
     if (pg < 0) return;
     const int64_t off = (int64_t) pg * a.p_s3 + (int64_t) (p % a.P) * a.p_s2 + (int64_t) g * a.p_s1;
@@ -196,8 +214,6 @@ __global__ void pa_dkdv_generic(const GenArgs a, int64_t n_items) {
         vv[i] = d < a.D ? gload<KT>(a.vp, off, a.p_s0, d) : 0.0f;
         dk[i] = dv[i] = 0.0f;
     }
-    const int c0 = a.pos[0] / a.P, lp = p / a.P;
-    if (a.sched.kind == 1 && (lp < a.sched.first || lp >= a.sched.last)) return;  // RANGE: a page outside
     for (int t = 0; t < a.T; t++) {
         if (a.pos[t] < p) continue;
         if (a.sched.kind && !oomb::pa_sched_attends_inv(a.sched, c0, oomb::pa_qtile(a.pos[t], c0, a.P), lp)) continue;

@@ -27,8 +27,9 @@
 // forward saves the LSE too; its backward reads the saved LSE (and computes delta from the saved
 // out) when the forward also ran the generic kernels, else it recomputes them in f32.
 // Page schedules (oomb-schedule.h): DENSE and RANGE on every family (a range through a shifted page
-// table and clamped positions, range_geom: the kernels themselves unchanged); LISTS on the generic
-// kernels only for now (the dispatcher routes them there; see fast_family).
+// table and clamped positions, range_geom: the kernels themselves unchanged); LISTS and
+// LISTS_RANGE (the offload's blocks of a sparse history) on the generic kernels only for now (the
+// dispatcher routes them there; see fast_family), whose loops visit only a window's keys.
 //
 // The family, one translation unit: paged-attn-common.cuh (helpers, store / read-back kernels),
 // paged-attn-mma.cuh (mma.sync kernels), paged-attn-wgmma.cuh (wgmma kernels),
@@ -299,7 +300,7 @@ void record_family(int backward, const char * f) { g_last_family[backward].store
 // the inverse lists; not written yet, so the dispatcher routes page lists to the generic kernels
 // (exact f32, slower).
 bool fast_family(const oomb_paged_attn_args & A, const oomb_tensor * dout) {
-    return A.schedule.kind != OOMB_SCHEDULE_LISTS && fast_ok(A.q, A.k_pages, A.v_pages, dout);
+    return !oomb_schedule_has_lists(A.schedule.kind) && fast_ok(A.q, A.k_pages, A.v_pages, dout);
 }
 
 // A page range [first, last) on the fast kernels without touching them: they see only the range's
@@ -640,8 +641,13 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             fwd_generic<MODE_LSE>(stream, a, A.k_pages->type);
         }
         a.out = dq;
-        const int64_t items = n_keys_bound * G.Hkv;
-        const dim3 grid_k((unsigned) ((items + wpb - 1) / wpb));
+        // a window (RANGE / LISTS_RANGE): one item per key of its pages only
+        const bool windowed = A.schedule.kind == OOMB_SCHEDULE_RANGE || A.schedule.kind == OOMB_SCHEDULE_LISTS_RANGE;
+        const int64_t key0 = windowed ? std::min<int64_t>((int64_t) A.schedule.first * G.P, n_keys_bound) : 0;
+        const int64_t key1 = windowed ? std::max<int64_t>(key0, std::min<int64_t>((int64_t) A.schedule.last * G.P, n_keys_bound)) : n_keys_bound;
+        a.key0 = (int) key0;
+        const int64_t items = (key1 - key0) * G.Hkv;
+        const dim3 grid_k((unsigned) std::max<int64_t>(1, (items + wpb - 1) / wpb));  // an empty window: one idle block
         switch (A.k_pages->type) {
             case OOMB_TYPE_F32:
                 pa_dq_generic<float><<<grid_r, wpb * 32, 0, stream>>>(a);

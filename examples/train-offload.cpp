@@ -92,8 +92,17 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
                                   ? (double) oomb_paged_attn_cache_row(c.head_dim, c.n_head, tp->cache_attn_type) *
                                         (double) oomb_type_size(tp->cache_attn_type) * (double) tp->max_tokens * (double) c.n_layer
                                   : 0.0;
+    // sparse attention: the page summaries (every page, on the device) and, with a host tier, each
+    // streamed sparse node's own page table (4 bytes per page; stage 1 and stage 2 nodes of up to
+    // two chunk lengths: at most 6 per layer). Its streams move only the selected pages, through the
+    // same slots as dense streaming: the slots' device bytes do not change.
+    const double summaries = tp->sparse.pages > 0 ? oomb_sparse_summary_bytes_per_token(tp->sparse.score, c.n_head_kv, c.head_dim, P) *
+                                                        (double) (n_pages * P) * (double) c.n_layer
+                                                  : 0.0;
+    const double sparse_tables = tp->sparse.pages > 0 ? 4.0 * (double) n_pages * 6.0 * (double) c.n_layer : 0.0;
     const double margin = has_dev ? 1.0 * (1 << 30) + 0.03 * (double) total : 0.0;
-    const double free_kv = has_dev ? (double) total - (double) used0 - (double) arena - attn_cache - margin : 1e300;
+    const double free_kv =
+        has_dev ? (double) total - (double) used0 - (double) arena - attn_cache - summaries - sparse_tables - margin : 1e300;
     const double all_kv = page_bytes * (double) n_pages;
     const bool budget_given = oo.gpu_kv_budget >= 0;
     const double budget = budget_given ? oo.gpu_kv_budget * (double) (1ull << 30) : free_kv;
@@ -142,10 +151,6 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     if (tiered && attn_cache > 0)
         fail(prog, "--attn-cache keeps " + fmt_bytes(attn_cache) + " of attention results on the device, which a streamed KV cache "
                    "does not support: drop --attn-cache (or --offload off if the KV cache fits)");
-    if (tiered && tp->sparse.pages > 0)
-        fail(prog, "--sparse-pages needs the whole KV cache on the device, but " + fmt_bytes(all_kv) + " of KV pages do not fit " +
-                   (budget_given ? "--gpu-kv-budget" : "the device memory left") + " (" + fmt_bytes(budget) +
-                   "), so --offload auto would stream them: lower --ctx, raise --gpu-kv-budget, or drop --sparse-pages");
     tp->resident_pages = tiered ? R : -1;
     tp->stream_block_pages = B;
     const oomb_kv_tier_params used = chunk_kv_tier(*tp);  // what the driver allocates (slots capped by the streamed pages)
@@ -168,8 +173,14 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
         printf("%" PRId64 " resident + %" PRId64 " slots on the device (%s), %" PRId64 " streamed from %s host memory (%s; offload %s, blocks of %d pages)\n",
                R, used_slots, fmt_bytes(dev_kv).c_str(), n_pages - R, has_dev ? "pinned" : "plain", fmt_bytes(host_kv).c_str(),
                oo.mode.c_str(), used.block_pages);
+    const double sparse_dev = summaries + (tiered ? sparse_tables : 0.0);
+    if (tp->sparse.pages > 0)
+        printf("             sparse attention (top %d pages, %s): page summaries %s%s on the device%s\n", tp->sparse.pages,
+               tp->sparse.score == OOMB_SPARSE_SCORE_QUEST ? "quest" : "mean", fmt_bytes(summaries).c_str(),
+               tiered ? (" + page tables of the streamed nodes " + fmt_bytes(sparse_tables)).c_str() : "",
+               tiered ? "; only the selected history pages stream" : "");
     if (has_dev) {
-        const double need = (double) used0 + (double) arena + attn_cache + dev_kv;
+        const double need = (double) used0 + (double) arena + attn_cache + dev_kv + sparse_dev;
         printf("             device total %s of %s%s\n", fmt_bytes(need).c_str(), fmt_bytes((double) total).c_str(),
                budget_given ? (" (KV budget " + fmt_bytes(budget) + ")").c_str() : "");
         if (need + 0.5 * margin > (double) total) {

@@ -72,8 +72,9 @@ struct ChunkParams {
     // On: stage 1 (and forward()) keeps page summaries of every layer (summary_bytes()) and, for
     // every chunk whose history has more than sparse.pages pages, selects each query tile's pages
     // in the chunk's graph; stage 2 reuses exactly those lists (selection()). A chunk whose history
-    // fits the budget runs the dense graphs (bit-identical to dense attention). Not with a host
-    // tier (resident_pages) or the attention-result cache (cache_attn): refused.
+    // fits the budget runs the dense graphs (bit-identical to dense attention). With a host tier
+    // (resident_pages) only the selected history pages move (oomb-offload.h; results equal to the
+    // resident sparse run to rounding). Not with the attention-result cache (cache_attn): refused.
     oomb_sparse_params sparse = {0, OOMB_SPARSE_SCORE_MEAN, 0, 0};
 };
 

@@ -13,6 +13,8 @@
 // copy after its producer and every slot's reuse after its last reader. The rest of the graph runs
 // unchanged, in parts between the attention nodes (oomb_graph_view). The kernels are the same as
 // without offload; only the summation order of the blocks differs (results equal to rounding).
+// Sparse attention (LISTS schedules) streams only the pages some query tile selected: the union of
+// the lists, in blocks of B of those pages, each computed under LISTS_RANGE (oomb-schedule.h).
 // A chunk whose pages are all resident runs as one ordinary graph_compute (bit-identical).
 #pragma once
 
@@ -38,9 +40,12 @@ struct oomb_kv_stream_stats {
 
 /// Prepares chunk graph g (allocated, its paged-attention nodes reading kv's pools) for computing
 /// over kv's host tier. Keeps pointers to g's nodes: free the stream before g. Scratch for the
-/// blocks' partial results is allocated in the backend's memory. Errors (oomb_error): a
-/// paged-attention node with a result cache (oomb_paged_attn_cached) or a schedule other than
-/// DENSE, a cache without a host tier; NULL when the scratch cannot be allocated.
+/// blocks' partial results is allocated in the backend's memory. Nodes with a LISTS schedule
+/// (sparse attention, oomb-sparse.h) stream only the history pages their lists name (see
+/// src/oomb/offload.cpp), each with a page table of its own (4 bytes per logical page, device
+/// memory). Errors (oomb_error): a paged-attention node with a result cache
+/// (oomb_paged_attn_cached) or a schedule other than DENSE or LISTS, a cache without a host tier;
+/// lists that are not valid for the chunk (at compute); NULL when the scratch cannot be allocated.
 oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, struct oomb_cgraph * g);
 void oomb_kv_stream_free(oomb_kv_stream_t s);
 /// Computes g for the chunk of T consecutive positions starting at p0 (g's pos input must hold

@@ -23,6 +23,13 @@
 //          built by oomb_schedule_invert and uploaded like the lists. n_hist must be > every
 //          listed page (c0 is the natural choice). LISTS need pos[0] to be the chunk's smallest position
 //          (query tiles are counted from it).
+//   LISTS_RANGE  LISTS restricted to the logical pages first <= p / P < last: a query of tile j sees
+//          the keys of the pages in the window that its list names, and the current region's pages in
+//          the window (causally); nothing outside it, so no automatic current region. The same list
+//          tensors as LISTS (the backward also the inverse). For streaming a sparse history in page
+//          blocks whose results are merged through the LSE (oomb-offload.h): LISTS_RANGE [c0, c1) is
+//          the current region, and the windows of the history blocks partition [0, c0), so the blocks
+//          together attend exactly what LISTS attends. A row that sees no key: out = 0, LSE = -inf.
 // The schedule tensors are op sources (i32 tensors in the backend's memory, contiguous), so a graph
 // stays plannable and can be re-run after new lists are uploaded. The CPU kernels validate the
 // lists (order, range, inverse consistent with the lists); the CUDA kernels do not (like pos).
@@ -40,15 +47,16 @@ enum oomb_page_schedule_kind {
     OOMB_SCHEDULE_DENSE = 0,
     OOMB_SCHEDULE_RANGE = 1,
     OOMB_SCHEDULE_LISTS = 2,
+    OOMB_SCHEDULE_LISTS_RANGE = 3,
 };
 
 struct oomb_page_schedule {
     enum oomb_page_schedule_kind kind;
-    int32_t first, last;               // RANGE: logical pages [first, last), 0 <= first <= last
-    struct oomb_tensor * offsets;      // LISTS: i32 [n_qtiles + 1]
-    struct oomb_tensor * pages;        // LISTS: i32 [nnz]
-    struct oomb_tensor * inv_offsets;  // LISTS, backward only: i32 [n_hist + 1]
-    struct oomb_tensor * inv_qtiles;   // LISTS, backward only: i32 [nnz]
+    int32_t first, last;               // RANGE, LISTS_RANGE: logical pages [first, last), 0 <= first <= last
+    struct oomb_tensor * offsets;      // LISTS, LISTS_RANGE: i32 [n_qtiles + 1]
+    struct oomb_tensor * pages;        // LISTS, LISTS_RANGE: i32 [nnz]
+    struct oomb_tensor * inv_offsets;  // LISTS, LISTS_RANGE, backward only: i32 [n_hist + 1]
+    struct oomb_tensor * inv_qtiles;   // LISTS, LISTS_RANGE, backward only: i32 [nnz]
 };
 
 /// The dense causal schedule (every page; what oomb_paged_attn uses).
@@ -59,6 +67,13 @@ struct oomb_page_schedule oomb_schedule_range(int32_t first, int32_t last);
 /// inv_offsets / inv_qtiles: their inverse (oomb_schedule_invert), NULL for a forward only.
 struct oomb_page_schedule oomb_schedule_lists(struct oomb_tensor * offsets, struct oomb_tensor * pages,
                                               struct oomb_tensor * inv_offsets, struct oomb_tensor * inv_qtiles);
+/// The page lists restricted to the logical pages [first, last) (LISTS_RANGE above); tensors as
+/// oomb_schedule_lists. Error: first < 0 or last < first.
+struct oomb_page_schedule oomb_schedule_lists_range(struct oomb_tensor * offsets, struct oomb_tensor * pages,
+                                                    struct oomb_tensor * inv_offsets, struct oomb_tensor * inv_qtiles,
+                                                    int32_t first, int32_t last);
+/// Whether kind takes page lists (LISTS or LISTS_RANGE).
+int oomb_schedule_has_lists(enum oomb_page_schedule_kind kind);
 
 /// Checks host lists: offsets[0] = 0, non-decreasing, offsets[n_qtiles] = nnz; each tile's pages
 /// strictly ascending and in [0, n_hist). Errors (oomb_error) name `op` and the first bad entry.

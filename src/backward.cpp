@@ -513,7 +513,7 @@ void oomb_build_backward_expand(struct oomb_context * ctx, struct oomb_cgraph * 
         }
         if (t->op == OOMB_OP_PAGED_ATTN) {
             const oomb_paged_attn_args pa = oomb_paged_attn_args_of(t);
-            if (pa.schedule.kind == OOMB_SCHEDULE_LISTS && (!pa.schedule.inv_offsets || !pa.schedule.inv_qtiles))
+            if (oomb_schedule_has_lists(pa.schedule.kind) && (!pa.schedule.inv_offsets || !pa.schedule.inv_qtiles))
                 oomb_error("build_backward_expand: paged_attn %s has a page-list schedule without its inverse lists "
                            "(inv_offsets / inv_qtiles, oomb_schedule_invert): its backward needs them",
                            shape_str(t).c_str());

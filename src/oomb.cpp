@@ -1030,6 +1030,10 @@ static void check_schedule(const oomb_page_schedule & s, bool backward, const ch
             OOMB_CHECK(s.first >= 0 && s.last >= s.first, op, "page range [%d, %d) must have 0 <= first <= last", s.first, s.last);
             OOMB_CHECK(!s.offsets && !s.pages && !s.inv_offsets && !s.inv_qtiles, op, "a page-range schedule takes no list tensors");
             break;
+        case OOMB_SCHEDULE_LISTS_RANGE:
+            OOMB_CHECK(s.first >= 0 && s.last >= s.first, op, "page-lists window [%d, %d) must have 0 <= first <= last", s.first,
+                       s.last);
+            [[fallthrough]];  // the lists' operands
         case OOMB_SCHEDULE_LISTS:
             i32(s.offsets, "offsets");
             i32(s.pages, "pages");
@@ -1052,7 +1056,7 @@ static void set_schedule(oomb_tensor * t, const oomb_page_schedule & s, int src_
     t->op_params[oomb::PA_PARAM_SCHED_KIND] = (int32_t) s.kind;
     t->op_params[oomb::PA_PARAM_SCHED_FIRST] = s.first;
     t->op_params[oomb::PA_PARAM_SCHED_LAST] = s.last;
-    if (s.kind == OOMB_SCHEDULE_LISTS) {
+    if (oomb_schedule_has_lists(s.kind)) {
         t->src[src_offsets] = s.offsets;
         t->src[src_pages] = s.pages;
     }
@@ -1092,7 +1096,7 @@ struct oomb_tensor * oomb_paged_attn_ext(struct oomb_context * ctx, const struct
     oomb::set_op_f32(t, oomb::PA_PARAM_SCALE, a->scale);
     t->op_params[oomb::PA_PARAM_STORE] = store;
     set_schedule(t, a->schedule, oomb::PA_SRC_SCHED_OFFSETS, oomb::PA_SRC_SCHED_PAGES);
-    if (a->schedule.kind == OOMB_SCHEDULE_LISTS) {  // optional here, kept for the autodiff's backward
+    if (oomb_schedule_has_lists(a->schedule.kind)) {  // optional here, kept for the autodiff's backward
         t->src[oomb::PA_SRC_INV_OFFSETS] = a->schedule.inv_offsets;
         t->src[oomb::PA_SRC_INV_QTILES] = a->schedule.inv_qtiles;
     }
@@ -1142,6 +1146,8 @@ static bool same_schedule(const oomb_page_schedule & x, const oomb_page_schedule
     if (x.kind != y.kind) return false;
     if (x.kind == OOMB_SCHEDULE_RANGE) return x.first == y.first && x.last == y.last;
     if (x.kind == OOMB_SCHEDULE_LISTS) return x.offsets == y.offsets && x.pages == y.pages;
+    if (x.kind == OOMB_SCHEDULE_LISTS_RANGE)
+        return x.offsets == y.offsets && x.pages == y.pages && x.first == y.first && x.last == y.last;
     return true;
 }
 
@@ -1199,7 +1205,7 @@ struct oomb_tensor * oomb_paged_attn_back_ext(struct oomb_context * ctx, const s
     t->src[oomb::PAB_SRC_FWD] = fwd;  // NULL: the backward recomputes the statistics
     oomb::set_op_f32(t, oomb::PA_PARAM_SCALE, scale);
     set_schedule(t, a->schedule, oomb::PAB_SRC_SCHED_OFFSETS, oomb::PAB_SRC_SCHED_PAGES);
-    if (a->schedule.kind == OOMB_SCHEDULE_LISTS) {
+    if (oomb_schedule_has_lists(a->schedule.kind)) {
         t->src[oomb::PAB_SRC_INV_OFFSETS] = a->schedule.inv_offsets;
         t->src[oomb::PAB_SRC_INV_QTILES] = a->schedule.inv_qtiles;
     }

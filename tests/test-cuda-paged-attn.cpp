@@ -86,15 +86,16 @@ struct Case {
     oomb_type type;
     int store;
     bool shuffle_pos; // chunk positions in a random order (rows not sorted by position)
-    oomb_page_schedule_kind sched = OOMB_SCHEDULE_DENSE;  // RANGE / LISTS: built by run_case from hist
-    int range_first = -1;  // RANGE: first page (-1: half the history's pages); last: past the chunk's last page
+    oomb_page_schedule_kind sched = OOMB_SCHEDULE_DENSE;  // RANGE / LISTS / LISTS_RANGE: built by run_case from hist
+    int range_first = -1;  // RANGE, LISTS_RANGE: first page (-1: half the history's pages); last: past the chunk's last page
 };
 
 std::string case_name(const Case & c) {
     char buf[200];
     snprintf(buf, sizeof(buf), "D%d_P%d_H%d_%d_T%d_hist%d_%s_store%d%s%s", c.D, c.P, c.H, c.Hkv, c.T, c.hist, oomb_type_name(c.type), c.store,
              c.shuffle_pos ? "_shuffled" : "", c.sched == OOMB_SCHEDULE_RANGE ? (c.range_first >= 0 ? "_range_from" : "_range")
-                                               : c.sched == OOMB_SCHEDULE_LISTS ? "_lists" : "");
+                                               : c.sched == OOMB_SCHEDULE_LISTS ? "_lists"
+                                               : c.sched == OOMB_SCHEDULE_LISTS_RANGE ? "_lists_range" : "");
     return buf;
 }
 
@@ -113,7 +114,7 @@ struct ConfigScope {
 // or 128 under the dense and page-range schedules (page lists run on the generic kernels for now).
 std::string expected_family(const Case & c, int backward) {
     const oomb_paged_attn_config & cf = oomb_cuda_paged_attn_config();
-    const bool fast = !cf.generic && c.type == OOMB_TYPE_BF16 && (c.D == 64 || c.D == 128) && c.sched != OOMB_SCHEDULE_LISTS;
+    const bool fast = !cf.generic && c.type == OOMB_TYPE_BF16 && (c.D == 64 || c.D == 128) && !oomb_schedule_has_lists(c.sched);
     if (!fast) return "generic";
     return oomb_cuda_paged_attn_uses_wgmma(c.D, c.P, backward) ? "wgmma" : "mma";
 }
@@ -230,7 +231,7 @@ void run_case(const Case & c, uint32_t seed) {
     // sees its own key), or random lists (tile 0 every history page, the others about a third)
     const int c0 = pv.empty() ? 0 : c.hist / c.P, n_qt = c.T ? (n_pos - 1) / c.P - c0 + 1 : 1;
     oomb_tensor * s_off = nullptr, * s_pg = nullptr, * s_io = nullptr, * s_iq = nullptr;
-    if (c.sched == OOMB_SCHEDULE_LISTS) {
+    if (oomb_schedule_has_lists(c.sched)) {
         std::vector<int32_t> off{0}, pg;
         for (int j = 0; j < n_qt; j++) {
             for (int h = 0; h < c0; h++)
@@ -251,6 +252,9 @@ void run_case(const Case & c, uint32_t seed) {
         if (c.sched == OOMB_SCHEDULE_RANGE)
             return oomb_schedule_range(c.range_first >= 0 ? c.range_first : c0 / 2, std::max(c.range_first, (n_pos - 1) / c.P + 1));
         if (c.sched == OOMB_SCHEDULE_LISTS) return oomb_schedule_lists(o, p, io, iq);
+        if (c.sched == OOMB_SCHEDULE_LISTS_RANGE)  // the offload's block of a sparse history: the lists inside a window
+            return oomb_schedule_lists_range(o, p, io, iq, c.range_first >= 0 ? c.range_first : c0 / 2,
+                                             std::max(c.range_first, (n_pos - 1) / c.P + 1));
         return oomb_schedule_dense();
     };
     auto fwd_op = [&](oomb_context * x, oomb_tensor * q_, oomb_tensor * kc_, oomb_tensor * vc_, oomb_tensor * kp_, oomb_tensor * vp_,
@@ -321,7 +325,7 @@ void run_case(const Case & c, uint32_t seed) {
         }
     }
     EXPECT_EQ(lse_inf_mismatch, 0) << "rows without keys (" << lse_no_key << "): LSE -inf";
-    EXPECT_TRUE(c.sched == OOMB_SCHEDULE_RANGE || lse_no_key == 0) << "only a page range leaves rows without keys";
+    EXPECT_TRUE(c.sched == OOMB_SCHEDULE_RANGE || c.sched == OOMB_SCHEDULE_LISTS_RANGE || lse_no_key == 0) << "only a page range leaves rows without keys";
     const double e_lse = lse_c.empty() ? 0.0 : rel_err(lse_g, lse_c);
     const double e_kp = rel_err(dev_pool_f32(d_kp), host_pool_f32(kp));
     const double e_vp = rel_err(dev_pool_f32(d_vp), host_pool_f32(vp));
@@ -646,7 +650,7 @@ TEST(CudaPagedAttn, Schedules) {
 #ifdef OOMB_USE_CUDA
     const oomb_type B = OOMB_TYPE_BF16;
     uint32_t seed = 2468;
-    for (oomb_page_schedule_kind k : {OOMB_SCHEDULE_RANGE, OOMB_SCHEDULE_LISTS}) {
+    for (oomb_page_schedule_kind k : {OOMB_SCHEDULE_RANGE, OOMB_SCHEDULE_LISTS, OOMB_SCHEDULE_LISTS_RANGE}) {
         const Case cases[] = {
             {128, 128, 28, 4, 256, 1000, B, 1, false, k},
             {128, 128, 14, 2, 37, 5000, B, 0, false, k},

@@ -3,11 +3,13 @@
 // tier. Offloaded gradients equal the resident ones (to the rounding of the block-wise sums) and
 // HF's float64 gradients (the fixtures), for chunk and page sizes that do not divide the sequence,
 // every resident-page count from none to almost all, and blocks of one page and more; the device
-// pools stay the same size whatever the context; a failed copy stops with a message.
+// pools stay the same size whatever the context; a failed copy stops with a message; sparse
+// attention over the host tier equals resident sparse attention and copies less.
 #include "test-common.h"
 #include "qwen2-parity.h"
 
 #include "oomb-offload.h"
+#include "oomb-sparse.h"
 
 #include <gtest/gtest.h>
 
@@ -27,9 +29,11 @@ struct Grads {
 };
 
 Grads run_grads(const std::string & model, const Reference & ref, int64_t chunk, int page, int64_t resident, int block,
-                bool with_labels = false, oomb_type grad_type = OOMB_TYPE_F32, size_t * host_bytes = nullptr) {
+                bool with_labels = false, oomb_type grad_type = OOMB_TYPE_F32, size_t * host_bytes = nullptr,
+                oomb_sparse_params sparse = {0, OOMB_SPARSE_SCORE_MEAN, 0, 0}) {
     ModelRun run(converted(model));
     ChunkParams tp;
+    tp.sparse = sparse;
     tp.chunk = chunk;
     tp.page = page;
     tp.max_tokens = ref.T;
@@ -117,6 +121,32 @@ TEST(Offload, Bf16GradPages) {
     EXPECT_LT(e_res, 1e-2);
     EXPECT_LT(e_off, 1e-2);
     EXPECT_GT(e_off, 1e-7) << "bf16 pages give the f32 gradients bit for bit: not rounded?";
+}
+
+// Sparse attention (top-K pages, oomb-sparse.h) over a host tier, Qwen2 (RoPE, GQA): the loss and
+// gradients of the resident sparse run, mean and quest (with sink / local pages), no page and 3
+// pages resident, blocks of 1 and 2 listed pages; and fewer bytes copied than dense streaming.
+TEST(Offload, SparseEqualsResidentSparse) {
+    Reference ref(fixtures_dir() + "/qwen2-mini/reference-short.safetensors");
+    for (const oomb_sparse_params & sp : {oomb_sparse_params{3, OOMB_SPARSE_SCORE_MEAN, 0, 0}, oomb_sparse_params{3, OOMB_SPARSE_SCORE_QUEST, 1, 1}}) {
+        const Grads base = run_grads("qwen2-mini", ref, 13, 5, -1, 16, false, OOMB_TYPE_F32, nullptr, sp);
+        ASSERT_GT(base.g.size(), 10u);
+        for (int64_t R : {0, 3}) {
+            for (int block : {1, 2}) {
+                SCOPED_TRACE(std::string(sp.score ? "quest" : "mean") + " resident " + std::to_string(R) + " block " + std::to_string(block));
+                const oomb_kv_stream_stats s0 = oomb_kv_stream_totals();
+                const Grads dense = run_grads("qwen2-mini", ref, 13, 5, R, block);
+                const oomb_kv_stream_stats s1 = oomb_kv_stream_totals();
+                const Grads off = run_grads("qwen2-mini", ref, 13, 5, R, block, false, OOMB_TYPE_F32, nullptr, sp);
+                const oomb_kv_stream_stats s2 = oomb_kv_stream_totals();
+                EXPECT_LT(std::fabs(off.loss - base.loss) / std::fabs(base.loss), 1e-6);
+                EXPECT_LT(worst_rel(off, base), 1e-5);
+                EXPECT_GT(worst_rel(off, dense), 1e-3) << "sparse, not dense";
+                EXPECT_LT(s2.bytes_in - s1.bytes_in, s1.bytes_in - s0.bytes_in) << "sparse streaming copies only the selected pages";
+                EXPECT_GT(s2.bytes_in - s1.bytes_in, 0u);
+            }
+        }
+    }
 }
 
 // Against HF transformers' float64 gradients (the fixture's tolerance), streamed.

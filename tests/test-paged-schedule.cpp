@@ -113,6 +113,9 @@ struct Chunk {
         switch (S.kind) {
             case OOMB_SCHEDULE_DENSE: return true;
             case OOMB_SCHEDULE_RANGE: return lp >= S.first && lp < S.last;
+            case OOMB_SCHEDULE_LISTS_RANGE:
+                if (lp < S.first || lp >= S.last) return false;
+                [[fallthrough]];
             default: {
                 if (lp >= c0) return true;
                 const auto & l = S.lists[pt_ / s.P - c0];
@@ -143,6 +146,7 @@ struct Chunk {
             ((int32_t *) iq->data)[0] = -7;
             oomb_schedule_invert(off.data(), (int64_t) S.lists.size(), pg.data(), c0, (int32_t *) io->data, (int32_t *) iq->data);
         }
+        if (S.kind == OOMB_SCHEDULE_LISTS_RANGE) return oomb_schedule_lists_range(to, tp, io, iq, S.first, S.last);
         return oomb_schedule_lists(to, tp, io, iq);
     }
     oomb_paged_attn_args args(const oomb_page_schedule & sc) const {
@@ -311,6 +315,16 @@ std::vector<std::pair<std::string, TestSched>> schedules(const Chunk & U, uint32
         L.lists.push_back(l);
     }
     v.push_back({"random lists", L});
+    // the lists restricted to windows (LISTS_RANGE, the offload's blocks of a sparse history): the
+    // history only, a middle block, the last history page with the current region, and a window
+    // past the chunk's first rows (they see no key)
+    for (auto [f, l] : {std::pair<int, int>{0, U.c0}, {1, std::max(2, U.c0 - 1)}, {U.c0 - 1, last_page + 1}, {U.c0 + 1, last_page + 5}}) {
+        TestSched W = L;
+        W.kind = OOMB_SCHEDULE_LISTS_RANGE;
+        W.first = f;
+        W.last = l;
+        v.push_back({"lists in [" + std::to_string(f) + ", " + std::to_string(l) + ")", W});
+    }
     return v;
 }
 
@@ -378,6 +392,12 @@ TEST(PagedScheduleGrad, FiniteDifferences) {
         l.kind = OOMB_SCHEDULE_LISTS;
         l.lists = {{0}, {1}};  // c0 = 2, two query tiles (positions 12..14, 15..19)
         scheds.push_back({"lists", l});
+        TestSched w = l;
+        w.kind = OOMB_SCHEDULE_LISTS_RANGE;
+        w.first = 1;
+        w.last = 3;  // history page 1 (tile 1's) and the current page 2
+        w.lists = {{0, 1}, {1}};
+        scheds.push_back({"lists in [1, 3)", w});
     }
     ASSERT_EQ(U.c0, 2);
     ASSERT_EQ(U.n_qtiles, 2);
@@ -484,6 +504,21 @@ TEST(PagedScheduleErrors, BadOperands) {
     a = U.args(oomb_schedule_range(0, 2));
     a.out_cache = oomb_new_tensor_1d(U.ctx, OOMB_TYPE_F32, 10000);
     EXPECT_OOMB_ERROR(oomb_paged_attn_ext(U.ctx, &a), "dense results");
+    // a page-list window with last < first; a LISTS_RANGE backward whose forward had another window
+    EXPECT_OOMB_ERROR(oomb_schedule_lists_range(bad.offsets, bad.pages, nullptr, nullptr, 3, 2), "0 <= first <= last");
+    oomb_page_schedule win = U.make(L, true);
+    win.kind = OOMB_SCHEDULE_LISTS_RANGE;
+    win.first = 4;
+    win.last = 2;
+    a = U.args(win);
+    EXPECT_OOMB_ERROR(oomb_paged_attn_ext(U.ctx, &a), "window [4, 2)");
+    win.first = 0;
+    a = U.args(win);
+    oomb_tensor * wout = oomb_paged_attn_ext(U.ctx, &a);
+    oomb_paged_attn_args wb = a;
+    wb.schedule.last = 3;
+    wb.fwd = wout;
+    EXPECT_OOMB_ERROR(oomb_paged_attn_back_ext(U.ctx, &wb), "another page schedule");
     // a backward with another schedule than its forward's saved statistics
     a = U.args(oomb_schedule_range(0, 2));
     oomb_tensor * out = oomb_paged_attn_ext(U.ctx, &a);

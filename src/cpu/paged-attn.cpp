@@ -125,12 +125,24 @@ inline const float * qrow(const oomb_tensor * q, int64_t t, int64_t h) {
 }
 
 void check_pos(const PagedGeom & G, const char * op) {
-    int64_t max_pos = -1;
-    for (int64_t t = 0; t < G.T; t++) {
+    for (int64_t t = 0; t < G.T; t++)
         if (G.pos[t] < 0) oomb_error("%s: negative position %d at token %" PRId64, op, G.pos[t], t);
-        max_pos = std::max<int64_t>(max_pos, G.pos[t]);
+}
+// Every page the op can read (up to its furthest position; under a schedule only the pages it
+// attends: a window's, the listed history pages) must be mapped. After set_schedule.
+void check_mapped(const PagedGeom & G, const char * op) {
+    int64_t max_pos = -1;
+    for (int64_t t = 0; t < G.T; t++) max_pos = std::max<int64_t>(max_pos, G.pos[t]);
+    const pa_sched & S = G.sched;
+    std::vector<uint8_t> listed;
+    if (oomb_schedule_has_lists((oomb_page_schedule_kind) S.kind)) {
+        listed.assign((size_t) std::max(G.c0, 0), 0);
+        for (int32_t i = 0; i < S.offsets[S.n_qtiles]; i++) listed[(size_t) S.pages[i]] = 1;  // checked: in [0, c0)
     }
-    for (int64_t lp = 0; max_pos >= 0 && lp <= max_pos / G.P; lp++) G.offset(lp * G.P, 0, op);
+    for (int64_t lp = 0; max_pos >= 0 && lp <= max_pos / G.P; lp++) {
+        if (!pa_sched_in_window(S, (int) lp) || (!listed.empty() && lp < G.c0 && !listed[(size_t) lp])) continue;
+        G.offset(lp * G.P, 0, op);
+    }
 }
 
 // ---- tile kernels, compiled per instruction set -------------------------------------------------
@@ -319,7 +331,7 @@ const int32_t * block_rpos(const PagedGeom & G, const KeyBlock & b, int R, Scrat
 void set_schedule(PagedGeom & G, const oomb_paged_attn_args & a, bool backward, const char * op) {
     G.sched = pa_sched_of(a.schedule);
     G.c0 = G.T > 0 ? (int) (G.pos[0] / G.P) : 0;
-    if (G.sched.kind != OOMB_SCHEDULE_LISTS) return;
+    if (!oomb_schedule_has_lists((oomb_page_schedule_kind) G.sched.kind)) return;
     const pa_sched & S = G.sched;
     const int64_t nnz = S.offsets[S.n_qtiles];
     if (nnz < 0 || nnz > oomb_nelements(a.schedule.pages))
@@ -397,6 +409,7 @@ void cpu_paged_attn(oomb_tensor * dst, cpu::thread_pool * pool) {
     if (A.q->nb[0] != sizeof(float)) oomb_error("paged_attn: q must have unit stride in dim 0");
     check_pos(G, "paged_attn");
     set_schedule(G, A, false, "paged_attn");
+    check_mapped(G, "paged_attn");
     // oomb_paged_attn_cached: the chunk's block of the result cache (mode 1: save after computing,
     // mode 2: load instead of computing)
     const oomb_tensor * cache = A.out_cache;
@@ -460,6 +473,7 @@ void cpu_paged_attn_back(oomb_tensor * dst, cpu::thread_pool * pool) {
     if (A.q->nb[0] != sizeof(float) || A.dout->nb[0] != sizeof(float)) oomb_error("paged_attn_back: q and dout must have unit stride in dim 0");
     check_pos(G, "paged_attn_back");
     set_schedule(G, A, true, "paged_attn_back");
+    check_mapped(G, "paged_attn_back");
     const int64_t H = G.H, T = G.T;
     const int D = (int) G.D;
     float * dq = (float *) dst->data;  // [D, H, T] contiguous
@@ -540,6 +554,7 @@ void cpu_paged_attn_back(oomb_tensor * dst, cpu::thread_pool * pool) {
         float * dqp = dq_part.data() + (size_t) part * n_tiles * tile_stride;
         for (int64_t bi = part; bi < nb; bi += NPART) {
             const KeyBlock & b = blocks[bi];
+            if (!pa_sched_page_used(G.sched, G.c0, (int) (b.p0 / G.P))) continue;  // no row sees it: not read (may be unmapped)
             load_block(G, A.k_pages, g, b, s.Kt.data(), s.Kr.data(), op);
             load_block(G, A.v_pages, g, b, s.Vt.data(), nullptr, op);
             std::fill(s.acc1.begin(), s.acc1.end(), 0.0f);  // dK

@@ -113,10 +113,6 @@ ChunkDriver::ChunkDriver(std::unique_ptr<ChunkGraphBuilder> builder, const Chunk
     const int64_t n_pages = (p.max_tokens + p.page - 1) / p.page;
     if (p.sparse.pages != 0) {
         oomb_sparse_check_params(&p.sparse, "ChunkDriver (sparse attention)");
-        if (p.resident_pages >= 0 && p.resident_pages < n_pages)
-            oomb_error("ChunkDriver: sparse attention (--sparse-pages) with a host tier (--offload, resident_pages %" PRId64
-                       " < %" PRId64 " pages) is not supported yet: the offload streams every history page; drop one of them",
-                       p.resident_pages, n_pages);
         if (p.cache_attn && p.with_grad && p.max_tokens > p.chunk)
             oomb_error("ChunkDriver: sparse attention (--sparse-pages) with the attention-result cache (cache_attn, --attn-cache) is not "
                        "supported (the cache holds dense results): drop one of them");

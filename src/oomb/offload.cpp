@@ -21,6 +21,17 @@
 //             block b: RANGE backward -> dq += ... -> copy its dK/dV out; then block b + 2 streams
 //             in (K/V/dK/dV) once that copy out finished.
 // So block b + 1's copy in and block b - 1's copy out run beside block b's kernel.
+// Sparse nodes (a LISTS schedule, oomb-sparse.h) move only the selected pages: once the node's lists
+// are known (stage 1: the selection node's output, downloaded after the part that computes it;
+// stage 2: the uploaded lists, read before the chunk), U = the history pages some query tile
+// listed; the host-tier pages of U stream in blocks of B pages of U (not of consecutive pages),
+// each computed as LISTS_RANGE over its window [U[bB], U[(b+1)B]) (the last one up to c0): the
+// windows partition the history, so the blocks attend exactly the listed pages, merged through the
+// LSE like RANGE blocks. The resident history runs as LISTS_RANGE [0, R) (its listed pages only),
+// the chunk's own pages as LISTS_RANGE [c0, c1) (the same generic kernels as the resident LISTS
+// node). The node's blocks read their own page table (per node: U's pages -> the set slots, the
+// unlisted host pages unmapped), uploaded on the compute queue; the kernels never read an unlisted
+// page (pa_sched_page_used). Backward: dK/dV copied in and out for U's pages only; dq as above.
 // The chunk's pages past R are copied in before the graph (the K/V that hold data, and their
 // gradients in a backward graph). Gradient pages never written since zero_grad are read from a
 // zero page instead of the host (the host tier is never cleared). The whole chunk finishes
@@ -68,10 +79,18 @@ struct AttnNode {
     oomb_cgraph * block_graph = nullptr;  // blk, then merge (forward) or dq += (backward)
     oomb_cgraph * self = nullptr;         // the node alone (a view of the chunk graph)
     std::vector<oomb_tensor *> views;     // views whose data follows their source's (refreshed per run)
+    // sparse (LISTS) nodes: the lists, their host copy, the union U of the listed history pages
+    bool sparse = false;
+    bool lists_in_graph = false;          // computed by the chunk graph (stage 1's selection), else uploaded (stage 2)
+    oomb_tensor * offsets = nullptr, * pages = nullptr;
+    std::vector<int32_t> h_offsets, h_pages, U;  // U: the listed pages >= R, ascending
+    int64_t n_resident_listed = 0;        // listed pages < R
+    oomb_tensor * table = nullptr;        // the blocks' page table (in the stream's table buffer)
+    std::vector<int32_t> h_table;         // its host copy (valid until the chunk finished: an async upload reads it)
 };
 
-void set_range(oomb_tensor * t, int32_t first, int32_t last) {
-    t->op_params[oomb::PA_PARAM_SCHED_KIND] = OOMB_SCHEDULE_RANGE;
+void set_range(oomb_tensor * t, int32_t first, int32_t last, oomb_page_schedule_kind kind = OOMB_SCHEDULE_RANGE) {
+    t->op_params[oomb::PA_PARAM_SCHED_KIND] = kind;
     t->op_params[oomb::PA_PARAM_SCHED_FIRST] = first;
     t->op_params[oomb::PA_PARAM_SCHED_LAST] = last;
 }
@@ -84,6 +103,7 @@ struct oomb_kv_stream {
     oomb_cgraph * g = nullptr;
     oomb_context * ctx = nullptr;       // block nodes, views, graph parts
     oomb_buffer_t scratch = nullptr;    // the blocks' partial results (one at a time)
+    oomb_buffer_t tables = nullptr;     // the sparse nodes' page tables
     std::vector<AttnNode> attn;
     std::vector<oomb_cgraph *> parts;   // parts[i]: the nodes before attn[i] (after attn[i-1]); parts[n]: the rest
     bool has_back = false, has_store = false;
@@ -148,6 +168,7 @@ struct oomb_kv_stream {
         oomb_event_free(ev_done);
         for (oomb_event_t e : ev_set_in) oomb_event_free(e);
         oomb_buffer_free(scratch);
+        oomb_buffer_free(tables);
         oomb_free(ctx);
     }
 
@@ -220,13 +241,25 @@ struct oomb_kv_stream {
         return st == OOMB_STATUS_OK ? st : fail(st, std::string("offload: event: ") + oomb_backend_last_error(be));
     }
     oomb_status run_block(AttnNode & a, int32_t first, int32_t last) {
-        set_range(a.blk, first, last);
+        set_range(a.blk, first, last, a.sparse ? OOMB_SCHEDULE_LISTS_RANGE : OOMB_SCHEDULE_RANGE);
         for (oomb_tensor * v : a.views) {
             v->data = (char *) v->view_src->data + v->view_offs;
             v->buffer = v->view_src->buffer;
         }
         return run(a.block_graph);
     }
+    // the copies of logical pages pages[i0, i1) (ascending, >= R) to / from the slots slot0 + (i - i0),
+    // one copy per run of consecutive pages
+    template <typename F> oomb_status page_runs(const std::vector<int32_t> & pages, size_t i0, size_t i1, int64_t slot0, F copy) {
+        for (size_t i = i0; i < i1;) {
+            size_t j = i + 1;
+            while (j < i1 && pages[j] == pages[j - 1] + 1) j++;
+            if (oomb_status st = copy(slot0 + (int64_t) (i - i0), (int64_t) pages[i], (int64_t) pages[j - 1] + 1)) return st;
+            i = j;
+        }
+        return OOMB_STATUS_OK;
+    }
+    oomb_status sparse_lists(AttnNode & a, int64_t c0);
     oomb_status attention(AttnNode & a, int64_t c0, int64_t c1);
     oomb_status compute(int64_t p0, int64_t T);
 };
@@ -253,9 +286,9 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
         oomb_paged_attn_args args = oomb_paged_attn_args_of(n);
         const int l = layer_of(args.k_pages);
         if (l < 0) continue;  // attention over another cache: computed as it is
-        if (args.schedule.kind != OOMB_SCHEDULE_DENSE)
-            oomb_error("kv_stream_new: node %s: only dense paged attention streams over a host tier (schedule kind %d)", n->name,
-                       (int) args.schedule.kind);
+        if (args.schedule.kind != OOMB_SCHEDULE_DENSE && args.schedule.kind != OOMB_SCHEDULE_LISTS)
+            oomb_error("kv_stream_new: node %s: only dense and page-list (sparse) paged attention stream over a host tier "
+                       "(schedule kind %d)", n->name, (int) args.schedule.kind);
         if (n->op == OOMB_OP_PAGED_ATTN && args.out_cache)
             oomb_error("kv_stream_new: node %s keeps an attention-result cache, which a host tier does not support "
                        "(oomb-train: drop --attn-cache, or keep the whole KV cache on the device)", n->name);
@@ -267,14 +300,27 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
         a.store = !a.back && args.store;
         const int64_t D = args.q->ne[0], H = args.q->ne[1], T = args.q->ne[2];
         a.block_graph = oomb_new_graph_custom(s->ctx, 8);
+        a.sparse = args.schedule.kind == OOMB_SCHEDULE_LISTS;
+        if (a.sparse) {
+            a.offsets = args.schedule.offsets;
+            a.pages = args.schedule.pages;
+            auto root = [](oomb_tensor * t) { return t->view_src ? t->view_src : t; };
+            for (size_t j = 0; j < i && !a.lists_in_graph; j++) a.lists_in_graph = root(g->nodes[j]) == root(a.offsets);
+            a.table = oomb_new_tensor_1d(s->ctx, OOMB_TYPE_I32, oomb_nelements(args.page_table));
+            oomb_format_name(a.table, "%s.block_pages", n->name);
+        }
         if (!a.back) {
             args.store = 0;
-            args.schedule = oomb_schedule_range(0, 0);
+            if (!a.sparse) args.schedule = oomb_schedule_range(0, 0);  // sparse: the lists, run as LISTS_RANGE
+            else args.page_table = a.table;
             a.blk = oomb_paged_attn_ext(s->ctx, &args)->view_src;
             a.block_graph->nodes = {a.blk, oomb_paged_attn_merge(s->ctx, n, a.blk, D, H, T)};
             a.views = {a.block_graph->nodes[1]};
         } else {
-            a.blk = oomb_paged_attn_back_ext(s->ctx, &args);  // built dense (the fwd check), run as RANGE
+            a.blk = oomb_paged_attn_back_ext(s->ctx, &args);  // built as the node (the fwd check), run as RANGE / LISTS_RANGE
+            // sparse: the block reads its own page table (the fwd check wants the node's, whose
+            // statistics it uses: the same keys, mapped to the block's slots)
+            if (a.sparse) a.blk->src[oomb::PAB_SRC_PAGE_TABLE] = a.table;
             oomb_tensor * dq = oomb_view_1d(s->ctx, n, D * H * T, 0);
             oomb_tensor * part = oomb_view_1d(s->ctx, a.blk, D * H * T, 0);
             oomb_tensor * add = oomb_add_inplace(s->ctx, dq, part);
@@ -301,6 +347,23 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
         return nullptr;
     }
     for (AttnNode & a : s->attn) oomb_tensor_alloc(s->scratch, a.blk, 0);  // one block computes at a time (one queue)
+    size_t table_bytes = 0;
+    for (const AttnNode & a : s->attn)
+        if (a.table) table_bytes += (oomb_nbytes(a.table) + 255) / 256 * 256;
+    if (table_bytes) {
+        if (!(s->tables = oomb_backend_alloc_buffer(backend, table_bytes))) {
+            fprintf(stderr, "oomb: kv_stream_new: cannot allocate %.1f KiB of page tables on %s\n", table_bytes / 1024.0,
+                    oomb_backend_name(backend));
+            delete s;
+            return nullptr;
+        }
+        size_t off = 0;
+        for (AttnNode & a : s->attn) {
+            if (!a.table) continue;
+            oomb_tensor_alloc(s->tables, a.table, off);
+            off += (oomb_nbytes(a.table) + 255) / 256 * 256;
+        }
+    }
     for (int i = 0; i < 2 * kv->p.n_layer; i++) s->ev_free.push_back(oomb_event_new(backend));
     s->ev_free_set.assign(s->ev_free.size(), false);
     s->ev_in = oomb_event_new(backend);
@@ -315,21 +378,77 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
 
 void oomb_kv_stream_free(oomb_kv_stream_t s) { delete s; }
 
+// A sparse node's lists (downloaded: a few KB), their union U past the resident pages and the
+// blocks' page table (uploaded on the compute queue, read by the node's blocks only).
+oomb_status oomb_kv_stream::sparse_lists(AttnNode & a, int64_t c0) {
+    const int64_t R = kv->R, B = kv->B, nq = oomb_nelements(a.offsets) - 1;
+    // read through the view's source (stage 1's lists are views of the selection node)
+    auto get = [](const oomb_tensor * t, void * dst, size_t n) {
+        oomb_tensor_get(t->view_src ? t->view_src : t, dst, t->view_src ? t->view_offs : 0, n);
+    };
+    a.h_offsets.resize((size_t) nq + 1);
+    get(a.offsets, a.h_offsets.data(), a.h_offsets.size() * sizeof(int32_t));
+    const int64_t nnz = a.h_offsets.back();
+    if (nnz < 0 || nnz > oomb_nelements(a.pages))
+        oomb_error("kv_stream_compute: node %s: page lists: offsets[%" PRId64 "] = %" PRId64 " entries, the pages tensor holds %" PRId64,
+                   a.node->name, nq, nnz, oomb_nelements(a.pages));
+    a.h_pages.resize((size_t) nnz);
+    if (nnz) get(a.pages, a.h_pages.data(), (size_t) nnz * sizeof(int32_t));
+    oomb_schedule_check_lists(a.h_offsets.data(), nq, a.h_pages.data(), nnz, c0, "kv_stream_compute (sparse lists)");
+    std::vector<int32_t> all(a.h_pages);
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    a.n_resident_listed = std::lower_bound(all.begin(), all.end(), (int32_t) R) - all.begin();
+    a.U.assign(all.begin() + a.n_resident_listed, all.end());
+    a.h_table = kv->table;  // resident pages and the chunk's own as every node sees them
+    for (int64_t lp = R; lp < c0; lp++) a.h_table[(size_t) lp] = -1;
+    for (size_t i = 0; i < a.U.size(); i++)
+        a.h_table[(size_t) a.U[i]] = (int32_t) (kv->set_slot0((int) ((int64_t) i / B % 2)) + (int64_t) i % B);
+    oomb_status st = oomb_tensor_set_async(be, OOMB_QUEUE_COMPUTE, a.table, a.h_table.data(), 0, a.h_table.size() * sizeof(int32_t));
+    return st ? fail(st, std::string("offload: page table: ") + oomb_backend_last_error(be)) : OOMB_STATUS_OK;
+}
+
 oomb_status oomb_kv_stream::attention(AttnNode & a, int64_t c0, int64_t c1) {
     const int64_t R = kv->R, B = kv->B, cs = std::max(c0, R);
     const int l = a.layer;
-    const int64_t n_blocks = c0 > R ? (c0 - R + B - 1) / B : 0;
     oomb_status st = OOMB_STATUS_OK;
+    if (a.sparse && a.lists_in_graph && (st = sparse_lists(a, c0))) return st;  // stage 1: the selection just computed
+    // history blocks: dense, B consecutive pages from R; sparse, B pages of U each, over a window
+    // [first page, the next block's first page) (the last one up to c0)
+    const int64_t n_blocks = a.sparse ? ((int64_t) a.U.size() + B - 1) / B : c0 > R ? (c0 - R + B - 1) / B : 0;
+    auto window = [&](int64_t b, int64_t & lo, int64_t & hi) {
+        if (!a.sparse) {
+            lo = R + b * B;
+            hi = std::min(lo + B, c0);
+        } else {
+            lo = a.U[(size_t) (b * B)];
+            hi = b + 1 < n_blocks ? a.U[(size_t) ((b + 1) * B)] : c0;
+        }
+    };
+    // a block's pages (dense: its window) into / out of set s: one copy per run of consecutive pages
+    auto block_copies = [&](int64_t b, int set, bool grad, bool out) -> oomb_status {
+        const int64_t slot0 = kv->set_slot0(set);
+        auto one = [&](int64_t s0, int64_t lo, int64_t hi) -> oomb_status {
+            if (out) return grad_out(l, s0, lo, hi);
+            if (oomb_status r = grad ? OOMB_STATUS_OK : kv_in(l, s0, lo, hi)) return r;
+            return grad ? grad_in(l, s0, lo, hi) : OOMB_STATUS_OK;
+        };
+        if (!a.sparse) {
+            int64_t lo, hi;
+            window(b, lo, hi);
+            return one(slot0, lo, hi);
+        }
+        return page_runs(a.U, (size_t) (b * B), (size_t) std::min<int64_t>((b + 1) * B, (int64_t) a.U.size()), slot0, one);
+    };
     auto evfail = [&] { return fail(OOMB_STATUS_DEVICE_ERROR, std::string("offload: event: ") + oomb_backend_last_error(be)); };
     // block b's copies into set b % 2 (copy queue), once the set's last use finished
     auto copy_block_in = [&](int64_t b) -> oomb_status {
-        const int64_t lo = R + b * B, hi = std::min(lo + B, c0);
         const int set = (int) (b % 2);
         const size_t e = (size_t) (2 * l + set);
         if (ev_free_set[e] && oomb_event_wait(be, OOMB_QUEUE_COPY, ev_free[e])) return evfail();
         const Span sp = span_begin(OOMB_QUEUE_COPY);
-        oomb_status r = kv_in(l, kv->set_slot0(set), lo, hi);
-        if (!r && a.back) r = grad_in(l, kv->set_slot0(set), lo, hi);
+        oomb_status r = block_copies(b, set, false, false);
+        if (!r && a.back) r = block_copies(b, set, true, false);
         if (r) return r;
         span_end(sp, OOMB_QUEUE_COPY, true);
         return oomb_event_record(ev_set_in[set], OOMB_QUEUE_COPY) ? evfail() : OOMB_STATUS_OK;
@@ -337,10 +456,10 @@ oomb_status oomb_kv_stream::attention(AttnNode & a, int64_t c0, int64_t c1) {
     // the first two blocks stream while the chunk's own part and the resident history compute
     for (int64_t b = 0; b < std::min<int64_t>(2, n_blocks); b++)
         if ((st = copy_block_in(b))) return st;
-    // the chunk's own pages (the node itself, its store included)
+    // the chunk's own pages (the node itself, its store included; sparse: on the lists' kernels)
     int32_t saved[3];
     for (int k = 0; k < 3; k++) saved[k] = a.node->op_params[oomb::PA_PARAM_SCHED_KIND + k];
-    set_range(a.node, (int32_t) c0, (int32_t) c1);
+    set_range(a.node, (int32_t) c0, (int32_t) c1, a.sparse ? OOMB_SCHEDULE_LISTS_RANGE : OOMB_SCHEDULE_RANGE);
     st = run(a.self);
     for (int k = 0; k < 3; k++) a.node->op_params[oomb::PA_PARAM_SCHED_KIND + k] = saved[k];
     if (st) return st;
@@ -350,11 +469,12 @@ oomb_status oomb_kv_stream::attention(AttnNode & a, int64_t c0, int64_t c1) {
         if ((st = a.back ? grad_out(l, kv->cur_slot0(), cs, c1) : kv_out(l, kv->cur_slot0(), cs, c1))) return st;
         span_end(sp, OOMB_QUEUE_COPY_OUT, true);
     }
-    // resident history
-    if (std::min(R, c0) > 0 && (st = run_block(a, 0, (int32_t) std::min(R, c0)))) return st;
+    // resident history (sparse: only when some tile listed a resident page)
+    if (std::min(R, c0) > 0 && (!a.sparse || a.n_resident_listed > 0) && (st = run_block(a, 0, (int32_t) std::min(R, c0)))) return st;
     // streamed history: block b computes while block b + 1 streams in and block b - 1 streams out
     for (int64_t b = 0; b < n_blocks; b++) {
-        const int64_t lo = R + b * B, hi = std::min(lo + B, c0);
+        int64_t lo, hi;
+        window(b, lo, hi);
         const int set = (int) (b % 2);
         const size_t e = (size_t) (2 * l + set);
         {
@@ -367,7 +487,7 @@ oomb_status oomb_kv_stream::attention(AttnNode & a, int64_t c0, int64_t c1) {
         if (a.back) {  // the block's gradient pages go back out once its kernel finished
             if ((st = order(ev_done, OOMB_QUEUE_COMPUTE, OOMB_QUEUE_COPY_OUT))) return st;
             const Span so = span_begin(OOMB_QUEUE_COPY_OUT);
-            if ((st = grad_out(l, kv->set_slot0(set), lo, hi))) return st;
+            if ((st = block_copies(b, set, true, true))) return st;
             span_end(so, OOMB_QUEUE_COPY_OUT, true);
         }
         // the set is free once its last reader (the block) and, in a backward, its copy out finished
@@ -413,6 +533,10 @@ oomb_status oomb_kv_stream::compute(int64_t p0, int64_t T) {
     }
     span_end(sp, OOMB_QUEUE_COPY, true);
     if (!st) st = order(ev_in, OOMB_QUEUE_COPY, OOMB_QUEUE_COMPUTE);
+    // stage 2: the uploaded lists are known before the chunk (the copies of their pages start with
+    // each node, as dense ones)
+    for (size_t i = 0; i < attn.size() && !st; i++)
+        if (attn[i].sparse && !attn[i].lists_in_graph) st = sparse_lists(attn[i], c0);
     for (size_t i = 0; i < attn.size() && !st; i++) {
         st = run(parts[i]);
         if (!st) st = attention(attn[i], c0, c1);

@@ -52,19 +52,33 @@ PA_HD bool pa_list_has(const int32_t * a, int lo, int hi, int v) {
 
 // Whether a query of tile qt (= its position / P - c0, c0 = pos[0] / P) attends keys of logical
 // page lp (the causal mask p <= pos[t] applies on top), read from the forward lists.
+// Is logical page lp inside the window of a RANGE or LISTS_RANGE schedule (always, for the others)?
+PA_HD bool pa_sched_in_window(const pa_sched & s, int lp) {
+    return (s.kind != 1 && s.kind != 3) || (lp >= s.first && lp < s.last);
+}
 PA_HD bool pa_sched_attends(const pa_sched & s, int c0, int qt, int lp) {
     if (s.kind == 0) return true;                          // DENSE
-    if (s.kind == 1) return lp >= s.first && lp < s.last;  // RANGE
-    if (lp >= c0) return true;                             // LISTS: the current region
+    if (!pa_sched_in_window(s, lp)) return false;          // RANGE, LISTS_RANGE: outside the window
+    if (s.kind == 1 || lp >= c0) return true;              // RANGE; LISTS: the current region
     if (qt < 0 || qt >= s.n_qtiles) return false;
     return pa_list_has(s.pages, s.offsets[qt], s.offsets[qt + 1], lp);
 }
 // The same question for the backward's key-major loops, read from the inverse lists (history page
 // lp chosen by query tile qt?). Equal to pa_sched_attends for a valid inverse.
 PA_HD bool pa_sched_attends_inv(const pa_sched & s, int c0, int qt, int lp) {
-    if (s.kind != 2 || lp >= c0) return pa_sched_attends(s, c0, qt, lp);
-    if (lp < 0 || lp >= s.n_hist) return false;
+    if (s.kind < 2 || lp >= c0) return pa_sched_attends(s, c0, qt, lp);
+    if (!pa_sched_in_window(s, lp) || lp < 0 || lp >= s.n_hist) return false;
     return pa_list_has(s.inv_qtiles, s.inv_offsets[lp], s.inv_offsets[lp + 1], qt);
+}
+// Can any query row see keys of logical page lp (before the causal mask)? False for a page outside
+// a window and for a history page no list names (read from the inverse lists): the backward's
+// key-major loops skip such a page before reading it, so its page-table entry may be unmapped
+// (the offload engine maps only the pages some tile listed).
+PA_HD bool pa_sched_page_used(const pa_sched & s, int c0, int lp) {
+    if (s.kind == 0) return true;
+    if (!pa_sched_in_window(s, lp)) return false;
+    if (s.kind == 1 || lp >= c0 || !s.inv_offsets) return true;
+    return lp >= 0 && lp < s.n_hist && s.inv_offsets[lp + 1] > s.inv_offsets[lp];
 }
 // The kernels' view of an op's schedule (host pointers into the tensors' data, wherever it lives).
 inline pa_sched pa_sched_of(const oomb_page_schedule & s) {
@@ -72,7 +86,7 @@ inline pa_sched pa_sched_of(const oomb_page_schedule & s) {
     r.kind = (int) s.kind;
     r.first = s.first;
     r.last = s.last;
-    if (s.kind == OOMB_SCHEDULE_LISTS) {
+    if (s.kind == OOMB_SCHEDULE_LISTS || s.kind == OOMB_SCHEDULE_LISTS_RANGE) {
         r.offsets = (const int32_t *) s.offsets->data;
         r.pages = (const int32_t *) s.pages->data;
         r.n_qtiles = (int) (oomb_nelements(s.offsets) - 1);

@@ -33,6 +33,22 @@ struct oomb_page_schedule oomb_schedule_lists(struct oomb_tensor * offsets, stru
     return s;
 }
 
+struct oomb_page_schedule oomb_schedule_lists_range(struct oomb_tensor * offsets, struct oomb_tensor * pages,
+                                                    struct oomb_tensor * inv_offsets, struct oomb_tensor * inv_qtiles,
+                                                    int32_t first, int32_t last) {
+    if (first < 0 || last < first)
+        oomb_error("schedule_lists_range: page range [%d, %d) must have 0 <= first <= last", first, last);
+    oomb_page_schedule s = oomb_schedule_lists(offsets, pages, inv_offsets, inv_qtiles);
+    s.kind = OOMB_SCHEDULE_LISTS_RANGE;
+    s.first = first;
+    s.last = last;
+    return s;
+}
+
+int oomb_schedule_has_lists(enum oomb_page_schedule_kind kind) {
+    return kind == OOMB_SCHEDULE_LISTS || kind == OOMB_SCHEDULE_LISTS_RANGE;
+}
+
 void oomb_schedule_check_lists(const int32_t * offsets, int64_t n_qtiles, const int32_t * pages, int64_t nnz, int64_t n_hist,
                                const char * op) {
     if (n_qtiles < 0) oomb_error("%s: %" PRId64 " query tiles", op, n_qtiles);
