@@ -41,6 +41,12 @@ std::vector<int64_t> torch_shape(const oomb_tensor * t);
 /// at --resume. GGUF_TENSOR_F32 (and any type equal to a tensor's own): the raw bytes.
 uint64_t weights_hash(const Qwen2Model & m, gguf_tensor_type saved = GGUF_TENSOR_F32);
 
+/// With --trainable lora: a fingerprint (hex) of the frozen base, stored in the state file and
+/// compared at --resume, so that an adapter does not continue on another base (another file, another
+/// quantization of the same model, another random --preset / block --base-type). For -m: the tensor
+/// table (names, GGUF types, shapes) and sampled bytes of each tensor; "" when -m cannot be read.
+std::string lora_base_fingerprint(const Options & o);
+
 /// One trainer per output folder: takes an exclusive lock on OUT/.lock (writing the pid into it),
 /// held until the process exits. Fails (exit 1) naming the other process when it is taken.
 void lock_output_folder(const std::string & out);
