@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""LoRA checkpoints and PEFT files through the command line (oomb-train --trainable lora), CPU backend:
+"""Checkpoint edge cases and LoRA's PEFT files through the command line (oomb-train), CPU backend:
 
   - --lora-alpha 0 trains with scale 1 (llama.cpp's rule for alpha 0, kept in adapter.gguf as 0);
     adapter_config.json then says lora_alpha = r, the alpha that gives PEFT (scale lora_alpha / r
@@ -11,7 +11,10 @@
   - a save that fails (here: OUT/state.safetensors.saving is a folder, so the state's rename fails)
     exits 1 with the reason and leaves none of the complete "*.saving" files it wrote
     (adapter.gguf.saving, adapter_model.safetensors.saving, adapter_config.json.saving;
-    model.gguf.saving for a full-model run) nor a temporary file; the previous checkpoint stays.
+    model.gguf.saving for a full-model run) nor a temporary file; the previous checkpoint stays;
+  - a run whose last steps are non-finite (--lr 1e30 --grad-clip 0: step 1 finite, then NaN, fewer
+    than --max-bad-steps) exits 2 naming the last good checkpoint (step 1), not 0 with "done" and
+    no final checkpoint; without any saved step it says that no checkpoint was written.
 
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR. Exit 0 pass, 1 failure, 77 skipped.
 """
@@ -113,6 +116,13 @@ def main():
             os.rmdir(os.path.join(out, "state.safetensors.saving"))
             rc, o, e = run_tool([TRAIN, "-m", base] + args + ["--resume", "--out", out])
             C.check(rc == 0 and "resume: from step 2" in o, f"{what}: that checkpoint still resumes (rc {rc}) {e.strip()[-200:]}")
+        # a run that ends on non-finite steps fails (exit 2) and names what it kept
+        for save_every, want in (("1", "last good checkpoint (step 1)"), ("0", "no checkpoint was written")):
+            out = os.path.join(tmp, "nan" + save_every)
+            args = common[:-4] + ["--steps", "3", "--save-every", save_every, "--lr", "1e30", "--grad-clip", "0", "--warmup", "0"]
+            rc, o, e = run_tool([TRAIN, "-m", base] + args + ["--out", out])
+            C.check(rc == 2 and "the run ended with 2 consecutive step(s)" in e and want in e,
+                    f"--save-every {save_every}, last 2 of 3 steps non-finite: exit 2, '{want}' (rc {rc}) {e.strip()[-250:]}")
     C.finish()
 
 
