@@ -180,6 +180,10 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
     if (m.lora) written = {m_tmp, path(o, peft_st + ".saving"), path(o, peft_cfg + ".saving")};
     else written = {m_tmp};
     written.push_back(s_tmp);
+    // "*.saving" files already there are a killed save's leftovers (--resume rolled a pending state
+    // forward before any save): removed first, so that this save does not need their space too
+    // (at 7B a model.gguf.saving is 15 GB)
+    for (const std::string & f : written) unlink(f.c_str());
     if (m.lora) {
         if (!lora_save_gguf(m, m_tmp, "oomb-train LoRA", err)) return false;
         if (!lora_save_peft_safetensors(m, path(o, peft_st + ".saving"), err)) return false;
