@@ -3,7 +3,9 @@
 // state, configuration, hashes of the data and the weights). Both are first written completely
 // under temporary names ("<name>.saving") and then renamed, model first: an interrupted save never
 // damages the previous checkpoint, and a save interrupted between the renames is completed by
-// --resume (the pending state file matches the new model's weights hash). Also the output folder's
+// --resume (the pending state file matches the new model's weights hash). A save that fails before
+// the model's rename removes its "*.saving" files; a save first removes those a killed save left
+// (so that it never needs the space of two checkpoints in flight). Also the output folder's
 // lock and the clean-up of temporary files that a killed process left.
 // With --trainable lora the model file is OUT/adapter.gguf instead (llama.cpp's LoRA adapter format,
 // models/lora.h; the base, given by -m, is not rewritten) and the weights hash covers the adapter.
