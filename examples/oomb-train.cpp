@@ -160,7 +160,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         T.model = model_load_gguf(ckpt_model, T.be, compute_type(T.be), &err);
         if (!T.model) fail(PROG, "--resume: " + err);
     } else if (!o.model.empty()) {  // with lora also on --resume: the frozen base
-        if (!is_file(o.model)) fail(PROG, "-m: '" + o.model + "': no such file");
+        if (!is_file(o.model)) fail(PROG, "-m: " + not_a_file(o.model));
         T.model = model_load_gguf(o.model, T.be, base_weight_type(o.base_type, T.be), &err, lora && o.base_type == "keep");
         if (!T.model) fail(PROG, err);
     } else {
@@ -214,7 +214,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     }
     if (!tok && !o.vocab.empty()) {
         if (!is_file(o.vocab)) {
-            if (o.data_bin.empty()) fail(PROG, "--vocab: '" + o.vocab + "': no such file");
+            if (o.data_bin.empty()) fail(PROG, "--vocab: " + not_a_file(o.vocab));
         } else {
             tok = std::make_unique<Tokenizer>();
             if (tok->load_file(o.vocab, &err) != GGUF_OK) fail(PROG, "tokenizer: " + err);

@@ -15,6 +15,7 @@
   - a complete model.gguf.saving that a killed save left is removed before the next save writes
     its own, so that it does not need the space twice (checked on a small tmpfs, as root; else
     that part prints SKIPPED);
+  - a folder given to -m, --lora or --data-bin is named as a folder, not as a missing file;
   - a run whose last steps are non-finite (--lr 1e30 --grad-clip 0: step 1 finite, then NaN, fewer
     than --max-bad-steps) exits 2 naming the last good checkpoint (step 1), not 0 with "done" and
     no final checkpoint; without any saved step it says that no checkpoint was written.
@@ -31,14 +32,14 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_data import BIN, Checks, make_bin, make_llama, need_tools, run_tool, skip  # noqa: E402
 
-TRAIN, EXPORT = (os.path.join(BIN, t) for t in ("oomb-train", "oomb-export"))
+TRAIN, EXPORT, EVAL = (os.path.join(BIN, t) for t in ("oomb-train", "oomb-export", "oomb-eval"))
 
 try:
     import numpy  # noqa: F401
     import gguf  # noqa: F401
 except ImportError as e:
     skip(f"{e} (needs numpy and gguf)")
-need_tools(TRAIN, EXPORT)
+need_tools(TRAIN, EXPORT, EVAL)
 
 C = Checks()
 
@@ -155,6 +156,14 @@ def main():
             rc, o, e = run_tool([TRAIN, "-m", base] + args + ["--out", out])
             C.check(rc == 2 and "the run ended with 2 consecutive step(s)" in e and want in e,
                     f"--save-every {save_every}, last 2 of 3 steps non-finite: exit 2, '{want}' (rc {rc}) {e.strip()[-250:]}")
+        # an output folder given where its adapter.gguf / model.gguf is meant: named as a folder
+        run_dir = os.path.join(tmp, "alpha8")
+        for what, args in (("oomb-eval --lora DIR", [EVAL, "-m", base, "--lora", run_dir, "--data-bin", data]),
+                           ("oomb-eval -m DIR", [EVAL, "-m", run_dir, "--data-bin", data]),
+                           ("oomb-train -m DIR", [TRAIN, "-m", run_dir, "--data-bin", data, "--out", os.path.join(tmp, "x")]),
+                           ("oomb-train --data-bin DIR", [TRAIN, "-m", base, "--data-bin", run_dir, "--out", os.path.join(tmp, "x")])):
+            rc, _, e = run_tool(args)
+            C.check(rc == 1 and f"'{run_dir}' is a folder, not a file" in e, f"{what}: exit 1, 'is a folder, not a file' (rc {rc}) {e.strip()[-200:]}")
     C.finish()
 
 
