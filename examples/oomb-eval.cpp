@@ -89,8 +89,8 @@ int main(int argc, char ** argv) {
             fail(PROG, "--json: cannot write '" + json_out + "': folder '" + dir + "' " + (is_dir(dir) ? "is not writable" : "does not exist"));
     }
     threads = threads_default(threads);
-    if (!is_file(model)) fail(PROG, "-m: '" + model + "': no such file");
-    if (!lora.empty() && !is_file(lora)) fail(PROG, "--lora: '" + lora + "': no such file");
+    if (!is_file(model)) fail(PROG, "-m: " + not_a_file(model));
+    if (!lora.empty() && !is_file(lora)) fail(PROG, "--lora: " + not_a_file(lora));
 
     std::string err;
     oomb_backend_t be = make_backend(device, threads, &err);

@@ -160,7 +160,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         T.model = model_load_gguf(ckpt_model, T.be, compute_type(T.be), &err);
         if (!T.model) fail(PROG, "--resume: " + err);
     } else if (!o.model.empty()) {  // with lora also on --resume: the frozen base
-        if (!is_file(o.model)) fail(PROG, "-m: '" + o.model + "': no such file");
+        if (!is_file(o.model)) fail(PROG, "-m: " + not_a_file(o.model));
         T.model = model_load_gguf(o.model, T.be, base_weight_type(o.base_type, T.be), &err, lora && o.base_type == "keep");
         if (!T.model) fail(PROG, err);
     } else {
@@ -214,7 +214,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     }
     if (!tok && !o.vocab.empty()) {
         if (!is_file(o.vocab)) {
-            if (o.data_bin.empty()) fail(PROG, "--vocab: '" + o.vocab + "': no such file");
+            if (o.data_bin.empty()) fail(PROG, "--vocab: " + not_a_file(o.vocab));
         } else {
             tok = std::make_unique<Tokenizer>();
             if (tok->load_file(o.vocab, &err) != GGUF_OK) fail(PROG, "tokenizer: " + err);
@@ -351,6 +351,10 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     double step_time_sum = 0;
     int64_t steps_run = 0;
     int64_t last_good_ckpt = o.resume ? T.step : -1;
+    auto kept_checkpoint = [&]() {  // what a run stopped by non-finite steps leaves
+        return last_good_ckpt >= 0 ? "the last good checkpoint (step " + std::to_string(last_good_ckpt) + ") in " + o.out + "/ is kept"
+                                   : std::string("no checkpoint was written");
+    };
     const int64_t stop_at = o.stop_after > 0 ? std::min<int64_t>(o.stop_after, o.steps) : o.steps;
     const bool offloaded = oomb_kv_cache_host_nbytes(T.tr->kv_cache()) > 0;
     while (T.step < stop_at) {
@@ -425,9 +429,8 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         if (std::isfinite(loss)) T.history.push_back({T.step, loss, false});
         if (T.bad_run >= o.max_bad_steps) {
             T.plot();
-            const std::string kept = last_good_ckpt >= 0 ? "the last good checkpoint (step " + std::to_string(last_good_ckpt) + ") in " + o.out + "/ is kept"
-                                                         : "no checkpoint was written";
-            print_error(PROG, "stopping: " + std::to_string(T.bad_run) + " consecutive steps with a non-finite loss or gradient (try a lower --lr); " + kept);
+            print_error(PROG, "stopping: " + std::to_string(T.bad_run) + " consecutive steps with a non-finite loss or gradient (try a lower --lr); " +
+                                  kept_checkpoint());
             return 2;
         }
         if (o.log_every > 0 && (T.step % o.log_every == 0 || T.step == 1 || T.step == stop_at)) {
@@ -466,6 +469,11 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
            fmt_duration(T.elapsed_prev + T.run_seconds()).c_str(),
            (double) steps_run * o.seqs_per_step * o.ctx / std::max(1e-9, step_time_sum), first, last, T.path("train.jsonl").c_str(),
            T.path("loss.png").c_str());
+    if (T.bad_run > 0) {  // the last steps were skipped: the weights at the end give a non-finite loss, so no final checkpoint
+        print_error(PROG, "the run ended with " + std::to_string(T.bad_run) + " consecutive step(s) with a non-finite loss or gradient "
+                          "(updates skipped; try a lower --lr); " + kept_checkpoint());
+        return 2;
+    }
     return 0;
 }
 

@@ -91,6 +91,31 @@ uint64_t weights_hash(const Qwen2Model & m, gguf_tensor_type saved) {
     return h;
 }
 
+// Fingerprint of a LoRA run's frozen base (see train-checkpoint.h): for -m, every tensor's name,
+// type, shape and three samples of its bytes (start, middle, end; 4 KiB each, so a 7B file costs a
+// few MiB of reads, not a pass over it); for a random --preset base, the preset and, for a block
+// --base-type, that type (the seed is checked with the options). "" when -m cannot be read.
+std::string lora_base_fingerprint(const Options & o) {
+    if (o.model.empty()) {
+        const std::string d = "preset " + o.preset + " " + (base_type_is_block(o.base_type) ? o.base_type : std::string("dense"));
+        return hex64(hash64(d.data(), d.size()));
+    }
+    GGUFReader r;
+    std::string err;
+    if (r.open(o.model, &err) != GGUF_OK) return "";
+    uint64_t h = hash64("lora-base", 9);
+    for (const GGUFTensorInfo & t : r.tensors()) {
+        h = hash64(t.name.data(), t.name.size(), h);
+        const uint64_t head[3] = {t.type, t.n_dims, t.nbytes};
+        h = hash64(head, sizeof(head), h);
+        h = hash64(t.ne, sizeof(t.ne), h);
+        const uint8_t * d = r.tensor_data(t);
+        const uint64_t w = std::min<uint64_t>(4096, t.nbytes);
+        for (const uint64_t at : {(uint64_t) 0, (t.nbytes - w) / 2, t.nbytes - w}) h = hash64(d + at, (size_t) w, h);
+    }
+    return hex64(h);
+}
+
 // Removes temporary files of saves that a killed process left in `out` ("<name>.tmp.<pid>" of our
 // output files, e.g. model.gguf.saving.tmp.1234) whose process no longer exists.
 void remove_stale_temp_files(const std::string & out) {
@@ -139,6 +164,27 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
     std::string name = o.preset.empty() ? "oomb-train" : ("oomb-train " + o.preset);
     // with an adapter, also PEFT's files (renamed before the adapter, so that a complete checkpoint has them)
     const std::string peft_st = "adapter_model.safetensors", peft_cfg = "adapter_config.json";
+    // A save that fails before the model file is renamed (a full disk, an I/O error) removes the
+    // complete "*.saving" files it wrote: they would hold the space a retry needs and never be used
+    // (the previous checkpoint stays as it was). After that rename the pending state must stay: it
+    // is what --resume rolls forward to.
+    std::vector<std::string> written;
+    bool keep_pending = false;
+    struct Cleanup {
+        std::vector<std::string> * files;
+        bool * keep;
+        ~Cleanup() {
+            if (*keep) return;
+            for (const std::string & f : *files) unlink(f.c_str());
+        }
+    } cleanup{&written, &keep_pending};
+    if (m.lora) written = {m_tmp, path(o, peft_st + ".saving"), path(o, peft_cfg + ".saving")};
+    else written = {m_tmp};
+    written.push_back(s_tmp);
+    // "*.saving" files already there are a killed save's leftovers (--resume rolled a pending state
+    // forward before any save): removed first, so that this save does not need their space too
+    // (at 7B a model.gguf.saving is 15 GB)
+    for (const std::string & f : written) unlink(f.c_str());
     if (m.lora) {
         if (!lora_save_gguf(m, m_tmp, "oomb-train LoRA", err)) return false;
         if (!lora_save_peft_safetensors(m, path(o, peft_st + ".saving"), err)) return false;
@@ -169,6 +215,10 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
     // the weights as the model file holds them (rounded to --out-type): what --resume loads and hashes
     w.set_metadata("weights_hash", hex64(weights_hash(m, m.lora ? GGUF_TENSOR_F32 : out_type_of(o))));
     w.set_metadata("config", config_json(o).dump());
+    if (m.lora) {
+        const std::string bh = lora_base_fingerprint(o);
+        if (!bh.empty()) w.set_metadata("lora_base_hash", bh);
+    }
     if (w.write(s_tmp, err) != GGUF_OK) return false;
     for (const std::string & f : {peft_st, peft_cfg}) {
         if (!m.lora) break;
@@ -181,6 +231,7 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
         *err = "cannot rename " + m_tmp + ": " + strerror(errno);
         return false;
     }
+    keep_pending = true;  // the model file is the new one: its state must survive (rolled forward by --resume)
     if (rename(s_tmp.c_str(), path(o, "state.safetensors").c_str()) != 0) {
         *err = "cannot rename " + s_tmp + ": " + strerror(errno);
         return false;
@@ -262,6 +313,17 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
     if (get("data_hash") != hex64(data_hash))
         fail(PROG, "--resume: the training data differ from the checkpoint's (data hash " + hex64(data_hash) + " vs " +
                        get("data_hash") + "): give the same --data/--data-bin, --ctx, --eval-* and chat options (--data-format, --train-on, --chat-pack, --chat-long)");
+    // a LoRA adapter belongs to its base: another base file (another quantization of it included) is refused
+    if (m.lora && md.count("lora_base_hash") && md.at("lora_base_hash") != lora_base_fingerprint(o)) {
+        const std::string was = saved.contains("model") && saved["model"].is_string() && !saved["model"].get<std::string>().empty()
+                                    ? "-m " + saved["model"].get<std::string>()
+                                    : "--preset " + (saved.contains("preset") ? saved["preset"].dump() : std::string("?")) + " --base-type " +
+                                          (saved.contains("base_type") ? saved["base_type"].dump() : std::string("?"));
+        fail(PROG, "--resume: the frozen base differs from the one the checkpoint's adapter was trained on (" + was + "): " +
+                       (o.model.empty() ? "--preset " + o.preset + " --base-type " + o.base_type
+                                        : "-m " + o.model + " has other tensor types, shapes or data") +
+                       "; give the same base model");
+    }
     for (auto it = now.begin(); it != now.end(); ++it) {
         if (saved.contains(it.key()) && saved[it.key()] != it.value() && it.key() != "threads" && it.key() != "threads_used")
             printf("resume: note: %s changed from %s to %s\n", opt_name(it.key()).c_str(), saved[it.key()].dump().c_str(), it.value().dump().c_str());

@@ -3,7 +3,9 @@
 // state, configuration, hashes of the data and the weights). Both are first written completely
 // under temporary names ("<name>.saving") and then renamed, model first: an interrupted save never
 // damages the previous checkpoint, and a save interrupted between the renames is completed by
-// --resume (the pending state file matches the new model's weights hash). Also the output folder's
+// --resume (the pending state file matches the new model's weights hash). A save that fails before
+// the model's rename removes its "*.saving" files; a save first removes those a killed save left
+// (so that it never needs the space of two checkpoints in flight). Also the output folder's
 // lock and the clean-up of temporary files that a killed process left.
 // With --trainable lora the model file is OUT/adapter.gguf instead (llama.cpp's LoRA adapter format,
 // models/lora.h; the base, given by -m, is not rewritten) and the weights hash covers the adapter.
@@ -40,6 +42,12 @@ std::vector<int64_t> torch_shape(const oomb_tensor * t);
 /// types (2-D weights rounded to `saved` and back), so that it equals weights_hash(loaded model)
 /// at --resume. GGUF_TENSOR_F32 (and any type equal to a tensor's own): the raw bytes.
 uint64_t weights_hash(const Qwen2Model & m, gguf_tensor_type saved = GGUF_TENSOR_F32);
+
+/// With --trainable lora: a fingerprint (hex) of the frozen base, stored in the state file and
+/// compared at --resume, so that an adapter does not continue on another base (another file, another
+/// quantization of the same model, another random --preset / block --base-type). For -m: the tensor
+/// table (names, GGUF types, shapes) and sampled bytes of each tensor; "" when -m cannot be read.
+std::string lora_base_fingerprint(const Options & o);
 
 /// One trainer per output folder: takes an exclusive lock on OUT/.lock (writing the pid into it),
 /// held until the process exits. Fails (exit 1) naming the other process when it is taken.

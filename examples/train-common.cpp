@@ -189,6 +189,10 @@ static void walk(const std::string & dir, std::vector<std::string> * out) {
     }
 }
 
+std::string not_a_file(const std::string & p) {
+    return is_dir(p) ? "'" + p + "' is a folder, not a file" : "'" + p + "': no such file";
+}
+
 bool list_files(const std::string & path, std::vector<std::string> * out, std::string * err) {
     if (is_file(path)) { out->push_back(path); return true; }
     if (!is_dir(path)) {
@@ -207,7 +211,7 @@ bool list_files(const std::string & path, std::vector<std::string> * out, std::s
 bool read_text_file(const std::string & path, std::string * out, std::string * err) {
     out->clear();
     if (!is_file(path)) {
-        if (err) *err = "'" + path + "': no such file";
+        if (err) *err = not_a_file(path);
         return false;
     }
     const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
@@ -387,7 +391,7 @@ ModelTokenizer load_model_tokenizer(const std::string & gguf, Tokenizer * tok, s
 
 bool read_ids_bin(const std::string & path, int64_t n_vocab, std::vector<int32_t> * ids, std::string * err) {
     if (!is_file(path)) {
-        if (err) *err = "'" + path + "': no such file";
+        if (err) *err = not_a_file(path);
         return false;
     }
     FILE * f = fopen(path.c_str(), "rb");

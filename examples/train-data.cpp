@@ -21,7 +21,7 @@ void check_data_paths(const Options & o) {
         if (!is_file(p) && !is_dir(p)) fail(PROG, "--data: '" + p + "': no such file or folder");
     for (const auto & p : o.eval_data)
         if (!is_file(p) && !is_dir(p)) fail(PROG, "--eval-data: '" + p + "': no such file or folder");
-    if (!o.data_bin.empty() && !is_file(o.data_bin)) fail(PROG, "--data-bin: '" + o.data_bin + "': no such file");
+    if (!o.data_bin.empty() && !is_file(o.data_bin)) fail(PROG, "--data-bin: " + not_a_file(o.data_bin));
 }
 
 ChatSequences chat_sequences(const Options & o, const std::vector<std::string> & paths, const char * opt, const Tokenizer & tok,

@@ -272,7 +272,8 @@ std::string lora_peft_config_json(const LoraConfig & c, const std::string & base
     j["revision"] = nullptr;
     j["inference_mode"] = true;
     j["r"] = c.rank;
-    j["lora_alpha"] = c.alpha;
+    // PEFT's scale is lora_alpha / r always; alpha 0 means scale 1 here (llama.cpp's rule): write r
+    j["lora_alpha"] = c.alpha != 0.0f ? (double) c.alpha : (double) c.rank;
     j["lora_dropout"] = 0.0;
     j["target_modules"] = targets;
     j["bias"] = "none";

@@ -118,7 +118,9 @@ bool lora_save_peft_safetensors(const Qwen2Model & m, const std::string & path, 
 
 /// PEFT's adapter_config.json for c (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, target_modules
 /// as HF module names q_proj ... down_proj, bias none, lora_dropout 0, fan_in_fan_out false, use_rslora
-/// false: scale alpha / r as here), base_model_name_or_path = base_model. JSON text.
+/// false: scale alpha / r as here), base_model_name_or_path = base_model. JSON text. lora_alpha is the
+/// alpha of the scale trained here: c.alpha, or r when c.alpha is 0 (llama.cpp's rule, scale 1, which
+/// PEFT would read as scale 0).
 std::string lora_peft_config_json(const LoraConfig & c, const std::string & base_model);
 
 /// Loads a llama.cpp LoRA adapter GGUF onto m (m.lora, replacing any): checks general.type =

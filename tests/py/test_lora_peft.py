@@ -7,7 +7,8 @@
   - PeftModel.from_pretrained(HF model, OUT) on the HF folder the GGUF base was converted from
     (oomb-convert-hf) gives the same mean NLL on held-out windows as oomb-eval -m BASE --lora
     OUT/adapter.gguf (float64 in HF; 1e-4 relative), for a Qwen2 base (qwen2-mini) and a Llama base
-    (llama-micro: GQA, tied; its q/k rows are permuted in the GGUF files, never in PEFT's);
+    (llama-micro: GQA, tied; its q/k rows are permuted in the GGUF files, never in PEFT's), and for the
+    Qwen2 base with --lora-alpha 0 (scale 1 as llama.cpp reads alpha 0: adapter_config.json lora_alpha = r);
   - the adapter matters: the NLL moves away from the base's by far more than the tolerance.
 
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES. Exit 0: all passed; 1: a
@@ -71,7 +72,7 @@ def hf_nll(model, ids):
     return total / n
 
 
-def one_base(tmp, arch, hf_dir):
+def one_base(tmp, arch, hf_dir, alpha=8.0):
     cfg = json.load(open(os.path.join(hf_dir, "config.json")))
     V, L = cfg["vocab_size"], cfg["num_hidden_layers"]
     base = os.path.join(tmp, arch + ".gguf")
@@ -81,8 +82,8 @@ def one_base(tmp, arch, hf_dir):
         return
     data = os.path.join(tmp, arch + "-ids.bin")
     ids = make_bin(data, 8000, V, seed=11)
-    out = os.path.join(tmp, "run-" + arch)
-    rank, alpha = 4, 8.0
+    out = os.path.join(tmp, f"run-{arch}-alpha{alpha:g}")
+    rank = 4
     rc, o, e = run([TRAIN, "-m", base, "--data-bin", data, "--ctx", str(CTX), "--chunk", "24", "--page", "16", "--lr", "2e-2",
                     "--warmup", "1", "--steps", "6", "--eval-every", "0", "--eval-seqs", "2", "--threads", "2", "--seed", "3",
                     "--trainable", "lora", "--lora-rank", str(rank), "--lora-alpha", str(alpha), "--save-every", "0", "--out", out])
@@ -95,7 +96,8 @@ def one_base(tmp, arch, hf_dir):
     check(not [f for f in os.listdir(out) if ".tmp" in f or f.endswith(".saving")], f"{arch}: no temporary files left")
     # the files as PEFT writes them
     c = json.load(open(cfg_path))
-    want = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha, "bias": "none", "lora_dropout": 0.0,
+    # alpha 0 trains with scale 1 (llama.cpp's rule): PEFT (scale lora_alpha / r) needs lora_alpha = r
+    want = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha if alpha != 0 else float(rank), "bias": "none", "lora_dropout": 0.0,
             "fan_in_fan_out": False, "use_rslora": False, "base_model_name_or_path": base}
     check(all(c.get(k) == v for k, v in want.items()) and sorted(c.get("target_modules", [])) == sorted(m.split(".")[1] for m in MODULES),
           f"{arch}: adapter_config.json {dict((k, c.get(k)) for k in list(want) + ['target_modules'])}")
@@ -135,6 +137,9 @@ def main():
         for arch, d in BASES:
             print(f"{arch}: {d}")
             one_base(tmp, arch, d)
+        arch, d = BASES[0]
+        print(f"{arch}: {d}, --lora-alpha 0")
+        one_base(tmp, arch, d, alpha=0.0)
     checks.finish()
 
 
