@@ -27,10 +27,15 @@
 // forward saves the LSE too; its backward reads the saved LSE (and computes delta from the saved
 // out) when the forward also ran the generic kernels, else it recomputes them in f32.
 // Page schedules (oomb-schedule.h): DENSE and RANGE on every family (a range through a shifted page
-// table and clamped positions, range_geom: the kernels themselves unchanged); LISTS on the generic
-// kernels only for now (the dispatcher routes them there; see fast_family).
+// table and clamped positions, range_geom: the kernels themselves unchanged); LISTS on every family
+// too: the generic kernels test each page against the lists, the tensor-core kernels have LISTS
+// variants (a template flag; the DENSE / RANGE instantiations are unchanged) that walk per-block
+// work lists built on the device by two prep kernels, no host sync (paged-attn-lists.cuh: the
+// forward's union of its rows' lists, the backward's key-tile x row-tile bitmap). Page sizes that
+// are not a multiple of 64 (the LISTS forward's key tile) stay on the generic kernels (fast_family).
 //
 // The family, one translation unit: paged-attn-common.cuh (helpers, store / read-back kernels),
+// paged-attn-lists.cuh (page lists on the tensor-core kernels: work lists, prep kernels),
 // paged-attn-mma.cuh (mma.sync kernels), paged-attn-wgmma.cuh (wgmma kernels),
 // paged-attn-generic.cuh (f32 kernels); this file checks the operands, picks the kernels and
 // launches them.
