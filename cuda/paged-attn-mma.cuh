@@ -391,14 +391,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
     if (k0 > maxp) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int TG = a.T * a.G;
-    const int zs = a.nsplit;
     BwdListsTile lt;
     __shared__ uint32_t sSee[LISTS ? BM : 1];  // LISTS: row bits of the current row tile (lt.row_bits)
     int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
     if constexpr (LISTS) {
         lt.init(a, k0, BN, maxp);
         int j0 = (int) blockIdx.z;
-        while (j0 < a.n_rt && !lt.needed(a, j0)) j0 += zs;
+        while (j0 < a.n_rt && !lt.needed(a, j0)) j0 += a.nsplit;
         if (j0 >= a.n_rt) return;  // no row chose these keys: no gradient, nothing loaded
         for (int h = 0; h < 2; h++) kpi[h] = (k0 + warp * 16 + (lane >> 2) + h * 8) / a.P - lt.lp_a;
     }
@@ -423,6 +422,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
     cp_async_commit();
 
     // this block's row tiles: z, z + nsplit, z + 2 nsplit, ... (those attending this key tile)
+    const int zs = a.nsplit;
     auto rt_needed = [&](int j) -> bool {
         if constexpr (LISTS) return lt.needed(a, j);
         else return a.rt_max[j] >= k0;
@@ -464,7 +464,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
         cp_async_commit();
         // the tile after jn: its max position is loaded now and looked at after this step's math
         const int cand = jn + zs;
-        const bool cand_ok = cand < a.n_rt && rt_needed(cand);
+        const int cand_max = cand < a.n_rt ? a.rt_max[cand] : -1;
+        bool cand_ok = false;  // LISTS: whether cand is needed (DENSE: cand_max >= k0, tested after the math)
+        if constexpr (LISTS) cand_ok = cand < a.n_rt && lt.needed(a, cand);
         const int rt_min_j = a.rt_min[j];
         if constexpr (LISTS) {
             if (lt.hist) lt.row_bits(a, j, BM, tid, NT, sSee);  // the previous step's readers passed its last barrier
@@ -510,10 +512,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
                 const int qc = nb * 8 + (lane & 3) * 2 + (e & 1);
                 const int kp = k0 + krow0 + (lane >> 2) + ((e >> 1) << 3);
                 float p = ex2(st[nb][e] * a.c - cL[qc]);
-                if (need_mask) {
-                    bool masked = kp > cRp[qc];
-                    if constexpr (LISTS) masked = masked || (lt.hist && !((sSee[qc] >> kpi[e >> 1]) & 1u));
-                    if (masked) p = 0.0f;
+                if constexpr (LISTS) {
+                    if (need_mask && (kp > cRp[qc] || (lt.hist && !((sSee[qc] >> kpi[e >> 1]) & 1u)))) p = 0.0f;
+                } else {
+                    if (need_mask && kp > cRp[qc]) p = 0.0f;
                 }
                 st[nb][e] = p;
                 dpt[nb][e] = p * (dpt[nb][e] - cDl[qc]) * a.scale;
@@ -584,7 +586,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
             }
         }
         __syncthreads();
-        const int jnn = cand >= a.n_rt ? a.n_rt : (cand_ok ? cand : next_rt(cand + zs));
+        const int jnn = cand >= a.n_rt ? a.n_rt : ((LISTS ? cand_ok : cand_max >= k0) ? cand : next_rt(cand + zs));
         j = jn;
         jn = jnn;
         buf ^= 1;

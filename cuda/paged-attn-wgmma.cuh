@@ -76,14 +76,13 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = tid >> 7;               // warpgroup: keys 64 wg .. 64 wg + 63 of the tile
     const int TG = a.T * a.G;
-    const int zs = a.nsplit;
     BwdListsTile lt;
     __shared__ uint32_t sSee[LISTS ? BM : 1];  // LISTS: row bits of the current row tile (lt.row_bits)
     int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
     if constexpr (LISTS) {
         lt.init(a, k0, BN, maxp);
         int j0 = (int) blockIdx.z;
-        while (j0 < a.n_rt && !lt.needed(a, j0)) j0 += zs;
+        while (j0 < a.n_rt && !lt.needed(a, j0)) j0 += a.nsplit;
         if (j0 >= a.n_rt) return;  // no row chose these keys: no gradient, nothing loaded
         for (int h = 0; h < 2; h++) kpi[h] = (k0 + warp * 16 + (lane >> 2) + h * 8) / a.P - lt.lp_a;
     }
@@ -106,6 +105,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     }
     cp_async_commit();
 
+    const int zs = a.nsplit;
     auto rt_needed = [&](int j) -> bool {
         if constexpr (LISTS) return lt.needed(a, j);
         else return a.rt_max[j] >= k0;
@@ -144,7 +144,9 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         if (jn < a.n_rt) load_rows(jn, buf ^ 1);
         cp_async_commit();
         const int cand = jn + zs;
-        const bool cand_ok = cand < a.n_rt && rt_needed(cand);
+        const int cand_max = cand < a.n_rt ? a.rt_max[cand] : -1;
+        bool cand_ok = false;  // LISTS: whether cand is needed (DENSE: cand_max >= k0, tested after the math)
+        if constexpr (LISTS) cand_ok = cand < a.n_rt && lt.needed(a, cand);
         const int rt_min_j = a.rt_min[j];
         if constexpr (LISTS) {
             if (lt.hist) lt.row_bits(a, j, BM, tid, NT, sSee);  // the previous step's readers passed its last barrier
@@ -178,10 +180,10 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
             const int qc = nb * 8 + (lane & 3) * 2 + (e & 1);
             const int kp = k0 + krow0 + (lane >> 2) + ((e >> 1) << 3);
             float p = ex2(st[i] * a.c - cL[qc]);
-            if (need_mask) {
-                bool masked = kp > cRp[qc];
-                if constexpr (LISTS) masked = masked || (lt.hist && !((sSee[qc] >> kpi[e >> 1]) & 1u));
-                if (masked) p = 0.0f;
+            if constexpr (LISTS) {
+                if (need_mask && (kp > cRp[qc] || (lt.hist && !((sSee[qc] >> kpi[e >> 1]) & 1u)))) p = 0.0f;
+            } else {
+                if (need_mask && kp > cRp[qc]) p = 0.0f;
             }
             st[i] = p;
             dpt[i] = p * (dpt[i] - cDl[qc]) * a.scale;
@@ -247,7 +249,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
             }
         }
         __syncthreads();
-        const int jnn = cand >= a.n_rt ? a.n_rt : (cand_ok ? cand : next_rt(cand + zs));
+        const int jnn = cand >= a.n_rt ? a.n_rt : ((LISTS ? cand_ok : cand_max >= k0) ? cand : next_rt(cand + zs));
         j = jn;
         jn = jnn;
         buf ^= 1;
@@ -435,34 +437,22 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
     };
     // online softmax of tile `it` (s complete), rescale of o (the previous O += P V complete), then
     // O += P V issued (not waited)
-    // Tile `it`'s first key and its rows' mask limits (keys kp > lim[hf] masked), worked out before
-    // its S is issued. The LISTS variants still get ptxas's C7515 (wgmmas serialized; not found why:
-    // not the mask, not the skip test, not registers); see bench/NOTES.md.
-    struct TileMask { int k0; bool need; int lim[2]; };
-    auto tile_mask = [&](int it) -> TileMask {
-        TileMask t;
-        t.k0 = tile_k0(it);
-        t.need = t.k0 + BN - 1 > minp;
-        t.lim[0] = prow[0];
-        t.lim[1] = prow[1];
-        if constexpr (LISTS) {
-            if (it < n_hist_t) {  // history tile: every key is before every row; a row sees all of it or none
-                const int4 ue = uni[it / tpp];
-                t.need = true;
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) t.lim[hf] = pa_lists_row_sees(ue, prow[hf] < 0 ? -1 : prow[hf] / a.P - qpage_lo) ? INT_MAX : -1;
-            }
-        }
-        return t;
-    };
-    auto softmax_pv = [&](float (&s)[BN / 2], int it, const TileMask & tm) {
-        const int k0 = tm.k0;
+    // The LISTS variants get ptxas's C7515 (wgmmas serialized), as the PIPE one; not found why (not
+    // the row masks, not the skip test, not registers: tried); see bench/NOTES.md.
+    auto softmax_pv = [&](float (&s)[BN / 2], int it) {
+        const int k0 = tile_k0(it);
         const uint32_t cV = aV + (it % NBUF) * W::tile_kv;
-            const bool need_mask = tm.need;
+            // LISTS history tile: every key is before every row; a row sees all of it or none
+            const bool hist = LISTS && it < n_hist_t;
+            const int4 ue = hist ? uni[it / tpp] : make_int4(0, 0, 0, 0);
+            const bool need_mask = hist || k0 + BN - 1 > minp;
     #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 float mx = -INFINITY;
-                const int lim = tm.lim[hf];
+                int lim = prow[hf];  // keys kp > lim are masked
+                if constexpr (LISTS) {
+                    if (hist) lim = pa_lists_row_sees(ue, prow[hf] < 0 ? -1 : prow[hf] / a.P - qpage_lo) ? INT_MAX : -1;
+                }
     #pragma unroll
                 for (int nb = 0; nb < BN / 8; nb++) {
     #pragma unroll
@@ -525,10 +515,9 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
             cp_async_commit();
             pg_next = it + 2 < n_tiles ? tile_page(it + 2) : -1;
             if (LISTS ? maxp_wg < 0 || (it >= n_hist_t && (it - n_hist_t + cur_t0) * BN > maxp_wg) : it >= n_wg) continue;   // every key of the tile is past this warpgroup's rows
-            const TileMask tm = tile_mask(it);
             issue_s(s, it);
             wgmma_wait<0>();
-            softmax_pv(s, it, tm);
+            softmax_pv(s, it);
         }
     } else {
         // three buffers, tiles loaded two ahead; S of tile it + 1 issued before the softmax of tile
@@ -557,7 +546,7 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
             cp_async_commit();
             pg_next = it + 3 < n_tiles ? tile_page(it + 3) : -1;
             if (it + 1 < n_wg) issue_s(sn, it + 1);
-            if (it < n_wg) softmax_pv(sc, it, tile_mask(it));
+            if (it < n_wg) softmax_pv(sc, it);
         };
         for (int it = 0; it < n_tiles; it += 2) {
             step(sA, sB, it);

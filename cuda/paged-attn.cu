@@ -211,12 +211,15 @@ void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
 
 
 // The page-list schedule (LISTS, a.lists set by lists_union) runs on one variant per family and
-// head dim (the defaults; config.fwd = 1 kept at head dim 128), not the PIPE loop.
+// head dim (the defaults; config.fwd = 1 kept at head dim 128), not the PIPE loop. ptxas (sm_90a):
+// mma.sync D=128 120 B of spills (the dense variant 80), D=64 none; wgmma D=128 249 registers,
+// D=64 223, none.
 template <int MODE>
 void fwd_fast_lists(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
     if (fwd_wgmma(D, a.P)) {
+        // one CTA per SM at head dim 64 (config.occ64 ignored: capped at 128 registers the LISTS
+        // variant spills 212 bytes, ptxas)
         if (D == 128) launch_fwd_wgmma<128, MODE, false, 1, true>(stream, a, Hkv);
-        else if (occ64_bits() & 1) launch_fwd_wgmma<64, MODE, false, 2, true>(stream, a, Hkv);
         else launch_fwd_wgmma<64, MODE, false, 1, true>(stream, a, Hkv);
     } else if (D == 64) {
         launch_fwd<64, 2, 64, 4, MODE, 1, true>(stream, a, Hkv);
