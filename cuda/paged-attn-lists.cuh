@@ -62,6 +62,34 @@ __device__ __forceinline__ bool pa_lists_row_sees(const int4 & e, int b) {
     return b >= 0 && (b >> 5) == e.z && (((uint32_t) e.y >> (b & 31)) & 1u);
 }
 
+// A forward block's key tiles (BN keys, P % BN == 0) under LISTS: tiles 0 .. n_hist_t - 1 are the
+// union's history pages (P / BN tiles each), the rest the current region from page c0 (c0 * P is
+// a tile start). rt: the block's row tile; minp: the smallest position of its rows.
+struct FwdListsTiles {
+    int P, BN, c0, tpp, n_hist_t, cur_t0, qpage_lo;
+    const int4 * uni;
+
+    __device__ __forceinline__ void init(const PaLists & L, int P_, int BN_, int rt, int minp) {
+        P = P_; BN = BN_;
+        c0 = L.pos[0] / P;
+        tpp = P / BN;
+        n_hist_t = L.n_union[rt] * tpp;
+        cur_t0 = c0 * P / BN;
+        qpage_lo = minp / P;  // a row's bit in an entry: its query tile - the block's first
+        uni = L.uni + (int64_t) rt * L.cap;
+    }
+    __device__ __forceinline__ int n_tiles(int maxp) const { return n_hist_t + maxp / BN - cur_t0 + 1; }
+    __device__ __forceinline__ bool hist(int tile) const { return tile < n_hist_t; }
+    __device__ __forceinline__ int k0(int tile) const {
+        return tile < n_hist_t ? uni[tile / tpp].x * P + (tile % tpp) * BN : (tile - n_hist_t + cur_t0) * BN;
+    }
+    // history tile `tile`: the mask limit of a row at position p (-1: padding): keys > the limit are
+    // masked, so INT_MAX where the row's query tile chose the page, -1 where not
+    __device__ __forceinline__ int hist_lim(const int4 & e, int p) const {
+        return pa_lists_row_sees(e, p < 0 ? -1 : p / P - qpage_lo) ? INT_MAX : -1;
+    }
+};
+
 // Block-wide ordered compaction helper: exclusive prefix of `flag` over the block's threads (in
 // thread order) and the block's total; blockDim.x a multiple of 32, at most 1024. Uses sWarp[32].
 __device__ __forceinline__ int pa_block_prefix(bool flag, int * sWarp, int & total) {

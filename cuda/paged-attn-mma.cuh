@@ -82,17 +82,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) 
     __syncthreads();
     const int maxp = sMax, minp = sMin;
     if (maxp < 0) return;
-    // LISTS: tiles 0 .. n_hist_t - 1 are the union's history pages (P / BN tiles each), the rest the
-    // current region from page c0 (P % BN == 0: c0 * P is a tile start)
-    const int c0 = LISTS ? a.pos[0] / a.P : 0;
-    const int tpp = LISTS ? a.P / BN : 1;
-    const int n_hist_t = LISTS ? a.lists.n_union[rt] * tpp : 0;
-    const int cur_t0 = LISTS ? c0 * a.P / BN : 0;
-    const int n_tiles = LISTS ? n_hist_t + maxp / BN - cur_t0 + 1 : maxp / BN + 1;
-    const int4 * uni = LISTS ? a.lists.uni + (int64_t) rt * a.lists.cap : nullptr;
+    FwdListsTiles lt;  // LISTS: the union's history tiles, then the current region's
+    if constexpr (LISTS) lt.init(a.lists, a.P, BN, rt, minp);
+    const int n_tiles = LISTS ? lt.n_tiles(maxp) : maxp / BN + 1;
     auto tile_k0 = [&](int tile) -> int {
         if constexpr (!LISTS) return tile * BN;
-        else return tile < n_hist_t ? uni[tile / tpp].x * a.P + (tile % tpp) * BN : (tile - n_hist_t + cur_t0) * BN;
+        else return lt.k0(tile);
     };
 
     // A tile of BN keys lies in one page (host checks P % BN == 0): one page-table lookup per tile,
@@ -129,8 +124,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) 
             prow[mt][hf] = sPos[warp * WM * 16 + mt * 16 + (lane >> 2) + hf * 8];
         }
     }
-    // LISTS: a row's bit in a union entry is its query tile - the block's first (pa_lists_union_kernel)
-    const int qpage_lo = LISTS ? minp / a.P : 0;
 
     load_kv(0, 0, tile_page(0));
     cp_async_commit();
@@ -171,8 +164,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) 
 
         const int k0 = tile_k0(it);
         // LISTS history tile: every key is before every row; a row sees all of it or none
-        const bool hist = LISTS && it < n_hist_t;
-        const int4 ue = hist ? uni[it / tpp] : make_int4(0, 0, 0, 0);
+        const bool hist = LISTS && lt.hist(it);
+        const int4 ue = hist ? lt.uni[it / lt.tpp] : make_int4(0, 0, 0, 0);
         const bool need_mask = hist || k0 + BN - 1 > minp;
 #pragma unroll
         for (int mt = 0; mt < WM; mt++) {
@@ -181,7 +174,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) 
                 float mx = -INFINITY;
                 int lim = prow[mt][hf];  // keys kp > lim are masked
                 if constexpr (LISTS) {
-                    if (hist) lim = pa_lists_row_sees(ue, prow[mt][hf] < 0 ? -1 : prow[mt][hf] / a.P - qpage_lo) ? INT_MAX : -1;
+                    if (hist) lim = lt.hist_lim(ue, prow[mt][hf]);
                 }
 #pragma unroll
                 for (int nb = 0; nb < BN / 8; nb++) {
@@ -335,6 +328,16 @@ struct BwdListsTile {
         n_tp = min(k0 + BN - 1, max(maxp, k0)) / a.P - lp_a + 1;
         bits = a.lists.bits + (int64_t) (k0 / BN) * a.lists.n_words;
     }
+    // init, and whether this block (blockIdx.z's share of the row tiles) has a row tile to visit;
+    // kpi: the page index (from lp_a) of the thread's keys k and k + 8
+    __device__ __forceinline__ bool begin(const BwdArgs & a, int k0, int BN, int maxp, int k, int (&kpi)[2]) {
+        init(a, k0, BN, maxp);
+        int j = (int) blockIdx.z;
+        while (j < a.n_rt && !needed(a, j)) j += a.nsplit;
+        kpi[0] = k / a.P - lp_a;
+        kpi[1] = (k + 8) / a.P - lp_a;
+        return j < a.n_rt;
+    }
     // does row tile j have rows attending this key tile?
     __device__ __forceinline__ bool needed(const BwdArgs & a, int j) const {
         return (has_cur && a.rt_max[j] >= cur_lo) || (hist && ((bits[j >> 5] >> (j & 31)) & 1u));
@@ -395,11 +398,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
     __shared__ uint32_t sSee[LISTS ? BM : 1];  // LISTS: row bits of the current row tile (lt.row_bits)
     int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
     if constexpr (LISTS) {
-        lt.init(a, k0, BN, maxp);
-        int j0 = (int) blockIdx.z;
-        while (j0 < a.n_rt && !lt.needed(a, j0)) j0 += a.nsplit;
-        if (j0 >= a.n_rt) return;  // no row chose these keys: no gradient, nothing loaded
-        for (int h = 0; h < 2; h++) kpi[h] = (k0 + warp * 16 + (lane >> 2) + h * 8) / a.P - lt.lp_a;
+        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi)) return;  // no row chose these keys: nothing to do
     }
 
     // K/V tile (zero rows past the last attended key)

@@ -80,11 +80,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     __shared__ uint32_t sSee[LISTS ? BM : 1];  // LISTS: row bits of the current row tile (lt.row_bits)
     int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
     if constexpr (LISTS) {
-        lt.init(a, k0, BN, maxp);
-        int j0 = (int) blockIdx.z;
-        while (j0 < a.n_rt && !lt.needed(a, j0)) j0 += a.nsplit;
-        if (j0 >= a.n_rt) return;  // no row chose these keys: no gradient, nothing loaded
-        for (int h = 0; h < 2; h++) kpi[h] = (k0 + warp * 16 + (lane >> 2) + h * 8) / a.P - lt.lp_a;
+        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi)) return;  // no row chose these keys: nothing to do
     }
 
     for (int idx = tid; idx < BN * NCH; idx += NT) {
@@ -382,16 +378,12 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
     const int maxp = max(sMax[0], sMax[1]), minp = sMin;
     const int maxp_wg = sMax[wg];
     if (maxp < 0) return;
-    // LISTS: the union's history tiles, then the current region's (as pa_fwd_kernel)
-    const int c0 = LISTS ? a.pos[0] / a.P : 0;
-    const int tpp = LISTS ? a.P / BN : 1;
-    const int n_hist_t = LISTS ? a.lists.n_union[rt] * tpp : 0;
-    const int cur_t0 = LISTS ? c0 * a.P / BN : 0;
-    const int n_tiles = LISTS ? n_hist_t + maxp / BN - cur_t0 + 1 : maxp / BN + 1;
-    const int4 * uni = LISTS ? a.lists.uni + (int64_t) rt * a.lists.cap : nullptr;
+    FwdListsTiles lt;  // LISTS: the union's history tiles, then the current region's (as pa_fwd_kernel)
+    if constexpr (LISTS) lt.init(a.lists, a.P, BN, rt, minp);
+    const int n_tiles = LISTS ? lt.n_tiles(maxp) : maxp / BN + 1;
     auto tile_k0 = [&](int tile) -> int {
         if constexpr (!LISTS) return tile * BN;
-        else return tile < n_hist_t ? uni[tile / tpp].x * a.P + (tile % tpp) * BN : (tile - n_hist_t + cur_t0) * BN;
+        else return lt.k0(tile);
     };
 
     auto tile_page = [&](int tile) -> int { return page_of(a.pt, a.n_logical, a.n_pages, a.P, tile_k0(tile)); };
@@ -421,8 +413,6 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
         m[hf] = -INFINITY; l[hf] = 0.0f;
         prow[hf] = sPos[warp * 16 + (lane >> 2) + hf * 8];
     }
-    // LISTS: a row's bit in a union entry is its query tile - the block's first (pa_lists_union_kernel)
-    const int qpage_lo = LISTS ? minp / a.P : 0;
 
     const int n_wg = maxp_wg < 0 ? 0 : maxp_wg / BN + 1;  // tiles this warpgroup computes (its rows' keys)
     // S = Q K^T of tile `it` into s (issued, not waited)
@@ -443,15 +433,15 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
         const int k0 = tile_k0(it);
         const uint32_t cV = aV + (it % NBUF) * W::tile_kv;
             // LISTS history tile: every key is before every row; a row sees all of it or none
-            const bool hist = LISTS && it < n_hist_t;
-            const int4 ue = hist ? uni[it / tpp] : make_int4(0, 0, 0, 0);
+            const bool hist = LISTS && lt.hist(it);
+            const int4 ue = hist ? lt.uni[it / lt.tpp] : make_int4(0, 0, 0, 0);
             const bool need_mask = hist || k0 + BN - 1 > minp;
     #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 float mx = -INFINITY;
                 int lim = prow[hf];  // keys kp > lim are masked
                 if constexpr (LISTS) {
-                    if (hist) lim = pa_lists_row_sees(ue, prow[hf] < 0 ? -1 : prow[hf] / a.P - qpage_lo) ? INT_MAX : -1;
+                    if (hist) lim = lt.hist_lim(ue, prow[hf]);
                 }
     #pragma unroll
                 for (int nb = 0; nb < BN / 8; nb++) {
@@ -514,7 +504,7 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
             if (it + 1 < n_tiles) load_kv(it + 1, (it + 1) % NBUF, pg_next);
             cp_async_commit();
             pg_next = it + 2 < n_tiles ? tile_page(it + 2) : -1;
-            if (LISTS ? maxp_wg < 0 || (it >= n_hist_t && (it - n_hist_t + cur_t0) * BN > maxp_wg) : it >= n_wg) continue;   // every key of the tile is past this warpgroup's rows
+            if (LISTS ? maxp_wg < 0 || (!lt.hist(it) && lt.k0(it) > maxp_wg) : it >= n_wg) continue;   // every key of the tile is past this warpgroup's rows
             issue_s(s, it);
             wgmma_wait<0>();
             softmax_pv(s, it);

@@ -714,27 +714,26 @@ TEST(CudaPagedAttn, Schedules) {
 // and 192 (the wgmma backward with the mma.sync forward), chunks that are not a multiple of the
 // page and start mid-page (a forward block's rows then span two or more query tiles: the union of
 // their lists), sparse lists with gaps, empty lists, pages chosen by several tiles; and a page of
-// 48, which the fast kernels do not take (the generic ones, checked by the family).
+// 48, which the fast kernels do not take (the generic ones, checked by the family). Every case
+// prints its errors; a failure names the worst element (row, head, dim) and the family that ran.
 TEST(CudaPagedAttn, ListsFastKernels) {
     SKIP_WITHOUT_GPU();
 #ifdef OOMB_USE_CUDA
     const oomb_type B = OOMB_TYPE_BF16;
     const oomb_page_schedule_kind L = OOMB_SCHEDULE_LISTS;
-    const Case cases[] = {
-        {128, 128, 28, 4, 300, 1000, B, 1, false, L, -1, 1},
-        {128, 128, 14, 2, 37, 5000, B, 0, false, L, -1, 1},
-        {128, 128, 28, 4, 256, 1100, B, 1, false, L, -1, 0},
-        {128, 128, 14, 2, 130, 2000, B, 1, false, L, -1, 2},
-        {64, 128, 14, 2, 256, 1100, B, 1, false, L, -1, 1},
-        {64, 128, 6, 2, 200, 1000, B, 0, false, L, -1, 1},
-        {64, 64, 6, 2, 200, 1000, B, 1, false, L, -1, 1},
-        {128, 64, 4, 2, 150, 700, B, 1, false, L, -1, 1},
-        {128, 64, 8, 8, 300, 900, B, 1, false, L, -1, 1},
-        {64, 64, 16, 2, 130, 2000, B, 0, false, L, -1, 0},
-        {128, 192, 8, 4, 100, 900, B, 1, false, L, -1, 1},
-        {64, 128, 7, 7, 1, 3000, B, 1, false, L, -1, 1},
-        {128, 48, 14, 2, 100, 500, B, 1, false, L, -1, 1},
-    };
+    // head dims 128 / 64 x pages 128 / 64 x GQA 7, 3, 2, 1, 8 (at G 1 a forward block's 128 rows
+    // span two or three query tiles), chunks of 150 + 37 k tokens after 700 + 300 k positions (not
+    // page multiples), the three list kinds in turn
+    std::vector<Case> cases;
+    const int gqa[][2] = {{28, 4}, {6, 2}, {4, 2}, {8, 8}, {16, 2}};
+    for (int D : {128, 64})
+        for (int P : {128, 64})
+            for (int k = 0; k < 5; k++)
+                cases.push_back({D, P, gqa[k][0], gqa[k][1], 150 + 37 * k, 700 + 300 * k, B, k & 1, false, L, -1, (k + D / 64 + P / 64) % 3});
+    cases.push_back({128, 128, 14, 2, 37, 5000, B, 0, false, L, -1, 1});   // a long history, a short chunk
+    cases.push_back({128, 192, 8, 4, 100, 900, B, 1, false, L, -1, 1});    // page 192: mma.sync forward, wgmma backward
+    cases.push_back({64, 128, 7, 7, 1, 3000, B, 1, false, L, -1, 1});      // one query
+    cases.push_back({128, 48, 14, 2, 100, 500, B, 1, false, L, -1, 1});    // page 48: the generic kernels
     uint32_t seed = 1313;
     for (int w : {3, 0}) {
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.wgmma = w; });
