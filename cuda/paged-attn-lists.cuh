@@ -78,7 +78,9 @@ struct FwdListsTiles {
         qpage_lo = minp / P;  // a row's bit in an entry: its query tile - the block's first
         uni = L.uni + (int64_t) rt * L.cap;
     }
-    __device__ __forceinline__ int n_tiles(int maxp) const { return n_hist_t + maxp / BN - cur_t0 + 1; }
+    // written so that ptxas sees at least one tile (n_hist_t + maxp / BN - cur_t0 + 1 made it
+    // serialize the wgmma forward's wgmmas, C7515); the same value for valid lists
+    __device__ __forceinline__ int n_tiles(int maxp) const { return max(n_hist_t, 0) + max(maxp / BN - cur_t0, 0) + 1; }
     __device__ __forceinline__ bool hist(int tile) const { return tile < n_hist_t; }
     __device__ __forceinline__ int k0(int tile) const {
         return tile < n_hist_t ? uni[tile / tpp].x * P + (tile % tpp) * BN : (tile - n_hist_t + cur_t0) * BN;

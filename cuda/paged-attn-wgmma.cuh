@@ -427,8 +427,6 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
     };
     // online softmax of tile `it` (s complete), rescale of o (the previous O += P V complete), then
     // O += P V issued (not waited)
-    // The LISTS variants get ptxas's C7515 (wgmmas serialized), as the PIPE one; not found why (not
-    // the row masks, not the skip test, not registers: tried); see bench/NOTES.md.
     auto softmax_pv = [&](float (&s)[BN / 2], int it) {
         const int k0 = tile_k0(it);
         const uint32_t cV = aV + (it % NBUF) * W::tile_kv;
