@@ -211,9 +211,9 @@ void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
 
 
 // The page-list schedule (LISTS, a.lists set by lists_union) runs on one variant per family and
-// head dim (the defaults; config.fwd = 1 kept at head dim 128), not the PIPE loop. ptxas (sm_90a):
-// mma.sync D=128 120 B of spills (the dense variant 80), D=64 none; wgmma D=128 249 registers,
-// D=64 223, none.
+// head dim (the defaults; config.fwd = 1 kept at head dim 128), not the PIPE loop. ptxas (sm_90a,
+// this version): mma.sync D=128 96 B of spills (the dense variant 80), D=64 none; wgmma D=128 249
+// registers, D=64 222, no spills.
 template <int MODE>
 void fwd_fast_lists(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
     if (fwd_wgmma(D, a.P)) {
