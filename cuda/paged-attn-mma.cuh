@@ -5,6 +5,7 @@
 #pragma once
 
 #include "paged-attn-common.cuh"
+#include "paged-attn-lists.cuh"
 
 namespace {
 
@@ -25,6 +26,7 @@ struct FwdArgs {
     float * lse_out;                                  // MODE_OUT: [T][H], natural-log units (the op's saved LSE)
     const float * dout; int64_t do_s1, do_s2;         // MODE_LSE
     float * lse; float * delta; int64_t lse_stride;   // MODE_LSE: [g * lse_stride + R], lse in log2 units
+    PaLists lists;                                    // LISTS kernels only (paged-attn-lists.cuh)
 };
 
 template <int D, int WM, int BN, int NW>
@@ -33,7 +35,9 @@ struct FwdCfg {
     static constexpr size_t smem = (size_t) (BM * D + 4 * BN * D) * sizeof(bf16) + BM * sizeof(int);
 };
 
-template <int D, int WM, int BN, int NW, int MODE, int MINB = 1>
+// LISTS: the page-list schedule (paged-attn-lists.cuh: the block walks its row tile's union of
+// history pages, then the current region; rows masked by their query tile's list).
+template <int D, int WM, int BN, int NW, int MODE, int MINB = 1, bool LISTS = false>
 __global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) {
     constexpr int BM = NW * 16 * WM;
     constexpr int NCH = D / 8;
@@ -78,15 +82,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) 
     __syncthreads();
     const int maxp = sMax, minp = sMin;
     if (maxp < 0) return;
-    const int n_tiles = maxp / BN + 1;
+    FwdListsTiles lt;  // LISTS: the union's history tiles, then the current region's
+    if constexpr (LISTS) lt.init(a.lists, a.P, BN, rt, minp);
+    const int n_tiles = LISTS ? lt.n_tiles(maxp) : maxp / BN + 1;
+    auto tile_k0 = [&](int tile) -> int {
+        if constexpr (!LISTS) return tile * BN;
+        else return lt.k0(tile);
+    };
 
     // A tile of BN keys lies in one page (host checks P % BN == 0): one page-table lookup per tile,
     // issued a tile ahead so that its latency hides behind the current tile's math.
     auto tile_page = [&](int tile) -> int {
-        return page_of(a.pt, a.n_logical, a.n_pages, a.P, tile * BN);
+        return page_of(a.pt, a.n_logical, a.n_pages, a.P, tile_k0(tile));
     };
     auto load_kv = [&](int tile, int buf, int pg) {
-        const int k0 = tile * BN;
+        const int k0 = tile_k0(tile);
         bf16 * dK = sK + buf * BN * D;
         bf16 * dV = sV + buf * BN * D;
         const int64_t base = (int64_t) pg * a.kv_s3 + (int64_t) (k0 % a.P) * a.kv_s2 + (int64_t) g * a.kv_s1;
@@ -152,13 +162,20 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) 
             }
         }
 
-        const int k0 = it * BN;
-        const bool need_mask = k0 + BN - 1 > minp;
+        const int k0 = tile_k0(it);
+        // LISTS history tile: every key is before every row; a row sees all of it or none
+        const bool hist = LISTS && lt.hist(it);
+        const int4 ue = hist ? lt.uni[it / lt.tpp] : make_int4(0, 0, 0, 0);
+        const bool need_mask = hist || k0 + BN - 1 > minp;
 #pragma unroll
         for (int mt = 0; mt < WM; mt++) {
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 float mx = -INFINITY;
+                int lim = prow[mt][hf];  // keys kp > lim are masked
+                if constexpr (LISTS) {
+                    if (hist) lim = lt.hist_lim(ue, prow[mt][hf]);
+                }
 #pragma unroll
                 for (int nb = 0; nb < BN / 8; nb++) {
 #pragma unroll
@@ -166,7 +183,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) 
                         float v = s[mt][nb][hf * 2 + j] * a.c;
                         if (need_mask) {
                             const int kp = k0 + nb * 8 + (lane & 3) * 2 + j;
-                            if (kp > prow[mt][hf]) v = -INFINITY;
+                            if (kp > lim) v = -INFINITY;
                         }
                         s[mt][nb][hf * 2 + j] = v;
                         mx = fmaxf(mx, v);
@@ -289,6 +306,58 @@ struct BwdArgs {
     float * dq;                               // [T][H][D] f32, accumulated with atomics
     int nsplit;                               // blocks per key tile (blockIdx.z): each takes every
                                               // nsplit-th row tile; > 1: dK/dV added with atomics
+    PaLists lists;                            // LISTS kernels only (paged-attn-lists.cuh)
+};
+
+// The LISTS backward's view of one key tile [k0, k0 + BN) (paged-attn-lists.cuh): which row tiles
+// it visits and, per visited row tile, each row's bits over the pages the tile touches.
+struct BwdListsTile {
+    int c0, cur0;          // first current page, its first position
+    bool hist, has_cur;    // keys before cur0 / at or after it
+    int cur_lo;            // first current-region key of the tile
+    int lp_a, n_tp;        // first page, pages touched (<= 32: P >= 32 on the fast path)
+    const uint32_t * bits; // this key tile's row-tile bitmap (hist only)
+
+    __device__ __forceinline__ void init(const BwdArgs & a, int k0, int BN, int maxp) {
+        c0 = a.lists.pos[0] / a.P;
+        cur0 = c0 * a.P;
+        hist = k0 < cur0;
+        has_cur = k0 + BN - 1 >= cur0;
+        cur_lo = max(k0, cur0);
+        lp_a = k0 / a.P;
+        n_tp = min(k0 + BN - 1, max(maxp, k0)) / a.P - lp_a + 1;
+        bits = a.lists.bits + (int64_t) (k0 / BN) * a.lists.n_words;
+    }
+    // init, and whether this block (blockIdx.z's share of the row tiles) has a row tile to visit;
+    // kpi: the page index (from lp_a) of the thread's keys k and k + 8
+    __device__ __forceinline__ bool begin(const BwdArgs & a, int k0, int BN, int maxp, int k, int (&kpi)[2]) {
+        init(a, k0, BN, maxp);
+        int j = (int) blockIdx.z;
+        while (j < a.n_rt && !needed(a, j)) j += a.nsplit;
+        kpi[0] = k / a.P - lp_a;
+        kpi[1] = (k + 8) / a.P - lp_a;
+        return j < a.n_rt;
+    }
+    // does row tile j have rows attending this key tile?
+    __device__ __forceinline__ bool needed(const BwdArgs & a, int j) const {
+        return (has_cur && a.rt_max[j] >= cur_lo) || (hist && ((bits[j >> 5] >> (j & 31)) & 1u));
+    }
+    // bit i of row r of row tile j: the row sees page lp_a + i (current pages: always; the causal
+    // mask applies on top). Threads tid, tid + nt, ... of the block; s: [BM].
+    __device__ __forceinline__ void row_bits(const BwdArgs & a, int j, int BM, int tid, int nt, uint32_t * s) const {
+        for (int r = tid; r < BM; r += nt) {
+            const int p = a.rowpos[(int64_t) j * BM + r];
+            uint32_t b = 0;
+            if (p >= 0) {
+                const int qt = p / a.P - c0;
+                for (int i = 0; i < n_tp; i++) {
+                    const int lp = lp_a + i;
+                    if (lp >= c0 || pa_lists_has(a.lists, qt, lp)) b |= 1u << i;
+                }
+            }
+            s[r] = b;
+        }
+    }
 };
 
 template <int D, int BM, int NW>
@@ -298,7 +367,8 @@ struct BwdCfg {
     static constexpr size_t smem = (size_t) (2 * BN * D + 4 * BM * D + BN * SDS) * sizeof(bf16) + 6 * BM * sizeof(float);
 };
 
-template <int D, int BM, int NW, int MINB = 1>
+// LISTS: the page-list schedule (paged-attn-lists.cuh, BwdListsTile).
+template <int D, int BM, int NW, int MINB = 1, bool LISTS = false>
 __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) {
     constexpr int BN = NW * 16;
     constexpr int NCH = D / 8;
@@ -324,6 +394,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
     if (k0 > maxp) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int TG = a.T * a.G;
+    BwdListsTile lt;
+    __shared__ uint32_t sSee[LISTS ? BM : 1];  // LISTS: row bits of the current row tile (lt.row_bits)
+    int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
+    if constexpr (LISTS) {
+        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi)) return;  // no row chose these keys: nothing to do
+    }
 
     // K/V tile (zero rows past the last attended key)
     for (int idx = tid; idx < BN * NCH; idx += NT) {
@@ -346,8 +422,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
 
     // this block's row tiles: z, z + nsplit, z + 2 nsplit, ... (those attending this key tile)
     const int zs = a.nsplit;
+    auto rt_needed = [&](int j) -> bool {
+        if constexpr (LISTS) return lt.needed(a, j);
+        else return a.rt_max[j] >= k0;
+    };
     auto next_rt = [&](int j) {
-        while (j < a.n_rt && a.rt_max[j] < k0) j += zs;
+        while (j < a.n_rt && !rt_needed(j)) j += zs;
         return j;
     };
     auto load_rows = [&](int j, int buf) {
@@ -384,7 +464,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
         // the tile after jn: its max position is loaded now and looked at after this step's math
         const int cand = jn + zs;
         const int cand_max = cand < a.n_rt ? a.rt_max[cand] : -1;
+        bool cand_ok = false;  // LISTS: whether cand is needed (DENSE: cand_max >= k0, tested after the math)
+        if constexpr (LISTS) cand_ok = cand < a.n_rt && lt.needed(a, cand);
         const int rt_min_j = a.rt_min[j];
+        if constexpr (LISTS) {
+            if (lt.hist) lt.row_bits(a, j, BM, tid, NT, sSee);  // the previous step's readers passed its last barrier
+        }
         cp_async_wait<1>();
         __syncthreads();
         const bf16 * cQ = sQ + buf * BM * D;
@@ -392,7 +477,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
         const float * cL = sL + buf * BM;
         const float * cDl = sDl + buf * BM;
         const int * cRp = sRp + buf * BM;
-        const bool need_mask = rt_min_j < k0 + BN - 1;
+        const bool need_mask = (LISTS && lt.hist) || rt_min_j < k0 + BN - 1;
 
         // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys and all BM rows
         float st[BM / 8][4], dpt[BM / 8][4];
@@ -426,7 +511,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
                 const int qc = nb * 8 + (lane & 3) * 2 + (e & 1);
                 const int kp = k0 + krow0 + (lane >> 2) + ((e >> 1) << 3);
                 float p = ex2(st[nb][e] * a.c - cL[qc]);
-                if (need_mask && kp > cRp[qc]) p = 0.0f;
+                if constexpr (LISTS) {
+                    if (need_mask && (kp > cRp[qc] || (lt.hist && !((sSee[qc] >> kpi[e >> 1]) & 1u)))) p = 0.0f;
+                } else {
+                    if (need_mask && kp > cRp[qc]) p = 0.0f;
+                }
                 st[nb][e] = p;
                 dpt[nb][e] = p * (dpt[nb][e] - cDl[qc]) * a.scale;
             }
@@ -496,7 +585,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
             }
         }
         __syncthreads();
-        const int jnn = cand >= a.n_rt ? a.n_rt : (cand_max >= k0 ? cand : next_rt(cand + zs));
+        const int jnn = cand >= a.n_rt ? a.n_rt : ((LISTS ? cand_ok : cand_max >= k0) ? cand : next_rt(cand + zs));
         j = jn;
         jn = jnn;
         buf ^= 1;

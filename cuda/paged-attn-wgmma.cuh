@@ -47,7 +47,8 @@ template <int R> __device__ __forceinline__ int sw128(int row, int ch) {
 
 // MINB: CTAs per SM the registers are capped for (2 at head dim 64: one CTA's softmax overlaps the
 // other's products; see bwd_minb)
-template <int D, int MINB>
+// LISTS: the page-list schedule, as pa_bwd_kernel (paged-attn-lists.cuh, BwdListsTile).
+template <int D, int MINB, bool LISTS = false>
 __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a) {
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
@@ -75,6 +76,12 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = tid >> 7;               // warpgroup: keys 64 wg .. 64 wg + 63 of the tile
     const int TG = a.T * a.G;
+    BwdListsTile lt;
+    __shared__ uint32_t sSee[LISTS ? BM : 1];  // LISTS: row bits of the current row tile (lt.row_bits)
+    int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
+    if constexpr (LISTS) {
+        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi)) return;  // no row chose these keys: nothing to do
+    }
 
     for (int idx = tid; idx < BN * NCH; idx += NT) {
         const int row = idx / NCH, ch = idx % NCH;
@@ -95,8 +102,12 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     cp_async_commit();
 
     const int zs = a.nsplit;
+    auto rt_needed = [&](int j) -> bool {
+        if constexpr (LISTS) return lt.needed(a, j);
+        else return a.rt_max[j] >= k0;
+    };
     auto next_rt = [&](int j) {
-        while (j < a.n_rt && a.rt_max[j] < k0) j += zs;
+        while (j < a.n_rt && !rt_needed(j)) j += zs;
         return j;
     };
     auto load_rows = [&](int j, int buf) {
@@ -130,7 +141,12 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         cp_async_commit();
         const int cand = jn + zs;
         const int cand_max = cand < a.n_rt ? a.rt_max[cand] : -1;
+        bool cand_ok = false;  // LISTS: whether cand is needed (DENSE: cand_max >= k0, tested after the math)
+        if constexpr (LISTS) cand_ok = cand < a.n_rt && lt.needed(a, cand);
         const int rt_min_j = a.rt_min[j];
+        if constexpr (LISTS) {
+            if (lt.hist) lt.row_bits(a, j, BM, tid, NT, sSee);  // the previous step's readers passed its last barrier
+        }
         cp_async_wait<1>();
         fence_proxy_async();   // the cp.async data is read by wgmma (async proxy)
         __syncthreads();
@@ -138,7 +154,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         const float * cDl = sDl + buf * BM;
         const int * cRp = sRp + buf * BM;
         const uint32_t cQ = aQ + buf * W::tile_q, cdO = adO + buf * W::tile_q;
-        const bool need_mask = rt_min_j < k0 + BN - 1;
+        const bool need_mask = (LISTS && lt.hist) || rt_min_j < k0 + BN - 1;
 
         // S^T = K Q^T, dP^T = V dO^T: A = this warpgroup's 64 keys, B = the 64 rows, K = D
         float st[BM / 2], dpt[BM / 2];
@@ -160,7 +176,11 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
             const int qc = nb * 8 + (lane & 3) * 2 + (e & 1);
             const int kp = k0 + krow0 + (lane >> 2) + ((e >> 1) << 3);
             float p = ex2(st[i] * a.c - cL[qc]);
-            if (need_mask && kp > cRp[qc]) p = 0.0f;
+            if constexpr (LISTS) {
+                if (need_mask && (kp > cRp[qc] || (lt.hist && !((sSee[qc] >> kpi[e >> 1]) & 1u)))) p = 0.0f;
+            } else {
+                if (need_mask && kp > cRp[qc]) p = 0.0f;
+            }
             st[i] = p;
             dpt[i] = p * (dpt[i] - cDl[qc]) * a.scale;
         }
@@ -225,7 +245,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
             }
         }
         __syncthreads();
-        const int jnn = cand >= a.n_rt ? a.n_rt : (cand_max >= k0 ? cand : next_rt(cand + zs));
+        const int jnn = cand >= a.n_rt ? a.n_rt : ((LISTS ? cand_ok : cand_max >= k0) ? cand : next_rt(cand + zs));
         j = jn;
         jn = jnn;
         buf ^= 1;
@@ -302,8 +322,10 @@ struct FwdW {
     static constexpr size_t smem = 1024 + tile_q + 2 * NBUF * tile_kv + BM * sizeof(int);
 };
 
-template <int D, int MODE, bool PIPE, int MINB>
+// LISTS: the page-list schedule, as pa_fwd_kernel (paged-attn-lists.cuh); the two-buffer loop only.
+template <int D, int MODE, bool PIPE, int MINB, bool LISTS = false>
 __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a) {
+    static_assert(!(LISTS && PIPE), "page lists run on the two-buffer loop");
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
     using W = FwdW<D, PIPE>;
@@ -356,11 +378,17 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
     const int maxp = max(sMax[0], sMax[1]), minp = sMin;
     const int maxp_wg = sMax[wg];
     if (maxp < 0) return;
-    const int n_tiles = maxp / BN + 1;
+    FwdListsTiles lt;  // LISTS: the union's history tiles, then the current region's (as pa_fwd_kernel)
+    if constexpr (LISTS) lt.init(a.lists, a.P, BN, rt, minp);
+    const int n_tiles = LISTS ? lt.n_tiles(maxp) : maxp / BN + 1;
+    auto tile_k0 = [&](int tile) -> int {
+        if constexpr (!LISTS) return tile * BN;
+        else return lt.k0(tile);
+    };
 
-    auto tile_page = [&](int tile) -> int { return page_of(a.pt, a.n_logical, a.n_pages, a.P, tile * BN); };
+    auto tile_page = [&](int tile) -> int { return page_of(a.pt, a.n_logical, a.n_pages, a.P, tile_k0(tile)); };
     auto load_kv = [&](int tile, int buf, int pg) {
-        const int k0 = tile * BN;
+        const int k0 = tile_k0(tile);
         bf16 * dK = sK + buf * BN * D;
         bf16 * dV = sV + buf * BN * D;
         const int64_t kbase = (int64_t) pg * a.kv_s3 + (int64_t) (k0 % a.P) * a.kv_s2 + (int64_t) g * a.kv_s1;
@@ -400,12 +428,19 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
     // online softmax of tile `it` (s complete), rescale of o (the previous O += P V complete), then
     // O += P V issued (not waited)
     auto softmax_pv = [&](float (&s)[BN / 2], int it) {
-        const int k0 = it * BN;
+        const int k0 = tile_k0(it);
         const uint32_t cV = aV + (it % NBUF) * W::tile_kv;
-            const bool need_mask = k0 + BN - 1 > minp;
+            // LISTS history tile: every key is before every row; a row sees all of it or none
+            const bool hist = LISTS && lt.hist(it);
+            const int4 ue = hist ? lt.uni[it / lt.tpp] : make_int4(0, 0, 0, 0);
+            const bool need_mask = hist || k0 + BN - 1 > minp;
     #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 float mx = -INFINITY;
+                int lim = prow[hf];  // keys kp > lim are masked
+                if constexpr (LISTS) {
+                    if (hist) lim = lt.hist_lim(ue, prow[hf]);
+                }
     #pragma unroll
                 for (int nb = 0; nb < BN / 8; nb++) {
     #pragma unroll
@@ -413,7 +448,7 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
                         float v = s[4 * nb + hf * 2 + j] * a.c;
                         if (need_mask) {
                             const int kp = k0 + nb * 8 + (lane & 3) * 2 + j;
-                            if (kp > prow[hf]) v = -INFINITY;
+                            if (kp > lim) v = -INFINITY;
                         }
                         s[4 * nb + hf * 2 + j] = v;
                         mx = fmaxf(mx, v);
@@ -467,7 +502,7 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
             if (it + 1 < n_tiles) load_kv(it + 1, (it + 1) % NBUF, pg_next);
             cp_async_commit();
             pg_next = it + 2 < n_tiles ? tile_page(it + 2) : -1;
-            if (it >= n_wg) continue;   // every key of the tile is past this warpgroup's rows
+            if (LISTS ? maxp_wg < 0 || (!lt.hist(it) && lt.k0(it) > maxp_wg) : it >= n_wg) continue;   // every key of the tile is past this warpgroup's rows
             issue_s(s, it);
             wgmma_wait<0>();
             softmax_pv(s, it);

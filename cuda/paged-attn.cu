@@ -27,11 +27,17 @@
 // forward saves the LSE too; its backward reads the saved LSE (and computes delta from the saved
 // out) when the forward also ran the generic kernels, else it recomputes them in f32.
 // Page schedules (oomb-schedule.h): DENSE and RANGE on every family (a range through a shifted page
-// table and clamped positions, range_geom: the kernels themselves unchanged); LISTS and
-// LISTS_RANGE (the offload's blocks of a sparse history) on the generic kernels only for now (the
-// dispatcher routes them there; see fast_family), whose loops visit only a window's keys.
+// table and clamped positions, range_geom: the kernels themselves unchanged); LISTS on every family
+// too: the generic kernels test each page against the lists, the tensor-core kernels have LISTS
+// variants (a template flag; the DENSE / RANGE instantiations are unchanged) that walk per-block
+// work lists built on the device by two prep kernels, no host sync (paged-attn-lists.cuh: the
+// forward's union of its rows' lists, the backward's key-tile x row-tile bitmap). Page sizes that
+// are not a multiple of 64 (the LISTS forward's key tile) stay on the generic kernels (fast_family).
+// LISTS_RANGE (the offload's blocks of a sparse history) runs on the generic kernels only for now,
+// whose loops visit only a window's keys.
 //
 // The family, one translation unit: paged-attn-common.cuh (helpers, store / read-back kernels),
+// paged-attn-lists.cuh (page lists on the tensor-core kernels: work lists, prep kernels),
 // paged-attn-mma.cuh (mma.sync kernels), paged-attn-wgmma.cuh (wgmma kernels),
 // paged-attn-generic.cuh (f32 kernels); this file checks the operands, picks the kernels and
 // launches them.
@@ -169,12 +175,12 @@ template <typename F> void set_smem(F * kernel, size_t smem) {
 // TFLOP/s (64 bytes of spills), backward 270 -> 181 (512 bytes of spills).
 int occ64_bits() { return cfg().occ64; }
 
-template <int D, int MODE, bool PIPE, int MINB> void launch_fwd_wgmma(cudaStream_t stream, const FwdArgs & a, int Hkv) {
+template <int D, int MODE, bool PIPE, int MINB, bool LISTS = false> void launch_fwd_wgmma(cudaStream_t stream, const FwdArgs & a, int Hkv) {
     using W = FwdW<D, PIPE>;
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_fwd_wgmma_kernel<D, MODE, PIPE, MINB>, W::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_fwd_wgmma_kernel<D, MODE, PIPE, MINB, LISTS>, W::smem); attr_set = true; }
     dim3 grid((a.T * a.G + W::BM - 1) / W::BM, Hkv);
-    pa_fwd_wgmma_kernel<D, MODE, PIPE, MINB><<<grid, W::NT, W::smem, stream>>>(a);
+    pa_fwd_wgmma_kernel<D, MODE, PIPE, MINB, LISTS><<<grid, W::NT, W::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
 }
 
@@ -184,29 +190,54 @@ template <int D, int MODE, bool PIPE, int MINB> void launch_fwd_wgmma(cudaStream
 // bench/NOTES.md version 11).
 bool fwd_pipe(int D) { return D == 64 && cfg().fwd_pipe; }
 
-template <int D, int MINB> void launch_bwd_wgmma(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
+template <int D, int MINB, bool LISTS = false> void launch_bwd_wgmma(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     using W = BwdW<D>;
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_bwd_wgmma_kernel<D, MINB>, W::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_bwd_wgmma_kernel<D, MINB, LISTS>, W::smem); attr_set = true; }
     dim3 grid(n_key_tiles, Hkv, a.nsplit);
-    pa_bwd_wgmma_kernel<D, MINB><<<grid, W::NT, W::smem, stream>>>(a);
+    pa_bwd_wgmma_kernel<D, MINB, LISTS><<<grid, W::NT, W::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
 }
 
-template <int D, int WM, int BN, int NW, int MODE, int MINB = 1>
+template <int D, int WM, int BN, int NW, int MODE, int MINB = 1, bool LISTS = false>
 void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
     using C = FwdCfg<D, WM, BN, NW>;
+    static_assert(!LISTS || C::BM == 128, "the page-list forward's work lists are per 128 rows (lists_union)");
     static bool attr_set = false; // benign race: setting the attribute twice is harmless
-    if (!attr_set) { set_smem(pa_fwd_kernel<D, WM, BN, NW, MODE, MINB>, C::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_fwd_kernel<D, WM, BN, NW, MODE, MINB, LISTS>, C::smem); attr_set = true; }
     const int TG = a.T * a.G;
     dim3 grid((TG + C::BM - 1) / C::BM, Hkv);
-    pa_fwd_kernel<D, WM, BN, NW, MODE, MINB><<<grid, NW * 32, C::smem, stream>>>(a);
+    pa_fwd_kernel<D, WM, BN, NW, MODE, MINB, LISTS><<<grid, NW * 32, C::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
 }
 
 
+// The page-list schedule (LISTS, a.lists set by lists_union) runs on one variant per family and
+// head dim (the defaults; config.fwd = 1 kept at head dim 128), not the PIPE loop. ptxas (sm_90a,
+// this version): mma.sync D=128 96 B of spills (the dense variant 80), D=64 none; wgmma D=128 249
+// registers, D=64 222, no spills.
 template <int MODE>
+void fwd_fast_lists(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
+    if (fwd_wgmma(D, a.P)) {
+        // one CTA per SM at head dim 64 (config.occ64 ignored: capped at 128 registers the LISTS
+        // variant spills 212 bytes, ptxas)
+        if (D == 128) launch_fwd_wgmma<128, MODE, false, 1, true>(stream, a, Hkv);
+        else launch_fwd_wgmma<64, MODE, false, 1, true>(stream, a, Hkv);
+    } else if (D == 64) {
+        launch_fwd<64, 2, 64, 4, MODE, 1, true>(stream, a, Hkv);
+    } else if (cfg().fwd == 1) {
+        launch_fwd<128, 1, 64, 8, MODE, 1, true>(stream, a, Hkv);
+    } else {
+        launch_fwd<128, 2, 64, 4, MODE, 1, true>(stream, a, Hkv);
+    }
+}
+
+template <int MODE, bool LISTS = false>
 void fwd_fast(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
+    if constexpr (LISTS) {
+        fwd_fast_lists<MODE>(stream, a, D, Hkv);
+        return;
+    }
     if (fwd_wgmma(D, a.P)) {
         if (D == 128) launch_fwd_wgmma<128, MODE, false, 1>(stream, a, Hkv);
         else if (fwd_pipe(D)) launch_fwd_wgmma<64, MODE, true, 1>(stream, a, Hkv);
@@ -231,13 +262,13 @@ void fwd_fast(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
 
 constexpr int BWD_NW = 8;
 
-template <int D, int BM, int MINB = 1>
+template <int D, int BM, int MINB = 1, bool LISTS = false>
 void launch_bwd(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     using C = BwdCfg<D, BM, BWD_NW>;
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_bwd_kernel<D, BM, BWD_NW, MINB>, C::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_bwd_kernel<D, BM, BWD_NW, MINB, LISTS>, C::smem); attr_set = true; }
     dim3 grid(n_key_tiles, Hkv, a.nsplit);
-    pa_bwd_kernel<D, BM, BWD_NW, MINB><<<grid, BWD_NW * 32, C::smem, stream>>>(a);
+    pa_bwd_kernel<D, BM, BWD_NW, MINB, LISTS><<<grid, BWD_NW * 32, C::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
 }
 
@@ -294,13 +325,57 @@ std::atomic<const char *> g_last_family[2] = {{""}, {""}};
 void record_family(int backward, const char * f) { g_last_family[backward].store(f, std::memory_order_relaxed); }
 
 // Which kernels a call may use besides the generic ones. DENSE and RANGE run on the fast kernels
-// (RANGE through range_geom below, the kernels unchanged). LISTS run on the generic kernels only,
-// for now: the fast kernels would need a per-row membership mask in the forward's key loop (a row
-// tile may straddle two query tiles) and, in the key-major backward, a loop over the row tiles of
-// the inverse lists; not written yet, so the dispatcher routes page lists to the generic kernels
-// (exact f32, slower).
+// (RANGE through range_geom below, the kernels unchanged). LISTS run on them too (the kernels'
+// LISTS variants, paged-attn-lists.cuh) where the page size is a multiple of 64 (their forward's
+// key tile; every page size fast_ok takes at the default config); other page sizes go to the
+// generic kernels.
 bool fast_family(const oomb_paged_attn_args & A, const oomb_tensor * dout) {
-    return !oomb_schedule_has_lists(A.schedule.kind) && fast_ok(A.q, A.k_pages, A.v_pages, dout);
+    if (!fast_ok(A.q, A.k_pages, A.v_pages, dout)) return false;
+    if (A.schedule.kind == OOMB_SCHEDULE_LISTS_RANGE) return false;  // offload blocks of a sparse history: generic only, for now
+    return A.schedule.kind != OOMB_SCHEDULE_LISTS || A.k_pages->ne[2] % 64 == 0;
+}
+
+// ---- LISTS on the fast kernels (paged-attn-lists.cuh) ----
+constexpr int LISTS_FWD_BM = 128;  // rows of a forward block (every family and variant the lists run on)
+static_assert(FwdW<128, false>::BM == LISTS_FWD_BM && FwdW<64, false>::BM == LISTS_FWD_BM, "wgmma forward rows per block");
+
+// The schedule's device view; the work lists are added by lists_union / lists_bits.
+PaLists lists_view(const oomb_page_schedule & s, const Geom & G) {
+    const oomb::pa_sched v = oomb::pa_sched_of(s);
+    PaLists L{};
+    L.offsets = v.offsets;
+    L.pages = v.pages;
+    L.n_qtiles = v.n_qtiles;
+    L.pos = G.pos;
+    // a row tile's union holds at most one entry per list entry
+    L.cap = (int) std::max<int64_t>(1, oomb_nelements(s.pages));
+    return L;
+}
+int lists_fwd_rt(const Geom & G) { return (G.T * G.G + LISTS_FWD_BM - 1) / LISTS_FWD_BM; }
+size_t lists_union_bytes(const Geom & G, const PaLists & L) {
+    const size_t n_rt = (size_t) lists_fwd_rt(G);
+    return carve_size(n_rt * L.cap * sizeof(int4)) + carve_size(n_rt * sizeof(int));
+}
+// The forward's per-row-tile union of history pages (pa_lists_union_kernel), into L.
+void lists_union(cudaStream_t stream, Carver & cv, const Geom & G, PaLists & L) {
+    const int n_rt = lists_fwd_rt(G);
+    int4 * uni = cv.take<int4>((size_t) n_rt * L.cap);
+    int * nu = cv.take<int>((size_t) n_rt);
+    pa_lists_union_kernel<<<n_rt, 256, 0, stream>>>(L, G.T, G.G, LISTS_FWD_BM, G.P, uni, nu);
+    PA_LAUNCH_CHECK();
+    L.uni = uni;
+    L.n_union = nu;
+}
+size_t lists_bits_bytes(int n_key_tiles, int n_rt) { return carve_size((size_t) n_key_tiles * ((n_rt + 31) / 32) * sizeof(uint32_t)); }
+// The backward's key-tile x row-tile bitmap (pa_lists_bits_kernel), into L.
+void lists_bits(cudaStream_t stream, Carver & cv, const Geom & G, int BM, int BN, int n_key_tiles, int n_rt, PaLists & L) {
+    L.n_words = (n_rt + 31) / 32;
+    const size_t n = (size_t) n_key_tiles * L.n_words;
+    uint32_t * bits = cv.take<uint32_t>(n);
+    PA_CHECK(cudaMemsetAsync(bits, 0, n * sizeof(uint32_t), stream));
+    pa_lists_bits_kernel<<<n_rt, 128, 0, stream>>>(L, G.T, G.G, BM, G.P, BN, n_key_tiles, bits);
+    PA_LAUNCH_CHECK();
+    L.bits = bits;
 }
 
 // A page range [first, last) on the fast kernels without touching them: they see only the range's
@@ -476,16 +551,24 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
 
     if (fast_family(A, nullptr)) {
         Geom K = G;
+        const bool lists = A.schedule.kind == OOMB_SCHEDULE_LISTS;
+        PaLists L{};
         if (A.schedule.kind == OOMB_SCHEDULE_RANGE) {
             K = range_geom(G, A.schedule, (int32_t *) workspace(c, carve_size((size_t) G.T * sizeof(int32_t))), stream);
             PA_CHECK(cudaMemsetAsync(out, 0, (size_t) n_out * sizeof(float), stream));
             pa_fill_kernel<<<(unsigned) std::min<int64_t>((n_lse + 255) / 256, 1024), 256, 0, stream>>>(lse, n_lse, -INFINITY);
             PA_LAUNCH_CHECK();
+        } else if (lists) {
+            L = lists_view(A.schedule, G);
+            Carver cv{(char *) workspace(c, lists_union_bytes(G, L))};
+            lists_union(stream, cv, G, L);
         }
         FwdArgs a = fwd_args(K, A.q, A.k_pages, A.v_pages, A.scale);
         a.out = out;
         a.lse_out = lse;
-        fwd_fast<MODE_OUT>(stream, a, G.D, G.Hkv);
+        a.lists = L;
+        if (lists) fwd_fast<MODE_OUT, true>(stream, a, G.D, G.Hkv);
+        else fwd_fast<MODE_OUT>(stream, a, G.D, G.Hkv);
         record_family(0, fwd_wgmma(G.D, G.P) ? "wgmma" : "mma");
     } else {
         GenArgs a = gen_args(G, A.q, A.k_pages, A.v_pages, A.scale, A.schedule);
@@ -524,7 +607,9 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
         // saved statistics: the prep kernel reads out with 16-byte loads
         const bool saved = saved_out && aligned16(saved_out);
         const bool wg = bwd_wgmma(G.D);
-        const int BM = wg ? BwdW<128>::BM : bwd_bm(G.D);
+        const bool lists = A.schedule.kind == OOMB_SCHEDULE_LISTS;
+        // the page-list kernels: 64 rows per step on both families (the defaults)
+        const int BM = wg || lists ? BwdW<128>::BM : bwd_bm(G.D);
         const int BN = BWD_NW * 16;
         static_assert(BWD_NW * 16 == BwdW<128>::BN && BwdW<128>::BN == BwdW<64>::BN && BwdW<128>::BM == BwdW<64>::BM,
                       "the mma.sync and wgmma backward kernels share the key-tile grid and the row-tile metadata");
@@ -533,9 +618,12 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
         const int n_rt = TGp / BM;
         const size_t n_rows = (size_t) G.Hkv * TGp;
         const bool range = A.schedule.kind == OOMB_SCHEDULE_RANGE;
+        const int n_key_tiles_all = (int) ((n_keys_bound + BN - 1) / BN);  // LISTS: no range, the kernels' keys are G's
+        PaLists L = lists ? lists_view(A.schedule, G) : PaLists{};
         const size_t bytes = 2 * carve_size(n_rows * G.D * sizeof(bf16)) + 2 * carve_size(n_rows * sizeof(float)) +
                              carve_size(TGp * sizeof(int)) + 2 * carve_size(n_rt * sizeof(int)) + carve_size(sizeof(int)) +
-                             (range ? carve_size((size_t) G.T * sizeof(int32_t)) : 0);
+                             (range ? carve_size((size_t) G.T * sizeof(int32_t)) : 0) +
+                             (lists ? lists_bits_bytes(n_key_tiles_all, n_rt) + (saved ? 0 : lists_union_bytes(G, L)) : 0);
         Carver cv{(char *) workspace(c, bytes)};
         bf16 * qb = cv.take<bf16>(n_rows * G.D);
         bf16 * dob = cv.take<bf16>(n_rows * G.D);
@@ -551,6 +639,10 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
 
         pa_meta_kernel<<<1, 1024, 0, stream>>>(K.pos, K.T, K.G, TGp, BM, rowpos, rt_max, rt_min, maxpos);
         PA_LAUNCH_CHECK();
+        if (lists) {
+            lists_bits(stream, cv, G, BM, BN, n_key_tiles_all, n_rt, L);
+            if (!saved) lists_union(stream, cv, G, L);  // the forward's work lists, for the statistics pass
+        }
         {
             const int64_t n = (int64_t) n_rows * (G.D / 8);
             const unsigned blocks = (unsigned) ((n + 255) / 256);
@@ -575,7 +667,9 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             FwdArgs a = fwd_args(K, A.q, A.k_pages, A.v_pages, A.scale);
             a.dout = (const float *) A.dout->data; a.do_s1 = A.dout->nb[1] / 4; a.do_s2 = A.dout->nb[2] / 4;
             a.lse = lse; a.delta = delta; a.lse_stride = TGp;
-            fwd_fast<MODE_LSE>(stream, a, G.D, G.Hkv);
+            a.lists = L;
+            if (lists) fwd_fast<MODE_LSE, true>(stream, a, G.D, G.Hkv);
+            else fwd_fast<MODE_LSE>(stream, a, G.D, G.Hkv);
         }
         PA_CHECK(cudaMemsetAsync(dq, 0, (size_t) G.D * G.H * G.T * sizeof(float), stream));
         {
@@ -592,11 +686,19 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             a.T = G.T; a.H = G.H; a.G = G.G; a.TGp = TGp;
             a.c = A.scale * kLog2e; a.scale = A.scale;
             a.dq = dq;
+            a.lists = L;
             const int n_key_tiles = (int) ((n_keys_k + BN - 1) / BN);
             // bf16 gradient pages: one block per key tile owns its rows (read-add-round, no atomics)
             a.nsplit = grad_bf16 ? 1 : bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt);
             if (n_key_tiles == 0) {
                 // an empty page range: no key, no gradient
+            } else if (lists) {
+                if (wg) {
+                    if (G.D == 128) launch_bwd_wgmma<128, 1, true>(stream, a, n_key_tiles, G.Hkv);
+                    else if (occ64_bits() & 2) launch_bwd_wgmma<64, 2, true>(stream, a, n_key_tiles, G.Hkv);
+                    else launch_bwd_wgmma<64, 1, true>(stream, a, n_key_tiles, G.Hkv);
+                } else if (G.D == 64) launch_bwd<64, 64, 1, true>(stream, a, n_key_tiles, G.Hkv);
+                else launch_bwd<128, 64, 1, true>(stream, a, n_key_tiles, G.Hkv);
             } else if (wg) {
                 if (G.D == 128) launch_bwd_wgmma<128, 1>(stream, a, n_key_tiles, G.Hkv);
                 else if (occ64_bits() & 2) launch_bwd_wgmma<64, 2>(stream, a, n_key_tiles, G.Hkv);

@@ -581,8 +581,8 @@ struct oomb_paged_attn_args {
 /// view [D, H, T] as oomb_paged_attn. Errors as those functions, and: RANGE with first < 0 or
 /// last < first; LISTS without offsets / pages, or with non-i32 / non-contiguous ones; a result
 /// cache with a schedule other than DENSE (the cache holds dense results). Kernels: the CPU backend
-/// runs every schedule; the CUDA backend runs DENSE and RANGE on its fast (mma.sync / wgmma) and
-/// generic kernels, LISTS on the generic kernels only for now.
+/// runs every schedule; the CUDA backend runs every schedule on its fast (mma.sync / wgmma: bf16
+/// pools, head dim 64 / 128; LISTS: page size a multiple of 64) and generic kernels.
 struct oomb_tensor * oomb_paged_attn_ext(struct oomb_context * ctx, const struct oomb_paged_attn_args * args);
 /// oomb_paged_attn_back with a page schedule: the gradients of oomb_paged_attn_ext's function
 /// (keys outside the schedule get none). LISTS also need inv_offsets / inv_qtiles. fwd, if given,

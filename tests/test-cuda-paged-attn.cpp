@@ -9,8 +9,9 @@
 // with the CPU's, and the backward runs twice from the same gradient pages: with the forward's
 // saved statistics (fwd given, what autodiff builds) and recomputing them (fwd NULL).
 // Page schedules (oomb-schedule.h): page ranges and page lists on every kernel family that takes
-// them (ranges: all; lists: the generic kernels, where the dispatcher routes them from bf16 pools
-// too), and each case checks that the dispatcher ran the kernel family it should (oomb_cuda_paged_attn_last_family).
+// them (ranges: all; lists: all, the tensor-core kernels for page sizes that are multiples of 64,
+// the generic ones otherwise), and each case checks that the dispatcher ran the kernel family it
+// should (oomb_cuda_paged_attn_last_family).
 // Kernel choices are set through oomb_cuda_paged_attn_set_config (ConfigScope), not the environment.
 // The merge of partial results (cuda/paged-attn-merge.cu) against the CPU kernel on random data with
 // rows where one or both LSEs are -inf, and DENSE equal to the merge of RANGE blocks on the GPU.
@@ -88,6 +89,9 @@ struct Case {
     bool shuffle_pos; // chunk positions in a random order (rows not sorted by position)
     oomb_page_schedule_kind sched = OOMB_SCHEDULE_DENSE;  // RANGE / LISTS / LISTS_RANGE: built by run_case from hist
     int range_first = -1;  // RANGE, LISTS_RANGE: first page (-1: half the history's pages); last: past the chunk's last page
+    int lists_mode = 0;    // LISTS: 0: tile 0 every history page, the others about a third; 1: sparse
+                           // (every third tile empty, the others about a quarter, with gaps and pages
+                           // shared between tiles); 2: every list empty (current region only)
 };
 
 std::string case_name(const Case & c) {
@@ -96,6 +100,7 @@ std::string case_name(const Case & c) {
              c.shuffle_pos ? "_shuffled" : "", c.sched == OOMB_SCHEDULE_RANGE ? (c.range_first >= 0 ? "_range_from" : "_range")
                                                : c.sched == OOMB_SCHEDULE_LISTS ? "_lists"
                                                : c.sched == OOMB_SCHEDULE_LISTS_RANGE ? "_lists_range" : "");
+    if (oomb_schedule_has_lists(c.sched) && c.lists_mode) snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%d", c.lists_mode);
     return buf;
 }
 
@@ -111,10 +116,11 @@ struct ConfigScope {
 };
 
 // The family the dispatcher must pick for a case: the fast kernels take bf16 pools of head dim 64
-// or 128 under the dense and page-range schedules (page lists run on the generic kernels for now).
+// or 128 (a page size multiple of the forward's key tile: 64) under every schedule.
 std::string expected_family(const Case & c, int backward) {
     const oomb_paged_attn_config & cf = oomb_cuda_paged_attn_config();
-    const bool fast = !cf.generic && c.type == OOMB_TYPE_BF16 && (c.D == 64 || c.D == 128) && !oomb_schedule_has_lists(c.sched);
+    const bool fast = !cf.generic && c.type == OOMB_TYPE_BF16 && (c.D == 64 || c.D == 128) && c.P % 64 == 0 &&
+                      c.sched != OOMB_SCHEDULE_LISTS_RANGE;  // the offload's sparse blocks: generic kernels only, for now
     if (!fast) return "generic";
     return oomb_cuda_paged_attn_uses_wgmma(c.D, c.P, backward) ? "wgmma" : "mma";
 }
@@ -123,6 +129,21 @@ std::string expected_family(const Case & c, int backward) {
 // (RMS under 1e-5: a query attending only its own key has dq = dK = 0 exactly, the CPU gets
 // rounding noise) is compared in absolute terms: the error's RMS over 1e-5, so noise passes and
 // anything of a gradient's size fails.
+// The element with the largest |a - b| of a [T][H][D] (or [pages][P][H][D]) array, as "index
+// (t h d) got vs want" for failure messages: a wrong mask or skipped key tile shows its row.
+std::string worst(const std::vector<float> & a, const std::vector<float> & b, int D, int H) {
+    size_t wi = 0;
+    double we = -1;
+    for (size_t i = 0; i < a.size() && i < b.size(); i++) {
+        const double e = std::isfinite(a[i]) ? std::fabs((double) a[i] - b[i]) : INFINITY;
+        if (e > we) { we = e; wi = i; }
+    }
+    char buf[200];
+    snprintf(buf, sizeof(buf), "largest error %.3g at element %zu (row %zu, head %zu, dim %zu): got %.6g, want %.6g", we, wi,
+             wi / ((size_t) D * H), wi / D % H, wi % D, wi < a.size() ? a[wi] : 0.0f, wi < b.size() ? b[wi] : 0.0f);
+    return buf;
+}
+
 double rel_err(const std::vector<float> & a, const std::vector<float> & b) {
     double num = 0, den = 0;
     for (size_t i = 0; i < a.size(); i++) {
@@ -234,8 +255,10 @@ void run_case(const Case & c, uint32_t seed) {
     if (oomb_schedule_has_lists(c.sched)) {
         std::vector<int32_t> off{0}, pg;
         for (int j = 0; j < n_qt; j++) {
-            for (int h = 0; h < c0; h++)
-                if (j == 0 || rng() % 3 == 0) pg.push_back(h);
+            for (int h = 0; h < c0; h++) {
+                if (c.lists_mode == 2) break;
+                if (c.lists_mode == 1 ? (j % 3 != 1 && (h % 5 == 2 || rng() % 4 == 0)) : (j == 0 || rng() % 3 == 0)) pg.push_back(h);
+            }
             off.push_back((int32_t) pg.size());
         }
         const int64_t nnz = std::max<int64_t>((int64_t) pg.size(), 1);
@@ -329,7 +352,8 @@ void run_case(const Case & c, uint32_t seed) {
     const double e_lse = lse_c.empty() ? 0.0 : rel_err(lse_g, lse_c);
     const double e_kp = rel_err(dev_pool_f32(d_kp), host_pool_f32(kp));
     const double e_vp = rel_err(dev_pool_f32(d_vp), host_pool_f32(vp));
-    EXPECT_LT(e_out, tol) << "forward output";
+    EXPECT_LT(e_out, tol) << "forward output: " << worst(part(gp, 0, nq), part(cp, 0, nq), c.D, c.H) << " [family "
+                          << oomb_cuda_paged_attn_last_family(0) << "]";
     {
         // largest single error against the largest reference value: a wrong mask or a skipped key
         // tile changes whole rows, which the relative L2 error over all rows could dilute
@@ -370,11 +394,12 @@ void run_case(const Case & c, uint32_t seed) {
         const double e_dvc = rel_err(part(gb, nq + nkv, nkv), part(cb, nq + nkv, nkv));
         const double e_dkp = rel_err(inc(dev_f32(d_dkp), dk0), cdk);
         const double e_dvp = rel_err(inc(dev_f32(d_dvp), dv0), cdv);
-        EXPECT_LT(e_dq, tol) << "dq";
-        EXPECT_LT(e_dkc, tol) << "dk_cur";
-        EXPECT_LT(e_dvc, tol) << "dv_cur";
-        EXPECT_LT(e_dkp, tol) << "dK pages increment";
-        EXPECT_LT(e_dvp, tol) << "dV pages increment";
+        const std::string fam = std::string(" [family ") + oomb_cuda_paged_attn_last_family(1) + "]";
+        EXPECT_LT(e_dq, tol) << "dq: " << worst(part(gb, 0, nq), part(cb, 0, nq), c.D, c.H) << fam;
+        EXPECT_LT(e_dkc, tol) << "dk_cur: " << worst(part(gb, nq, nkv), part(cb, nq, nkv), c.D, c.Hkv) << fam;
+        EXPECT_LT(e_dvc, tol) << "dv_cur: " << worst(part(gb, nq + nkv, nkv), part(cb, nq + nkv, nkv), c.D, c.Hkv) << fam;
+        EXPECT_LT(e_dkp, tol) << "dK pages increment (row = physical page * P + slot): " << worst(inc(dev_f32(d_dkp), dk0), cdk, c.D, c.Hkv) << fam;
+        EXPECT_LT(e_dvp, tol) << "dV pages increment (row = physical page * P + slot): " << worst(inc(dev_f32(d_dvp), dv0), cdv, c.D, c.Hkv) << fam;
         printf("[ case ]   backward, %-10s statistics: dq %.2e  dk_cur %.2e  dv_cur %.2e  dKpages %.2e  dVpages %.2e\n", what, e_dq,
                e_dkc, e_dvc, e_dkp, e_dvp);
     }
@@ -684,6 +709,47 @@ TEST(CudaPagedAttn, Schedules) {
                 run_case(cc, seed++);
             }
         }
+    }
+#endif
+}
+
+// Page lists on the tensor-core kernels (issue 13), each family forced: the wgmma kernels (where
+// the device has them: forward for pages multiple of 128, backward for all) and the mma.sync ones
+// (config.wgmma = 0). bf16 pools, head dims 64 and 128, GQA groups 7, 3, 2, 1 and 8, pages 128, 64
+// and 192 (the wgmma backward with the mma.sync forward), chunks that are not a multiple of the
+// page and start mid-page (a forward block's rows then span two or more query tiles: the union of
+// their lists), sparse lists with gaps, empty lists, pages chosen by several tiles; and a page of
+// 48, which the fast kernels do not take (the generic ones, checked by the family). Every case
+// prints its errors; a failure names the worst element (row, head, dim) and the family that ran.
+TEST(CudaPagedAttn, ListsFastKernels) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    const oomb_type B = OOMB_TYPE_BF16;
+    const oomb_page_schedule_kind L = OOMB_SCHEDULE_LISTS;
+    // head dims 128 / 64 x pages 128 / 64 x GQA 7, 3, 2, 1, 8 (at G 1 a forward block's 128 rows
+    // span two or three query tiles), chunks of 150 + 37 k tokens after 700 + 300 k positions (not
+    // page multiples), the three list kinds in turn
+    std::vector<Case> cases;
+    const int gqa[][2] = {{28, 4}, {6, 2}, {4, 2}, {8, 8}, {16, 2}};
+    for (int D : {128, 64})
+        for (int P : {128, 64})
+            for (int k = 0; k < 5; k++)
+                cases.push_back({D, P, gqa[k][0], gqa[k][1], 150 + 37 * k, 700 + 300 * k, B, k & 1, false, L, -1, (k + D / 64 + P / 64) % 3});
+    cases.push_back({128, 128, 14, 2, 37, 5000, B, 0, false, L, -1, 1});   // a long history, a short chunk
+    cases.push_back({128, 192, 8, 4, 100, 900, B, 1, false, L, -1, 1});    // page 192: mma.sync forward, wgmma backward
+    cases.push_back({64, 128, 7, 7, 1, 3000, B, 1, false, L, -1, 1});      // one query
+    cases.push_back({128, 48, 14, 2, 100, 500, B, 1, false, L, -1, 1});    // page 48: the generic kernels
+    uint32_t seed = 1313;
+    for (int w : {3, 0}) {
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.wgmma = w; });
+        printf("[ kernels ] page lists, config.wgmma = %d\n", w);
+        for (const Case & c : cases) run_case(c, seed++);
+    }
+    {
+        // the backward's row tiles dealt to several blocks per key tile (f32 gradient pages: atomics)
+        ConfigScope cs([](oomb_paged_attn_config & cf) { cf.split = 3; });
+        printf("[ kernels ] page lists, config.split = 3\n");
+        for (int i = 0; i < 3; i++) run_case(cases[i], seed++);
     }
 #endif
 }
