@@ -208,6 +208,9 @@ public:
     const PageSelection * selection(int64_t chunk, int layer) const;
     /// Peak arena bytes over the graphs used so far.
     size_t arena_bytes() const;
+    /// Bytes of every arena allocated so far, summed (one per chunk length and kind: the dense and the
+    /// page-list variant of a graph share theirs).
+    size_t arena_allocated_bytes() const;
     const ChunkParams & params() const { return p_; }
 
     /// Optional hook: hidden state outputs (for parity tests): when set before the first call,

@@ -278,6 +278,7 @@ struct RunResult {
     std::vector<std::vector<std::vector<int32_t>>> allowed;  // [layer][query t] history pages (-1: all), the mask's lists
     uint64_t bytes_in = 0, bytes_out = 0;                      // host tier: the step's copies
     std::vector<std::pair<int64_t, int64_t>> listed;           // per chunk with lists and layer: (c0, listed host-tier pages)
+    size_t arena_allocated = 0, arena_peak = 0;                 // ChunkDriver::arena_allocated_bytes / arena_bytes
 };
 
 const int kP = 5, kC = 13;
@@ -312,6 +313,8 @@ RunResult run_driver(Params & P, const std::vector<int32_t> & ids, oomb_sparse_p
     r.grads = P.grads();
     r.bytes_in = s1.bytes_in - s0.bytes_in;
     r.bytes_out = s1.bytes_out - s0.bytes_out;
+    r.arena_allocated = dr.arena_allocated_bytes();
+    r.arena_peak = dr.arena_bytes();
     const int64_t n_chunks = ((int64_t) ids.size() + kC - 1) / kC;
     for (int64_t ci = 0; ci < n_chunks; ci++)
         for (int l = 0; l < kL; l++) {
@@ -460,6 +463,11 @@ TEST(SparseDriver, SmallBudgetEqualsMaskedDenseReference) {
         EXPECT_NEAR(s.loss, ref.loss, 1e-4 * std::fabs(ref.loss));
         EXPECT_LT(max_rel_diff(s.grads, ref.grads), 1e-4);
         EXPECT_GT(max_rel_diff(s.grads, dense.grads), 1e-3) << "the selection dropped keys, so the gradients differ from dense";
+        // the dense and the page-list variant of each graph share one arena: sparse allocates about what
+        // dense does (the selection's nodes add a little), not an arena per variant (about twice)
+        printf("arenas: sparse %zu bytes allocated (peak graph %zu), dense %zu (peak %zu)\n", s.arena_allocated, s.arena_peak,
+               dense.arena_allocated, dense.arena_peak);
+        EXPECT_LE(s.arena_allocated, dense.arena_allocated * 5 / 4);
     }
 }
 
