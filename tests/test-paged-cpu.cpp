@@ -341,12 +341,13 @@ TEST(PagedCpuNonFinite, NanKeyPoisonsExactlyTheRowsThatSeeIt) {
                             set_pool(vpool, d, 0, sl, pg, U(rng));
                         }
                 oomb_context * ctx = oomb_init({0, false});
-                oomb_tensor * q = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, T);
-                oomb_tensor * kc = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T);
-                oomb_tensor * vc = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, Hkv, T);
+                oomb_tensor * qkv[3];  // q [D, H, T], k_cur and v_cur [D, Hkv, T], random
+                for (int j = 0; j < 3; j++) {
+                    qkv[j] = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, j ? Hkv : H, T);
+                    for (int64_t i = 0; i < oomb_nelements(qkv[j]); i++) ((float *) qkv[j]->data)[i] = 2.0f * U(rng);
+                }
+                oomb_tensor * q = qkv[0], * kc = qkv[1], * vc = qkv[2];
                 oomb_tensor * pos = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T);
-                for (oomb_tensor * t : {q, kc, vc})
-                    for (int64_t i = 0; i < oomb_nelements(t); i++) ((float *) t->data)[i] = 2.0f * U(rng);
                 if (with_nan && nan_at >= 0) ((float *) kc->data)[nan_at * Hkv * D + 5] = NAN;
                 if (with_nan && nan_at == -2)
                     for (int64_t t = 0; t < T; t++) ((float *) kc->data)[t * Hkv * D] = NAN;

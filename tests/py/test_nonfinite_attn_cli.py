@@ -13,40 +13,34 @@ finite 0: `oomb-eval` printed a finite mean NLL (8.04 vs 8.06 for the clean mode
     skips the non-finite steps and stops with exit code 2 after three of them;
   - the clean model still gives a finite NLL with the same options (control).
 
-Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT (OOMB_FIXTURES
-overrides it). Exit 0: all passed; 1: a failure; 77 (skip, with a SKIPPED line): a tool, fixture or
-Python package missing.
+CTest sets the environment (train_data.py: the tool, source and fixture folders). Exit codes: 0
+passed, 1 a failure, 77 skipped (a tool, the qwen2-mini fixture, numpy, gguf or safetensors missing).
 """
-import json
-import math
-import os
-import shutil
-import sys
-import tempfile
+import json, math, os, shutil, sys, tempfile  # noqa: E401
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_data import BIN, Checks, make_bin, need_fixture, need_tools, run_tool, skip  # noqa: E402
+from train_data import BIN, Checks, make_bin, mini_f32_gguf, need_fixture, need_tools, run_tool, skip  # noqa: E402
 
 try:
-    import numpy as np
     import gguf
+    import numpy as np
     from safetensors.numpy import load_file, save_file
 except ImportError as e:
     skip(f"{e} (needs numpy, gguf and safetensors)")
-TRAIN, EVAL, CONVERT = (os.path.join(BIN, t) for t in ("oomb-train", "oomb-eval", "oomb-convert-hf"))
-need_tools(TRAIN, EVAL, CONVERT)
+TOOL = {t: os.path.join(BIN, "oomb-" + t) for t in ("train", "eval", "convert-hf")}
+need_tools(*TOOL.values())
+TRAIN, EVAL = TOOL["train"], TOOL["eval"]
 MINI = need_fixture("qwen2-mini")
-
 checks = Checks()
-check = checks.check
+
+
+def check(ok, what):
+    checks.check(ok, what)
 
 
 def main():
     with tempfile.TemporaryDirectory(prefix="oomb-py-nonfinite-") as tmp:
-        clean = os.path.join(tmp, "mini.gguf")
-        rc, out, err = run_tool([CONVERT, MINI, "--outtype", "f32", "-o", clean])
-        if rc != 0:
-            sys.exit(f"FAIL: oomb-convert-hf: {out}{err}")
+        clean = mini_f32_gguf(TOOL["convert-hf"], tmp)
         bad = os.path.join(tmp, "nan.gguf")
         shutil.copy(clean, bad)
         r = gguf.GGUFReader(bad, "r+")
