@@ -311,6 +311,74 @@ TEST(PagedCpuErrors, BackwardFwdArgument) {
     oomb_free(ctx);
 }
 
+// A NaN key makes exactly the rows that attend it NaN (output and LSE), on every kernel variant;
+// rows before it are bit-identical to the run without it. Review finding (s5b): the lane max
+// (a > b ? a : b) skips a NaN score, and the normalisation (l > 0 ? 1 / l : 0) turned a NaN sum
+// into 0, so such rows came out as a finite 0 (oomb-eval of a model with NaN K weights printed a
+// finite mean NLL); a row whose every visible score was NaN was taken for "nothing visible".
+TEST(PagedCpuNonFinite, NanKeyPoisonsExactlyTheRowsThatSeeIt) {
+    const int64_t D = 20, H = 2, Hkv = 1, P = 7, hist = 10, T = 9, S = hist + T;
+    for (const char * isa_name : {"avx512", "avx2", "base"}) {
+        IsaEnv isa(isa_name);
+        // nan_at: -1 none; >= 0 one NaN element in the chunk key at that row; -2: every key's element 0 NaN
+        for (int64_t nan_at : {(int64_t) 3, (int64_t) -2}) {
+            std::vector<float> res[2], lse[2];
+            for (int with_nan = 0; with_nan < 2; with_nan++) {
+                oomb_backend_t be = oomb_backend_cpu_init(2);
+                oomb_kv_cache_params kp{};
+                kp.n_layer = 1; kp.n_head_kv = Hkv; kp.head_dim = D; kp.page_size = P;
+                kp.max_tokens = S; kp.type = OOMB_TYPE_F32; kp.with_grad = false;
+                oomb_kv_cache_t kv = oomb_kv_cache_init(be, kp);
+                ASSERT_NE(kv, nullptr);
+                oomb_kv_cache_reserve(kv, S);
+                oomb_tensor * kpool = oomb_kv_cache_k(kv, 0), * vpool = oomb_kv_cache_v(kv, 0);
+                std::mt19937 rng(77);
+                std::uniform_real_distribution<float> U(-1.0f, 1.0f);
+                for (int64_t pg = 0; pg < kpool->ne[3]; pg++)
+                    for (int64_t sl = 0; sl < P; sl++)
+                        for (int64_t d = 0; d < D; d++) {
+                            set_pool(kpool, d, 0, sl, pg, with_nan && nan_at == -2 && d == 0 ? NAN : U(rng));
+                            set_pool(vpool, d, 0, sl, pg, U(rng));
+                        }
+                oomb_context * ctx = oomb_init({0, false});
+                oomb_tensor * qkv[3];  // q [D, H, T], k_cur and v_cur [D, Hkv, T], random
+                for (int j = 0; j < 3; j++) {
+                    qkv[j] = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, j ? Hkv : H, T);
+                    for (int64_t i = 0; i < oomb_nelements(qkv[j]); i++) ((float *) qkv[j]->data)[i] = 2.0f * U(rng);
+                }
+                oomb_tensor * q = qkv[0], * kc = qkv[1], * vc = qkv[2];
+                oomb_tensor * pos = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T);
+                if (with_nan && nan_at >= 0) ((float *) kc->data)[nan_at * Hkv * D + 5] = NAN;
+                if (with_nan && nan_at == -2)
+                    for (int64_t t = 0; t < T; t++) ((float *) kc->data)[t * Hkv * D] = NAN;
+                for (int64_t t = 0; t < T; t++) ((int32_t *) pos->data)[t] = (int32_t) (hist + t);
+                oomb_tensor * out = oomb_paged_attn(ctx, q, kc, vc, kpool, vpool, oomb_kv_cache_page_table(kv), pos, 0.3f, 1);
+                oomb_cgraph * gf = oomb_new_graph(ctx);
+                oomb_build_forward_expand(gf, out);
+                oomb_backend_graph_compute(be, gf);
+                const float * o = (const float *) out->view_src->data;
+                res[with_nan].assign(o, o + D * H * T);
+                lse[with_nan].assign(o + D * H * T, o + D * H * T + H * T);
+                oomb_free(ctx);
+                oomb_kv_cache_free(kv);
+                oomb_backend_free(be);
+            }
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t h = 0; h < H; h++) {
+                    const bool sees = nan_at == -2 || t >= nan_at;
+                    const int64_t r = t * H + h;
+                    EXPECT_EQ(std::isnan(lse[1][r]), sees) << isa_name << " nan_at " << nan_at << " row " << t << " head " << h << " lse " << lse[1][r];
+                    if (!sees) EXPECT_EQ(lse[1][r], lse[0][r]) << isa_name << " row " << t;
+                    for (int64_t d = 0; d < D; d++) {
+                        const float a = res[1][r * D + d], b = res[0][r * D + d];
+                        if (sees) EXPECT_TRUE(std::isnan(a)) << isa_name << " nan_at " << nan_at << " row " << t << " head " << h << " d " << d << ": " << a;
+                        else EXPECT_EQ(a, b) << isa_name << " row " << t << " d " << d;
+                    }
+                }
+        }
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, PagedCpu,
                          ::testing::Combine(::testing::Values(Case{64, 2, 1, 64, 150, 100, OOMB_TYPE_F32, false},   // qwen2-micro heads
                                            Case{64, 4, 2, 64, 0, 130, OOMB_TYPE_F32, true},      // first chunk, stores

@@ -372,7 +372,7 @@ void forward_tile(const TileKernels & K, const PagedGeom & G, const std::vector<
         K.accum_rows(R, D, s.S.data(), b.n, s.Vr.data(), s.O.data());
     }
     for (int i = 0; i < R; i++) {
-        const float inv = s.l[i] > 0.0f ? 1.0f / s.l[i] : 0.0f;
+        const float inv = s.l[i] > 0.0f || s.l[i] != s.l[i] ? 1.0f / s.l[i] : 0.0f;  // l = 0: nothing seen; NaN stays NaN
         float * o = s.O.data() + (size_t) i * D;
         for (int d = 0; d < D; d++) o[d] *= inv;
     }

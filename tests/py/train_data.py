@@ -110,3 +110,12 @@ def need_fixture(name):
     if not os.path.isdir(path):
         skip(f"fixture {name} not in {FIX}")
     return path
+
+
+def mini_f32_gguf(convert, tmp, name="mini.gguf"):
+    """The qwen2-mini fixture as an f32 GGUF in tmp (oomb-convert-hf); exits with a FAIL line when the conversion fails."""
+    path = os.path.join(tmp, name)
+    rc, out, err = run_tool([convert, need_fixture("qwen2-mini"), "--outtype", "f32", "-o", path])
+    if rc != 0:
+        sys.exit(f"FAIL: oomb-convert-hf: {out}{err}")
+    return path
