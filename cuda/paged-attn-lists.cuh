@@ -1,5 +1,5 @@
-// Paged attention on CUDA, the page-list schedule (OOMB_SCHEDULE_LISTS, oomb-schedule.h) on the
-// tensor-core kernels (paged-attn-mma.cuh, paged-attn-wgmma.cuh): the kernels' view of the lists,
+// Paged attention on CUDA, the page-list schedules (OOMB_SCHEDULE_LISTS and LISTS_RANGE,
+// oomb-schedule.h) on the tensor-core kernels (paged-attn-mma.cuh, paged-attn-wgmma.cuh): the kernels' view of the lists,
 // the two prep kernels that turn the per-query-tile lists into per-block work lists, and the row
 // visibility tests. Included by paged-attn-mma.cuh only.
 //
@@ -24,6 +24,14 @@
 //     DENSE). Per visited row tile, each row's bits over the (at most 32) pages the key tile
 //     touches say which of its keys the row sees (binary search in the row's own list, once per
 //     row tile and step, overlapped with the loads); current-region keys keep the causal mask.
+//   - LISTS_RANGE (a window of logical pages [first, last), the offload's blocks): the same
+//     kernels and work lists, no variant. The prep kernels drop the list entries outside the
+//     window (the union, the bitmap); the forward walks the current region's key tiles inside the
+//     window only (P % BN == 0: a window edge is a tile edge), or, where none is, one tile past
+//     every row (all masked, nothing loaded: the kernels' loops keep at least one tile); the
+//     backward's key tile masks, through the per-row page bits, the pages outside the window
+//     (a 128-key tile can straddle an edge when P = 64) and skips a tile wholly outside it. LISTS
+//     is the window [0, INT_MAX) (PaLists::win_first / win_last), which changes nothing.
 // Neither kernel validates the lists (the CPU kernels do, oomb-schedule.h): entries outside
 // [0, c0) are skipped (the current region already covers pages >= c0).
 #pragma once
@@ -39,6 +47,9 @@ struct PaLists {
     const int32_t * pages;     // [nnz] history pages per query tile, ascending
     int n_qtiles;
     const int32_t * pos;       // the op's positions: c0 = pos[0] / P
+    // LISTS_RANGE: the window's logical pages [win_first, win_last) (win_first <= n_logical, so
+    // win_first * P fits an int); LISTS: [0, INT_MAX), every page
+    int win_first, win_last;
     // forward: per forward row tile rt, union[rt * cap + i] = (page, query-tile mask, window, 0),
     // i < n_union[rt]: bit b of the mask = query tile qt_lo + 32 window + b chose the page
     const int4 * uni;
@@ -49,6 +60,13 @@ struct PaLists {
     const uint32_t * bits;
     int n_words;
 };
+
+// Is logical page lp in the window (LISTS: always, for lp >= 0)?
+__device__ __forceinline__ bool pa_lists_in_window(const PaLists & L, int lp) { return lp >= L.win_first && lp < L.win_last; }
+// The last key of the window, capped at `cap` (no overflow for win_last = INT_MAX).
+__device__ __forceinline__ int pa_lists_window_end(const PaLists & L, int P, int cap) {
+    return L.win_last > cap / P ? cap : L.win_last * P - 1;
+}
 
 // Does a row of query tile qt see history page lp (qt outside the lists: no history)?
 __device__ __forceinline__ bool pa_lists_has(const PaLists & L, int qt, int lp) {
@@ -63,24 +81,29 @@ __device__ __forceinline__ bool pa_lists_row_sees(const int4 & e, int b) {
 }
 
 // A forward block's key tiles (BN keys, P % BN == 0) under LISTS: tiles 0 .. n_hist_t - 1 are the
-// union's history pages (P / BN tiles each), the rest the current region from page c0 (c0 * P is
-// a tile start). rt: the block's row tile; minp: the smallest position of its rows.
+// union's history pages (P / BN tiles each), the rest the current region's key tiles cur_t0 ..
+// cur_t1 (from page max(c0, win_first), a tile start, to the block's max position or the
+// window's end). No current key in the window (LISTS_RANGE): cur_t0 = cur_t1 = the tile after
+// maxp, whose keys every row masks. rt: the block's row tile; minp / maxp: its rows' positions.
 struct FwdListsTiles {
-    int P, BN, c0, tpp, n_hist_t, cur_t0, qpage_lo;
+    int P, BN, c0, tpp, n_hist_t, cur_t0, cur_t1, qpage_lo;
     const int4 * uni;
 
-    __device__ __forceinline__ void init(const PaLists & L, int P_, int BN_, int rt, int minp) {
+    __device__ __forceinline__ void init(const PaLists & L, int P_, int BN_, int rt, int minp, int maxp) {
         P = P_; BN = BN_;
         c0 = L.pos[0] / P;
         tpp = P / BN;
         n_hist_t = L.n_union[rt] * tpp;
-        cur_t0 = c0 * P / BN;
+        const int cur_lo = max(c0, L.win_first) * P, cur_hi = pa_lists_window_end(L, P, maxp);
+        cur_t0 = cur_hi >= cur_lo ? cur_lo / BN : maxp / BN + 1;
+        cur_t1 = cur_hi >= cur_lo ? cur_hi / BN : cur_t0;
         qpage_lo = minp / P;  // a row's bit in an entry: its query tile - the block's first
         uni = L.uni + (int64_t) rt * L.cap;
     }
     // written so that ptxas sees at least one tile (n_hist_t + maxp / BN - cur_t0 + 1 made it
-    // serialize the wgmma forward's wgmmas, C7515); the same value for valid lists
-    __device__ __forceinline__ int n_tiles(int maxp) const { return max(n_hist_t, 0) + max(maxp / BN - cur_t0, 0) + 1; }
+    // serialize the wgmma forward's wgmmas, C7515); the same value for valid lists (LISTS:
+    // cur_t1 = maxp / BN)
+    __device__ __forceinline__ int n_tiles(int) const { return max(n_hist_t, 0) + max(cur_t1 - cur_t0, 0) + 1; }
     __device__ __forceinline__ bool hist(int tile) const { return tile < n_hist_t; }
     __device__ __forceinline__ int k0(int tile) const {
         return tile < n_hist_t ? uni[tile / tpp].x * P + (tile % tpp) * BN : (tile - n_hist_t + cur_t0) * BN;
@@ -156,7 +179,7 @@ __global__ void pa_lists_union_kernel(PaLists L, int T, int G, int BM, int P, in
                     if (L.offsets[mid] <= i) lo = mid;
                     else hi = mid - 1;
                 }
-                keep = lp >= 0 && lp < c0;
+                keep = lp >= 0 && lp < c0 && pa_lists_in_window(L, lp);
                 // window w = tiles qlo + 32 w .. qlo + 32 w + 31: the window's first tile holding lp
                 // keeps it, every tile of the window holding it sets its bit
                 w = (lo - qlo) >> 5;
@@ -193,7 +216,7 @@ __global__ void pa_lists_bits_kernel(PaLists L, int T, int G, int BM, int P, int
     const uint32_t bit = 1u << (j & 31);
     for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
         const int lp = L.pages[i];
-        if (lp < 0 || lp >= c0) continue;
+        if (lp < 0 || lp >= c0 || !pa_lists_in_window(L, lp)) continue;
         const int kt1 = min((lp * P + P - 1) / BN, n_kt - 1);
         for (int kt = lp * P / BN; kt <= kt1; kt++) atomicOr(&bits[(int64_t) kt * L.n_words + (j >> 5)], bit);
     }

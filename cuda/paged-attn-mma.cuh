@@ -83,7 +83,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) 
     const int maxp = sMax, minp = sMin;
     if (maxp < 0) return;
     FwdListsTiles lt;  // LISTS: the union's history tiles, then the current region's
-    if constexpr (LISTS) lt.init(a.lists, a.P, BN, rt, minp);
+    if constexpr (LISTS) lt.init(a.lists, a.P, BN, rt, minp, maxp);
     const int n_tiles = LISTS ? lt.n_tiles(maxp) : maxp / BN + 1;
     auto tile_k0 = [&](int tile) -> int {
         if constexpr (!LISTS) return tile * BN;
@@ -310,28 +310,37 @@ struct BwdArgs {
 };
 
 // The LISTS backward's view of one key tile [k0, k0 + BN) (paged-attn-lists.cuh): which row tiles
-// it visits and, per visited row tile, each row's bits over the pages the tile touches.
+// it visits and, per visited row tile, each row's bits over the pages the tile touches. Under
+// LISTS_RANGE only the keys of the window's pages: a tile that crosses a window edge takes the
+// per-row page bits (hist) even in the current region, and a tile outside the window is skipped.
 struct BwdListsTile {
     int c0, cur0;          // first current page, its first position
-    bool hist, has_cur;    // keys before cur0 / at or after it
-    int cur_lo;            // first current-region key of the tile
+    bool hist, has_cur;    // per-row page bits needed (keys before cur0, or a window edge in the tile) / current-region keys in the window
+    int cur_lo;            // first current-region key of the tile in the window
     int lp_a, n_tp;        // first page, pages touched (<= 32: P >= 32 on the fast path)
+    uint32_t win;          // bit i: page lp_a + i lies in the window
     const uint32_t * bits; // this key tile's row-tile bitmap (hist only)
 
     __device__ __forceinline__ void init(const BwdArgs & a, int k0, int BN, int maxp) {
-        c0 = a.lists.pos[0] / a.P;
+        const PaLists & L = a.lists;
+        c0 = L.pos[0] / a.P;
         cur0 = c0 * a.P;
-        hist = k0 < cur0;
-        has_cur = k0 + BN - 1 >= cur0;
-        cur_lo = max(k0, cur0);
+        const int k1 = k0 + BN - 1;
+        const int wlo = L.win_first * a.P, whi = pa_lists_window_end(L, a.P, k1);  // the window's keys in the tile: [max(k0, wlo), whi]
+        hist = k0 < cur0 || k0 < wlo || whi < k1;
+        cur_lo = max(k0, max(cur0, wlo));
+        has_cur = cur_lo <= min(k1, whi);
         lp_a = k0 / a.P;
-        n_tp = min(k0 + BN - 1, max(maxp, k0)) / a.P - lp_a + 1;
-        bits = a.lists.bits + (int64_t) (k0 / BN) * a.lists.n_words;
+        n_tp = min(k1, max(maxp, k0)) / a.P - lp_a + 1;
+        win = 0;
+        for (int i = 0; i < n_tp; i++) win |= (uint32_t) pa_lists_in_window(L, lp_a + i) << i;
+        bits = L.bits + (int64_t) (k0 / BN) * L.n_words;
     }
     // init, and whether this block (blockIdx.z's share of the row tiles) has a row tile to visit;
     // kpi: the page index (from lp_a) of the thread's keys k and k + 8
     __device__ __forceinline__ bool begin(const BwdArgs & a, int k0, int BN, int maxp, int k, int (&kpi)[2]) {
         init(a, k0, BN, maxp);
+        if (!win) return false;  // no page of the tile in the window
         int j = (int) blockIdx.z;
         while (j < a.n_rt && !needed(a, j)) j += a.nsplit;
         kpi[0] = k / a.P - lp_a;
@@ -352,7 +361,7 @@ struct BwdListsTile {
                 const int qt = p / a.P - c0;
                 for (int i = 0; i < n_tp; i++) {
                     const int lp = lp_a + i;
-                    if (lp >= c0 || pa_lists_has(a.lists, qt, lp)) b |= 1u << i;
+                    if (((win >> i) & 1u) && (lp >= c0 || pa_lists_has(a.lists, qt, lp))) b |= 1u << i;
                 }
             }
             s[r] = b;

@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
     const int maxp_wg = sMax[wg];
     if (maxp < 0) return;
     FwdListsTiles lt;  // LISTS: the union's history tiles, then the current region's (as pa_fwd_kernel)
-    if constexpr (LISTS) lt.init(a.lists, a.P, BN, rt, minp);
+    if constexpr (LISTS) lt.init(a.lists, a.P, BN, rt, minp, maxp);
     const int n_tiles = LISTS ? lt.n_tiles(maxp) : maxp / BN + 1;
     auto tile_k0 = [&](int tile) -> int {
         if constexpr (!LISTS) return tile * BN;

@@ -33,8 +33,11 @@
 // work lists built on the device by two prep kernels, no host sync (paged-attn-lists.cuh: the
 // forward's union of its rows' lists, the backward's key-tile x row-tile bitmap). Page sizes that
 // are not a multiple of 64 (the LISTS forward's key tile) stay on the generic kernels (fast_family).
-// LISTS_RANGE (the offload's blocks of a sparse history) runs on the generic kernels only for now,
-// whose loops visit only a window's keys.
+// LISTS_RANGE (the offload's blocks of a sparse history) runs on the generic kernels, whose loops
+// visit only a window's keys, unless config.lists_range_fast (OOMB_PAGED_ATTN_LISTS_RANGE_FAST=1):
+// then on the LISTS variants of the tensor-core kernels, the window carried in their lists view
+// (PaLists::win_first / win_last; the prep kernels drop the entries outside it, the kernels walk
+// and mask only the window's keys: paged-attn-lists.cuh). Off by default until measured on the GPU.
 //
 // The family, one translation unit: paged-attn-common.cuh (helpers, store / read-back kernels),
 // paged-attn-lists.cuh (page lists on the tensor-core kernels: work lists, prep kernels),
@@ -328,18 +331,23 @@ void record_family(int backward, const char * f) { g_last_family[backward].store
 // (RANGE through range_geom below, the kernels unchanged). LISTS run on them too (the kernels'
 // LISTS variants, paged-attn-lists.cuh) where the page size is a multiple of 64 (their forward's
 // key tile; every page size fast_ok takes at the default config); other page sizes go to the
-// generic kernels.
+// generic kernels. LISTS_RANGE (the offload's blocks of a sparse history): as LISTS where
+// config.lists_range_fast is set, else the generic kernels.
 bool fast_family(const oomb_paged_attn_args & A, const oomb_tensor * dout) {
     if (!fast_ok(A.q, A.k_pages, A.v_pages, dout)) return false;
-    if (A.schedule.kind == OOMB_SCHEDULE_LISTS_RANGE) return false;  // offload blocks of a sparse history: generic only, for now
-    return A.schedule.kind != OOMB_SCHEDULE_LISTS || A.k_pages->ne[2] % 64 == 0;
+    if (A.schedule.kind == OOMB_SCHEDULE_LISTS_RANGE && !cfg().lists_range_fast) return false;
+    return !oomb_schedule_has_lists(A.schedule.kind) || A.k_pages->ne[2] % 64 == 0;
 }
+// Does a call on the fast kernels take their LISTS variants (LISTS, LISTS_RANGE)?
+bool fast_lists(const oomb_page_schedule & s) { return oomb_schedule_has_lists(s.kind) != 0; }
 
 // ---- LISTS on the fast kernels (paged-attn-lists.cuh) ----
 constexpr int LISTS_FWD_BM = 128;  // rows of a forward block (every family and variant the lists run on)
 static_assert(FwdW<128, false>::BM == LISTS_FWD_BM && FwdW<64, false>::BM == LISTS_FWD_BM, "wgmma forward rows per block");
 
-// The schedule's device view; the work lists are added by lists_union / lists_bits.
+// The schedule's device view; the work lists are added by lists_union / lists_bits. The window:
+// LISTS_RANGE's [first, last) (first capped at n_logical: win_first * P fits an int, and the pages
+// from n_logical on have no keys), LISTS every page.
 PaLists lists_view(const oomb_page_schedule & s, const Geom & G) {
     const oomb::pa_sched v = oomb::pa_sched_of(s);
     PaLists L{};
@@ -347,6 +355,9 @@ PaLists lists_view(const oomb_page_schedule & s, const Geom & G) {
     L.pages = v.pages;
     L.n_qtiles = v.n_qtiles;
     L.pos = G.pos;
+    const bool windowed = s.kind == OOMB_SCHEDULE_LISTS_RANGE;
+    L.win_first = windowed ? std::max(0, std::min<int>(s.first, G.n_logical)) : 0;
+    L.win_last = windowed ? std::max<int>(s.last, L.win_first) : INT_MAX;
     // a row tile's union holds at most one entry per list entry
     L.cap = (int) std::max<int64_t>(1, oomb_nelements(s.pages));
     return L;
@@ -434,6 +445,7 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     c.split = env_int("OOMB_PAGED_ATTN_SPLIT", c.split);
     if ((d = env_digit("OOMB_PAGED_ATTN_OCC64", 3, "0-3 (bit 0: forward, bit 1: backward with two CTAs per SM)")) >= 0) c.occ64 = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDPIPE", 1, "0 or 1")) >= 0) c.fwd_pipe = d == 1;
+    if ((d = env_digit("OOMB_PAGED_ATTN_LISTS_RANGE_FAST", 1, "0 or 1")) >= 0) c.lists_range_fast = d == 1;
     return c;
 }
 
@@ -551,7 +563,7 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
 
     if (fast_family(A, nullptr)) {
         Geom K = G;
-        const bool lists = A.schedule.kind == OOMB_SCHEDULE_LISTS;
+        const bool lists = fast_lists(A.schedule);
         PaLists L{};
         if (A.schedule.kind == OOMB_SCHEDULE_RANGE) {
             K = range_geom(G, A.schedule, (int32_t *) workspace(c, carve_size((size_t) G.T * sizeof(int32_t))), stream);
@@ -607,7 +619,7 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
         // saved statistics: the prep kernel reads out with 16-byte loads
         const bool saved = saved_out && aligned16(saved_out);
         const bool wg = bwd_wgmma(G.D);
-        const bool lists = A.schedule.kind == OOMB_SCHEDULE_LISTS;
+        const bool lists = fast_lists(A.schedule);
         // the page-list kernels: 64 rows per step on both families (the defaults)
         const int BM = wg || lists ? BwdW<128>::BM : bwd_bm(G.D);
         const int BN = BWD_NW * 16;

@@ -92,6 +92,7 @@ struct Case {
     int lists_mode = 0;    // LISTS: 0: tile 0 every history page, the others about a third; 1: sparse
                            // (every third tile empty, the others about a quarter, with gaps and pages
                            // shared between tiles); 2: every list empty (current region only)
+    int range_last = -1;   // RANGE, LISTS_RANGE: last page (exclusive; -1: past the chunk's last page)
 };
 
 std::string case_name(const Case & c) {
@@ -101,6 +102,8 @@ std::string case_name(const Case & c) {
                                                : c.sched == OOMB_SCHEDULE_LISTS ? "_lists"
                                                : c.sched == OOMB_SCHEDULE_LISTS_RANGE ? "_lists_range" : "");
     if (oomb_schedule_has_lists(c.sched) && c.lists_mode) snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%d", c.lists_mode);
+    if (c.range_first >= 0 || c.range_last >= 0)
+        snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "_win%d_%d", c.range_first, c.range_last);
     return buf;
 }
 
@@ -116,11 +119,12 @@ struct ConfigScope {
 };
 
 // The family the dispatcher must pick for a case: the fast kernels take bf16 pools of head dim 64
-// or 128 (a page size multiple of the forward's key tile: 64) under every schedule.
+// or 128 (a page size multiple of the forward's key tile: 64) under every schedule; LISTS_RANGE
+// (the offload's sparse blocks) only with config.lists_range_fast.
 std::string expected_family(const Case & c, int backward) {
     const oomb_paged_attn_config & cf = oomb_cuda_paged_attn_config();
     const bool fast = !cf.generic && c.type == OOMB_TYPE_BF16 && (c.D == 64 || c.D == 128) && c.P % 64 == 0 &&
-                      c.sched != OOMB_SCHEDULE_LISTS_RANGE;  // the offload's sparse blocks: generic kernels only, for now
+                      (c.sched != OOMB_SCHEDULE_LISTS_RANGE || cf.lists_range_fast);
     if (!fast) return "generic";
     return oomb_cuda_paged_attn_uses_wgmma(c.D, c.P, backward) ? "wgmma" : "mma";
 }
@@ -271,13 +275,13 @@ void run_case(const Case & c, uint32_t seed) {
         if (!pg.empty()) memcpy(s_pg->data, pg.data(), pg.size() * 4);
         oomb_schedule_invert(off.data(), n_qt, pg.data(), c0, (int32_t *) s_io->data, (int32_t *) s_iq->data);
     }
+    const int win_first = c.range_first >= 0 ? c.range_first : c0 / 2;
+    const int win_last = c.range_last >= 0 ? c.range_last : std::max(c.range_first, (n_pos - 1) / c.P + 1);
     auto schedule = [&](oomb_tensor * o, oomb_tensor * p, oomb_tensor * io, oomb_tensor * iq) {
-        if (c.sched == OOMB_SCHEDULE_RANGE)
-            return oomb_schedule_range(c.range_first >= 0 ? c.range_first : c0 / 2, std::max(c.range_first, (n_pos - 1) / c.P + 1));
+        if (c.sched == OOMB_SCHEDULE_RANGE) return oomb_schedule_range(win_first, win_last);
         if (c.sched == OOMB_SCHEDULE_LISTS) return oomb_schedule_lists(o, p, io, iq);
         if (c.sched == OOMB_SCHEDULE_LISTS_RANGE)  // the offload's block of a sparse history: the lists inside a window
-            return oomb_schedule_lists_range(o, p, io, iq, c.range_first >= 0 ? c.range_first : c0 / 2,
-                                             std::max(c.range_first, (n_pos - 1) / c.P + 1));
+            return oomb_schedule_lists_range(o, p, io, iq, win_first, win_last);
         return oomb_schedule_dense();
     };
     auto fwd_op = [&](oomb_context * x, oomb_tensor * q_, oomb_tensor * kc_, oomb_tensor * vc_, oomb_tensor * kp_, oomb_tensor * vp_,
@@ -750,6 +754,72 @@ TEST(CudaPagedAttn, ListsFastKernels) {
         ConfigScope cs([](oomb_paged_attn_config & cf) { cf.split = 3; });
         printf("[ kernels ] page lists, config.split = 3\n");
         for (int i = 0; i < 3; i++) run_case(cases[i], seed++);
+    }
+#endif
+}
+
+// LISTS_RANGE (the offload's blocks of a sparse history) on the tensor-core kernels, behind
+// config.lists_range_fast (issue 13), each family forced as in ListsFastKernels, against the CPU
+// reference: head dims 128 / 64, GQA groups 7, 2 and 1, pages 128 and 64, chunks that start
+// mid-page; windows that cut the lists inside the history (no current region), that take the
+// current region's first page only, that start inside the current region, that start on an odd
+// page (page 64: a 128-key backward tile straddles the window's edge), the whole current region
+// from the history's middle, and empty windows (first == last; beyond every page). Rows that see
+// no key: out 0, LSE -inf, no gradient, as the CPU. A failure names the worst element and family.
+TEST(CudaPagedAttn, ListsRangeFastKernels) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    const oomb_type B = OOMB_TYPE_BF16;
+    // the gate of the LISTS_RANGE routing (off by default): the environment variable, strictly parsed
+    EXPECT_FALSE(oomb_paged_attn_config{}.lists_range_fast) << "LISTS_RANGE on the fast kernels is off by default";
+    setenv("OOMB_PAGED_ATTN_LISTS_RANGE_FAST", "1", 1);
+    EXPECT_TRUE(oomb_paged_attn_config_from_env().lists_range_fast);
+    setenv("OOMB_PAGED_ATTN_LISTS_RANGE_FAST", "yes", 1);
+    EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_LISTS_RANGE_FAST must be 0 or 1");
+    unsetenv("OOMB_PAGED_ATTN_LISTS_RANGE_FAST");
+    const oomb_page_schedule_kind LR = OOMB_SCHEDULE_LISTS_RANGE;
+    std::vector<Case> cases;
+    const int gqa[][2] = {{28, 4}, {4, 2}, {8, 8}};  // G 7, 2, 1
+    for (int D : {128, 64})
+        for (int P : {128, 64})
+            for (int k = 0; k < 3; k++) {
+                const int hist = 700 + 300 * k + P / 2 + 5, T = 150 + 37 * k;  // the chunk starts mid-page
+                const int c0 = hist / P, c_end = (hist + T - 1) / P + 1;
+                const int mode = (k + D / 64 + P / 64) % 2;  // lists: tile 0 every page / sparse with gaps
+                const int wins[][2] = {
+                    {c0 / 4, c0 - c0 / 3},     // cuts the lists, no current region
+                    {(c0 / 2) | 1, c0 + 1},    // history from an odd page and the current region's first page only
+                    {c0 + 1, c_end},           // inside the current region, from its second page
+                    {3, 3},                    // empty
+                    {c0 / 2, c_end},           // the history's second half and the whole current region
+                };
+                for (const auto & w : wins) {
+                    Case c{D, P, gqa[k][0], gqa[k][1], T, hist, B, k & 1, false, LR, w[0], mode};
+                    c.range_last = w[1];
+                    cases.push_back(c);
+                }
+            }
+    cases.push_back({128, 128, 14, 2, 37, 5000, B, 0, false, LR, 1 << 20, 1});  // beyond every page (empty)
+    cases.push_back({64, 128, 7, 7, 1, 3000, B, 1, false, LR, 5, 1});            // one query, a window from page 5 through its page
+    cases.push_back({128, 64, 14, 2, 100, 500, B, 1, false, LR, 2, 2});          // empty lists: the current region only
+    cases.push_back({128, 192, 8, 4, 100, 900, B, 1, false, LR, 1, 1});          // page 192: mma.sync forward, wgmma backward
+    cases.push_back({128, 48, 14, 2, 100, 500, B, 1, false, LR, 3, 1});          // page 48: the generic kernels, switch on
+    uint32_t seed = 4242;
+    for (int w : {3, 0}) {
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.wgmma = w; cf.lists_range_fast = true; });
+        printf("[ kernels ] page lists in a window, config.lists_range_fast = 1, config.wgmma = %d\n", w);
+        for (const Case & c : cases) run_case(c, seed++);
+    }
+    {
+        // the backward's row tiles dealt to several blocks per key tile (f32 gradient pages: atomics)
+        ConfigScope cs([](oomb_paged_attn_config & cf) { cf.split = 3; cf.lists_range_fast = true; });
+        printf("[ kernels ] page lists in a window, config.split = 3\n");
+        for (int i = 0; i < 5; i++) run_case(cases[i], seed++);
+    }
+    {
+        // switch off (the default): the same schedule on the generic kernels (the family check)
+        ConfigScope cs([](oomb_paged_attn_config & cf) { cf.lists_range_fast = false; });
+        for (int i = 0; i < 2; i++) run_case(cases[i], seed++);
     }
 #endif
 }
