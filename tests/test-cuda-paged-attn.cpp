@@ -1105,3 +1105,106 @@ TEST(CudaPagedAttn, Bf16GradPages) {
     for (const GradCase & c : cases) run_grad_case(c, seed++);
 #endif
 }
+
+#ifdef OOMB_USE_CUDA
+// One NaN in the inputs must reach exactly the outputs that depend on it (as the CPU kernels,
+// tests/test-paged-cpu.cpp PagedCpuNonFinite): a NaN score must not be dropped by a max or a
+// "l > 0" guard. Modes: 0 a NaN in k_cur (row 20, KV head 0, dim 5): the rows of group 0 at or
+// after row 20 get out and LSE NaN; 1 a NaN in v_cur (row 33, KV head 1, dim 7): the rows of
+// group 1 from row 33 get out NaN, their LSE unchanged; 2 a NaN in q (row 50, head H-1): that
+// (row, head) only, out and LSE; 3 dim 0 of every k_cur row of KV head 0 NaN (every score of
+// group 0 NaN: the running max never leaves -inf). Every other row equals the clean run bit for
+// bit (the forward is deterministic); the backward (saved statistics) gives dq NaN in every dim of
+// the rows whose out is NaN and finite dq elsewhere.
+void run_nan_case(int D, int P, oomb_type type, int mode, uint32_t seed) {
+    SCOPED_TRACE("NaN mode " + std::to_string(mode) + " D" + std::to_string(D) + " P" + std::to_string(P) + " " + oomb_type_name(type));
+    const int H = 4, Hkv = 2, G = H / Hkv, T = 70, hist = 100;
+    const int n_pos = hist + T, n_need = (n_pos + P - 1) / P, n_pages = n_need + 1;
+    std::vector<float> res_out[2], res_lse[2], res_dq[2];
+    std::string fam_f, fam_b;
+    for (int dirty = 0; dirty < 2; dirty++) {
+        std::mt19937 rng(seed);
+        oomb_context * hc = oomb_init({0, false});
+        oomb_tensor * q = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, D, H, T);
+        oomb_tensor * kc = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, D, Hkv, T);
+        oomb_tensor * vc = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, D, Hkv, T);
+        oomb_tensor * kp = oomb_new_tensor_4d(hc, type, D, Hkv, P, n_pages);
+        oomb_tensor * vp = oomb_new_tensor_4d(hc, type, D, Hkv, P, n_pages);
+        oomb_tensor * dkp = oomb_new_tensor_4d(hc, OOMB_TYPE_F32, D, Hkv, P, n_pages);
+        oomb_tensor * dvp = oomb_new_tensor_4d(hc, OOMB_TYPE_F32, D, Hkv, P, n_pages);
+        oomb_tensor * pt = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, n_need);
+        oomb_tensor * pos = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, T);
+        oomb_tensor * dout = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, D, H, T);
+        for (oomb_tensor * t : {q, kc, vc, kp, vp, dkp, dvp, dout}) oombtest::fill_uniform(t, rng, -1.0f, 1.0f);
+        for (int i = 0; i < n_need; i++) ((int32_t *) pt->data)[i] = n_need - 1 - i;
+        for (int t = 0; t < T; t++) ((int32_t *) pos->data)[t] = hist + t;
+        float * kcd = (float *) kc->data, * vcd = (float *) vc->data, * qd = (float *) q->data;
+        if (dirty && mode == 0) kcd[(20 * Hkv + 0) * D + 5] = NAN;
+        if (dirty && mode == 1) vcd[(33 * Hkv + 1) * D + 7] = NAN;
+        if (dirty && mode == 2) qd[(50 * H + H - 1) * D + 3] = NAN;
+        if (dirty && mode == 3)
+            for (int t = 0; t < T; t++) kcd[(t * Hkv + 0) * D] = NAN;
+        oomb_context * dc = oomb_init({0, true});
+        DevMem mem;
+        auto dev = [&](const oomb_tensor * h) { return mem.copy_of(dc, h); };
+        oomb_paged_attn_args a{};
+        a.q = dev(q); a.k_cur = dev(kc); a.v_cur = dev(vc); a.k_pages = dev(kp); a.v_pages = dev(vp);
+        a.page_table = dev(pt); a.pos = dev(pos); a.schedule = oomb_schedule_dense(); a.scale = 1.0f / std::sqrt((float) D); a.store = 1;
+        oomb_tensor * out = oomb_paged_attn_ext(dc, &a);
+        oomb_tensor * packed = out->view_src;
+        oomb_paged_attn_args b{};
+        b.q = a.q; b.k_pages = a.k_pages; b.v_pages = a.v_pages; b.dk_pages = dev(dkp); b.dv_pages = dev(dvp);
+        b.page_table = a.page_table; b.pos = a.pos; b.dout = dev(dout); b.fwd = out; b.schedule = a.schedule; b.scale = a.scale;
+        oomb_tensor * back = oomb_paged_attn_back_ext(dc, &b);
+        mem.place(packed, nullptr);
+        out->data = packed->data;
+        mem.place(back, nullptr);
+        if (mem.failed) { oomb_free(dc); oomb_free(hc); return; }
+        launch_fwd(packed);
+        fam_f = oomb_cuda_paged_attn_last_family(0);
+        launch_bwd(back);
+        fam_b = oomb_cuda_paged_attn_last_family(1);
+        const std::vector<float> o = dev_f32(packed), g = dev_f32(back);
+        res_out[dirty].assign(o.begin(), o.begin() + (int64_t) D * H * T);
+        res_lse[dirty].assign(o.begin() + (int64_t) D * H * T, o.begin() + (int64_t) D * H * T + H * T);
+        res_dq[dirty].assign(g.begin(), g.begin() + (int64_t) D * H * T);
+        oomb_free(dc);
+        oomb_free(hc);
+    }
+    int bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            const int grp = h / G, r = t * H + h;
+            const bool out_nan = mode == 0 ? grp == 0 && t >= 20 : mode == 1 ? grp == 1 && t >= 33 : mode == 2 ? t == 50 && h == H - 1 : grp == 0;
+            const bool lse_nan = out_nan && mode != 1;
+            if (std::isnan(res_lse[1][r]) != lse_nan || (!lse_nan && res_lse[1][r] != res_lse[0][r])) {
+                if (bad++ < 8) ADD_FAILURE() << "row " << t << " head " << h << ": LSE " << res_lse[1][r] << " (clean " << res_lse[0][r] << "), want "
+                                             << (lse_nan ? "NaN" : "the clean value") << " [" << fam_f << "]";
+            }
+            for (int d = 0; d < D; d++) {
+                const float x = res_out[1][(int64_t) r * D + d], dq = res_dq[1][(int64_t) r * D + d];
+                const bool ok_out = out_nan ? std::isnan(x) : x == res_out[0][(int64_t) r * D + d];
+                const bool ok_dq = out_nan ? std::isnan(dq) : std::isfinite(dq);
+                if ((!ok_out || !ok_dq) && bad++ < 8)
+                    ADD_FAILURE() << "row " << t << " head " << h << " dim " << d << ": out " << x << " dq " << dq << ", want "
+                                  << (out_nan ? "NaN" : "clean / finite") << " [forward " << fam_f << ", backward " << fam_b << "]";
+            }
+        }
+    printf("[ nan ] mode %d D%d P%d %s: forward %s, backward %s, %d mismatches\n", mode, D, P, oomb_type_name(type), fam_f.c_str(), fam_b.c_str(), bad);
+}
+#endif
+
+TEST(CudaPagedAttn, NanInputsReachExactlyTheRowsThatSeeThem) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    struct { int D, P; oomb_type type; int wgmma; } cfgs[] = {
+        {128, 64, OOMB_TYPE_BF16, 3}, {128, 64, OOMB_TYPE_BF16, 0}, {64, 128, OOMB_TYPE_BF16, 3},
+        {64, 128, OOMB_TYPE_BF16, 0}, {128, 48, OOMB_TYPE_BF16, 3}, {40, 24, OOMB_TYPE_F32, 3},
+    };
+    uint32_t seed = 4242;
+    for (const auto & c : cfgs) {
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.wgmma = c.wgmma; });
+        for (int mode = 0; mode < 4; mode++) run_nan_case(c.D, c.P, c.type, mode, seed++);
+    }
+#endif
+}
