@@ -25,8 +25,8 @@ tests)
     cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
     cat $K/bins-commit.txt; nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader; free -g | head -2
     export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
-    for t in test-cuda-paged-attn test-cuda-sparse test-offload-tensors test-cuda-qwen2; do
-        timeout 200 $B/$t > "$R/$t.log" 2>&1; log "$t rc=$?"
+    for tl in test-cuda-paged-attn:180 test-cuda-sparse:60 test-offload-tensors:60 test-cuda-qwen2:150; do
+        t=${tl%:*}; timeout ${tl#*:} $B/$t > "$R/$t.log" 2>&1; log "$t rc=$?"
         grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[       OK \]|Failure" "$R/$t.log" | head -40
     done
     fast=0; grep -q "^\[       OK \] CudaPagedAttn.ListsRangeFastKernels" "$R/test-cuda-paged-attn.log" && fast=1
