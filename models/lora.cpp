@@ -271,12 +271,14 @@ std::string lora_peft_tensor_name(int64_t layer, LoraTarget t, bool b) {
     return "base_model.model.model.layers." + std::to_string(layer) + "." + kHfModule[(int) t] + (b ? ".lora_B.weight" : ".lora_A.weight");
 }
 
-bool lora_save_peft_safetensors(const Qwen2Model & m, const std::string & path, std::string * err) {
+bool lora_save_peft_safetensors(const Qwen2Model & m, const std::string & path, std::string * err,
+                                const std::map<std::string, std::string> & metadata) {
     if (!m.lora) {
         if (err) *err = "lora_save_peft_safetensors: the model has no adapter";
         return false;
     }
     SafetensorsWriter w;
+    for (const auto & kv : metadata) w.set_metadata(kv.first, kv.second);
     w.set_metadata("format", "pt");  // as PEFT's save_pretrained (safetensors.torch.save_file)
     // ne [n_in, r] is torch [r, n_in] (lora_A), ne [r, n_out] torch [n_out, r] (lora_B): the same bytes;
     // B's rows are in HF's order in memory (no permutation, unlike the GGUF file)

@@ -28,6 +28,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -125,9 +126,11 @@ std::string lora_peft_tensor_name(int64_t layer, LoraTarget t, bool b);
 
 /// Writes m.lora as HF PEFT's adapter_model.safetensors (what save_pretrained writes): for every pair
 /// lora_peft_tensor_name's lora_A F32 torch shape [r, n_in] and lora_B F32 [n_out, r], B's rows in HF's
-/// order (also for Llama: no llama.cpp permutation), metadata format = pt. Atomic. false + *err on
+/// order (also for Llama: no llama.cpp permutation), metadata format = pt plus `metadata` (string
+/// pairs, e.g. oomb-train's oomb_weights_hash; PEFT ignores other keys). Atomic. false + *err on
 /// error (also when m has no adapter).
-bool lora_save_peft_safetensors(const Qwen2Model & m, const std::string & path, std::string * err);
+bool lora_save_peft_safetensors(const Qwen2Model & m, const std::string & path, std::string * err,
+                                const std::map<std::string, std::string> & metadata = {});
 
 /// PEFT's adapter_config.json for c (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, target_modules
 /// as HF module names q_proj ... down_proj, bias none, lora_dropout 0, fan_in_fan_out false, use_rslora
