@@ -21,15 +21,11 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_data import BIN, Checks, make_bin, make_llama, need_tools, run_tool, skip  # noqa: E402
+from train_data import BIN, Checks, llama_and_ids, need_modules, need_tools, run_tool  # noqa: E402
 
 TRAIN, EVAL, EXPORT = (os.path.join(BIN, t) for t in ("oomb-train", "oomb-eval", "oomb-export"))
 need_tools(TRAIN, EVAL, EXPORT)
-try:
-    import numpy as np
-    import gguf
-except ImportError as e:
-    skip(f"{e} (needs numpy and gguf)")
+np, gguf = need_modules("numpy", "gguf")
 C = Checks()
 # the pairs dropped from the full adapter
 DROPPED = ("blk.0.attn_v.", "blk.0.ffn_down.", "blk.1.attn_q.", "blk.1.attn_v.", "blk.1.attn_output.", "blk.1.ffn_up.", "blk.1.ffn_down.")
@@ -62,10 +58,7 @@ def write_adapter(src, dst, keep=lambda name: True, extra=()):
 
 def main():
     with tempfile.TemporaryDirectory(prefix="oomb-py-lora-partial-") as tmp:
-        base = os.path.join(tmp, "llama.gguf")
-        make_llama(base)
-        data = os.path.join(tmp, "ids.bin")
-        make_bin(data, 8000, 512)
+        base, data = llama_and_ids(tmp, 8000)
         out = os.path.join(tmp, "run")
         common = ["-m", base, "--data-bin", data, "--ctx", "64", "--chunk", "24", "--page", "16", "--lr", "3e-2", "--warmup", "1",
                   "--eval-seqs", "1", "--eval-every", "0", "--threads", "2", "--seed", "5", "--trainable", "lora", "--lora-rank", "4"]

@@ -19,15 +19,11 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_data import BIN, Checks, make_bin, make_llama, need_tools, run_tool, skip  # noqa: E402
+from train_data import BIN, Checks, llama_and_ids, need_modules, need_tools, run_tool  # noqa: E402
 
 TRAIN = os.path.join(BIN, "oomb-train")
 need_tools(TRAIN)
-try:
-    import numpy as np  # noqa: F401  (make_llama)
-    from safetensors import safe_open
-except ImportError as e:
-    skip(f"{e} (needs numpy, gguf and safetensors)")
+safe_open = need_modules("numpy", "gguf", "safetensors")[2].safe_open  # numpy and gguf: make_llama
 C = Checks()
 ST, CFG = "adapter_model.safetensors", "adapter_config.json"
 
@@ -53,10 +49,7 @@ def read(path):
 
 def main():
     with tempfile.TemporaryDirectory(prefix="oomb-py-lora-pair-") as tmp:
-        base = os.path.join(tmp, "llama.gguf")
-        make_llama(base)
-        data = os.path.join(tmp, "ids.bin")
-        make_bin(data, 6000, 512)
+        base, data = llama_and_ids(tmp, 6000)
         args = [TRAIN, "-m", base, "--data-bin", data, "--ctx", "64", "--chunk", "24", "--page", "16", "--lr", "3e-2", "--warmup", "1",
                 "--eval-seqs", "1", "--eval-every", "0", "--threads", "2", "--seed", "5", "--trainable", "lora", "--lora-rank", "4",
                 "--steps", "3", "--save-every", "1"]
