@@ -119,7 +119,7 @@ def main():
         # --resume on a partial OUT/adapter.gguf
         shutil.copyfile(part, full)
         rc, o, e = run_tool([TRAIN] + common + ["--steps", "8", "--save-every", "0", "--out", out, "--resume"])
-        C.check(rc == 1 and "is a partial adapter (layer 0's v projection has no pair" in e, f"--resume of a partial adapter: refused ({e.strip()[-220:]})")
+        C.check(rc == 1 and "is a partial adapter (layer 1's q projection has no pair" in e, f"--resume of a partial adapter: refused ({e.strip()[-220:]})")
 
         # --lora-init
         bad_out = os.path.join(tmp, "bad")
