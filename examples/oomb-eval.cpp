@@ -184,8 +184,9 @@ int main(int argc, char ** argv) {
     const double mean = nll / (double) targets;
     printf("model: %s\n", model.c_str());
     if (m->lora)
-        printf("adapter: %s (LoRA rank %" PRId64 ", alpha %g, targets %s)\n", lora.c_str(), m->lora->cfg.rank, m->lora->cfg.alpha,
-               lora_targets_string(m->lora->cfg.targets).c_str());
+        printf("adapter: %s (LoRA rank %" PRId64 ", alpha %g, targets %s, %zu pairs%s)\n", lora.c_str(), m->lora->cfg.rank, m->lora->cfg.alpha,
+               lora_targets_string(m->lora->cfg.targets).c_str(), m->lora->params.size() / 2,
+               m->lora->first_missing().empty() ? "" : ": partial, the projections without a pair unchanged");
     printf("tokens: %" PRId64 " in %" PRId64 " window(s) of up to %" PRId64 " (chunk %" PRId64 ", page %d), %" PRId64 " predicted\n", n,
            windows, ctx, chunk, page, targets);
     if (second_half)

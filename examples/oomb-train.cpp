@@ -188,13 +188,17 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         if (o.resume) {
             if (!lora_load_gguf(M, ckpt_model, &err)) fail(PROG, "--resume: " + err);
             const LoraConfig & fc = M.lora->cfg;
+            // oomb-train writes complete adapters; a partial one (another tool's) would not match the optimizer state
+            if (!M.lora->first_missing().empty())
+                fail(PROG, "--resume: " + ckpt_model + " is a partial adapter (" + M.lora->first_missing() + " has no pair, other layers' have one); "
+                               "--resume continues the complete adapters oomb-train writes");
             if (fc.rank != lc.rank || fc.alpha != lc.alpha || fc.targets != lc.targets)
                 fail(PROG, "--resume: " + ckpt_model + " is an adapter of rank " + std::to_string(fc.rank) + ", alpha " + std::to_string(fc.alpha) +
                                ", targets " + lora_targets_string(fc.targets) + "; this run asks for rank " + std::to_string(lc.rank) + ", alpha " +
                                std::to_string(lc.alpha) + ", targets " + lora_targets_string(lc.targets) + " (--lora-rank, --lora-alpha, --lora-targets)");
         } else {
             if (!lora_attach(M, lc, &err)) fail(PROG, err);
-            lora_init_peft(*M.lora, o.seed);
+            lora_init_peft(*M.lora, o.seed, lora_init_of(o));
         }
     }
 

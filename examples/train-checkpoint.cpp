@@ -33,6 +33,28 @@ constexpr size_t kStateSlice = (size_t) 64 << 20;  // resume: optimizer state co
 
 std::string path(const Options & o, const std::string & name) { return o.out + "/" + name; }
 
+// adapter_model.safetensors' metadata key holding the weights hash of the adapter it was saved with
+constexpr const char * kPeftHashKey = "oomb_weights_hash";
+
+// --resume of a LoRA run: makes OUT's PEFT files those of the adapter resumed from (hash wh). A save
+// killed between their rename and adapter.gguf's leaves them one save ahead (or a checkpoint of an
+// older version, without the hash, may lack them): they are then rewritten from the adapter, with a
+// note, so the pair never stays mixed.
+void sync_peft_files(const Options & o, const Qwen2Model & m, const std::string & wh) {
+    const std::string st = path(o, "adapter_model.safetensors"), cfg = path(o, "adapter_config.json");
+    std::string why, err;
+    SafetensorsFile f;
+    if (!is_file(st)) why = "is missing";
+    else if (f.open(st, &err) != GGUF_OK) why = "cannot be read (" + err + ")";
+    else if (!f.metadata().count(kPeftHashKey)) why = std::string("has no ") + kPeftHashKey;
+    else if (f.metadata().at(kPeftHashKey) != wh) why = "belongs to other adapter weights (a save interrupted between the PEFT files and adapter.gguf)";
+    if (why.empty()) return;
+    f = SafetensorsFile();
+    if (!lora_save_peft_safetensors(m, st, &err, {{kPeftHashKey, wh}}) || !write_file_atomic(cfg, lora_peft_config_json(m.lora->cfg, o.model), &err))
+        fail(PROG, "--resume: cannot rewrite the PEFT files: " + err);
+    printf("resume: %s %s: rewrote it and adapter_config.json from %s\n", st.c_str(), why.c_str(), path(o, "adapter.gguf").c_str());
+}
+
 } // namespace
 
 std::vector<int64_t> torch_shape(const oomb_tensor * t) {
@@ -185,9 +207,12 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
     // forward before any save): removed first, so that this save does not need their space too
     // (at 7B a model.gguf.saving is 15 GB)
     for (const std::string & f : written) unlink(f.c_str());
+    // the weights as the model file holds them (rounded to --out-type): what --resume loads and hashes;
+    // with an adapter also in PEFT's file, so that a reader (and --resume) can tell that the pair matches
+    const std::string wh = hex64(weights_hash(m, m.lora ? GGUF_TENSOR_F32 : out_type_of(o)));
     if (m.lora) {
         if (!lora_save_gguf(m, m_tmp, "oomb-train LoRA", err)) return false;
-        if (!lora_save_peft_safetensors(m, path(o, peft_st + ".saving"), err)) return false;
+        if (!lora_save_peft_safetensors(m, path(o, peft_st + ".saving"), err, {{kPeftHashKey, wh}})) return false;
         if (!write_file_atomic(path(o, peft_cfg + ".saving"), lora_peft_config_json(m.lora->cfg, o.model), err)) return false;
     } else if (!model_save_gguf(m, m_tmp, vocab_src, out_type_of(o), name, err)) {
         return false;
@@ -212,8 +237,7 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
     snprintf(el, sizeof(el), "%.17g", p.elapsed_s);
     w.set_metadata("elapsed_s", el);
     w.set_metadata("data_hash", hex64(data_hash));
-    // the weights as the model file holds them (rounded to --out-type): what --resume loads and hashes
-    w.set_metadata("weights_hash", hex64(weights_hash(m, m.lora ? GGUF_TENSOR_F32 : out_type_of(o))));
+    w.set_metadata("weights_hash", wh);
     w.set_metadata("config", config_json(o).dump());
     if (m.lora) {
         const std::string bh = lora_base_fingerprint(o);
@@ -374,6 +398,7 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
     }
     in.close();
     if (!write_file_atomic(path(o, "train.jsonl"), kept, &err)) fail(PROG, err);
+    if (m.lora) sync_peft_files(o, m, hex64(wh));
     printf("resume: from step %" PRId64 " (epoch %" PRId64 ", sequence %" PRId64 "/%" PRId64 ")\n", p->step, sampler->epoch,
            sampler->pos, sampler->n);
 }

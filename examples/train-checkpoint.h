@@ -9,6 +9,11 @@
 // lock and the clean-up of temporary files that a killed process left.
 // With --trainable lora the model file is OUT/adapter.gguf instead (llama.cpp's LoRA adapter format,
 // models/lora.h; the base, given by -m, is not rewritten) and the weights hash covers the adapter.
+// Beside it, PEFT's adapter_model.safetensors + adapter_config.json, renamed just before adapter.gguf
+// and carrying the same weights hash (metadata oomb_weights_hash, equal to state.safetensors'
+// weights_hash): a reader can tell whether the PEFT files and the checkpoint belong together, and
+// --resume, which trains from adapter.gguf only, rewrites PEFT files that do not match it (a save
+// killed between the two renames leaves them one save ahead), saying so.
 #pragma once
 
 #include "train-data.h"

@@ -27,6 +27,12 @@ struct DefaultRun {
 
 double min_lr_of(const Options & o) { return o.min_lr < 0 ? o.lr * 0.1 : o.min_lr; }
 
+LoraInit lora_init_of(const Options & o) {
+    LoraInit i = LoraInit::Default;
+    lora_parse_init(o.lora_init, &i, nullptr);  // checked with the options
+    return i;
+}
+
 LoraConfig lora_config_of(const Options & o) {
     LoraConfig c;
     c.rank = o.lora_rank;
@@ -54,7 +60,7 @@ nlohmann::json config_json(const Options & o) {
     j["lr"] = o.lr; j["min_lr"] = min_lr_of(o); j["warmup"] = o.warmup;
     j["weight_decay"] = o.weight_decay; j["adam_beta1"] = o.beta1; j["adam_beta2"] = o.beta2; j["adam_eps"] = o.adam_eps;
     j["grad_clip"] = o.grad_clip; j["trainable"] = o.trainable;
-    if (o.trainable == "lora") { j["lora_rank"] = o.lora_rank; j["lora_alpha"] = o.lora_alpha; j["lora_targets"] = lora_targets_string(lora_config_of(o).targets); }
+    if (o.trainable == "lora") { j["lora_rank"] = o.lora_rank; j["lora_alpha"] = o.lora_alpha; j["lora_targets"] = lora_targets_string(lora_config_of(o).targets); j["lora_init"] = o.lora_init; }
     if (o.trainable != "lora") j["out_type"] = o.out_type;
     j["base_type"] = o.base_type;  // not checked on --resume, but a change is noted (keep vs bf16 / f32 changes the frozen base's numbers)
     j["opt_state"] = o.opt_state; j["attn_cache"] = o.attn_cache; j["attn_cache_type"] = o.attn_cache ? o.attn_cache_type : "none"; j["kv_grad_type"] = o.kv_grad_type; j["threads"] = o.threads; j["device"] = o.device;
@@ -117,6 +123,10 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     app.add_option("--lora-rank", o.lora_rank, "--trainable lora: adapter rank r")->capture_default_str();
     app.add_option("--lora-alpha", o.lora_alpha, "--trainable lora: alpha (scale alpha / r; default 2 x the default rank)")->capture_default_str();
     app.add_option("--lora-targets", o.lora_targets, "--trainable lora: the projections adapted, a comma-separated subset of q,k,v,o,gate,up,down")
+        ->capture_default_str();
+    app.add_option("--lora-init", o.lora_init, "--trainable lora: A's initialisation as PEFT's init_lora_weights, B = 0 in both: default "
+                                               "(A Kaiming-uniform, a = sqrt(5): uniform in +-1/sqrt(n_in)) or gaussian (A ~ Normal(0, 1/r)); "
+                                               "ignored with a warning on --resume (the adapter comes from OUT/adapter.gguf)")
         ->capture_default_str();
     app.add_flag("--attn-cache", o.attn_cache,
                  "keep stage 1's attention results for stage 2 instead of recomputing them: faster, (heads * (head dim + 1)) "
@@ -186,8 +196,10 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
             uint32_t mask = 0;
             std::string e;
             if (!lora_parse_targets(o.lora_targets, &mask, &e)) fail(PROG, e);
+            LoraInit init;
+            if (!lora_parse_init(o.lora_init, &init, &e)) fail(PROG, e);
         } else {
-            for (const char * opt : {"--lora-rank", "--lora-alpha", "--lora-targets"})
+            for (const char * opt : {"--lora-rank", "--lora-alpha", "--lora-targets", "--lora-init"})
                 if (given(opt)) fail(PROG, std::string(opt) + " needs --trainable lora");
         }
         if (o.base_type != "keep" && o.base_type != "bf16" && o.base_type != "f32" && !base_type_is_block(o.base_type))
@@ -284,6 +296,9 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         printf("note: no model given: training a fresh --preset tiny\n");
     }
     validate();
+    if (o.resume && given("--lora-init"))
+        fprintf(stderr, "%s: warning: --lora-init %s is ignored with --resume: the adapter is loaded from %s/adapter.gguf, not initialised\n",
+                PROG, o.lora_init.c_str(), o.out.c_str());
     if (o.trainable == "lora" && o.model.empty() && (default_run || app.count("--preset") == 0))
         fail(PROG, "--trainable lora trains adapters on a frozen base model: give -m BASE.gguf or --preset NAME (a random base), "
                    "not the default run");

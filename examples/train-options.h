@@ -64,6 +64,7 @@ struct Options {
     int64_t lora_rank = 16;
     double lora_alpha = 32;
     std::string lora_targets = "q,k,v,o,gate,up,down";
+    std::string lora_init = "default";  // --lora-init: PEFT's init_lora_weights, default or gaussian (new adapters only)
     std::string opt_state = "f32";
     std::string out_type = "bf16";  // --out-type: model.gguf's 2-D weights (full-model checkpoints)
     // --base-type: a -m file's block-type (quantized) projections. keep: stay in their GGUF type in
@@ -106,6 +107,8 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd);
 
 /// --trainable lora: the adapter's configuration of the options (checked by parse_train_options).
 LoraConfig lora_config_of(const Options & o);
+/// --lora-init as a LoraInit (validated with the options).
+LoraInit lora_init_of(const Options & o);
 /// The checkpoint's model file in OUT: "adapter.gguf" with --trainable lora, else "model.gguf".
 std::string checkpoint_model_name(const Options & o);
 

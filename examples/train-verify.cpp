@@ -128,7 +128,7 @@ int dump_grads(const Options & o) {
     std::vector<oomb_tensor *> params;
     if (o.trainable == "lora") {
         if (!lora_attach(*v.model, lora_config_of(o), &err)) fail(PROG, err);
-        lora_init_peft(*v.model->lora, o.seed);
+        lora_init_peft(*v.model->lora, o.seed, lora_init_of(o));
         params = lora_set_trainable(*v.model);
     } else {
         params = qwen2_set_trainable(*v.model, Qwen2Trainable::All);

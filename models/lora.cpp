@@ -53,15 +53,17 @@ std::string shape_str(const int64_t * ne, int n) {
     return s + "]";
 }
 
-// A new adapter of c on m (zero A/B, allocated), or nullptr + *err.
-std::unique_ptr<LoraAdapter> make_adapter(const Qwen2Model & m, const LoraConfig & c, std::string * err) {
+// A new adapter of c on m (zero A/B, allocated), or nullptr + *err. present (optional, [layer][target]):
+// only the pairs it marks (a partial adapter, as a file may hold), else every target of c in every layer.
+std::unique_ptr<LoraAdapter> make_adapter(const Qwen2Model & m, const LoraConfig & c, std::string * err,
+                                          const std::vector<std::array<bool, kLoraTargets>> * present = nullptr) {
     auto a = std::make_unique<LoraAdapter>();
     a->cfg = c;
     a->ctx = oomb_init({0, true});
     a->layers.resize((size_t) m.cfg.n_layer);
     for (int64_t l = 0; l < m.cfg.n_layer; l++) {
         for (int t = 0; t < kLoraTargets; t++) {
-            if (!(c.targets & (1u << t))) continue;
+            if (!(c.targets & (1u << t)) || (present && !(*present)[(size_t) l][(size_t) t])) continue;
             const oomb_tensor * w = base_weight(m.layers[(size_t) l], kTargets[t].slot);
             const int64_t r = c.rank;
             LoraWeight & lw = a->layers[(size_t) l][(size_t) t];
@@ -153,6 +155,14 @@ const LoraWeight * LoraAdapter::find(int64_t layer, Qwen2Slot slot) const {
     return nullptr;
 }
 
+std::string LoraAdapter::first_missing() const {
+    for (size_t l = 0; l < layers.size(); l++)
+        for (int t = 0; t < kLoraTargets; t++)
+            if ((cfg.targets & (1u << t)) && !layers[l][(size_t) t].a)
+                return "layer " + std::to_string(l) + "'s " + kTargets[t].name + " projection";
+    return "";
+}
+
 int64_t LoraAdapter::n_params() const {
     int64_t n = 0;
     for (const oomb_tensor * t : params) n += oomb_nelements(t);
@@ -183,17 +193,35 @@ bool lora_attach(Qwen2Model & m, const LoraConfig & c, std::string * err) {
     return true;
 }
 
-void lora_init_peft(LoraAdapter & a, uint64_t seed) {
+const char * lora_init_name(LoraInit i) { return i == LoraInit::Gaussian ? "gaussian" : "default"; }
+
+bool lora_parse_init(const std::string & name, LoraInit * init, std::string * err) {
+    for (LoraInit i : {LoraInit::Default, LoraInit::Gaussian})
+        if (name == lora_init_name(i)) {
+            *init = i;
+            return true;
+        }
+    if (err) *err = "--lora-init: unknown value '" + name + "' (choose default or gaussian, PEFT's init_lora_weights True / \"gaussian\")";
+    return false;
+}
+
+void lora_init_peft(LoraAdapter & a, uint64_t seed, LoraInit init) {
     for (oomb_tensor * t : a.params) {
         const bool is_a = strstr(t->name, SUFFIX_A) != nullptr;
         std::vector<float> v((size_t) oomb_nelements(t), 0.0f);
         if (is_a) {
-            // torch.nn.init.kaiming_uniform_(a = sqrt(5)) of PEFT's lora_A [r, n_in]: fan_in = n_in,
-            // gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / fan_in) = 1 / sqrt(n_in)
-            const float bound = 1.0f / std::sqrt((float) t->ne[0]);
+            // Default: torch.nn.init.kaiming_uniform_(a = sqrt(5)) of PEFT's lora_A [r, n_in]: fan_in = n_in,
+            // gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / fan_in) = 1 / sqrt(n_in).
+            // Gaussian: nn.init.normal_(std = 1 / r); r = ne[1] of A
+            const float bound = 1.0f / std::sqrt((float) t->ne[0]), std_dev = 1.0f / (float) t->ne[1];
             const int64_t n = (int64_t) v.size();
-            for (int64_t c = 0; c * kInitChunk < n; c++)
-                fill_uniform(init_chunk_seed(seed, t->name, c), bound, v.data() + c * kInitChunk, std::min(kInitChunk, n - c * kInitChunk));
+            for (int64_t c = 0; c * kInitChunk < n; c++) {
+                const uint64_t cs = init_chunk_seed(seed, t->name, c);
+                float * out = v.data() + c * kInitChunk;
+                const int64_t len = std::min(kInitChunk, n - c * kInitChunk);
+                if (init == LoraInit::Gaussian) fill_normal(cs, std_dev, out, len);
+                else fill_uniform(cs, bound, out, len);
+            }
         }
         oomb_tensor_set(t, v.data(), 0, v.size() * 4);
     }
@@ -243,12 +271,14 @@ std::string lora_peft_tensor_name(int64_t layer, LoraTarget t, bool b) {
     return "base_model.model.model.layers." + std::to_string(layer) + "." + kHfModule[(int) t] + (b ? ".lora_B.weight" : ".lora_A.weight");
 }
 
-bool lora_save_peft_safetensors(const Qwen2Model & m, const std::string & path, std::string * err) {
+bool lora_save_peft_safetensors(const Qwen2Model & m, const std::string & path, std::string * err,
+                                const std::map<std::string, std::string> & metadata) {
     if (!m.lora) {
         if (err) *err = "lora_save_peft_safetensors: the model has no adapter";
         return false;
     }
     SafetensorsWriter w;
+    for (const auto & kv : metadata) w.set_metadata(kv.first, kv.second);
     w.set_metadata("format", "pt");  // as PEFT's save_pretrained (safetensors.torch.save_file)
     // ne [n_in, r] is torch [r, n_in] (lora_A), ne [r, n_out] torch [n_out, r] (lora_B): the same bytes;
     // B's rows are in HF's order in memory (no permutation, unlike the GGUF file)
@@ -357,13 +387,12 @@ bool lora_load_gguf(Qwen2Model & m, const std::string & path, std::string * err)
                         " (one rank per adapter is supported)");
         c.targets |= 1u << kv.first.second;
     }
-    // every layer must adapt the same targets (the configuration is one mask)
-    for (int64_t l = 0; l < m.cfg.n_layer; l++)
-        for (int t = 0; t < kLoraTargets; t++)
-            if ((c.targets & (1u << t)) && !pairs.count({l, t}))
-                return fail(std::string("'") + base_weight(m.layers[(size_t) l], kTargets[t].slot)->name + "' has no adapter while other layers' " +
-                            kTargets[t].name + " projections have one");
-    auto a = make_adapter(m, c, err);
+    // a partial adapter (some layers, some targets) adapts exactly the pairs it holds, as llama.cpp
+    // applies one: c.targets is the union, the other projections get no delta
+    std::vector<std::array<bool, kLoraTargets>> present((size_t) m.cfg.n_layer);
+    for (auto & p : present) p.fill(false);
+    for (const auto & kv : pairs) present[(size_t) kv.first.first][(size_t) kv.first.second] = true;
+    auto a = make_adapter(m, c, err, &present);
     if (!a) return fail(*err);
     for (int64_t l = 0; l < m.cfg.n_layer; l++) {
         for (int t = 0; t < kLoraTargets; t++) {

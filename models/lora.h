@@ -17,8 +17,9 @@
 // attn_q / attn_k have their rows permuted (llama-layout.h), so W_file = P W and the file's B is P B
 // (the rows of B are the output rows); A is unchanged. In memory B is in HF's order, as W is.
 //
-// Initialisation as PEFT (init_lora_weights = True): A Kaiming-uniform with a = sqrt(5), i.e.
-// uniform in [-1/sqrt(n_in), 1/sqrt(n_in)), B zero, so the adapted model starts as the base.
+// Initialisation as PEFT (LoraLayer.reset_lora_parameters), B zero in both, so the adapted model
+// starts as the base: init_lora_weights = True ("default" here) A Kaiming-uniform with a = sqrt(5),
+// i.e. uniform in [-1/sqrt(n_in), 1/sqrt(n_in)); "gaussian" A ~ Normal(0, std 1/r).
 #pragma once
 
 #include "qwen2-layout.h"
@@ -27,6 +28,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -80,6 +82,9 @@ struct LoraAdapter {
     /// The pair of (layer, slot), nullptr when that projection is not adapted.
     const LoraWeight * find(int64_t layer, Qwen2Slot slot) const;
     int64_t n_params() const;
+    /// "" when every layer has a pair for every target of cfg.targets (as lora_attach makes them),
+    /// else the first that lacks one, e.g. "layer 1's q projection" (a partial adapter's file).
+    std::string first_missing() const;
 };
 
 /// Checks a configuration: rank from 1 to 2^31-1, alpha finite, targets a non-empty subset of
@@ -90,9 +95,18 @@ bool lora_config_valid(const LoraConfig & c, std::string * err);
 /// False + *err for an invalid c or memory that cannot be allocated.
 bool lora_attach(Qwen2Model & m, const LoraConfig & c, std::string * err);
 
-/// PEFT's initialisation: every A uniform in [-1/sqrt(n_in), 1/sqrt(n_in)) (Kaiming-uniform, a =
-/// sqrt(5)), every B zero. Deterministic for a seed (values depend on the seed and the tensor name).
-void lora_init_peft(LoraAdapter & a, uint64_t seed);
+/// PEFT's init_lora_weights choices (--lora-init): Default (PEFT's True) and Gaussian ("gaussian").
+enum class LoraInit { Default, Gaussian };
+/// "default", "gaussian".
+const char * lora_init_name(LoraInit i);
+/// Parses an --lora-init value ("default" or "gaussian", as PEFT names them). False with a message
+/// naming the bad value and the accepted ones.
+bool lora_parse_init(const std::string & name, LoraInit * init, std::string * err);
+
+/// PEFT's initialisation, every B zero and every A: Default: uniform in [-1/sqrt(n_in), 1/sqrt(n_in))
+/// (Kaiming-uniform, a = sqrt(5)); Gaussian: Normal(0, std 1/r). Deterministic for a seed (values
+/// depend on the seed and the tensor name; Default's are those of the versions before --lora-init).
+void lora_init_peft(LoraAdapter & a, uint64_t seed, LoraInit init = LoraInit::Default);
 
 /// Flags every A and B of m.lora as parameters with an f32 gradient (one buffer) and returns them
 /// (LoraAdapter::params). The base weights get no gradient (frozen). m.lora must exist.
@@ -112,9 +126,11 @@ std::string lora_peft_tensor_name(int64_t layer, LoraTarget t, bool b);
 
 /// Writes m.lora as HF PEFT's adapter_model.safetensors (what save_pretrained writes): for every pair
 /// lora_peft_tensor_name's lora_A F32 torch shape [r, n_in] and lora_B F32 [n_out, r], B's rows in HF's
-/// order (also for Llama: no llama.cpp permutation), metadata format = pt. Atomic. false + *err on
+/// order (also for Llama: no llama.cpp permutation), metadata format = pt plus `metadata` (string
+/// pairs, e.g. oomb-train's oomb_weights_hash; PEFT ignores other keys). Atomic. false + *err on
 /// error (also when m has no adapter).
-bool lora_save_peft_safetensors(const Qwen2Model & m, const std::string & path, std::string * err);
+bool lora_save_peft_safetensors(const Qwen2Model & m, const std::string & path, std::string * err,
+                                const std::map<std::string, std::string> & metadata = {});
 
 /// PEFT's adapter_config.json for c (peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, target_modules
 /// as HF module names q_proj ... down_proj, bias none, lora_dropout 0, fan_in_fan_out false, use_rslora
@@ -127,8 +143,11 @@ std::string lora_peft_config_json(const LoraConfig & c, const std::string & base
 /// "adapter", adapter.type = "lora", general.architecture = m's, adapter.lora.alpha (f32; absent or
 /// 0: scale 1, as llama.cpp), that every tensor is "<name>.lora_a" / ".lora_b" of one of m's block
 /// projections q, k, v, o, gate, up, down with its pair present, ne as llama.cpp checks them against
-/// m's weights, one rank for all pairs, F32 / F16 / BF16 data. Errors: false and a message naming the
-/// file and the key or tensor in *err; m is then unchanged.
+/// m's weights, one rank for all pairs, F32 / F16 / BF16 data. As llama.cpp, the adapter applies to
+/// exactly the pairs the file holds: a partial one (some layers, some targets) is accepted, the
+/// projections it has no pair for get no delta, and cfg.targets is the union of its targets
+/// (LoraAdapter::first_missing names a gap). Errors: false and a message naming the file and the
+/// key or tensor in *err; m is then unchanged.
 bool lora_load_gguf(Qwen2Model & m, const std::string & path, std::string * err);
 
 } // namespace oomb

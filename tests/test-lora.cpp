@@ -324,11 +324,164 @@ TEST(LoraFile, LoaderRefusals) {
     write("model", {{"blk.0.attn_q.weight.lora_a", {16, 3}}, {"blk.0.attn_q.weight.lora_b", {3, 16}}});
     EXPECT_FALSE(lora_load_gguf(*s.m, p, &err));
     EXPECT_NE(err.find("general.type is 'model', expected 'adapter'"), std::string::npos) << err;
-    write("adapter", {{"blk.0.attn_q.weight.lora_a", {16, 3}}, {"blk.0.attn_q.weight.lora_b", {3, 16}}});
+    // a layer the base does not have (2 layers)
+    write("adapter", {{"blk.2.attn_q.weight.lora_a", {16, 3}}, {"blk.2.attn_q.weight.lora_b", {3, 16}}});
     EXPECT_FALSE(lora_load_gguf(*s.m, p, &err));
-    EXPECT_NE(err.find("'blk.1.attn_q.weight' has no adapter while other layers' q projections have one"), std::string::npos) << err;
+    EXPECT_NE(err.find("tensor 'blk.2.attn_q.weight.lora_a' adapts 'blk.2.attn_q.weight', which is not a block projection"), std::string::npos) << err;
+    // a partial adapter with one misshapen pair among good ones: named
+    write("adapter", {{"blk.0.attn_q.weight.lora_a", {16, 3}}, {"blk.0.attn_q.weight.lora_b", {3, 16}},
+                      {"blk.1.ffn_up.weight.lora_a", {16, 3}}, {"blk.1.ffn_up.weight.lora_b", {3, 23}}});
+    EXPECT_FALSE(lora_load_gguf(*s.m, p, &err));
+    EXPECT_NE(err.find("'blk.1.ffn_up.weight.lora_b' ne [3, 23] do not fit 'blk.1.ffn_up.weight' ne [16, 24]"), std::string::npos) << err;
+    // a lone lora_b beside a complete pair
+    write("adapter", {{"blk.0.attn_q.weight.lora_a", {16, 3}}, {"blk.0.attn_q.weight.lora_b", {3, 16}}, {"blk.1.attn_v.weight.lora_b", {3, 8}}});
+    EXPECT_FALSE(lora_load_gguf(*s.m, p, &err));
+    EXPECT_NE(err.find("the pair of 'blk.1.attn_v.weight' lacks its .lora_a"), std::string::npos) << err;
+    // one pair of one layer: a partial adapter, accepted (llama.cpp applies exactly the pairs a file holds)
+    write("adapter", {{"blk.0.attn_q.weight.lora_a", {16, 3}}, {"blk.0.attn_q.weight.lora_b", {3, 16}}});
+    ASSERT_TRUE(lora_load_gguf(*s.m, p, &err)) << err;
+    EXPECT_EQ(s.m->lora->cfg.targets, 1u << (int) LoraTarget::Q);
+    EXPECT_EQ(s.m->lora->params.size(), 2u);
+    EXPECT_NE(s.m->lora->find(0, Qwen2Slot::Wq), nullptr);
+    EXPECT_EQ(s.m->lora->find(1, Qwen2Slot::Wq), nullptr);
+    EXPECT_EQ(s.m->lora->first_missing(), "layer 1's q projection");
     unlink(p.c_str());
     unlink(mp.c_str());
+}
+
+// A partial adapter (pairs dropped from a full one's file) computes what the full one does with those
+// pairs' B zero: the missing projections get no delta. Both architectures (Llama: B rows permuted in
+// the file); the dropped pairs cover a whole target in one layer only, and all of one layer's.
+TEST(LoraFile, PartialAdapterIsTheFullWithZeroB) {
+    for (DecoderArch arch : {DecoderArch::Qwen2, DecoderArch::Llama}) {
+        TinyLora s(arch, kLoraAllTargets);
+        const std::string full = tmp_path("full.gguf"), part = tmp_path("part.gguf");
+        std::string err;
+        ASSERT_TRUE(lora_save_gguf(*s.m, full, "test", &err)) << err;
+        // dropped: layer 0's v and down, every target of layer 1 but k and gate
+        auto dropped = [](const std::string & n) {
+            for (const char * d : {"blk.0.attn_v.", "blk.0.ffn_down.", "blk.1.attn_q.", "blk.1.attn_v.", "blk.1.attn_output.", "blk.1.ffn_up.", "blk.1.ffn_down."})
+                if (n.rfind(d, 0) == 0) return true;
+            return false;
+        };
+        {
+            GGUFReader r;
+            ASSERT_EQ(r.open(full, &err), GGUF_OK) << err;
+            GGUFWriter w;
+            for (const char * k : {"general.architecture", "general.type", "adapter.type"}) w.set_string(k, r.find(k)->str());
+            w.set_f32("adapter.lora.alpha", 5.0f);
+            std::vector<const GGUFTensorInfo *> kept;
+            for (const GGUFTensorInfo & t : r.tensors())
+                if (!dropped(t.name)) kept.push_back(&t);
+            for (const GGUFTensorInfo * t : kept) ASSERT_EQ(w.add_tensor(t->name, GGUF_TENSOR_F32, {t->ne[0], t->ne[1]}, &err), GGUF_OK) << err;
+            ASSERT_EQ(w.open(part, &err), GGUF_OK) << err;
+            for (const GGUFTensorInfo * t : kept) {
+                std::vector<float> v;
+                ASSERT_EQ(r.read_tensor_f32(t->name, &v, &err), GGUF_OK) << err;
+                ASSERT_EQ(w.write_tensor(t->name, v.data(), v.size() * 4, &err), GGUF_OK) << err;
+            }
+            ASSERT_EQ(w.finish(&err), GGUF_OK) << err;
+            ASSERT_EQ(kept.size(), 2u * (2 * kLoraTargets - 7));
+        }
+        auto m2 = qwen2_create(s.m->cfg, s.cpu, OOMB_TYPE_F32);
+        qwen2_init_random(*m2, 11);
+        randomize_biases(*m2);
+        ASSERT_TRUE(lora_load_gguf(*m2, part, &err)) << err;
+        EXPECT_EQ(m2->lora->params.size(), 2u * 7);
+        // v and down are dropped in both layers: not in the union
+        EXPECT_EQ(m2->lora->cfg.targets, kLoraAllTargets & ~(1u << (int) LoraTarget::V) & ~(1u << (int) LoraTarget::Down));
+        EXPECT_EQ(m2->lora->first_missing(), "layer 1's q projection");
+        // the full adapter with the dropped pairs' B zero
+        for (oomb_tensor * t : s.m->lora->params)
+            if (dropped(t->name) && std::string(t->name).find(".lora_b") != std::string::npos) set(t, std::vector<float>((size_t) oomb_nelements(t), 0.0f));
+        double want = 0, got = 0, base = 0;
+        {
+            ChunkDriver tr(model_chunk_builder(*s.m), s.tp);
+            want = tr.forward(s.ids.data(), (int64_t) s.ids.size()).loss_sum;
+        }
+        {
+            ChunkDriver tr(model_chunk_builder(*m2), s.tp);
+            got = tr.forward(s.ids.data(), (int64_t) s.ids.size()).loss_sum;
+        }
+        m2->lora.reset();
+        {
+            ChunkDriver tr(model_chunk_builder(*m2), s.tp);
+            base = tr.forward(s.ids.data(), (int64_t) s.ids.size()).loss_sum;
+        }
+        EXPECT_EQ(got, want) << decoder_arch_name(arch);
+        EXPECT_GT(std::fabs(got - base), 1e-3) << "the kept pairs change the loss";
+        unlink(full.c_str());
+        unlink(part.c_str());
+    }
+}
+
+// --lora-init: the statistics of A over a model large enough for tight bounds (n > 50000 values
+// pooled, each divided by its expected sd: mean, variance and fourth moment within 5 standard errors
+// derived from n and the distribution's moments), B zero; gaussian's tails reach past 3.5 sd,
+// default's never past its bound; default is the Kaiming-uniform values of before --lora-init.
+TEST(LoraInit, DefaultAndGaussianStatistics) {
+    Qwen2Config c = tiny_config(DecoderArch::Qwen2);
+    c.n_embd = 128; c.n_ff = 320; c.n_head = 4; c.n_head_kv = 2; c.head_dim = 32; c.n_layer = 4;
+    oomb_backend_t cpu = oomb_backend_cpu_init(2);
+    auto m = qwen2_create(c, cpu, OOMB_TYPE_F32);
+    LoraConfig lc;
+    lc.rank = 12;
+    std::string err;
+    ASSERT_TRUE(lora_attach(*m, lc, &err)) << err;
+    LoraInit init = LoraInit::Default;
+    EXPECT_TRUE(lora_parse_init("gaussian", &init, &err));
+    EXPECT_EQ(init, LoraInit::Gaussian);
+    EXPECT_TRUE(lora_parse_init("default", &init, &err));
+    EXPECT_EQ(init, LoraInit::Default);
+    EXPECT_FALSE(lora_parse_init("kaiming", &init, &err));
+    EXPECT_NE(err.find("unknown value 'kaiming' (choose default or gaussian"), std::string::npos) << err;
+    for (LoraInit li : {LoraInit::Default, LoraInit::Gaussian}) {
+        lora_init_peft(*m->lora, 42, li);
+        // A's values over the n_in groups (16: 128 wide inputs, down: 320), normalised by their expected sd
+        double s1 = 0, s2 = 0, s4 = 0, mx = 0;
+        int64_t n = 0;
+        for (const oomb_tensor * t : m->lora->params) {
+            const std::vector<float> v = get(t);
+            if (std::string(t->name).find(".lora_b") != std::string::npos) {
+                for (float x : v) ASSERT_EQ(x, 0.0f) << t->name;
+                continue;
+            }
+            ASSERT_EQ(t->ne[1], 12);
+            const double bound = 1.0 / std::sqrt((double) t->ne[0]);
+            const double sd = li == LoraInit::Gaussian ? 1.0 / 12.0 : bound / std::sqrt(3.0);
+            for (float x : v) {
+                if (li == LoraInit::Default) ASSERT_LT(std::fabs(x), bound) << t->name;
+                const double z = x / sd;
+                s1 += z; s2 += z * z; s4 += z * z * z * z; mx = std::max(mx, std::fabs(z));
+                n++;
+            }
+        }
+        ASSERT_GT(n, 50000);
+        const double mean = s1 / n, var = s2 / n - mean * mean, kurt = s4 / n;
+        SCOPED_TRACE(lora_init_name(li));
+        EXPECT_LT(std::fabs(mean), 5.0 / std::sqrt((double) n));
+        // sd of the sample variance (unit sd): sqrt((m4 - 1) / n), of the sample fourth moment sqrt((m8 - m4^2) / n);
+        // normal m4 3, m8 105; uniform m4 9/5, m8 9
+        const double m4 = li == LoraInit::Gaussian ? 3.0 : 1.8, m8 = li == LoraInit::Gaussian ? 105.0 : 9.0;
+        EXPECT_LT(std::fabs(var - 1.0), 5.0 * std::sqrt((m4 - 1.0) / n));
+        EXPECT_LT(std::fabs(kurt - m4), 5.0 * std::sqrt((m8 - m4 * m4) / n));
+        if (li == LoraInit::Gaussian) EXPECT_GT(mx, 3.5);
+        else EXPECT_LE(mx, std::sqrt(3.0));
+    }
+    // default is the values of before --lora-init (the argument's default): the Kaiming-uniform draw
+    // of init_chunk_seed(seed, name, chunk), first values of two tensors pinned (computed outside this
+    // code, by a Python transcription of src/init-normal.h's xoshiro256+ / splitmix64 / FNV-1a)
+    lora_init_peft(*m->lora, 42);
+    const std::vector<float> q0 = get(m->lora->find(0, Qwen2Slot::Wq)->a), d1 = get(m->lora->find(1, Qwen2Slot::WDown)->a);
+    EXPECT_EQ(std::vector<float>(q0.begin(), q0.begin() + 4), (std::vector<float>{0.0369986743f, -0.0257347487f, 0.0415991694f, -0.0431411862f}));
+    EXPECT_EQ(std::vector<float>(d1.begin(), d1.begin() + 4), (std::vector<float>{0.0146668078f, -0.0135305496f, 0.024545731f, -0.0489907227f}));
+    std::vector<float> a0 = get(m->lora->params[0]);
+    lora_init_peft(*m->lora, 42, LoraInit::Default);
+    EXPECT_EQ(get(m->lora->params[0]), a0);
+    lora_init_peft(*m->lora, 42, LoraInit::Gaussian);
+    EXPECT_NE(get(m->lora->params[0]), a0);
+    m.reset();
+    oomb_backend_free(cpu);
 }
 
 TEST(LoraConfig, TargetsAndChecks) {

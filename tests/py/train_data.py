@@ -104,6 +104,23 @@ def make_llama(path, seed=4):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
 
 
+def need_modules(*names):
+    """The named Python modules, imported; skip (exit 77) when one is missing."""
+    import importlib
+    try:
+        return [importlib.import_module(n) for n in names]
+    except ImportError as e:
+        skip(f"{e} (needs {', '.join(names)})")
+
+
+def llama_and_ids(tmp, n_ids, seed=4):
+    """(tmp/llama.gguf, tmp/ids.bin): make_llama's base and a make_bin stream of n_ids ids of its 512-token vocabulary."""
+    base, data = os.path.join(tmp, "llama.gguf"), os.path.join(tmp, "ids.bin")
+    make_llama(base, seed)
+    make_bin(data, n_ids, 512)
+    return base, data
+
+
 def need_fixture(name):
     """FIX/name, or skip (exit 77) when the fixture is missing."""
     path = os.path.join(FIX, name)
