@@ -16,6 +16,7 @@
 #include "eval-windows.h"
 #include "train-common.h"
 #include "train-offload.h"
+#include "train-options.h"  // train_option_table: oomb-train's options named as such
 #include "train-sparse.h"
 
 #include "gguf.h"
@@ -74,7 +75,7 @@ int main(int argc, char ** argv) {
     add_offload_options(app, offload);
     SparseOptions sparse;
     add_sparse_options(app, sparse);
-    if (const int rc = parse_command_line(app, argc, argv, PROG); rc >= 0) return rc;
+    if (const int rc = parse_command_line(app, argc, argv, PROG, &train_option_table()); rc >= 0) return rc;
     check_chunk_options(PROG, app, ctx, chunk, page, threads, rope_theta);
     check_offload_options(PROG, app, offload);
     check_sparse_options(PROG, app, sparse, false);

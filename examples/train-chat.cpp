@@ -226,12 +226,22 @@ void layout_chat_finish(const ChatLayout & L, ChatSequences * s) {
     close_sequence(L, &s->open, s);
 }
 
+const std::vector<std::string> & chat_file_extensions() {
+    static const std::vector<std::string> e = {".jsonl", ".jsonl.gz"};
+    return e;
+}
+
 void read_chat_files(const std::vector<std::string> & paths, const char * opt, bool need_assistant, bool skip_bad_lines,
                      std::vector<std::vector<ChatMessage>> * convs, std::vector<std::string> * where, ChatFileStats * st) {
     std::string err;
-    std::vector<std::string> files;
-    for (const auto & p : paths)
-        if (!list_files(p, &files, &err)) fail(PROG, std::string(opt) + ": " + err);
+    std::vector<std::string> files, skipped;
+    for (const auto & p : paths) {
+        const size_t s0 = skipped.size();
+        if (!list_files(p, &files, &err, chat_file_extensions(), &skipped)) fail(PROG, std::string(opt) + ": " + err);
+        if (skipped.size() > s0)
+            printf("note: %s: folder '%s': skipped %zu file(s) that are not .jsonl or .jsonl.gz (e.g. '%s')\n", opt, p.c_str(),
+                   skipped.size() - s0, skipped[s0].c_str());
+    }
     for (const auto & f : files) {
         std::string text;
         if (!read_text_file(f, &text, &err)) fail(PROG, std::string(opt) + ": " + err);

@@ -103,8 +103,12 @@ bool layout_chat(const ChatLayout & L, const ChatTokens & c, ChatSequences * s, 
 /// Pads and closes the sequence in progress (call after the last conversation).
 void layout_chat_finish(const ChatLayout & L, ChatSequences * s);
 
+/// The extensions of the files read from a folder of chat data: .jsonl and .jsonl.gz (any other
+/// file there, e.g. a README, is skipped with a note; a file named explicitly is always read).
+const std::vector<std::string> & chat_file_extensions();
+
 /// Reads JSONL conversation files (each path a file or a folder of files; .gz read directly) into
-/// conversations; bad lines fail (exit 1) naming FILE:LINE and the reason, or with skip_bad_lines
+/// conversations (from folders: the chat_file_extensions() files only); bad lines fail (exit 1) naming FILE:LINE and the reason, or with skip_bad_lines
 /// are counted (and the first ones printed). Blank lines are skipped. where: "FILE:LINE" of each
 /// conversation, for later messages.
 struct ChatFileStats { int64_t n_lines = 0, n_bad = 0, n_convs = 0; };

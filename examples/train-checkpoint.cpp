@@ -141,27 +141,11 @@ std::string lora_base_fingerprint(const Options & o) {
 // Removes temporary files of saves that a killed process left in `out` ("<name>.tmp.<pid>" of our
 // output files, e.g. model.gguf.saving.tmp.1234) whose process no longer exists.
 void remove_stale_temp_files(const std::string & out) {
-    static const char * bases[] = {"model.gguf.saving", "adapter.gguf.saving", "adapter_model.safetensors.saving", "adapter_config.json.saving", "state.safetensors.saving", "loss.png", "train.jsonl"};
-    DIR * d = opendir(out.c_str());
-    if (!d) return;
-    std::vector<std::string> names;
-    while (dirent * e = readdir(d)) names.push_back(e->d_name);
-    closedir(d);
-    std::sort(names.begin(), names.end());
-    for (const auto & n : names) {
-        const size_t t = n.rfind(".tmp.");
-        if (t == std::string::npos || t + 5 >= n.size()) continue;
-        const std::string base = n.substr(0, t), num = n.substr(t + 5);
-        if (num.find_first_not_of("0123456789") != std::string::npos || num.size() > 9) continue;
-        bool ours = false;
-        for (const char * b : bases) ours |= base == b;
-        if (!ours) continue;
-        const long pid = std::atol(num.c_str());
-        if (pid <= 0 || pid == (long) getpid()) continue;
-        if (kill((pid_t) pid, 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
-        const std::string p = out + "/" + n;
-        if (unlink(p.c_str()) == 0) printf("note: removed %s, left by an interrupted save of process %ld (no longer running)\n", p.c_str(), pid);
-    }
+    static const std::vector<std::string> bases = {"model.gguf.saving", "adapter.gguf.saving", "adapter_model.safetensors.saving",
+                                                   "adapter_config.json.saving", "state.safetensors.saving", "loss.png", "train.jsonl"};
+    for (const std::string & p : remove_orphan_temp_files(out, bases))
+        printf("note: removed %s, left by an interrupted save of process %s (no longer running)\n", p.c_str(),
+               p.substr(p.rfind(".tmp.") + 5).c_str());
 }
 
 void lock_output_folder(const std::string & out) {

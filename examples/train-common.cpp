@@ -64,7 +64,7 @@ int threads_default(int n) {
     return h ? (int) h : 1;
 }
 
-int parse_command_line(CLI::App & app, int argc, char ** argv, const char * prog) {
+int parse_command_line(CLI::App & app, int argc, char ** argv, const char * prog, const CLI::App * sibling) {
     // Every option value is checked as a string before CLI11 converts it: an empty value is an
     // error (not "the default"), and a whole-number option takes only a whole number in the range
     // of its type (CLI11 would saturate 1e20 or wrap -1 into an unsigned option).
@@ -99,6 +99,16 @@ int parse_command_line(CLI::App & app, int argc, char ** argv, const char * prog
     } catch (const CLI::CallForAllHelp & e) {
         return app.exit(e);
     } catch (const CLI::ParseError & e) {
+        // an option of the sibling tool (oomb-train's given to oomb-eval): say whose it is
+        for (int i = 1; sibling && i < argc; i++) {
+            std::string a = argv[i];
+            if (a == "--") break;
+            if (a.size() < 2 || a[0] != '-' || (a[1] >= '0' && a[1] <= '9') || a[1] == '.') continue;  // a value (-1, -.5)
+            if (const size_t eq = a.find('='); eq != std::string::npos) a.resize(eq);
+            if (app.get_option_no_throw(a) || !sibling->get_option_no_throw(a)) continue;
+            print_error(prog, a + " is an option of " + sibling->get_name() + ", not of " + prog + " (see " + prog + " --help)");
+            return 1;
+        }
         print_error(prog, std::string(e.what()) + " (see --help)");
         return 1;
     }
@@ -193,16 +203,30 @@ std::string not_a_file(const std::string & p) {
     return is_dir(p) ? "'" + p + "' is a folder, not a file" : "'" + p + "': no such file";
 }
 
-bool list_files(const std::string & path, std::vector<std::string> * out, std::string * err) {
+bool list_files(const std::string & path, std::vector<std::string> * out, std::string * err, const std::vector<std::string> & folder_exts,
+                std::vector<std::string> * skipped) {
     if (is_file(path)) { out->push_back(path); return true; }
     if (!is_dir(path)) {
         if (err) *err = "'" + path + "': no such file or folder";
         return false;
     }
-    const size_t n0 = out->size();
-    walk(path, out);
-    if (out->size() == n0) {
+    std::vector<std::string> all;
+    walk(path, &all);
+    if (all.empty()) {
         if (err) *err = "folder '" + path + "' holds no file";
+        return false;
+    }
+    std::string names;  // the accepted extensions, for messages
+    for (const auto & e : folder_exts) names += (names.empty() ? "" : " or ") + e;
+    const size_t n0 = out->size();
+    for (const auto & f : all) {
+        bool ok = folder_exts.empty();
+        for (const auto & e : folder_exts) ok |= f.size() > e.size() && f.compare(f.size() - e.size(), e.size(), e) == 0;
+        if (ok) out->push_back(f);
+        else if (skipped) skipped->push_back(f);
+    }
+    if (out->size() == n0) {
+        if (err) *err = "folder '" + path + "' holds no " + names + " file (" + std::to_string(all.size()) + " other file(s), e.g. '" + all[0] + "')";
         return false;
     }
     return true;

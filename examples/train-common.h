@@ -34,8 +34,10 @@ void check_chunk_options(const char * prog, const CLI::App & app, int64_t ctx, i
 int threads_default(int n);
 
 // Parses the command line: returns -1 when the program should go on, else the exit code (0 after
-// --help; 1 after a parse error, printed as "<prog>: error: ... (see --help)").
-int parse_command_line(CLI::App & app, int argc, char ** argv, const char * prog);
+// --help; 1 after a parse error, printed as "<prog>: error: ... (see --help)"). sibling: another
+// tool's option table (train_option_table() for oomb-eval): an option of it that app does not have
+// is then named as the sibling's ("--kv-grad-type is an option of oomb-train, not of oomb-eval").
+int parse_command_line(CLI::App & app, int argc, char ** argv, const char * prog, const CLI::App * sibling = nullptr);
 
 // Directory holding the running executable ("" if unknown).
 std::string exe_dir();
@@ -53,7 +55,11 @@ bool make_dirs(const std::string & p, std::string * err);
 
 // Every regular file under `path` (itself when it is a file; recursively, sorted by path when it
 // is a folder; hidden entries skipped). Error when the path does not exist or holds no file.
-bool list_files(const std::string & path, std::vector<std::string> * out, std::string * err);
+// folder_exts (e.g. {".jsonl", ".jsonl.gz"}): when not empty, a folder's files are listed only when
+// their names end with one of them (a file named explicitly always is); the others are appended to
+// *skipped (when given), and a folder with none of them is an error naming the extensions.
+bool list_files(const std::string & path, std::vector<std::string> * out, std::string * err,
+                const std::vector<std::string> & folder_exts = {}, std::vector<std::string> * skipped = nullptr);
 // Reads a whole file; files ending in ".gz" are decompressed (zlib).
 bool read_text_file(const std::string & path, std::string * out, std::string * err);
 

@@ -20,13 +20,14 @@ void add_offload_options(CLI::App & app, OffloadOptions & o) {
     app.add_option("--offload", o.mode,
                    "host offload of the KV cache (K/V pages, and their gradients when training, in pinned host memory, streamed "
                    "in page blocks): auto (only what does not fit the device; the most pages that fit stay resident), on (forced: "
-                   "everything past --gpu-kv-budget, all of it without one, even where that holds more than the whole cache), off")
+                   "everything past --gpu-kv-budget, all of it without one, even where the slots hold more than the whole cache; "
+                   "nothing when the budget holds the whole cache), off")
         ->capture_default_str();
     app.add_option("--gpu-kv-budget", o.gpu_kv_budget,
                    "GiB of device memory for KV pages (resident pages and streaming slots; fractions allowed, e.g. 0.001); "
                    "default: on a GPU what is left after the model (and optimizer state) and the chunk arena, less a margin; "
                    "on the CPU no limit");
-    app.add_option("--offload-block", o.block_pages, "pages per streamed history block (0: 16,384 tokens' worth)")->capture_default_str();
+    app.add_option("--offload-block", o.block_pages, "pages per streamed history block (0: 16,384 tokens' worth; at most the cache's pages)")->capture_default_str();
 }
 
 void check_offload_options(const char * prog, const CLI::App & app, const OffloadOptions & o) {
@@ -62,7 +63,9 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     const double page_elems = (double) c.head_dim * (double) c.n_head_kv * (double) P * (double) c.n_layer;
     const double grad_es = (double) oomb_type_size(tp->kv_grad_type);
     const double page_bytes = page_elems * (2.0 * (double) oomb_type_size(tp->kv_type) + (tp->with_grad ? 2.0 * grad_es : 0.0));
-    const int block = oo.block_pages > 0 ? oo.block_pages : (int) std::max<int64_t>(1, 16384 / P);
+    // a block never holds more than the cache's pages: a larger --offload-block is capped (the
+    // slots it would add could never be used)
+    const int block = (int) std::min<int64_t>(oo.block_pages > 0 ? oo.block_pages : std::max<int64_t>(1, 16384 / P), n_pages);
     // the tier the driver gives R resident pages and blocks of B (slots capped by the streamed
     // pages), and the device pages it holds
     auto tier_of = [&](int64_t R, int B) {
@@ -107,7 +110,15 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     const bool budget_given = oo.gpu_kv_budget >= 0;
     const double budget = budget_given ? oo.gpu_kv_budget * (double) (1ull << 30) : free_kv;
     const int64_t budget_pages = (int64_t) std::min(budget / page_bytes, 1e15);
-    const bool streams = oo.mode == "on" || (oo.mode == "auto" && all_kv > budget);
+    // pages that fit stay resident: with a budget that holds the whole cache nothing streams, for
+    // --offload on as for auto (on streams everything past the budget: all of it without one)
+    const bool streams = (oo.mode == "on" && !budget_given) || (oo.mode != "off" && all_kv > budget);
+    if (oo.mode == "on" && budget_given && !streams)
+        printf("note: --offload on: the whole KV cache (%" PRId64 " pages, %s) fits --gpu-kv-budget %s: it stays resident, nothing "
+               "streams\n", n_pages, fmt_bytes(all_kv).c_str(), fmt_bytes(budget).c_str());
+    if (streams && oo.block_pages > block)
+        printf("note: --offload-block %d is more than the KV cache's %" PRId64 " pages: blocks of at most %d pages\n", oo.block_pages,
+               n_pages, block);
     int64_t R = n_pages;  // resident pages
     int B = block;
     if (streams) {

@@ -72,19 +72,14 @@ nlohmann::json config_json(const Options & o) {
     return j;
 }
 
-int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
-    Options & o = cmd->o;
-    DefaultRun dr;
-    CLI::App app{"oomb-train: train or fine-tune a Qwen2/Qwen2.5 or Llama (SmolLM2, Llama 3.x) model with OOMB chunk-recurrent training over paged KV caches.\n"
-                 "With no arguments: pre-train the 'tiny' preset (real Qwen vocabulary) on the shipped Python documentation text\n"
-                 "(data/python-docs.txt.gz), ctx 256, chunk 128, 300 steps; outputs in out/.",
-                 "oomb-train"};
-    app.get_formatter()->column_width(34);
-    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later value wins
+namespace {
+// oomb-train's option table: every option bound to a field of o.
+void add_train_cli_options(CLI::App & app, Options & o) {
     app.add_option("-m,--model", o.model, "GGUF model to train (qwen2 or llama architecture)");
     app.add_option("--preset", o.preset, "fresh model: " + qwen2_preset_choices());
     app.add_option("--vocab", o.vocab, "tokenizer GGUF for --preset (default: models/qwen2.5-vocab.gguf of the source tree)");
-    app.add_option("--data", o.data, "training text: files or folders (recursive; .gz read directly); repeatable")->take_all();
+    app.add_option("--data", o.data, "training text: files or folders (recursive; .gz read directly; with --data-format chat a folder's "
+                                        "*.jsonl and *.jsonl.gz files only, others skipped with a note); repeatable")->take_all();
     app.add_option("--data-bin", o.data_bin, "training ids: little-endian uint32, no header");
     app.add_option("--eval-data", o.eval_data, "held-out data (same format as the training data); default: the last --eval-split %")->take_all();
     app.add_option("--data-format", o.data_format,
@@ -163,6 +158,29 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
                    "writes loss and grad.<GGUF name>");
     app.add_option("--dump-logits", o.dump_logits,
                    "verification: one forward over --tokens [T]; writes the last chunk's logits (all T with --chunk >= T) and the loss");
+}
+} // namespace
+
+const CLI::App & train_option_table() {
+    struct Table {
+        Options o;
+        CLI::App app{"", "oomb-train"};
+        Table() { add_train_cli_options(app, o); }
+    };
+    static const Table t;
+    return t.app;
+}
+
+int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
+    Options & o = cmd->o;
+    DefaultRun dr;
+    CLI::App app{"oomb-train: train or fine-tune a Qwen2/Qwen2.5 or Llama (SmolLM2, Llama 3.x) model with OOMB chunk-recurrent training over paged KV caches.\n"
+                 "With no arguments: pre-train the 'tiny' preset (real Qwen vocabulary) on the shipped Python documentation text\n"
+                 "(data/python-docs.txt.gz), ctx 256, chunk 128, 300 steps; outputs in out/.",
+                 "oomb-train"};
+    app.get_formatter()->column_width(34);
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later value wins
+    add_train_cli_options(app, o);
     if (const int rc = parse_command_line(app, argc, argv, PROG); rc >= 0) return rc;
     // Range checks of the numeric options: exit 1 naming the option and its allowed range.
     auto given = [&](const char * name) { return app.count(name) > 0; };

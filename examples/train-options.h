@@ -104,6 +104,9 @@ struct TrainCommand {
 /// defaults that depend on other options (the built-in default run, --warmup, --vocab). Returns -1
 /// when the program should go on, else its exit code (0 after --help, 1 after an error, printed).
 int parse_train_options(int argc, char ** argv, TrainCommand * cmd);
+/// oomb-train's option table (bound to a private Options, never parsed): for another tool's
+/// parse_command_line, to say that an option it does not have belongs to oomb-train.
+const CLI::App & train_option_table();
 
 /// --trainable lora: the adapter's configuration of the options (checked by parse_train_options).
 LoraConfig lora_config_of(const Options & o);

@@ -433,6 +433,12 @@ void remove_temp_files();
 // long). Unregister once the file is renamed or removed. Thread-safe.
 int temp_file_register(const std::string& path);
 void temp_file_unregister(int id);
+// A process killed by SIGKILL (or a crash) runs no handler: its `<base>.tmp.<pid>` stays. Removes,
+// in folder `dir` ("" or "."; the current one), every "<base>.tmp.<pid>" of the given base names
+// (file names, no folder) whose process <pid> no longer exists; files of this process and of a
+// live one are kept. Returns the paths removed (callers say so). Not thread-safe with a writer of
+// the same names in this process (call it before writing).
+std::vector<std::string> remove_orphan_temp_files(const std::string& dir, const std::vector<std::string>& bases);
 
 // ---------------------------------------------------------------------------------------------
 // Qwen2 hyperparameters as llama.cpp stores them (`qwen2.*` keys) plus facts read from tensors.

@@ -35,7 +35,9 @@ struct oomb_kv_cache_params {
 /// in the backend's host buffer type (CUDA: pinned memory) and are streamed through device slots:
 /// `chunk_pages` slots for the pages of the chunk being computed and two sets of `block_pages` slots
 /// for the history, which attention reads block by block. Device pools then hold
-/// resident_pages + chunk_pages + 2 * block_pages pages per layer, whatever the context length.
+/// resident_pages + chunk_pages + 2 * block_pages pages per layer, whatever the context length;
+/// chunk_pages and block_pages are capped at the host tier's pages (what a chunk or a block can
+/// ever map), so a block larger than the cache allocates no unused slots.
 struct oomb_kv_tier_params {
     int64_t resident_pages; // >= 0; at least the cache's page count: no host tier (a plain cache)
     int     block_pages;    // >= 1: pages per streamed history block

@@ -30,7 +30,8 @@
 // Memory stays bounded: the base is memory-mapped, tensors are written one at a time in row
 // chunks of at most 64 MiB (GGUFWriter::write_tensor_chunks), and only the adapter pair of the
 // tensor being written is held in f32. The file is written atomically (OUT.tmp.<pid>, then
-// rename; removed on error, Ctrl-C or SIGTERM).
+// rename; removed on error, Ctrl-C or SIGTERM; one a SIGKILL left is removed by the next run
+// writing the same OUT, once its process is gone).
 #include "gguf.h"
 
 #include <CLI/CLI.hpp>
@@ -174,6 +175,13 @@ int main(int argc, char** argv) {
     if (out_path.empty()) return fail("-o/--output is empty");
     if (struct stat st; stat(out_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
         return fail("-o/--output " + out_path + " is a directory: give the output file's path");
+    {  // a run killed by SIGKILL (no handler runs) left OUT.tmp.<pid>: removed once its process is gone
+        const size_t sl = out_path.rfind('/');
+        const std::string dir = sl == std::string::npos ? "." : sl == 0 ? "/" : out_path.substr(0, sl);
+        for (const std::string& p : remove_orphan_temp_files(dir, {out_path.substr(sl == std::string::npos ? 0 : sl + 1)}))
+            fprintf(stderr, "oomb-export: note: removed %s, left by an interrupted write of process %s (no longer running)\n",
+                    p.c_str(), p.substr(p.rfind(".tmp.") + 5).c_str());
+    }
     const OutType& ot = *std::find_if(std::begin(kOutTypes), std::end(kOutTypes), [&](const OutType& o) { return out_type == o.name; });
 
     std::string err;

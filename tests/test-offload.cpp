@@ -213,6 +213,40 @@ TEST(Offload, DevicePoolsFlatInContext) {
     EXPECT_GT(s1.n_blocks, s0.n_blocks);
 }
 
+// Slots past what can ever be used are not allocated: a block (or chunk) larger than the host
+// tier's pages is capped at them (kv_cache_init_tiered), and a driver given such a block streams
+// the same gradients as with the capped one.
+TEST(Offload, SlotsCappedAtHostPages) {
+    ModelRun run(converted("qwen2-micro"));
+    oomb_kv_cache_params kp{};
+    kp.n_layer = 2;
+    kp.n_head_kv = 1;
+    kp.head_dim = 8;
+    kp.page_size = 4;
+    kp.max_tokens = 37;  // 10 pages, the last one partial
+    kp.type = OOMB_TYPE_F32;
+    kp.with_grad = true;
+    kp.grad_type = OOMB_TYPE_F32;
+    const int64_t R = 3, n_host = 10 - R;
+    for (const oomb_kv_tier_params t : {oomb_kv_tier_params{R, 4096, 2}, oomb_kv_tier_params{R, 2, 1000}, oomb_kv_tier_params{R, 5, 3}}) {
+        oomb_kv_cache_t kv = oomb_kv_cache_init_tiered(run.backend, kp, t);
+        ASSERT_NE(kv, nullptr);
+        const int64_t want = R + std::min<int64_t>(t.chunk_pages, n_host) + 2 * std::min<int64_t>(t.block_pages, n_host);
+        for (int l = 0; l < kp.n_layer; l++) {
+            EXPECT_EQ(oomb_kv_cache_k(kv, l)->ne[3], want) << "block " << t.block_pages << " chunk " << t.chunk_pages;
+            EXPECT_EQ(oomb_kv_cache_dv(kv, l)->ne[3], want);
+        }
+        EXPECT_EQ(oomb_kv_cache_resident_pages(kv), R);
+        oomb_kv_cache_free(kv);
+    }
+    Reference ref(fixtures_dir() + "/qwen2-mini/reference-short.safetensors");
+    const Grads capped = run_grads("qwen2-mini", ref, 13, 5, 2, 11);  // 13 pages, 11 streamed
+    const Grads huge = run_grads("qwen2-mini", ref, 13, 5, 2, 1 << 20);
+    EXPECT_EQ(capped.loss, huge.loss);
+    ASSERT_EQ(capped.g.size(), huge.g.size());
+    for (size_t i = 0; i < capped.g.size(); i++) EXPECT_EQ(capped.g[i], huge.g[i]) << "tensor " << i;
+}
+
 // A copy that fails stops the step with a message naming it (the driver raises it).
 TEST(Offload, FailedCopyIsAnError) {
     Reference ref(fixtures_dir() + "/qwen2-mini/reference-short.safetensors");

@@ -106,6 +106,63 @@ TEST(SparseSummary, MatchesNaive) {
     }
 }
 
+// A NaN key makes its page's summary NaN in that dimension (quest min and max, mean), never
+// skipped; the other dimensions and pages are unchanged. Selection ranks the NaN-scored page
+// below every number (ps_ranks_before, the CPU's and the CUDA top-K's one rule): with one page to
+// drop it is the one dropped, though its keys are the largest (it would score first otherwise).
+TEST(SparseSummary, NanKeyMakesThePageNaN) {
+    const int D = 8, Hkv = 2, H = 4, P = 5, n_hist = 8, T0 = n_hist * P, n_logical = n_hist + 3, bad = 3, bad_d = 2;
+    for (int S : {2, 1}) {
+        SCOPED_TRACE(S == 2 ? "quest" : "mean");
+        std::mt19937 rng(29 + S);
+        oomb_context * ctx = oomb_init({0, false});
+        oomb_tensor * kp = oomb_new_tensor_4d(ctx, OOMB_TYPE_F32, D, Hkv, P, n_logical);
+        oomb_tensor * pt = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, n_logical);
+        oomb_tensor * pos = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T0);
+        oomb_tensor * sm = oomb_new_tensor_4d(ctx, OOMB_TYPE_F32, D, S, Hkv, n_logical);
+        oombtest::fill_uniform(kp, rng, -1.0f, 1.0f);
+        float * k = (float *) kp->data;
+        for (int i = 0; i < P * Hkv * D; i++) k[(size_t) bad * P * Hkv * D + i] *= 8.0f;  // page 3: the largest keys
+        k[(((size_t) bad * P + 1) * Hkv + 0) * D + bad_d] = NAN;  // slot 1, KV head 0, dimension 2
+        std::vector<int32_t> ids(n_logical), p(T0);
+        std::iota(ids.begin(), ids.end(), 0);
+        set_i32(pt, ids);
+        std::iota(p.begin(), p.end(), 0);
+        set_i32(pos, p);
+        compute(ctx, oomb_page_summary(ctx, kp, pt, pos, sm, nullptr));
+        const float * got = (const float *) sm->data;
+        for (int lp = 0; lp < n_hist; lp++)
+            for (int g = 0; g < Hkv; g++)
+                for (int s = 0; s < S; s++)
+                    for (int d = 0; d < D; d++) {
+                        const float v = got[((lp * Hkv + g) * S + s) * D + d];
+                        if (lp == bad && g == 0 && d == bad_d) EXPECT_TRUE(std::isnan(v)) << "slot " << s << ": the NaN key was skipped";
+                        else EXPECT_TRUE(std::isfinite(v)) << "page " << lp << " head " << g << " slot " << s << " dim " << d;
+                    }
+        // the next chunk (2 query tiles) selects K = 7 of the 8 history pages: page 3 is dropped
+        const int T = 7, K = n_hist - 1, nqt = (int) oomb_page_select_max_qtiles(T, P);
+        oomb_tensor * q = oomb_new_tensor_3d(ctx, OOMB_TYPE_F32, D, H, T);
+        oomb_tensor * qpos = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, T);
+        oombtest::fill_uniform(q, rng, 0.5f, 1.5f);
+        std::vector<int32_t> qp(T);
+        std::iota(qp.begin(), qp.end(), T0);
+        set_i32(qpos, qp);
+        oomb_sparse_params sp = {K, S == 2 ? OOMB_SPARSE_SCORE_QUEST : OOMB_SPARSE_SCORE_MEAN, 0, 0};
+        oomb_tensor * sel = oomb_page_select(ctx, q, sm, qpos, P, nqt, &sp);
+        compute(ctx, sel);
+        const int32_t * off = (const int32_t *) sel->data, * lists = off + nqt + 1;
+        std::vector<int32_t> want;
+        for (int lp = 0; lp < n_hist; lp++)
+            if (lp != bad || S == 1) want.push_back(lp);
+        if (S == 1) want.pop_back();  // mean: every score is NaN (the softmax's sum is): the lowest pages, by the tie rule
+        for (int j = 0; j < 2; j++) {
+            ASSERT_EQ(off[j + 1] - off[j], K);
+            EXPECT_EQ(std::vector<int32_t>(lists + off[j], lists + off[j + 1]), want) << "tile " << j;
+        }
+        oomb_free(ctx);
+    }
+}
+
 // ---- page_select ------------------------------------------------------------------------------
 
 void check_select(const oombtest::SparseRefCase & c, uint32_t seed) {

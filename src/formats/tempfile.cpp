@@ -14,6 +14,12 @@
 #include <csignal>
 #include <cstring>
 
+#include <algorithm>
+#include <cstdlib>
+#include <dirent.h>
+#include <string>
+#include <vector>
+
 #include <unistd.h>
 
 namespace oomb {
@@ -82,6 +88,30 @@ void temp_file_unregister(int id) {
 }
 
 void remove_temp_files() { remove_all(); }
+
+std::vector<std::string> remove_orphan_temp_files(const std::string& dir, const std::vector<std::string>& bases) {
+    std::vector<std::string> removed;
+    const std::string d = dir.empty() ? "." : dir;
+    DIR* dp = opendir(d.c_str());
+    if (!dp) return removed;
+    std::vector<std::string> names;
+    while (dirent* e = readdir(dp)) names.push_back(e->d_name);
+    closedir(dp);
+    std::sort(names.begin(), names.end());
+    for (const std::string& n : names) {
+        const size_t t = n.rfind(".tmp.");
+        if (t == std::string::npos || t + 5 >= n.size()) continue;
+        const std::string base = n.substr(0, t), num = n.substr(t + 5);
+        if (num.find_first_not_of("0123456789") != std::string::npos || num.size() > 9) continue;
+        if (std::find(bases.begin(), bases.end(), base) == bases.end()) continue;
+        const long pid = std::atol(num.c_str());
+        if (pid <= 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; // alive (or not ours to judge: EPERM)
+        const std::string p = d + "/" + n;
+        if (unlink(p.c_str()) == 0) removed.push_back(p);
+    }
+    return removed;
+}
 
 void install_temp_file_cleanup() {
     for (int sig : kSignals) {

@@ -35,9 +35,11 @@ static oomb_kv_cache_t kv_cache_create(oomb_backend_t backend, const oomb_kv_cac
     c->tiered = tier && tier->resident_pages < c->n_pages;
     int64_t n_dev = c->n_pages;
     if (c->tiered) {
+        // slots are capped at the host pages: a block or a chunk never maps more of them, and
+        // larger sizes would only allocate device pages no kernel can use
         c->R = tier->resident_pages;
-        c->n_cur = tier->chunk_pages;
-        c->B = tier->block_pages;
+        c->n_cur = std::min<int64_t>(tier->chunk_pages, c->n_pages - c->R);
+        c->B = std::min<int64_t>(tier->block_pages, c->n_pages - c->R);
         n_dev = c->R + c->n_cur + 2 * c->B;
     } else {
         c->R = c->n_pages;

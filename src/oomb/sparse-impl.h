@@ -55,6 +55,13 @@ PS_HD bool ps_ranks_before(float sa, int64_t pa, float sb, int64_t pb) {
     return pa < pb;
 }
 
+// The Quest summary's running min / max over a page's keys, NaN-propagating: a NaN key makes the
+// page's min and max NaN (so its Quest bound, and its score, are NaN: ranked below every number by
+// ps_ranks_before, and visible to a non-finite check), never silently skipped as fminf / std::min
+// would. Otherwise std::min / std::max's result (b < a ? b : a; a < b ? b : a), bit for bit.
+PS_HD float ps_min_nan(float a, float b) { return a != a ? a : b != b ? b : (b < a ? b : a); }
+PS_HD float ps_max_nan(float a, float b) { return a != a ? a : b != b ? b : (a < b ? b : a); }
+
 // One dimension's Quest bound: max over the page's keys of q_d * k_d given the key range.
 PS_HD float ps_quest_term(float q, float mn, float mx) {
     const float a = q * mn, b = q * mx;

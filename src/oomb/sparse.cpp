@@ -1,7 +1,10 @@
 // Page-level top-K sparse attention (oomb-sparse.h): the op constructors and the CPU reference
 // kernels of page_summary and page_select. The CUDA kernels (cuda/sparse.cu) follow the same
 // loops (the same summation order for the summaries, so those are bit-identical; the selection's
-// softmax sums over pages in a tree there, so scores may differ in the last bits).
+// softmax sums over pages in a tree there, so scores may differ in the last bits). NaN keys: the
+// mean summary is NaN through its sum; the quest min / max propagate NaN (ps_min_nan / ps_max_nan),
+// so the page's score is NaN and the shared ranking (ps_ranks_before: a NaN score ranks below every
+// number, ties by page) selects it last, on the CPU and in the CUDA top-K alike.
 
 #include "oomb-sparse.h"
 #include "oomb.h"
@@ -172,8 +175,8 @@ void cpu_page_summary(oomb_tensor * dst, cpu::thread_pool * pool) {
                     float mn = INFINITY, mx = -INFINITY;
                     for (int64_t i = 0; i < P; i++) {
                         const float k = load_key(kp, base + i * Hkv * D + d);
-                        mn = std::min(mn, k);
-                        mx = std::max(mx, k);
+                        mn = ps_min_nan(mn, k);  // a NaN key: the page's summary is NaN (sparse-impl.h)
+                        mx = ps_max_nan(mx, k);
                     }
                     out[d] = mn;
                     out[D + d] = mx;

@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import sys
+import subprocess
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -229,6 +230,22 @@ def main():
         v = nll(again) if rc == 0 else None
         c.check(rc == 0 and v is not None and abs(v - nlls.get("q8_0", -1)) <= 1e-4 * v,
                 f"a Q8_0 base re-typed to f16: NLL {v} == the Q8_0 file's {nlls.get('q8_0')} {e.strip()[-200:]}")
+
+        # (s6 review) a run killed by SIGKILL leaves OUT.tmp.<pid> (no handler runs): the next run
+        # writing OUT removes it with a note once that process is gone; a live process's is kept
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        stale, live = f"{again}.tmp.{dead.pid}", f"{again}.tmp.{os.getpid()}"
+        other = os.path.join(tmp, f"other.gguf.tmp.{dead.pid}")  # another output's: not ours to remove
+        for f in (stale, live, other):
+            with open(f, "wb") as fh:
+                fh.write(b"partial")
+        rc, _, e = run_tool([EXPORT, "-m", out["q8_0"], "--out-type", "f16", "-o", again])
+        c.check(rc == 0 and not os.path.exists(stale) and os.path.exists(live) and os.path.exists(other)
+                and f"removed {stale}, left by an interrupted write of process {dead.pid}" in e,
+                f"a stale OUT.tmp.<pid> of a dead process removed with a note, a live one's and another output's kept ({e.strip()[-300:]})")
+        for f in (live, other):
+            os.unlink(f)
 
         # tied embeddings: token_embd.weight takes output.weight's Q6_K
         tied = os.path.join(tmp, "tied.gguf")

@@ -2,7 +2,8 @@
 """Host offload through the command line (issue 12's verification contract), on the CPU backend:
 
   - `oomb-train -m M.gguf --tokens IDS --chunk C --page P --device cpu --offload on
-    --gpu-kv-budget 0.001 --dump-grads OUT` gives the same gradients as without offload (every
+    --gpu-kv-budget 0.00035 --dump-grads OUT` (part of the pages resident: 0.001 GiB would hold the whole
+    cache, which then stays resident) gives the same gradients as without offload (every
     tensor to 1e-5 of its largest element: only the blocks' summation order differs), for chunk and
     page sizes that do not divide the sequence (qwen2-mini, 64 tokens: chunk 13 / page 5, chunk 24 /
     page 7), and the memory plan says what streams;
@@ -75,7 +76,7 @@ def main():
         # 1. the verification contract: offloaded gradients == resident ones
         for chunk, page in ((13, 5), (24, 7)):
             out = {}
-            for name, extra in (("resident", []), ("offload", ["--offload", "on", "--gpu-kv-budget", "0.001"]),
+            for name, extra in (("resident", []), ("offload", ["--offload", "on", "--gpu-kv-budget", "0.00035"]),
                                 ("offload-all", ["--offload", "on", "--gpu-kv-budget", "0.0001"])):
                 path = os.path.join(tmp, f"g-{name}-{chunk}.safetensors")
                 r = run([TRAIN, "-m", gguf, "--tokens", ids, "--chunk", str(chunk), "--page", str(page), "--device", "cpu",
@@ -129,6 +130,34 @@ def main():
         r = run(base[:-6] + ["--ctx", "300", "--chunk", "70", "--offload", "auto", "--gpu-kv-budget", "1", "--steps", "1",
                              "--save-every", "-1", "-o", os.path.join(tmp, "run-auto2")])
         check(r.returncode == 0 and "all on the device" in r.stdout, "auto with a budget above the cache: all on the device")
+
+        # (s6 review) --offload on with a budget above the whole cache keeps every page resident as
+        # auto does (it streamed one page through 2 + 1 slots); the counters say nothing streamed
+        def jsonl(o):
+            p = os.path.join(o, "train.jsonl")
+            return [json.loads(x) for x in open(p)] if os.path.exists(p) else [{}]
+        o_on = os.path.join(tmp, "run-on-big")
+        r = run(base[:-6] + ["--ctx", "300", "--chunk", "70", "--offload", "on", "--gpu-kv-budget", "1", "--steps", "1",
+                             "--save-every", "-1", "-o", o_on])
+        check(r.returncode == 0 and "all on the device" in r.stdout and "nothing streams" in r.stdout and "host KV" not in r.stdout
+              and jsonl(o_on)[-1].get("offload_bytes_in", 0) == 0,
+              f"--offload on with a budget above the cache: all resident, nothing copied ({r.stdout[-500:]})")
+        # a huge --offload-block is capped at the cache's pages (19; none resident without a budget):
+        # the same plan (6 chunk slots + 2 x 19) and the same copies as --offload-block 19. (The
+        # driver already capped the slots it allocates, chunk_kv_tier; the C API did not, test-offload)
+        plans, copies = {}, {}
+        for blk in ("100000", "19"):
+            ob = os.path.join(tmp, "run-block-" + blk)
+            r = run(base[:-6] + ["--ctx", "300", "--chunk", "70", "--offload", "on", "--offload-block", blk,
+                                 "--steps", "1", "--save-every", "-1", "-o", ob])
+            plans[blk] = [x for x in r.stdout.splitlines() if "resident +" in x]
+            copies[blk] = (jsonl(ob)[-1].get("offload_bytes_in"), jsonl(ob)[-1].get("offload_copies"))
+            check(r.returncode == 0 and len(plans[blk]) == 1 and "0 resident + 44 slots" in plans[blk][0] and "blocks of 19 pages" in plans[blk][0],
+                  f"--offload-block {blk}: blocks of the 19 streamed pages ({r.stdout[-600:]})")
+            if blk == "100000":
+                check("--offload-block 100000 is more than the KV cache's 19 pages" in r.stdout, "a huge --offload-block: a note")
+        check(plans["100000"] == plans["19"] and copies["100000"] == copies["19"] and copies["19"][0],
+              f"a huge --offload-block streams as the capped one ({plans}, {copies})")
 
         # 4. bad settings
         for bad, msg in ((["--offload", "maybe"], "--offload must be auto, on or off"),

@@ -159,6 +159,30 @@ def main():
             fh.write(b'{"messages": [{"role": "user", "content": "caf\xe9"}, {"role": "assistant", "content": "ok"}]}\n')
         p, log = run(["--data", f, "--steps", "1"], os.path.join(d, "out-utf8"))
         check(p.returncode == 1 and "empty.jsonl:1: " in p.stderr and "invalid UTF-8" in p.stderr, f"a non-UTF-8 line: {p.stderr.strip()[-200:]}")
+        # (s6 review) a folder of chat data reads only its .jsonl / .jsonl.gz files: a README (or
+        # any other file) is skipped with a note, not read as a bad JSONL file; a bad line in a
+        # .jsonl of the folder still names its file and line; a folder with no .jsonl says so
+        folder = os.path.join(d, "chat-folder")
+        os.makedirs(os.path.join(folder, "sub"))
+        write_jsonl(os.path.join(folder, "a.jsonl"), CONVS)
+        with open(os.path.join(folder, "README.md"), "w") as fh:
+            fh.write("# chat data\nConversations, one a line.\n")
+        with open(os.path.join(folder, "sub", "notes.txt"), "w") as fh:
+            fh.write("not a conversation\n")
+        p, log = run(["--data", folder, "--steps", "4", "--train-on", "assistant"], os.path.join(d, "out-folder"))
+        got = [e["n_targets"] for e in log if "n_targets" in e]
+        check(p.returncode == 0 and "skipped 2 file(s) that are not .jsonl or .jsonl.gz" in p.stdout and "README.md" in p.stdout
+              and sorted(got) == sorted(want_asst), f"a folder with a README: only a.jsonl read ({p.returncode}: {p.stdout[-300:]} {p.stderr[-300:]})")
+        write_jsonl(os.path.join(folder, "sub", "b.jsonl"), CONVS[:2], [bad_lines[0][0]])
+        p, log = run(["--data", folder, "--steps", "1"], os.path.join(d, "out-folder-bad"))
+        check(p.returncode == 1 and "sub/b.jsonl:3: " in p.stderr and "not JSON" in p.stderr,
+              f"a bad line in a folder's .jsonl: its file and line named ({p.stderr.strip()[-200:]})")
+        only = os.path.join(d, "no-jsonl")
+        os.makedirs(only)
+        with open(os.path.join(only, "README.md"), "w") as fh:
+            fh.write("nothing here\n")
+        p, log = run(["--data", only, "--steps", "1"], os.path.join(d, "out-no-jsonl"))
+        check(p.returncode == 1 and "holds no .jsonl or .jsonl.gz file" in p.stderr, f"a folder without .jsonl: {p.stderr.strip()[-200:]}")
         p = subprocess.run([TRAIN, "--preset", "tiny", "--data", data, "--train-on", "all"], capture_output=True, text=True)
         check(p.returncode == 1 and "--train-on needs --data-format chat" in p.stderr, "--train-on without chat data: an error")
     print("FAILED: " + "; ".join(failures) if failures else "all chat checks passed")

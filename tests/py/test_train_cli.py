@@ -620,6 +620,16 @@ def test_input_checks(tmp):
     check(not bad_opts, f"oomb-eval: {len(eval_table)} out-of-range option values rejected {bad_opts}")
     rc, o, e = run([EVAL, "-m", os.path.join(d, "nope.gguf"), "--data", os.path.join(only, "a.txt"), "--json", "/nonexistent/x.json"])
     check(rc == 1 and "--json" in e and "/nonexistent" in e, f"oomb-eval --json into a missing folder: fails first ({e.strip()[-200:]})")
+    # (s6 review) an oomb-train option given to oomb-eval says whose it is; an unknown one keeps CLI11's message
+    ev = [EVAL, "-m", os.path.join(d, "nope.gguf"), "--data", os.path.join(only, "a.txt")]
+    for extra, want in ((["--kv-grad-type", "bf16"], "--kv-grad-type is an option of oomb-train, not of oomb-eval"),
+                        (["--steps=3"], "--steps is an option of oomb-train, not of oomb-eval"),
+                        (["--resume"], "--resume is an option of oomb-train, not of oomb-eval"),
+                        (["-o", d], "-o is an option of oomb-train, not of oomb-eval"),
+                        (["--no-such-option", "1"], "--no-such-option")):
+        rc, o, e = run(ev + extra, timeout=30)
+        check(rc == 1 and want in e and (extra[0] != "--no-such-option" or "option of oomb-train" not in e),
+              f"oomb-eval {' '.join(extra)}: exit 1 with '{want}' ({rc}: {e.strip()[-200:]})")
 
 
 def test_text_tiny(tmp):
