@@ -33,11 +33,12 @@
 // work lists built on the device by two prep kernels, no host sync (paged-attn-lists.cuh: the
 // forward's union of its rows' lists, the backward's key-tile x row-tile bitmap). Page sizes that
 // are not a multiple of 64 (the LISTS forward's key tile) stay on the generic kernels (fast_family).
-// LISTS_RANGE (the offload's blocks of a sparse history) runs on the generic kernels, whose loops
-// visit only a window's keys, unless config.lists_range_fast (OOMB_PAGED_ATTN_LISTS_RANGE_FAST=1):
-// then on the LISTS variants of the tensor-core kernels, the window carried in their lists view
-// (PaLists::win_first / win_last; the prep kernels drop the entries outside it, the kernels walk
-// and mask only the window's keys: paged-attn-lists.cuh). Off by default until measured on the GPU.
+// LISTS_RANGE (the offload's blocks of a sparse history) runs on the LISTS variants of the
+// tensor-core kernels, the window carried in their lists view (PaLists::win_first / win_last; the
+// prep kernels drop the entries outside it, the kernels walk and mask only the window's keys:
+// paged-attn-lists.cuh); config.lists_range_fast = false (OOMB_PAGED_ATTN_LISTS_RANGE_FAST=0) puts
+// it back on the generic kernels, whose loops visit only a window's keys. On by default since the
+// H200 run of 2026-12-02 (ListsRangeFastKernels passed; the 7B 1M sparse + offload step: 512 s).
 //
 // The family, one translation unit: paged-attn-common.cuh (helpers, store / read-back kernels),
 // paged-attn-lists.cuh (page lists on the tensor-core kernels: work lists, prep kernels),

@@ -36,7 +36,7 @@ struct oomb_paged_attn_config {
     int split = -1;         // SPLIT: blocks per key tile of the backward (clamped to [1, row tiles]); -1 automatic
     int occ64 = 1;          // OCC64 0-3: two CTAs per SM for the head-dim-64 wgmma kernels, bit 0 forward, bit 1 backward
     bool fwd_pipe = false;  // FWDPIPE 0/1: the head-dim-64 wgmma forward issuing the next tile's S before the softmax
-    bool lists_range_fast = false;  // LISTS_RANGE_FAST 0/1: the LISTS_RANGE schedule (the offload's blocks of a sparse
+    bool lists_range_fast = true;   // LISTS_RANGE_FAST 0/1: the LISTS_RANGE schedule (the offload's blocks of a sparse
                             //   history) on the tensor-core kernels (their LISTS variants); 0: the generic kernels
 };
 /// The defaults overridden by the OOMB_PAGED_ATTN_* variables that are set (GENERIC: set at all;

@@ -40,8 +40,8 @@ __global__ void k_page_summary(float * sum, const char * kp, int ktype, size_t e
             float mn = INFINITY, mx = -INFINITY;
             for (int64_t i = 0; i < P; i++) {
                 const float k = oomb_load_f(kp + (size_t) (base + i * Hkv * D + d) * esz, ktype);
-                mn = fminf(mn, k);
-                mx = fmaxf(mx, k);
+                mn = oomb::ps_min_nan(mn, k);  // a NaN key makes the summary NaN, as on the CPU (sparse-impl.h)
+                mx = oomb::ps_max_nan(mx, k);
             }
             out[d] = mn;
             out[D + d] = mx;

@@ -1107,15 +1107,19 @@ TEST(CudaPagedAttn, Bf16GradPages) {
 }
 
 #ifdef OOMB_USE_CUDA
-// One NaN in the inputs must reach exactly the outputs that depend on it (as the CPU kernels,
+// One NaN in the inputs must reach every output that depends on it (as the CPU kernels,
 // tests/test-paged-cpu.cpp PagedCpuNonFinite): a NaN score must not be dropped by a max or a
 // "l > 0" guard. Modes: 0 a NaN in k_cur (row 20, KV head 0, dim 5): the rows of group 0 at or
 // after row 20 get out and LSE NaN; 1 a NaN in v_cur (row 33, KV head 1, dim 7): the rows of
-// group 1 from row 33 get out NaN, their LSE unchanged; 2 a NaN in q (row 50, head H-1): that
-// (row, head) only, out and LSE; 3 dim 0 of every k_cur row of KV head 0 NaN (every score of
-// group 0 NaN: the running max never leaves -inf). Every other row equals the clean run bit for
-// bit (the forward is deterministic); the backward (saved statistics) gives dq NaN in every dim of
-// the rows whose out is NaN and finite dq elsewhere.
+// group 1 from row 33 get out NaN in dim 7, their LSE and other dims unchanged; 2 a NaN in q (row
+// 50, head H-1): that (row, head) only, out and LSE; 3 dim 0 of every k_cur row of KV head 0 NaN
+// (every score of group 0 NaN: the running max never leaves -inf). The forward is exact: every
+// other output equals the clean run bit for bit. The backward (saved statistics): dq NaN in every
+// dim of the rows that see the NaN; the other rows of the other KV group finite; the other rows of
+// the NaN's own group finite on the generic kernels, while the tensor-core kernels may poison them
+// too (a masked key of the same tile enters the MMA as P = 0 times a NaN key or value: NaN, loud,
+// never a silent finite value). Measured on the H200 (2026-12-02, before these expectations were
+// written down): exactly that pattern, on every family.
 void run_nan_case(int D, int P, oomb_type type, int mode, uint32_t seed) {
     SCOPED_TRACE("NaN mode " + std::to_string(mode) + " D" + std::to_string(D) + " P" + std::to_string(P) + " " + oomb_type_name(type));
     const int H = 4, Hkv = 2, G = H / Hkv, T = 70, hist = 100;
@@ -1175,19 +1179,22 @@ void run_nan_case(int D, int P, oomb_type type, int mode, uint32_t seed) {
     for (int t = 0; t < T; t++)
         for (int h = 0; h < H; h++) {
             const int grp = h / G, r = t * H + h;
-            const bool out_nan = mode == 0 ? grp == 0 && t >= 20 : mode == 1 ? grp == 1 && t >= 33 : mode == 2 ? t == 50 && h == H - 1 : grp == 0;
-            const bool lse_nan = out_nan && mode != 1;
+            const bool sees = mode == 0 ? grp == 0 && t >= 20 : mode == 1 ? grp == 1 && t >= 33 : mode == 2 ? t == 50 && h == H - 1 : grp == 0;
+            const int nan_grp = mode == 1 ? 1 : mode == 2 ? (H - 1) / G : 0;
+            const bool lse_nan = sees && mode != 1;
             if (std::isnan(res_lse[1][r]) != lse_nan || (!lse_nan && res_lse[1][r] != res_lse[0][r])) {
                 if (bad++ < 8) ADD_FAILURE() << "row " << t << " head " << h << ": LSE " << res_lse[1][r] << " (clean " << res_lse[0][r] << "), want "
                                              << (lse_nan ? "NaN" : "the clean value") << " [" << fam_f << "]";
             }
             for (int d = 0; d < D; d++) {
                 const float x = res_out[1][(int64_t) r * D + d], dq = res_dq[1][(int64_t) r * D + d];
+                const bool out_nan = sees && (mode != 1 || d == 7);
                 const bool ok_out = out_nan ? std::isnan(x) : x == res_out[0][(int64_t) r * D + d];
-                const bool ok_dq = out_nan ? std::isnan(dq) : std::isfinite(dq);
+                const bool ok_dq = sees ? std::isnan(dq) : std::isfinite(dq) || (fam_b != "generic" && grp == nan_grp);
                 if ((!ok_out || !ok_dq) && bad++ < 8)
-                    ADD_FAILURE() << "row " << t << " head " << h << " dim " << d << ": out " << x << " dq " << dq << ", want "
-                                  << (out_nan ? "NaN" : "clean / finite") << " [forward " << fam_f << ", backward " << fam_b << "]";
+                    ADD_FAILURE() << "row " << t << " head " << h << " dim " << d << ": out " << x << " (clean " << res_out[0][(int64_t) r * D + d]
+                                  << ") dq " << dq << "; the row " << (sees ? "sees" : "does not see") << " the NaN [forward " << fam_f
+                                  << ", backward " << fam_b << "]";
             }
         }
     printf("[ nan ] mode %d D%d P%d %s: forward %s, backward %s, %d mismatches\n", mode, D, P, oomb_type_name(type), fam_f.c_str(), fam_b.c_str(), bad);

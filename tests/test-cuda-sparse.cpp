@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <cstdio>
 #include <numeric>
@@ -107,6 +108,37 @@ TEST(CudaSparse, SummaryMatchesCpu) {
         auto build = [](oomb_context * ctx, std::vector<oomb_tensor *> & t) { return oomb_page_summary(ctx, t[0], t[1], t[2], t[3], nullptr); };
         EXPECT_EQ(run(true, ops, build), run(false, ops, build));
     }
+}
+
+// A NaN key makes its page's summary NaN on both backends (mean through the sum, quest through
+// oomb::ps_min_nan / ps_max_nan: fminf / fmaxf would skip it), bit for bit as the CPU: one NaN in
+// the K pool at (dim 3, KV head 1, slot 5) of a page the chunk stores, f32 and bf16 pools.
+TEST(CudaSparse, SummaryNanKeyMatchesCpu) {
+    SKIP_WITHOUT_GPU();
+    const int D = 64, Hkv = 2, P = 16, pos0 = 37, T = 45;
+    for (oomb_type type : {OOMB_TYPE_F32, OOMB_TYPE_BF16})
+        for (int S : {1, 2}) {
+            SCOPED_TRACE(std::string(oomb_type_name(type)) + " S" + std::to_string(S));
+            std::mt19937 rng(11 + S);
+            const int n_logical = (pos0 + T) / P + 2, n_phys = n_logical + 3;
+            std::vector<int32_t> perm(n_phys);
+            std::iota(perm.begin(), perm.end(), 0);
+            std::shuffle(perm.begin(), perm.end(), rng);
+            perm.resize(n_logical);
+            Operand kp = random_op(type, {D, Hkv, P, n_phys}, rng, -2, 2);
+            const int lp = pos0 / P + 1;  // a logical page the chunk covers whole
+            const size_t at = (((size_t) perm[lp] * P + 5) * Hkv + 1) * D + 3;
+            if (type == OOMB_TYPE_F32) ((float *) kp.bytes.data())[at] = NAN;
+            else ((uint16_t *) kp.bytes.data())[at] = 0x7fc0;
+            const std::vector<Operand> ops = {kp, i32_op(perm), i32_op(positions(pos0, T)), random_op(OOMB_TYPE_F32, {D, S, Hkv, n_logical}, rng, -1, 1)};
+            auto build = [](oomb_context * ctx, std::vector<oomb_tensor *> & t) { return oomb_page_summary(ctx, t[0], t[1], t[2], t[3], nullptr); };
+            const std::vector<uint8_t> g = run(true, ops, build), h = run(false, ops, build);
+            EXPECT_EQ(g, h);
+            const float * sf = (const float *) h.data();
+            int nan_count = 0;
+            for (size_t i = 0; i < h.size() / 4; i++) nan_count += std::isnan(sf[i]);
+            EXPECT_EQ(nan_count, S) << "the NaN key's page: its summary element(s) of dim 3, KV head 1 (mean; min and max)";
+        }
 }
 
 TEST(CudaSparse, SelectMatchesCpu) {
