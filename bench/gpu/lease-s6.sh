@@ -69,5 +69,17 @@ finish)
     cp -r $K/q4 "$R/" 2>/dev/null; tail -30 $K/q4.out
     OUT="$R/fid" GGUF=$K/smol.gguf BINS=$B timeout ${FT_LIMIT:-200} bash bench/sparse/fidelity.sh finetune
     log "finetune rc=$?" ;;
-*) echo "usage: $0 fixtures | tests | part N | wait1m S | q4fid | finish S"; exit 2 ;;
+l2a)  # the second lease: tests of the CUDA changes made after the first, then profiles (sparse 128K; offload pair 64K)
+    rm -rf $B && mkdir -p $B && tar -xJf .devcarry/gpu-bins.tar.xz -C $B && cat .devcarry/bins-commit.txt || exit 1
+    for tl in test-cuda-paged-attn:150 test-cuda-sparse:60; do
+        t=${tl%:*}; timeout ${tl#*:} $B/$t > "$R/$t.log" 2>&1; log "$t rc=$?"
+        grep -E "^\[  (FAILED|PASSED|SKIPPED) |^\[       OK \]|Failure|\[ nan \]" "$R/$t.log" | head -60
+    done
+    OOMB_CUDA_PROFILE=1 OUT="$R/sp128" BINS=$B LIMIT=200 bash bench/sparse/run-h200.sh sweep 64
+    tar -xzOf "$R/sp128/logs.tgz" 7b-128k-sparse64.log | grep -A16 "CUDA profile (GPU" | head -18
+    OOMB_CUDA_PROFILE=1 OUT="$R/pair64" BINS=$B LIMIT=200 bash bench/offload/run-h200.sh pair 65536
+    for n in resident offload; do tar -xzOf "$R/pair64/logs.tgz" 7b-65536-$n.log | grep -A14 "CUDA profile (GPU" | head -16; done ;;
+l2b)  # 256K dense vs sparse 64, both --offload auto (the default: dense streams what does not fit)
+    OFFLOAD=auto OUT="$R/s256" BINS=$B LIMIT=420 bash bench/sparse/run-h200.sh 256k ;;
+*) echo "usage: $0 fixtures | tests | part N | wait1m S | q4fid | finish S | l2a | l2b"; exit 2 ;;
 esac
