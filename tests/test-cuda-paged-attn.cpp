@@ -1207,7 +1207,7 @@ void run_nan_case(int D, int P, oomb_type type, int mode, uint32_t seed) {
 }
 #endif
 
-TEST(CudaPagedAttn, NanInputsReachExactlyTheRowsThatSeeThem) {
+TEST(CudaPagedAttn, NanInputsReachTheRowsThatSeeThem) {
     SKIP_WITHOUT_GPU();
 #ifdef OOMB_USE_CUDA
     struct { int D, P; oomb_type type; int wgmma; } cfgs[] = {
