@@ -53,7 +53,13 @@ void check_chunk_options(const char * prog, const CLI::App & app, int64_t ctx, i
     need_in_range(prog, page >= 1, "--page", page, ">= 1");
     if (app.count("--page"))
         need_in_range(prog, page <= ctx, "--page", page, "at most --ctx (" + std::to_string(ctx) + "): the page size is too large");
-    if (app.count("--threads")) need_in_range(prog, threads >= 1, "--threads", threads, ">= 1");
+    if (app.count("--threads")) {
+        need_in_range(prog, threads >= 1, "--threads", threads, ">= 1");
+        const unsigned hw = std::thread::hardware_concurrency();
+        if (hw > 0 && (unsigned) threads > hw)
+            fprintf(stderr, "%s: warning: --threads %d is more than this machine's %u hardware threads: the CPU kernels will "
+                            "time-share the cores (much slower); the default takes them all\n", prog, threads, hw);
+    }
     if (app.count("--rope-theta"))
         need_in_range(prog, std::isfinite(rope_theta) && rope_theta > 0, "--rope-theta", rope_theta, "a finite number > 0");
 }

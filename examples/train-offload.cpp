@@ -147,6 +147,9 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
                 printf("note: the KV budget (%s, %" PRId64 " pages) is below the streaming slots (%d pages of the chunk + 2 x %d): the "
                        "device holds the slots\n", fmt_bytes(budget).c_str(), budget_pages, tier_of(0, B).chunk_pages, tier_of(0, B).block_pages);
         }
+        if (oo.block_pages > 0 && B < std::min<int64_t>(oo.block_pages, block))  // the user's block size, made smaller by the budget
+            printf("note: --offload-block %d: blocks of %d pages instead, the largest that keep the most resident pages within the "
+                   "KV budget (%s)\n", oo.block_pages, B, fmt_bytes(budget).c_str());
         if (dev_pages(tier_of(R, B)) >= n_pages) {  // the slots would hold as much as the whole cache
             if (oo.mode == "auto") {
                 printf("note: streaming would keep %" PRId64 " pages on the device, the whole KV cache has %" PRId64 ": it stays resident\n",

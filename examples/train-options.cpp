@@ -116,7 +116,7 @@ void add_train_cli_options(CLI::App & app, Options & o) {
                                                "--trainable lora also q4_k_m, q4_k, q6_k or q8_0 (the layers' projections made as "
                                                "random blocks of that type; q4_k_m: llama.cpp's mix)")->capture_default_str();
     app.add_option("--lora-rank", o.lora_rank, "--trainable lora: adapter rank r")->capture_default_str();
-    app.add_option("--lora-alpha", o.lora_alpha, "--trainable lora: alpha (scale alpha / r; default 2 x the default rank)")->capture_default_str();
+    app.add_option("--lora-alpha", o.lora_alpha, "--trainable lora: alpha (scale alpha / r; 0: scale 1, as llama.cpp reads alpha 0; default 2 x the default rank)")->capture_default_str();
     app.add_option("--lora-targets", o.lora_targets, "--trainable lora: the projections adapted, a comma-separated subset of q,k,v,o,gate,up,down")
         ->capture_default_str();
     app.add_option("--lora-init", o.lora_init, "--trainable lora: A's initialisation as PEFT's init_lora_weights, B = 0 in both: default "
@@ -210,7 +210,11 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
             fail(PROG, "--trainable must be all, linear or lora, got '" + o.trainable + "'");
         if (o.trainable == "lora") {
             need(o.lora_rank >= 1 && o.lora_rank <= INT32_MAX, "--lora-rank", (double) o.lora_rank, "from 1 to 2147483647");
-            need(std::isfinite(o.lora_alpha), "--lora-alpha", o.lora_alpha, "a finite number");
+            need(std::isfinite(o.lora_alpha) && o.lora_alpha >= 0, "--lora-alpha", o.lora_alpha,
+                 "a finite number >= 0 (0: scale 1, as llama.cpp reads alpha 0)");
+            if (o.lora_alpha == 0)
+                fprintf(stderr, "%s: note: --lora-alpha 0 means scale 1 (llama.cpp's rule for alpha 0; PEFT's adapter_config.json "
+                                "gets lora_alpha = r), not scale 0\n", PROG);
             uint32_t mask = 0;
             std::string e;
             if (!lora_parse_targets(o.lora_targets, &mask, &e)) fail(PROG, e);

@@ -175,6 +175,10 @@ int main(int argc, char** argv) {
     if (out_path.empty()) return fail("-o/--output is empty");
     if (struct stat st; stat(out_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
         return fail("-o/--output " + out_path + " is a directory: give the output file's path");
+    for (const std::string* in : {&base_path, &lora_path})  // the same file (also through another path or a link)
+        if (struct stat so, si; !in->empty() && stat(out_path.c_str(), &so) == 0 && stat(in->c_str(), &si) == 0 && so.st_dev == si.st_dev &&
+                                so.st_ino == si.st_ino)
+            return fail("-o/--output " + out_path + " is the input " + *in + ": write the result to another file");
     {  // a run killed by SIGKILL (no handler runs) left OUT.tmp.<pid>: removed once its process is gone
         const size_t sl = out_path.rfind('/');
         const std::string dir = sl == std::string::npos ? "." : sl == 0 ? "/" : out_path.substr(0, sl);
