@@ -16,6 +16,7 @@
 #include "eval-windows.h"
 #include "train-common.h"
 #include "train-offload.h"
+#include "train-progress.h"
 #include "train-options.h"  // train_option_table: oomb-train's options named as such
 #include "train-sparse.h"
 
@@ -46,7 +47,7 @@ int main(int argc, char ** argv) {
     std::vector<std::string> data;
     int64_t ctx = 4096, chunk = 4096, max_tokens = 0;
     int page = 128, threads = 0;
-    double rope_theta = 0;
+    double rope_theta = 0, progress_every = 30;
     bool second_half = false;
     CLI::App app{"oomb-eval: perplexity of a long text under a Qwen2 or Llama GGUF model, computed chunk by chunk over the paged KV cache "
                  "(the same path as oomb-train).",
@@ -71,6 +72,7 @@ int main(int argc, char ** argv) {
                  "score as llama-perplexity: floor(tokens / ctx) windows of exactly --ctx, each starting with BOS when the "
                  "vocabulary says add_bos, only positions ctx/2 .. ctx-2 scored");
     app.add_option("--json", json_out, "also write the results as JSON to this file");
+    add_progress_option(app, progress_every);
     OffloadOptions offload;
     add_offload_options(app, offload);
     SparseOptions sparse;
@@ -79,6 +81,7 @@ int main(int argc, char ** argv) {
     check_chunk_options(PROG, app, ctx, chunk, page, threads, rope_theta);
     check_offload_options(PROG, app, offload);
     check_sparse_options(PROG, app, sparse, false);
+    check_progress_option(PROG, progress_every);
     if (app.count("--max-tokens")) need_in_range(PROG, max_tokens >= 1, "--max-tokens", (double) max_tokens, ">= 1");
     if (data.empty() == data_bin.empty()) fail(PROG, "give --data FILE (text) or --data-bin FILE (ids)");
     if (base_type != "keep" && base_type != "bf16" && base_type != "f32")
@@ -165,6 +168,9 @@ int main(int argc, char ** argv) {
     win.ignore_index = tp.ignore_index;
     plan_memory(PROG, offload, be, *m, &tp);
     ChunkDriver tr(model_chunk_builder(*m), tp);
+    ChunkProgressLine progress(progress_every, be);  // --progress-every: windows done, chunk, tok/s, ETA
+    progress.install(tr);
+    progress.begin_job(n_windows, "ETA");
     double nll = 0;
     int64_t targets = 0, windows = 0;
     const auto t1 = std::chrono::steady_clock::now();
@@ -172,6 +178,7 @@ int main(int argc, char ** argv) {
     for (int64_t k = 0; k < n_windows; k++) {
         const EvalWindow w = eval_window(ids.data(), n, k, win);
         const int64_t len = (int64_t) w.ids.size(), done = w.offset + len;
+        progress.begin_item(k, "windows " + std::to_string(k) + "/" + std::to_string(n_windows) + " done");
         ChunkStats st = tr.forward(w.ids.data(), len, w.labels.empty() ? nullptr : w.labels.data());
         nll += st.loss_sum;
         targets += st.n_targets;

@@ -65,6 +65,7 @@ public:
     std::vector<oomb_tensor *> params;
     oomb_optimizer_t opt = nullptr;
     std::unique_ptr<ChunkDriver> tr;
+    std::unique_ptr<ChunkProgressLine> progress;  // --progress-every lines inside a step / an evaluation
     Data data;
     Sampler sampler;
     int64_t step = 0;                 // completed steps
@@ -87,7 +88,9 @@ public:
     double eval_loss(int64_t * n_targets) {
         double s = 0;
         int64_t n = 0;
+        progress->begin_job((int64_t) data.eval_off.size(), "eval ETA");
         for (size_t i = 0; i < data.eval_off.size(); i++) {
+            progress->begin_item((int64_t) i, "eval seq " + std::to_string(i + 1) + "/" + std::to_string(data.eval_off.size()));
             const int32_t * lab = data.eval_labels.empty() ? nullptr : data.eval_labels.data() + data.eval_off[i];  // chat: masked
             ChunkStats st = tr->forward(data.eval.data() + data.eval_off[i], data.eval_len[i], lab);
             s += st.loss_sum;
@@ -303,6 +306,8 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         printf("note: --attn-cache is unused: a sequence of --ctx %" PRId64 " tokens is one chunk (no stage 1 to keep results from)\n", o.ctx);
     plan_memory(PROG, o.offload, T.be, M, &tp);  // stops here when the run cannot fit
     T.tr = std::make_unique<ChunkDriver>(model_chunk_builder(M), tp);
+    T.progress = std::make_unique<ChunkProgressLine>(o.progress_every, T.be);
+    T.progress->install(*T.tr);
 
     // ---- resume
     T.sampler.init(T.data.n_seqs, o.seed);
@@ -380,7 +385,10 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         oomb_opt_zero_grads(T.opt);
         double loss_sum = 0;
         int64_t count = 0;
+        T.progress->begin_job(o.seqs_per_step, "step ETA");
         for (int s = 0; s < o.seqs_per_step; s++) {
+            T.progress->begin_item(s, "step " + std::to_string(T.step + 1) + "/" + std::to_string(o.steps) +
+                                          (o.seqs_per_step > 1 ? " seq " + std::to_string(s + 1) + "/" + std::to_string(o.seqs_per_step) : ""));
             const int64_t si = T.sampler.next();
             const int32_t * src = T.data.train.data() + si * o.ctx;
             const int32_t * lab = T.data.train_labels.empty() ? nullptr : T.data.train_labels.data() + si * o.ctx;  // chat: masked
@@ -451,7 +459,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         }
         if (o.log_every > 0 && (T.step % o.log_every == 0 || T.step == 1 || T.step == stop_at)) {
             const double eta = step_time_sum / steps_run * (double) (o.steps - T.step);
-            const std::string dev = has_dev ? " | GPU " + fmt_bytes((double) dev_used) + " of " + fmt_bytes((double) dev_total) : "";
+            const std::string dev = gpu_memory_field(T.be);
             printf("step %*" PRId64 "/%d | loss %8.4f | lr %.3e | gnorm %7.3f | %7.0f tok/s | ETA %s | RSS %s | KV %s + arena %s%s\n",
                    (int) std::to_string(o.steps).size(), T.step, o.steps, loss, lr, gnorm, (double) o.seqs_per_step * o.ctx / dt,
                    fmt_duration(eta).c_str(), fmt_bytes((double) rss_bytes()).c_str(),

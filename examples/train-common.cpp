@@ -497,6 +497,12 @@ std::string fmt_bytes(double b) {
     return s;
 }
 
+std::string gpu_memory_field(oomb_backend_t be) {
+    size_t used = 0, total = 0;
+    if (!oomb_backend_memory(be, &used, &total)) return "";
+    return " | GPU " + fmt_bytes((double) used) + " of " + fmt_bytes((double) total);
+}
+
 std::string fmt_duration(double s) {
     if (!std::isfinite(s) || s < 0) return "?";
     const long t = (long) std::llround(s);

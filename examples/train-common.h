@@ -91,6 +91,9 @@ std::string hex64(uint64_t h);
 size_t rss_bytes();
 
 std::string fmt_bytes(double b);        // "1.23 GiB"
+// " | GPU <in use> of <total>" (fmt_bytes) of a backend with device memory (oomb_backend_memory),
+// "" for one without (the CPU): the memory field of oomb-train's step and progress lines.
+std::string gpu_memory_field(oomb_backend_t be);
 std::string fmt_duration(double s);     // "1h02m", "3m05s", "12s"
 
 // The backend of `device` ("cpu" or "cuda"); NULL with *err when unavailable.

@@ -150,6 +150,7 @@ void add_train_cli_options(CLI::App & app, Options & o) {
     app.add_flag("--resume", o.resume, "continue from OUT/model.gguf (lora: OUT/adapter.gguf) + OUT/state.safetensors (same command line otherwise)");
     app.add_option("--seed", o.seed, "seed of the initialisation and of the data order")->capture_default_str();
     app.add_option("--log-every", o.log_every, "progress line every N steps")->capture_default_str();
+    add_progress_option(app, o.progress_every);
     app.add_option("--stop-after", o.stop_after, "stop (with a checkpoint) after this step, as if interrupted; resume later");
     app.add_option("--max-bad-steps", o.max_bad_steps, "stop (exit 2) after this many consecutive non-finite steps")->capture_default_str();
     app.add_option("--tokens", o.tokens, "verification: safetensors file with input_ids int32 or int64 [B, T] (with --dump-grads or --dump-logits)");
@@ -202,6 +203,7 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         need(o.eval_seqs >= 0, "--eval-seqs", o.eval_seqs, ">= 0");
         need(o.eval_split >= 0 && o.eval_split < 100, "--eval-split", o.eval_split, "in [0, 100) (percent)");
         need(o.log_every >= 1, "--log-every", o.log_every, ">= 1");
+        check_progress_option(PROG, o.progress_every);
         need(o.max_bad_steps >= 1, "--max-bad-steps", o.max_bad_steps, ">= 1");
         check_chunk_options(PROG, app, o.ctx, o.chunk, o.page, o.threads, o.rope_theta);
         need(o.steps >= 1, "--steps", o.steps, ">= 1");
@@ -274,7 +276,7 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         for (const char * opt : {"--preset", "--data", "--data-bin", "--data-format", "--train-on", "--chat-pack", "--chat-long", "--skip-bad-lines", "--eval-data", "--eval-split", "--eval-every", "--eval-seqs",
                                  "--ctx", "--steps", "--seqs-per-step", "--lr", "--min-lr", "--warmup", "--weight-decay",
                                  "--adam-beta1", "--adam-beta2", "--adam-eps", "--grad-clip", "--out",
-                                 "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every", "--opt-state", "--out-type"}) {
+                                 "--save-every", "--resume", "--stop-after", "--max-bad-steps", "--log-every", "--progress-every", "--opt-state", "--out-type"}) {
             if (given(opt)) ignored += std::string(ignored.empty() ? "" : ", ") + opt;
         }
         if (given("--trainable") && o.trainable == "linear")  // only lora changes what is differentiated

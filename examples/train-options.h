@@ -3,6 +3,7 @@
 #pragma once
 
 #include "train-common.h"
+#include "train-progress.h"
 #include "train-offload.h"
 #include "train-sparse.h"
 
@@ -86,6 +87,7 @@ struct Options {
     bool resume = false;
     uint64_t seed = 42;
     int log_every = 1;
+    double progress_every = 30;  // --progress-every: seconds between progress lines inside a step (0: off)
     int stop_after = 0;
     int max_bad_steps = 3;
     // verification

@@ -22,6 +22,7 @@
 #include "oomb-sparse.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -108,6 +109,23 @@ struct ChunkStats {
     double  loss_sum = 0.0;  // sum of the per-target cross-entropies
     int64_t n_targets = 0;   // number of targets counted
 };
+
+/// Where a forward() / forward_backward() is: reported to the progress hook (set_progress) when a
+/// stage starts (chunks_done = 0) and after each of its chunks, on the calling thread, between
+/// chunks (nothing is running then). Time is the caller's to measure.
+struct ChunkProgress {
+    // 1: the chunks in order (forward(), or stage 1 of forward_backward(): the KV fill);
+    // 2: stage 2 (the chunks in reverse: recompute + backward).
+    int stage = 1;
+    // Stages this call runs: 2 for a forward_backward() of several chunks; 1 for forward() (stage 1
+    // only) and for a one-chunk forward_backward() (stage 2 only: its backward graph stores its K/V).
+    int n_stages = 1;
+    int64_t chunks_done = 0;  // chunks of this stage completed (0 .. n_chunks)
+    int64_t n_chunks = 0;     // chunks of the sequence (each stage runs all of them)
+    int64_t tokens_done = 0;  // tokens of the completed chunks of this stage
+    int64_t n_tokens = 0;     // tokens of the sequence
+};
+using ChunkProgressFn = std::function<void(const ChunkProgress &)>;
 
 /// What the driver needs to know of a model: its backend and the attention shapes (KV cache and
 /// attention-cache sizes; token ids are checked against n_vocab).
@@ -213,6 +231,10 @@ public:
     size_t arena_allocated_bytes() const;
     const ChunkParams & params() const { return p_; }
 
+    /// Optional hook: called with the progress of every later forward() / forward_backward() (see
+    /// ChunkProgress); an empty function (the default) turns it off. It must not call the driver.
+    void set_progress(ChunkProgressFn fn) { progress_ = std::move(fn); }
+
     /// Optional hook: hidden state outputs (for parity tests): when set before the first call,
     /// the Loss graphs expose the builder's hidden states and logits (ChunkGraphInputs::capture).
     void set_capture_hidden(bool on) { capture_hidden_ = on; }
@@ -232,7 +254,9 @@ private:
     bool chunk_lists(int64_t p0) const;
     void check_sequence(const int32_t * ids, const int32_t * labels, int64_t n) const;
     // Clears the KV cache and runs the chunks of ids in order with graphs of this kind.
-    void forward_chunks(const int32_t * ids, const int32_t * labels, int64_t n, ChunkKind kind, ChunkStats & st);
+    void forward_chunks(const int32_t * ids, const int32_t * labels, int64_t n, ChunkKind kind, ChunkStats & st, int n_stages);
+    // Calls the progress hook, if any.
+    void report(int stage, int n_stages, int64_t chunks_done, int64_t tokens_done, int64_t n) const;
 
     std::unique_ptr<ChunkGraphBuilder> builder_;
     ChunkModelShape shape_;
@@ -249,6 +273,7 @@ private:
     std::vector<std::vector<PageSelection>> sel_;  // [chunk][layer]; empty: that chunk was dense
     bool capture_hidden_ = false;
     Graph * last_ = nullptr;
+    ChunkProgressFn progress_;
 };
 
 } // namespace oomb

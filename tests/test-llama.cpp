@@ -21,6 +21,7 @@
 #include <functional>
 #include <numeric>
 #include <string>
+#include <tuple>
 
 using namespace oomb;
 
@@ -80,6 +81,38 @@ TEST(LlamaRopeFreqs, ConvertedFactorsMatter) {
     const std::vector<float> ones(8, 1.0f);
     oomb_tensor_set(run.model->rope_freqs, ones.data(), 0, ones.size() * 4);
     EXPECT_GT(std::fabs(loss() - ref.loss) / ref.loss, 1e-3) << "the frequency factors do not change the loss";
+}
+
+// ChunkDriver::set_progress: a report when each stage starts and after each chunk, stage 1 in order,
+// stage 2 in reverse (tokens counted from the end), forward() stage 1 only, a one-chunk
+// forward_backward() stage 2 only; the hook changes no result.
+TEST(ChunkDriverProgress, ReportsEveryChunkOfBothStages) {
+    ModelRun run(converted("llama-micro"));
+    Reference ref(model_fixture_dir("llama-micro") + "/reference-short.safetensors");
+    ASSERT_EQ(ref.T, 64);
+    using R = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t>;  // stage, n_stages, chunks done, n_chunks, tokens done, n
+    auto reports = [&](int64_t chunk, bool backward, double * loss) {
+        ChunkParams tp;
+        tp.chunk = chunk;
+        tp.page = 16;
+        tp.max_tokens = ref.T;
+        ChunkDriver tr(model_chunk_builder(*run.model), tp);
+        std::vector<R> got;
+        tr.set_progress([&](const ChunkProgress & p) {
+            got.emplace_back(p.stage, p.n_stages, p.chunks_done, p.n_chunks, p.tokens_done, p.n_tokens);
+        });
+        const ChunkStats st = backward ? tr.forward_backward(ref.ids.data(), ref.T) : tr.forward(ref.ids.data(), ref.T);
+        *loss = st.loss_sum;
+        return got;
+    };
+    double l_fb = 0, l_f = 0, l_one = 0;
+    EXPECT_EQ(reports(24, true, &l_fb), (std::vector<R>{{1, 2, 0, 3, 0, 64}, {1, 2, 1, 3, 24, 64}, {1, 2, 2, 3, 48, 64}, {1, 2, 3, 3, 64, 64},
+                                                         {2, 2, 0, 3, 0, 64}, {2, 2, 1, 3, 16, 64}, {2, 2, 2, 3, 40, 64}, {2, 2, 3, 3, 64, 64}}));
+    EXPECT_EQ(reports(24, false, &l_f), (std::vector<R>{{1, 1, 0, 3, 0, 64}, {1, 1, 1, 3, 24, 64}, {1, 1, 2, 3, 48, 64}, {1, 1, 3, 3, 64, 64}}));
+    EXPECT_EQ(reports(64, true, &l_one), (std::vector<R>{{2, 1, 0, 1, 0, 64}, {2, 1, 1, 1, 64, 64}}));
+    EXPECT_GT(l_fb, 0);
+    EXPECT_NEAR(l_fb, l_f, 1e-4 * l_f);  // stage 2's loss is the forward's
+    EXPECT_NEAR(l_one, l_f, 1e-4 * l_f);
 }
 
 // Other rope types of a Llama config are refused by name by the converter; so is llama3 scaling

@@ -361,20 +361,34 @@ void ChunkDriver::check_sequence(const int32_t * ids, const int32_t * labels, in
     if (n > p_.max_tokens) oomb_error("ChunkDriver: sequence of %" PRId64 " tokens exceeds max_tokens %" PRId64, n, p_.max_tokens);
 }
 
-void ChunkDriver::forward_chunks(const int32_t * ids, const int32_t * labels, int64_t n, ChunkKind kind, ChunkStats & st) {
+void ChunkDriver::report(int stage, int n_stages, int64_t chunks_done, int64_t tokens_done, int64_t n) const {
+    if (!progress_) return;
+    ChunkProgress pr;
+    pr.stage = stage;
+    pr.n_stages = n_stages;
+    pr.chunks_done = chunks_done;
+    pr.n_chunks = (n + p_.chunk - 1) / p_.chunk;
+    pr.tokens_done = tokens_done;
+    pr.n_tokens = n;
+    progress_(pr);
+}
+
+void ChunkDriver::forward_chunks(const int32_t * ids, const int32_t * labels, int64_t n, ChunkKind kind, ChunkStats & st, int n_stages) {
     oomb_kv_cache_clear(kv_);
     sel_.clear();
+    report(1, n_stages, 0, 0, n);
     for (int64_t p0 = 0; p0 < n; p0 += p_.chunk) {
         const int64_t T = std::min(p_.chunk, n - p0);
         oomb_kv_cache_reserve(kv_, p0 + T);
         run_chunk(graph(T, kind, chunk_lists(p0)), ids, labels, n, p0, T, st);
+        report(1, n_stages, p0 / p_.chunk + 1, p0 + T, n);
     }
 }
 
 ChunkStats ChunkDriver::forward(const int32_t * ids, int64_t n, const int32_t * labels) {
     check_sequence(ids, labels, n);
     ChunkStats st;
-    forward_chunks(ids, labels, n, ChunkKind::Loss, st);
+    forward_chunks(ids, labels, n, ChunkKind::Loss, st, 1);
     return st;
 }
 
@@ -388,20 +402,24 @@ ChunkStats ChunkDriver::forward_backward(const int32_t * ids, int64_t n, const i
         sel_.clear();
         oomb_kv_cache_reserve(kv_, n);
         oomb_kv_cache_zero_grad(kv_);
+        report(2, 1, 0, 0, n);
         run_chunk(graph(n, ChunkKind::BackwardStore), ids, labels, n, 0, n, st);
+        report(2, 1, 1, n, n);
         return st;
     }
     // stage 1: fill the KV cache chunk by chunk, in order
     ChunkStats none;
-    forward_chunks(ids, labels, n, ChunkKind::Fill, none);
+    forward_chunks(ids, labels, n, ChunkKind::Fill, none, 2);
     // stage 2: reverse order, recompute with gradients; the loss is summed here
     oomb_kv_cache_zero_grad(kv_);
     ChunkStats st;
     const int64_t n_chunks = (n + p_.chunk - 1) / p_.chunk;
+    report(2, 2, 0, 0, n);
     for (int64_t ci = n_chunks - 1; ci >= 0; ci--) {
         const int64_t p0 = ci * p_.chunk;
         const int64_t T = std::min(p_.chunk, n - p0);
         run_chunk(graph(T, ChunkKind::Backward, chunk_lists(p0)), ids, labels, n, p0, T, st);
+        report(2, 2, n_chunks - ci, n - p0, n);
     }
     return st;
 }
