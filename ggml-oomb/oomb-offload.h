@@ -60,6 +60,16 @@ enum oomb_status oomb_kv_stream_compute(oomb_kv_stream_t s, int64_t p0, int64_t 
 const char * oomb_kv_stream_last_error(oomb_kv_stream_t s);
 /// Totals of every stream of the process.
 struct oomb_kv_stream_stats oomb_kv_stream_totals(void);
+/// Test hook: the order in which the streams created while OOMB_DEBUG_OFFLOAD_TRACE=1 was set
+/// queued their work, one line per finished compute, since the last call (which it clears; the
+/// pointer is valid until the next call). Tokens, space-separated, k counting a graph's attention
+/// nodes from 0: "c<p0>" the chunk starting at p0; "i<k>.<b>" history block b's copies in for node
+/// k queued; "p<k>" the graph part before node k launched ("p<n>": the rest); "n<k>:<kind>" node k's
+/// own kernels launched (kind 0 dense, 1 sparse with uploaded lists, 2 sparse with lists computed
+/// by the graph). OOMB_OFFLOAD_EARLY_COPIES=0|1 (default 1, read when a stream is created): 1
+/// queues a node's blocks 0 and 1 before the part before it (kinds 0 and 1), 0 after it; the
+/// results are the same (src/oomb/offload.cpp). Any other value of either variable is an error.
+const char * oomb_kv_stream_debug_trace(void);
 
 // ---------------------------------------------------------------------------------------------
 // Host-offload tensors: any graph's tensors (weights, optimizer state, caches) stored in host

@@ -13,7 +13,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -247,7 +249,105 @@ TEST(Offload, SlotsCappedAtHostPages) {
     for (size_t i = 0; i < capped.g.size(); i++) EXPECT_EQ(capped.g[i], huge.g[i]) << "tensor " << i;
 }
 
-// A copy that fails stops the step with a message naming it (the driver raises it).
+namespace {
+
+// The streams' queue order (OOMB_DEBUG_OFFLOAD_TRACE) of one run, per compute: per attention node k
+// its kind and the positions of "p<k>" (its part launched) and "i<k>.0" (its first block queued).
+struct NodeOrder { int kind = -1; long part = -1, first = -1, self = -1; };
+std::vector<std::vector<NodeOrder>> parse_trace(const std::string & t, std::string * tokens) {
+    std::vector<std::vector<NodeOrder>> out;
+    size_t pos = 0;
+    while (pos < t.size()) {
+        const size_t eol = std::min(t.find('\n', pos), t.size());
+        std::vector<NodeOrder> nodes;
+        long n = 0;
+        for (size_t a = pos; a < eol;) {
+            size_t b = t.find(' ', a);
+            if (b == std::string::npos || b > eol) b = eol;
+            const std::string tok = t.substr(a, b - a);
+            a = b + 1;
+            if (tok.empty()) continue;
+            *tokens += tok + " ";
+            int k = -1, x = -1;
+            if (sscanf(tok.c_str() + 1, "%d", &k) != 1 || k < 0 || tok[0] == 'c') { n++; continue; }
+            if ((size_t) k >= nodes.size()) nodes.resize((size_t) k + 1);
+            if (tok[0] == 'p') nodes[(size_t) k].part = n;
+            if (tok[0] == 'i' && sscanf(tok.c_str(), "i%d.%d", &k, &x) == 2 && x == 0) nodes[(size_t) k].first = n;
+            if (tok[0] == 'n' && sscanf(tok.c_str(), "n%d:%d", &k, &x) == 2) {
+                nodes[(size_t) k].kind = x;
+                nodes[(size_t) k].self = n;
+            }
+            n++;
+        }
+        out.push_back(nodes);
+        pos = eol + 1;
+    }
+    return out;
+}
+
+} // namespace
+
+// OOMB_OFFLOAD_EARLY_COPIES: 1 queues a node's first block before the graph part that precedes it
+// (dense nodes and stage 2's sparse nodes; stage 1's sparse nodes, whose lists that part computes,
+// after it), 0 after that part, as before; the same operations either way (only the order moves)
+// and bit-identical gradients, dense and sparse, over chunk 13 / page 5 / blocks of 2 and 3.
+TEST(Offload, EarlyCopiesReorderOnly) {
+    Reference ref(fixtures_dir() + "/qwen2-mini/reference-short.safetensors");
+    setenv("OOMB_DEBUG_OFFLOAD_TRACE", "1", 1);
+    oomb_kv_stream_debug_trace();  // drop what earlier tests left
+    for (const oomb_sparse_params & sp : {oomb_sparse_params{0, OOMB_SPARSE_SCORE_MEAN, 0, 0}, oomb_sparse_params{3, OOMB_SPARSE_SCORE_QUEST, 1, 1}}) {
+        for (int block : {2, 3}) {
+            SCOPED_TRACE(std::string(sp.pages ? "sparse" : "dense") + " block " + std::to_string(block));
+            Grads g[2];
+            std::string tokens[2];
+            int n_early = 0, n_late = 0, n_in_graph = 0;
+            for (int early = 0; early < 2; early++) {
+                setenv("OOMB_OFFLOAD_EARLY_COPIES", early ? "1" : "0", 1);
+                g[early] = run_grads("qwen2-mini", ref, 13, 5, 1, block, false, OOMB_TYPE_F32, nullptr, sp);
+                const auto computes = parse_trace(oomb_kv_stream_debug_trace(), &tokens[early]);
+                ASSERT_GT(computes.size(), 4u) << "no trace: OOMB_DEBUG_OFFLOAD_TRACE";
+                for (const auto & nodes : computes) {
+                    for (const NodeOrder & o : nodes) {
+                        if (o.kind < 0) continue;  // the rest ("p<n>")
+                        ASSERT_GE(o.part, 0);
+                        ASSERT_GT(o.self, o.part) << "a node's kernels after its part";
+                        if (o.first < 0) continue;  // no streamed history block
+                        EXPECT_LT(o.first, o.self) << "the first block is queued before the node's own kernels";
+                        const bool want_early = early && o.kind != 2;
+                        if (want_early) EXPECT_LT(o.first, o.part) << "kind " << o.kind;
+                        else EXPECT_GT(o.first, o.part) << "kind " << o.kind << " early " << early;
+                        (o.first < o.part ? n_early : n_late)++;
+                        n_in_graph += o.kind == 2;
+                    }
+                }
+            }
+            unsetenv("OOMB_OFFLOAD_EARLY_COPIES");
+            EXPECT_GT(n_early, 10) << "some first copies were queued early";
+            if (sp.pages) EXPECT_GT(n_in_graph, 0) << "stage 1's sparse nodes were seen (and stayed late)";
+            // the same operations, reordered
+            std::vector<std::string> t[2];
+            for (int e = 0; e < 2; e++) {
+                for (size_t a = 0, b; a < tokens[e].size(); a = b + 1) {
+                    b = tokens[e].find(' ', a);
+                    t[e].push_back(tokens[e].substr(a, b - a));
+                }
+                std::sort(t[e].begin(), t[e].end());
+            }
+            EXPECT_NE(tokens[0], tokens[1]);
+            EXPECT_EQ(t[0], t[1]);
+            EXPECT_EQ(g[0].loss, g[1].loss);
+            ASSERT_EQ(g[0].g.size(), g[1].g.size());
+            for (size_t i = 0; i < g[0].g.size(); i++) EXPECT_EQ(g[0].g[i], g[1].g[i]) << "tensor " << i;
+        }
+    }
+    unsetenv("OOMB_DEBUG_OFFLOAD_TRACE");
+    setenv("OOMB_OFFLOAD_EARLY_COPIES", "2", 1);
+    EXPECT_OOMB_ERROR(run_grads("qwen2-mini", ref, 13, 5, 1, 2), "OOMB_OFFLOAD_EARLY_COPIES=2: must be 0 or 1");
+    unsetenv("OOMB_OFFLOAD_EARLY_COPIES");
+}
+
+// A copy that fails stops the step with a message naming it (the driver raises it), with early
+// copies and without.
 TEST(Offload, FailedCopyIsAnError) {
     Reference ref(fixtures_dir() + "/qwen2-mini/reference-short.safetensors");
     ModelRun run(converted("qwen2-mini"));
@@ -257,10 +357,16 @@ TEST(Offload, FailedCopyIsAnError) {
     tp.max_tokens = ref.T;
     tp.resident_pages = 1;
     tp.stream_block_pages = 2;
-    setenv("OOMB_DEBUG_OFFLOAD_FAIL_COPY", "40", 1);
-    ChunkDriver tr(model_chunk_builder(*run.model), tp);
-    EXPECT_OOMB_ERROR(tr.forward_backward(ref.ids.data(), ref.T), "copy 40 failed (injected by OOMB_DEBUG_OFFLOAD_FAIL_COPY)");
-    unsetenv("OOMB_DEBUG_OFFLOAD_FAIL_COPY");
+    for (const char * early : {"1", "0"}) {
+        SCOPED_TRACE(std::string("early copies ") + early);
+        setenv("OOMB_OFFLOAD_EARLY_COPIES", early, 1);
+        setenv("OOMB_DEBUG_OFFLOAD_FAIL_COPY", *early == '1' ? "40" : "41", 1);  // a new value arms it again
+        ChunkDriver tr(model_chunk_builder(*run.model), tp);
+        EXPECT_OOMB_ERROR(tr.forward_backward(ref.ids.data(), ref.T),
+                          std::string("copy ") + (*early == '1' ? "40" : "41") + " failed (injected by OOMB_DEBUG_OFFLOAD_FAIL_COPY)");
+        unsetenv("OOMB_DEBUG_OFFLOAD_FAIL_COPY");
+    }
+    unsetenv("OOMB_OFFLOAD_EARLY_COPIES");
 }
 
 TEST(Offload, Errors) {

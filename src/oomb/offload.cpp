@@ -36,6 +36,14 @@
 // gradients in a backward graph). Gradient pages never written since zero_grad are read from a
 // zero page instead of the host (the host tier is never cleared). The whole chunk finishes
 // (every queue synchronized) before compute returns, so chunks never overlap.
+// Early copies (OOMB_OFFLOAD_EARLY_COPIES, default 1): a node's first two blocks are queued before
+// the graph part that precedes it, where its page list is known before the chunk (dense, stage 2);
+// the same events and the same order on every queue, only the host's moment of queueing moves.
+// Was the host already early before the switch? Mostly: nothing it queues waits on the GPU, so it
+// runs ahead and node i's copies sat in the copy queue long before the GPU reached part i, except
+// after the host's waits on the GPU (see first_copies): a part with a data-dependent error check
+// (the embedding, the loss before the first backward node), stage 1's list downloads, and every
+// part under OOMB_CUDA_PROFILE=1, which synchronizes each graph_compute (the 64K profile ran so).
 
 #include "oomb-offload.h"
 #include "oomb-impl.h"
@@ -47,6 +55,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -59,6 +68,18 @@ std::atomic<uint64_t> g_bytes_in{0}, g_bytes_out{0}, g_copies{0}, g_blocks{0}, g
 std::atomic<uint64_t> g_fail_at{0};
 std::mutex g_fail_mutex;
 std::string g_fail_armed;
+// test hook OOMB_DEBUG_OFFLOAD_TRACE=1 (read when a stream is created): the stream logs the order in
+// which it queues a chunk's work (oomb_kv_stream_debug_trace); off: one branch per logged step
+std::mutex g_trace_mutex;
+std::string g_trace, g_trace_read;
+
+bool env_flag(const char * name, bool dflt) {
+    const char * e = std::getenv(name);
+    if (!e || !*e) return dflt;
+    if (!std::strcmp(e, "0")) return false;
+    if (!std::strcmp(e, "1")) return true;
+    oomb_error("%s=%s: must be 0 or 1", name, e);
+}
 
 void arm_fault() {
     const char * e = std::getenv("OOMB_DEBUG_OFFLOAD_FAIL_COPY");
@@ -87,6 +108,7 @@ struct AttnNode {
     int64_t n_resident_listed = 0;        // listed pages < R
     oomb_tensor * table = nullptr;        // the blocks' page table (in the stream's table buffer)
     std::vector<int32_t> h_table;         // its host copy (valid until the chunk finished: an async upload reads it)
+    bool first_queued = false;            // this chunk: blocks 0 and 1 already queued (early, before the part)
 };
 
 void set_range(oomb_tensor * t, int32_t first, int32_t last, oomb_page_schedule_kind kind = OOMB_SCHEDULE_RANGE) {
@@ -112,6 +134,15 @@ struct oomb_kv_stream {
     oomb_event_t ev_in = nullptr, ev_done = nullptr;
     oomb_event_t ev_set_in[2] = {nullptr, nullptr};  // a block's copies into set s finished
     std::string err;
+    bool early = true;                  // OOMB_OFFLOAD_EARLY_COPIES: a node's first copies before its part
+    bool trace = false;                 // OOMB_DEBUG_OFFLOAD_TRACE
+    std::string trace_buf;              // this compute's log (appended to g_trace when it finished)
+    void log(const char * fmt, int64_t x, int64_t y = -1) {
+        if (!trace) return;
+        char buf[64];
+        snprintf(buf, sizeof(buf), fmt, x, y);
+        trace_buf += buf;
+    }
 
     // Copy time (the copy queue busy) and exposed time (the compute queue waiting for copies):
     // pairs of timed events, read after the chunk finished. A synchronous backend times its
@@ -260,6 +291,11 @@ struct oomb_kv_stream {
         return OOMB_STATUS_OK;
     }
     oomb_status sparse_lists(AttnNode & a, int64_t c0);
+    int64_t n_blocks(const AttnNode & a, int64_t c0) const;
+    void window(const AttnNode & a, int64_t c0, int64_t b, int64_t & lo, int64_t & hi) const;
+    oomb_status block_copies(AttnNode & a, int64_t c0, int64_t b, int set, bool grad, bool out);
+    oomb_status copy_block_in(AttnNode & a, int64_t c0, int64_t b);
+    oomb_status first_copies(AttnNode & a, int64_t c0);
     oomb_status attention(AttnNode & a, int64_t c0, int64_t c1);
     oomb_status compute(int64_t p0, int64_t T);
 };
@@ -274,6 +310,8 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
     s->ctx = oomb_init({0, true});
     arm_fault();
     s->host_clock = oomb_backend_is_host(backend);
+    s->early = env_flag("OOMB_OFFLOAD_EARLY_COPIES", true);
+    s->trace = env_flag("OOMB_DEBUG_OFFLOAD_TRACE", false);
     auto layer_of = [&](const oomb_tensor * pool) {
         for (int l = 0; l < kv->p.n_layer; l++)
             if (kv->k[(size_t) l] == pool) return l;
@@ -408,54 +446,89 @@ oomb_status oomb_kv_stream::sparse_lists(AttnNode & a, int64_t c0) {
     return st ? fail(st, std::string("offload: page table: ") + oomb_backend_last_error(be)) : OOMB_STATUS_OK;
 }
 
+// History blocks: dense, B consecutive pages from R; sparse, B pages of U each, over a window
+// [first page, the next block's first page) (the last one up to c0).
+int64_t oomb_kv_stream::n_blocks(const AttnNode & a, int64_t c0) const {
+    const int64_t R = kv->R, B = kv->B;
+    return a.sparse ? ((int64_t) a.U.size() + B - 1) / B : c0 > R ? (c0 - R + B - 1) / B : 0;
+}
+void oomb_kv_stream::window(const AttnNode & a, int64_t c0, int64_t b, int64_t & lo, int64_t & hi) const {
+    const int64_t R = kv->R, B = kv->B;
+    if (!a.sparse) {
+        lo = R + b * B;
+        hi = std::min(lo + B, c0);
+    } else {
+        lo = a.U[(size_t) (b * B)];
+        hi = b + 1 < n_blocks(a, c0) ? a.U[(size_t) ((b + 1) * B)] : c0;
+    }
+}
+// a block's pages (dense: its window) into / out of set s: one copy per run of consecutive pages
+oomb_status oomb_kv_stream::block_copies(AttnNode & a, int64_t c0, int64_t b, int set, bool grad, bool out) {
+    const int l = a.layer;
+    const int64_t slot0 = kv->set_slot0(set), B = kv->B;
+    auto one = [&](int64_t s0, int64_t lo, int64_t hi) -> oomb_status {
+        if (out) return grad_out(l, s0, lo, hi);
+        if (oomb_status r = grad ? OOMB_STATUS_OK : kv_in(l, s0, lo, hi)) return r;
+        return grad ? grad_in(l, s0, lo, hi) : OOMB_STATUS_OK;
+    };
+    if (!a.sparse) {
+        int64_t lo, hi;
+        window(a, c0, b, lo, hi);
+        return one(slot0, lo, hi);
+    }
+    return page_runs(a.U, (size_t) (b * B), (size_t) std::min<int64_t>((b + 1) * B, (int64_t) a.U.size()), slot0, one);
+}
+// block b's copies into set b % 2 (copy queue), once the set's last use finished
+oomb_status oomb_kv_stream::copy_block_in(AttnNode & a, int64_t c0, int64_t b) {
+    const int set = (int) (b % 2);
+    const size_t e = (size_t) (2 * a.layer + set);
+    auto evfail = [&] { return fail(OOMB_STATUS_DEVICE_ERROR, std::string("offload: event: ") + oomb_backend_last_error(be)); };
+    if (ev_free_set[e] && oomb_event_wait(be, OOMB_QUEUE_COPY, ev_free[e])) return evfail();
+    log("i%" PRId64 ".%" PRId64 " ", (int64_t) (&a - attn.data()), b);
+    const Span sp = span_begin(OOMB_QUEUE_COPY);
+    oomb_status r = block_copies(a, c0, b, set, false, false);
+    if (!r && a.back) r = block_copies(a, c0, b, set, true, false);
+    if (r) return r;
+    span_end(sp, OOMB_QUEUE_COPY, true);
+    return oomb_event_record(ev_set_in[set], OOMB_QUEUE_COPY) ? evfail() : OOMB_STATUS_OK;
+}
+// The first two blocks, streamed while the chunk's own part and the resident history compute (and,
+// queued early, while the graph part before the node computes).
+//
+// Early copies (OOMB_OFFLOAD_EARLY_COPIES=1, the default): compute() queues them before it launches
+// the part before the node, for every node whose page list is known before the chunk (dense nodes,
+// stage 2's uploaded lists; not stage 1's sparse nodes, whose selection that part computes). The
+// events are the same and so is the order of everything on each queue: the copy queue holds node
+// i - 1's copies, then node i's; the compute queue part i, then node i's kernels, each block after
+// its wait on ev_set_in. Only the host's moment of queueing moves, so an order the GPU may run them
+// in with early copies it could already run them in whenever the host ran ahead (the parts read no
+// set slot, record or wait on no stream event). Whether the host runs ahead today (before this
+// switch), read from the code: mostly yes, it queues without waiting on the GPU (kernels, copies
+// from pinned memory, event records and waits are asynchronous), so node i's first copies were
+// already queued while the GPU still worked on earlier parts, except where the host waits on the
+// GPU: the page-table upload at a chunk's start (the queues are empty then anyway), the end of a
+// part with a data-dependent error check (cuda/: get_rows, cross_entropy and linear_cross_entropy
+// set check_err; graph_compute then synchronizes: the embedding part, and the loss part before a
+// backward graph's first backward node), stage 1's list downloads, and every graph_compute under
+// OOMB_CUDA_PROFILE (it synchronizes after each graph: the 64K profile of bench/offload/RESULTS.md
+// ran so, every node's first copies queued only after the GPU finished the part before it).
+oomb_status oomb_kv_stream::first_copies(AttnNode & a, int64_t c0) {
+    for (int64_t b = 0; b < std::min<int64_t>(2, n_blocks(a, c0)); b++)
+        if (oomb_status st = copy_block_in(a, c0, b)) return st;
+    a.first_queued = true;
+    return OOMB_STATUS_OK;
+}
+
 oomb_status oomb_kv_stream::attention(AttnNode & a, int64_t c0, int64_t c1) {
-    const int64_t R = kv->R, B = kv->B, cs = std::max(c0, R);
+    const int64_t R = kv->R, cs = std::max(c0, R);
     const int l = a.layer;
     oomb_status st = OOMB_STATUS_OK;
     if (a.sparse && a.lists_in_graph && (st = sparse_lists(a, c0))) return st;  // stage 1: the selection just computed
-    // history blocks: dense, B consecutive pages from R; sparse, B pages of U each, over a window
-    // [first page, the next block's first page) (the last one up to c0)
-    const int64_t n_blocks = a.sparse ? ((int64_t) a.U.size() + B - 1) / B : c0 > R ? (c0 - R + B - 1) / B : 0;
-    auto window = [&](int64_t b, int64_t & lo, int64_t & hi) {
-        if (!a.sparse) {
-            lo = R + b * B;
-            hi = std::min(lo + B, c0);
-        } else {
-            lo = a.U[(size_t) (b * B)];
-            hi = b + 1 < n_blocks ? a.U[(size_t) ((b + 1) * B)] : c0;
-        }
-    };
-    // a block's pages (dense: its window) into / out of set s: one copy per run of consecutive pages
-    auto block_copies = [&](int64_t b, int set, bool grad, bool out) -> oomb_status {
-        const int64_t slot0 = kv->set_slot0(set);
-        auto one = [&](int64_t s0, int64_t lo, int64_t hi) -> oomb_status {
-            if (out) return grad_out(l, s0, lo, hi);
-            if (oomb_status r = grad ? OOMB_STATUS_OK : kv_in(l, s0, lo, hi)) return r;
-            return grad ? grad_in(l, s0, lo, hi) : OOMB_STATUS_OK;
-        };
-        if (!a.sparse) {
-            int64_t lo, hi;
-            window(b, lo, hi);
-            return one(slot0, lo, hi);
-        }
-        return page_runs(a.U, (size_t) (b * B), (size_t) std::min<int64_t>((b + 1) * B, (int64_t) a.U.size()), slot0, one);
-    };
+    const int64_t nb = n_blocks(a, c0);
     auto evfail = [&] { return fail(OOMB_STATUS_DEVICE_ERROR, std::string("offload: event: ") + oomb_backend_last_error(be)); };
-    // block b's copies into set b % 2 (copy queue), once the set's last use finished
-    auto copy_block_in = [&](int64_t b) -> oomb_status {
-        const int set = (int) (b % 2);
-        const size_t e = (size_t) (2 * l + set);
-        if (ev_free_set[e] && oomb_event_wait(be, OOMB_QUEUE_COPY, ev_free[e])) return evfail();
-        const Span sp = span_begin(OOMB_QUEUE_COPY);
-        oomb_status r = block_copies(b, set, false, false);
-        if (!r && a.back) r = block_copies(b, set, true, false);
-        if (r) return r;
-        span_end(sp, OOMB_QUEUE_COPY, true);
-        return oomb_event_record(ev_set_in[set], OOMB_QUEUE_COPY) ? evfail() : OOMB_STATUS_OK;
-    };
-    // the first two blocks stream while the chunk's own part and the resident history compute
-    for (int64_t b = 0; b < std::min<int64_t>(2, n_blocks); b++)
-        if ((st = copy_block_in(b))) return st;
+    if (!a.first_queued && (st = first_copies(a, c0))) return st;
+    a.first_queued = false;
+    log("n%" PRId64 ":%" PRId64 " ", (int64_t) (&a - attn.data()), !a.sparse ? 0 : a.lists_in_graph ? 2 : 1);
     // the chunk's own pages (the node itself, its store included; sparse: on the lists' kernels)
     int32_t saved[3];
     for (int k = 0; k < 3; k++) saved[k] = a.node->op_params[oomb::PA_PARAM_SCHED_KIND + k];
@@ -472,9 +545,9 @@ oomb_status oomb_kv_stream::attention(AttnNode & a, int64_t c0, int64_t c1) {
     // resident history (sparse: only when some tile listed a resident page)
     if (std::min(R, c0) > 0 && (!a.sparse || a.n_resident_listed > 0) && (st = run_block(a, 0, (int32_t) std::min(R, c0)))) return st;
     // streamed history: block b computes while block b + 1 streams in and block b - 1 streams out
-    for (int64_t b = 0; b < n_blocks; b++) {
+    for (int64_t b = 0; b < nb; b++) {
         int64_t lo, hi;
-        window(b, lo, hi);
+        window(a, c0, b, lo, hi);
         const int set = (int) (b % 2);
         const size_t e = (size_t) (2 * l + set);
         {
@@ -487,13 +560,13 @@ oomb_status oomb_kv_stream::attention(AttnNode & a, int64_t c0, int64_t c1) {
         if (a.back) {  // the block's gradient pages go back out once its kernel finished
             if ((st = order(ev_done, OOMB_QUEUE_COMPUTE, OOMB_QUEUE_COPY_OUT))) return st;
             const Span so = span_begin(OOMB_QUEUE_COPY_OUT);
-            if ((st = block_copies(b, set, true, true))) return st;
+            if ((st = block_copies(a, c0, b, set, true, true))) return st;
             span_end(so, OOMB_QUEUE_COPY_OUT, true);
         }
         // the set is free once its last reader (the block) and, in a backward, its copy out finished
         if (oomb_event_record(ev_free[e], a.back ? OOMB_QUEUE_COPY_OUT : OOMB_QUEUE_COMPUTE)) return evfail();
         ev_free_set[e] = true;
-        if (b + 2 < n_blocks && (st = copy_block_in(b + 2))) return st;
+        if (b + 2 < nb && (st = copy_block_in(a, c0, b + 2))) return st;
     }
     return OOMB_STATUS_OK;
 }
@@ -526,6 +599,7 @@ oomb_status oomb_kv_stream::compute(int64_t p0, int64_t T) {
     oomb_status st = OOMB_STATUS_OK;
     // the chunk's own pages past R: the K/V that hold data (a store fills the rest), their gradients
     const int64_t kv_end = has_store ? std::min(c1, (p0 + P - 1) / P) : c1;
+    log("c%" PRId64 " ", p0);
     const Span sp = span_begin(OOMB_QUEUE_COPY);
     for (int l = 0; l < kv->p.n_layer && !st; l++) {
         st = kv_in(l, kv->cur_slot0(), cs, kv_end);
@@ -537,10 +611,15 @@ oomb_status oomb_kv_stream::compute(int64_t p0, int64_t T) {
     // each node, as dense ones)
     for (size_t i = 0; i < attn.size() && !st; i++)
         if (attn[i].sparse && !attn[i].lists_in_graph) st = sparse_lists(attn[i], c0);
+    for (AttnNode & a : attn) a.first_queued = false;
     for (size_t i = 0; i < attn.size() && !st; i++) {
-        st = run(parts[i]);
-        if (!st) st = attention(attn[i], c0, c1);
+        AttnNode & a = attn[i];
+        if (early && !(a.sparse && a.lists_in_graph)) st = first_copies(a, c0);  // the copy queue works beside part i
+        log("p%" PRId64 " ", (int64_t) i);
+        if (!st) st = run(parts[i]);
+        if (!st) st = attention(a, c0, c1);
     }
+    log("p%" PRId64 " ", (int64_t) attn.size());
     if (!st) st = run(parts.back());
     // finish the chunk: its copies out and kernels (the next chunk reuses every slot)
     oomb_status s1 = oomb_backend_queue_synchronize(be, OOMB_QUEUE_COPY);
@@ -548,6 +627,11 @@ oomb_status oomb_kv_stream::compute(int64_t p0, int64_t T) {
     oomb_backend_synchronize(be);
     if (!st && s1) st = fail(s1, std::string("offload: ") + oomb_backend_last_error(be));
     if (!st) collect_times();
+    if (trace) {
+        std::lock_guard<std::mutex> lock(g_trace_mutex);
+        g_trace += trace_buf + "\n";
+        trace_buf.clear();
+    }
     return st;
 }
 
@@ -560,4 +644,11 @@ const char * oomb_kv_stream_last_error(oomb_kv_stream_t s) { return s ? s->err.c
 
 struct oomb_kv_stream_stats oomb_kv_stream_totals(void) {
     return {g_bytes_in.load(), g_bytes_out.load(), g_copies.load(), g_blocks.load(), g_copy_us.load() / 1e3, g_wait_us.load() / 1e3};
+}
+
+const char * oomb_kv_stream_debug_trace(void) {
+    std::lock_guard<std::mutex> lock(g_trace_mutex);
+    g_trace_read.swap(g_trace);
+    g_trace.clear();
+    return g_trace_read.c_str();
 }

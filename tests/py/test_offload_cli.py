@@ -77,18 +77,24 @@ def main():
         for chunk, page in ((13, 5), (24, 7)):
             out = {}
             for name, extra in (("resident", []), ("offload", ["--offload", "on", "--gpu-kv-budget", "0.00035"]),
-                                ("offload-all", ["--offload", "on", "--gpu-kv-budget", "0.0001"])):
+                                ("offload-all", ["--offload", "on", "--gpu-kv-budget", "0.0001"]),
+                                ("offload-late", ["--offload", "on", "--gpu-kv-budget", "0.0001"])):
                 path = os.path.join(tmp, f"g-{name}-{chunk}.safetensors")
+                # offload-late: a node's first copies after the part before it (as before the switch)
                 r = run([TRAIN, "-m", gguf, "--tokens", ids, "--chunk", str(chunk), "--page", str(page), "--device", "cpu",
-                         "--dump-grads", path] + extra)
+                         "--dump-grads", path] + extra, env={"OOMB_OFFLOAD_EARLY_COPIES": "0" if name == "offload-late" else "1"})
                 if r.returncode != 0:
                     check(False, f"--dump-grads {name} chunk {chunk}: exit {r.returncode}: {r.stderr[-400:]}")
                     break
                 out[name] = load_file(path)
                 if name != "resident":
                     check("streamed from plain host memory" in r.stdout, f"chunk {chunk} page {page} {name}: the plan says the KV pages stream")
-                if name == "offload-all":
+                if name in ("offload-all", "offload-late"):
                     check("0 resident" in r.stdout, f"chunk {chunk} page {page}: a budget of 3 pages keeps none resident")
+            if "offload-all" in out and "offload-late" in out:
+                same = all(np.array_equal(out["offload-all"][k], out["offload-late"][k]) for k in out["offload-all"])
+                check(same and out["offload-all"].keys() == out["offload-late"].keys(),
+                      f"chunk {chunk} page {page}: OOMB_OFFLOAD_EARLY_COPIES=0 and =1 give bit-identical gradients")
             for name in ("offload", "offload-all"):
                 if name not in out or "resident" not in out:
                     continue
