@@ -66,7 +66,7 @@ struct oomb_kv_stream_stats oomb_kv_stream_totals(void);
 /// nodes from 0: "c<p0>" the chunk starting at p0; "i<k>.<b>" history block b's copies in for node
 /// k queued; "p<k>" the graph part before node k launched ("p<n>": the rest); "n<k>:<kind>" node k's
 /// own kernels launched (kind 0 dense, 1 sparse with uploaded lists, 2 sparse with lists computed
-/// by the graph). OOMB_OFFLOAD_EARLY_COPIES=0|1 (default 1, read when a stream is created): 1
+/// by the graph). OOMB_OFFLOAD_EARLY_COPIES=0|1 (default 0 until measured on a GPU, read when a stream is created): 1
 /// queues a node's blocks 0 and 1 before the part before it (kinds 0 and 1), 0 after it; the
 /// results are the same (src/oomb/offload.cpp). Any other value of either variable is an error.
 const char * oomb_kv_stream_debug_trace(void);

@@ -36,7 +36,8 @@
 // gradients in a backward graph). Gradient pages never written since zero_grad are read from a
 // zero page instead of the host (the host tier is never cleared). The whole chunk finishes
 // (every queue synchronized) before compute returns, so chunks never overlap.
-// Early copies (OOMB_OFFLOAD_EARLY_COPIES, default 1): a node's first two blocks are queued before
+// Early copies (OOMB_OFFLOAD_EARLY_COPIES=1; default 0 until measured on the GPU: the predicted gain
+// unprofiled is <= 0.5 % of a step, bench/NOTES.md): a node's first two blocks are queued before
 // the graph part that precedes it, where its page list is known before the chunk (dense, stage 2);
 // the same events and the same order on every queue, only the host's moment of queueing moves.
 // Was the host already early before the switch? Mostly: nothing it queues waits on the GPU, so it
@@ -134,7 +135,7 @@ struct oomb_kv_stream {
     oomb_event_t ev_in = nullptr, ev_done = nullptr;
     oomb_event_t ev_set_in[2] = {nullptr, nullptr};  // a block's copies into set s finished
     std::string err;
-    bool early = true;                  // OOMB_OFFLOAD_EARLY_COPIES: a node's first copies before its part
+    bool early = false;                 // OOMB_OFFLOAD_EARLY_COPIES: a node's first copies before its part
     bool trace = false;                 // OOMB_DEBUG_OFFLOAD_TRACE
     std::string trace_buf;              // this compute's log (appended to g_trace when it finished)
     void log(const char * fmt, int64_t x, int64_t y = -1) {
@@ -310,7 +311,7 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
     s->ctx = oomb_init({0, true});
     arm_fault();
     s->host_clock = oomb_backend_is_host(backend);
-    s->early = env_flag("OOMB_OFFLOAD_EARLY_COPIES", true);
+    s->early = env_flag("OOMB_OFFLOAD_EARLY_COPIES", false);
     s->trace = env_flag("OOMB_DEBUG_OFFLOAD_TRACE", false);
     auto layer_of = [&](const oomb_tensor * pool) {
         for (int l = 0; l < kv->p.n_layer; l++)
@@ -495,7 +496,7 @@ oomb_status oomb_kv_stream::copy_block_in(AttnNode & a, int64_t c0, int64_t b) {
 // The first two blocks, streamed while the chunk's own part and the resident history compute (and,
 // queued early, while the graph part before the node computes).
 //
-// Early copies (OOMB_OFFLOAD_EARLY_COPIES=1, the default): compute() queues them before it launches
+// Early copies (OOMB_OFFLOAD_EARLY_COPIES=1, off by default): compute() queues them before it launches
 // the part before the node, for every node whose page list is known before the chunk (dense nodes,
 // stage 2's uploaded lists; not stage 1's sparse nodes, whose selection that part computes). The
 // events are the same and so is the order of everything on each queue: the copy queue holds node
