@@ -115,7 +115,12 @@ void load_data(const Options & o, int64_t n_vocab, const Tokenizer * tok, int32_
             if (!read_ids_bin(e, n_vocab, &d->eval, &err)) fail(PROG, "--eval-data: " + err);
     } else {
         if (!tok) fail(PROG, "text data needs a tokenizer: the model file has none; give --vocab FILE.gguf or use --data-bin");
+        for (const std::string & p : o.data)  // conversations read as plain text train on the JSON syntax too
+            if (p.size() > 6 && (p.compare(p.size() - 6, 6, ".jsonl") == 0 || (p.size() > 9 && p.compare(p.size() - 9, 9, ".jsonl.gz") == 0)))
+                fprintf(stderr, "%s: note: --data %s is read as plain text (JSON included); for conversations give --data-format chat\n",
+                        PROG, p.c_str());
         if (!tokenize_paths(*tok, o.data, eos, threads, &d->train, &n_bytes, &err)) fail(PROG, "--data: " + err);
+        if (n_bytes == 0) fail(PROG, "--data: the text is empty (0 bytes in " + std::to_string(o.data.size()) + " path(s))");
         if (!o.eval_data.empty() && !tokenize_paths(*tok, o.eval_data, eos, threads, &d->eval, nullptr, &err))
             fail(PROG, "--eval-data: " + err);
     }

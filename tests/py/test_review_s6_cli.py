@@ -11,7 +11,9 @@ before its fix):
   - --threads past the machine's hardware threads warns;
   - --offload-block made smaller by a small --gpu-kv-budget says so (it used to print "blocks of 1
     pages" with no word about the requested size);
-  - a LoRA run on an f32 base does not call its projections quantized.
+  - a LoRA run on an f32 base does not call its projections quantized;
+  - an empty text file given to --data is named as empty (it used to say "1 tokens"); a .jsonl file
+    read as plain text gets a note pointing to --data-format chat (--preset tiny, the shipped Qwen vocabulary).
 
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR. Exit 0 pass, 1 failure, 77 skipped.
 """
@@ -21,7 +23,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_data import BIN, Checks, make_bin, make_llama, need_tools, run_tool, skip  # noqa: E402
+from train_data import BIN, Checks, llama_and_ids, need_tools, run_tool, skip  # noqa: E402
 
 TRAIN, EXPORT = (os.path.join(BIN, t) for t in ("oomb-train", "oomb-export"))
 need_tools(TRAIN, EXPORT)
@@ -39,10 +41,7 @@ def sha(path):
 
 def main():
     with tempfile.TemporaryDirectory(prefix="oomb-py-review-s6-") as tmp:
-        base = os.path.join(tmp, "base.gguf")
-        make_llama(base)
-        data = os.path.join(tmp, "ids.bin")
-        make_bin(data, 3000, 512)
+        base, data = llama_and_ids(tmp, 3000)
         common = ["-m", base, "--data-bin", data, "--ctx", "64", "--chunk", "24", "--page", "16", "--eval-every", "0",
                   "--eval-seqs", "1", "--save-every", "-1", "--steps", "1"]
 
@@ -87,6 +86,24 @@ def main():
                                                 "-o", os.path.join(tmp, "blk")])
         C.check(rc == 0 and "--offload-block 3: blocks of" in o, f"--offload-block 3 under a tiny budget says what it uses: rc {rc} "
                                                                   f"{[l for l in o.splitlines() if 'block' in l]}")
+
+        # text data: an empty file; conversations without --data-format chat
+        vocab = os.path.join(os.environ.get("OOMB_SOURCE_DIR", "."), "models", "qwen2.5-vocab.gguf")
+        if os.path.exists(vocab):
+            empty = os.path.join(tmp, "empty.txt")
+            open(empty, "w").close()
+            text = ["--preset", "tiny", "--vocab", vocab, "--ctx", "32", "--chunk", "16", "--page", "8", "--eval-every", "0", "--eval-split", "0", "--steps", "1",
+                    "--save-every", "-1", "--threads", "2"]
+            rc, o, e = run_tool([TRAIN] + text + ["--data", empty, "-o", os.path.join(tmp, "empty")])
+            C.check(rc == 1 and "the text is empty" in e, f"an empty --data file is named as empty: rc {rc} {e.strip()[-200:]}")
+            chat = os.path.join(tmp, "chat.jsonl")
+            with open(chat, "w") as f:
+                for i in range(40):
+                    f.write('{"messages": [{"role": "user", "content": "hello number %d"}, {"role": "assistant", "content": "hi %d"}]}\n' % (i, i))
+            rc, o, e = run_tool([TRAIN] + text + ["--data", chat, "-o", os.path.join(tmp, "chat")])
+            C.check(rc == 0 and "read as plain text" in e and "--data-format chat" in e, f"a .jsonl read as text gets a note: rc {rc} {e.strip()[-300:]}")
+        else:
+            print(f"SKIPPED: the text-data checks (no {vocab})")
     C.finish()
 
 
