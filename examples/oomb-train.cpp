@@ -202,12 +202,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         } else {
             if (!lora_attach(M, lc, &err)) fail(PROG, err);
             lora_init_peft(*M.lora, o.seed, lora_init_of(o));
-            // a rank past min(n_in, n_out) of a pair adds parameters and time but no expressiveness there
-            int64_t full = INT64_MAX;
-            for (const auto & layer : M.lora->layers)
-                for (const LoraWeight & w : layer)
-                    if (w.a) full = std::min(full, std::min(w.a->ne[0], w.b->ne[1]));
-            if (full != INT64_MAX && lc.rank > full)
+            if (const int64_t full = M.lora->max_useful_rank(); lc.rank > full)
                 fprintf(stderr, "%s: warning: --lora-rank %lld exceeds %lld, the smaller dimension of the smallest adapted projection: "
                                 "a pair of that rank is no more expressive than rank %lld, only larger and slower\n",
                         PROG, (long long) lc.rank, (long long) full, (long long) full);
@@ -338,7 +333,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
            n_train_params / 1e6, o.trainable.c_str());
     printf("       weights %s in %s memory%s\n", fmt_bytes((double) qwen2_weight_bytes(M)).c_str(), oomb_backend_name(T.be),
            lora && o.base_type == "keep" && !o.model.empty()
-               ? (std::any_of(M.layers.begin(), M.layers.end(), [](const Qwen2Layer & l) { return oomb_type_is_quantized(l.wq->type) || oomb_type_is_quantized(l.w_up->type); })
+               ? (std::any_of(M.params.begin(), M.params.end(), [](const oomb_tensor * t) { return oomb_type_is_quantized(t->type); })
                       ? " (quantized projections kept in their GGUF type: --base-type keep)"
                       : " (frozen projections kept in the file's types: --base-type keep)")
            : lora && base_type_is_block(o.base_type) ? (" (random projections in block types: --base-type " + o.base_type + ")").c_str() : "");

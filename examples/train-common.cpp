@@ -205,6 +205,10 @@ static void walk(const std::string & dir, std::vector<std::string> * out) {
     }
 }
 
+bool ends_with(const std::string & s, const std::string & suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 std::string not_a_file(const std::string & p) {
     return is_dir(p) ? "'" + p + "' is a folder, not a file" : "'" + p + "': no such file";
 }
@@ -227,7 +231,7 @@ bool list_files(const std::string & path, std::vector<std::string> * out, std::s
     const size_t n0 = out->size();
     for (const auto & f : all) {
         bool ok = folder_exts.empty();
-        for (const auto & e : folder_exts) ok |= f.size() > e.size() && f.compare(f.size() - e.size(), e.size(), e) == 0;
+        for (const auto & e : folder_exts) ok |= f.size() > e.size() && ends_with(f, e);
         if (ok) out->push_back(f);
         else if (skipped) skipped->push_back(f);
     }
@@ -244,7 +248,7 @@ bool read_text_file(const std::string & path, std::string * out, std::string * e
         if (err) *err = not_a_file(path);
         return false;
     }
-    const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+    const bool gz = path.size() > 3 && ends_with(path, ".gz");
     if (!gz) {
         FILE * f = fopen(path.c_str(), "rb");
         if (!f) {

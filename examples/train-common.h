@@ -51,6 +51,8 @@ bool is_file(const std::string & p);
 /// Why `p` is not a readable regular file, for an error message: "'p': no such file", or
 /// "'p' is a folder, not a file" (e.g. an output folder given where its adapter.gguf is meant).
 std::string not_a_file(const std::string & p);
+/// Whether s ends with suffix (file extensions: ".jsonl", ".gz").
+bool ends_with(const std::string & s, const std::string & suffix);
 bool make_dirs(const std::string & p, std::string * err);
 
 // Every regular file under `path` (itself when it is a file; recursively, sorted by path when it

@@ -116,7 +116,7 @@ void load_data(const Options & o, int64_t n_vocab, const Tokenizer * tok, int32_
     } else {
         if (!tok) fail(PROG, "text data needs a tokenizer: the model file has none; give --vocab FILE.gguf or use --data-bin");
         for (const std::string & p : o.data)  // conversations read as plain text train on the JSON syntax too
-            if (p.size() > 6 && (p.compare(p.size() - 6, 6, ".jsonl") == 0 || (p.size() > 9 && p.compare(p.size() - 9, 9, ".jsonl.gz") == 0)))
+            if (std::any_of(chat_file_extensions().begin(), chat_file_extensions().end(), [&](const std::string & e) { return ends_with(p, e); }))
                 fprintf(stderr, "%s: note: --data %s is read as plain text (JSON included); for conversations give --data-format chat\n",
                         PROG, p.c_str());
         if (!tokenize_paths(*tok, o.data, eos, threads, &d->train, &n_bytes, &err)) fail(PROG, "--data: " + err);

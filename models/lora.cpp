@@ -8,6 +8,7 @@
 #include "safetensors.h"
 #include "../src/init-normal.h"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstring>
@@ -167,6 +168,14 @@ int64_t LoraAdapter::n_params() const {
     int64_t n = 0;
     for (const oomb_tensor * t : params) n += oomb_nelements(t);
     return n;
+}
+
+int64_t LoraAdapter::max_useful_rank() const {
+    int64_t r = INT64_MAX;
+    for (const auto & layer : layers)
+        for (const LoraWeight & w : layer)
+            if (w.a) r = std::min(r, std::min(w.a->ne[0], w.b->ne[1]));  // A [n_in, r], B [r, n_out]
+    return r;
 }
 
 bool lora_config_valid(const LoraConfig & c, std::string * err) {

@@ -82,6 +82,9 @@ struct LoraAdapter {
     /// The pair of (layer, slot), nullptr when that projection is not adapted.
     const LoraWeight * find(int64_t layer, Qwen2Slot slot) const;
     int64_t n_params() const;
+    /// min(n_in, n_out) over the adapted projections (INT64_MAX without any): a rank past it adds
+    /// parameters and time but no expressiveness to that pair.
+    int64_t max_useful_rank() const;
     /// "" when every layer has a pair for every target of cfg.targets (as lora_attach makes them),
     /// else the first that lacks one, e.g. "layer 1's q projection" (a partial adapter's file).
     std::string first_missing() const;
