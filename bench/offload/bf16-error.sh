@@ -16,11 +16,11 @@ H=$(dirname "$0")
 $BINS/oomb-gguf-init ${MODEL_ARGS:---preset qwen2.5-7b --layers 4 --vocab-size 32768} -o $W/m.gguf || exit 1
 python3 $H/bf16_error.py tokens $W/ids.safetensors $CTX 32768 7 || exit 1
 for run in f32:a f32:b bf16:a ${EXTRA_RUNS:-}; do
-    g=${run%%:*}; tag=${run#*:}; shift_args=""
-    [ "$tag" = offload ] && shift_args="--offload on --gpu-kv-budget 0.5"
+    g=${run%%:*}; tag=${run#*:}; offload_args=""
+    [ "$tag" = offload ] && offload_args="--offload on --gpu-kv-budget 0.5"
     /usr/bin/time -f "%e s, max RSS %M KB" timeout ${LIMIT:-300} $BINS/oomb-train -m $W/m.gguf --tokens $W/ids.safetensors --chunk 2048 --page 128 \
-        --device ${DEVICE:-cuda} --kv-grad-type $g $shift_args --dump-grads $W/g-$g-$tag.safetensors > $W/$g-$tag.log 2>&1
-    echo "== kv-grad-type $g ($tag $shift_args) rc=$?"; grep -E "KV cache|^loss|error|max RSS" $W/$g-$tag.log | sed 's/^ *//'
+        --device ${DEVICE:-cuda} --kv-grad-type $g $offload_args --dump-grads $W/g-$g-$tag.safetensors > $W/$g-$tag.log 2>&1
+    echo "== kv-grad-type $g ($tag $offload_args) rc=$?"; grep -E "KV cache|^loss|error|max RSS" $W/$g-$tag.log | sed 's/^ *//'
 done
 files=""; for run in f32:b bf16:a ${EXTRA_RUNS:-}; do files="$files $W/g-${run%%:*}-${run#*:}.safetensors"; done
 python3 $H/bf16_error.py compare $W/g-f32-a.safetensors $files
