@@ -7,6 +7,7 @@
 
 #include "oomb-impl.h"
 #include "../src/sround.h"
+#include "../src/oomb/paged-attn-merge.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -23,6 +24,31 @@ constexpr float kLn2 = 0.6931471805599453f;
 // ---------------------------------------------------------------------------------------------
 // small device helpers
 // ---------------------------------------------------------------------------------------------
+
+// The MODE_OUT epilogue of one query row in the tensor-core forward kernels (mma.sync and wgmma):
+// the four lanes of a quad (lane & 3) hold the row's D outputs in float2 pairs at dims
+// nb * 8 + (lane & 3) * 2 + j (val(nb, j), normalised); L: the row's natural-log LSE. Plain: out and
+// LSE written. accumulate (oomb_paged_attn_args): merged with the row's earlier result in out /
+// lse_out by the weights of oomb_paged_attn_merge (src/oomb/paged-attn-merge.h); every lane reads
+// the old LSE before the quad's lane 0 overwrites it (__syncwarp: call from warp-uniform code).
+template <int D, typename F>
+__device__ __forceinline__ void pa_epilogue_out(float * out, float * lse_out, int acc, bool valid, int64_t row, int lane, float L,
+                                                F && val) {
+    const oomb::pa_merge_w w = acc && valid ? oomb::pa_merge_weights(lse_out[row], L) : oomb::pa_merge_w{0.0f, 1.0f, L};
+    if (acc) __syncwarp();
+    if (!valid) return;
+    float * dst = out + row * D + (lane & 3) * 2;
+#pragma unroll
+    for (int nb = 0; nb < D / 8; nb++) {
+        float2 v = make_float2(val(nb, 0), val(nb, 1));
+        if (acc) {
+            const float2 old = *(const float2 *) (dst + nb * 8);
+            v = make_float2(oomb::pa_merge_out(w, old.x, v.x), oomb::pa_merge_out(w, old.y, v.y));
+        }
+        *(float2 *) (dst + nb * 8) = v;
+    }
+    if ((lane & 3) == 0) lse_out[row] = w.L;
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void * p) { return (uint32_t) __cvta_generic_to_shared(p); }
 

@@ -39,6 +39,7 @@ struct GenArgs {
     int Hkv;
     oomb::pa_sched sched;                        // device pointers to the lists
     int key0;                                    // dK/dV kernel: the first key position of its items (a window's start)
+    int acc;                                     // accumulate (oomb_paged_attn_args): merge into out / lse, add into dq
 };
 
 template <typename KT>
@@ -110,12 +111,17 @@ __global__ void pa_fwd_generic(const GenArgs a) {
     }
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     if (MODE == MODE_OUT) {
+        // as MODE_LSE below; a row without keys: -inf. accumulate: merged with the row's earlier
+        // result (every lane reads its LSE before lane 0 overwrites it)
+        const float L = m + logf(l);
+        const oomb::pa_merge_w w = a.acc ? oomb::pa_merge_weights(a.lse[r], L) : oomb::pa_merge_w{0.0f, 1.0f, L};
+        __syncwarp();
 #pragma unroll
         for (int i = 0; i < GMAX; i++) {
             const int d = lane + 32 * i;
-            if (d < a.D) a.out[r * a.D + d] = acc[i] * inv;
+            if (d < a.D) a.out[r * a.D + d] = a.acc ? oomb::pa_merge_out(w, a.out[r * a.D + d], acc[i] * inv) : acc[i] * inv;
         }
-        if (lane == 0) a.lse[r] = m + logf(l);  // as MODE_LSE below; a row without keys: -inf
+        if (lane == 0) a.lse[r] = w.L;
     } else {
         float dot = 0.0f;
 #pragma unroll
@@ -188,7 +194,7 @@ __global__ void pa_dq_generic(const GenArgs a) {
 #pragma unroll
     for (int i = 0; i < GMAX; i++) {
         const int d = lane + 32 * i;
-        if (d < a.D) a.out[r * a.D + d] = acc[i];
+        if (d < a.D) a.out[r * a.D + d] = a.acc ? a.out[r * a.D + d] + acc[i] : acc[i];
     }
 }
 

@@ -27,6 +27,7 @@ struct FwdArgs {
     const float * dout; int64_t do_s1, do_s2;         // MODE_LSE
     float * lse; float * delta; int64_t lse_stride;   // MODE_LSE: [g * lse_stride + R], lse in log2 units
     PaLists lists;                                    // LISTS kernels only (paged-attn-lists.cuh)
+    int acc;                                          // MODE_OUT: accumulate (oomb_paged_attn_args), pa_epilogue_out
 };
 
 template <int D, int WM, int BN, int NW>
@@ -249,18 +250,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) 
             const bool valid = R < TG;
             const int t = valid ? R / a.G : 0, h = g * a.G + (valid ? R % a.G : 0);
             if (MODE == MODE_OUT) {
-                if (valid) {
-                    float * dst = a.out + ((int64_t) t * a.H + h) * D + (lane & 3) * 2;
-#pragma unroll
-                    for (int nb = 0; nb < D / 8; nb++)
-                        *(float2 *) (dst + nb * 8) = make_float2(o[mt][nb][hf * 2] * inv, o[mt][nb][hf * 2 + 1] * inv);
-                    if ((lane & 3) == 0) {
-                        // as the MODE_LSE epilogue below (log2 units), then in natural-log units;
-                        // a row without keys: -inf
-                        const float mu = m[mt][hf] == -INFINITY ? 0.0f : m[mt][hf];
-                        a.lse_out[(int64_t) t * a.H + h] = (mu + __log2f(lsum)) * kLn2;
-                    }
-                }
+                // as the MODE_LSE epilogue below (log2 units), then in natural-log units; a row
+                // without keys: -inf
+                const float mu = m[mt][hf] == -INFINITY ? 0.0f : m[mt][hf];
+                pa_epilogue_out<D>(a.out, a.lse_out, a.acc, valid, (int64_t) t * a.H + h, lane, (mu + __log2f(lsum)) * kLn2,
+                                   [&](int nb, int j) { return o[mt][nb][hf * 2 + j] * inv; });
             } else {
                 float dot = 0.0f;
                 if (valid) {

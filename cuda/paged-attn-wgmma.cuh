@@ -555,15 +555,9 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
         const bool valid = R < TG;
         const int t = valid ? R / a.G : 0, h = g * a.G + (valid ? R % a.G : 0);
         if (MODE == MODE_OUT) {
-            if (valid) {
-                float * dst = a.out + ((int64_t) t * a.H + h) * D + (lane & 3) * 2;
-#pragma unroll
-                for (int nb = 0; nb < D / 8; nb++) *(float2 *) (dst + nb * 8) = make_float2(o[4 * nb + hf * 2] * inv, o[4 * nb + hf * 2 + 1] * inv);
-                if ((lane & 3) == 0) {
-                    const float mu = m[hf] == -INFINITY ? 0.0f : m[hf];
-                    a.lse_out[(int64_t) t * a.H + h] = (mu + __log2f(lsum)) * kLn2;
-                }
-            }
+            const float mu = m[hf] == -INFINITY ? 0.0f : m[hf];
+            pa_epilogue_out<D>(a.out, a.lse_out, a.acc, valid, (int64_t) t * a.H + h, lane, (mu + __log2f(lsum)) * kLn2,
+                               [&](int nb, int j) { return o[4 * nb + hf * 2 + j] * inv; });
         } else {
             float dot = 0.0f;
             if (valid) {

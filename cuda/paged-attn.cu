@@ -568,9 +568,11 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
         PaLists L{};
         if (A.schedule.kind == OOMB_SCHEDULE_RANGE) {
             K = range_geom(G, A.schedule, (int32_t *) workspace(c, carve_size((size_t) G.T * sizeof(int32_t))), stream);
-            PA_CHECK(cudaMemsetAsync(out, 0, (size_t) n_out * sizeof(float), stream));
-            pa_fill_kernel<<<(unsigned) std::min<int64_t>((n_lse + 255) / 256, 1024), 256, 0, stream>>>(lse, n_lse, -INFINITY);
-            PA_LAUNCH_CHECK();
+            if (!A.accumulate) {  // accumulate: the rows a block skips keep their earlier result
+                PA_CHECK(cudaMemsetAsync(out, 0, (size_t) n_out * sizeof(float), stream));
+                pa_fill_kernel<<<(unsigned) std::min<int64_t>((n_lse + 255) / 256, 1024), 256, 0, stream>>>(lse, n_lse, -INFINITY);
+                PA_LAUNCH_CHECK();
+            }
         } else if (lists) {
             L = lists_view(A.schedule, G);
             Carver cv{(char *) workspace(c, lists_union_bytes(G, L))};
@@ -580,6 +582,7 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
         a.out = out;
         a.lse_out = lse;
         a.lists = L;
+        a.acc = A.accumulate;
         if (lists) fwd_fast<MODE_OUT, true>(stream, a, G.D, G.Hkv);
         else fwd_fast<MODE_OUT>(stream, a, G.D, G.Hkv);
         record_family(0, fwd_wgmma(G.D, G.P) ? "wgmma" : "mma");
@@ -587,6 +590,7 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
         GenArgs a = gen_args(G, A.q, A.k_pages, A.v_pages, A.scale, A.schedule);
         a.out = out;
         a.lse = lse;
+        a.acc = A.accumulate;
         fwd_generic<MODE_OUT>(stream, a, A.k_pages->type);
         record_family(0, "generic");
     }
@@ -684,7 +688,8 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             if (lists) fwd_fast<MODE_LSE, true>(stream, a, G.D, G.Hkv);
             else fwd_fast<MODE_LSE>(stream, a, G.D, G.Hkv);
         }
-        PA_CHECK(cudaMemsetAsync(dq, 0, (size_t) G.D * G.H * G.T * sizeof(float), stream));
+        // the kernels add dq with atomics: from zero, or (accumulate) onto the dq the node holds
+        if (!A.accumulate) PA_CHECK(cudaMemsetAsync(dq, 0, (size_t) G.D * G.H * G.T * sizeof(float), stream));
         {
             BwdArgs a{};
             a.qb = qb; a.dob = dob; a.lse = lse; a.delta = delta; a.rowpos = rowpos;
@@ -756,6 +761,7 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             fwd_generic<MODE_LSE>(stream, a, A.k_pages->type);
         }
         a.out = dq;
+        a.acc = A.accumulate;  // dq added to the node's
         // a window (RANGE / LISTS_RANGE): one item per key of its pages only
         const bool windowed = A.schedule.kind == OOMB_SCHEDULE_RANGE || A.schedule.kind == OOMB_SCHEDULE_LISTS_RANGE;
         const int64_t key0 = windowed ? std::min<int64_t>((int64_t) A.schedule.first * G.P, n_keys_bound) : 0;
@@ -781,7 +787,7 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
         record_family(1, "generic");
     }
 
-    {
+    if (!A.accumulate) {  // accumulate: dk_cur / dv_cur were written by the earlier call (oomb.h)
         const int64_t n = (int64_t) G.D * G.Hkv * G.T;
         pa_readback_kernel<<<(unsigned) ((n + 255) / 256), 256, 0, stream>>>((const float *) A.dk_pages->data, (const float *) A.dv_pages->data,
                                                                             A.dk_pages->nb[1] / ges, A.dk_pages->nb[2] / ges, A.dk_pages->nb[3] / ges, G.pt, G.pos,

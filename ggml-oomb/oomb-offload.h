@@ -7,9 +7,11 @@
 // chunk's own pages (RANGE [c0, c1), with the store) first, then the resident history (RANGE
 // [0, R)), then the streamed history in blocks of B pages, each copied into one of two device slot
 // sets on the backend's copy queue while the previous block computes. The forward merges the
-// blocks' results through their log-sum-exp (oomb_paged_attn_merge); the backward is separable
-// over blocks given the saved LSE and delta (FlashAttention-2): dQ accumulates across blocks, and a
-// block's dK/dV pages are copied in, accumulated into and copied back out. Events order every
+// blocks' results through their log-sum-exp (the weights of oomb_paged_attn_merge, applied inside
+// each block's kernel: oomb_paged_attn_args.accumulate); the backward is separable over blocks
+// given the saved LSE and delta (FlashAttention-2): dQ accumulates across blocks (each block's
+// kernel adds into the node's dq), and a block's dK/dV pages are copied in, accumulated into and
+// copied back out. Events order every
 // copy after its producer and every slot's reuse after its last reader. The rest of the graph runs
 // unchanged, in parts between the attention nodes (oomb_graph_view). The kernels are the same as
 // without offload; only the summation order of the blocks differs (results equal to rounding).
@@ -39,13 +41,14 @@ struct oomb_kv_stream_stats {
 };
 
 /// Prepares chunk graph g (allocated, its paged-attention nodes reading kv's pools) for computing
-/// over kv's host tier. Keeps pointers to g's nodes: free the stream before g. Scratch for the
-/// blocks' partial results is allocated in the backend's memory. Nodes with a LISTS schedule
+/// over kv's host tier. Keeps pointers to g's nodes: free the stream before g. The blocks
+/// accumulate into the nodes' own memory (no scratch). Nodes with a LISTS schedule
 /// (sparse attention, oomb-sparse.h) stream only the history pages their lists name (see
 /// src/oomb/offload.cpp), each with a page table of its own (4 bytes per logical page, device
 /// memory). Errors (oomb_error): a paged-attention node with a result cache
 /// (oomb_paged_attn_cached) or a schedule other than DENSE or LISTS, a cache without a host tier;
-/// lists that are not valid for the chunk (at compute); NULL when the scratch cannot be allocated.
+/// lists that are not valid for the chunk (at compute); NULL when the sparse nodes' page tables
+/// cannot be allocated.
 oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, struct oomb_cgraph * g);
 void oomb_kv_stream_free(oomb_kv_stream_t s);
 /// Computes g for the chunk of T consecutive positions starting at p0 (g's pos input must hold

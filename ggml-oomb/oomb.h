@@ -576,7 +576,17 @@ struct oomb_paged_attn_args {
     int load;                                   // with out_cache
     struct oomb_tensor * dout, * fwd;           // backward only (fwd may be NULL)
     struct oomb_tensor * dk_pages, * dv_pages;  // backward only
+    int accumulate;                             // 0 or 1: see below
 };
+// accumulate = 1 (no store, no result cache): the node adds its result to the one its memory
+// already holds instead of overwriting it. Forward: that memory holds the packed result (out, LSE)
+// of the same queries over a key set disjoint from this node's (e.g. an earlier RANGE block); the
+// node merges its own partial result into it per row as oomb_paged_attn_merge does (the same
+// weights, src/oomb/paged-attn-merge.h), so a sequence of blocks needs no separate merge pass.
+// Backward: its dq is added to the dq the memory holds; dk_cur / dv_cur there are left as they are
+// (an earlier call of the same queries wrote them). The caller places such a node on that memory
+// itself (the host-offload engine does so for its page blocks, src/oomb/offload.cpp): the graph
+// allocator refuses to give it memory, since fresh memory holds no result to add to.
 /// oomb_paged_attn (out_cache NULL) or oomb_paged_attn_cached with a page schedule. Result: the out
 /// view [D, H, T] as oomb_paged_attn. Errors as those functions, and: RANGE with first < 0 or
 /// last < first; LISTS without offsets / pages, or with non-i32 / non-contiguous ones; a result

@@ -23,7 +23,7 @@ build_dir=${1:-build}
 mkdir -p "$build_dir"
 build_dir=$(cd "$build_dir" && pwd)
 dest=$build_dir/llama.cpp
-stamp="llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sha256 $LLAMA_CPP_PYTHON_SHA256"
+stamp="llama-cpp-python $LLAMA_CPP_PYTHON_VERSION sha256 $LLAMA_CPP_PYTHON_SHA256 GGML_NATIVE=OFF"  # the build's settings: a change rebuilds
 
 have_all() {
     [ -f "$dest/VERSION" ] && [ "$(cat "$dest/VERSION")" = "$stamp" ] || return 1
@@ -72,9 +72,12 @@ src=$tmp/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp
 
 jobs=$(nproc)
 echo "build-llama-cpp: configuring (CPU only) and building ${TOOLS[*]} with -j$jobs"
-# Static libraries: the binaries do not depend on the (deleted) build tree. GGML_NATIVE stays ON
-# (the machine's own instruction set): the binaries run on the machine that built them.
-if ! cmake -S "$src" -B "$tmp/b" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+# Static libraries: the binaries do not depend on the (deleted) build tree. GGML_NATIVE=OFF: ggml's
+# fixed x86-64 set (SSE4.2, AVX, AVX2, BMI2, FMA, F16C; no AVX-512, no AMX) instead of the build
+# machine's own: a CI machine whose CPU advertised more (a fresh CI run, 2026-12-02) had
+# llama-perplexity die right after loading the Q8_0 and Q4_K_M files (the f32/f16 ones ran), i.e.
+# in the quantized kernels only that CPU's extensions select; the fixed set computes the same NLL.
+if ! cmake -S "$src" -B "$tmp/b" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF \
         -DGGML_CUDA=OFF -DGGML_BLAS=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_OPENMP=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON \

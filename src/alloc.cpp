@@ -30,6 +30,7 @@
 
 #include "oomb-impl.h"
 #include "oomb-alloc.h"
+#include "oomb/paged-attn-sched.h"
 
 #include <mutex>
 #include <unordered_map>
@@ -190,6 +191,13 @@ static void make_plan(oomb_gallocr * ga, oomb_cgraph * g) {
         if (it != info.end()) return it->second;
         owner_info & oi = info[owner];
         oi.ours = is_ours(owner);
+        // a paged-attention node that accumulates into an earlier result (oomb_paged_attn_args) is
+        // placed on that result's memory by its caller; fresh arena memory holds nothing to add to
+        if (oi.ours && (owner->op == OOMB_OP_PAGED_ATTN || owner->op == OOMB_OP_PAGED_ATTN_BACK) &&
+            owner->op_params[oomb::PA_PARAM_ACCUM])
+            oomb_error("gallocr_alloc_graph: node %s (op %s) has accumulate = 1: it adds to a result already in its memory, so "
+                       "its caller must place it there (the allocator gives only fresh memory)",
+                       owner->name[0] ? owner->name : "(unnamed)", oomb_op_name(owner->op));
         return oi;
     };
 

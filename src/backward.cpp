@@ -423,6 +423,7 @@ struct Builder {
                 // the out part [D, H, T] (get_grad); t itself holds the saved out and LSE.
                 // the same schedule (a page-list forward carries its inverse lists: checked in the dry run)
                 oomb_paged_attn_args a = oomb_paged_attn_args_of(t);
+                if (a.accumulate) oomb_error("backward: paged_attn node %s accumulates into an earlier result (accumulate = 1): not differentiable", tname(t));
                 a.dk_pages = a.k_pages->grad; a.dv_pages = a.v_pages->grad;
                 a.dout = dy; a.fwd = t;
                 oomb_tensor * packed = oomb_paged_attn_back_ext(ctx, &a);

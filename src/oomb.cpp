@@ -1077,6 +1077,9 @@ struct oomb_tensor * oomb_paged_attn_ext(struct oomb_context * ctx, const struct
     } else {
         OOMB_CHECK(load == 0, "paged_attn", "load = %d without a result cache", load);
     }
+    OOMB_CHECK(a->accumulate == 0 || a->accumulate == 1, "paged_attn", "accumulate (%d) must be 0 or 1", a->accumulate);
+    OOMB_CHECK(!a->accumulate || (!store && !out_cache), "paged_attn",
+               "accumulate = 1 merges into an earlier result: no store (%d) and no result cache", store);
     oomb_tensor * q = a->q, * k_cur = a->k_cur, * v_cur = a->v_cur, * k_pages = a->k_pages, * v_pages = a->v_pages;
     check_paged(q, k_pages, v_pages, a->page_table, a->pos, "paged_attn");
     require_f32(k_cur, "paged_attn", "k_cur");
@@ -1095,6 +1098,7 @@ struct oomb_tensor * oomb_paged_attn_ext(struct oomb_context * ctx, const struct
     t->src[oomb::PA_SRC_POS] = a->pos;
     oomb::set_op_f32(t, oomb::PA_PARAM_SCALE, a->scale);
     t->op_params[oomb::PA_PARAM_STORE] = store;
+    t->op_params[oomb::PA_PARAM_ACCUM] = a->accumulate;
     set_schedule(t, a->schedule, oomb::PA_SRC_SCHED_OFFSETS, oomb::PA_SRC_SCHED_PAGES);
     if (oomb_schedule_has_lists(a->schedule.kind)) {  // optional here, kept for the autodiff's backward
         t->src[oomb::PA_SRC_INV_OFFSETS] = a->schedule.inv_offsets;
@@ -1167,6 +1171,7 @@ struct oomb_tensor * oomb_paged_attn_back_ext(struct oomb_context * ctx, const s
                shape_str(k_pages).c_str());
     require_f32(dout, "paged_attn_back", "dout");
     require_same_shape(q, dout, "paged_attn_back");
+    OOMB_CHECK(a->accumulate == 0 || a->accumulate == 1, "paged_attn_back", "accumulate (%d) must be 0 or 1", a->accumulate);
     check_schedule(a->schedule, true, "paged_attn_back");
     if (fwd) {
         // the view oomb_paged_attn returns (or any view / reshape of it), or its packed node
@@ -1204,6 +1209,7 @@ struct oomb_tensor * oomb_paged_attn_back_ext(struct oomb_context * ctx, const s
     t->src[oomb::PAB_SRC_DOUT] = dout;
     t->src[oomb::PAB_SRC_FWD] = fwd;  // NULL: the backward recomputes the statistics
     oomb::set_op_f32(t, oomb::PA_PARAM_SCALE, scale);
+    t->op_params[oomb::PA_PARAM_ACCUM] = a->accumulate;
     set_schedule(t, a->schedule, oomb::PAB_SRC_SCHED_OFFSETS, oomb::PAB_SRC_SCHED_PAGES);
     if (oomb_schedule_has_lists(a->schedule.kind)) {
         t->src[oomb::PAB_SRC_INV_OFFSETS] = a->schedule.inv_offsets;
@@ -1251,6 +1257,7 @@ struct oomb_paged_attn_args oomb_paged_attn_args_of(const struct oomb_tensor * n
     a.schedule.kind = (oomb_page_schedule_kind) node->op_params[oomb::PA_PARAM_SCHED_KIND];
     a.schedule.first = node->op_params[oomb::PA_PARAM_SCHED_FIRST];
     a.schedule.last = node->op_params[oomb::PA_PARAM_SCHED_LAST];
+    a.accumulate = node->op_params[oomb::PA_PARAM_ACCUM];
     if (node->op == OOMB_OP_PAGED_ATTN) {
         a.q = s[oomb::PA_SRC_Q]; a.k_cur = s[oomb::PA_SRC_K_CUR]; a.v_cur = s[oomb::PA_SRC_V_CUR];
         a.k_pages = s[oomb::PA_SRC_K_PAGES]; a.v_pages = s[oomb::PA_SRC_V_PAGES];

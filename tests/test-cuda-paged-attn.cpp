@@ -15,6 +15,8 @@
 // Kernel choices are set through oomb_cuda_paged_attn_set_config (ConfigScope), not the environment.
 // The merge of partial results (cuda/paged-attn-merge.cu) against the CPU kernel on random data with
 // rows where one or both LSEs are -inf, and DENSE equal to the merge of RANGE blocks on the GPU.
+// Blocks that accumulate into an earlier result (oomb_paged_attn_args.accumulate, the offload
+// engine's page blocks) on every family, forward and backward, against the CPU's one call.
 
 #include <gtest/gtest.h>
 
@@ -36,6 +38,7 @@
 #ifdef OOMB_USE_CUDA
 #include <cuda_runtime.h>
 #include "cuda/paged-attn.cuh"
+#include "../src/oomb/paged-attn-sched.h"
 // Resolved when the CUDA backend is linked in; otherwise the test asks the runtime itself.
 #pragma weak oomb_cuda_available
 #endif
@@ -487,9 +490,160 @@ void run_cache_case(int D, int H, int Hkv, int T, int pos0, int P, oomb_type poo
     oomb_free(hc);
 }
 
+// accumulate = 1 (oomb_paged_attn_args: the host-offload engine's page blocks) on the GPU against
+// the CPU's one-call result: the chunk's own pages first (RANGE / LISTS_RANGE [c0, end): writes out
+// and LSE), then history windows [c0 / 2, c0) and [0, c0 / 2) and an empty one, each a separate
+// node accumulating into the first node's memory (the forward merges in its kernel epilogue); the
+// backward likewise (built with the accumulated forward as its saved statistics, the schedule patched
+// per block as the engine does: the first call writes dq and reads dk_cur / dv_cur back, the others
+// add dq only). c.sched: DENSE (blocks as RANGE) or LISTS (blocks as LISTS_RANGE).
+void run_accum_case(const Case & c, uint32_t seed) {
+    SCOPED_TRACE("accumulate " + case_name(c));
+    std::mt19937 rng(seed);
+    const int n_pos = c.hist + c.T, n_need = (n_pos + c.P - 1) / c.P, n_pages = n_need + 3;
+    const float scale = 1.0f / std::sqrt((float) c.D);
+    const bool lists = c.sched == OOMB_SCHEDULE_LISTS;
+    oomb_context * hc = oomb_init({0, false});
+    oomb_tensor * q = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, c.D, c.H, c.T);
+    oomb_tensor * kc = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, c.D, c.Hkv, c.T), * vc = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, c.D, c.Hkv, c.T);
+    oomb_tensor * kp = oomb_new_tensor_4d(hc, c.type, c.D, c.Hkv, c.P, n_pages), * vp = oomb_new_tensor_4d(hc, c.type, c.D, c.Hkv, c.P, n_pages);
+    oomb_tensor * dkp = oomb_new_tensor_4d(hc, OOMB_TYPE_F32, c.D, c.Hkv, c.P, n_pages), * dvp = oomb_new_tensor_4d(hc, OOMB_TYPE_F32, c.D, c.Hkv, c.P, n_pages);
+    oomb_tensor * pt = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, n_need), * pos = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, c.T);
+    oomb_tensor * dout = oomb_new_tensor_3d(hc, OOMB_TYPE_F32, c.D, c.H, c.T);
+    for (oomb_tensor * t : {q, dout}) oombtest::fill_uniform(t, rng, -2.0f, 2.0f);
+    for (oomb_tensor * t : {kc, vc, kp, vp}) oombtest::fill_uniform(t, rng, -1.0f, 1.0f);
+    for (oomb_tensor * t : {dkp, dvp}) oombtest::fill_uniform(t, rng, -0.5f, 0.5f);
+    std::vector<int> perm(n_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int i = 0; i < n_need; i++) ((int32_t *) pt->data)[i] = perm[i];
+    for (int t = 0; t < c.T; t++) ((int32_t *) pos->data)[t] = c.hist + t;
+    const int c0 = c.hist / c.P, n_qt = (n_pos - 1) / c.P - c0 + 1;
+    oomb_tensor * s_off = nullptr, * s_pg = nullptr, * s_io = nullptr, * s_iq = nullptr;
+    if (lists) {  // every tile about a third of the history pages, tile 0 all of them
+        std::vector<int32_t> off{0}, pg;
+        for (int j = 0; j < n_qt; j++) {
+            for (int h = 0; h < c0; h++)
+                if (j == 0 || rng() % 3 == 0) pg.push_back(h);
+            off.push_back((int32_t) pg.size());
+        }
+        const int64_t nnz = std::max<int64_t>((int64_t) pg.size(), 1);
+        s_off = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, (int64_t) off.size());
+        s_pg = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, nnz);
+        s_io = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, c0 + 1);
+        s_iq = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, nnz);
+        ((int32_t *) s_pg->data)[0] = ((int32_t *) s_iq->data)[0] = 0;
+        memcpy(s_off->data, off.data(), off.size() * 4);
+        if (!pg.empty()) memcpy(s_pg->data, pg.data(), pg.size() * 4);
+        oomb_schedule_invert(off.data(), n_qt, pg.data(), c0, (int32_t *) s_io->data, (int32_t *) s_iq->data);
+    }
+    auto sched = [&](oomb_tensor * o, oomb_tensor * p, oomb_tensor * io, oomb_tensor * iq) {
+        return lists ? oomb_schedule_lists(o, p, io, iq) : oomb_schedule_dense();
+    };
+    auto fwd_op = [&](oomb_context * x, oomb_tensor * const * t, const oomb_page_schedule & sc, int acc) {
+        oomb_paged_attn_args a{};
+        a.q = t[0]; a.k_cur = t[1]; a.v_cur = t[2]; a.k_pages = t[3]; a.v_pages = t[4]; a.page_table = t[5]; a.pos = t[6];
+        a.schedule = sc; a.scale = scale; a.accumulate = acc;
+        return oomb_paged_attn_ext(x, &a)->view_src;  // the packed node
+    };
+    auto back_op = [&](oomb_context * x, oomb_tensor * const * t, oomb_tensor * dk, oomb_tensor * dv, oomb_tensor * dout_, oomb_tensor * fwd,
+                       const oomb_page_schedule & sc, int acc) {
+        oomb_paged_attn_args a{};
+        a.q = t[0]; a.k_pages = t[3]; a.v_pages = t[4]; a.page_table = t[5]; a.pos = t[6];
+        a.dk_pages = dk; a.dv_pages = dv; a.dout = dout_; a.fwd = fwd; a.schedule = sc; a.scale = scale; a.accumulate = acc;
+        return oomb_paged_attn_back_ext(x, &a);
+    };
+    oomb_tensor * const ht[7] = {q, kc, vc, kp, vp, pt, pos};
+    const oomb_page_schedule hs = sched(s_off, s_pg, s_io, s_iq);
+    oomb_tensor * out = fwd_op(hc, ht, hs, 0);
+    oomb_tensor * back = back_op(hc, ht, dkp, dvp, dout, out, hs, 0);
+    const std::vector<float> dk0 = host_f32(dkp), dv0 = host_f32(dvp);
+    for (oomb_tensor * t : {out, back}) {
+        oomb_cgraph * g = oomb_new_graph(hc);
+        oomb_build_forward_expand(g, t);
+        oomb_backend_graph_compute(cpu(), g);
+    }
+
+    oomb_context * dc = oomb_init({0, true});
+    DevMem mem;
+    oomb_tensor * dt[7];
+    for (int i = 0; i < 7; i++) dt[i] = mem.copy_of(dc, ht[i]);
+    oomb_tensor * d_dkp = mem.copy_of(dc, dkp), * d_dvp = mem.copy_of(dc, dvp), * d_dout = mem.copy_of(dc, dout);
+    oomb_tensor * d_off = lists ? mem.copy_of(dc, s_off) : nullptr, * d_pg = lists ? mem.copy_of(dc, s_pg) : nullptr;
+    oomb_tensor * d_io = lists ? mem.copy_of(dc, s_io) : nullptr, * d_iq = lists ? mem.copy_of(dc, s_iq) : nullptr;
+    const oomb_page_schedule ds = sched(d_off, d_pg, d_io, d_iq);
+    const int32_t windows[4][2] = {{c0, n_need}, {c0 / 2, c0}, {0, c0 / 2}, {n_need, n_need}};
+    const int32_t bkind = lists ? OOMB_SCHEDULE_LISTS_RANGE : OOMB_SCHEDULE_RANGE;
+    auto patch = [&](oomb_tensor * t, int b) {
+        t->op_params[oomb::PA_PARAM_SCHED_KIND] = bkind;
+        t->op_params[oomb::PA_PARAM_SCHED_FIRST] = windows[b][0];
+        t->op_params[oomb::PA_PARAM_SCHED_LAST] = windows[b][1];
+    };
+    oomb_tensor * d_node = fwd_op(dc, dt, ds, 0);
+    oomb_tensor * d_back = back_op(dc, dt, d_dkp, d_dvp, d_dout, d_node, ds, 0);
+    mem.place(d_node, nullptr);
+    mem.place(d_back, nullptr);
+    if (mem.failed) { oomb_free(dc); oomb_free(hc); return; }
+    const double tol = c.type == OOMB_TYPE_F32 ? 1e-3 : 3e-2;
+    const int64_t nq = (int64_t) c.D * c.H * c.T, nkv = (int64_t) c.D * c.Hkv * c.T;
+    auto part = [](const std::vector<float> & v, int64_t b, int64_t n) { return std::vector<float>(v.begin() + b, v.begin() + b + n); };
+    for (int b = 0; b < 4; b++) {
+        oomb_tensor * t = b == 0 ? d_node : fwd_op(dc, dt, ds, 1);
+        t->data = d_node->data;
+        patch(t, b);
+        launch_fwd(t);
+    }
+    const std::vector<float> gf = dev_f32(d_node), cf = host_f32(out);
+    EXPECT_LT(rel_err(part(gf, 0, nq), part(cf, 0, nq)), tol) << "accumulated out: " << worst(part(gf, 0, nq), part(cf, 0, nq), c.D, c.H);
+    EXPECT_LT(rel_err(part(gf, nq, (int64_t) c.H * c.T), part(cf, nq, (int64_t) c.H * c.T)), tol) << "accumulated LSE";
+    for (int b = 0; b < 4; b++) {
+        oomb_tensor * t = b == 0 ? d_back : back_op(dc, dt, d_dkp, d_dvp, d_dout, d_node, ds, 1);
+        t->data = d_back->data;
+        patch(t, b);
+        launch_bwd(t);
+    }
+    const std::vector<float> gb = dev_f32(d_back), cb = host_f32(back);
+    auto inc = [](std::vector<float> v, const std::vector<float> & v0) { for (size_t i = 0; i < v.size(); i++) v[i] -= v0[i]; return v; };
+    const double e_dq = rel_err(part(gb, 0, nq), part(cb, 0, nq)), e_dkc = rel_err(part(gb, nq, nkv), part(cb, nq, nkv));
+    const double e_dvc = rel_err(part(gb, nq + nkv, nkv), part(cb, nq + nkv, nkv));
+    const double e_dkp = rel_err(inc(dev_f32(d_dkp), dk0), inc(host_f32(dkp), dk0)), e_dvp = rel_err(inc(dev_f32(d_dvp), dv0), inc(host_f32(dvp), dv0));
+    EXPECT_LT(e_dq, tol) << "accumulated dq: " << worst(part(gb, 0, nq), part(cb, 0, nq), c.D, c.H);
+    EXPECT_LT(e_dkc, tol) << "dk_cur";
+    EXPECT_LT(e_dvc, tol) << "dv_cur";
+    EXPECT_LT(e_dkp, tol) << "dK pages";
+    EXPECT_LT(e_dvp, tol) << "dV pages";
+    printf("[ accum ] %-48s family %s/%s: dq %.2e dk_cur %.2e dv_cur %.2e dK %.2e dV %.2e\n", case_name(c).c_str(),
+           oomb_cuda_paged_attn_last_family(0), oomb_cuda_paged_attn_last_family(1), e_dq, e_dkc, e_dvc, e_dkp, e_dvp);
+    fflush(stdout);
+    oomb_free(dc);
+    oomb_free(hc);
+}
+
 #endif // OOMB_USE_CUDA
 
 } // namespace
+
+// accumulate = 1 on every family: wgmma (where the device has it) and mma.sync (config.wgmma = 0)
+// for bf16 pools of head dim 128 / 64, the generic kernels for f32 pools of head dim 40; dense and
+// page lists; chunks of 37 / 200 tokens starting mid-page after 1,000-3,000 positions.
+TEST(CudaPagedAttn, AccumulatedBlocksMatchCpu) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    const oomb_type B = OOMB_TYPE_BF16;
+    uint32_t seed = 9191;
+    for (int w : {3, 0}) {
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.wgmma = w; });
+        for (oomb_page_schedule_kind k : {OOMB_SCHEDULE_DENSE, OOMB_SCHEDULE_LISTS}) {
+            const Case cases[] = {
+                {128, 128, 28, 4, 200, 3000, B, 0, false, k},
+                {64, 64, 14, 2, 37, 1000, B, 0, false, k},
+                {40, 48, 6, 2, 37, 1000, OOMB_TYPE_F32, 0, false, k},
+            };
+            for (const Case & c : cases) run_accum_case(c, seed++);
+        }
+    }
+#endif
+}
 
 // bf16 pools: the tensor-core kernels
 TEST(CudaPagedAttn, Bf16Pools) {

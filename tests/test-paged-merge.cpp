@@ -8,6 +8,8 @@
 #include "oomb.h"
 #include "oomb-backend.h"
 #include "oomb-schedule.h"
+#include "oomb-alloc.h"
+#include "../src/oomb/paged-attn-sched.h"
 #include "test-common.h"
 
 #include <gtest/gtest.h>
@@ -238,6 +240,115 @@ TEST_P(PagedMergeDense, MergedRangesEqualDense) {
 
 INSTANTIATE_TEST_SUITE_P(Pools, PagedMergeDense, ::testing::Values(OOMB_TYPE_F32, OOMB_TYPE_BF16),
                          [](const ::testing::TestParamInfo<oomb_type> & i) { return std::string(oomb_type_name(i.param)); });
+
+// accumulate = 1 (oomb_paged_attn_args): the host-offload engine's page blocks, each one kernel call
+// that adds its partial result into the node's own memory. Forward: the chunk's own pages first
+// (RANGE [c0, last): writes out / LSE), then the history blocks [2, 4), [0, 2) and an empty block,
+// each an accumulating node placed on that memory: equals the merge op's result (same weights) and
+// dense. Backward (the engine's way: built with the dense forward's saved statistics, the schedule
+// patched to a range per block): the chunk's pages first (dq, dk_cur / dv_cur read back), then the
+// history blocks adding only dq; equals the dense backward's dq, gradient pages and dk_cur / dv_cur.
+TEST_P(PagedMergeDense, AccumulatedBlocksEqualMergeAndDense) {
+    Cache C(24, 6, 2, 5, 23, 13, GetParam(), 77);
+    const int c0 = 23 / C.P, last = C.n_logical;
+    const int64_t n_out = (int64_t) C.D * C.H * C.T, n = oomb_nelements(C.attn(oomb_schedule_dense()));
+    const int blocks[][2] = {{c0, last}, {2, c0}, {0, 2}, {last, last + 2}};
+    // forward
+    oomb_tensor * dense = C.attn(oomb_schedule_dense());
+    compute(C.ctx, dense);
+    oomb_tensor * node = C.attn(oomb_schedule_range(blocks[0][0], blocks[0][1]));
+    compute(C.ctx, node);
+    std::vector<float> merged = vec(node);
+    for (int b = 1; b < 4; b++) {
+        oomb_paged_attn_args a = oomb_paged_attn_args_of(node);
+        a.schedule = oomb_schedule_range(blocks[b][0], blocks[b][1]);
+        a.accumulate = 1;
+        oomb_tensor * blk = oomb_paged_attn_ext(C.ctx, &a)->view_src;
+        blk->data = node->data;  // placed on the node's memory, as the engine does
+        compute(C.ctx, blk);
+        // the same partial result merged by the merge op into a copy of the running result
+        oomb_tensor * acc = oomb_new_tensor_1d(C.ctx, OOMB_TYPE_F32, n);
+        memcpy(acc->data, merged.data(), merged.size() * sizeof(float));
+        compute(C.ctx, oomb_paged_attn_merge(C.ctx, acc, C.attn(oomb_schedule_range(blocks[b][0], blocks[b][1])), C.D, C.H, C.T));
+        merged = vec(acc);
+        const std::vector<float> got = vec(node);
+        double worst = 0;
+        for (size_t i = 0; i < got.size(); i++) {
+            if (std::isinf(merged[i]) && got[i] == merged[i]) continue;
+            worst = std::max(worst, std::fabs((double) got[i] - merged[i]) / std::max(1.0, std::fabs((double) merged[i])));
+        }
+        EXPECT_LT(worst, 1e-6) << "block " << b << ": accumulated vs the merge op";
+    }
+    expect_close(vec(dense), vec(node), n_out, "accumulated forward vs dense");
+
+    // backward: gradient pages from zero each time
+    std::mt19937 rng(5);
+    oomb_tensor * dout = oomb_new_tensor_3d(C.ctx, OOMB_TYPE_F32, C.D, C.H, C.T);
+    oombtest::fill_uniform(dout, rng, -1.0f, 1.0f);
+    oomb_tensor * dk = oomb_new_tensor_4d(C.ctx, OOMB_TYPE_F32, C.kp->ne[0], C.kp->ne[1], C.kp->ne[2], C.kp->ne[3]);
+    oomb_tensor * dv = oomb_new_tensor_4d(C.ctx, OOMB_TYPE_F32, C.kp->ne[0], C.kp->ne[1], C.kp->ne[2], C.kp->ne[3]);
+    auto back = [&](int accumulate) {
+        oomb_paged_attn_args a = oomb_paged_attn_args_of(dense);
+        a.dout = dout; a.fwd = dense; a.dk_pages = dk; a.dv_pages = dv;
+        a.accumulate = accumulate;
+        return oomb_paged_attn_back_ext(C.ctx, &a);
+    };
+    auto zero = [](oomb_tensor * t) { memset(t->data, 0, oomb_nbytes(t)); };
+    zero(dk); zero(dv);
+    oomb_tensor * bd = back(0);
+    compute(C.ctx, bd);
+    const std::vector<float> want = vec(bd), want_dk = vec(dk), want_dv = vec(dv);
+    zero(dk); zero(dv);
+    oomb_tensor * bn = back(0);
+    for (int b = 0; b < 4; b++) {
+        oomb_tensor * t = b == 0 ? bn : back(1);
+        if (b) t->data = bn->data;
+        t->op_params[oomb::PA_PARAM_SCHED_KIND] = OOMB_SCHEDULE_RANGE;  // the engine's patch: statistics of the dense forward
+        t->op_params[oomb::PA_PARAM_SCHED_FIRST] = blocks[b][0];
+        t->op_params[oomb::PA_PARAM_SCHED_LAST] = blocks[b][1];
+        compute(C.ctx, t);
+    }
+    const std::vector<float> got = vec(bn);
+    for (int part = 0; part < 3; part++) {  // dq, dk_cur, dv_cur
+        const int64_t off = part == 0 ? 0 : n_out + (part - 1) * (int64_t) C.D * C.Hkv * C.T;
+        const int64_t len = part == 0 ? n_out : (int64_t) C.D * C.Hkv * C.T;
+        expect_close(std::vector<float>(want.begin() + off, want.begin() + off + len), std::vector<float>(got.begin() + off, got.begin() + off + len),
+                     len, part == 0 ? "dq" : part == 1 ? "dk_cur" : "dv_cur");
+    }
+    expect_close(want_dk, vec(dk), (int64_t) want_dk.size(), "dK pages");
+    expect_close(want_dv, vec(dv), (int64_t) want_dv.size(), "dV pages");
+}
+
+TEST(PagedMergeErrors, AccumulateMisuse) {
+    oombtest::ErrorCapture cap;
+    Cache C(8, 2, 1, 4, 5, 3, OOMB_TYPE_F32, 3);
+    oomb_paged_attn_args a = oomb_paged_attn_args_of(C.attn(oomb_schedule_dense()));
+    a.accumulate = 2;
+    EXPECT_OOMB_ERROR(oomb_paged_attn_ext(C.ctx, &a), "accumulate (2) must be 0 or 1");
+    a.accumulate = 1;
+    a.store = 1;
+    EXPECT_OOMB_ERROR(oomb_paged_attn_ext(C.ctx, &a), "no store");
+    a.store = 0;
+    oomb_tensor * acc_node = oomb_paged_attn_ext(C.ctx, &a);
+    EXPECT_EQ(oomb_paged_attn_args_of(acc_node).accumulate, 1);
+    // the graph allocator gives fresh memory: refused
+    oomb_context * nc = oomb_init({0, true});
+    oomb_paged_attn_args b = a;
+    oomb_tensor * fresh = oomb_paged_attn_ext(nc, &b)->view_src;
+    oomb_cgraph * g = oomb_new_graph(nc);
+    oomb_build_forward_expand(g, fresh);
+    oomb_gallocr_t ga = oomb_gallocr_new(cpu(1));
+    EXPECT_OOMB_ERROR(oomb_gallocr_alloc_graph(ga, g), "accumulate = 1");
+    oomb_gallocr_free(ga);
+    oomb_free(nc);
+    // not differentiable
+    oomb_set_param(C.q);
+    oomb_new_grad(C.ctx, C.q);
+    oomb_tensor * loss = oomb_sum(C.ctx, oomb_paged_attn_ext(C.ctx, &a));
+    oomb_cgraph * g2 = oomb_new_graph(C.ctx);
+    oomb_build_forward_expand(g2, loss);
+    EXPECT_OOMB_ERROR(oomb_build_backward_expand(C.ctx, g2, loss, nullptr), "not differentiable");
+}
 
 TEST(PagedMergeErrors, BadOperands) {
     oombtest::ErrorCapture cap;

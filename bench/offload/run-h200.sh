@@ -2,7 +2,8 @@
 # Host-offload benchmarks on the H200 (issue 12), one device call per invocation:
 #   bench/offload/run-h200.sh overhead   7B at 128K: resident vs --offload on (nothing resident), same call
 #   bench/offload/run-h200.sh curve CTX...  7B --offload on, one step per context: GPU memory vs context
-#   bench/offload/run-h200.sh long CTX [MODEL]  one step at a long context (MODEL: qwen2.5-7b or qwen2.5-0.5b)
+#   bench/offload/run-h200.sh long CTX [MODEL]  one step at a long context (MODEL: qwen2.5-7b or qwen2.5-0.5b);
+#                                        OFFLOAD=auto|on|off (default on) picks --offload
 #   bench/offload/run-h200.sh pair CTX   7B at CTX: resident vs --offload on, as overhead (with OOMB_CUDA_PROFILE=1: per-op GPU time)
 # EXTRA: more oomb-train options for every run (e.g. EXTRA="--offload-block 256").
 # 7B: --trainable linear --opt-state bf16, chunk 2048 (CHUNK7B), page 128, random weights made in memory, no
@@ -44,6 +45,6 @@ case ${1:-overhead} in
         run 7b-$2-offload qwen2.5-7b $2 --offload on
         ;;
     long)
-        run ${3:-qwen2.5-7b}-$2-offload ${3:-qwen2.5-7b} $2 --offload on
+        run ${3:-qwen2.5-7b}-$2-offload-${OFFLOAD:-on} ${3:-qwen2.5-7b} $2 --offload ${OFFLOAD:-on}
         ;;
 esac

@@ -27,6 +27,7 @@
 #include "thread-pool.h"
 #include "oomb-impl.h"
 #include "oomb/paged-attn-sched.h"
+#include "oomb/paged-attn-merge.h"
 #include "fp16.h"
 #include "sround.h"
 
@@ -458,9 +459,17 @@ void cpu_paged_attn(oomb_tensor * dst, cpu::thread_pool * pool) {
         const int R = tile_rows(G, qt, A.q, nullptr, out, s);
         forward_tile(K, G, blocks, A.k_pages, A.v_pages, A.scale, qt, R, s, "paged_attn");
         for (int i = 0; i < R; i++) {
-            std::copy(s.O.data() + (size_t) i * D, s.O.data() + (size_t) (i + 1) * D, s.outr[i]);
+            const float * o = s.O.data() + (size_t) i * D;
             // l > 0 whenever the row attends a key (always, with valid positions); else -inf
-            lse[s.rid[i]] = s.m[i] + std::log(s.l[i]);
+            const float L = s.m[i] + std::log(s.l[i]);
+            if (A.accumulate) {  // merged into the earlier result the node's memory holds (oomb.h)
+                const pa_merge_w w = pa_merge_weights(lse[s.rid[i]], L);
+                for (int d = 0; d < D; d++) s.outr[i][d] = pa_merge_out(w, s.outr[i][d], o[d]);
+                lse[s.rid[i]] = w.L;
+                continue;
+            }
+            std::copy(o, o + D, s.outr[i]);
+            lse[s.rid[i]] = L;
         }
     });
     if (cache_off >= 0) cache_block_copy(cache, cache_off, (float *) dst->data, G.D * G.H * G.T, G.H * G.T, true);
@@ -612,10 +621,12 @@ void cpu_paged_attn_back(oomb_tensor * dst, cpu::thread_pool * pool) {
             for (int d = 0; d < D; d++) {
                 float a = 0.0f;
                 for (int part = 0; part < NPART; part++) a += dq_part[((size_t) part * n_tiles + k) * tile_stride + (size_t) i * D + d];
-                dqv[d] = a * A.scale;
+                const float v = a * A.scale;
+                dqv[d] = A.accumulate ? dqv[d] + v : v;  // accumulate: added to the dq the node's memory holds
             }
         }
     });
+    if (A.accumulate) return;  // dk_cur / dv_cur: written by the earlier call (oomb.h)
 
     // dk_cur, dv_cur: the completed gradients of the chunk's own positions
     for (int64_t t = 0; t < T; t++)

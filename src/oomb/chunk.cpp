@@ -268,7 +268,7 @@ ChunkDriver::Graph & ChunkDriver::graph(int64_t T, ChunkKind kind, bool lists) {
     }
     if (oomb_kv_cache_resident_pages(kv_) < (p_.max_tokens + p_.page - 1) / p_.page) {
         G->stream = oomb_kv_stream_new(kv_, shape_.backend, G->g);
-        if (!G->stream) oomb_error("ChunkDriver: cannot allocate the offload scratch (T = %" PRId64 ")", T);
+        if (!G->stream) oomb_error("ChunkDriver: cannot allocate the offload page tables (T = %" PRId64 ")", T);
     }
     Graph & ref = *G;
     graphs_[key] = std::move(G);

@@ -14,12 +14,15 @@
 //   finished), then
 //   forward:  the node itself, patched to RANGE [c0, c1) (the chunk's pages, with its store) ->
 //             copy the chunk's K/V pages past R out to the host (after the node);
-//             resident history RANGE [0, min(R, c0)) -> merge;
-//             block b (after its copy in): RANGE -> merge; then block b + 2 streams into the set.
+//             resident history RANGE [0, min(R, c0)), accumulated into the node's out / LSE;
+//             block b (after its copy in): RANGE, accumulated; then block b + 2 streams into the set.
 //   backward: the node itself patched to RANGE [c0, c1) (dq, and dk/dv of the chunk read back) ->
-//             copy the chunk's gradient pages past R out; resident history -> dq += ...;
-//             block b: RANGE backward -> dq += ... -> copy its dK/dV out; then block b + 2 streams
-//             in (K/V/dK/dV) once that copy out finished.
+//             copy the chunk's gradient pages past R out; resident history, its dq accumulated;
+//             block b: RANGE backward, dq accumulated -> copy its dK/dV out; then block b + 2
+//             streams in (K/V/dK/dV) once that copy out finished.
+// A block is one kernel call that accumulates into the node's own memory
+// (oomb_paged_attn_args.accumulate: the forward merges its partial result through the LSE inside the
+// kernel's epilogue, the backward adds its dq with the same atomics): no merge pass, no dq sum.
 // So block b + 1's copy in and block b - 1's copy out run beside block b's kernel.
 // Sparse nodes (a LISTS schedule, oomb-sparse.h) move only the selected pages: once the node's lists
 // are known (stage 1: the selection node's output, downloaded after the part that computes it;
@@ -32,8 +35,8 @@
 // node). The node's blocks read their own page table (per node: U's pages -> the set slots, the
 // unlisted host pages unmapped), uploaded on the compute queue; the kernels never read an unlisted
 // page (pa_sched_page_used). Backward: dK/dV copied in and out for U's pages only; dq as above.
-// The chunk's pages past R are copied in before the graph (the K/V that hold data, and their
-// gradients in a backward graph). Gradient pages never written since zero_grad are read from a
+// The chunk's pages past R of a layer (the K/V that hold data, and their gradients in a backward
+// graph) are copied in just before that layer's first attention node, which alone waits for them. Gradient pages never written since zero_grad are read from a
 // zero page instead of the host (the host tier is never cleared). The whole chunk finishes
 // (every queue synchronized) before compute returns, so chunks never overlap.
 // Early copies (OOMB_OFFLOAD_EARLY_COPIES=1; default 0 until measured on the GPU: the predicted gain
@@ -97,10 +100,9 @@ struct AttnNode {
     int layer = 0;
     bool store = false;          // forward: the node stores the chunk's K/V
     oomb_tensor * node = nullptr;
-    oomb_tensor * blk = nullptr; // the block's node (RANGE patched per block), in the scratch
-    oomb_cgraph * block_graph = nullptr;  // blk, then merge (forward) or dq += (backward)
+    oomb_tensor * blk = nullptr; // the block's node (RANGE patched per block), accumulating into the node's memory
+    oomb_cgraph * block_graph = nullptr;  // blk alone
     oomb_cgraph * self = nullptr;         // the node alone (a view of the chunk graph)
-    std::vector<oomb_tensor *> views;     // views whose data follows their source's (refreshed per run)
     // sparse (LISTS) nodes: the lists, their host copy, the union U of the listed history pages
     bool sparse = false;
     bool lists_in_graph = false;          // computed by the chunk graph (stage 1's selection), else uploaded (stage 2)
@@ -124,8 +126,7 @@ struct oomb_kv_stream {
     oomb_kv_cache_t kv = nullptr;
     oomb_backend_t be = nullptr;
     oomb_cgraph * g = nullptr;
-    oomb_context * ctx = nullptr;       // block nodes, views, graph parts
-    oomb_buffer_t scratch = nullptr;    // the blocks' partial results (one at a time)
+    oomb_context * ctx = nullptr;       // block nodes, graph parts
     oomb_buffer_t tables = nullptr;     // the sparse nodes' page tables
     std::vector<AttnNode> attn;
     std::vector<oomb_cgraph *> parts;   // parts[i]: the nodes before attn[i] (after attn[i-1]); parts[n]: the rest
@@ -199,7 +200,6 @@ struct oomb_kv_stream {
         oomb_event_free(ev_in);
         oomb_event_free(ev_done);
         for (oomb_event_t e : ev_set_in) oomb_event_free(e);
-        oomb_buffer_free(scratch);
         oomb_buffer_free(tables);
         oomb_free(ctx);
     }
@@ -272,12 +272,12 @@ struct oomb_kv_stream {
         if (s.a) span_end(s, to, false);
         return st == OOMB_STATUS_OK ? st : fail(st, std::string("offload: event: ") + oomb_backend_last_error(be));
     }
+    // one block of history pages [first, last), accumulated into the node's memory (placed there
+    // per run: the chunk graph is re-placed before every compute)
     oomb_status run_block(AttnNode & a, int32_t first, int32_t last) {
         set_range(a.blk, first, last, a.sparse ? OOMB_SCHEDULE_LISTS_RANGE : OOMB_SCHEDULE_RANGE);
-        for (oomb_tensor * v : a.views) {
-            v->data = (char *) v->view_src->data + v->view_offs;
-            v->buffer = v->view_src->buffer;
-        }
+        a.blk->data = a.node->data;
+        a.blk->buffer = a.node->buffer;
         return run(a.block_graph);
     }
     // the copies of logical pages pages[i0, i1) (ascending, >= R) to / from the slots slot0 + (i - i0),
@@ -318,7 +318,6 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
             if (kv->k[(size_t) l] == pool) return l;
         return -1;
     };
-    size_t scratch_bytes = 0;
     for (size_t i = 0; i < g->nodes.size(); i++) {
         oomb_tensor * n = g->nodes[i];
         if (n->op != OOMB_OP_PAGED_ATTN && n->op != OOMB_OP_PAGED_ATTN_BACK) continue;
@@ -337,7 +336,6 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
         a.layer = l;
         a.node = n;
         a.store = !a.back && args.store;
-        const int64_t D = args.q->ne[0], H = args.q->ne[1], T = args.q->ne[2];
         a.block_graph = oomb_new_graph_custom(s->ctx, 8);
         a.sparse = args.schedule.kind == OOMB_SCHEDULE_LISTS;
         if (a.sparse) {
@@ -348,26 +346,23 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
             a.table = oomb_new_tensor_1d(s->ctx, OOMB_TYPE_I32, oomb_nelements(args.page_table));
             oomb_format_name(a.table, "%s.block_pages", n->name);
         }
+        // a block accumulates into the node's own memory (run_block places it there): the forward
+        // merges its partial result into the node's out / LSE, the backward adds its dq to the
+        // node's (oomb_paged_attn_args.accumulate), so a block is one kernel call, no merge pass
+        args.accumulate = 1;
         if (!a.back) {
             args.store = 0;
             if (!a.sparse) args.schedule = oomb_schedule_range(0, 0);  // sparse: the lists, run as LISTS_RANGE
             else args.page_table = a.table;
             a.blk = oomb_paged_attn_ext(s->ctx, &args)->view_src;
-            a.block_graph->nodes = {a.blk, oomb_paged_attn_merge(s->ctx, n, a.blk, D, H, T)};
-            a.views = {a.block_graph->nodes[1]};
         } else {
             a.blk = oomb_paged_attn_back_ext(s->ctx, &args);  // built as the node (the fwd check), run as RANGE / LISTS_RANGE
             // sparse: the block reads its own page table (the fwd check wants the node's, whose
             // statistics it uses: the same keys, mapped to the block's slots)
             if (a.sparse) a.blk->src[oomb::PAB_SRC_PAGE_TABLE] = a.table;
-            oomb_tensor * dq = oomb_view_1d(s->ctx, n, D * H * T, 0);
-            oomb_tensor * part = oomb_view_1d(s->ctx, a.blk, D * H * T, 0);
-            oomb_tensor * add = oomb_add_inplace(s->ctx, dq, part);
-            a.block_graph->nodes = {a.blk, dq, part, add};
-            a.views = {dq, part, add};
         }
+        a.block_graph->nodes = {a.blk};
         oomb_graph_set_continuation(a.block_graph, true);
-        scratch_bytes = std::max(scratch_bytes, oomb_nbytes(a.blk));
         a.self = oomb_graph_view(s->ctx, g, (int) i, (int) i + 1);
         s->has_back |= a.back;
         s->has_store |= a.store;
@@ -379,13 +374,6 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
         prev = a.index + 1;
     }
     s->parts.push_back(oomb_graph_view(s->ctx, g, prev, (int) g->nodes.size()));
-    s->scratch = oomb_backend_alloc_buffer(backend, scratch_bytes);
-    if (!s->scratch) {
-        fprintf(stderr, "oomb: kv_stream_new: cannot allocate %.1f MiB of scratch on %s\n", scratch_bytes / 1048576.0, oomb_backend_name(backend));
-        delete s;
-        return nullptr;
-    }
-    for (AttnNode & a : s->attn) oomb_tensor_alloc(s->scratch, a.blk, 0);  // one block computes at a time (one queue)
     size_t table_bytes = 0;
     for (const AttnNode & a : s->attn)
         if (a.table) table_bytes += (oomb_nbytes(a.table) + 255) / 256 * 256;
@@ -598,26 +586,42 @@ oomb_status oomb_kv_stream::compute(int64_t p0, int64_t T) {
     for (AttnNode & a : attn) follow(a.self);
 
     oomb_status st = OOMB_STATUS_OK;
-    // the chunk's own pages past R: the K/V that hold data (a store fills the rest), their gradients
-    const int64_t kv_end = has_store ? std::min(c1, (p0 + P - 1) / P) : c1;
     log("c%" PRId64 " ", p0);
-    const Span sp = span_begin(OOMB_QUEUE_COPY);
-    for (int l = 0; l < kv->p.n_layer && !st; l++) {
-        st = kv_in(l, kv->cur_slot0(), cs, kv_end);
-        if (!st && has_back) st = grad_in(l, kv->cur_slot0(), cs, c1);
-    }
-    span_end(sp, OOMB_QUEUE_COPY, true);
-    if (!st) st = order(ev_in, OOMB_QUEUE_COPY, OOMB_QUEUE_COMPUTE);
     // stage 2: the uploaded lists are known before the chunk (the copies of their pages start with
     // each node, as dense ones)
     for (size_t i = 0; i < attn.size() && !st; i++)
         if (attn[i].sparse && !attn[i].lists_in_graph) st = sparse_lists(attn[i], c0);
     for (AttnNode & a : attn) a.first_queued = false;
+    // The chunk's own pages past R of a layer (the K/V that hold data: a store fills the rest; their
+    // gradients in a backward graph) go in on the copy queue just before the layer's first attention
+    // node's copies, and only that node waits for them: the compute queue runs the parts before it
+    // meanwhile (they read no KV pool), instead of waiting for every layer's pages before the chunk.
+    const int64_t kv_end = has_store ? std::min(c1, (p0 + P - 1) / P) : c1;
+    std::vector<char> layer_in((size_t) kv->p.n_layer, 0);
     for (size_t i = 0; i < attn.size() && !st; i++) {
         AttnNode & a = attn[i];
-        if (early && !(a.sparse && a.lists_in_graph)) st = first_copies(a, c0);  // the copy queue works beside part i
+        bool wait_in = false;
+        if (!layer_in[(size_t) a.layer] && cs < c1) {
+            const int l = a.layer;
+            layer_in[(size_t) l] = 1;
+            log("c%" PRId64 "/%" PRId64 " ", p0, l);
+            const Span sp = span_begin(OOMB_QUEUE_COPY);
+            st = kv_in(l, kv->cur_slot0(), cs, kv_end);
+            if (!st && has_back) st = grad_in(l, kv->cur_slot0(), cs, c1);
+            if (!st) span_end(sp, OOMB_QUEUE_COPY, true);
+            if (!st && oomb_event_record(ev_in, OOMB_QUEUE_COPY))
+                st = fail(OOMB_STATUS_DEVICE_ERROR, std::string("offload: event: ") + oomb_backend_last_error(be));
+            wait_in = true;
+        }
+        if (!st && early && !(a.sparse && a.lists_in_graph)) st = first_copies(a, c0);  // the copy queue works beside part i
         log("p%" PRId64 " ", (int64_t) i);
         if (!st) st = run(parts[i]);
+        if (!st && wait_in) {  // ev_in is recorded again only by a later node, after this wait was queued
+            const Span sw = host_clock ? Span{} : span_begin(OOMB_QUEUE_COMPUTE);
+            if (oomb_event_wait(be, OOMB_QUEUE_COMPUTE, ev_in))
+                st = fail(OOMB_STATUS_DEVICE_ERROR, std::string("offload: event: ") + oomb_backend_last_error(be));
+            if (sw.a) span_end(sw, OOMB_QUEUE_COMPUTE, false);
+        }
         if (!st) st = attention(a, c0, c1);
     }
     log("p%" PRId64 " ", (int64_t) attn.size());

@@ -24,8 +24,9 @@ enum { PA_SRC_Q = 0, PA_SRC_K_CUR, PA_SRC_V_CUR, PA_SRC_K_PAGES, PA_SRC_V_PAGES,
 enum { PAB_SRC_Q = 0, PAB_SRC_K_PAGES, PAB_SRC_V_PAGES, PAB_SRC_DK_PAGES, PAB_SRC_DV_PAGES, PAB_SRC_PAGE_TABLE, PAB_SRC_POS,
        PAB_SRC_DOUT, PAB_SRC_FWD, PAB_SRC_SCHED_OFFSETS, PAB_SRC_SCHED_PAGES, PAB_SRC_INV_OFFSETS, PAB_SRC_INV_QTILES };
 // op_params of both: [0] scale (f32 bits), [1] store, [2] cache mode (0 none, 1 save, 2 load),
-// [3] schedule kind, [4] range first, [5] range last.
-enum { PA_PARAM_SCALE = 0, PA_PARAM_STORE, PA_PARAM_CACHE, PA_PARAM_SCHED_KIND, PA_PARAM_SCHED_FIRST, PA_PARAM_SCHED_LAST };
+// [3] schedule kind, [4] range first, [5] range last, [6] accumulate (oomb_paged_attn_args).
+enum { PA_PARAM_SCALE = 0, PA_PARAM_STORE, PA_PARAM_CACHE, PA_PARAM_SCHED_KIND, PA_PARAM_SCHED_FIRST, PA_PARAM_SCHED_LAST,
+       PA_PARAM_ACCUM };
 
 // A schedule as the kernels see it (pointers to the i32 lists in the kernel's memory).
 struct pa_sched {

@@ -84,8 +84,8 @@ def llama_ppl(model, text, lora=None):
     log = o + e
     lines = re.findall(r"^\s*(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([-0-9.naif]+)\s*$", o, re.M)
     m = re.search(r"calculating perplexity over (\d+) chunks", log)
-    if rc != 0 or not lines or not m:
-        return None, log.strip()[-600:]
+    if rc != 0 or not lines or not m:  # rc < 0: killed by that signal (e.g. -4 SIGILL: an instruction the CPU lacks)
+        return None, f"exit code {rc}, {len(lines)} chunk lines; " + log.strip()[-600:]
     return (float(lines[-1][2]), int(m.group(1))), log
 
 

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The device calls of one H200 lease (2026-12-03), one part per call, chained without pauses (the
+# machine goes back after 30 s idle). State lives in /tmp/keep between calls.
+#   start     unpack .devcarry/gpu-bins.tar.xz; start Qwen2.5-0.5B at 1M dense (--offload auto: its
+#             KV cache and a bf16 attention cache fit the GPU, so nothing streams; chunk 4096) in the
+#             background (setsid); beside it the CUDA tests that need no fixtures (its step time is
+#             not a clean figure while they run: they share the GPU)
+#   fixtures  copy .devcarry/fixtures (carried in this call: the binaries and the fixtures together
+#             pass the 64 MiB a call carries); test-cuda-qwen2 (training against HF, offload incl.)
+#   wait S    wait up to S seconds for the 1M step; its summary
+#   pair128   (after the 1M step) 7B at 128K resident vs --offload on (nothing resident), same call
+set -o pipefail
+K=/tmp/keep; B=$K/bins; mkdir -p $K $B
+R=${OUT:-out}; mkdir -p "$R"
+log() { echo "[$(date +%T)] $*"; }
+alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+tests() {
+    for tl in "$@"; do
+        t=${tl%:*}; timeout ${tl#*:} $B/$t > "$R/$t.log" 2>&1; log "$t rc=$?"
+        grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|SKIPPED" "$R/$t.log" | head -30
+        grep -c "^\[       OK \]" "$R/$t.log"
+    done
+}
+case $1 in
+start)
+    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
+    cat $K/bins-commit.txt; nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader; free -g | head -2
+    python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<23, dtype=np.uint32).tofile('/tmp/rand.bin')"
+    if [ -z "${NO_1M:-}" ]; then mkdir -p $K/1m
+    OFFLOAD=auto EXTRA="--attn-cache --attn-cache-type bf16" CHUNK7B=4096 LIMIT=${LIMIT_1M:-1500} OUT=$K/1m BINS=$B \
+        setsid nohup bash bench/offload/run-h200.sh long 1048576 qwen2.5-0.5b > $K/1m.out 2>&1 < /dev/null &
+    echo $! > $K/1m.pid; log "0.5B 1M step started (pid $(cat $K/1m.pid))"; fi
+    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-paged-attn:300 test-offload-tensors:90 test-cuda-sparse:90 test-cuda-ops:120 test-cuda-backend:60
+    [ -f $K/1m.out ] && tail -5 $K/1m.out; true ;;
+fixtures)
+    rm -rf $K/fixtures && cp -r .devcarry/fixtures $K/fixtures && du -sh $K/fixtures
+    export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-qwen2:300
+    [ -f $K/1m.out ] && tail -3 $K/1m.out; true ;;
+wait)
+    end=$((SECONDS + ${2:-550}))
+    while alive $K/1m.pid && [ $SECONDS -lt $end ]; do sleep 5; done
+    alive $K/1m.pid && log "1M step still running" || log "1M step not running"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader; free -g | head -2
+    grep -E "step 1/1|^step" /tmp/offload-bench/qwen2.5-0.5b-1048576-offload-auto.log 2>/dev/null | tail -3
+    cp -r $K/1m "$R/" 2>/dev/null; cat $K/1m.out ;;
+pair128)
+    while alive $K/1m.pid; do sleep 5; done
+    P=$R/pair128; mkdir -p $P
+    OUT=$P BINS=$B LIMIT=200 bash bench/offload/run-h200.sh pair 131072 ;;
+*) echo "usage: $0 start | fixtures | wait S | pair128"; exit 2 ;;
+esac
