@@ -587,15 +587,21 @@ void run_accum_case(const Case & c, uint32_t seed) {
     const double tol = c.type == OOMB_TYPE_F32 ? 1e-3 : 3e-2;
     const int64_t nq = (int64_t) c.D * c.H * c.T, nkv = (int64_t) c.D * c.Hkv * c.T;
     auto part = [](const std::vector<float> & v, int64_t b, int64_t n) { return std::vector<float>(v.begin() + b, v.begin() + b + n); };
+    int32_t saved[3];  // d_node's own schedule, restored after its block (the engine does the same)
+    for (int k = 0; k < 3; k++) saved[k] = d_node->op_params[oomb::PA_PARAM_SCHED_KIND + k];
     for (int b = 0; b < 4; b++) {
         oomb_tensor * t = b == 0 ? d_node : fwd_op(dc, dt, ds, 1);
         t->data = d_node->data;
         patch(t, b);
         launch_fwd(t);
     }
+    for (int k = 0; k < 3; k++) d_node->op_params[oomb::PA_PARAM_SCHED_KIND + k] = saved[k];
     const std::vector<float> gf = dev_f32(d_node), cf = host_f32(out);
     EXPECT_LT(rel_err(part(gf, 0, nq), part(cf, 0, nq)), tol) << "accumulated out: " << worst(part(gf, 0, nq), part(cf, 0, nq), c.D, c.H);
     EXPECT_LT(rel_err(part(gf, nq, (int64_t) c.H * c.T), part(cf, nq, (int64_t) c.H * c.T)), tol) << "accumulated LSE";
+    // the gradient pages as they were before the CPU's backward added to them
+    CK(cudaMemcpy(d_dkp->data, dk0.data(), dk0.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_dvp->data, dv0.data(), dv0.size() * sizeof(float), cudaMemcpyHostToDevice));
     for (int b = 0; b < 4; b++) {
         oomb_tensor * t = b == 0 ? d_back : back_op(dc, dt, d_dkp, d_dvp, d_dout, d_node, ds, 1);
         t->data = d_back->data;

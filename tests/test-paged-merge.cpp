@@ -344,6 +344,8 @@ TEST(PagedMergeErrors, AccumulateMisuse) {
     // not differentiable
     oomb_set_param(C.q);
     oomb_new_grad(C.ctx, C.q);
+    oomb_new_grad(C.ctx, C.kp);  // the gradient pages (else the dry run reports their absence first)
+    oomb_new_grad(C.ctx, C.vp);
     oomb_tensor * loss = oomb_sum(C.ctx, oomb_paged_attn_ext(C.ctx, &a));
     oomb_cgraph * g2 = oomb_new_graph(C.ctx);
     oomb_build_forward_expand(g2, loss);
