@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <filesystem>
 #include <cstdio>
 
 namespace oomb {
@@ -320,6 +321,19 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         printf("note: no model given: training a fresh --preset tiny\n");
     }
     validate();
+    if (given("--warmup") && o.warmup > o.steps)
+        fprintf(stderr, "%s: warning: --warmup %d is more than --steps %d: the learning rate never reaches --lr %g (warmup rises "
+                        "linearly over %d steps)\n", PROG, o.warmup, o.steps, o.lr, o.warmup);
+    for (size_t i = 0; i < o.data.size(); i++) {  // the same file or folder twice: read twice, i.e. weighted twice
+        for (size_t j = 0; j < i; j++) {
+            std::error_code ec;  // a missing path: reported by the data reader, not here
+            if (std::filesystem::equivalent(o.data[i], o.data[j], ec) && !ec) {
+                fprintf(stderr, "%s: warning: --data %s names the same file or folder as --data %s: its text is read (and trained on) "
+                                "twice\n", PROG, o.data[i].c_str(), o.data[j].c_str());
+                break;
+            }
+        }
+    }
     if (o.resume && given("--lora-init"))
         fprintf(stderr, "%s: warning: --lora-init %s is ignored with --resume: the adapter is loaded from %s/adapter.gguf, not initialised\n",
                 PROG, o.lora_init.c_str(), o.out.c_str());

@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
         if (has_config) qwen2_write_hparams(w, dims, has_rope_theta);
         int64_t n_tok = 0;
         if (!write_hf_tokenizer(dir, 0, w, &n_tok, &err)) return fail(err);
+        remove_orphan_outputs("oomb-convert-hf", out);  // a run killed by SIGKILL left OUT.tmp.<pid>
         if (w.open(out, &err) || w.finish(&err)) return fail(err);
         fprintf(stderr, "oomb-convert-hf: wrote %s: vocab only, %lld tokens\n", out.c_str(), (long long)n_tok);
         return 0;
@@ -250,6 +251,7 @@ int main(int argc, char** argv) {
         fprintf(stderr, "oomb-convert-hf: note: no tokenizer.json in %s; writing a weights-only file\n", dir.c_str());
     }
 
+    remove_orphan_outputs("oomb-convert-hf", out);
     if (w.open(out, &err)) return fail(err);
     for (size_t i = 0; i < w.tensors().size(); i++) {
         const GGUFTensorInfo& ti = w.tensors()[i];

@@ -179,13 +179,7 @@ int main(int argc, char** argv) {
         if (struct stat so, si; !in->empty() && stat(out_path.c_str(), &so) == 0 && stat(in->c_str(), &si) == 0 && so.st_dev == si.st_dev &&
                                 so.st_ino == si.st_ino)
             return fail("-o/--output " + out_path + " is the input " + *in + ": write the result to another file");
-    {  // a run killed by SIGKILL (no handler runs) left OUT.tmp.<pid>: removed once its process is gone
-        const size_t sl = out_path.rfind('/');
-        const std::string dir = sl == std::string::npos ? "." : sl == 0 ? "/" : out_path.substr(0, sl);
-        for (const std::string& p : remove_orphan_temp_files(dir, {out_path.substr(sl == std::string::npos ? 0 : sl + 1)}))
-            fprintf(stderr, "oomb-export: note: removed %s, left by an interrupted write of process %s (no longer running)\n",
-                    p.c_str(), p.substr(p.rfind(".tmp.") + 5).c_str());
-    }
+    tools::remove_orphan_outputs("oomb-export", out_path);  // a run killed by SIGKILL left OUT.tmp.<pid>
     const OutType& ot = *std::find_if(std::begin(kOutTypes), std::end(kOutTypes), [&](const OutType& o) { return out_type == o.name; });
 
     std::string err;

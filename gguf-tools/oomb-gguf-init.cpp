@@ -139,6 +139,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "oomb-gguf-init: %s: %zu tensors, %.2f GB, %s, seed %llu\n", out.c_str(), plan.size(), total / 1e9,
             outtype.c_str(), (unsigned long long)seed);
     const auto t0 = std::chrono::steady_clock::now();
+    remove_orphan_outputs("oomb-gguf-init", out);  // a run killed by SIGKILL left OUT.tmp.<pid>
     if (w.open(out, &err)) return fail(err);
 
     constexpr int64_t kChunk = kInitChunk;

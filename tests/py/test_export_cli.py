@@ -246,6 +246,15 @@ def main():
                 f"a stale OUT.tmp.<pid> of a dead process removed with a note, a live one's and another output's kept ({e.strip()[-300:]})")
         for f in (live, other):
             os.unlink(f)
+        # (2026-12-03) the same clean-up in oomb-gguf-init (one helper, gguf-tools/tool-cli.h)
+        small = os.path.join(tmp, "small.gguf")
+        stale_init = f"{small}.tmp.{dead.pid}"
+        with open(stale_init, "wb") as fh:
+            fh.write(b"partial")
+        rc, _, e = run_tool([INIT, "--vocab-size", "512", "--hidden", "64", "--ffn", "128", "--layers", "1", "--heads", "4", "--kv-heads", "2",
+                             "--outtype", "f32", "--seed", "3", "-o", small])
+        c.check(rc == 0 and not os.path.exists(stale_init) and f"oomb-gguf-init: note: removed {stale_init}" in e,
+                f"oomb-gguf-init removes a dead process's OUT.tmp.<pid> with a note ({e.strip()[-300:]})")
 
         # tied embeddings: token_embd.weight takes output.weight's Q6_K
         tied = os.path.join(tmp, "tied.gguf")

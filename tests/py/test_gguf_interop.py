@@ -79,6 +79,23 @@ def gguf_name(hf):
     return hf
 
 
+def test_converter_removes_stale_temp(tmp):
+    """A conversion killed by SIGKILL leaves OUT.tmp.<pid>: the next oomb-convert-hf to OUT removes it (once that
+    process is gone) with a note; another output's temp file is left alone."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    out = os.path.join(tmp, "stale-check.gguf")
+    stale, other = f"{out}.tmp.{dead.pid}", os.path.join(tmp, f"other.gguf.tmp.{dead.pid}")
+    for f in (stale, other):
+        with open(f, "wb") as fh:
+            fh.write(b"partial")
+    r = subprocess.run([TOOLS["oomb-convert-hf"], os.path.join(FIX, "qwen2-micro"), "-o", out], capture_output=True, text=True)
+    check(r.returncode == 0 and not os.path.exists(stale) and os.path.exists(other)
+          and f"oomb-convert-hf: note: removed {stale}" in r.stderr,
+          f"oomb-convert-hf removes a dead process's OUT.tmp.<pid> with a note, keeps another's ({r.stderr.strip()[-300:]})")
+    os.unlink(other)
+
+
 def test_converted_models(tmp):
     for model in ("qwen2-micro", "qwen2-mini"):
         cfg = json.load(open(os.path.join(FIX, model, "config.json")))
@@ -270,6 +287,7 @@ def test_gguf_py_files(tmp):
 def main():
     with tempfile.TemporaryDirectory(prefix="oomb-py-gguf-") as tmp:
         test_converted_models(tmp)
+        test_converter_removes_stale_temp(tmp)
         test_vocab()
         test_our_sample(tmp)
         test_gguf_py_files(tmp)

@@ -13,7 +13,10 @@ before its fix):
     pages" with no word about the requested size);
   - a LoRA run on an f32 base does not call its projections quantized;
   - an empty text file given to --data is named as empty (it used to say "1 tokens"); a .jsonl file
-    read as plain text gets a note pointing to --data-format chat (--preset tiny, the shipped Qwen vocabulary).
+    read as plain text gets a note pointing to --data-format chat (--preset tiny, the shipped Qwen vocabulary);
+  - (2026-12-03, from the same review's list) --warmup past --steps warns that the learning rate never
+    reaches --lr; the same --data file given twice (also through a symbolic link) warns that it is
+    read twice; neither warns otherwise.
 
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR. Exit 0 pass, 1 failure, 77 skipped.
 """
@@ -76,6 +79,12 @@ def main():
         rc, o, e = run_tool([TRAIN] + common + ["--threads", "2", "--trainable", "lora", "--lora-rank", "8", "-o", os.path.join(tmp, "rank8")])
         C.check(rc == 0 and "exceeds" not in e, "--lora-rank 8: no warning")
 
+        # --warmup past --steps
+        rc, o, e = run_tool([TRAIN] + common + ["--threads", "2", "--warmup", "5", "--steps", "2", "-o", os.path.join(tmp, "warm")])
+        C.check(rc == 0 and "--warmup 5 is more than --steps 2" in e, f"--warmup 5 --steps 2 warns: rc {rc} {e.strip()[-200:]}")
+        rc, o, e = run_tool([TRAIN] + common + ["--threads", "2", "--warmup", "1", "--steps", "2", "-o", os.path.join(tmp, "warm1")])
+        C.check(rc == 0 and "--warmup" not in e, f"--warmup 1 --steps 2: no warning {e.strip()[-200:]}")
+
         # --threads past the hardware
         hw = os.cpu_count() or 1
         rc, o, e = run_tool([TRAIN] + common + ["--threads", str(hw + 3), "-o", os.path.join(tmp, "thr")])
@@ -102,6 +111,17 @@ def main():
                     f.write('{"messages": [{"role": "user", "content": "hello number %d"}, {"role": "assistant", "content": "hi %d"}]}\n' % (i, i))
             rc, o, e = run_tool([TRAIN] + text + ["--data", chat, "-o", os.path.join(tmp, "chat")])
             C.check(rc == 0 and "read as plain text" in e and "--data-format chat" in e, f"a .jsonl read as text gets a note: rc {rc} {e.strip()[-300:]}")
+            doc = os.path.join(tmp, "doc.txt")
+            with open(doc, "w") as f:
+                f.write("The quick brown fox jumps over the lazy dog. " * 40)
+            doc_link = os.path.join(tmp, "doc-link.txt")
+            os.symlink(doc, doc_link)
+            for second in (doc, doc_link):
+                rc, o, e = run_tool([TRAIN] + text + ["--data", doc, "--data", second, "-o", os.path.join(tmp, "twice")])
+                C.check(rc == 0 and "names the same file or folder as --data" in e,
+                        f"--data {os.path.basename(doc)} --data {os.path.basename(second)} warns: rc {rc} {e.strip()[-300:]}")
+            rc, o, e = run_tool([TRAIN] + text + ["--data", doc, "--data", chat, "-o", os.path.join(tmp, "two")])
+            C.check(rc == 0 and "same file" not in e, f"two different --data files: no warning: rc {rc} {e.strip()[-200:]}")
         else:
             print(f"SKIPPED: the text-data checks (no {vocab})")
     C.finish()
