@@ -619,10 +619,19 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
     const int64_t n_keys_bound = (int64_t) G.n_logical * G.P;
     const float * saved_out = A.fwd ? (const float *) A.fwd->data : nullptr;
     const float * saved_lse = A.fwd ? saved_out + (int64_t) G.D * G.H * G.T : nullptr;
+    // A block of a split backward (accumulate, or a window of the forward's schedule: oomb.h) must
+    // read the forward's statistics of the whole rows: recomputed, they would be the block's own.
+    const bool need_saved = A.accumulate || (A.fwd && oomb_paged_attn_args_of(A.fwd).schedule.kind != A.schedule.kind);
+    if (need_saved && !saved_out)
+        oomb_error("paged_attn_back (cuda): a block of a split backward (accumulate or a window of the forward's schedule) needs the "
+                   "forward's saved statistics (fwd)");
 
     if (fast_family(A, A.dout)) {
         // saved statistics: the prep kernel reads out with 16-byte loads
         const bool saved = saved_out && aligned16(saved_out);
+        if (need_saved && !saved)
+            oomb_error("paged_attn_back (cuda): the forward's saved out is not 16-byte aligned, and a block of a split backward cannot "
+                       "recompute the whole rows' statistics");
         const bool wg = bwd_wgmma(G.D);
         const bool lists = fast_lists(A.schedule);
         // the page-list kernels: 64 rows per step on both families (the defaults)
@@ -753,7 +762,8 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
         // arithmetic; always under a schedule other than DENSE); a forward on the tensor cores
         // (bf16 q) would give an LSE slightly off the f32 scores computed here, so then they are
         // recomputed in f32.
-        if (saved_out && !fast_family(A, nullptr)) {
+        // (a block of a split backward: always the saved ones, whatever kernels the forward ran)
+        if (saved_out && (need_saved || !fast_family(A, nullptr))) {
             a.lse = const_cast<float *>(saved_lse);  // read only
             pa_delta_generic<<<grid_r, wpb * 32, 0, stream>>>(a, saved_out);
             PA_LAUNCH_CHECK();

@@ -17,7 +17,7 @@ namespace train {
 struct OffloadOptions {
     std::string mode = "auto";     // auto: stream only what does not fit; on: stream past the budget (0 without one); off: all on the device
     double gpu_kv_budget = -1;     // GiB of device memory for KV pages (resident + streaming slots); < 0: what is left
-    int block_pages = 0;           // pages per streamed history block; 0: 16,384 tokens' worth (a block is one kernel call: big enough to fill the GPU)
+    int block_pages = 0;           // pages per streamed history block; 0: 32,768 tokens' worth (a block is one kernel call: fewer, larger blocks cost less)
 };
 
 void add_offload_options(CLI::App & app, OffloadOptions & o);

@@ -324,12 +324,29 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     if (given("--warmup") && o.warmup > o.steps)
         fprintf(stderr, "%s: warning: --warmup %d is more than --steps %d: the learning rate never reaches --lr %g (warmup rises "
                         "linearly over %d steps)\n", PROG, o.warmup, o.steps, o.lr, o.warmup);
-    for (size_t i = 0; i < o.data.size(); i++) {  // the same file or folder twice: read twice, i.e. weighted twice
-        for (size_t j = 0; j < i; j++) {
+    {  // the same file or folder twice, or one inside another given folder: read twice, i.e. weighted twice
+        namespace fs = std::filesystem;
+        std::vector<fs::path> canon(o.data.size());
+        for (size_t i = 0; i < o.data.size(); i++) {
             std::error_code ec;  // a missing path: reported by the data reader, not here
-            if (std::filesystem::equivalent(o.data[i], o.data[j], ec) && !ec) {
-                fprintf(stderr, "%s: warning: --data %s names the same file or folder as --data %s: its text is read (and trained on) "
-                                "twice\n", PROG, o.data[i].c_str(), o.data[j].c_str());
+            canon[i] = fs::weakly_canonical(o.data[i], ec);
+            if (ec) canon[i].clear();
+        }
+        auto inside = [](const fs::path & a, const fs::path & dir) {  // a == dir, or a below dir, by whole components
+            auto d = dir.begin(), x = a.begin();
+            for (; d != dir.end() && !d->empty(); ++d, ++x)
+                if (x == a.end() || *x != *d) return false;
+            return true;
+        };
+        for (size_t i = 0; i < o.data.size(); i++) {
+            for (size_t j = 0; j < i && !canon[i].empty(); j++) {
+                if (canon[j].empty()) continue;
+                const bool same = canon[i] == canon[j], i_in_j = inside(canon[i], canon[j]), j_in_i = inside(canon[j], canon[i]);
+                if (!same && !i_in_j && !j_in_i) continue;
+                fprintf(stderr, "%s: warning: --data %s %s --data %s: its text is read (and trained on) twice\n", PROG,
+                        (j_in_i && !same ? o.data[j] : o.data[i]).c_str(),
+                        same ? "names the same file or folder as" : "lies inside",
+                        (j_in_i && !same ? o.data[i] : o.data[j]).c_str());
                 break;
             }
         }

@@ -46,7 +46,9 @@ struct oomb_kv_stream_stats {
 /// (sparse attention, oomb-sparse.h) stream only the history pages their lists name (see
 /// src/oomb/offload.cpp), each with a page table of its own (4 bytes per logical page, device
 /// memory). Errors (oomb_error): a paged-attention node with a result cache
-/// (oomb_paged_attn_cached) or a schedule other than DENSE or LISTS, a cache without a host tier;
+/// (oomb_paged_attn_cached) or a schedule other than DENSE or LISTS, a backward node without the
+/// forward's saved statistics (fwd NULL: its blocks would recompute them over their own keys only),
+/// a cache without a host tier;
 /// lists that are not valid for the chunk (at compute); NULL when the sparse nodes' page tables
 /// cannot be allocated.
 oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, struct oomb_cgraph * g);

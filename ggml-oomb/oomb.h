@@ -596,7 +596,12 @@ struct oomb_paged_attn_args {
 struct oomb_tensor * oomb_paged_attn_ext(struct oomb_context * ctx, const struct oomb_paged_attn_args * args);
 /// oomb_paged_attn_back with a page schedule: the gradients of oomb_paged_attn_ext's function
 /// (keys outside the schedule get none). LISTS also need inv_offsets / inv_qtiles. fwd, if given,
-/// must have been built with the same schedule (kind, range, list tensors).
+/// must have been built with the same schedule (kind, range, list tensors), or, for a window, with
+/// the schedule it is a window of (RANGE: DENSE; LISTS_RANGE: LISTS with the same lists): then the
+/// backward gives the window's keys their gradients under the whole rows' statistics, one block of a
+/// backward split over disjoint windows (FlashAttention-2's backward is separable over keys given
+/// the LSE and delta): the blocks' dq sum (accumulate) and their dK/dV equal the enclosing backward's.
+/// accumulate = 1 needs fwd (recomputed statistics would be the block's own).
 struct oomb_tensor * oomb_paged_attn_back_ext(struct oomb_context * ctx, const struct oomb_paged_attn_args * args);
 /// The operands of a paged_attn node (the packed node, or the view oomb_paged_attn returns) or a
 /// paged_attn_back node. Error: another op.

@@ -102,6 +102,7 @@ int main(int argc, char** argv) {
         return 1;
     };
     if (!is_dir(dir)) return fail(dir + ": not a directory");
+    if (const std::string e = output_path_error(out); !e.empty()) return fail(e);  // before any work
     const bool has_tok = is_file(dir + "/tokenizer.json");
     const bool has_config = is_file(dir + "/config.json");
 

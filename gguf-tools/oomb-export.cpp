@@ -172,9 +172,7 @@ int main(int argc, char** argv) {
     };
     if (o_threads->count() && threads < 1) return fail("-t/--threads must be at least 1, not " + std::to_string(threads));
     // checked before any work: otherwise the whole file is converted into OUT.tmp.<pid> and only the final rename fails
-    if (out_path.empty()) return fail("-o/--output is empty");
-    if (struct stat st; stat(out_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-        return fail("-o/--output " + out_path + " is a directory: give the output file's path");
+    if (const std::string e = tools::output_path_error(out_path); !e.empty()) return fail(e);
     for (const std::string* in : {&base_path, &lora_path})  // the same file (also through another path or a link)
         if (struct stat so, si; !in->empty() && stat(out_path.c_str(), &so) == 0 && stat(in->c_str(), &si) == 0 && so.st_dev == si.st_dev &&
                                 so.st_ino == si.st_ino)

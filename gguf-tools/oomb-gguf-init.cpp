@@ -66,6 +66,8 @@ int main(int argc, char** argv) {
         fprintf(stderr, "oomb-gguf-init: error: %s\n", m.c_str());
         return 1;
     };
+    // checked before any work (else the whole model is written into OUT.tmp.<pid> and only the rename fails)
+    if (const std::string e = output_path_error(out); !e.empty()) return fail(e);
     // Each option given is checked on its own, so that the message names it.
     const std::pair<CLI::Option*, int64_t> int_opts[] = {{o_vocab, d.n_vocab}, {o_hidden, d.n_embd}, {o_ffn, d.n_ff},
                                                          {o_layers, d.n_layer}, {o_heads, d.n_head}, {o_kv, d.n_head_kv},

@@ -1146,6 +1146,16 @@ struct oomb_tensor * oomb_paged_attn_cached(struct oomb_context * ctx, struct oo
     return oomb_paged_attn_ext(ctx, &a);
 }
 
+// Does a forward computed under schedule f hold the statistics a backward under schedule b needs?
+// The same schedule; or b a window of f (RANGE of DENSE, LISTS_RANGE of LISTS with the same lists):
+// the window's keys' gradients given the whole row's statistics, one block of a split backward.
+static bool same_schedule(const oomb_page_schedule & x, const oomb_page_schedule & y);
+static bool schedule_encloses(const oomb_page_schedule & f, const oomb_page_schedule & b) {
+    if (b.kind == OOMB_SCHEDULE_RANGE && f.kind == OOMB_SCHEDULE_DENSE) return true;
+    if (b.kind == OOMB_SCHEDULE_LISTS_RANGE && f.kind == OOMB_SCHEDULE_LISTS) return f.offsets == b.offsets && f.pages == b.pages;
+    return same_schedule(f, b);
+}
+
 static bool same_schedule(const oomb_page_schedule & x, const oomb_page_schedule & y) {
     if (x.kind != y.kind) return false;
     if (x.kind == OOMB_SCHEDULE_RANGE) return x.first == y.first && x.last == y.last;
@@ -1196,11 +1206,15 @@ struct oomb_tensor * oomb_paged_attn_back_ext(struct oomb_context * ctx, const s
                    "fwd %s was computed from other inputs (q, pools, page table, positions or scale %g vs %g differ): its saved "
                    "log-sum-exp does not belong to this backward (pass NULL to recompute)",
                    shape_str(fwd).c_str(), (double) f.scale, (double) scale);
-        OOMB_CHECK(same_schedule(f.schedule, a->schedule), "paged_attn_back",
-                   "fwd %s was computed with another page schedule (kind %d vs %d, or other range / lists): its saved statistics "
-                   "do not belong to this backward",
+        OOMB_CHECK(schedule_encloses(f.schedule, a->schedule), "paged_attn_back",
+                   "fwd %s was computed with another page schedule (kind %d vs %d, or other range / lists; a page range needs a "
+                   "dense fwd or the same range, page lists with a window the same lists): its saved statistics do not belong "
+                   "to this backward",
                    shape_str(fwd).c_str(), (int) f.schedule.kind, (int) a->schedule.kind);
     }
+    OOMB_CHECK(!a->accumulate || fwd, "paged_attn_back",
+               "accumulate = 1 needs fwd, the saved statistics of the whole rows: recomputed, they would cover only this block's "
+               "keys (a wrong gradient)");
     const int64_t n_kv = k_pages->ne[0] * k_pages->ne[1] * q->ne[2];
     const int64_t ne[4] = {oomb_nelements(q) + 2 * n_kv, 1, 1, 1};
     oomb_tensor * t = new_op(ctx, OOMB_OP_PAGED_ATTN_BACK, OOMB_TYPE_F32, ne, q, k_pages, v_pages, dk_pages, dv_pages);

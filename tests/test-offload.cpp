@@ -397,4 +397,22 @@ TEST(Offload, Errors) {
     EXPECT_OOMB_ERROR(oomb_kv_stream_new(plain, run.backend, g), "has no host tier");
     oomb_free(ctx);
     oomb_kv_cache_free(plain);
+    // a streamed backward without the forward's saved statistics (fwd NULL) is refused: its page
+    // blocks would recompute them over their own keys only (found by the review of 2026-12-03: the
+    // dq of such a graph came out wrong, relative error 4.7, with no error)
+    kp.with_grad = true;
+    oomb_kv_cache_t tiered = oomb_kv_cache_init_tiered(run.backend, kp, oomb_kv_tier_params{2, 2, 3});
+    ASSERT_NE(tiered, nullptr);
+    oomb_context * c2 = oomb_init({0, true});
+    const int64_t T = 5;
+    oomb_tensor * q = oomb_new_tensor_3d(c2, OOMB_TYPE_F32, 8, 2, T);
+    oomb_tensor * dout = oomb_new_tensor_3d(c2, OOMB_TYPE_F32, 8, 2, T);
+    oomb_tensor * pos = oomb_new_tensor_1d(c2, OOMB_TYPE_I32, T);
+    oomb_tensor * back = oomb_paged_attn_back(c2, q, oomb_kv_cache_k(tiered, 0), oomb_kv_cache_v(tiered, 0), oomb_kv_cache_dk(tiered, 0),
+                                              oomb_kv_cache_dv(tiered, 0), oomb_kv_cache_page_table(tiered), pos, dout, nullptr, 0.3f);
+    oomb_cgraph * g2 = oomb_new_graph(c2);
+    oomb_build_forward_expand(g2, back);
+    EXPECT_OOMB_ERROR(oomb_kv_stream_new(tiered, run.backend, g2), "needs the forward's saved statistics");
+    oomb_free(c2);
+    oomb_kv_cache_free(tiered);
 }

@@ -248,6 +248,8 @@ INSTANTIATE_TEST_SUITE_P(Pools, PagedMergeDense, ::testing::Values(OOMB_TYPE_F32
 // dense. Backward (the engine's way: built with the dense forward's saved statistics, the schedule
 // patched to a range per block): the chunk's pages first (dq, dk_cur / dv_cur read back), then the
 // history blocks adding only dq; equals the dense backward's dq, gradient pages and dk_cur / dv_cur.
+// The blocks are built through the public API (a RANGE backward with the dense forward as fwd, the
+// split backward of oomb.h) and, as the engine builds them, dense with the schedule patched.
 TEST_P(PagedMergeDense, AccumulatedBlocksEqualMergeAndDense) {
     Cache C(24, 6, 2, 5, 23, 13, GetParam(), 77);
     const int c0 = 23 / C.P, last = C.n_logical;
@@ -287,36 +289,44 @@ TEST_P(PagedMergeDense, AccumulatedBlocksEqualMergeAndDense) {
     oombtest::fill_uniform(dout, rng, -1.0f, 1.0f);
     oomb_tensor * dk = oomb_new_tensor_4d(C.ctx, OOMB_TYPE_F32, C.kp->ne[0], C.kp->ne[1], C.kp->ne[2], C.kp->ne[3]);
     oomb_tensor * dv = oomb_new_tensor_4d(C.ctx, OOMB_TYPE_F32, C.kp->ne[0], C.kp->ne[1], C.kp->ne[2], C.kp->ne[3]);
-    auto back = [&](int accumulate) {
+    auto back = [&](int accumulate, const oomb_page_schedule & sc) {
         oomb_paged_attn_args a = oomb_paged_attn_args_of(dense);
         a.dout = dout; a.fwd = dense; a.dk_pages = dk; a.dv_pages = dv;
         a.accumulate = accumulate;
+        a.schedule = sc;
         return oomb_paged_attn_back_ext(C.ctx, &a);
     };
     auto zero = [](oomb_tensor * t) { memset(t->data, 0, oomb_nbytes(t)); };
     zero(dk); zero(dv);
-    oomb_tensor * bd = back(0);
+    oomb_tensor * bd = back(0, oomb_schedule_dense());
     compute(C.ctx, bd);
     const std::vector<float> want = vec(bd), want_dk = vec(dk), want_dv = vec(dv);
-    zero(dk); zero(dv);
-    oomb_tensor * bn = back(0);
-    for (int b = 0; b < 4; b++) {
-        oomb_tensor * t = b == 0 ? bn : back(1);
-        if (b) t->data = bn->data;
-        t->op_params[oomb::PA_PARAM_SCHED_KIND] = OOMB_SCHEDULE_RANGE;  // the engine's patch: statistics of the dense forward
-        t->op_params[oomb::PA_PARAM_SCHED_FIRST] = blocks[b][0];
-        t->op_params[oomb::PA_PARAM_SCHED_LAST] = blocks[b][1];
-        compute(C.ctx, t);
+    for (int way = 0; way < 2; way++) {
+        SCOPED_TRACE(way ? "dense nodes, schedule patched (the engine)" : "RANGE nodes with the dense fwd (the public API)");
+        zero(dk); zero(dv);
+        oomb_tensor * bn = nullptr;
+        for (int b = 0; b < 4; b++) {
+            const oomb_page_schedule sc = way ? oomb_schedule_dense() : oomb_schedule_range(blocks[b][0], blocks[b][1]);
+            oomb_tensor * t = back(b ? 1 : 0, sc);
+            if (b) t->data = bn->data;
+            else bn = t;
+            if (way) {
+                t->op_params[oomb::PA_PARAM_SCHED_KIND] = OOMB_SCHEDULE_RANGE;
+                t->op_params[oomb::PA_PARAM_SCHED_FIRST] = blocks[b][0];
+                t->op_params[oomb::PA_PARAM_SCHED_LAST] = blocks[b][1];
+            }
+            compute(C.ctx, t);
+        }
+        const std::vector<float> got = vec(bn);
+        for (int part = 0; part < 3; part++) {  // dq, dk_cur, dv_cur
+            const int64_t off = part == 0 ? 0 : n_out + (part - 1) * (int64_t) C.D * C.Hkv * C.T;
+            const int64_t len = part == 0 ? n_out : (int64_t) C.D * C.Hkv * C.T;
+            expect_close(std::vector<float>(want.begin() + off, want.begin() + off + len), std::vector<float>(got.begin() + off, got.begin() + off + len),
+                         len, part == 0 ? "dq" : part == 1 ? "dk_cur" : "dv_cur");
+        }
+        expect_close(want_dk, vec(dk), (int64_t) want_dk.size(), "dK pages");
+        expect_close(want_dv, vec(dv), (int64_t) want_dv.size(), "dV pages");
     }
-    const std::vector<float> got = vec(bn);
-    for (int part = 0; part < 3; part++) {  // dq, dk_cur, dv_cur
-        const int64_t off = part == 0 ? 0 : n_out + (part - 1) * (int64_t) C.D * C.Hkv * C.T;
-        const int64_t len = part == 0 ? n_out : (int64_t) C.D * C.Hkv * C.T;
-        expect_close(std::vector<float>(want.begin() + off, want.begin() + off + len), std::vector<float>(got.begin() + off, got.begin() + off + len),
-                     len, part == 0 ? "dq" : part == 1 ? "dk_cur" : "dv_cur");
-    }
-    expect_close(want_dk, vec(dk), (int64_t) want_dk.size(), "dK pages");
-    expect_close(want_dv, vec(dv), (int64_t) want_dv.size(), "dV pages");
 }
 
 TEST(PagedMergeErrors, AccumulateMisuse) {
@@ -331,6 +341,21 @@ TEST(PagedMergeErrors, AccumulateMisuse) {
     a.store = 0;
     oomb_tensor * acc_node = oomb_paged_attn_ext(C.ctx, &a);
     EXPECT_EQ(oomb_paged_attn_args_of(acc_node).accumulate, 1);
+    // the backward: accumulate needs the saved statistics; a window's fwd must be the enclosing schedule's
+    {
+        oomb_tensor * dense = C.attn(oomb_schedule_dense());
+        oomb_tensor * dk = oomb_new_tensor_4d(C.ctx, OOMB_TYPE_F32, C.kp->ne[0], C.kp->ne[1], C.kp->ne[2], C.kp->ne[3]);
+        oomb_paged_attn_args b = oomb_paged_attn_args_of(dense);
+        b.dout = C.q; b.dk_pages = dk; b.dv_pages = dk;
+        b.accumulate = 1;
+        b.fwd = nullptr;
+        EXPECT_OOMB_ERROR(oomb_paged_attn_back_ext(C.ctx, &b), "accumulate = 1 needs fwd");
+        b.fwd = dense;
+        b.schedule = oomb_schedule_range(0, 1);
+        EXPECT_NE(oomb_paged_attn_back_ext(C.ctx, &b), nullptr);  // a window of the dense forward
+        b.fwd = C.attn(oomb_schedule_range(0, 2));
+        EXPECT_OOMB_ERROR(oomb_paged_attn_back_ext(C.ctx, &b), "another page schedule");  // another range's statistics
+    }
     // the graph allocator gives fresh memory: refused
     oomb_context * nc = oomb_init({0, true});
     oomb_paged_attn_args b = a;

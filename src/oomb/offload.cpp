@@ -327,6 +327,10 @@ oomb_kv_stream_t oomb_kv_stream_new(oomb_kv_cache_t kv, oomb_backend_t backend, 
         if (args.schedule.kind != OOMB_SCHEDULE_DENSE && args.schedule.kind != OOMB_SCHEDULE_LISTS)
             oomb_error("kv_stream_new: node %s: only dense and page-list (sparse) paged attention stream over a host tier "
                        "(schedule kind %d)", n->name, (int) args.schedule.kind);
+        if (n->op == OOMB_OP_PAGED_ATTN_BACK && !args.fwd)
+            oomb_error("kv_stream_new: node %s: a streamed backward needs the forward's saved statistics (fwd): its page blocks "
+                       "cannot recompute the whole rows' log-sum-exp and delta (oomb_paged_attn_back with fwd, as autodiff builds it)",
+                       n->name);
         if (n->op == OOMB_OP_PAGED_ATTN && args.out_cache)
             oomb_error("kv_stream_new: node %s keeps an attention-result cache, which a host tier does not support "
                        "(oomb-train: drop --attn-cache, or keep the whole KV cache on the device)", n->name);

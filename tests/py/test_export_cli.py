@@ -255,6 +255,17 @@ def main():
                              "--outtype", "f32", "--seed", "3", "-o", small])
         c.check(rc == 0 and not os.path.exists(stale_init) and f"oomb-gguf-init: note: removed {stale_init}" in e,
                 f"oomb-gguf-init removes a dead process's OUT.tmp.<pid> with a note ({e.strip()[-300:]})")
+        # -o naming a folder (a trailing '/') is refused before any work; a '.tmp.<pid>' in it is no output of ours
+        folder = os.path.join(tmp, "outdir")
+        os.makedirs(folder, exist_ok=True)
+        decoy = os.path.join(folder, f".tmp.{dead.pid}")
+        with open(decoy, "wb") as fh:
+            fh.write(b"x")
+        for o_arg in (folder + "/", os.path.join(tmp, "missing") + "/", folder):
+            rc, _, e = run_tool([INIT, "--vocab-size", "512", "--hidden", "64", "--ffn", "128", "--layers", "1", "--heads", "4", "--kv-heads", "2",
+                                 "--outtype", "f32", "-o", o_arg])
+            c.check(rc == 1 and ("ends in '/'" in e or "is a directory" in e) and os.path.exists(decoy),
+                    f"oomb-gguf-init -o {o_arg}: refused, nothing removed ({e.strip()[-200:]})")
 
         # tied embeddings: token_embd.weight takes output.weight's Q6_K
         tied = os.path.join(tmp, "tied.gguf")

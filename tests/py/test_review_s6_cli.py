@@ -15,8 +15,8 @@ before its fix):
   - an empty text file given to --data is named as empty (it used to say "1 tokens"); a .jsonl file
     read as plain text gets a note pointing to --data-format chat (--preset tiny, the shipped Qwen vocabulary);
   - (2026-12-03, from the same review's list) --warmup past --steps warns that the learning rate never
-    reaches --lr; the same --data file given twice (also through a symbolic link) warns that it is
-    read twice; neither warns otherwise.
+    reaches --lr; the same --data file given twice (also through a symbolic link), or a file or folder
+    inside another given folder, warns that it is read twice; neither warns otherwise.
 
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR. Exit 0 pass, 1 failure, 77 skipped.
 """
@@ -121,7 +121,15 @@ def main():
                 C.check(rc == 0 and "names the same file or folder as --data" in e,
                         f"--data {os.path.basename(doc)} --data {os.path.basename(second)} warns: rc {rc} {e.strip()[-300:]}")
             rc, o, e = run_tool([TRAIN] + text + ["--data", doc, "--data", chat, "-o", os.path.join(tmp, "two")])
-            C.check(rc == 0 and "same file" not in e, f"two different --data files: no warning: rc {rc} {e.strip()[-200:]}")
+            C.check(rc == 0 and "same file" not in e and "lies inside" not in e, f"two different --data files: no warning: rc {rc} {e.strip()[-200:]}")
+            docs = os.path.join(tmp, "docs")
+            os.makedirs(os.path.join(docs, "sub"))
+            for name in ("a.txt", os.path.join("sub", "b.txt")):
+                with open(os.path.join(docs, name), "w") as f:
+                    f.write("Pack my box with five dozen liquor jugs. " * 40)
+            for pair in ((docs, os.path.join(docs, "a.txt")), (os.path.join(docs, "sub"), docs)):
+                rc, o, e = run_tool([TRAIN] + text + ["--data", pair[0], "--data", pair[1], "-o", os.path.join(tmp, "inside")])
+                C.check(rc == 0 and "lies inside --data" in e, f"--data {pair[0]} --data {pair[1]} (one inside the other) warns: rc {rc} {e.strip()[-300:]}")
         else:
             print(f"SKIPPED: the text-data checks (no {vocab})")
     C.finish()
