@@ -1146,16 +1146,6 @@ struct oomb_tensor * oomb_paged_attn_cached(struct oomb_context * ctx, struct oo
     return oomb_paged_attn_ext(ctx, &a);
 }
 
-// Does a forward computed under schedule f hold the statistics a backward under schedule b needs?
-// The same schedule; or b a window of f (RANGE of DENSE, LISTS_RANGE of LISTS with the same lists):
-// the window's keys' gradients given the whole row's statistics, one block of a split backward.
-static bool same_schedule(const oomb_page_schedule & x, const oomb_page_schedule & y);
-static bool schedule_encloses(const oomb_page_schedule & f, const oomb_page_schedule & b) {
-    if (b.kind == OOMB_SCHEDULE_RANGE && f.kind == OOMB_SCHEDULE_DENSE) return true;
-    if (b.kind == OOMB_SCHEDULE_LISTS_RANGE && f.kind == OOMB_SCHEDULE_LISTS) return f.offsets == b.offsets && f.pages == b.pages;
-    return same_schedule(f, b);
-}
-
 static bool same_schedule(const oomb_page_schedule & x, const oomb_page_schedule & y) {
     if (x.kind != y.kind) return false;
     if (x.kind == OOMB_SCHEDULE_RANGE) return x.first == y.first && x.last == y.last;
@@ -1163,6 +1153,15 @@ static bool same_schedule(const oomb_page_schedule & x, const oomb_page_schedule
     if (x.kind == OOMB_SCHEDULE_LISTS_RANGE)
         return x.offsets == y.offsets && x.pages == y.pages && x.first == y.first && x.last == y.last;
     return true;
+}
+
+// Does a forward computed under schedule f hold the statistics a backward under schedule b needs?
+// The same schedule; or b a window of f (RANGE of DENSE, LISTS_RANGE of LISTS with the same lists):
+// the window's keys' gradients given the whole row's statistics, one block of a split backward.
+static bool schedule_encloses(const oomb_page_schedule & f, const oomb_page_schedule & b) {
+    if (b.kind == OOMB_SCHEDULE_RANGE && f.kind == OOMB_SCHEDULE_DENSE) return true;
+    if (b.kind == OOMB_SCHEDULE_LISTS_RANGE && f.kind == OOMB_SCHEDULE_LISTS) return f.offsets == b.offsets && f.pages == b.pages;
+    return same_schedule(f, b);
 }
 
 struct oomb_tensor * oomb_paged_attn_back_ext(struct oomb_context * ctx, const struct oomb_paged_attn_args * a) {

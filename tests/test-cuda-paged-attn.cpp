@@ -217,6 +217,31 @@ struct DevMem {
     }
 };
 
+// Random page lists of the query tiles of a chunk whose first page is c0 (history pages 0 .. c0-1), in
+// host tensors of hc with their inverse (oomb_schedule_invert). mode (Case::lists_mode) 0: tile 0
+// every history page, the others about a third; 1: sparse (every third tile empty, the others about a
+// quarter, with gaps and shared pages); 2: every list empty.
+void random_lists(oomb_context * hc, std::mt19937 & rng, int c0, int n_qt, int mode, oomb_tensor *& s_off, oomb_tensor *& s_pg,
+                  oomb_tensor *& s_io, oomb_tensor *& s_iq) {
+    std::vector<int32_t> off{0}, pg;
+    for (int j = 0; j < n_qt; j++) {
+        for (int h = 0; h < c0; h++) {
+            if (mode == 2) break;
+            if (mode == 1 ? (j % 3 != 1 && (h % 5 == 2 || rng() % 4 == 0)) : (j == 0 || rng() % 3 == 0)) pg.push_back(h);
+        }
+        off.push_back((int32_t) pg.size());
+    }
+    const int64_t nnz = std::max<int64_t>((int64_t) pg.size(), 1);
+    s_off = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, (int64_t) off.size());
+    s_pg = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, nnz);
+    s_io = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, c0 + 1);
+    s_iq = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, nnz);
+    ((int32_t *) s_pg->data)[0] = ((int32_t *) s_iq->data)[0] = 0;
+    memcpy(s_off->data, off.data(), off.size() * 4);
+    if (!pg.empty()) memcpy(s_pg->data, pg.data(), pg.size() * 4);
+    oomb_schedule_invert(off.data(), n_qt, pg.data(), c0, (int32_t *) s_io->data, (int32_t *) s_iq->data);
+}
+
 void run_case(const Case & c, uint32_t seed) {
     SCOPED_TRACE(case_name(c));
     std::mt19937 rng(seed);
@@ -259,25 +284,7 @@ void run_case(const Case & c, uint32_t seed) {
     // sees its own key), or random lists (tile 0 every history page, the others about a third)
     const int c0 = pv.empty() ? 0 : c.hist / c.P, n_qt = c.T ? (n_pos - 1) / c.P - c0 + 1 : 1;
     oomb_tensor * s_off = nullptr, * s_pg = nullptr, * s_io = nullptr, * s_iq = nullptr;
-    if (oomb_schedule_has_lists(c.sched)) {
-        std::vector<int32_t> off{0}, pg;
-        for (int j = 0; j < n_qt; j++) {
-            for (int h = 0; h < c0; h++) {
-                if (c.lists_mode == 2) break;
-                if (c.lists_mode == 1 ? (j % 3 != 1 && (h % 5 == 2 || rng() % 4 == 0)) : (j == 0 || rng() % 3 == 0)) pg.push_back(h);
-            }
-            off.push_back((int32_t) pg.size());
-        }
-        const int64_t nnz = std::max<int64_t>((int64_t) pg.size(), 1);
-        s_off = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, (int64_t) off.size());
-        s_pg = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, nnz);
-        s_io = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, c0 + 1);
-        s_iq = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, nnz);
-        ((int32_t *) s_pg->data)[0] = ((int32_t *) s_iq->data)[0] = 0;
-        memcpy(s_off->data, off.data(), off.size() * 4);
-        if (!pg.empty()) memcpy(s_pg->data, pg.data(), pg.size() * 4);
-        oomb_schedule_invert(off.data(), n_qt, pg.data(), c0, (int32_t *) s_io->data, (int32_t *) s_iq->data);
-    }
+    if (oomb_schedule_has_lists(c.sched)) random_lists(hc, rng, c0, n_qt, c.lists_mode, s_off, s_pg, s_io, s_iq);
     const int win_first = c.range_first >= 0 ? c.range_first : c0 / 2;
     const int win_last = c.range_last >= 0 ? c.range_last : std::max(c.range_first, (n_pos - 1) / c.P + 1);
     auto schedule = [&](oomb_tensor * o, oomb_tensor * p, oomb_tensor * io, oomb_tensor * iq) {
@@ -520,23 +527,7 @@ void run_accum_case(const Case & c, uint32_t seed) {
     for (int t = 0; t < c.T; t++) ((int32_t *) pos->data)[t] = c.hist + t;
     const int c0 = c.hist / c.P, n_qt = (n_pos - 1) / c.P - c0 + 1;
     oomb_tensor * s_off = nullptr, * s_pg = nullptr, * s_io = nullptr, * s_iq = nullptr;
-    if (lists) {  // every tile about a third of the history pages, tile 0 all of them
-        std::vector<int32_t> off{0}, pg;
-        for (int j = 0; j < n_qt; j++) {
-            for (int h = 0; h < c0; h++)
-                if (j == 0 || rng() % 3 == 0) pg.push_back(h);
-            off.push_back((int32_t) pg.size());
-        }
-        const int64_t nnz = std::max<int64_t>((int64_t) pg.size(), 1);
-        s_off = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, (int64_t) off.size());
-        s_pg = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, nnz);
-        s_io = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, c0 + 1);
-        s_iq = oomb_new_tensor_1d(hc, OOMB_TYPE_I32, nnz);
-        ((int32_t *) s_pg->data)[0] = ((int32_t *) s_iq->data)[0] = 0;
-        memcpy(s_off->data, off.data(), off.size() * 4);
-        if (!pg.empty()) memcpy(s_pg->data, pg.data(), pg.size() * 4);
-        oomb_schedule_invert(off.data(), n_qt, pg.data(), c0, (int32_t *) s_io->data, (int32_t *) s_iq->data);
-    }
+    if (lists) random_lists(hc, rng, c0, n_qt, 0, s_off, s_pg, s_io, s_iq);  // tile 0 every history page, the others about a third
     auto sched = [&](oomb_tensor * o, oomb_tensor * p, oomb_tensor * io, oomb_tensor * iq) {
         return lists ? oomb_schedule_lists(o, p, io, iq) : oomb_schedule_dense();
     };

@@ -9,18 +9,7 @@
 #             pass the 64 MiB a call carries); test-cuda-qwen2 (training against HF, offload incl.)
 #   wait S    wait up to S seconds for the 1M step; its summary
 #   pair128   (after the 1M step) 7B at 128K resident vs --offload on (nothing resident), same call
-set -o pipefail
-K=/tmp/keep; B=$K/bins; mkdir -p $K $B
-R=${OUT:-out}; mkdir -p "$R"
-log() { echo "[$(date +%T)] $*"; }
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
-tests() {
-    for tl in "$@"; do
-        t=${tl%:*}; timeout ${tl#*:} $B/$t > "$R/$t.log" 2>&1; log "$t rc=$?"
-        grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|SKIPPED" "$R/$t.log" | head -30
-        grep -c "^\[       OK \]" "$R/$t.log"
-    done
-}
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
 case $1 in
 start)
     cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
