@@ -79,8 +79,10 @@ struct oomb_cuda_ctx {
     // Persistent scratch blocks that grow on demand (contents are not kept when one grows).
     // Slots [0, OOMB_MAX_SRC) hold prepared sources; kernels use the ones after.
     // SLOT_PAGED: paged attention's workspace (paged-attn.cu).
-    enum { N_SLOTS = 24, SLOT_K0 = OOMB_MAX_SRC, N_BF16_COPIES = 4, SLOT_BF16 = N_SLOTS - N_BF16_COPIES, SLOT_PAGED = SLOT_K0 + 5 };
-    static_assert(SLOT_PAGED < SLOT_BF16, "kernels use scratch slots up to SLOT_K0 + 4 (linear_cross_entropy), then SLOT_PAGED");
+    // SLOT_SELECT: page_select's group-summed queries and logits (sparse.cu).
+    enum { N_SLOTS = 24, SLOT_K0 = OOMB_MAX_SRC, N_BF16_COPIES = 4, SLOT_BF16 = N_SLOTS - N_BF16_COPIES, SLOT_PAGED = SLOT_K0 + 5,
+           SLOT_SELECT = SLOT_PAGED + 1 };
+    static_assert(SLOT_SELECT < SLOT_BF16, "kernels use scratch slots up to SLOT_K0 + 4 (linear_cross_entropy), then SLOT_PAGED, SLOT_SELECT");
     void * slot_ptr[N_SLOTS] = {nullptr};
     size_t slot_cap[N_SLOTS] = {0};
 

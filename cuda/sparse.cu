@@ -3,23 +3,27 @@
 // src/oomb/sparse-impl.h; the loops follow the CPU reference (src/oomb/sparse.cpp):
 //   * page_summary: one block per (completed page, KV head), a thread per dimension summing the
 //     page's slots in order: bit-identical to the CPU.
-//   * page_select: two kernels. k_page_scores: one block per (query tile, KV head, token slice of
-//     the tile: 16 slices), so that a chunk of 16 tiles keeps every SM busy (one block per tile was
-//     43 % of a 7B sparse step at 64K on the H200: 16 blocks for 132 SMs, 512 serial (token, head)
-//     rounds each); per 8 tokens a thread reads each of its pages' summaries once, the group-summed
-//     queries sit in shared memory, the softmax's max and sum are block reductions (a tree: the sum
-//     may differ from the CPU's in the last bits) and the logits are recomputed per pass (CPU order,
-//     no FMA) instead of stored; each block writes its slice's partial scores. k_page_topk: one block
-//     per tile sums the partials (a fixed order, so the result is deterministic), then the top-K is K
-//     rounds of a block arg-max under ps_ranks_before. Partials, scores and marks live in global
-//     scratch ([tiles][KV heads][16][pages] + [tiles][2][pages] floats), so the history length is not
-//     bounded by shared memory.
+//   * page_select: the partial scores of each (query tile, KV head, token slice of the tile: 16 slices,
+//     so that a chunk of 16 tiles keeps every SM busy), then k_page_topk. Mean: the logits q_g .
+//     mean_{g,p} of all tokens and pages are one f32 cuBLAS GEMM per pass (group-summed queries x
+//     summaries), then k_page_scores_mean takes each token row's softmax (block reductions: a tree,
+//     so sums may differ from the CPU's in the last bits, as the GEMM's products and sums do) and sums
+//     the slice's softmax terms per page. Before (one thread per page recomputing the logits three
+//     times from scattered summary reads) this was 8 % of a 7B sparse step at 128K, and by its
+//     growth (tokens x history pages) an estimated third of the 1M step. Quest (not a product: sum_d max(q_d min_d, q_d max_d)): k_page_scores_quest, a
+//     thread per page over 8 tokens at a time. k_page_topk: one block per tile sums the partials (a
+//     fixed order, so the result is deterministic), then the top-K is K rounds of a block arg-max
+//     under ps_ranks_before. Partials, scores and marks live in global scratch ([tiles][KV heads][16]
+//     [pages] + [tiles][2][pages] floats), so the history length is not bounded by shared memory.
 // Positions must be consecutive (pos[t] = pos[0] + t), not checked here (as for paged_attn).
 
 #include "common.cuh"
 #include "sparse.cuh"
 #include "oomb-sparse.h"
 #include "../src/oomb/sparse-impl.h"
+
+#include <algorithm>
+#include <cstdlib>
 
 namespace {
 
@@ -58,28 +62,35 @@ __device__ __forceinline__ void pick(float & s, int & p, float s2, int p2) {
     }
 }
 
-// page_select, part 1: the scores of one (query tile j, KV head g, token slice ts), summed over the
-// slice's tokens into partial[((j * Hkv + g) * TS + ts) * n_logical + p]. Each thread owns the pages
-// p = tid (mod blockDim) and handles TB tokens at a time, reading every summary once per TB tokens;
-// mean: three passes over the thread's pages (logits -> per-token block max, -> block sum, -> the
-// softmax terms), recomputing the logits (in the CPU's order, no FMA) instead of storing them.
+// page_select, part 1: the partial scores of one (query tile j, KV head g, token slice ts), summed
+// over the slice's tokens into partial[((j * Hkv + g) * TS + ts) * n_logical + p], TS slices per tile so
+// that a chunk of 16 tiles keeps every SM busy.
 constexpr int k_sel_slices = 16;  // TS: token slices per query tile (blocks per tile and KV head)
 constexpr int k_sel_tb = 8;       // TB: tokens per pass
 
-__global__ void k_page_scores(const float * q, const float * sm, const int32_t * pos, float * partial, int64_t D, int64_t H,
-                              int64_t T, int64_t S, int64_t Hkv, int64_t n_logical, int64_t P, int64_t K, int score_kind) {
+// The slice [tb, te) of tile j's rows that block z of k_sel_slices handles.
+__device__ __forceinline__ void sel_slice(const int32_t * pos, int64_t T, int64_t P, int64_t j, int64_t ts, int64_t * tb, int64_t * te) {
+    int64_t t0, t1;
+    oomb::ps_tile_rows(pos[0], T, P, j, &t0, &t1);
+    const int64_t per = (t1 - t0 + k_sel_slices - 1) / k_sel_slices;
+    *tb = t0 + ts * per;
+    *te = *tb + per < t1 ? *tb + per : t1;
+    if (*tb > *te) *tb = *te;
+}
+
+// Quest: each thread owns the pages p = tid (mod blockDim) and handles TB tokens at a time, reading
+// every summary once per TB tokens; the group-summed queries sit in shared memory.
+__global__ void k_page_scores_quest(const float * q, const float * sm, const int32_t * pos, float * partial, int64_t D, int64_t H,
+                                    int64_t T, int64_t S, int64_t Hkv, int64_t n_logical, int64_t P, int64_t K) {
     extern __shared__ float qs[];  // [TB][D]
-    __shared__ float red[32];
-    __shared__ float stat_m[k_sel_tb], stat_s[k_sel_tb];
     const int64_t j = blockIdx.x, g = blockIdx.y, ts = blockIdx.z;
     const int64_t c0 = pos[0] / P, n_act = (int64_t) pos[T - 1] / P - c0 + 1;
     if (j >= n_act || c0 <= K) return;  // no tile, or a dense tile: part 2 lists every page
     const int tid = threadIdx.x, nt = blockDim.x;
     float * part = partial + ((j * Hkv + g) * k_sel_slices + ts) * n_logical;
     for (int64_t p = tid; p < c0; p += nt) part[p] = 0.0f;  // owned by this thread from here on
-    int64_t t0, t1;
-    oomb::ps_tile_rows(pos[0], T, P, j, &t0, &t1);
-    const int64_t per = (t1 - t0 + k_sel_slices - 1) / k_sel_slices, tb = t0 + ts * per, te = tb + per < t1 ? tb + per : t1;
+    int64_t tb, te;
+    sel_slice(pos, T, P, j, ts, &tb, &te);
     const int64_t G = H / Hkv;
     for (int64_t tt = tb; tt < te; tt += k_sel_tb) {
         const int nb = (int) (te - tt < k_sel_tb ? te - tt : k_sel_tb);
@@ -91,57 +102,71 @@ __global__ void k_page_scores(const float * q, const float * sm, const int32_t *
             qs[i] = a;
         }
         __syncthreads();
-        if (score_kind == OOMB_SPARSE_SCORE_QUEST) {
-            for (int64_t p = tid; p < c0; p += nt) {
-                const float * mn = sm + (p * Hkv + g) * S * D, * mx = mn + D;
-                float b = 0.0f;
-                for (int i = 0; i < nb; i++) {
-                    float bi = 0.0f;
-                    for (int64_t d = 0; d < D; d++) bi += oomb::ps_quest_term(qs[i * D + d], mn[d], mx[d]);
-                    b += bi;
-                }
-                part[p] += b;
-            }
-            continue;
-        }
-        // the logits of this thread's page p for the pass's tokens (the CPU's order of products and sums)
-        auto logits = [&](int64_t p, float * l) {
-            const float * mu = sm + (p * Hkv + g) * S * D;
-            for (int i = 0; i < k_sel_tb; i++) l[i] = 0.0f;
-            for (int64_t d = 0; d < D; d++) {
-                const float m = mu[d];
-#pragma unroll
-                for (int i = 0; i < k_sel_tb; i++)
-                    if (i < nb) l[i] = __fadd_rn(l[i], __fmul_rn(qs[i * D + d], m));
-            }
-        };
-        float l[k_sel_tb], acc[k_sel_tb];
-        for (int i = 0; i < k_sel_tb; i++) acc[i] = -INFINITY;
         for (int64_t p = tid; p < c0; p += nt) {
-            logits(p, l);
-            for (int i = 0; i < k_sel_tb; i++) acc[i] = fmaxf(acc[i], l[i]);
+            const float * mn = sm + (p * Hkv + g) * S * D, * mx = mn + D;
+            float b = 0.0f;
+            for (int i = 0; i < nb; i++) {
+                float bi = 0.0f;
+                for (int64_t d = 0; d < D; d++) bi += oomb::ps_quest_term(qs[i * D + d], mn[d], mx[d]);
+                b += bi;
+            }
+            part[p] += b;
         }
+    }
+}
+
+// Mean, step 1: qg[g][t][d] = the sum of the queries of GQA group g (heads in order, as the CPU).
+__global__ void k_group_queries(const float * q, float * qg, int64_t D, int64_t H, int64_t T, int64_t Hkv) {
+    const int64_t n = Hkv * T * D, G = H / Hkv;
+    for (int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t) gridDim.x * blockDim.x) {
+        const int64_t d = i % D, t = (i / D) % T, g = i / (D * T);
+        float a = 0.0f;
+        for (int64_t h = g * G; h < (g + 1) * G; h++) a += q[(t * H + h) * D + d];
+        qg[i] = a;
+    }
+}
+
+// Mean, step 3 (step 2 is the logits GEMM, oomb_cuda_page_select): block (j0 + x, g0 + y, slice z)
+// reads its tokens' logits rows (logits[(g - g0) * rows + t - r0][p], p < c0: one coalesced row per
+// token) three times: the row max, the sum of exp, then the softmax terms summed over the tokens per page.
+__global__ void k_page_scores_mean(const int32_t * pos, const float * logits, float * partial, int64_t T, int64_t Hkv,
+                                   int64_t n_logical, int64_t P, int64_t K, int64_t j0, int64_t g0, int64_t r0, int64_t rows) {
+    __shared__ float red[32];
+    __shared__ float stat_m[k_sel_tb], stat_s[k_sel_tb];
+    const int64_t j = j0 + blockIdx.x, g = g0 + blockIdx.y, ts = blockIdx.z;
+    const int64_t c0 = pos[0] / P, n_act = (int64_t) pos[T - 1] / P - c0 + 1;
+    if (j >= n_act || c0 <= K) return;  // no tile, or a dense tile: part 2 lists every page
+    const int tid = threadIdx.x, nt = blockDim.x;
+    float * part = partial + ((j * Hkv + g) * k_sel_slices + ts) * n_logical;
+    for (int64_t p = tid; p < c0; p += nt) part[p] = 0.0f;  // owned by this thread from here on
+    int64_t tb, te;
+    sel_slice(pos, T, P, j, ts, &tb, &te);
+    const float * L = logits + (int64_t) blockIdx.y * rows * n_logical;  // row of token t: L + (t - r0) * n_logical
+    for (int64_t tt = tb; tt < te; tt += k_sel_tb) {
+        const int nb = (int) (te - tt < k_sel_tb ? te - tt : k_sel_tb);
+        float acc[k_sel_tb];
+        for (int i = 0; i < k_sel_tb; i++) acc[i] = -INFINITY;
+        for (int64_t p = tid; p < c0; p += nt)
+            for (int i = 0; i < nb; i++) acc[i] = fmaxf(acc[i], L[(tt + i - r0) * n_logical + p]);
         for (int i = 0; i < nb; i++) {
             const float m = oomb_block_max(acc[i], red);
             if (tid == 0) stat_m[i] = m;
         }
         __syncthreads();
         for (int i = 0; i < k_sel_tb; i++) acc[i] = 0.0f;
-        for (int64_t p = tid; p < c0; p += nt) {
-            logits(p, l);
-            for (int i = 0; i < nb; i++) acc[i] += expf(l[i] - stat_m[i]);
-        }
+        for (int64_t p = tid; p < c0; p += nt)
+            for (int i = 0; i < nb; i++) acc[i] += expf(L[(tt + i - r0) * n_logical + p] - stat_m[i]);
         for (int i = 0; i < nb; i++) {
             const float sum = oomb_block_sum(acc[i], red);
             if (tid == 0) stat_s[i] = sum;
         }
         __syncthreads();
         for (int64_t p = tid; p < c0; p += nt) {
-            logits(p, l);
             float add = 0.0f;
-            for (int i = 0; i < nb; i++) add += expf(l[i] - stat_m[i]) / stat_s[i];
+            for (int i = 0; i < nb; i++) add += expf(L[(tt + i - r0) * n_logical + p] - stat_m[i]) / stat_s[i];
             part[p] += add;
         }
+        __syncthreads();  // stat_m / stat_s of this pass fully read
     }
 }
 
@@ -218,6 +243,14 @@ void oomb_cuda_page_summary(oomb_cuda_ctx & c, oomb_tensor * dst) {
     OOMB_CUDA_LAUNCHED(c, "page_summary");
 }
 
+// Bytes the mean score's logits may take at once (scratch slot SLOT_SELECT): 256 MiB, or
+// OOMB_PAGE_SELECT_SCRATCH bytes (tests set it small to run the split passes).
+static size_t select_logits_budget() {
+    const char * e = getenv("OOMB_PAGE_SELECT_SCRATCH");
+    const long long v = e && *e ? atoll(e) : 0;
+    return v > 0 ? (size_t) v : (size_t) 256 << 20;
+}
+
 void oomb_cuda_page_select(oomb_cuda_ctx & c, oomb_tensor * dst) {
     const oomb_tensor * q = dst->src[oomb::PSEL_SRC_Q], * sm = dst->src[oomb::PSEL_SRC_SUMMARY];
     const int64_t D = q->ne[0], H = q->ne[1], T = q->ne[2], S = sm->ne[1], Hkv = sm->ne[2], n_logical = sm->ne[3];
@@ -229,10 +262,46 @@ void oomb_cuda_page_select(oomb_cuda_ctx & c, oomb_tensor * dst) {
     float * scratch = (float *) c.scratch(oomb_cuda_ctx::SLOT_PAGED, (n_part + (size_t) nqt * 2 * (size_t) n_logical) * sizeof(float));
     const int32_t * pos = (const int32_t *) dst->src[oomb::PSEL_SRC_POS]->data;
     const int64_t P = dst->op_params[oomb::PS_PARAM_PAGE], K = dst->op_params[oomb::PS_PARAM_K];
-    k_page_scores<<<dim3((unsigned) nqt, (unsigned) Hkv, k_sel_slices), k_threads, (size_t) D * k_sel_tb * sizeof(float), c.stream>>>(
-        (const float *) q->data, (const float *) sm->data, pos, scratch, D, H, T, S, Hkv, n_logical, P, K,
-        (int) dst->op_params[oomb::PS_PARAM_SCORE]);
-    OOMB_CUDA_LAUNCHED(c, "page_select (scores)");
+    if (dst->op_params[oomb::PS_PARAM_SCORE] == OOMB_SPARSE_SCORE_QUEST) {
+        k_page_scores_quest<<<dim3((unsigned) nqt, (unsigned) Hkv, k_sel_slices), k_threads, (size_t) D * k_sel_tb * sizeof(float), c.stream>>>(
+            (const float *) q->data, (const float *) sm->data, pos, scratch, D, H, T, S, Hkv, n_logical, P, K);
+        OOMB_CUDA_LAUNCHED(c, "page_select (quest scores)");
+    } else if (T > 0 && n_logical > 0) {
+        // mean: the logits q_g . mean_{g,p} of every token and every logical page as an f32 GEMM (the
+        // tensor cores are not used: CUBLAS_COMPUTE_32F), then the softmax over each row's c0 history
+        // pages. The host does not know c0 (pos is on the device): the GEMM covers all n_logical pages,
+        // the pages >= c0 are never read. Passes over KV heads and tile ranges keep the logits within
+        // select_logits_budget(): tiles [j0, j1) have their rows inside [max(0, (j0 - 1) P + 1), min(T, j1 P)).
+        const size_t row_bytes = (size_t) n_logical * sizeof(float), budget = select_logits_budget();
+        const bool one = (size_t) Hkv * (size_t) T * row_bytes <= budget;
+        const int64_t n_g = one ? Hkv : 1;
+        const int64_t tiles = one ? nqt : std::max<int64_t>(1, (int64_t) (budget / (row_bytes * (size_t) P)) - 1);
+        const int64_t max_rows = one ? T : std::min<int64_t>(T, (tiles + 1) * P);
+        float * qg = (float *) c.scratch(oomb_cuda_ctx::SLOT_SELECT, ((size_t) Hkv * T * D + (size_t) n_g * max_rows * n_logical) * sizeof(float));
+        float * logits = qg + (size_t) Hkv * T * D;
+        const int64_t n = Hkv * T * D;
+        k_group_queries<<<(unsigned) std::min<int64_t>((n + k_threads - 1) / k_threads, 4096), k_threads, 0, c.stream>>>(
+            (const float *) q->data, qg, D, H, T, Hkv);
+        OOMB_CUDA_LAUNCHED(c, "page_select (group queries)");
+        CUBLAS_CHECK(cublasSetStream(c.cublas, c.stream));
+        const float one_f = 1.0f, zero_f = 0.0f;
+        for (int64_t g0 = 0; g0 < Hkv; g0 += n_g)
+            for (int64_t j0 = 0; j0 < nqt; j0 += tiles) {
+                const int64_t j1 = std::min(nqt, j0 + tiles);
+                const int64_t r0 = one ? 0 : std::max<int64_t>(0, (j0 - 1) * P + 1), r1 = one ? T : std::min<int64_t>(T, j1 * P);
+                if (r1 <= r0) continue;  // tiles past the chunk's last row: none active
+                // column-major: C (n_logical x rows, ld n_logical) = A^T B, A = the summaries of KV head g
+                // (D x n_logical, ld Hkv S D), B = qg of g's rows r0.. (D x rows, ld D); batched over the pass's heads
+                CUBLAS_CHECK(cublasGemmStridedBatchedEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int) n_logical, (int) (r1 - r0), (int) D, &one_f,
+                                                        (const float *) sm->data + g0 * S * D, CUDA_R_32F, (int) (Hkv * S * D), S * D,
+                                                        qg + (g0 * T + r0) * D, CUDA_R_32F, (int) D, T * D, &zero_f, logits, CUDA_R_32F,
+                                                        (int) n_logical, (r1 - r0) * n_logical, (int) n_g, CUBLAS_COMPUTE_32F,
+                                                        CUBLAS_GEMM_DEFAULT));
+                k_page_scores_mean<<<dim3((unsigned) (j1 - j0), (unsigned) n_g, k_sel_slices), k_threads, 0, c.stream>>>(
+                    pos, logits, scratch, T, Hkv, n_logical, P, K, j0, g0, r0, r1 - r0);
+                OOMB_CUDA_LAUNCHED(c, "page_select (mean scores)");
+            }
+    }
     k_page_topk<<<(unsigned) nqt, k_threads, 0, c.stream>>>(pos, scratch, (int32_t *) dst->data, scratch + n_part, T, Hkv, n_logical, P, K,
                                                           dst->op_params[oomb::PS_PARAM_SINK], dst->op_params[oomb::PS_PARAM_LOCAL], nqt);
     OOMB_CUDA_LAUNCHED(c, "page_select");

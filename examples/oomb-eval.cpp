@@ -80,7 +80,7 @@ int main(int argc, char ** argv) {
     if (const int rc = parse_command_line(app, argc, argv, PROG, &train_option_table()); rc >= 0) return rc;
     check_chunk_options(PROG, app, ctx, chunk, page, threads, rope_theta);
     check_offload_options(PROG, app, offload);
-    check_sparse_options(PROG, app, sparse, false);
+    check_sparse_options(PROG, app, sparse);
     check_progress_option(PROG, progress_every);
     if (app.count("--max-tokens")) need_in_range(PROG, max_tokens >= 1, "--max-tokens", (double) max_tokens, ">= 1");
     if (data.empty() == data_bin.empty()) fail(PROG, "give --data FILE (text) or --data-bin FILE (ids)");

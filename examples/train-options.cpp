@@ -250,7 +250,7 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         if (o.kv_grad_type != "f32" && o.kv_grad_type != "bf16")
             fail(PROG, "--kv-grad-type must be f32 or bf16, got '" + o.kv_grad_type + "'");
         check_offload_options(PROG, app, o.offload);
-        check_sparse_options(PROG, app, o.sparse, o.attn_cache);
+        check_sparse_options(PROG, app, o.sparse);
         if (o.data_format != "text" && o.data_format != "chat") fail(PROG, "--data-format must be text or chat, got '" + o.data_format + "'");
         if (o.data_format == "chat") {
             if (o.train_on.empty()) o.train_on = "assistant";

@@ -13,7 +13,8 @@ void add_sparse_options(CLI::App & app, SparseOptions & o) {
     app.add_option("--sparse-pages", o.pages,
                    "page-level top-K sparse attention: each query tile (one page of queries) attends its K highest-scoring history "
                    "pages plus its own chunk causally (dense while the history has at most K pages); 0: dense. With host offload "
-                   "(--offload) only the selected pages are copied to the device. Not with --attn-cache")
+                   "(--offload) only the selected pages are copied to the device. With --attn-cache, stage 2 loads stage 1's result over "
+                   "the same pages")
         ->capture_default_str();
     app.add_option("--sparse-score", o.score,
                    "with --sparse-pages: mean (softmax over pages of the group-summed query . the page's mean key, the reference's) "
@@ -25,7 +26,7 @@ void add_sparse_options(CLI::App & app, SparseOptions & o) {
         ->capture_default_str();
 }
 
-void check_sparse_options(const char * prog, const CLI::App & app, const SparseOptions & o, bool attn_cache) {
+void check_sparse_options(const char * prog, const CLI::App & app, const SparseOptions & o) {
     if (o.pages < 0) fail(prog, "--sparse-pages must be >= 0 (0: dense attention), got " + std::to_string(o.pages));
     if (o.score != "mean" && o.score != "quest") fail(prog, "--sparse-score must be mean or quest, got '" + o.score + "'");
     if (o.pages == 0) {
@@ -37,7 +38,6 @@ void check_sparse_options(const char * prog, const CLI::App & app, const SparseO
     if ((int64_t) o.sink + o.local > o.pages)
         fail(prog, "--sparse-sink " + std::to_string(o.sink) + " + --sparse-local " + std::to_string(o.local) + " exceed --sparse-pages " +
                        std::to_string(o.pages) + " (the always-kept pages count inside the budget)");
-    if (attn_cache) fail(prog, "--sparse-pages with --attn-cache is not supported (the attention cache holds dense results): drop one of them");
 }
 
 void apply_sparse_options(const SparseOptions & o, ChunkParams * tp) {

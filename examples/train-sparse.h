@@ -22,9 +22,9 @@ struct SparseOptions {
 
 void add_sparse_options(CLI::App & app, SparseOptions & o);
 /// Errors (fail): K < 0, an unknown score, --sparse-score / -sink / -local without --sparse-pages,
-/// sink or local < 0, sink + local > K, and --attn-cache with sparse attention (the cache holds
-/// dense results). Host offload is allowed (only the selected pages stream).
-void check_sparse_options(const char * prog, const CLI::App & app, const SparseOptions & o, bool attn_cache);
+/// sink or local < 0, sink + local > K. Host offload (only the selected pages stream) and the
+/// attention cache (it keeps the result over the selected pages) are allowed.
+void check_sparse_options(const char * prog, const CLI::App & app, const SparseOptions & o);
 /// Sets tp->sparse from o (off when o.pages == 0).
 void apply_sparse_options(const SparseOptions & o, ChunkParams * tp);
 /// One line for the run's header: "sparse attention: K 64 pages/tile, mean, sink 0, local 0;

@@ -590,7 +590,10 @@ struct oomb_paged_attn_args {
 /// oomb_paged_attn (out_cache NULL) or oomb_paged_attn_cached with a page schedule. Result: the out
 /// view [D, H, T] as oomb_paged_attn. Errors as those functions, and: RANGE with first < 0 or
 /// last < first; LISTS without offsets / pages, or with non-i32 / non-contiguous ones; a result
-/// cache with a schedule other than DENSE (the cache holds dense results). Kernels: the CPU backend
+/// cache with a schedule other than DENSE or LISTS (the cache holds whole rows' results, not a
+/// window's: RANGE / LISTS_RANGE blocks are refused). With LISTS, a load (load = 1) returns what the
+/// save computed over its lists: the caller gives both the same lists (OOMB's stage 2 reuses stage
+/// 1's selection). Kernels: the CPU backend
 /// runs every schedule; the CUDA backend runs every schedule on its fast (mma.sync / wgmma: bf16
 /// pools, head dim 64 / 128; LISTS: page size a multiple of 64) and generic kernels.
 struct oomb_tensor * oomb_paged_attn_ext(struct oomb_context * ctx, const struct oomb_paged_attn_args * args);

@@ -1072,7 +1072,8 @@ struct oomb_tensor * oomb_paged_attn_ext(struct oomb_context * ctx, const struct
         OOMB_CHECK((load == 0 || load == 1) && (store == 0 || store == 1), "paged_attn_cached",
                    "store (%d) and load (%d) must be 0 or 1", store, load);
         OOMB_CHECK(!(load && store), "paged_attn_cached", "load = 1 reads a result computed earlier over stored K/V: store must be 0");
-        OOMB_CHECK(a->schedule.kind == OOMB_SCHEDULE_DENSE, "paged_attn_cached", "the result cache holds dense results: schedule kind %d",
+        OOMB_CHECK(a->schedule.kind == OOMB_SCHEDULE_DENSE || a->schedule.kind == OOMB_SCHEDULE_LISTS, "paged_attn_cached",
+                   "the result cache holds whole rows' results (a dense or a page-list schedule), not a window's: schedule kind %d",
                    (int) a->schedule.kind);
     } else {
         OOMB_CHECK(load == 0, "paged_attn", "load = %d without a result cache", load);

@@ -3,8 +3,14 @@
 // bf16 tolerance of issue 5 (3e-2). Skipped (visibly) without a CUDA GPU.
 #include "test-common.h"
 #include "qwen2-parity.h"
+#include "oomb-chunk.h"
+#include "oomb-sparse.h"
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 
 namespace {
 
@@ -84,6 +90,53 @@ TEST(CudaOffload, GradientsMatchHFAndResident) {
     // odd sizes on the generic kernels: chunk 13, page 5, nothing resident, blocks of 1 page
     ModelRun mini(converted("qwen2-mini"), c.b, OOMB_TYPE_BF16);
     check_gradients(mini, "qwen2-mini", "short", 13, 5, k_bf16, OOMB_TYPE_BF16, false, OOMB_TYPE_F32, OOMB_TYPE_COUNT, 0, 1);
+}
+
+// Sparse attention through the chunk driver on the GPU (qwen2-micro, the long reference, chunk 1000,
+// page 64, K 8: most chunks' histories exceed K): the attention-result cache over the selected pages
+// (stage 2 loads stage 1's page-list results) gives the loss of recomputing (the same forward kernels
+// over the same lists: to 1e-6 relative) and the gradients to the float-atomic order of dq (bounded at 1e-3 of
+// each gradient's norm); the mean selection runs the cuBLAS logits path of cuda/sparse.cu.
+TEST(CudaSparse, AttnCacheMatchesRecomputing) {
+    Cuda c;
+    REQUIRE_GPU(c);
+    const std::string gguf = converted("qwen2-micro");
+    Reference ref(model_fixture_dir("qwen2-micro") + "/reference-long.safetensors");
+    for (oomb_sparse_score score : {OOMB_SPARSE_SCORE_MEAN, OOMB_SPARSE_SCORE_QUEST}) {
+        SCOPED_TRACE(score == OOMB_SPARSE_SCORE_QUEST ? "quest" : "mean");
+        ModelRun runs[2] = {ModelRun(gguf, c.b, OOMB_TYPE_BF16), ModelRun(gguf, c.b, OOMB_TYPE_BF16)};
+        double loss[2] = {0, 0};
+        int64_t sparse_lists = 0;
+        for (int i = 0; i < 2; i++) {
+            ChunkParams tp;
+            tp.chunk = 1000;
+            tp.page = 64;
+            tp.max_tokens = ref.T;
+            tp.kv_type = OOMB_TYPE_BF16;
+            tp.sparse = {8, score, 1, 0};
+            tp.cache_attn = i == 1;
+            ChunkDriver tr(model_chunk_builder(*runs[i].model), tp);
+            for (int64_t b = 0; b < ref.B; b++) {
+                loss[i] += tr.forward_backward(ref.ids.data() + b * ref.T, ref.T).loss_sum;
+                if (i == 0)
+                    for (int64_t ci = 0; ci * tp.chunk < ref.T; ci++) {
+                        const PageSelection * s = tr.selection(ci, 0);
+                        sparse_lists += s && ci * tp.chunk / tp.page > tp.sparse.pages;
+                    }
+            }
+        }
+        ASSERT_GT(sparse_lists, 0) << "the test must run chunks whose history exceeds K";
+        EXPECT_LT(std::fabs(loss[1] - loss[0]) / std::fabs(loss[0]), 1e-6) << "the cached result is the recomputed one";
+        double worst = 0;
+        for (oomb_tensor * p : runs[0].params) {
+            const std::vector<float> g0 = runs[0].grad(p->name), g1 = runs[1].grad(p->name);
+            const double e = rel_err(g1, std::vector<double>(g0.begin(), g0.end()));
+            worst = std::max(worst, e);
+            EXPECT_LT(e, 1e-3) << p->name;
+        }
+        printf("%s: sparse K 8 with the f32 attention cache vs recomputing: loss %.6f vs %.6f, worst gradient relative error %.3e\n",
+               score == OOMB_SPARSE_SCORE_QUEST ? "quest" : "mean", loss[1], loss[0], worst);
+    }
 }
 
 } // namespace

@@ -157,8 +157,13 @@ TEST(CudaSparse, SelectMatchesCpu) {
         {128, 28, 4, 16, 301 * 16, 100, 64, 0, 0, OOMB_SPARSE_SCORE_QUEST},
         {64, 14, 2, 16, 6 * 16 + 3, 45, 7, 0, 0, OOMB_SPARSE_SCORE_MEAN},  // 6 history pages <= K: dense
     };
+    // budget "": the default logits scratch (one GEMM pass); 4000 / 60000 bytes: the mean score's logits split
+    // into passes per KV head and 1 or 2 tiles (cuda/sparse.cu, OOMB_PAGE_SELECT_SCRATCH)
+    for (const char * budget : {"", "4000", "60000"})
     for (const oombtest::SparseRefCase & c : cases) {
-        SCOPED_TRACE("D" + std::to_string(c.D) + " H" + std::to_string(c.H) + "/" + std::to_string(c.Hkv) + " pos0 " + std::to_string(c.pos0) +
+        if (*budget && c.score != OOMB_SPARSE_SCORE_MEAN) continue;
+        setenv("OOMB_PAGE_SELECT_SCRATCH", budget, 1);
+        SCOPED_TRACE(std::string("logits budget '") + budget + "' D" + std::to_string(c.D) + " H" + std::to_string(c.H) + "/" + std::to_string(c.Hkv) + " pos0 " + std::to_string(c.pos0) +
                      " T" + std::to_string(c.T) + " K" + std::to_string(c.K) + (c.score ? " quest" : " mean"));
         std::mt19937 rng(3 + c.D + c.K);
         const int S = oomb_sparse_summary_slots(c.score), n_logical = (c.pos0 + c.T) / c.P + 2;
@@ -186,6 +191,7 @@ TEST(CudaSparse, SelectMatchesCpu) {
         printf("%s: %lld of %d list entries differ from the CPU's (near ties only: the rule check above passed or failed)\n",
                ::testing::UnitTest::GetInstance()->current_test_info()->name(), (long long) differ, ho[nqt]);
     }
+    unsetenv("OOMB_PAGE_SELECT_SCRATCH");
 }
 
 } // namespace

@@ -501,9 +501,20 @@ TEST(PagedScheduleErrors, BadOperands) {
     dense.offsets = U.make(L, false).offsets;
     a = U.args(dense);
     EXPECT_OOMB_ERROR(oomb_paged_attn_ext(U.ctx, &a), "takes no list tensors");
+    // (a window's result is partial: RANGE / LISTS_RANGE refused; whole-row LISTS accepted)
     a = U.args(oomb_schedule_range(0, 2));
     a.out_cache = oomb_new_tensor_1d(U.ctx, OOMB_TYPE_F32, 10000);
-    EXPECT_OOMB_ERROR(oomb_paged_attn_ext(U.ctx, &a), "dense results");
+    EXPECT_OOMB_ERROR(oomb_paged_attn_ext(U.ctx, &a), "not a window's");
+    oomb_page_schedule lwin = U.make(L, false);
+    lwin.kind = OOMB_SCHEDULE_LISTS_RANGE;
+    lwin.first = 0;
+    lwin.last = 1;
+    a = U.args(lwin);
+    a.out_cache = oomb_new_tensor_1d(U.ctx, OOMB_TYPE_F32, 10000);
+    EXPECT_OOMB_ERROR(oomb_paged_attn_ext(U.ctx, &a), "not a window's");
+    a = U.args(U.make(L, false));
+    a.out_cache = oomb_new_tensor_1d(U.ctx, OOMB_TYPE_F32, 10000);
+    EXPECT_NE(oomb_paged_attn_ext(U.ctx, &a), nullptr);
     // a page-list window with last < first; a LISTS_RANGE backward whose forward had another window
     EXPECT_OOMB_ERROR(oomb_schedule_lists_range(bad.offsets, bad.pages, nullptr, nullptr, 3, 2), "0 <= first <= last");
     oomb_page_schedule win = U.make(L, true);

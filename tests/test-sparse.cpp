@@ -351,8 +351,11 @@ struct Tier {
 // query, the history pages the stored selection lets it attend ({-1}: every page), and with a host
 // tier the copies the step made (bytes in / out) and, per chunk with lists and layer, the listed
 // history pages in the host tier (|U| of oomb-offload.h, the pages that must move).
-RunResult run_driver(Params & P, const std::vector<int32_t> & ids, oomb_sparse_params sparse, const Tier & tier = Tier{}) {
+RunResult run_driver(Params & P, const std::vector<int32_t> & ids, oomb_sparse_params sparse, const Tier & tier = Tier{},
+                     oomb_type attn_cache = OOMB_TYPE_COUNT) {
     oomb::ChunkParams cp;
+    cp.cache_attn = attn_cache != OOMB_TYPE_COUNT;
+    if (cp.cache_attn) cp.cache_attn_type = attn_cache;
     cp.chunk = kC;
     cp.page = kP;
     cp.max_tokens = (int64_t) ids.size();
@@ -600,16 +603,37 @@ TEST(SparseOffload, MovesOnlySelectedPages) {
     }
 }
 
-TEST(SparseDriver, RefusesAttnCache) {
+// The attention-result cache over the selected pages (--attn-cache with --sparse-pages): stage 1 saves
+// each layer's result over its lists and stage 2 loads it instead of recomputing over the same lists.
+// f32: loss and gradients bit-identical to the run without the cache; bf16: the output rounded to bf16
+// (stage 2, which computes the loss, reads the rounded output: loss and gradients close, measured
+// 1e-3 relative; the rounding of the dense cache is the same).
+TEST(SparseDriver, AttnCacheEqualsRecomputing) {
+    Params P(5);
+    const std::vector<int32_t> ids = random_ids(61, 13);
+    for (oomb_sparse_params sp : {oomb_sparse_params{3, OOMB_SPARSE_SCORE_MEAN, 1, 0}, oomb_sparse_params{4, OOMB_SPARSE_SCORE_QUEST, 0, 1}}) {
+        SCOPED_TRACE(sp.score ? "quest" : "mean");
+        const RunResult base = run_driver(P, ids, sp);
+        const RunResult f32 = run_driver(P, ids, sp, Tier{}, OOMB_TYPE_F32);
+        EXPECT_EQ(f32.loss, base.loss);
+        ASSERT_EQ(f32.grads.size(), base.grads.size());
+        EXPECT_EQ(memcmp(f32.grads.data(), base.grads.data(), f32.grads.size() * 4), 0) << "f32 cache: bit-identical gradients";
+        EXPECT_EQ(f32.allowed, base.allowed) << "the same selection";
+        const RunResult bf = run_driver(P, ids, sp, Tier{}, OOMB_TYPE_BF16);
+        EXPECT_NE(bf.loss, base.loss) << "the bf16 cache rounds the output: the test must see it";
+        EXPECT_NEAR(bf.loss, base.loss, 1e-3 * std::fabs(base.loss));
+        const double e = max_rel_diff(bf.grads, base.grads);
+        printf("%s: bf16 attention cache vs recomputing: gradients %.2e (max abs diff / max abs)\n", sp.score ? "quest" : "mean", e);
+        EXPECT_LT(e, 2e-2);
+    }
+}
+
+TEST(SparseDriver, RefusesBadParams) {
     Params P(5);
     oomb::ChunkParams cp;
     cp.chunk = kC;
     cp.page = kP;
     cp.max_tokens = 61;
-    cp.sparse = {3, OOMB_SPARSE_SCORE_MEAN, 0, 0};
-    cp.cache_attn = true;
-    EXPECT_OOMB_ERROR(oomb::ChunkDriver(std::make_unique<TinyBuilder>(P), cp), "attention-result cache");
-    cp.cache_attn = false;
     cp.sparse = {3, OOMB_SPARSE_SCORE_MEAN, 2, 2};
     EXPECT_OOMB_ERROR(oomb::ChunkDriver(std::make_unique<TinyBuilder>(P), cp), "exceed the budget");
 }

@@ -11,8 +11,8 @@
 #       it in the background (setsid; LIMIT defaults to 3600 s here) and read $OUT back in later calls.
 # Options through the environment: CHUNK (default 2048, as bench/offload), SCORE (mean|quest),
 # SINK / LOCAL (always-kept pages), EXTRA (more oomb-train options), LIMIT (seconds per run, 560).
-# --offload off except in 1m-offload (OFFLOAD overrides it), and no --attn-cache (refused with
-# sparse; the dense side runs without it too: the same work but the selection). Random weights made in memory:
+# --offload off except in 1m-offload (OFFLOAD overrides it), and no --attn-cache unless EXTRA adds it
+# (sparse accepts it since 2026-12-03; the dense side runs without it too). Random weights made in memory:
 # a speed run only (fidelity needs a trained model, bench/sparse/RESULTS.md).
 # Binaries: $BINS (default /tmp/bins-after). Summary lines go to $OUT/summary.txt, logs to $OUT/logs.tgz.
 set -o pipefail

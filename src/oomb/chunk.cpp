@@ -67,6 +67,12 @@ oomb_tensor * chunk_attention(oomb_context * ctx, const ChunkGraphInputs & in, i
             sp->select[(size_t) layer] = sel;
             pa.schedule = oomb_schedule_lists(oomb_page_select_offsets(ctx, sel), oomb_page_select_pages(ctx, sel), nullptr, nullptr);
         }
+        // the attention cache over the selected pages: stage 2 attends exactly stage 1's lists, so the
+        // saved result is the one it would recompute
+        if (in.attn_cache && !in.attn_cache->empty() && (in.kind == ChunkKind::Fill || in.kind == ChunkKind::Backward)) {
+            pa.out_cache = (*in.attn_cache)[(size_t) layer];
+            pa.load = in.kind == ChunkKind::Backward ? 1 : 0;
+        }
         a = oomb_paged_attn_ext(ctx, &pa);
     } else if (in.attn_cache && !in.attn_cache->empty() && (in.kind == ChunkKind::Fill || in.kind == ChunkKind::Backward)) {
         a = oomb_paged_attn_cached(ctx, q, k, v, kp, vp, in.page_table, in.pos, scale, store, (*in.attn_cache)[(size_t) layer],
@@ -118,12 +124,7 @@ ChunkDriver::ChunkDriver(std::unique_ptr<ChunkGraphBuilder> builder, const Chunk
     kp.with_grad = p.with_grad;
     kp.grad_type = p.kv_grad_type;
     const int64_t n_pages = (p.max_tokens + p.page - 1) / p.page;
-    if (p.sparse.pages != 0) {
-        oomb_sparse_check_params(&p.sparse, "ChunkDriver (sparse attention)");
-        if (p.cache_attn && p.with_grad && p.max_tokens > p.chunk)
-            oomb_error("ChunkDriver: sparse attention (--sparse-pages) with the attention-result cache (cache_attn, --attn-cache) is not "
-                       "supported (the cache holds dense results): drop one of them");
-    }
+    if (p.sparse.pages != 0) oomb_sparse_check_params(&p.sparse, "ChunkDriver (sparse attention)");
     if (p.resident_pages >= 0 && p.resident_pages < n_pages) {
         if (p.stream_block_pages < 1) oomb_error("ChunkDriver: stream_block_pages = %d must be positive", p.stream_block_pages);
         if (p.cache_attn && p.with_grad && p.max_tokens > p.chunk)
