@@ -26,13 +26,23 @@ void add_offload_options(CLI::App & app, OffloadOptions & o) {
     app.add_option("--gpu-kv-budget", o.gpu_kv_budget,
                    "GiB of device memory for KV pages (resident pages and streaming slots; fractions allowed, e.g. 0.001); "
                    "default: on a GPU what is left after the model (and optimizer state) and the chunk arena, less a margin; "
-                   "on the CPU no limit");
+                   "on the CPU no limit. Below the streams' minimum (the chunk's pages + 2 blocks) the device holds that minimum")
+        ->check(CLI::Validator(
+            [](std::string & s) -> std::string {  // a plain decimal number: no hex, inf or nan
+                const bool ok = !s.empty() && s.find_first_not_of("0123456789.eE+-") == std::string::npos;
+                return ok ? std::string() : "must be a decimal number of GiB (e.g. 0.5 or 40), got '" + s + "'";
+            },
+            "GiB"));
     app.add_option("--offload-block", o.block_pages, "pages per streamed history block (0: 32,768 tokens' worth; at most the cache's pages)")->capture_default_str();
 }
 
 void check_offload_options(const char * prog, const CLI::App & app, const OffloadOptions & o) {
     if (o.mode != "auto" && o.mode != "on" && o.mode != "off") fail(prog, "--offload must be auto, on or off, got '" + o.mode + "'");
-    if (app.count("--gpu-kv-budget") && !(o.gpu_kv_budget >= 0)) fail(prog, "--gpu-kv-budget must be >= 0 GiB, got " + std::to_string(o.gpu_kv_budget));
+    if (app.count("--gpu-kv-budget") && !(o.gpu_kv_budget >= 0 && o.gpu_kv_budget <= 1e6)) {
+        char v[32];
+        snprintf(v, sizeof v, "%g", o.gpu_kv_budget);
+        fail(prog, std::string("--gpu-kv-budget must be a number of GiB from 0 to 1e6, got ") + v);
+    }
     if (app.count("--gpu-kv-budget") && o.mode == "off") fail(prog, "--gpu-kv-budget sets the device share of an offloaded KV cache: it needs --offload auto or on");
     if (app.count("--offload-block") && o.mode == "off") fail(prog, "--offload-block sets the streamed blocks: it needs --offload auto or on");
     if (o.block_pages < 0) fail(prog, "--offload-block must be >= 0 (0: automatic), got " + std::to_string(o.block_pages));
@@ -110,12 +120,17 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
         has_dev ? (double) total - (double) used0 - (double) arena - attn_cache - summaries - sparse_tables - margin : 1e300;
     const double all_kv = page_bytes * (double) n_pages;
     const bool budget_given = oo.gpu_kv_budget >= 0;
-    const double budget = budget_given ? oo.gpu_kv_budget * (double) (1ull << 30) : free_kv;
+    const double budget = budget_given ? std::max(0.0, oo.gpu_kv_budget * (double) (1ull << 30)) : free_kv;  // -0 prints as 0
     const int64_t budget_pages = (int64_t) std::min(budget / page_bytes, 1e15);
     // pages that fit stay resident: with a budget that holds the whole cache nothing streams, for
     // --offload on as for auto (on streams everything past the budget: all of it without one)
-    const bool streams = (oo.mode == "on" && !budget_given) || (oo.mode != "off" && all_kv > budget);
-    if (oo.mode == "on" && budget_given && !streams)
+    bool streams = (oo.mode == "on" && !budget_given) || (oo.mode != "off" && all_kv > budget);
+    if (streams && !chunked) {  // one chunk: its own pages are the whole cache, no history to stream
+        printf("note: a sequence of %" PRId64 " tokens is a single chunk (no longer than --chunk): there is no history to stream, the KV "
+               "cache (%" PRId64 " pages, %s) stays on the device\n", tp->max_tokens, n_pages, fmt_bytes(all_kv).c_str());
+        streams = false;
+    }
+    if (oo.mode == "on" && budget_given && !streams && all_kv <= budget)
         printf("note: --offload on: the whole KV cache (%" PRId64 " pages, %s) fits --gpu-kv-budget %s: it stays resident, nothing "
                "streams\n", n_pages, fmt_bytes(all_kv).c_str(), fmt_bytes(budget).c_str());
     if (streams && oo.block_pages > block)
@@ -146,8 +161,10 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
             R = 0;
             B = (int) std::max<int64_t>(1, (budget_pages - tier_of(0, 1).chunk_pages) / 2);
             if (dev_pages(tier_of(0, B)) > budget_pages)
-                printf("note: the KV budget (%s, %" PRId64 " pages) is below the streaming slots (%d pages of the chunk + 2 x %d): the "
-                       "device holds the slots\n", fmt_bytes(budget).c_str(), budget_pages, tier_of(0, B).chunk_pages, tier_of(0, B).block_pages);
+                printf("warning: the KV budget (%s, %" PRId64 " pages) is below what streaming needs on the device: %" PRId64 " slots (%d "
+                       "pages of the chunk + 2 blocks of %d), %s: the device holds them, more than the budget (a smaller --chunk lowers "
+                       "it)\n", fmt_bytes(budget).c_str(), budget_pages, dev_pages(tier_of(0, B)), tier_of(0, B).chunk_pages,
+                       tier_of(0, B).block_pages, fmt_bytes(page_bytes * (double) dev_pages(tier_of(0, B))).c_str());
         }
         if (oo.block_pages > 0 && B < std::min<int64_t>(oo.block_pages, block))  // the user's block size, made smaller by the budget
             printf("note: --offload-block %d: blocks of %d pages instead, the largest that keep the most resident pages within the "

@@ -12,7 +12,7 @@
   - a copy that fails mid-run (OOMB_DEBUG_OFFLOAD_FAIL_COPY, the test hook) stops the run with a
     message naming it and a non-zero exit, and the last checkpoint stays loadable: --resume from it
     finishes the run;
-  - bad settings: --offload maybe, --gpu-kv-budget -1, --gpu-kv-budget with --offload off,
+  - bad settings: --offload maybe, --gpu-kv-budget -1 / 1e308 / inf / 0x10, --gpu-kv-budget with --offload off,
     --offload-block -2: clear messages, exit 1;
   - oomb-eval --offload on gives the resident perplexity.
 
@@ -165,9 +165,23 @@ def main():
         check(plans["100000"] == plans["19"] and copies["100000"] == copies["19"] and copies["19"][0],
               f"a huge --offload-block streams as the capped one ({plans}, {copies})")
 
+        # (fresh review, issue 12) a budget below the streams' minimum: a warning that names the device
+        # bytes it holds instead; a sequence of one chunk: nothing to stream, the cache stays resident
+        r = run(base[:-6] + ["--ctx", "300", "--chunk", "70", "--offload", "on", "--gpu-kv-budget", "0", "--steps", "1",
+                             "--save-every", "-1", "-o", os.path.join(tmp, "run-budget0")])
+        check(r.returncode == 0 and "warning: the KV budget (0 B, 0 pages) is below what streaming needs on the device" in r.stdout
+              and "0 resident +" in r.stdout, f"--gpu-kv-budget 0: a warning, then every page streams ({r.stdout[-600:]})")
+        r = run(base[:-6] + ["--ctx", "300", "--chunk", "300", "--offload", "on", "--gpu-kv-budget", "0.0001", "--steps", "1",
+                             "--save-every", "-1", "-o", os.path.join(tmp, "run-one-chunk")])
+        check(r.returncode == 0 and "is a single chunk" in r.stdout and "all on the device" in r.stdout and "host KV" not in r.stdout,
+              f"one chunk per sequence: no history, the cache stays resident ({r.stdout[-600:]})")
+
         # 4. bad settings
         for bad, msg in ((["--offload", "maybe"], "--offload must be auto, on or off"),
-                         (["--offload", "on", "--gpu-kv-budget", "-1"], "--gpu-kv-budget must be >= 0"),
+                         (["--offload", "on", "--gpu-kv-budget", "-1"], "--gpu-kv-budget must be a number of GiB from 0 to 1e6"),
+                         (["--offload", "on", "--gpu-kv-budget", "1e308"], "from 0 to 1e6, got 1e+308"),
+                         (["--offload", "on", "--gpu-kv-budget", "inf"], "must be a decimal number of GiB"),
+                         (["--offload", "on", "--gpu-kv-budget", "0x10"], "must be a decimal number of GiB"),
                          (["--offload", "off", "--gpu-kv-budget", "1"], "needs --offload auto or on"),
                          (["--offload-block", "-2"], "--offload-block must be >= 0"),
                          (["--offload", "off", "--offload-block", "3"], "--offload-block sets the streamed blocks")):
