@@ -9,9 +9,10 @@
 //     summaries), then k_page_scores_mean takes each token row's softmax (block reductions: a tree,
 //     so sums may differ from the CPU's in the last bits, as the GEMM's products and sums do) and sums
 //     the slice's softmax terms per page. Before (one thread per page recomputing the logits three
-//     times from scattered summary reads) this was 8 % of a 7B sparse step at 128K, and by its
-//     growth (tokens x history pages) an estimated third of the 1M step. Quest (not a product: sum_d max(q_d min_d, q_d max_d)): k_page_scores_quest, a
-//     thread per page over 8 tokens at a time. k_page_topk: one block per tile sums the partials (a
+//     times from scattered summary reads) page_select took 2.20 s of a 7B sparse step at 128K, now
+//     0.49 s (H200), and the 7B 1M sparse step went from 445 s to 327 s (bench/sparse/RESULTS.md).
+//     Quest (not a product: sum_d max(q_d min_d, q_d max_d)): k_page_scores_quest, a thread per
+//     page over 8 tokens at a time. k_page_topk: one block per tile sums the partials (a
 //     fixed order, so the result is deterministic), then the top-K is K rounds of a block arg-max
 //     under ps_ranks_before. Partials, scores and marks live in global scratch ([tiles][KV heads][16]
 //     [pages] + [tiles][2][pages] floats), so the history length is not bounded by shared memory.
