@@ -75,7 +75,8 @@ struct ChunkParams {
     // in the chunk's graph; stage 2 reuses exactly those lists (selection()). A chunk whose history
     // fits the budget runs the dense graphs (bit-identical to dense attention). With a host tier
     // (resident_pages) only the selected history pages move (oomb-offload.h; results equal to the
-    // resident sparse run to rounding). Not with the attention-result cache (cache_attn): refused.
+    // resident sparse run to rounding). With the attention-result cache (cache_attn), stage 1
+    // saves each layer's result over its lists and stage 2 loads it (f32: bit-identical to recomputing).
     oomb_sparse_params sparse = {0, OOMB_SPARSE_SCORE_MEAN, 0, 0};
 };
 
