@@ -4,7 +4,7 @@
 #pragma once
 
 #include "paged-attn-mma.cuh"
-#include "wgmma.cuh"
+#include "sm90.cuh"
 
 namespace {
 
@@ -29,7 +29,10 @@ template <int D>
 struct BwdW {
     static constexpr int BN = 128, BM = 64, NT = 256;
     static constexpr uint32_t tile_kv = BN * D * 2, tile_q = BM * D * 2, tile_ds = BN * BM * 2;
-    static constexpr size_t smem = 1024 + 2 * tile_kv + 4 * tile_q + tile_ds + 6 * BM * sizeof(float);
+    // dQ staging (args.dq_bulk): per warpgroup BM rows of D/2 f32 columns, rows padded by 32 bytes
+    // (the accumulator's float2 stores: 8 rows of a warp then fall in different banks)
+    static constexpr uint32_t dq_pitch = D / 2 * 4 + 32, tile_dq = BM * dq_pitch;
+    static constexpr size_t smem = 1024 + 2 * tile_kv + 4 * tile_q + tile_ds + 2 * tile_dq + 6 * BM * sizeof(float);
 };
 
 // D[64 x D] (+)= A (registers) * B (smem, MN-major): the n64 or n128 instruction
@@ -64,7 +67,8 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     bf16 * sQ = sV + BN * D;          // [2 bufs][BM * D]
     bf16 * sdO = sQ + 2 * BM * D;     // [2 bufs][BM * D]
     bf16 * sdS = sdO + 2 * BM * D;    // [BN][BM]
-    float * sL = (float *) (sdS + BN * BM); // [2][BM]
+    float * sdQ = (float *) (sdS + BN * BM);  // [2 warpgroups][BM rows][dq_pitch bytes] (args.dq_bulk)
+    float * sL = (float *) ((unsigned char *) sdQ + 2 * W::tile_dq); // [2][BM]
     float * sDl = sL + 2 * BM;              // [2][BM]
     int * sRp = (int *) (sDl + 2 * BM);     // [2][BM]
     const uint32_t aK = base_s, aV = aK + W::tile_kv, aQ = aV + W::tile_kv, adO = aQ + 2 * W::tile_q, adS = adO + 2 * W::tile_q;
@@ -221,6 +225,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         // descriptor start is still 1024-byte aligned up to those 64 bytes: base offset 0).
         constexpr int NQ = D / 2;
         float dqa[NQ / 2];
+        if (a.dq_bulk && (tid & 127) < BM) oomb_sm90::bulk_wait_read<0>();  // the previous step's dQ rows were read
         __syncthreads();
         wgmma_fence();
         const uint32_t kq = D == 128 ? wg * W::tile_kv / 2 : wg * 64;
@@ -233,8 +238,26 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         wgmma_commit();
         wgmma_wait<0>();
         const int dq_col0 = wg * NQ;
+        if (a.dq_bulk) {
+            // the warpgroup's dQ tile to shared memory, then one bulk reduction per row (row = (warp & 3) 16 + lane / 4 + 8 hf)
+            unsigned char * tq = (unsigned char *) sdQ + wg * W::tile_dq;
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
+            for (int hf = 0; hf < 2; hf++) {
+                float * row = (float *) (tq + ((warp & 3) * 16 + (lane >> 2) + hf * 8) * W::dq_pitch) + (lane & 3) * 2;
+#pragma unroll
+                for (int nb = 0; nb < NQ / 8; nb++) *(float2 *) (row + nb * 8) = make_float2(dqa[4 * nb + hf * 2], dqa[4 * nb + hf * 2 + 1]);
+            }
+            fence_proxy_async();
+            oomb_sm90::bar_sync(1 + wg, 128);
+            const int r = tid & 127, R = j * BM + r;
+            if (r < BM && R < TG) {
+                const int t = R / a.G, h = g * a.G + R % a.G;
+                oomb_sm90::bulk_reduce_add_f32(a.dq + ((int64_t) t * a.H + h) * D + dq_col0, smem_u32(tq + r * W::dq_pitch), NQ * 4);
+            }
+            if (r < BM) oomb_sm90::bulk_commit();
+        }
+#pragma unroll
+        for (int hf = 0; hf < 2 && !a.dq_bulk; hf++) {
             const int R = j * BM + (warp & 3) * 16 + (lane >> 2) + hf * 8;
             if (R < TG) {
                 const int t = R / a.G, h = g * a.G + R % a.G;
@@ -251,6 +274,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         buf ^= 1;
     }
     cp_async_wait<0>();
+    if (a.dq_bulk && (tid & 127) < BM) oomb_sm90::bulk_wait_read<0>();  // (the CTA's shared memory must outlive the reads)
 
     const uint32_t sk = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_k, a.gsr.pos[0]) : 0u;  // bf16 gradient pages
     const uint32_t sv = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_v, a.gsr.pos[0]) : 0u;
@@ -302,6 +326,126 @@ __global__ void pa_wgmma_probe_kernel(int * flag) {
 #else
     *flag = 0;
 #endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward pieces shared by the wgmma forward kernels (pa_fwd_wgmma_kernel below, pa_fwd_ws_kernel of
+// paged-attn-ws.cuh): the block's q rows into shared memory, one key tile's online softmax, the
+// epilogue. Accumulator layout of wgmma.cuh: a thread holds rows lane/4 and lane/4 + 8 (hf = 0, 1)
+// of its warp's 16, columns nb * 8 + 2 (lane % 4) + {0, 1}.
+// ---------------------------------------------------------------------------------------------
+
+// q rows r0 .. r0 + BM - 1 of KV head g (row R = token R / G, head g G + R % G; past T G: zeros) as
+// bf16 into sQ, [D/64 halves][BM rows][64] with the 128-byte swizzle (sw128), by NT threads.
+template <int D, int BM, int NT>
+__device__ __forceinline__ void fwd_load_q(const FwdArgs & a, bf16 * sQ, int r0, int g, int tid) {
+    constexpr int NCH = D / 8;
+    const int TG = a.T * a.G;
+    for (int idx = tid; idx < BM * NCH; idx += NT) {
+        const int row = idx / NCH, ch = idx % NCH;
+        const int R = r0 + row;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (R < TG) {
+            const int t = R / a.G, h = g * a.G + R % a.G;
+            const float4 * src = (const float4 *) (a.q + t * a.q_s2 + h * a.q_s1 + ch * 8);
+            v = pack8(src[0], src[1]);
+        }
+        *(uint4 *) (sQ + sw128<BM>(row, ch)) = v;
+    }
+}
+
+// Online softmax of one key tile (keys k0 .. k0 + BN - 1) for a warpgroup's 64 rows: s = S (raw
+// products) in, scaled by c (scale * log2 e) and masked (keys > lim[hf] of the thread's row hf get
+// -inf when need_mask); m, l: running max and sum (log2 units); o rescaled by exp2(m_old - m_new);
+// P = exp2(s - m) out as bf16 A fragments pa for O += P V. Call with no wgmma writing o or s in flight.
+template <int D, int BN>
+__device__ __forceinline__ void fwd_softmax_tile(float (&s)[BN / 2], float (&o)[D / 2], float (&m)[2], float (&l)[2], const int (&lim)[2],
+                                                 int k0, bool need_mask, float c, int lane, uint32_t (&pa)[BN / 16][4]) {
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; nb++) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float v = s[4 * nb + hf * 2 + j] * c;
+                if (need_mask) {
+                    const int kp = k0 + nb * 8 + (lane & 3) * 2 + j;
+                    if (kp > lim[hf]) v = -INFINITY;
+                }
+                s[4 * nb + hf * 2 + j] = v;
+                mx = fmaxf(mx, v);
+            }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m[hf], mx);
+        const float muse = mnew == -INFINITY ? 0.0f : mnew;
+        const float corr = ex2(m[hf] - muse);
+        m[hf] = mnew;
+        float rs = 0.0f;
+#pragma unroll
+        for (int nb = 0; nb < BN / 8; nb++) {
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                const float p = ex2(s[4 * nb + hf * 2 + j] - muse);
+                s[4 * nb + hf * 2 + j] = p;
+                rs += p;
+            }
+        }
+        l[hf] = l[hf] * corr + rs;
+#pragma unroll
+        for (int nb = 0; nb < D / 8; nb++) { o[4 * nb + hf * 2] *= corr; o[4 * nb + hf * 2 + 1] *= corr; }
+    }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+        pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+}
+
+// The forward's epilogue for a warp's 16 rows (block rows row0 .. row0 + 15 of the tile at r0):
+// MODE_OUT out + natural-log LSE (pa_epilogue_out); MODE_LSE the log2 LSE and delta = bf16(dout) . out.
+template <int D, int MODE>
+__device__ __forceinline__ void fwd_epilogue(const FwdArgs & a, const float (&o)[D / 2], const float (&m)[2], const float (&l)[2], int r0,
+                                             int row0, int g, int lane) {
+    const int TG = a.T * a.G;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        float lsum = l[hf];
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+        const int R = r0 + row0 + (lane >> 2) + hf * 8;
+        const bool valid = R < TG;
+        const int t = valid ? R / a.G : 0, h = g * a.G + (valid ? R % a.G : 0);
+        if (MODE == MODE_OUT) {
+            const float mu = m[hf] == -INFINITY ? 0.0f : m[hf];
+            pa_epilogue_out<D>(a.out, a.lse_out, a.acc, valid, (int64_t) t * a.H + h, lane, (mu + __log2f(lsum)) * kLn2,
+                               [&](int nb, int j) { return o[4 * nb + hf * 2 + j] * inv; });
+        } else {
+            float dot = 0.0f;
+            if (valid) {
+                const float * dov = a.dout + t * a.do_s2 + h * a.do_s1 + (lane & 3) * 2;
+#pragma unroll
+                for (int nb = 0; nb < D / 8; nb++) {
+                    const float2 x = *(const float2 *) (dov + nb * 8);
+                    const float x0 = __bfloat162float(__float2bfloat16_rn(x.x));
+                    const float x1 = __bfloat162float(__float2bfloat16_rn(x.y));
+                    dot += x0 * o[4 * nb + hf * 2] + x1 * o[4 * nb + hf * 2 + 1];
+                }
+            }
+            dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+            dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+            if (valid && (lane & 3) == 0) {
+                const float mu = m[hf] == -INFINITY ? 0.0f : m[hf];
+                a.lse[g * a.lse_stride + R] = mu + __log2f(lsum);
+                a.delta[g * a.lse_stride + R] = dot * inv;
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -362,17 +506,7 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
         }
         sPos[i] = p;
     }
-    for (int idx = tid; idx < BM * NCH; idx += NT) {
-        const int row = idx / NCH, ch = idx % NCH;
-        const int R = r0 + row;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (R < TG) {
-            const int t = R / a.G, h = g * a.G + R % a.G;
-            const float4 * src = (const float4 *) (a.q + t * a.q_s2 + h * a.q_s1 + ch * 8);
-            v = pack8(src[0], src[1]);
-        }
-        *(uint4 *) (sQ + sw128<BM>(row, ch)) = v;
-    }
+    fwd_load_q<D, BM, NT>(a, sQ, r0, g, tid);
     fence_proxy_async();
     __syncthreads();
     const int maxp = max(sMax[0], sMax[1]), minp = sMin;
@@ -430,58 +564,16 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
     auto softmax_pv = [&](float (&s)[BN / 2], int it) {
         const int k0 = tile_k0(it);
         const uint32_t cV = aV + (it % NBUF) * W::tile_kv;
-            // LISTS history tile: every key is before every row; a row sees all of it or none
-            const bool hist = LISTS && lt.hist(it);
-            const int4 ue = hist ? lt.uni[it / lt.tpp] : make_int4(0, 0, 0, 0);
-            const bool need_mask = hist || k0 + BN - 1 > minp;
-    #pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float mx = -INFINITY;
-                int lim = prow[hf];  // keys kp > lim are masked
-                if constexpr (LISTS) {
-                    if (hist) lim = lt.hist_lim(ue, prow[hf]);
-                }
-    #pragma unroll
-                for (int nb = 0; nb < BN / 8; nb++) {
-    #pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        float v = s[4 * nb + hf * 2 + j] * a.c;
-                        if (need_mask) {
-                            const int kp = k0 + nb * 8 + (lane & 3) * 2 + j;
-                            if (kp > lim) v = -INFINITY;
-                        }
-                        s[4 * nb + hf * 2 + j] = v;
-                        mx = fmaxf(mx, v);
-                    }
-                }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mnew = fmaxf(m[hf], mx);
-                const float muse = mnew == -INFINITY ? 0.0f : mnew;
-                const float corr = ex2(m[hf] - muse);
-                m[hf] = mnew;
-                float rs = 0.0f;
-    #pragma unroll
-                for (int nb = 0; nb < BN / 8; nb++) {
-    #pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        const float p = ex2(s[4 * nb + hf * 2 + j] - muse);
-                        s[4 * nb + hf * 2 + j] = p;
-                        rs += p;
-                    }
-                }
-                l[hf] = l[hf] * corr + rs;
-    #pragma unroll
-                for (int nb = 0; nb < D / 8; nb++) { o[4 * nb + hf * 2] *= corr; o[4 * nb + hf * 2 + 1] *= corr; }
-            }
-            uint32_t pa[BN / 16][4];
-    #pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) {
-                pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
-                pa[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-                pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-                pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-            }
+        // LISTS history tile: every key is before every row; a row sees all of it or none
+        const bool hist = LISTS && lt.hist(it);
+        const int4 ue = hist ? lt.uni[it / lt.tpp] : make_int4(0, 0, 0, 0);
+        const bool need_mask = hist || k0 + BN - 1 > minp;
+        int lim[2] = {prow[0], prow[1]};  // keys kp > lim are masked
+        if constexpr (LISTS) {
+            if (hist) { lim[0] = lt.hist_lim(ue, prow[0]); lim[1] = lt.hist_lim(ue, prow[1]); }
+        }
+        uint32_t pa[BN / 16][4];
+        fwd_softmax_tile<D, BN>(s, o, m, l, lim, k0, need_mask, a.c, lane, pa);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) mma_rs_nd<D>(o, pa[kk], desc_sw128(cV + kk * 2048, BN * 128, 1024), 1);
@@ -544,41 +636,7 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
     wgmma_wait<0>();
     cp_async_wait<0>();
 
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        float lsum = l[hf];
-        lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
-        lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-        const int row = warp * 16 + (lane >> 2) + hf * 8;
-        const int R = r0 + row;
-        const bool valid = R < TG;
-        const int t = valid ? R / a.G : 0, h = g * a.G + (valid ? R % a.G : 0);
-        if (MODE == MODE_OUT) {
-            const float mu = m[hf] == -INFINITY ? 0.0f : m[hf];
-            pa_epilogue_out<D>(a.out, a.lse_out, a.acc, valid, (int64_t) t * a.H + h, lane, (mu + __log2f(lsum)) * kLn2,
-                               [&](int nb, int j) { return o[4 * nb + hf * 2 + j] * inv; });
-        } else {
-            float dot = 0.0f;
-            if (valid) {
-                const float * dov = a.dout + t * a.do_s2 + h * a.do_s1 + (lane & 3) * 2;
-#pragma unroll
-                for (int nb = 0; nb < D / 8; nb++) {
-                    const float2 x = *(const float2 *) (dov + nb * 8);
-                    const float x0 = __bfloat162float(__float2bfloat16_rn(x.x));
-                    const float x1 = __bfloat162float(__float2bfloat16_rn(x.y));
-                    dot += x0 * o[4 * nb + hf * 2] + x1 * o[4 * nb + hf * 2 + 1];
-                }
-            }
-            dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-            dot += __shfl_xor_sync(0xffffffffu, dot, 2);
-            if (valid && (lane & 3) == 0) {
-                const float mu = m[hf] == -INFINITY ? 0.0f : m[hf];
-                a.lse[g * a.lse_stride + R] = mu + __log2f(lsum);
-                a.delta[g * a.lse_stride + R] = dot * inv;
-            }
-        }
-    }
+    fwd_epilogue<D, MODE>(a, o, m, l, r0, warp * 16, g, lane);
 #else
     __trap();
 #endif

@@ -51,8 +51,11 @@
 #include "paged-attn-common.cuh"
 #include "paged-attn-mma.cuh"
 #include "paged-attn-wgmma.cuh"
+#include "paged-attn-ws.cuh"
 #include "paged-attn-generic.cuh"
 #include "oomb/paged-attn-sched.h"
+
+#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <climits>
@@ -188,6 +191,56 @@ template <int D, int MODE, bool PIPE, int MINB, bool LISTS = false> void launch_
     PA_LAUNCH_CHECK();
 }
 
+// The K and V pools as TMA tensor maps for pa_fwd_ws_kernel: 4-d (dims, KV heads, slots, pages;
+// byte strides from the args), boxes of 64 dims x 1 head x 128 slots x 1 page, 128-byte swizzle.
+// False when the driver lacks cuTensorMapEncodeTiled or refuses the geometry (the caller then runs
+// the two-warpgroup kernel).
+bool kv_tensor_maps(const FwdArgs & a, int D, int Hkv, CUtensorMap * tk, CUtensorMap * tv) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void * fn = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            fn = nullptr;
+        }
+        return (PFN_cuTensorMapEncodeTiled_v12000) fn;
+    }();
+    if (!encode) return false;
+    const cuuint64_t dims[4] = {(cuuint64_t) D, (cuuint64_t) Hkv, (cuuint64_t) a.P, (cuuint64_t) a.n_pages};
+    const cuuint64_t strides[3] = {(cuuint64_t) a.kv_s1 * 2, (cuuint64_t) a.kv_s2 * 2, (cuuint64_t) a.kv_s3 * 2};
+    const cuuint32_t box[4] = {64, 1, 128, 1}, estr[4] = {1, 1, 1, 1};
+    for (int i = 0; i < 2; i++) {
+        if (encode(i ? tv : tk, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *) (i ? a.vp : a.kp), dims, strides, box, estr,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+            return false;
+    }
+    return true;
+}
+
+template <int D, int MODE, int NS> bool launch_fwd_ws(cudaStream_t stream, const FwdArgs & a, int Hkv) {
+    using W = FwdWS<D, NS>;
+    static_assert(W::BM == FwdW<D, false>::BM && W::BN == FwdW<D, false>::BN, "the same tiles as the two-warpgroup forward");
+    CUtensorMap tk, tv;
+    if (!kv_tensor_maps(a, D, Hkv, &tk, &tv)) return false;
+    static bool attr_set = false;
+    if (!attr_set) { set_smem(pa_fwd_ws_kernel<D, MODE, NS>, W::smem); attr_set = true; }
+    dim3 grid((a.T * a.G + W::BM - 1) / W::BM, Hkv);
+    pa_fwd_ws_kernel<D, MODE, NS><<<grid, W::NT, W::smem, stream>>>(a, tk, tv);
+    PA_LAUNCH_CHECK();
+    return true;
+}
+
+// The warp-specialised forward (config.fwd_ws) where it can run; false: run another kernel.
+template <int MODE> bool fwd_ws(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
+    switch (cfg().fwd_ws) {
+        case 1: return D == 128 ? launch_fwd_ws<128, MODE, 2>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4>(stream, a, Hkv);
+        case 2: return D == 128 ? launch_fwd_ws<128, MODE, 3>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 2>(stream, a, Hkv);
+        default: return false;
+    }
+}
+
 // The wgmma forward issuing the next key tile's S before the current tile's softmax (a second S
 // accumulator: registers allow it at head dim 64 only): config.fwd_pipe. Off by default: ptxas
 // serializes its wgmmas (C7515), and it measured slower (0.5B layer at 32K: 223 vs 247 TFLOP/s,
@@ -243,6 +296,7 @@ void fwd_fast(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
         return;
     }
     if (fwd_wgmma(D, a.P)) {
+        if (fwd_ws<MODE>(stream, a, D, Hkv)) return;
         if (D == 128) launch_fwd_wgmma<128, MODE, false, 1>(stream, a, Hkv);
         else if (fwd_pipe(D)) launch_fwd_wgmma<64, MODE, true, 1>(stream, a, Hkv);
         else if (occ64_bits() & 1) launch_fwd_wgmma<64, MODE, false, 2>(stream, a, Hkv);
@@ -446,6 +500,8 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     c.split = env_int("OOMB_PAGED_ATTN_SPLIT", c.split);
     if ((d = env_digit("OOMB_PAGED_ATTN_OCC64", 3, "0-3 (bit 0: forward, bit 1: backward with two CTAs per SM)")) >= 0) c.occ64 = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDPIPE", 1, "0 or 1")) >= 0) c.fwd_pipe = d == 1;
+    if ((d = env_digit("OOMB_PAGED_ATTN_DQBULK", 1, "0 or 1")) >= 0) c.dq_bulk = d == 1;
+    if ((d = env_digit("OOMB_PAGED_ATTN_FWDWS", 2, "0-2 (0: the two-warpgroup wgmma forward, 1 or 2: warp-specialised, K/V stages)")) >= 0) c.fwd_ws = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_LISTS_RANGE_FAST", 1, "0 or 1")) >= 0) c.lists_range_fast = d == 1;
     return c;
 }
@@ -713,6 +769,7 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             a.T = G.T; a.H = G.H; a.G = G.G; a.TGp = TGp;
             a.c = A.scale * kLog2e; a.scale = A.scale;
             a.dq = dq;
+            a.dq_bulk = cfg().dq_bulk && aligned16(dq);  // wgmma kernels only (bulk reductions need 16-byte rows)
             a.lists = L;
             const int n_key_tiles = (int) ((n_keys_k + BN - 1) / BN);
             // bf16 gradient pages: one block per key tile owns its rows (read-add-round, no atomics)

@@ -81,17 +81,29 @@ __device__ __forceinline__ void sel_slice(const int32_t * pos, int64_t T, int64_
 
 // Quest: each thread owns the pages p = tid (mod blockDim) and handles TB tokens at a time, reading
 // every summary once per TB tokens; the group-summed queries sit in shared memory.
+// The preamble both score kernels share: the block's query tile j, KV head g and slice ts. Returns
+// false when there is nothing to score (no such tile, or a dense tile: part 2 lists every page);
+// else zeroes the block's partial row (each thread owns the pages p = tid + k nt from here on) and
+// gives the row (*part) and the slice's token range [tb, te) (sel_slice).
+__device__ bool sel_block_begin(const int32_t * pos, float * partial, int64_t T, int64_t Hkv, int64_t n_logical, int64_t P, int64_t K,
+                                int64_t j, int64_t g, int64_t ts, float ** part, int64_t * tb, int64_t * te) {
+    const int64_t c0 = pos[0] / P, n_act = (int64_t) pos[T - 1] / P - c0 + 1;
+    if (j >= n_act || c0 <= K) return false;
+    *part = partial + ((j * Hkv + g) * k_sel_slices + ts) * n_logical;
+    for (int64_t p = threadIdx.x; p < c0; p += blockDim.x) (*part)[p] = 0.0f;
+    sel_slice(pos, T, P, j, ts, tb, te);
+    return true;
+}
+
 __global__ void k_page_scores_quest(const float * q, const float * sm, const int32_t * pos, float * partial, int64_t D, int64_t H,
                                     int64_t T, int64_t S, int64_t Hkv, int64_t n_logical, int64_t P, int64_t K) {
     extern __shared__ float qs[];  // [TB][D]
     const int64_t j = blockIdx.x, g = blockIdx.y, ts = blockIdx.z;
-    const int64_t c0 = pos[0] / P, n_act = (int64_t) pos[T - 1] / P - c0 + 1;
-    if (j >= n_act || c0 <= K) return;  // no tile, or a dense tile: part 2 lists every page
-    const int tid = threadIdx.x, nt = blockDim.x;
-    float * part = partial + ((j * Hkv + g) * k_sel_slices + ts) * n_logical;
-    for (int64_t p = tid; p < c0; p += nt) part[p] = 0.0f;  // owned by this thread from here on
+    float * part;
     int64_t tb, te;
-    sel_slice(pos, T, P, j, ts, &tb, &te);
+    if (!sel_block_begin(pos, partial, T, Hkv, n_logical, P, K, j, g, ts, &part, &tb, &te)) return;
+    const int64_t c0 = pos[0] / P;
+    const int tid = threadIdx.x, nt = blockDim.x;
     const int64_t G = H / Hkv;
     for (int64_t tt = tb; tt < te; tt += k_sel_tb) {
         const int nb = (int) (te - tt < k_sel_tb ? te - tt : k_sel_tb);
@@ -135,13 +147,11 @@ __global__ void k_page_scores_mean(const int32_t * pos, const float * logits, fl
     __shared__ float red[32];
     __shared__ float stat_m[k_sel_tb], stat_s[k_sel_tb];
     const int64_t j = j0 + blockIdx.x, g = g0 + blockIdx.y, ts = blockIdx.z;
-    const int64_t c0 = pos[0] / P, n_act = (int64_t) pos[T - 1] / P - c0 + 1;
-    if (j >= n_act || c0 <= K) return;  // no tile, or a dense tile: part 2 lists every page
-    const int tid = threadIdx.x, nt = blockDim.x;
-    float * part = partial + ((j * Hkv + g) * k_sel_slices + ts) * n_logical;
-    for (int64_t p = tid; p < c0; p += nt) part[p] = 0.0f;  // owned by this thread from here on
+    float * part;
     int64_t tb, te;
-    sel_slice(pos, T, P, j, ts, &tb, &te);
+    if (!sel_block_begin(pos, partial, T, Hkv, n_logical, P, K, j, g, ts, &part, &tb, &te)) return;
+    const int64_t c0 = pos[0] / P;
+    const int tid = threadIdx.x, nt = blockDim.x;
     const float * L = logits + (int64_t) blockIdx.y * rows * n_logical;  // row of token t: L + (t - r0) * n_logical
     for (int64_t tt = tb; tt < te; tt += k_sel_tb) {
         const int nb = (int) (te - tt < k_sel_tb ? te - tt : k_sel_tb);

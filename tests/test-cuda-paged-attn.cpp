@@ -96,6 +96,8 @@ struct Case {
                            // (every third tile empty, the others about a quarter, with gaps and pages
                            // shared between tiles); 2: every list empty (current region only)
     int range_last = -1;   // RANGE, LISTS_RANGE: last page (exclusive; -1: past the chunk's last page)
+    bool poison_tail = false;  // the pools' slots past the last position and the spare pages hold NaN (no kernel may
+                               // weigh them: 0 * NaN is NaN)
 };
 
 std::string case_name(const Case & c) {
@@ -104,6 +106,7 @@ std::string case_name(const Case & c) {
              c.shuffle_pos ? "_shuffled" : "", c.sched == OOMB_SCHEDULE_RANGE ? (c.range_first >= 0 ? "_range_from" : "_range")
                                                : c.sched == OOMB_SCHEDULE_LISTS ? "_lists"
                                                : c.sched == OOMB_SCHEDULE_LISTS_RANGE ? "_lists_range" : "");
+    if (c.poison_tail) snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "_nan_tail");
     if (oomb_schedule_has_lists(c.sched) && c.lists_mode) snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%d", c.lists_mode);
     if (c.range_first >= 0 || c.range_last >= 0)
         snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "_win%d_%d", c.range_first, c.range_last);
@@ -275,6 +278,17 @@ void run_case(const Case & c, uint32_t seed) {
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
     for (int i = 0; i < n_logical; i++) ((int32_t *) pt->data)[i] = i < n_need ? perm[i] : -1;
+    if (c.poison_tail) {
+        // NaN (bf16 / f16 / f32 all-ones exponent) in every pool slot no position maps to
+        std::vector<bool> used((size_t) n_pages * c.P, false);
+        for (int p = 0; p < n_pos; p++) used[(size_t) perm[p / c.P] * c.P + p % c.P] = true;
+        const size_t esz = oomb_type_size(c.type), row = (size_t) c.D * c.Hkv * esz;
+        for (size_t slot = 0; slot < used.size(); slot++) {
+            if (used[slot]) continue;
+            memset((char *) kp->data + slot * row, 0xff, row);
+            memset((char *) vp->data + slot * row, 0xff, row);
+        }
+    }
     std::vector<int> pv(c.T);
     std::iota(pv.begin(), pv.end(), c.hist);
     if (c.shuffle_pos) std::shuffle(pv.begin(), pv.end(), rng);
@@ -364,8 +378,14 @@ void run_case(const Case & c, uint32_t seed) {
     EXPECT_EQ(lse_inf_mismatch, 0) << "rows without keys (" << lse_no_key << "): LSE -inf";
     EXPECT_TRUE(c.sched == OOMB_SCHEDULE_RANGE || c.sched == OOMB_SCHEDULE_LISTS_RANGE || lse_no_key == 0) << "only a page range leaves rows without keys";
     const double e_lse = lse_c.empty() ? 0.0 : rel_err(lse_g, lse_c);
-    const double e_kp = rel_err(dev_pool_f32(d_kp), host_pool_f32(kp));
-    const double e_vp = rel_err(dev_pool_f32(d_vp), host_pool_f32(vp));
+    // the pools: NaN where both hold the poison (poison_tail), else by value
+    auto pool_err = [](std::vector<float> a, std::vector<float> b) {
+        for (size_t i = 0; i < a.size() && i < b.size(); i++)
+            if (std::isnan(a[i]) && std::isnan(b[i])) a[i] = b[i] = 0.0f;
+        return rel_err(a, b);
+    };
+    const double e_kp = pool_err(dev_pool_f32(d_kp), host_pool_f32(kp));
+    const double e_vp = pool_err(dev_pool_f32(d_vp), host_pool_f32(vp));
     EXPECT_LT(e_out, tol) << "forward output: " << worst(part(gp, 0, nq), part(cp, 0, nq), c.D, c.H) << " [family "
                           << oomb_cuda_paged_attn_last_family(0) << "]";
     {
@@ -733,6 +753,16 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         setenv("OOMB_PAGED_ATTN_FWDPIPE", "2", 1);
         EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDPIPE must be 0 or 1");
         unsetenv("OOMB_PAGED_ATTN_FWDPIPE");
+        setenv("OOMB_PAGED_ATTN_FWDWS", "3", 1);
+        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWS must be 0-2");
+        setenv("OOMB_PAGED_ATTN_FWDWS", "0", 1);
+        EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_ws, 0);
+        unsetenv("OOMB_PAGED_ATTN_FWDWS");
+        setenv("OOMB_PAGED_ATTN_DQBULK", "2", 1);
+        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_DQBULK must be 0 or 1");
+        unsetenv("OOMB_PAGED_ATTN_DQBULK");
+        EXPECT_TRUE(oomb_paged_attn_config_from_env().dq_bulk);
+        EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_ws, 1) << "the warp-specialised forward is the default";
         {
             const oomb_paged_attn_config e = oomb_paged_attn_config_from_env();
             EXPECT_EQ(e.wgmma, 1);
@@ -760,6 +790,11 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         {64, 128, 14, 2, 37, 118, B, 1, false},
         {64, 128, 14, 2, 37, 1100, B, 1, false},
         {64, 128, 14, 2, 5, 0, B, 1, false},
+        // NaN in the pool slots past the last position and in the spare pages: the last key tile's
+        // tail must weigh nothing (the warp-specialised forward zeroes it in shared memory)
+        {128, 128, 14, 2, 37, 1100, B, 1, false, OOMB_SCHEDULE_DENSE, -1, 0, -1, true},
+        {64, 128, 14, 2, 37, 1100, B, 1, false, OOMB_SCHEDULE_DENSE, -1, 0, -1, true},
+        {128, 128, 28, 4, 256, 0, B, 1, true, OOMB_SCHEDULE_DENSE, -1, 0, -1, true},
     };
     uint32_t seed = 777;
     const int settings[][2] = {{0, -1}, {0, 1}, {0, 3}, {1, -1}, {2, -1}};  // wgmma bits, split
@@ -767,6 +802,20 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.wgmma = st[0]; cf.split = st[1]; });
         SCOPED_TRACE("wgmma " + std::to_string(st[0]) + " split " + std::to_string(st[1]));
         printf("[ kernels ] config.wgmma = %d, config.split = %d\n", st[0], st[1]);
+        for (const Case & c : cases) run_case(c, seed++);
+    }
+    // the wgmma forward: the warp-specialised kernel's other stage counts, and the two-warpgroup
+    // kernel (config.fwd_ws 0; the default 1 ran above)
+    for (int ws : {2, 0}) {
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_ws = ws; cf.wgmma = 1; });
+        printf("[ kernels ] config.fwd_ws = %d, config.wgmma = 1\n", ws);
+        for (const Case & c : cases) run_case(c, seed++);
+    }
+    {
+        // the wgmma backward with dQ added by float2 atomics (config.dq_bulk 0; the default 1, bulk
+        // reductions from shared memory, ran above)
+        ConfigScope cs([](oomb_paged_attn_config & cf) { cf.dq_bulk = false; });
+        printf("[ kernels ] config.dq_bulk = 0\n");
         for (const Case & c : cases) run_case(c, seed++);
     }
     {

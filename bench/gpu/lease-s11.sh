@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The device calls of one H200 lease (2026-12-03, evening: issue 16's warp-specialised forward),
+# one part per call, chained without pauses. State in /tmp/keep between calls.
+#   start   unpack .devcarry/gpu-bins.tar.xz; test-cuda-paged-attn, test-cuda-sparse; the forward
+#           alone per kernel (OOMB_PAGED_ATTN_FWDWS 0: two-warpgroup wgmma, 1 and 2: warp-specialised
+#           with 2 / 3 K/V stages at head dim 128, 4 / 2 at 64) at 32K and 128K (7B layer) and 32K
+#           (0.5B layer), one call
+#   attn    bench_attn.py: ours (defaults) beside SDPA flash and cuDNN, 8K / 32K / 128K; the 0.5B
+#           layer fwd+bwd at 32K, FWDWS 1 vs 0
+#   e2e S   in the background: 7B --trainable linear dense 128K one step with FWDWS=1 and =0 (bf16
+#           attention cache), then 0.5B one chunk 32K beside HF (.devcarry/hf_baseline.py); wait S
+#   wait S  wait up to S seconds more for the background runs
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
+fwd_sweep() {  # label, bench args
+    local lab=$1; shift
+    for ws in 0 1 2; do
+        OOMB_PAGED_ATTN_FWDWS=$ws timeout 120 $B/oomb-bench-attn "$@" --fwd-only --reps 5 > $R/fwd-$lab-ws$ws.log 2>&1
+        echo "$lab FWDWS=$ws rc=$? $(grep '"seq"' $R/fwd-$lab-ws$ws.log | tr '\n' ' ')"
+    done
+}
+case $1 in
+start)
+    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
+    cat $K/bins-commit.txt; nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
+    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-paged-attn:400 test-cuda-sparse:120
+    grep -E "nan_tail|fwd_ws" $R/test-cuda-paged-attn.log | head -20
+    fwd_sweep 7b-32k --seq 32768
+    fwd_sweep 7b-128k --seq 131072
+    fwd_sweep 05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64 ;;
+attn)
+    PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --out $R 2>&1 | tee $R/attn-bench.log | grep -v "^running"
+    for ws in 1 0; do
+        OOMB_PAGED_ATTN_FWDWS=$ws timeout 120 $B/oomb-bench-attn --seq 32768 --heads 14 --kv-heads 2 --dim 64 --reps 3 > $R/05b-ws$ws.log 2>&1
+        echo "0.5B layer 32K fwd+bwd FWDWS=$ws rc=$? $(grep '"seq"' $R/05b-ws$ws.log)"
+    done ;;
+e2e)
+    python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<23, dtype=np.uint32).tofile('/tmp/rand.bin')"
+    mkdir -p $K/e2e
+    cat > $K/e2e.sh <<EOS
+cd $PWD
+for ws in 1 0; do
+  rm -rf /tmp/r7b
+  OOMB_PAGED_ATTN_FWDWS=\$ws OOMB_CUDA_PROFILE=1 timeout 300 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 \
+    --steps 1 --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
+    --attn-cache --attn-cache-type bf16 -o /tmp/r7b > $K/e2e/7b-128k-ws\$ws.log 2>&1
+  echo "7b 128K FWDWS=\$ws rc=\$?"; grep -E "^step|error|paged_attn" $K/e2e/7b-128k-ws\$ws.log | head -8
+done
+rm -rf /tmp/r05
+OOMB_CUDA_PROFILE=1 timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 4096 --page 128 --steps 2 --warmup 1 \
+  --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $K/e2e/05b-32k.log 2>&1
+echo "0.5b 32K rc=\$?"; grep -E "^step|error" $K/e2e/05b-32k.log
+PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 2 2>/dev/null | tail -1 | tee $K/e2e/hf-05b-32k.json
+EOS
+    setsid nohup bash $K/e2e.sh > $K/e2e.out 2>&1 < /dev/null &
+    echo $! > $K/e2e.pid; log "e2e started (pid $(cat $K/e2e.pid))"
+    end=$((SECONDS + ${2:-500}))
+    while alive $K/e2e.pid && [ $SECONDS -lt $end ]; do sleep 5; done
+    alive $K/e2e.pid && log "e2e still running" || log "e2e done"; cat $K/e2e.out; cp $K/e2e/* $R/ ;;
+wait)
+    end=$((SECONDS + ${2:-500}))
+    while alive $K/e2e.pid && [ $SECONDS -lt $end ]; do sleep 5; done
+    alive $K/e2e.pid && log "e2e still running" || log "e2e done"; cat $K/e2e.out; cp $K/e2e.out $K/e2e/* $R/ ;;
+*) echo "usage: $0 start | attn | e2e S | wait S"; exit 2 ;;
+esac

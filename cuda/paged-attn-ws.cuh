@@ -1,0 +1,198 @@
+// Paged attention forward on Hopper, warp-specialised (FlashAttention-3's structure, Shah et al.
+// 2024, sec. 3.1): a producer warpgroup loads K/V tiles with TMA through the page table while two
+// consumer warpgroups compute, and the consumers take turns on the tensor cores ("ping-pong").
+// Included by paged-attn.cu only.
+//
+// Why: the two-warpgroup kernel of paged-attn-wgmma.cuh (pa_fwd_wgmma_kernel) loads with cp.async
+// from every thread and meets at one block barrier per key tile, so both warpgroups run their
+// softmax at the same time and the tensor cores idle meanwhile (410 TFLOP/s at 128K, head dim 128,
+// against a bf16 matrix ceiling near 790). Here:
+//   - warpgroup 0 (setmaxnreg 24) is the producer: one thread walks the block's key tiles, looks up
+//     each tile's page and issues four (head dim 128; two at 64) TMA box loads of 64 dims x 128
+//     slots (the pools as a 4-d tensor map: dims, KV heads, slots, pages; 128-byte swizzle, the
+//     layout wgmma reads) into a ring of NS stages, each with a "full" mbarrier (transaction bytes)
+//     and an "empty" one (the 256 consumer threads release it);
+//   - warpgroups 1 and 2 (setmaxnreg 240) own 64 query rows each (the block: 128 rows of one GQA
+//     group, as pa_fwd_wgmma_kernel) and run, per key tile j: softmax(S_j) -> P_j, then one "GEMM
+//     phase" issuing O += P_j V_j and S_{j+1} = Q K_{j+1}^T together. The GEMM phases of the two
+//     warpgroups alternate through two named barriers, so one warpgroup's softmax runs under the
+//     other's products.
+// No wgmma is in flight while ordinary instructions touch its accumulators (the o rescale happens
+// in the softmax, after the phase's wait), so ptxas keeps the wgmmas asynchronous.
+// Keys past the block's last position in its last tile are whatever the pool holds there: each
+// consumer zeroes those V rows of the last tile before its O += P V (P is 0 there, and 0 * NaN
+// would be NaN); an unmapped page (page table < 0) is read at a page index outside the tensor map,
+// which TMA fills with zeros. Schedules: DENSE and RANGE (the range's shifted page table and
+// clamped positions, paged-attn.cu range_geom); page lists stay on pa_fwd_wgmma_kernel.
+#pragma once
+
+#include <cuda.h>
+
+#include "paged-attn-wgmma.cuh"
+#include "sm90.cuh"
+
+namespace {
+
+// NS: stages of the K/V ring (head dim 128: 2 fit twice over in 227 KB with q; 3 just fit).
+template <int D, int NS>
+struct FwdWS {
+    static constexpr int BM = 128, BN = 128, NT = 384;
+    static constexpr uint32_t tile_q = BM * D * 2, tile_kv = BN * D * 2;
+    static constexpr size_t smem = 1024 + tile_q + 2 * NS * tile_kv + BM * sizeof(int) + 2 * NS * sizeof(uint64_t);
+    static_assert(smem <= 232448 - 64, "shared memory per block");
+};
+
+// named barriers: the consumers' turns (1, 2), a consumer's own warpgroup (3, 4)
+enum { WS_BAR_TURN = 1, WS_BAR_WG = 3 };
+
+template <int D, int MODE, int NS>
+__global__ void __launch_bounds__(384, 1)
+    pa_fwd_ws_kernel(const FwdArgs a, const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV) {
+#ifdef OOMB_WGMMA
+    using namespace oomb_wgmma;
+    using namespace oomb_sm90;
+    using W = FwdWS<D, NS>;
+    constexpr int BM = W::BM, BN = W::BN, NT = W::NT;
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t raw_s = smem_u32(smem_raw);
+    const uint32_t base_s = (raw_s + 1023u) & ~1023u;
+    unsigned char * base = smem_raw + (base_s - raw_s);
+    bf16 * sQ = (bf16 *) base;                  // [D/64 halves][BM][64]
+    bf16 * sV = sQ + BM * D + NS * BN * D;      // [NS][D/64 halves][BN][64] (K: the NS tiles before)
+    int * sPos = (int *) (sV + NS * BN * D);    // [BM]
+    const uint32_t aQ = base_s, aK = aQ + W::tile_q, aV = aK + NS * W::tile_kv;
+    const uint32_t aFull = smem_u32(sPos + BM), aEmpty = aFull + NS * 8;  // [NS] mbarriers each
+    __shared__ int sMax, sMin;
+
+    const int g = blockIdx.y;
+    const int rt = gridDim.x - 1 - blockIdx.x;  // heaviest tiles (largest positions) first
+    const int TG = a.T * a.G;
+    const int r0 = rt * BM;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+
+    if (tid == 0) {
+        sMax = -1;
+        sMin = INT_MAX;
+        for (int st = 0; st < NS; st++) {
+            mbar_init(aFull + 8 * st, 1);
+            mbar_init(aEmpty + 8 * st, 256);
+        }
+        fence_mbar_init();
+    }
+    if (tid == 32) {
+        prefetch_tmap(&tmK);
+        prefetch_tmap(&tmV);
+    }
+    __syncthreads();
+    for (int i = tid; i < BM; i += NT) {
+        const int R = r0 + i;
+        int p = -1;
+        if (R < TG) {
+            p = a.pos[R / a.G];
+            atomicMax(&sMax, p);
+            atomicMin(&sMin, p);
+        }
+        sPos[i] = p;
+    }
+    fwd_load_q<D, BM, NT>(a, sQ, r0, g, tid);
+    fence_proxy_async();
+    __syncthreads();
+    const int maxp = sMax, minp = sMin;
+    if (maxp < 0) return;
+    const int n_tiles = maxp / BN + 1;
+
+    if (wg == 0) {
+        // producer
+        setmaxnreg_dec<24>();
+        if (tid == 0) {
+            for (int it = 0; it < n_tiles; it++) {
+                const int st = it % NS;
+                if (it >= NS) mbar_wait(aEmpty + 8 * st, ((it / NS) - 1) & 1);  // the consumers released tile it - NS
+                const int k0 = it * BN;
+                int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, k0);
+                if (pg < 0) pg = a.n_pages;  // past the tensor map's pages: the box reads zeros
+                const uint32_t bar = aFull + 8 * st;
+                mbar_arrive_expect_tx(bar, 2 * W::tile_kv);
+#pragma unroll
+                for (int h = 0; h < D / 64; h++) {
+                    tma_load_4d(aK + st * W::tile_kv + h * (BN * 128), &tmK, bar, h * 64, g, k0 % a.P, pg);
+                    tma_load_4d(aV + st * W::tile_kv + h * (BN * 128), &tmV, bar, h * 64, g, k0 % a.P, pg);
+                }
+            }
+        }
+        return;
+    }
+
+    // consumers: warpgroup cw owns rows 64 cw .. 64 cw + 63 of the block
+    setmaxnreg_inc<240>();
+    const int cw = wg - 1, ctid = tid & 127;
+    const int wrow = (warp - 4) * 16;  // this warp's first row in the block
+    float o[D / 2];
+    float m[2], l[2];
+    int lim[2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        m[hf] = -INFINITY;
+        l[hf] = 0.0f;
+        lim[hf] = sPos[wrow + (lane >> 2) + hf * 8];  // keys past the row's position are masked
+    }
+    const int bar_me = WS_BAR_TURN + cw, bar_other = WS_BAR_TURN + (cw ^ 1);
+
+    // S = Q K^T of tile it into s (issued)
+    auto issue_s = [&](float (&s)[BN / 2], int it) {
+        const uint32_t cK = aK + (it % NS) * W::tile_kv;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)
+            mma_ss_n128<0, 0>(s, desc_sw128(aQ + (kk >> 2) * (BM * 128) + cw * (64 * 128) + (kk & 3) * 32, 16, 1024),
+                              desc_sw128(cK + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+    };
+    // O += P V of tile it (issued)
+    auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], int it) {
+        const uint32_t cV = aV + (it % NS) * W::tile_kv;
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) mma_rs_nd<D>(o, pa[kk], desc_sw128(cV + kk * 2048, BN * 128, 1024), 1);
+    };
+
+    float s[BN / 2];
+    uint32_t pa[BN / 16][4];
+    if (cw == 1) bar_arrive(WS_BAR_TURN, 256);  // warpgroup 1 lets warpgroup 0 go first
+    mbar_wait(aFull, 0);
+    bar_sync(bar_me, 256);
+    wgmma_fence();
+    issue_s(s, 0);
+    wgmma_commit();
+    bar_arrive(bar_other, 256);
+    wgmma_wait<0>();
+    for (int it = 0; it < n_tiles; it++) {
+        const int k0 = it * BN;
+        if (it == n_tiles - 1 && k0 + BN - 1 > maxp) {
+            // the last tile's keys past maxp: zeros in V (both warpgroups write the same zeros)
+            bf16 * v = sV + (it % NS) * BN * D;
+            const int first = maxp + 1 - k0;
+            for (int idx = ctid; idx < (BN - first) * (D / 8); idx += 128)
+                *(uint4 *) (v + sw128<BN>(first + idx / (D / 8), idx % (D / 8))) = make_uint4(0, 0, 0, 0);
+            fence_proxy_async();
+            bar_sync(WS_BAR_WG + cw, 128);
+        }
+        fwd_softmax_tile<D, BN>(s, o, m, l, lim, k0, k0 + BN - 1 > minp, a.c, lane, pa);
+        const bool more = it + 1 < n_tiles;
+        if (more) mbar_wait(aFull + 8 * ((it + 1) % NS), ((it + 1) / NS) & 1);
+        bar_sync(bar_me, 256);
+        wgmma_fence();
+        issue_pv(pa, it);
+        if (more) issue_s(s, it + 1);
+        wgmma_commit();
+        bar_arrive(bar_other, 256);
+        wgmma_wait<0>();
+        mbar_arrive(aEmpty + 8 * (it % NS));
+    }
+    if (cw == 0) bar_sync(WS_BAR_TURN, 256);  // warpgroup 1's last turn hand-over
+    fwd_epilogue<D, MODE>(a, o, m, l, r0, wrow, g, lane);
+#else
+    __trap();
+#endif
+}
+
+} // namespace
