@@ -235,8 +235,11 @@ template <int D, int MODE, int NS> bool launch_fwd_ws(cudaStream_t stream, const
 // The warp-specialised forward (config.fwd_ws) where it can run; false: run another kernel.
 template <int MODE> bool fwd_ws(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
     switch (cfg().fwd_ws) {
-        case 1: return D == 128 ? launch_fwd_ws<128, MODE, 2>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4>(stream, a, Hkv);
-        case 2: return D == 128 ? launch_fwd_ws<128, MODE, 3>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 2>(stream, a, Hkv);
+        // stages: H200, forward alone (oomb-bench-attn, same call, affeb9c): head dim 128 at 32K / 128K
+        // 533 / 515 TFLOP/s with 3, 465 / 460 with 2 (the two-warpgroup kernel 381 / 396); head dim 64
+        // at 32K 304 with 4, 298 with 2 (two-warpgroup, two CTAs per SM: 275)
+        case 1: return D == 128 ? launch_fwd_ws<128, MODE, 3>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4>(stream, a, Hkv);
+        case 2: return D == 128 ? launch_fwd_ws<128, MODE, 2>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 2>(stream, a, Hkv);
         default: return false;
     }
 }

@@ -37,8 +37,8 @@ struct oomb_paged_attn_config {
     int occ64 = 1;          // OCC64 0-3: two CTAs per SM for the head-dim-64 wgmma kernels, bit 0 forward, bit 1 backward
     bool fwd_pipe = false;  // FWDPIPE 0/1: the head-dim-64 wgmma forward issuing the next tile's S before the softmax
     int fwd_ws = 1;         // FWDWS 0-2: the warp-specialised wgmma forward (paged-attn-ws.cuh: TMA producer, ping-pong
-                            //   consumers) for the dense and range schedules; 1: K/V stages 2 (head dim 128) / 4 (64);
-                            //   2: 3 / 2; 0: the two-warpgroup wgmma forward
+                            //   consumers) for the dense and range schedules; 1: K/V stages 3 (head dim 128) / 4 (64);
+                            //   2: 2 / 2; 0: the two-warpgroup wgmma forward
     bool dq_bulk = true;    // DQBULK 0/1: the wgmma backward stages each step's dQ tile in shared memory and adds it
                             //   with bulk async reductions (cp.reduce.async.bulk, a row each); 0: float2 atomics
     bool lists_range_fast = true;   // LISTS_RANGE_FAST 0/1: the LISTS_RANGE schedule (the offload's blocks of a sparse
