@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The device calls of one H200 lease (2026-12-03, evening: issue 16's warp-specialised forward),
 # one part per call, chained without pauses. State in /tmp/keep between calls.
-#   start   unpack .devcarry/gpu-bins.tar.xz; test-cuda-paged-attn, test-cuda-sparse; the forward
-#           alone per kernel (OOMB_PAGED_ATTN_FWDWS 0: two-warpgroup wgmma, 1 and 2: warp-specialised
-#           with 2 / 3 K/V stages at head dim 128, 4 / 2 at 64) at 32K and 128K (7B layer) and 32K
-#           (0.5B layer), one call
+#   start   unpack .devcarry/gpu-bins.tar.xz; test-cuda-paged-attn, test-cuda-sparse; (SWEEP=1) the
+#           forward alone per kernel (OOMB_PAGED_ATTN_FWDWS 0: two-warpgroup wgmma, 1 and 2:
+#           warp-specialised, K/V stages) at 32K and 128K (7B layer) and 32K (0.5B layer); fwd+bwd
+#           with the backward's dQ by bulk reductions vs atomics (OOMB_PAGED_ATTN_DQBULK 1 / 0)
 #   attn    bench_attn.py: ours (defaults) beside SDPA flash and cuDNN, 8K / 32K / 128K; the 0.5B
 #           layer fwd+bwd at 32K, FWDWS 1 vs 0
 #   e2e S   in the background: 7B --trainable linear dense 128K one step with FWDWS=1 and =0 (bf16
@@ -25,9 +25,17 @@ start)
     export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
     tests test-cuda-paged-attn:400 test-cuda-sparse:120
     grep -E "nan_tail|fwd_ws" $R/test-cuda-paged-attn.log | head -20
-    fwd_sweep 7b-32k --seq 32768
-    fwd_sweep 7b-128k --seq 131072
-    fwd_sweep 05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64 ;;
+    if [ -n "${SWEEP:-}" ]; then
+        fwd_sweep 7b-32k --seq 32768
+        fwd_sweep 7b-128k --seq 131072
+        fwd_sweep 05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64
+    fi
+    for args in "--seq 32768" "--seq 131072" "--seq 32768 --heads 14 --kv-heads 2 --dim 64"; do
+        for qb in 1 0; do
+            OOMB_PAGED_ATTN_DQBULK=$qb timeout 120 $B/oomb-bench-attn $args --reps 3 > $K/bwd.log 2>&1
+            echo "$args DQBULK=$qb rc=$? $(grep '"seq"' $K/bwd.log)"
+        done
+    done ;;
 attn)
     PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --out $R 2>&1 | tee $R/attn-bench.log | grep -v "^running"
     for ws in 1 0; do
