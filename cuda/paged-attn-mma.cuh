@@ -300,8 +300,6 @@ struct BwdArgs {
     float * dq;                               // [T][H][D] f32, accumulated with atomics
     int nsplit;                               // blocks per key tile (blockIdx.z): each takes every
                                               // nsplit-th row tile; > 1: dK/dV added with atomics
-    int dq_bulk;                              // wgmma backward: each step's dQ tile staged in shared memory
-                                              // and added by bulk async reductions, one per row (else atomics)
     PaLists lists;                            // LISTS kernels only (paged-attn-lists.cuh)
 };
 

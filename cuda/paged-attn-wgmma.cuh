@@ -4,7 +4,7 @@
 #pragma once
 
 #include "paged-attn-mma.cuh"
-#include "sm90.cuh"
+#include "wgmma.cuh"
 
 namespace {
 
@@ -29,10 +29,7 @@ template <int D>
 struct BwdW {
     static constexpr int BN = 128, BM = 64, NT = 256;
     static constexpr uint32_t tile_kv = BN * D * 2, tile_q = BM * D * 2, tile_ds = BN * BM * 2;
-    // dQ staging (args.dq_bulk): per warpgroup BM rows of D/2 f32 columns, rows padded by 32 bytes
-    // (the accumulator's float2 stores: 8 rows of a warp then fall in different banks)
-    static constexpr uint32_t dq_pitch = D / 2 * 4 + 32, tile_dq = BM * dq_pitch;
-    static constexpr size_t smem = 1024 + 2 * tile_kv + 4 * tile_q + tile_ds + 2 * tile_dq + 6 * BM * sizeof(float);
+    static constexpr size_t smem = 1024 + 2 * tile_kv + 4 * tile_q + tile_ds + 6 * BM * sizeof(float);
 };
 
 // D[64 x D] (+)= A (registers) * B (smem, MN-major): the n64 or n128 instruction
@@ -67,8 +64,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     bf16 * sQ = sV + BN * D;          // [2 bufs][BM * D]
     bf16 * sdO = sQ + 2 * BM * D;     // [2 bufs][BM * D]
     bf16 * sdS = sdO + 2 * BM * D;    // [BN][BM]
-    float * sdQ = (float *) (sdS + BN * BM);  // [2 warpgroups][BM rows][dq_pitch bytes] (args.dq_bulk)
-    float * sL = (float *) ((unsigned char *) sdQ + 2 * W::tile_dq); // [2][BM]
+    float * sL = (float *) (sdS + BN * BM); // [2][BM]
     float * sDl = sL + 2 * BM;              // [2][BM]
     int * sRp = (int *) (sDl + 2 * BM);     // [2][BM]
     const uint32_t aK = base_s, aV = aK + W::tile_kv, aQ = aV + W::tile_kv, adO = aQ + 2 * W::tile_q, adS = adO + 2 * W::tile_q;
@@ -225,7 +221,6 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         // descriptor start is still 1024-byte aligned up to those 64 bytes: base offset 0).
         constexpr int NQ = D / 2;
         float dqa[NQ / 2];
-        if (a.dq_bulk && (tid & 127) < BM) oomb_sm90::bulk_wait_read<0>();  // the previous step's dQ rows were read
         __syncthreads();
         wgmma_fence();
         const uint32_t kq = D == 128 ? wg * W::tile_kv / 2 : wg * 64;
@@ -238,26 +233,8 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         wgmma_commit();
         wgmma_wait<0>();
         const int dq_col0 = wg * NQ;
-        if (a.dq_bulk) {
-            // the warpgroup's dQ tile to shared memory, then one bulk reduction per row (row = (warp & 3) 16 + lane / 4 + 8 hf)
-            unsigned char * tq = (unsigned char *) sdQ + wg * W::tile_dq;
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                float * row = (float *) (tq + ((warp & 3) * 16 + (lane >> 2) + hf * 8) * W::dq_pitch) + (lane & 3) * 2;
-#pragma unroll
-                for (int nb = 0; nb < NQ / 8; nb++) *(float2 *) (row + nb * 8) = make_float2(dqa[4 * nb + hf * 2], dqa[4 * nb + hf * 2 + 1]);
-            }
-            fence_proxy_async();
-            oomb_sm90::bar_sync(1 + wg, 128);
-            const int r = tid & 127, R = j * BM + r;
-            if (r < BM && R < TG) {
-                const int t = R / a.G, h = g * a.G + R % a.G;
-                oomb_sm90::bulk_reduce_add_f32(a.dq + ((int64_t) t * a.H + h) * D + dq_col0, smem_u32(tq + r * W::dq_pitch), NQ * 4);
-            }
-            if (r < BM) oomb_sm90::bulk_commit();
-        }
-#pragma unroll
-        for (int hf = 0; hf < 2 && !a.dq_bulk; hf++) {
+        for (int hf = 0; hf < 2; hf++) {
             const int R = j * BM + (warp & 3) * 16 + (lane >> 2) + hf * 8;
             if (R < TG) {
                 const int t = R / a.G, h = g * a.G + R % a.G;
@@ -274,7 +251,6 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         buf ^= 1;
     }
     cp_async_wait<0>();
-    if (a.dq_bulk && (tid & 127) < BM) oomb_sm90::bulk_wait_read<0>();  // (the CTA's shared memory must outlive the reads)
 
     const uint32_t sk = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_k, a.gsr.pos[0]) : 0u;  // bf16 gradient pages
     const uint32_t sv = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_v, a.gsr.pos[0]) : 0u;

@@ -23,7 +23,10 @@
 // consumer zeroes those V rows of the last tile before its O += P V (P is 0 there, and 0 * NaN
 // would be NaN); an unmapped page (page table < 0) is read at a page index outside the tensor map,
 // which TMA fills with zeros. Schedules: DENSE and RANGE (the range's shifted page table and
-// clamped positions, paged-attn.cu range_geom); page lists stay on pa_fwd_wgmma_kernel.
+// clamped positions, paged-attn.cu range_geom), and with LISTS the page-list schedules (LISTS,
+// LISTS_RANGE: the block walks its row tile's union of history pages, then the current region,
+// FwdListsTiles of paged-attn-lists.cuh, as pa_fwd_wgmma_kernel; the producer and the consumers
+// walk the same tile sequence).
 #pragma once
 
 #include <cuda.h>
@@ -45,7 +48,7 @@ struct FwdWS {
 // named barriers: the consumers' turns (1, 2), a consumer's own warpgroup (3, 4)
 enum { WS_BAR_TURN = 1, WS_BAR_WG = 3 };
 
-template <int D, int MODE, int NS>
+template <int D, int MODE, int NS, bool LISTS = false>
 __global__ void __launch_bounds__(384, 1)
     pa_fwd_ws_kernel(const FwdArgs a, const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV) {
 #ifdef OOMB_WGMMA
@@ -99,7 +102,13 @@ __global__ void __launch_bounds__(384, 1)
     __syncthreads();
     const int maxp = sMax, minp = sMin;
     if (maxp < 0) return;
-    const int n_tiles = maxp / BN + 1;
+    FwdListsTiles lt;  // LISTS: the union's history tiles, then the current region's
+    if constexpr (LISTS) lt.init(a.lists, a.P, BN, rt, minp, maxp);
+    const int n_tiles = LISTS ? lt.n_tiles(maxp) : maxp / BN + 1;
+    auto tile_k0 = [&](int tile) -> int {
+        if constexpr (!LISTS) return tile * BN;
+        else return lt.k0(tile);
+    };
 
     if (wg == 0) {
         // producer
@@ -108,7 +117,7 @@ __global__ void __launch_bounds__(384, 1)
             for (int it = 0; it < n_tiles; it++) {
                 const int st = it % NS;
                 if (it >= NS) mbar_wait(aEmpty + 8 * st, ((it / NS) - 1) & 1);  // the consumers released tile it - NS
-                const int k0 = it * BN;
+                const int k0 = tile_k0(it);
                 int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, k0);
                 if (pg < 0) pg = a.n_pages;  // past the tensor map's pages: the box reads zeros
                 const uint32_t bar = aFull + 8 * st;
@@ -166,17 +175,28 @@ __global__ void __launch_bounds__(384, 1)
     bar_arrive(bar_other, 256);
     wgmma_wait<0>();
     for (int it = 0; it < n_tiles; it++) {
-        const int k0 = it * BN;
+        const int k0 = tile_k0(it);
         if (it == n_tiles - 1 && k0 + BN - 1 > maxp) {
-            // the last tile's keys past maxp: zeros in V (both warpgroups write the same zeros)
+            // the last tile (the largest keys) past maxp: zeros in V (both warpgroups write the same
+            // zeros); LISTS: a block without a current tile walks one tile past maxp, all of it
             bf16 * v = sV + (it % NS) * BN * D;
-            const int first = maxp + 1 - k0;
+            const int first = max(maxp + 1 - k0, 0);
             for (int idx = ctid; idx < (BN - first) * (D / 8); idx += 128)
                 *(uint4 *) (v + sw128<BN>(first + idx / (D / 8), idx % (D / 8))) = make_uint4(0, 0, 0, 0);
             fence_proxy_async();
             bar_sync(WS_BAR_WG + cw, 128);
         }
-        fwd_softmax_tile<D, BN>(s, o, m, l, lim, k0, k0 + BN - 1 > minp, a.c, lane, pa);
+        // LISTS history tile: every key is before every row; a row sees all of it or none
+        const bool hist = LISTS && lt.hist(it);
+        int lim_t[2] = {lim[0], lim[1]};
+        if constexpr (LISTS) {
+            if (hist) {
+                const int4 ue = lt.uni[it / lt.tpp];
+                lim_t[0] = lt.hist_lim(ue, lim[0]);
+                lim_t[1] = lt.hist_lim(ue, lim[1]);
+            }
+        }
+        fwd_softmax_tile<D, BN>(s, o, m, l, lim_t, k0, hist || k0 + BN - 1 > minp, a.c, lane, pa);
         const bool more = it + 1 < n_tiles;
         if (more) mbar_wait(aFull + 8 * ((it + 1) % NS), ((it + 1) / NS) & 1);
         bar_sync(bar_me, 256);

@@ -219,27 +219,27 @@ bool kv_tensor_maps(const FwdArgs & a, int D, int Hkv, CUtensorMap * tk, CUtenso
     return true;
 }
 
-template <int D, int MODE, int NS> bool launch_fwd_ws(cudaStream_t stream, const FwdArgs & a, int Hkv) {
+template <int D, int MODE, int NS, bool LISTS> bool launch_fwd_ws(cudaStream_t stream, const FwdArgs & a, int Hkv) {
     using W = FwdWS<D, NS>;
     static_assert(W::BM == FwdW<D, false>::BM && W::BN == FwdW<D, false>::BN, "the same tiles as the two-warpgroup forward");
     CUtensorMap tk, tv;
     if (!kv_tensor_maps(a, D, Hkv, &tk, &tv)) return false;
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_fwd_ws_kernel<D, MODE, NS>, W::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_fwd_ws_kernel<D, MODE, NS, LISTS>, W::smem); attr_set = true; }
     dim3 grid((a.T * a.G + W::BM - 1) / W::BM, Hkv);
-    pa_fwd_ws_kernel<D, MODE, NS><<<grid, W::NT, W::smem, stream>>>(a, tk, tv);
+    pa_fwd_ws_kernel<D, MODE, NS, LISTS><<<grid, W::NT, W::smem, stream>>>(a, tk, tv);
     PA_LAUNCH_CHECK();
     return true;
 }
 
 // The warp-specialised forward (config.fwd_ws) where it can run; false: run another kernel.
-template <int MODE> bool fwd_ws(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
+template <int MODE, bool LISTS> bool fwd_ws(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
     switch (cfg().fwd_ws) {
         // stages: H200, forward alone (oomb-bench-attn, same call, affeb9c): head dim 128 at 32K / 128K
         // 533 / 515 TFLOP/s with 3, 465 / 460 with 2 (the two-warpgroup kernel 381 / 396); head dim 64
         // at 32K 304 with 4, 298 with 2 (two-warpgroup, two CTAs per SM: 275)
-        case 1: return D == 128 ? launch_fwd_ws<128, MODE, 3>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4>(stream, a, Hkv);
-        case 2: return D == 128 ? launch_fwd_ws<128, MODE, 2>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 2>(stream, a, Hkv);
+        case 1: return D == 128 ? launch_fwd_ws<128, MODE, 3, LISTS>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4, LISTS>(stream, a, Hkv);
+        case 2: return D == 128 ? launch_fwd_ws<128, MODE, 2, LISTS>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 2, LISTS>(stream, a, Hkv);
         default: return false;
     }
 }
@@ -279,6 +279,7 @@ void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
 template <int MODE>
 void fwd_fast_lists(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
     if (fwd_wgmma(D, a.P)) {
+        if (fwd_ws<MODE, true>(stream, a, D, Hkv)) return;
         // one CTA per SM at head dim 64 (config.occ64 ignored: capped at 128 registers the LISTS
         // variant spills 212 bytes, ptxas)
         if (D == 128) launch_fwd_wgmma<128, MODE, false, 1, true>(stream, a, Hkv);
@@ -299,7 +300,7 @@ void fwd_fast(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
         return;
     }
     if (fwd_wgmma(D, a.P)) {
-        if (fwd_ws<MODE>(stream, a, D, Hkv)) return;
+        if (fwd_ws<MODE, false>(stream, a, D, Hkv)) return;
         if (D == 128) launch_fwd_wgmma<128, MODE, false, 1>(stream, a, Hkv);
         else if (fwd_pipe(D)) launch_fwd_wgmma<64, MODE, true, 1>(stream, a, Hkv);
         else if (occ64_bits() & 1) launch_fwd_wgmma<64, MODE, false, 2>(stream, a, Hkv);
@@ -503,7 +504,6 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     c.split = env_int("OOMB_PAGED_ATTN_SPLIT", c.split);
     if ((d = env_digit("OOMB_PAGED_ATTN_OCC64", 3, "0-3 (bit 0: forward, bit 1: backward with two CTAs per SM)")) >= 0) c.occ64 = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDPIPE", 1, "0 or 1")) >= 0) c.fwd_pipe = d == 1;
-    if ((d = env_digit("OOMB_PAGED_ATTN_DQBULK", 1, "0 or 1")) >= 0) c.dq_bulk = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDWS", 2, "0-2 (0: the two-warpgroup wgmma forward, 1 or 2: warp-specialised, K/V stages)")) >= 0) c.fwd_ws = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_LISTS_RANGE_FAST", 1, "0 or 1")) >= 0) c.lists_range_fast = d == 1;
     return c;
@@ -772,7 +772,6 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             a.T = G.T; a.H = G.H; a.G = G.G; a.TGp = TGp;
             a.c = A.scale * kLog2e; a.scale = A.scale;
             a.dq = dq;
-            a.dq_bulk = cfg().dq_bulk && aligned16(dq);  // wgmma kernels only (bulk reductions need 16-byte rows)
             a.lists = L;
             const int n_key_tiles = (int) ((n_keys_k + BN - 1) / BN);
             // bf16 gradient pages: one block per key tile owns its rows (read-add-round, no atomics)

@@ -39,13 +39,11 @@ struct oomb_paged_attn_config {
     int fwd_ws = 1;         // FWDWS 0-2: the warp-specialised wgmma forward (paged-attn-ws.cuh: TMA producer, ping-pong
                             //   consumers) for the dense and range schedules; 1: K/V stages 3 (head dim 128) / 4 (64);
                             //   2: 2 / 2; 0: the two-warpgroup wgmma forward
-    bool dq_bulk = true;    // DQBULK 0/1: the wgmma backward stages each step's dQ tile in shared memory and adds it
-                            //   with bulk async reductions (cp.reduce.async.bulk, a row each); 0: float2 atomics
     bool lists_range_fast = true;   // LISTS_RANGE_FAST 0/1: the LISTS_RANGE schedule (the offload's blocks of a sparse
                             //   history) on the tensor-core kernels (their LISTS variants); 0: the generic kernels
 };
 /// The defaults overridden by the OOMB_PAGED_ATTN_* variables that are set (GENERIC: set at all;
-/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-2; FWDPIPE, DQBULK, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
+/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-2; FWDPIPE, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
 /// FWD64, BWD64, SPLIT: an integer, as atoi).
 oomb_paged_attn_config oomb_paged_attn_config_from_env();
 /// The configuration the kernels use: oomb_paged_attn_config_from_env() read at the first call,

@@ -47,14 +47,6 @@ __device__ __forceinline__ void prefetch_tmap(const void * tmap) { asm volatile(
 // arrived, counting itself; bar_arrive counts without waiting.
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-// Bulk async reduction: global f32 [dst, dst + bytes) += shared [src, src + bytes) (both 16-byte
-// aligned, bytes a multiple of 16), in the thread's bulk group; commit, then wait until the reads
-// of the shared source are done (the buffer may be written again) for all but n groups.
-__device__ __forceinline__ void bulk_reduce_add_f32(float * dst, uint32_t src, uint32_t bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
 // Register reallocation between the warpgroups of a CTA (every warp of the warpgroup executes it).
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }

@@ -758,10 +758,6 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         setenv("OOMB_PAGED_ATTN_FWDWS", "0", 1);
         EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_ws, 0);
         unsetenv("OOMB_PAGED_ATTN_FWDWS");
-        setenv("OOMB_PAGED_ATTN_DQBULK", "2", 1);
-        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_DQBULK must be 0 or 1");
-        unsetenv("OOMB_PAGED_ATTN_DQBULK");
-        EXPECT_TRUE(oomb_paged_attn_config_from_env().dq_bulk);
         EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_ws, 1) << "the warp-specialised forward is the default";
         {
             const oomb_paged_attn_config e = oomb_paged_attn_config_from_env();
@@ -809,13 +805,6 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
     for (int ws : {2, 0}) {
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_ws = ws; cf.wgmma = 1; });
         printf("[ kernels ] config.fwd_ws = %d, config.wgmma = 1\n", ws);
-        for (const Case & c : cases) run_case(c, seed++);
-    }
-    {
-        // the wgmma backward with dQ added by float2 atomics (config.dq_bulk 0; the default 1, bulk
-        // reductions from shared memory, ran above)
-        ConfigScope cs([](oomb_paged_attn_config & cf) { cf.dq_bulk = false; });
-        printf("[ kernels ] config.dq_bulk = 0\n");
         for (const Case & c : cases) run_case(c, seed++);
     }
     {
@@ -955,6 +944,13 @@ TEST(CudaPagedAttn, ListsFastKernels) {
         printf("[ kernels ] page lists, config.split = 3\n");
         for (int i = 0; i < 3; i++) run_case(cases[i], seed++);
     }
+    // the wgmma forward's other variants on page lists (the default above: warp-specialised, 1):
+    // the two-warpgroup kernel and the warp-specialised one with 2 K/V stages
+    for (int ws : {0, 2}) {
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_ws = ws; cf.wgmma = 1; });
+        printf("[ kernels ] page lists, config.fwd_ws = %d\n", ws);
+        for (const Case & c : cases) run_case(c, seed++);
+    }
 #endif
 }
 
@@ -1017,6 +1013,12 @@ TEST(CudaPagedAttn, ListsRangeFastKernels) {
         ConfigScope cs([](oomb_paged_attn_config & cf) { cf.split = 3; cf.lists_range_fast = true; });
         printf("[ kernels ] page lists in a window, config.split = 3\n");
         for (int i = 0; i < 5; i++) run_case(cases[i], seed++);
+    }
+    {
+        // the two-warpgroup wgmma forward (the default above: warp-specialised)
+        ConfigScope cs([](oomb_paged_attn_config & cf) { cf.fwd_ws = 0; cf.wgmma = 1; cf.lists_range_fast = true; });
+        printf("[ kernels ] page lists in a window, config.fwd_ws = 0\n");
+        for (const Case & c : cases) run_case(c, seed++);
     }
     {
         // switch off (the default): the same schedule on the generic kernels (the family check)

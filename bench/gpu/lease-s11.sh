@@ -3,12 +3,13 @@
 # one part per call, chained without pauses. State in /tmp/keep between calls.
 #   start   unpack .devcarry/gpu-bins.tar.xz; test-cuda-paged-attn, test-cuda-sparse; (SWEEP=1) the
 #           forward alone per kernel (OOMB_PAGED_ATTN_FWDWS 0: two-warpgroup wgmma, 1 and 2:
-#           warp-specialised, K/V stages) at 32K and 128K (7B layer) and 32K (0.5B layer); fwd+bwd
-#           with the backward's dQ by bulk reductions vs atomics (OOMB_PAGED_ATTN_DQBULK 1 / 0)
+#           warp-specialised, K/V stages) at 32K and 128K (7B layer) and 32K (0.5B layer)
+#           (an earlier version of this part compared the backward's dQ by bulk reductions: removed)
 #   attn    bench_attn.py: ours (defaults) beside SDPA flash and cuDNN, 8K / 32K / 128K; the 0.5B
 #           layer fwd+bwd at 32K, FWDWS 1 vs 0
-#   e2e S   in the background: 7B --trainable linear dense 128K one step with FWDWS=1 and =0 (bf16
-#           attention cache), then 0.5B one chunk 32K beside HF (.devcarry/hf_baseline.py); wait S
+#   e2e S   in the background: 7B --trainable linear 128K one step, dense and sparse 64 pages, with
+#           FWDWS=1 and =0 (bf16 attention cache), then 0.5B one chunk 32K beside HF
+#           (.devcarry/hf_baseline.py); wait S
 #   wait S  wait up to S seconds more for the background runs
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
 fwd_sweep() {  # label, bench args
@@ -30,12 +31,7 @@ start)
         fwd_sweep 7b-128k --seq 131072
         fwd_sweep 05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64
     fi
-    for args in "--seq 32768" "--seq 131072" "--seq 32768 --heads 14 --kv-heads 2 --dim 64"; do
-        for qb in 1 0; do
-            OOMB_PAGED_ATTN_DQBULK=$qb timeout 120 $B/oomb-bench-attn $args --reps 3 > $K/bwd.log 2>&1
-            echo "$args DQBULK=$qb rc=$? $(grep '"seq"' $K/bwd.log)"
-        done
-    done ;;
+    ;;
 attn)
     PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --out $R 2>&1 | tee $R/attn-bench.log | grep -v "^running"
     for ws in 1 0; do
@@ -48,11 +44,14 @@ e2e)
     cat > $K/e2e.sh <<EOS
 cd $PWD
 for ws in 1 0; do
-  rm -rf /tmp/r7b
-  OOMB_PAGED_ATTN_FWDWS=\$ws OOMB_CUDA_PROFILE=1 timeout 300 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 \
-    --steps 1 --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
-    --attn-cache --attn-cache-type bf16 -o /tmp/r7b > $K/e2e/7b-128k-ws\$ws.log 2>&1
-  echo "7b 128K FWDWS=\$ws rc=\$?"; grep -E "^step|error|paged_attn" $K/e2e/7b-128k-ws\$ws.log | head -8
+  for sp in dense sparse64; do
+    extra=""; [ \$sp = sparse64 ] && extra="--sparse-pages 64 --sparse-score mean --sparse-sink 0 --sparse-local 0"
+    rm -rf /tmp/r7b
+    OOMB_PAGED_ATTN_FWDWS=\$ws OOMB_CUDA_PROFILE=1 timeout 300 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 \
+      --steps 1 --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
+      --offload off --attn-cache --attn-cache-type bf16 \$extra -o /tmp/r7b > $K/e2e/7b-128k-\$sp-ws\$ws.log 2>&1
+    echo "7b 128K \$sp FWDWS=\$ws rc=\$?"; grep -E "^step|error|paged_attn" $K/e2e/7b-128k-\$sp-ws\$ws.log | head -8
+  done
 done
 rm -rf /tmp/r05
 OOMB_CUDA_PROFILE=1 timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 4096 --page 128 --steps 2 --warmup 1 \
