@@ -330,13 +330,14 @@ __device__ __forceinline__ void fwd_load_q(const FwdArgs & a, bf16 * sQ, int r0,
     }
 }
 
-// Online softmax of one key tile (keys k0 .. k0 + BN - 1) for a warpgroup's 64 rows: s = S (raw
-// products) in, scaled by c (scale * log2 e) and masked (keys > lim[hf] of the thread's row hf get
-// -inf when need_mask); m, l: running max and sum (log2 units); o rescaled by exp2(m_old - m_new);
-// P = exp2(s - m) out as bf16 A fragments pa for O += P V. Call with no wgmma writing o or s in flight.
-template <int D, int BN>
-__device__ __forceinline__ void fwd_softmax_tile(float (&s)[BN / 2], float (&o)[D / 2], float (&m)[2], float (&l)[2], const int (&lim)[2],
-                                                 int k0, bool need_mask, float c, int lane, uint32_t (&pa)[BN / 16][4]) {
+// Online softmax of one key tile (keys k0 .. k0 + BN - 1) for a warpgroup's 64 rows, without o:
+// s = S (raw products) in, scaled by c (scale * log2 e) and masked (keys > lim[hf] of the thread's
+// row hf get -inf when need_mask), P = exp2(s - m) out in place; m, l: running max and sum (log2
+// units), updated; corr[hf] = exp2(m_old - m_new), the factor o must be rescaled by before O += P V.
+// Writes only s and the row statistics: it may run while an O += P V is in flight.
+template <int BN>
+__device__ __forceinline__ void fwd_softmax_p(float (&s)[BN / 2], float (&m)[2], float (&l)[2], const int (&lim)[2], int k0, bool need_mask,
+                                              float c, int lane, float (&corr)[2]) {
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float mx = -INFINITY;
@@ -357,7 +358,7 @@ __device__ __forceinline__ void fwd_softmax_tile(float (&s)[BN / 2], float (&o)[
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float mnew = fmaxf(m[hf], mx);
         const float muse = mnew == -INFINITY ? 0.0f : mnew;
-        const float corr = ex2(m[hf] - muse);
+        corr[hf] = ex2(m[hf] - muse);
         m[hf] = mnew;
         float rs = 0.0f;
 #pragma unroll
@@ -369,10 +370,12 @@ __device__ __forceinline__ void fwd_softmax_tile(float (&s)[BN / 2], float (&o)[
                 rs += p;
             }
         }
-        l[hf] = l[hf] * corr + rs;
-#pragma unroll
-        for (int nb = 0; nb < D / 8; nb++) { o[4 * nb + hf * 2] *= corr; o[4 * nb + hf * 2 + 1] *= corr; }
+        l[hf] = l[hf] * corr[hf] + rs;
     }
+}
+
+// P (s after fwd_softmax_p) as bf16 A fragments for O += P V.
+template <int BN> __device__ __forceinline__ void fwd_pack_p(const float (&s)[BN / 2], uint32_t (&pa)[BN / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) {
         pa[kk][0] = pack_bf16(s[8 * kk + 0], s[8 * kk + 1]);
@@ -380,6 +383,26 @@ __device__ __forceinline__ void fwd_softmax_tile(float (&s)[BN / 2], float (&o)[
         pa[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
         pa[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
     }
+}
+
+// o (a warpgroup's 64 x D accumulator) rescaled by corr of its rows (hf = 0, 1).
+template <int D> __device__ __forceinline__ void fwd_rescale_o(float (&o)[D / 2], const float (&corr)[2]) {
+#pragma unroll
+    for (int nb = 0; nb < D / 8; nb++) {
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) { o[4 * nb + hf * 2] *= corr[hf]; o[4 * nb + hf * 2 + 1] *= corr[hf]; }
+    }
+}
+
+// The whole online-softmax step of one key tile: fwd_softmax_p, then o rescaled. Call with no wgmma
+// writing o or s in flight.
+template <int D, int BN>
+__device__ __forceinline__ void fwd_softmax_tile(float (&s)[BN / 2], float (&o)[D / 2], float (&m)[2], float (&l)[2], const int (&lim)[2],
+                                                 int k0, bool need_mask, float c, int lane, uint32_t (&pa)[BN / 16][4]) {
+    float corr[2];
+    fwd_softmax_p<BN>(s, m, l, lim, k0, need_mask, c, lane, corr);
+    fwd_pack_p<BN>(s, pa);
+    fwd_rescale_o<D>(o, corr);
 }
 
 // The forward's epilogue for a warp's 16 rows (block rows row0 .. row0 + 15 of the tile at r0):

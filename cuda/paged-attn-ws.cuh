@@ -48,7 +48,12 @@ struct FwdWS {
 // named barriers: the consumers' turns (1, 2), a consumer's own warpgroup (3, 4)
 enum { WS_BAR_TURN = 1, WS_BAR_WG = 3 };
 
-template <int D, int MODE, int NS, bool LISTS = false>
+// OVL: FlashAttention-3's intra-warpgroup overlap on top (sec. 3.2): a GEMM phase issues S_{j+1}
+// first and O += P_j V_j second and waits for S_{j+1} only, so the softmax of tile j + 1 (which
+// writes only s and the row statistics) runs while P_j V_j is in flight; P is packed into its
+// fragments and o rescaled after that product completes (as FA3: no register an in-flight wgmma
+// reads is written, or ptxas serializes the wgmmas, C7513).
+template <int D, int MODE, int NS, bool LISTS = false, bool OVL = false>
 __global__ void __launch_bounds__(384, 1)
     pa_fwd_ws_kernel(const FwdArgs a, const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV) {
 #ifdef OOMB_WGMMA
@@ -174,7 +179,9 @@ __global__ void __launch_bounds__(384, 1)
     wgmma_commit();
     bar_arrive(bar_other, 256);
     wgmma_wait<0>();
-    for (int it = 0; it < n_tiles; it++) {
+    // tile it: S_it in s (complete); the zeroed V tail of the last tile; the softmax (P in s, the row
+    // statistics, corr). OVL: O += P_{it-1} V_{it-1} may be in flight meanwhile (it reads pa and o).
+    auto softmax = [&](int it, float (&corr)[2]) {
         const int k0 = tile_k0(it);
         if (it == n_tiles - 1 && k0 + BN - 1 > maxp) {
             // the last tile (the largest keys) past maxp: zeros in V (both warpgroups write the same
@@ -196,17 +203,54 @@ __global__ void __launch_bounds__(384, 1)
                 lim_t[1] = lt.hist_lim(ue, lim[1]);
             }
         }
-        fwd_softmax_tile<D, BN>(s, o, m, l, lim_t, k0, hist || k0 + BN - 1 > minp, a.c, lane, pa);
-        const bool more = it + 1 < n_tiles;
-        if (more) mbar_wait(aFull + 8 * ((it + 1) % NS), ((it + 1) / NS) & 1);
+        fwd_softmax_p<BN>(s, m, l, lim_t, k0, hist || k0 + BN - 1 > minp, a.c, lane, corr);
+    };
+    float corr[2];
+    if constexpr (!OVL) {
+        for (int it = 0; it < n_tiles; it++) {
+            softmax(it, corr);
+            fwd_pack_p<BN>(s, pa);
+            fwd_rescale_o<D>(o, corr);
+            const bool more = it + 1 < n_tiles;
+            if (more) mbar_wait(aFull + 8 * ((it + 1) % NS), ((it + 1) / NS) & 1);
+            bar_sync(bar_me, 256);
+            wgmma_fence();
+            issue_pv(pa, it);
+            if (more) issue_s(s, it + 1);
+            wgmma_commit();
+            bar_arrive(bar_other, 256);
+            wgmma_wait<0>();
+            mbar_arrive(aEmpty + 8 * (it % NS));
+        }
+    } else {
+        // every tile but the last: the same two commit groups in each (ptxas then proves that
+        // wait_group 1 leaves only O += P V in flight; a conditional S made it serialize, C7514)
+        for (int it = 0; it < n_tiles - 1; it++) {
+            softmax(it, corr);
+            wgmma_wait<0>();  // O += P_{it-1} V_{it-1} complete: pa and o are free
+            if (it > 0) mbar_arrive(aEmpty + 8 * ((it - 1) % NS));
+            fwd_pack_p<BN>(s, pa);
+            fwd_rescale_o<D>(o, corr);
+            mbar_wait(aFull + 8 * ((it + 1) % NS), ((it + 1) / NS) & 1);
+            bar_sync(bar_me, 256);
+            wgmma_fence();
+            issue_s(s, it + 1);
+            wgmma_commit();
+            issue_pv(pa, it);
+            wgmma_commit();
+            bar_arrive(bar_other, 256);
+            wgmma_wait<1>();  // S_{it+1} complete, P_it V_it in flight
+        }
+        softmax(n_tiles - 1, corr);
+        wgmma_wait<0>();
+        fwd_pack_p<BN>(s, pa);
+        fwd_rescale_o<D>(o, corr);
         bar_sync(bar_me, 256);
         wgmma_fence();
-        issue_pv(pa, it);
-        if (more) issue_s(s, it + 1);
+        issue_pv(pa, n_tiles - 1);
         wgmma_commit();
         bar_arrive(bar_other, 256);
         wgmma_wait<0>();
-        mbar_arrive(aEmpty + 8 * (it % NS));
     }
     if (cw == 0) bar_sync(WS_BAR_TURN, 256);  // warpgroup 1's last turn hand-over
     fwd_epilogue<D, MODE>(a, o, m, l, r0, wrow, g, lane);

@@ -219,15 +219,15 @@ bool kv_tensor_maps(const FwdArgs & a, int D, int Hkv, CUtensorMap * tk, CUtenso
     return true;
 }
 
-template <int D, int MODE, int NS, bool LISTS> bool launch_fwd_ws(cudaStream_t stream, const FwdArgs & a, int Hkv) {
+template <int D, int MODE, int NS, bool LISTS, bool OVL = false> bool launch_fwd_ws(cudaStream_t stream, const FwdArgs & a, int Hkv) {
     using W = FwdWS<D, NS>;
     static_assert(W::BM == FwdW<D, false>::BM && W::BN == FwdW<D, false>::BN, "the same tiles as the two-warpgroup forward");
     CUtensorMap tk, tv;
     if (!kv_tensor_maps(a, D, Hkv, &tk, &tv)) return false;
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_fwd_ws_kernel<D, MODE, NS, LISTS>, W::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_fwd_ws_kernel<D, MODE, NS, LISTS, OVL>, W::smem); attr_set = true; }
     dim3 grid((a.T * a.G + W::BM - 1) / W::BM, Hkv);
-    pa_fwd_ws_kernel<D, MODE, NS, LISTS><<<grid, W::NT, W::smem, stream>>>(a, tk, tv);
+    pa_fwd_ws_kernel<D, MODE, NS, LISTS, OVL><<<grid, W::NT, W::smem, stream>>>(a, tk, tv);
     PA_LAUNCH_CHECK();
     return true;
 }
@@ -240,6 +240,8 @@ template <int MODE, bool LISTS> bool fwd_ws(cudaStream_t stream, const FwdArgs &
         // at 32K 304 with 4, 298 with 2 (two-warpgroup, two CTAs per SM: 275)
         case 1: return D == 128 ? launch_fwd_ws<128, MODE, 3, LISTS>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4, LISTS>(stream, a, Hkv);
         case 2: return D == 128 ? launch_fwd_ws<128, MODE, 2, LISTS>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 2, LISTS>(stream, a, Hkv);
+        case 3:  // with the intra-warpgroup overlap
+            return D == 128 ? launch_fwd_ws<128, MODE, 3, LISTS, true>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4, LISTS, true>(stream, a, Hkv);
         default: return false;
     }
 }
@@ -504,7 +506,7 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     c.split = env_int("OOMB_PAGED_ATTN_SPLIT", c.split);
     if ((d = env_digit("OOMB_PAGED_ATTN_OCC64", 3, "0-3 (bit 0: forward, bit 1: backward with two CTAs per SM)")) >= 0) c.occ64 = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDPIPE", 1, "0 or 1")) >= 0) c.fwd_pipe = d == 1;
-    if ((d = env_digit("OOMB_PAGED_ATTN_FWDWS", 2, "0-2 (0: the two-warpgroup wgmma forward, 1 or 2: warp-specialised, K/V stages)")) >= 0) c.fwd_ws = d;
+    if ((d = env_digit("OOMB_PAGED_ATTN_FWDWS", 3, "0-3 (0: the two-warpgroup wgmma forward, 1 or 2: warp-specialised, K/V stages; 3: 1 with the intra-warpgroup overlap)")) >= 0) c.fwd_ws = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_LISTS_RANGE_FAST", 1, "0 or 1")) >= 0) c.lists_range_fast = d == 1;
     return c;
 }

@@ -36,14 +36,14 @@ struct oomb_paged_attn_config {
     int split = -1;         // SPLIT: blocks per key tile of the backward (clamped to [1, row tiles]); -1 automatic
     int occ64 = 1;          // OCC64 0-3: two CTAs per SM for the head-dim-64 wgmma kernels, bit 0 forward, bit 1 backward
     bool fwd_pipe = false;  // FWDPIPE 0/1: the head-dim-64 wgmma forward issuing the next tile's S before the softmax
-    int fwd_ws = 1;         // FWDWS 0-2: the warp-specialised wgmma forward (paged-attn-ws.cuh: TMA producer, ping-pong
-                            //   consumers) for the dense and range schedules; 1: K/V stages 3 (head dim 128) / 4 (64);
-                            //   2: 2 / 2; 0: the two-warpgroup wgmma forward
+    int fwd_ws = 1;         // FWDWS 0-3: the warp-specialised wgmma forward (paged-attn-ws.cuh: TMA producer, ping-pong
+                            //   consumers) for every schedule; 1: K/V stages 3 (head dim 128) / 4 (64); 2: 2 / 2;
+                            //   3: as 1 with FA3's intra-warpgroup overlap; 0: the two-warpgroup wgmma forward
     bool lists_range_fast = true;   // LISTS_RANGE_FAST 0/1: the LISTS_RANGE schedule (the offload's blocks of a sparse
                             //   history) on the tensor-core kernels (their LISTS variants); 0: the generic kernels
 };
 /// The defaults overridden by the OOMB_PAGED_ATTN_* variables that are set (GENERIC: set at all;
-/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-2; FWDPIPE, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
+/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDPIPE, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
 /// FWD64, BWD64, SPLIT: an integer, as atoi).
 oomb_paged_attn_config oomb_paged_attn_config_from_env();
 /// The configuration the kernels use: oomb_paged_attn_config_from_env() read at the first call,

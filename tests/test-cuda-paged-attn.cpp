@@ -753,8 +753,8 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         setenv("OOMB_PAGED_ATTN_FWDPIPE", "2", 1);
         EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDPIPE must be 0 or 1");
         unsetenv("OOMB_PAGED_ATTN_FWDPIPE");
-        setenv("OOMB_PAGED_ATTN_FWDWS", "3", 1);
-        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWS must be 0-2");
+        setenv("OOMB_PAGED_ATTN_FWDWS", "4", 1);
+        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWS must be 0-3");
         setenv("OOMB_PAGED_ATTN_FWDWS", "0", 1);
         EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_ws, 0);
         unsetenv("OOMB_PAGED_ATTN_FWDWS");
@@ -800,9 +800,9 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         printf("[ kernels ] config.wgmma = %d, config.split = %d\n", st[0], st[1]);
         for (const Case & c : cases) run_case(c, seed++);
     }
-    // the wgmma forward: the warp-specialised kernel's other stage counts, and the two-warpgroup
-    // kernel (config.fwd_ws 0; the default 1 ran above)
-    for (int ws : {2, 0}) {
+    // the wgmma forward: the warp-specialised kernel with the intra-warpgroup overlap (3) and with
+    // other stage counts (2), and the two-warpgroup kernel (0; the default 1 ran above)
+    for (int ws : {3, 2, 0}) {
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_ws = ws; cf.wgmma = 1; });
         printf("[ kernels ] config.fwd_ws = %d, config.wgmma = 1\n", ws);
         for (const Case & c : cases) run_case(c, seed++);
@@ -945,8 +945,8 @@ TEST(CudaPagedAttn, ListsFastKernels) {
         for (int i = 0; i < 3; i++) run_case(cases[i], seed++);
     }
     // the wgmma forward's other variants on page lists (the default above: warp-specialised, 1):
-    // the two-warpgroup kernel and the warp-specialised one with 2 K/V stages
-    for (int ws : {0, 2}) {
+    // the two-warpgroup kernel, the warp-specialised one with 2 K/V stages, with the overlap
+    for (int ws : {0, 2, 3}) {
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_ws = ws; cf.wgmma = 1; });
         printf("[ kernels ] page lists, config.fwd_ws = %d\n", ws);
         for (const Case & c : cases) run_case(c, seed++);
@@ -1014,10 +1014,11 @@ TEST(CudaPagedAttn, ListsRangeFastKernels) {
         printf("[ kernels ] page lists in a window, config.split = 3\n");
         for (int i = 0; i < 5; i++) run_case(cases[i], seed++);
     }
-    {
-        // the two-warpgroup wgmma forward (the default above: warp-specialised)
-        ConfigScope cs([](oomb_paged_attn_config & cf) { cf.fwd_ws = 0; cf.wgmma = 1; cf.lists_range_fast = true; });
-        printf("[ kernels ] page lists in a window, config.fwd_ws = 0\n");
+    for (int ws : {0, 3}) {
+        // the two-warpgroup wgmma forward, the warp-specialised one with the overlap (the default
+        // above: warp-specialised, 1)
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_ws = ws; cf.wgmma = 1; cf.lists_range_fast = true; });
+        printf("[ kernels ] page lists in a window, config.fwd_ws = %d\n", ws);
         for (const Case & c : cases) run_case(c, seed++);
     }
     {

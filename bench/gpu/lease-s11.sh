@@ -14,7 +14,7 @@
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
 fwd_sweep() {  # label, bench args
     local lab=$1; shift
-    for ws in 0 1 2; do
+    for ws in ${WS_VARIANTS:-0 1 2}; do
         OOMB_PAGED_ATTN_FWDWS=$ws timeout 120 $B/oomb-bench-attn "$@" --fwd-only --reps 5 > $R/fwd-$lab-ws$ws.log 2>&1
         echo "$lab FWDWS=$ws rc=$? $(grep '"seq"' $R/fwd-$lab-ws$ws.log | tr '\n' ' ')"
     done
