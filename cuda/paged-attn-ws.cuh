@@ -18,9 +18,10 @@
 //     warpgroups alternate through two named barriers, so one warpgroup's softmax runs under the
 //     other's products.
 // No wgmma is in flight while ordinary instructions touch its accumulators (the o rescale happens
-// in the softmax, after the phase's wait), so ptxas keeps the wgmmas asynchronous.
-// Keys past the block's last position in its last tile are whatever the pool holds there: each
-// consumer zeroes those V rows of the last tile before its O += P V (P is 0 there, and 0 * NaN
+// in the softmax, after the phase's wait), so ptxas keeps the wgmmas asynchronous. With OVL
+// (the default) FA3's intra-warpgroup overlap too, see below.
+// Keys past the block's last position in its last tile are whatever the pool holds there: the
+// consumers zero those V rows of the last tile before their O += P V (P is 0 there, and 0 * NaN
 // would be NaN); an unmapped page (page table < 0) is read at a page index outside the tensor map,
 // which TMA fills with zeros. Schedules: DENSE and RANGE (the range's shifted page table and
 // clamped positions, paged-attn.cu range_geom), and with LISTS the page-list schedules (LISTS,
@@ -45,8 +46,8 @@ struct FwdWS {
     static_assert(smem <= 232448 - 64, "shared memory per block");
 };
 
-// named barriers: the consumers' turns (1, 2), a consumer's own warpgroup (3, 4)
-enum { WS_BAR_TURN = 1, WS_BAR_WG = 3 };
+// named barriers: the consumers' turns (1, 2), both consumer warpgroups (3)
+enum { WS_BAR_TURN = 1, WS_BAR_CONSUMERS = 3 };
 
 // OVL: FlashAttention-3's intra-warpgroup overlap on top (sec. 3.2): a GEMM phase issues S_{j+1}
 // first and O += P_j V_j second and waits for S_{j+1} only, so the softmax of tile j + 1 (which
@@ -61,6 +62,9 @@ __global__ void __launch_bounds__(384, 1)
     using namespace oomb_sm90;
     using W = FwdWS<D, NS>;
     constexpr int BM = W::BM, BN = W::BN, NT = W::NT;
+    // NS 1 deadlocks (a consumer waits for tile it + 1 before releasing tile it); OVL releases a
+    // tile one step later, so with 2 stages every load would wait for the release just before it
+    static_assert(NS >= 2 && (!OVL || NS >= 3), "K/V stages");
     extern __shared__ unsigned char smem_raw[];
     const uint32_t raw_s = smem_u32(smem_raw);
     const uint32_t base_s = (raw_s + 1023u) & ~1023u;
@@ -139,7 +143,7 @@ __global__ void __launch_bounds__(384, 1)
 
     // consumers: warpgroup cw owns rows 64 cw .. 64 cw + 63 of the block
     setmaxnreg_inc<240>();
-    const int cw = wg - 1, ctid = tid & 127;
+    const int cw = wg - 1;
     const int wrow = (warp - 4) * 16;  // this warp's first row in the block
     float o[D / 2];
     float m[2], l[2];
@@ -184,14 +188,16 @@ __global__ void __launch_bounds__(384, 1)
     auto softmax = [&](int it, float (&corr)[2]) {
         const int k0 = tile_k0(it);
         if (it == n_tiles - 1 && k0 + BN - 1 > maxp) {
-            // the last tile (the largest keys) past maxp: zeros in V (both warpgroups write the same
-            // zeros); LISTS: a block without a current tile walks one tile past maxp, all of it
+            // the last tile (the largest keys) past maxp: zeros in V, half the rows by each consumer
+            // warpgroup, then both meet (neither has issued its O += P V of this tile yet: each
+            // reaches here after its previous GEMM phase, which the other's turn hand-over allowed);
+            // LISTS: a block without a current tile walks one tile past maxp, all of it
             bf16 * v = sV + (it % NS) * BN * D;
             const int first = max(maxp + 1 - k0, 0);
-            for (int idx = ctid; idx < (BN - first) * (D / 8); idx += 128)
+            for (int idx = tid - 128; idx < (BN - first) * (D / 8); idx += 256)
                 *(uint4 *) (v + sw128<BN>(first + idx / (D / 8), idx % (D / 8))) = make_uint4(0, 0, 0, 0);
             fence_proxy_async();
-            bar_sync(WS_BAR_WG + cw, 128);
+            bar_sync(WS_BAR_CONSUMERS, 256);
         }
         // LISTS history tile: every key is before every row; a row sees all of it or none
         const bool hist = LISTS && lt.hist(it);
@@ -243,6 +249,7 @@ __global__ void __launch_bounds__(384, 1)
         }
         softmax(n_tiles - 1, corr);
         wgmma_wait<0>();
+        if (n_tiles > 1) mbar_arrive(aEmpty + 8 * ((n_tiles - 2) % NS));  // (every stage released: the protocol's invariant)
         fwd_pack_p<BN>(s, pa);
         fwd_rescale_o<D>(o, corr);
         bar_sync(bar_me, 256);
@@ -251,6 +258,7 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_commit();
         bar_arrive(bar_other, 256);
         wgmma_wait<0>();
+        mbar_arrive(aEmpty + 8 * ((n_tiles - 1) % NS));
     }
     if (cw == 0) bar_sync(WS_BAR_TURN, 256);  // warpgroup 1's last turn hand-over
     fwd_epilogue<D, MODE>(a, o, m, l, r0, wrow, g, lane);

@@ -235,13 +235,13 @@ template <int D, int MODE, int NS, bool LISTS, bool OVL = false> bool launch_fwd
 // The warp-specialised forward (config.fwd_ws) where it can run; false: run another kernel.
 template <int MODE, bool LISTS> bool fwd_ws(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
     switch (cfg().fwd_ws) {
-        // stages: H200, forward alone (oomb-bench-attn, same call, affeb9c): head dim 128 at 32K / 128K
-        // 533 / 515 TFLOP/s with 3, 465 / 460 with 2 (the two-warpgroup kernel 381 / 396); head dim 64
-        // at 32K 304 with 4, 298 with 2 (two-warpgroup, two CTAs per SM: 275)
-        case 1: return D == 128 ? launch_fwd_ws<128, MODE, 3, LISTS>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4, LISTS>(stream, a, Hkv);
-        case 2: return D == 128 ? launch_fwd_ws<128, MODE, 2, LISTS>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 2, LISTS>(stream, a, Hkv);
-        case 3:  // with the intra-warpgroup overlap
-            return D == 128 ? launch_fwd_ws<128, MODE, 3, LISTS, true>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4, LISTS, true>(stream, a, Hkv);
+        // H200, forward alone (oomb-bench-attn, same call): 3 K/V stages at head dim 128, 32K / 128K
+        // 533 / 515 TFLOP/s, 2 stages 465 / 460 (affeb9c); with the intra-warpgroup overlap 550 / 539
+        // vs 510 / 508 without (e791cab); the two-warpgroup kernel 381-405. Head dim 64 at 32K: 4
+        // stages 304-309, overlap 313, 2 stages 298, the two-warpgroup kernel (two CTAs/SM) 275.
+        case 1: return D == 128 ? launch_fwd_ws<128, MODE, 3, LISTS, true>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4, LISTS, true>(stream, a, Hkv);
+        case 2: return D == 128 ? launch_fwd_ws<128, MODE, 3, LISTS>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4, LISTS>(stream, a, Hkv);
+        case 3: return D == 128 ? launch_fwd_ws<128, MODE, 2, LISTS>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 2, LISTS>(stream, a, Hkv);
         default: return false;
     }
 }
@@ -506,7 +506,7 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     c.split = env_int("OOMB_PAGED_ATTN_SPLIT", c.split);
     if ((d = env_digit("OOMB_PAGED_ATTN_OCC64", 3, "0-3 (bit 0: forward, bit 1: backward with two CTAs per SM)")) >= 0) c.occ64 = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDPIPE", 1, "0 or 1")) >= 0) c.fwd_pipe = d == 1;
-    if ((d = env_digit("OOMB_PAGED_ATTN_FWDWS", 3, "0-3 (0: the two-warpgroup wgmma forward, 1 or 2: warp-specialised, K/V stages; 3: 1 with the intra-warpgroup overlap)")) >= 0) c.fwd_ws = d;
+    if ((d = env_digit("OOMB_PAGED_ATTN_FWDWS", 3, "0-3 (0: the two-warpgroup wgmma forward; warp-specialised: 1 with the intra-warpgroup overlap, 2 without, 3 without and 2 K/V stages)")) >= 0) c.fwd_ws = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_LISTS_RANGE_FAST", 1, "0 or 1")) >= 0) c.lists_range_fast = d == 1;
     return c;
 }

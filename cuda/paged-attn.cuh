@@ -37,8 +37,9 @@ struct oomb_paged_attn_config {
     int occ64 = 1;          // OCC64 0-3: two CTAs per SM for the head-dim-64 wgmma kernels, bit 0 forward, bit 1 backward
     bool fwd_pipe = false;  // FWDPIPE 0/1: the head-dim-64 wgmma forward issuing the next tile's S before the softmax
     int fwd_ws = 1;         // FWDWS 0-3: the warp-specialised wgmma forward (paged-attn-ws.cuh: TMA producer, ping-pong
-                            //   consumers) for every schedule; 1: K/V stages 3 (head dim 128) / 4 (64); 2: 2 / 2;
-                            //   3: as 1 with FA3's intra-warpgroup overlap; 0: the two-warpgroup wgmma forward
+                            //   consumers) for every schedule; 1: K/V stages 3 (head dim 128) / 4 (64) with FA3's
+                            //   intra-warpgroup overlap; 2: the same without it; 3: without, 2 / 2 stages; 0: the
+                            //   two-warpgroup wgmma forward
     bool lists_range_fast = true;   // LISTS_RANGE_FAST 0/1: the LISTS_RANGE schedule (the offload's blocks of a sparse
                             //   history) on the tensor-core kernels (their LISTS variants); 0: the generic kernels
 };

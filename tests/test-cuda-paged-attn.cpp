@@ -800,8 +800,8 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         printf("[ kernels ] config.wgmma = %d, config.split = %d\n", st[0], st[1]);
         for (const Case & c : cases) run_case(c, seed++);
     }
-    // the wgmma forward: the warp-specialised kernel with the intra-warpgroup overlap (3) and with
-    // other stage counts (2), and the two-warpgroup kernel (0; the default 1 ran above)
+    // the wgmma forward: the warp-specialised kernel without the intra-warpgroup overlap (2), with 2
+    // K/V stages (3), and the two-warpgroup kernel (0; the default 1, with the overlap, ran above)
     for (int ws : {3, 2, 0}) {
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_ws = ws; cf.wgmma = 1; });
         printf("[ kernels ] config.fwd_ws = %d, config.wgmma = 1\n", ws);
@@ -944,8 +944,8 @@ TEST(CudaPagedAttn, ListsFastKernels) {
         printf("[ kernels ] page lists, config.split = 3\n");
         for (int i = 0; i < 3; i++) run_case(cases[i], seed++);
     }
-    // the wgmma forward's other variants on page lists (the default above: warp-specialised, 1):
-    // the two-warpgroup kernel, the warp-specialised one with 2 K/V stages, with the overlap
+    // the wgmma forward's other variants on page lists (the default above: warp-specialised with
+    // the overlap, 1): the two-warpgroup kernel, warp-specialised without the overlap (2, 3)
     for (int ws : {0, 2, 3}) {
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_ws = ws; cf.wgmma = 1; });
         printf("[ kernels ] page lists, config.fwd_ws = %d\n", ws);
@@ -1015,8 +1015,8 @@ TEST(CudaPagedAttn, ListsRangeFastKernels) {
         for (int i = 0; i < 5; i++) run_case(cases[i], seed++);
     }
     for (int ws : {0, 3}) {
-        // the two-warpgroup wgmma forward, the warp-specialised one with the overlap (the default
-        // above: warp-specialised, 1)
+        // the two-warpgroup wgmma forward, the warp-specialised one with 2 stages and without the
+        // overlap (the default above: warp-specialised with the overlap, 1)
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_ws = ws; cf.wgmma = 1; cf.lists_range_fast = true; });
         printf("[ kernels ] page lists in a window, config.fwd_ws = %d\n", ws);
         for (const Case & c : cases) run_case(c, seed++);

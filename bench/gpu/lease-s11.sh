@@ -8,7 +8,8 @@
 #   attn    bench_attn.py: ours (defaults) beside SDPA flash and cuDNN, 8K / 32K / 128K; the 0.5B
 #           layer fwd+bwd at 32K, FWDWS 1 vs 0
 #   e2e S   in the background: 7B --trainable linear 128K one step, dense and sparse 64 pages, with
-#           FWDWS=1 and =0 (bf16 attention cache), then 0.5B one chunk 32K beside HF
+#           FWDWS=1 and =0 (bf16 attention cache), then 0.5B one chunk of 32K (--chunk 32768, 3 steps) with
+#           FWDWS=1 and =0 beside HF
 #           (.devcarry/hf_baseline.py); wait S
 #   wait S  wait up to S seconds more for the background runs
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
@@ -53,11 +54,13 @@ for ws in 1 0; do
     echo "7b 128K \$sp FWDWS=\$ws rc=\$?"; grep -E "^step|error|paged_attn" $K/e2e/7b-128k-\$sp-ws\$ws.log | head -8
   done
 done
-rm -rf /tmp/r05
-OOMB_CUDA_PROFILE=1 timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 4096 --page 128 --steps 2 --warmup 1 \
-  --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $K/e2e/05b-32k.log 2>&1
-echo "0.5b 32K rc=\$?"; grep -E "^step|error" $K/e2e/05b-32k.log
-PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 2 2>/dev/null | tail -1 | tee $K/e2e/hf-05b-32k.json
+for ws in 1 0; do
+  rm -rf /tmp/r05
+  OOMB_PAGED_ATTN_FWDWS=\$ws timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps 3 --warmup 1 \
+    --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $K/e2e/05b-32k-1chunk-ws\$ws.log 2>&1
+  echo "0.5b 32K one chunk FWDWS=\$ws rc=\$?"; grep -E "^step|error" $K/e2e/05b-32k-1chunk-ws\$ws.log
+done
+PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $K/e2e/hf-05b-32k.json
 EOS
     setsid nohup bash $K/e2e.sh > $K/e2e.out 2>&1 < /dev/null &
     echo $! > $K/e2e.pid; log "e2e started (pid $(cat $K/e2e.pid))"
