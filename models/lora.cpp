@@ -215,6 +215,7 @@ bool lora_parse_init(const std::string & name, LoraInit * init, std::string * er
 }
 
 void lora_init_peft(LoraAdapter & a, uint64_t seed, LoraInit init) {
+    a.cfg.init = init;
     for (oomb_tensor * t : a.params) {
         const bool is_a = strstr(t->name, SUFFIX_A) != nullptr;
         std::vector<float> v((size_t) oomb_nelements(t), 0.0f);
@@ -265,6 +266,8 @@ bool lora_save_gguf(const Qwen2Model & m, const std::string & path, const std::s
     w.set_string("general.name", name);
     w.set_string("adapter.type", "lora");
     w.set_f32("adapter.lora.alpha", a.cfg.alpha);
+    // ours (llama.cpp ignores keys it does not read): how A was drawn, for adapter_config.json after a resume
+    if (a.cfg.init != LoraInit::Default) w.set_string("oomb.lora.init", lora_init_name(a.cfg.init));
     for (const oomb_tensor * t : a.params)
         if (w.add_tensor(t->name, GGUF_TENSOR_F32, {t->ne[0], t->ne[1]}, err) != GGUF_OK) return false;
     if (w.open(path, err) != GGUF_OK) return false;
@@ -319,7 +322,8 @@ std::string lora_peft_config_json(const LoraConfig & c, const std::string & base
     j["fan_in_fan_out"] = false;
     j["use_rslora"] = false;
     j["use_dora"] = false;
-    j["init_lora_weights"] = true;
+    if (c.init == LoraInit::Gaussian) j["init_lora_weights"] = "gaussian";
+    else j["init_lora_weights"] = true;
     j["modules_to_save"] = nullptr;
     j["layers_to_transform"] = nullptr;
     j["layers_pattern"] = nullptr;
@@ -356,6 +360,12 @@ bool lora_load_gguf(Qwen2Model & m, const std::string & path, std::string * err)
         if (x->type() != GGUF_TYPE_FLOAT32) return fail("key 'adapter.lora.alpha' is not an f32");
         if (r.get_f32("adapter.lora.alpha", &c.alpha, err) != GGUF_OK) return false;
         if (!std::isfinite(c.alpha)) return fail("adapter.lora.alpha is not finite");
+    }
+    if (r.find("oomb.lora.init")) {
+        std::string init;
+        if (!get_str("oomb.lora.init", &init)) return false;
+        std::string perr;
+        if (!lora_parse_init(init, &c.init, &perr)) return fail("oomb.lora.init is '" + init + "' (default or gaussian)");
     }
     // every tensor: <base block projection>.lora_a / .lora_b
     std::map<std::string, std::pair<int64_t, int>> base;  // base name -> (layer, target)

@@ -52,10 +52,15 @@ bool lora_parse_targets(const std::string & list, uint32_t * mask, std::string *
 std::string lora_targets_string(uint32_t mask);
 
 /// An adapter's shape: rank r (>= 1), alpha (finite; scale = alpha / r), target mask (non-zero).
+/// PEFT's init_lora_weights choices (--lora-init): Default (PEFT's True) and Gaussian ("gaussian").
+enum class LoraInit { Default, Gaussian };
+
 struct LoraConfig {
     int64_t rank = 16;
     float alpha = 32.0f;
     uint32_t targets = kLoraAllTargets;
+    LoraInit init = LoraInit::Default;  // how A was drawn (lora_init_peft; adapter GGUF key oomb.lora.init): PEFT's
+                                        // adapter_config.json init_lora_weights
 };
 
 /// One adapted projection: A ne [n_in, r], B ne [r, n_out] (f32), and its scale s.
@@ -98,8 +103,6 @@ bool lora_config_valid(const LoraConfig & c, std::string * err);
 /// False + *err for an invalid c or memory that cannot be allocated.
 bool lora_attach(Qwen2Model & m, const LoraConfig & c, std::string * err);
 
-/// PEFT's init_lora_weights choices (--lora-init): Default (PEFT's True) and Gaussian ("gaussian").
-enum class LoraInit { Default, Gaussian };
 /// "default", "gaussian".
 const char * lora_init_name(LoraInit i);
 /// Parses an --lora-init value ("default" or "gaussian", as PEFT names them). False with a message
@@ -109,6 +112,7 @@ bool lora_parse_init(const std::string & name, LoraInit * init, std::string * er
 /// PEFT's initialisation, every B zero and every A: Default: uniform in [-1/sqrt(n_in), 1/sqrt(n_in))
 /// (Kaiming-uniform, a = sqrt(5)); Gaussian: Normal(0, std 1/r). Deterministic for a seed (values
 /// depend on the seed and the tensor name; Default's are those of the versions before --lora-init).
+/// Records init in a.cfg.init.
 void lora_init_peft(LoraAdapter & a, uint64_t seed, LoraInit init = LoraInit::Default);
 
 /// Flags every A and B of m.lora as parameters with an f32 gradient (one buffer) and returns them

@@ -260,6 +260,7 @@ TEST(LoraFile, RoundTripAndLlamaRowOrder) {
         EXPECT_EQ(m2->lora->cfg.rank, 3);
         EXPECT_EQ(m2->lora->cfg.alpha, 5.0f);
         EXPECT_EQ(m2->lora->cfg.targets, kLoraAllTargets);
+        EXPECT_EQ(m2->lora->cfg.init, s.m->lora->cfg.init);
         ASSERT_EQ(m2->lora->params.size(), s.m->lora->params.size());
         for (size_t i = 0; i < m2->lora->params.size(); i++) {
             EXPECT_STREQ(m2->lora->params[i]->name, s.m->lora->params[i]->name);
@@ -480,6 +481,22 @@ TEST(LoraInit, DefaultAndGaussianStatistics) {
     EXPECT_EQ(get(m->lora->params[0]), a0);
     lora_init_peft(*m->lora, 42, LoraInit::Gaussian);
     EXPECT_NE(get(m->lora->params[0]), a0);
+    // the init is recorded: PEFT's adapter_config.json says "gaussian" (was always true), and the
+    // adapter GGUF carries it (oomb.lora.init) so that a resumed run writes the same config
+    EXPECT_EQ(m->lora->cfg.init, LoraInit::Gaussian);
+    EXPECT_NE(lora_peft_config_json(m->lora->cfg, "base").find("\"init_lora_weights\": \"gaussian\""), std::string::npos)
+        << lora_peft_config_json(m->lora->cfg, "base");
+    {
+        const std::string p = tmp_path("gauss.gguf");
+        std::string err;
+        ASSERT_TRUE(lora_save_gguf(*m, p, "test", &err)) << err;
+        auto m2 = qwen2_create(m->cfg, cpu, OOMB_TYPE_F32);
+        ASSERT_TRUE(lora_load_gguf(*m2, p, &err)) << err;
+        EXPECT_EQ(m2->lora->cfg.init, LoraInit::Gaussian);
+        m2.reset();
+    }
+    lora_init_peft(*m->lora, 42, LoraInit::Default);
+    EXPECT_NE(lora_peft_config_json(m->lora->cfg, "base").find("\"init_lora_weights\": true"), std::string::npos);
     m.reset();
     oomb_backend_free(cpu);
 }

@@ -14,6 +14,7 @@
 
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR. Exit 0 pass, 1 failure, 77 skipped.
 """
+import json
 import os
 import re
 import shutil
@@ -132,9 +133,15 @@ def main():
         g = os.path.join(tmp, "gauss")
         rc, o, e = run_tool([TRAIN] + common + ["--steps", "2", "--save-every", "1", "--stop-after", "1", "--out", g, "--lora-init", "gaussian"])
         C.check(rc == 0 and os.path.exists(os.path.join(g, "adapter.gguf")), f"--lora-init gaussian trains ({e.strip()[-200:]})")
+
+        def init_weights(d):
+            with open(os.path.join(d, "adapter_config.json")) as f:
+                return json.load(f).get("init_lora_weights")
+        C.check(init_weights(g) == "gaussian", f"adapter_config.json after --lora-init gaussian: init_lora_weights 'gaussian' (got {init_weights(g)!r})")
         rc, o, e = run_tool([TRAIN] + common + ["--steps", "2", "--save-every", "1", "--out", g, "--lora-init", "gaussian", "--resume"])
         C.check(rc == 0 and "warning: --lora-init gaussian is ignored with --resume" in e and "resume: from step 1" in o,
                 f"--resume with --lora-init: continues, with a warning that it is ignored ({e.strip()[-200:]})")
+        C.check(init_weights(g) == "gaussian", f"adapter_config.json after the resume: still 'gaussian' (got {init_weights(g)!r})")
     C.finish()
 
 
