@@ -22,6 +22,11 @@
 // On Hopper (an sm_90a build on a compute capability 9.0 GPU) the same forward and backward run on
 // warpgroup MMA instead (paged-attn-wgmma.cuh: wgmma, 128-row / 128-key tiles; the forward needs a
 // page size multiple of 128); config.wgmma = 0 (OOMB_PAGED_ATTN_WGMMA=0) keeps the mma.sync kernels above.
+// The Hopper forward is warp-specialised (paged-attn-ws.cuh, FlashAttention-3's structure: a TMA
+// producer warpgroup reading K/V through the page table as a 4-d tensor map, two consumer
+// warpgroups taking turns on the tensor cores, the intra-warpgroup overlap) for every schedule;
+// config.fwd_ws = 0 runs the two-warpgroup wgmma forward of paged-attn-wgmma.cuh instead, which is
+// also the fallback when the driver cannot encode the tensor maps.
 // Generic path (f32 / f16 pools, other head dims up to 256, unaligned strides): simple f32 kernels,
 // one warp per query row (forward, dq) or per key (dK/dV): exact f32 arithmetic like the CPU. Its
 // forward saves the LSE too; its backward reads the saved LSE (and computes delta from the saved
@@ -42,7 +47,8 @@
 //
 // The family, one translation unit: paged-attn-common.cuh (helpers, store / read-back kernels),
 // paged-attn-lists.cuh (page lists on the tensor-core kernels: work lists, prep kernels),
-// paged-attn-mma.cuh (mma.sync kernels), paged-attn-wgmma.cuh (wgmma kernels),
+// paged-attn-mma.cuh (mma.sync kernels), paged-attn-wgmma.cuh (wgmma kernels), paged-attn-ws.cuh
+// (the warp-specialised wgmma forward; sm90.cuh: its mbarrier / TMA / named-barrier primitives),
 // paged-attn-generic.cuh (f32 kernels); this file checks the operands, picks the kernels and
 // launches them.
 
