@@ -117,6 +117,13 @@ struct oomb_cuda_ctx {
         size_t lo = 0, hi = 0;        // source byte range [lo, hi)
         uint64_t used = 0;
     };
+    // Fused accumulations of the graph being computed (backend-cuda.cu, fuse_accumulations): per
+    // node index, the memory a MUL_MAT adds its product into (nullptr: none), and the ADD_INPLACE
+    // nodes that are thereby done; n_fused counts them over the backend's life (tests).
+    std::vector<float *> fuse_acc;
+    std::vector<char> fuse_skip;
+    int64_t n_fused = 0;
+
     bf16_copy bf16_copies[N_BF16_COPIES];
     uint64_t bf16_clock = 0;
     void bf16_copies_clear() { for (auto & e : bf16_copies) e.valid = false; }

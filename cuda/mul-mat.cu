@@ -105,11 +105,12 @@ bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
 } // namespace
 
-void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
+void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b, float * acc) {
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int64_t A2 = a->ne[2], A3 = a->ne[3], B2 = b->ne[2], B3 = b->ne[3];  // operands: check_op_operands (op-checks.cpp)
     if (oomb_nelements(dst) == 0) return;
     if (K == 0) {
+        if (acc) return;  // acc += 0
         CUDA_CHECK(cudaMemsetAsync(dst->data, 0, oomb_nbytes(dst), c.stream));
         return;
     }
@@ -176,8 +177,8 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
         sA3 = K * M * A2;
     }
 
-    float * C = (float *) dst->data;
-    const float alpha = 1.0f, beta = 0.0f;
+    float * C = acc ? acc : (float *) dst->data;
+    const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
     CUBLAS_CHECK(cublasSetStream(c.cublas, c.stream));
     if (A2 == 1 && A3 == 1) {
         const int64_t NN = N * B2 * B3;

@@ -15,4 +15,7 @@
 
 #include "common.cuh"
 
-void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b);
+// acc (optional): f32 memory of dst's shape, contiguous, that receives acc += the product instead
+// of dst = the product (cuBLAS beta = 1; dst's own memory is not written): the CUDA backend's fused
+// accumulation of a product that only an add_inplace reads (backend-cuda.cu, fuse_accumulations).
+void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b, float * acc = nullptr);

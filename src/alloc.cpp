@@ -331,6 +331,7 @@ static bool ensure_buffer(oomb_gallocr * ga) {
     if (!nb) return false;
     if (!ga->buffer) {
         ga->buffer = nb;
+        nb->arena = true;
         return true;
     }
     // keep the struct (tensors placed earlier point at it), swap in the new memory

@@ -30,6 +30,9 @@ struct oomb_cgraph {
     // the engine runs between two parts): backends keep what they cached about tensors the earlier
     // parts did not write (the CUDA backend's bf16 copies of weights) instead of starting afresh.
     bool continuation = false;
+    // A part of another graph (oomb_graph_view): a node after the part may read what this part
+    // computes, so a backend must not drop a result here (the CUDA backend's fused accumulation).
+    bool is_view = false;
 };
 
 // Backend interface (one implementation per backend).
@@ -96,6 +99,8 @@ struct oomb_buffer {
     void * base;
     size_t size;
     oomb_buffer_type * buft;
+    bool arena = false;  // a graph allocator's arena (src/alloc.cpp): an unpinned tensor placed there holds its
+                         // value only until its last reader in the graph has run
 };
 
 namespace oomb {

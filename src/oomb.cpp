@@ -1345,6 +1345,7 @@ struct oomb_cgraph * oomb_graph_view(struct oomb_context * ctx, struct oomb_cgra
     v->alloc_id = g->alloc_id;
     v->alloc_gen = g->alloc_gen;
     v->continuation = i0 > 0 || g->continuation;
+    v->is_view = true;
     return v;
 }
 

@@ -6,16 +6,21 @@
 #include <gtest/gtest.h>
 
 #include "test-common.h"
+#include "oomb-alloc.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #ifdef OOMB_USE_CUDA
 // test hook (cuda/backend-cuda.cu): the next asynchronous copy fails as if CUDA returned cuda_error
 void oomb_cuda_debug_fail_next_copy(oomb_backend_t backend, int cuda_error);
+// test hook (cuda/backend-cuda.cu): add_inplace nodes fused into their products so far
+int64_t oomb_cuda_debug_fused_count(oomb_backend_t backend);
 #endif
 
 namespace {
@@ -252,4 +257,78 @@ TEST_F(CudaBackend, ComputeFaultIsAStatus) {
         for (int i = 0; i < 5; i++) EXPECT_EQ(out[(size_t) (k * 5 + i)], av[(size_t) (ok_ids[k] * 5 + i)]);
     oomb_buffer_free(buf);
     oomb_free(ctx);
+}
+
+// The fused accumulation (cuda/backend-cuda.cu, fuse_accumulations): C += mul_mat(a, b) as one GEMM
+// with beta = 1 when the product is an arena tensor that only the add_inplace reads; C against
+// C0 + a b computed on the host in double (bf16 operands on the GPU: 1e-2 of the largest value),
+// on odd sizes. Not fused (and still right): a product with a second reader, a product flagged as an
+// output (its value then read back too), a product in a part of a graph (oomb_graph_view).
+TEST_F(CudaBackend, FusedAccumulationIntoProducts) {
+#ifdef OOMB_USE_CUDA
+    const int K = 67, M = 45, N = 29;
+    oomb_context * pc = oomb_init({0, true});
+    oomb_tensor * a = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M);
+    oomb_tensor * b = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, N);
+    oomb_tensor * C = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, M, N);
+    oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(pc, cu);
+    ASSERT_NE(buf, nullptr);
+    const auto av = random_floats((size_t) K * M, 11), bv = random_floats((size_t) K * N, 12), cv = random_floats((size_t) M * N, 13);
+    oomb_tensor_set(a, av.data(), 0, av.size() * 4);
+    oomb_tensor_set(b, bv.data(), 0, bv.size() * 4);
+    std::vector<double> want((size_t) M * N);
+    double mx = 0;
+    for (int n = 0; n < N; n++)
+        for (int m = 0; m < M; m++) {
+            double acc = cv[(size_t) n * M + m];
+            for (int k = 0; k < K; k++) acc += (double) av[(size_t) m * K + k] * bv[(size_t) n * K + k];
+            want[(size_t) n * M + m] = acc;
+            mx = std::max(mx, std::fabs(acc));
+        }
+    auto check_c = [&](const char * what) {
+        std::vector<float> got((size_t) M * N);
+        oomb_tensor_get(C, got.data(), 0, got.size() * 4);
+        double err = 0;
+        for (size_t i = 0; i < got.size(); i++) err = std::max(err, std::fabs(got[i] - want[i]));
+        EXPECT_LT(err, 1e-2 * mx) << what << ": largest error " << err << " of " << mx;
+    };
+    // mode 0: fused; 1: a second reader; 2: the product is an output; 3: a part of a graph
+    for (int mode = 0; mode < 4; mode++) {
+        SCOPED_TRACE("mode " + std::to_string(mode));
+        oomb_tensor_set(C, cv.data(), 0, cv.size() * 4);
+        oomb_context * gc = oomb_init({0, true});
+        oomb_tensor * prod = oomb_mul_mat(gc, a, b);
+        oomb_tensor * upd = oomb_add_inplace(gc, C, prod);
+        oomb_cgraph * g = oomb_new_graph(gc);
+        oomb_tensor * other = nullptr;
+        if (mode == 1) {
+            other = oomb_scale(gc, prod, 2.0f);
+            oomb_set_output(other);
+            oomb_build_forward_expand(g, other);
+        }
+        if (mode == 2) oomb_set_output(prod);
+        oomb_build_forward_expand(g, upd);
+        oomb_tensor * last = oomb_scale(gc, a, 1.0f);  // the last node is pinned: not the product
+        oomb_build_forward_expand(g, last);
+        oomb_gallocr_t ga = oomb_gallocr_new(cu);
+        ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+        const int64_t before = oomb_cuda_debug_fused_count(cu);
+        oomb_cgraph * run = mode == 3 ? oomb_graph_view(gc, g, 0, (int) oomb_graph_n_nodes(g)) : g;
+        ASSERT_EQ(oomb_backend_graph_compute(cu, run), OOMB_STATUS_OK) << oomb_backend_last_error(cu);
+        EXPECT_EQ(oomb_cuda_debug_fused_count(cu) - before, mode == 0 ? 1 : 0);
+        check_c("C after C += a b");
+        if (mode == 1 || mode == 2) {
+            // the product's own value (mode 1: through its second reader) is there too
+            std::vector<float> pv((size_t) M * N);
+            oomb_tensor_get(mode == 1 ? other : prod, pv.data(), 0, pv.size() * 4);
+            double err = 0;
+            for (size_t i = 0; i < pv.size(); i++) err = std::max(err, std::fabs(pv[i] - (mode == 1 ? 2.0 : 1.0) * (want[i] - cv[i])));
+            EXPECT_LT(err, 2e-2 * mx) << "the product";
+        }
+        oomb_gallocr_free(ga);
+        oomb_free(gc);
+    }
+    oomb_buffer_free(buf);
+    oomb_free(pc);
+#endif
 }
