@@ -399,10 +399,14 @@ std::string profile_key(const oomb_tensor * n) {
 // of one shape (no broadcast); C's memory is not M's operands'; and no node between M and A
 // (at most 256 apart) touches C's memory (a source or view source on C's base). M then adds into
 // C where it stands, and A does nothing. Fills c.fuse_acc / c.fuse_skip for g.
+// Opt-in (OOMB_CUDA_FUSE=1) until it has run on a GPU: written and built on 2026-12-03 after that
+// session's device time was spent; tests/test-cuda-backend.cpp FusedAccumulationIntoProducts and a
+// 7B step with and without it (bench/gpu/lease-s11.sh fuse) are to run before it becomes the default.
 void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
     c.fuse_acc.clear();
     c.fuse_skip.clear();
-    if (g->is_view || getenv("OOMB_CUDA_NO_FUSE")) return;
+    const char * on = getenv("OOMB_CUDA_FUSE");
+    if (g->is_view || !on || strcmp(on, "1") != 0) return;
     const size_t n = g->nodes.size();
     auto base = [](const oomb_tensor * t) { return t->view_src ? t->view_src : t; };
     std::unordered_map<const oomb_tensor *, int> readers;  // node -> nodes reading it (sources, view sources)

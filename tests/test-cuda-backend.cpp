@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -259,8 +260,9 @@ TEST_F(CudaBackend, ComputeFaultIsAStatus) {
     oomb_free(ctx);
 }
 
-// The fused accumulation (cuda/backend-cuda.cu, fuse_accumulations): C += mul_mat(a, b) as one GEMM
-// with beta = 1 when the product is an arena tensor that only the add_inplace reads; C against
+// The fused accumulation (cuda/backend-cuda.cu, fuse_accumulations; opt-in, OOMB_CUDA_FUSE=1, set
+// here): C += mul_mat(a, b) as one GEMM with beta = 1 when the product is an arena tensor that only
+// the add_inplace reads; without the variable nothing is fused (mode 4); C against
 // C0 + a b computed on the host in double (bf16 operands on the GPU: 1e-2 of the largest value),
 // on odd sizes. Not fused (and still right): a product with a second reader, a product flagged as an
 // output (its value then read back too), a product in a part of a graph (oomb_graph_view).
@@ -292,9 +294,11 @@ TEST_F(CudaBackend, FusedAccumulationIntoProducts) {
         for (size_t i = 0; i < got.size(); i++) err = std::max(err, std::fabs(got[i] - want[i]));
         EXPECT_LT(err, 1e-2 * mx) << what << ": largest error " << err << " of " << mx;
     };
-    // mode 0: fused; 1: a second reader; 2: the product is an output; 3: a part of a graph
-    for (int mode = 0; mode < 4; mode++) {
+    // mode 0: fused; 1: a second reader; 2: the product is an output; 3: a part of a graph; 4: not asked for
+    for (int mode = 0; mode < 5; mode++) {
         SCOPED_TRACE("mode " + std::to_string(mode));
+        if (mode < 4) setenv("OOMB_CUDA_FUSE", "1", 1);
+        else unsetenv("OOMB_CUDA_FUSE");
         oomb_tensor_set(C, cv.data(), 0, cv.size() * 4);
         oomb_context * gc = oomb_init({0, true});
         oomb_tensor * prod = oomb_mul_mat(gc, a, b);
@@ -328,6 +332,7 @@ TEST_F(CudaBackend, FusedAccumulationIntoProducts) {
         oomb_gallocr_free(ga);
         oomb_free(gc);
     }
+    unsetenv("OOMB_CUDA_FUSE");
     oomb_buffer_free(buf);
     oomb_free(pc);
 #endif
