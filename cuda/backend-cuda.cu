@@ -49,11 +49,11 @@ void oomb_cuda_after_launch(oomb_cuda_ctx & c, const char * kernel, const char *
     if (e != cudaSuccess) oomb::fail(OOMB_STATUS_DEVICE_ERROR, "cuda: kernel %s failed at %s:%d: %s", kernel, file, line, cudaGetErrorString(e));
 }
 
-void oomb_cuda_ctx::bf16_copies_after(const oomb_tensor * node) {
-    switch (node->op) {
-        case OOMB_OP_NONE: case OOMB_OP_VIEW: case OOMB_OP_RESHAPE: case OOMB_OP_PERMUTE: case OOMB_OP_TRANSPOSE:
-            return;
-        // ops that write only their result's bytes (CPY and ADD_INPLACE: a view of the memory written)
+// Ops that write only their result's bytes (CPY and ADD_INPLACE: a view of the memory written);
+// the others (optimizer steps: moments; paged attention: KV pools, gradient pages; custom ops) may
+// write memory they do not return.
+static bool op_writes_only_result(enum oomb_op op) {
+    switch (op) {
         case OOMB_OP_CONT: case OOMB_OP_CPY: case OOMB_OP_CAST: case OOMB_OP_FILL: case OOMB_OP_ADD: case OOMB_OP_SUB:
         case OOMB_OP_MUL: case OOMB_OP_SCALE: case OOMB_OP_ADD_INPLACE: case OOMB_OP_REPEAT: case OOMB_OP_REPEAT_BACK:
         case OOMB_OP_SILU: case OOMB_OP_SILU_BACK: case OOMB_OP_SWIGLU: case OOMB_OP_SWIGLU_BACK: case OOMB_OP_SUM:
@@ -61,20 +61,29 @@ void oomb_cuda_ctx::bf16_copies_after(const oomb_tensor * node) {
         case OOMB_OP_RMS_NORM: case OOMB_OP_RMS_NORM_BACK: case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK: case OOMB_OP_SOFT_MAX:
         case OOMB_OP_SOFT_MAX_BACK: case OOMB_OP_ATTN: case OOMB_OP_ATTN_BACK: case OOMB_OP_CROSS_ENTROPY:
         case OOMB_OP_CROSS_ENTROPY_BACK: case OOMB_OP_LINEAR_CROSS_ENTROPY: case OOMB_OP_LINEAR_CROSS_ENTROPY_BACK:
-        case OOMB_OP_PAGED_ATTN_MERGE: {
-            if (oomb_nelements(node) == 0) return;
-            const size_t lo = (size_t) node->data;
-            size_t last = 0;
-            for (int i = 0; i < 4; i++) last += (size_t) (node->ne[i] - 1) * node->nb[i];
-            const size_t hi = lo + last + oomb_type_size(node->type);
-            for (auto & e : bf16_copies)
-                if (e.valid && e.lo < hi && lo < e.hi) e.valid = false;
-            return;
-        }
-        default: // optimizer steps (moments), paged attention (KV pools, gradient pages), custom ops
-            bf16_copies_clear();
-            return;
+        case OOMB_OP_PAGED_ATTN_MERGE:
+            return true;
+        default:
+            return false;
     }
+}
+static bool op_is_layout_only(enum oomb_op op) {
+    return op == OOMB_OP_NONE || op == OOMB_OP_VIEW || op == OOMB_OP_RESHAPE || op == OOMB_OP_PERMUTE || op == OOMB_OP_TRANSPOSE;
+}
+
+void oomb_cuda_ctx::bf16_copies_after(const oomb_tensor * node) {
+    if (op_is_layout_only(node->op)) return;
+    if (!op_writes_only_result(node->op)) {
+        bf16_copies_clear();  // optimizer steps (moments), paged attention (KV pools, gradient pages), custom ops
+        return;
+    }
+    if (oomb_nelements(node) == 0) return;
+    const size_t lo = (size_t) node->data;
+    size_t last = 0;
+    for (int i = 0; i < 4; i++) last += (size_t) (node->ne[i] - 1) * node->nb[i];
+    const size_t hi = lo + last + oomb_type_size(node->type);
+    for (auto & e : bf16_copies)
+        if (e.valid && e.lo < hi && lo < e.hi) e.valid = false;
 }
 
 void * oomb_cuda_ctx::scratch(int slot, size_t bytes) {
@@ -396,14 +405,18 @@ std::string profile_key(const oomb_tensor * n) {
 // whole (not an oomb_graph_view part, whose later parts might read M); A is M's only reader in it (a
 // source or view source of no other node); M lives in a graph allocator's arena (its value is not
 // kept past its last reader anyway) and is not flagged as an output; M and C are contiguous f32
-// of one shape (no broadcast); C's memory is not M's operands'; and no node between M and A
-// (at most 256 apart) touches C's memory (a source or view source on C's base). M then adds into
+// of one shape (no broadcast); C's bytes are not M's operands'; and no node between M and A (at
+// most 256 apart; views, which compute nothing, aside) reads or writes C's bytes or base, or may
+// write memory it does not return (optimizer steps, paged attention, custom ops). M then adds into
 // C where it stands, and A does nothing. Fills c.fuse_acc / c.fuse_skip for g.
+// A graph stopped between M and A (the abort callback, a compute fault) leaves C with M added,
+// where the unfused graph would leave C unchanged; nothing resumes a stopped graph today.
 // Opt-in (OOMB_CUDA_FUSE=1) until it has run on a GPU: written and built on 2026-12-03 after that
 // session's device time was spent; tests/test-cuda-backend.cpp FusedAccumulationIntoProducts and a
 // 7B step with and without it (bench/gpu/lease-s11.sh fuse) are to run before it becomes the default.
 void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
     c.fuse_acc.clear();
+    c.fuse_at.clear();
     c.fuse_skip.clear();
     const char * on = getenv("OOMB_CUDA_FUSE");
     if (g->is_view || !on || strcmp(on, "1") != 0) return;
@@ -422,27 +435,33 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
         const oomb_tensor * A = g->nodes[j];
         if (A->op != OOMB_OP_ADD_INPLACE) continue;
         const oomb_tensor * C = A->src[0], * M = A->src[1];
-        if (!C || !M || M->op != OOMB_OP_MUL_MAT || (M->flags & OOMB_TENSOR_FLAG_OUTPUT) || readers[M] != 1) continue;
+        const int32_t pinned = OOMB_TENSOR_FLAG_INPUT | OOMB_TENSOR_FLAG_OUTPUT | OOMB_TENSOR_FLAG_PARAM | OOMB_TENSOR_FLAG_LOSS;
+        if (!C || !M || M->op != OOMB_OP_MUL_MAT || (M->flags & pinned) || readers[M] != 1) continue;
         if (M->view_src || !M->buffer || !M->buffer->arena) continue;
         auto it = index.find(M);
         if (it == index.end() || it->second >= j || j - it->second > 256) continue;
         const size_t i = it->second;
         if (C->type != OOMB_TYPE_F32 || M->type != OOMB_TYPE_F32 || !oomb_is_contiguous(C) || !oomb_is_contiguous(M) || !oomb_are_same_shape(C, M))
             continue;
+        // by memory, not by tensor (two tensors can share bytes outside the allocator's plan)
         const oomb_tensor * cb = base(C);
-        if ((M->src[0] && base(M->src[0]) == cb) || (M->src[1] && base(M->src[1]) == cb)) continue;
+        if ((M->src[0] && oomb::tensors_overlap(M->src[0], C)) || (M->src[1] && oomb::tensors_overlap(M->src[1], C))) continue;
         bool touched = false;
         for (size_t k = i + 1; k < j && !touched; k++) {
             const oomb_tensor * t = g->nodes[k];
-            touched = base(t) == cb;
-            for (int q = 0; q < OOMB_MAX_SRC && !touched; q++) touched = t->src[q] && base(t->src[q]) == cb;
+            if (op_is_layout_only(t->op)) continue;  // a view (e.g. of C) computes nothing; its readers are checked
+            // an op that may write memory it does not name, or any node on C's bytes or base
+            touched = !op_writes_only_result(t->op) || base(t) == cb || oomb::tensors_overlap(t, C);
+            for (int q = 0; q < OOMB_MAX_SRC && !touched; q++) touched = t->src[q] && (base(t->src[q]) == cb || oomb::tensors_overlap(t->src[q], C));
         }
         if (touched) continue;
         if (c.fuse_acc.empty()) {
             c.fuse_acc.assign(n, nullptr);
+            c.fuse_at.assign(n, nullptr);
             c.fuse_skip.assign(n, 0);
         }
         c.fuse_acc[i] = (float *) C->data;
+        c.fuse_at[i] = A;
         c.fuse_skip[j] = 1;
         c.n_fused++;
     }
@@ -477,6 +496,7 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
         c->cur_node = (int) i;
         if (c->fuse_skip.empty() || !c->fuse_skip[i]) compute_node(*c, node);  // (a fused add_inplace: its product added already)
         c->bf16_copies_after(node);
+        if (!c->fuse_at.empty() && c->fuse_at[i]) c->bf16_copies_after(c->fuse_at[i]);  // a fused product wrote C's bytes here
         if (c->profile) CUDA_CHECK(cudaEventRecord(c->prof_events[2 * i + 1], c->stream));
     }
     if (c->profile) {
@@ -630,13 +650,13 @@ oomb_backend_t oomb_backend_cuda_init(int device) {
 
 // Test hook: the next asynchronous copy of this CUDA backend fails as if cudaMemcpyAsync had
 // returned `cuda_error` (the same error path as a real fault: a status, not an abort).
-// test hook: how many add_inplace nodes this backend has fused into their products (fuse_accumulations)
-int64_t oomb_cuda_debug_fused_count(oomb_backend_t backend) { return oomb_cuda_ctx_of(backend).n_fused; }
-
 void oomb_cuda_debug_fail_next_copy(oomb_backend_t backend, int cuda_error) {
     if (!backend || backend->iface != &k_cuda_iface) oomb_error("cuda_debug_fail_next_copy: not a CUDA backend");
     ctx_of(backend)->fail_next_copy = (cudaError_t) cuda_error;
 }
+
+// Test hook: how many add_inplace nodes this backend has fused into their products (fuse_accumulations).
+int64_t oomb_cuda_debug_fused_count(oomb_backend_t backend) { return oomb_cuda_ctx_of(backend).n_fused; }
 
 oomb_cuda_ctx & oomb_cuda_ctx_of(oomb_backend_t backend) {
     if (!backend || strcmp(oomb_backend_name(backend), "CUDA") != 0)

@@ -121,6 +121,7 @@ struct oomb_cuda_ctx {
     // node index, the memory a MUL_MAT adds its product into (nullptr: none), and the ADD_INPLACE
     // nodes that are thereby done; n_fused counts them over the backend's life (tests).
     std::vector<float *> fuse_acc;
+    std::vector<const oomb_tensor *> fuse_at;  // the add_inplace a fused MUL_MAT stands in for (its bytes: C's)
     std::vector<char> fuse_skip;
     int64_t n_fused = 0;
 

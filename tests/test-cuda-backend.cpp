@@ -262,78 +262,103 @@ TEST_F(CudaBackend, ComputeFaultIsAStatus) {
 
 // The fused accumulation (cuda/backend-cuda.cu, fuse_accumulations; opt-in, OOMB_CUDA_FUSE=1, set
 // here): C += mul_mat(a, b) as one GEMM with beta = 1 when the product is an arena tensor that only
-// the add_inplace reads; without the variable nothing is fused (mode 4); C against
-// C0 + a b computed on the host in double (bf16 operands on the GPU: 1e-2 of the largest value),
-// on odd sizes. Not fused (and still right): a product with a second reader, a product flagged as an
-// output (its value then read back too), a product in a part of a graph (oomb_graph_view).
+// the add_inplace reads. C against C0 + reps x a b computed on the host in double (bf16 operands on
+// the GPU: 1e-2 of the largest value), odd sizes, and the number of fused nodes. Cases: fused; the
+// same graph computed twice (C0 + 2 a b, two fusions); not fused, and still right: a product with a
+// second reader, a product flagged as an output (its own value read back too), a part of a graph
+// (oomb_graph_view), a node writing C between the product and the add (C scaled by 2 first), C
+// sharing a's bytes (square shapes, C a view of a), and without the variable.
 TEST_F(CudaBackend, FusedAccumulationIntoProducts) {
 #ifdef OOMB_USE_CUDA
-    const int K = 67, M = 45, N = 29;
-    oomb_context * pc = oomb_init({0, true});
-    oomb_tensor * a = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M);
-    oomb_tensor * b = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, N);
-    oomb_tensor * C = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, M, N);
-    oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(pc, cu);
-    ASSERT_NE(buf, nullptr);
-    const auto av = random_floats((size_t) K * M, 11), bv = random_floats((size_t) K * N, 12), cv = random_floats((size_t) M * N, 13);
-    oomb_tensor_set(a, av.data(), 0, av.size() * 4);
-    oomb_tensor_set(b, bv.data(), 0, bv.size() * 4);
-    std::vector<double> want((size_t) M * N);
-    double mx = 0;
-    for (int n = 0; n < N; n++)
-        for (int m = 0; m < M; m++) {
-            double acc = cv[(size_t) n * M + m];
-            for (int k = 0; k < K; k++) acc += (double) av[(size_t) m * K + k] * bv[(size_t) n * K + k];
-            want[(size_t) n * M + m] = acc;
-            mx = std::max(mx, std::fabs(acc));
-        }
-    auto check_c = [&](const char * what) {
-        std::vector<float> got((size_t) M * N);
-        oomb_tensor_get(C, got.data(), 0, got.size() * 4);
-        double err = 0;
-        for (size_t i = 0; i < got.size(); i++) err = std::max(err, std::fabs(got[i] - want[i]));
-        EXPECT_LT(err, 1e-2 * mx) << what << ": largest error " << err << " of " << mx;
+    const int K = 45, M = 45, N = 29;  // K == M: a [K, M] and C [M, N] can share memory (the alias case)
+    struct FuseEnv {  // sets OOMB_CUDA_FUSE for a case, unsets it on every way out
+        explicit FuseEnv(bool on) { if (on) setenv("OOMB_CUDA_FUSE", "1", 1); else unsetenv("OOMB_CUDA_FUSE"); }
+        ~FuseEnv() { unsetenv("OOMB_CUDA_FUSE"); }
     };
-    // mode 0: fused; 1: a second reader; 2: the product is an output; 3: a part of a graph; 4: not asked for
-    for (int mode = 0; mode < 5; mode++) {
-        SCOPED_TRACE("mode " + std::to_string(mode));
-        if (mode < 4) setenv("OOMB_CUDA_FUSE", "1", 1);
-        else unsetenv("OOMB_CUDA_FUSE");
-        oomb_tensor_set(C, cv.data(), 0, cv.size() * 4);
+    const auto av = random_floats((size_t) K * M, 11), bv = random_floats((size_t) K * N, 12), cv = random_floats((size_t) M * N, 13);
+    enum Mode { FUSED, TWICE, SECOND_READER, OUTPUT, GRAPH_PART, C_WRITTEN_BETWEEN, C_ALIASES_A, NOT_ASKED, N_MODES };
+    const char * names[] = {"fused", "computed twice", "second reader", "output", "graph part", "C written between", "C aliases a",
+                            "not asked"};
+    for (int mode = 0; mode < N_MODES; mode++) {
+        SCOPED_TRACE(names[mode]);
+        FuseEnv env(mode != NOT_ASKED);
+        oomb_context * pc = oomb_init({0, true});
+        // C_ALIASES_A: a [K, M] and C [M, N] views of one [K * M] block (a's first M * N values are C's)
+        oomb_tensor * blk = oomb_new_tensor_1d(pc, OOMB_TYPE_F32, (int64_t) K * M + M * N);
+        oomb_tensor * a = oomb_view_2d(pc, blk, K, M, (size_t) K * 4, 0);
+        oomb_tensor * b = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, N);
+        oomb_tensor * C = mode == C_ALIASES_A ? oomb_view_2d(pc, blk, M, N, (size_t) M * 4, 0)
+                                              : oomb_view_2d(pc, blk, M, N, (size_t) M * 4, (size_t) K * M * 4);
+        oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(pc, cu);
+        ASSERT_NE(buf, nullptr);
+        oomb_tensor_set(b, bv.data(), 0, bv.size() * 4);
+        oomb_tensor_set(a, av.data(), 0, av.size() * 4);
+        std::vector<float> a_now = av, c0 = cv;
+        if (mode == C_ALIASES_A) std::copy(av.begin(), av.begin() + (size_t) M * N, c0.begin());  // C is a's first values
+        else oomb_tensor_set(C, cv.data(), 0, cv.size() * 4);
         oomb_context * gc = oomb_init({0, true});
         oomb_tensor * prod = oomb_mul_mat(gc, a, b);
-        oomb_tensor * upd = oomb_add_inplace(gc, C, prod);
         oomb_cgraph * g = oomb_new_graph(gc);
         oomb_tensor * other = nullptr;
-        if (mode == 1) {
+        if (mode == SECOND_READER) {
             other = oomb_scale(gc, prod, 2.0f);
             oomb_set_output(other);
             oomb_build_forward_expand(g, other);
         }
-        if (mode == 2) oomb_set_output(prod);
+        if (mode == OUTPUT) oomb_set_output(prod);
+        oomb_build_forward_expand(g, prod);
+        oomb_tensor * target = C;
+        if (mode == C_WRITTEN_BETWEEN) {
+            // C *= 2 in place (a view of C written by scale), after the product, before the add
+            oomb_tensor * c2 = oomb_cpy(gc, oomb_scale(gc, C, 2.0f), C);
+            oomb_build_forward_expand(g, c2);
+            target = c2;
+        }
+        oomb_tensor * upd = oomb_add_inplace(gc, target, prod);
         oomb_build_forward_expand(g, upd);
-        oomb_tensor * last = oomb_scale(gc, a, 1.0f);  // the last node is pinned: not the product
-        oomb_build_forward_expand(g, last);
+        oomb_build_forward_expand(g, oomb_scale(gc, b, 1.0f));  // the last node is pinned: not the product
         oomb_gallocr_t ga = oomb_gallocr_new(cu);
-        ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+        const bool placed = oomb_gallocr_alloc_graph(ga, g);
+        const int reps = mode == TWICE ? 2 : 1;
         const int64_t before = oomb_cuda_debug_fused_count(cu);
-        oomb_cgraph * run = mode == 3 ? oomb_graph_view(gc, g, 0, (int) oomb_graph_n_nodes(g)) : g;
-        ASSERT_EQ(oomb_backend_graph_compute(cu, run), OOMB_STATUS_OK) << oomb_backend_last_error(cu);
-        EXPECT_EQ(oomb_cuda_debug_fused_count(cu) - before, mode == 0 ? 1 : 0);
-        check_c("C after C += a b");
-        if (mode == 1 || mode == 2) {
-            // the product's own value (mode 1: through its second reader) is there too
-            std::vector<float> pv((size_t) M * N);
-            oomb_tensor_get(mode == 1 ? other : prod, pv.data(), 0, pv.size() * 4);
+        oomb_cgraph * run = mode == GRAPH_PART ? oomb_graph_view(gc, g, 0, oomb_graph_n_nodes(g)) : g;
+        bool ok = placed;
+        for (int r = 0; r < reps && ok; r++) {
+            const oomb_status st = oomb_backend_graph_compute(cu, run);
+            EXPECT_EQ(st, OOMB_STATUS_OK) << oomb_backend_last_error(cu);
+            ok = st == OOMB_STATUS_OK;
+        }
+        EXPECT_TRUE(placed);
+        if (ok) {
+            EXPECT_EQ(oomb_cuda_debug_fused_count(cu) - before, mode == FUSED ? 1 : mode == TWICE ? 2 : 0);
+            std::vector<double> want((size_t) M * N);
+            double mx = 0;
+            for (int nn = 0; nn < N; nn++)
+                for (int m = 0; m < M; m++) {
+                    double p = 0;
+                    for (int k = 0; k < K; k++) p += (double) a_now[(size_t) m * K + k] * bv[(size_t) nn * K + k];
+                    const size_t i = (size_t) nn * M + m;
+                    want[i] = (mode == C_WRITTEN_BETWEEN ? 2.0 : 1.0) * c0[i] + reps * p;
+                    mx = std::max(mx, std::fabs(want[i]));
+                }
+            std::vector<float> got((size_t) M * N);
+            oomb_tensor_get(C, got.data(), 0, got.size() * 4);
             double err = 0;
-            for (size_t i = 0; i < pv.size(); i++) err = std::max(err, std::fabs(pv[i] - (mode == 1 ? 2.0 : 1.0) * (want[i] - cv[i])));
-            EXPECT_LT(err, 2e-2 * mx) << "the product";
+            for (size_t i = 0; i < got.size(); i++) err = std::max(err, std::fabs(got[i] - want[i]));
+            EXPECT_LT(err, 1e-2 * mx) << "C: largest error " << err << " of " << mx;
+            if (mode == SECOND_READER || mode == OUTPUT) {
+                std::vector<float> pv((size_t) M * N);
+                oomb_tensor_get(mode == SECOND_READER ? other : prod, pv.data(), 0, pv.size() * 4);
+                double perr = 0;
+                for (size_t i = 0; i < pv.size(); i++)
+                    perr = std::max(perr, std::fabs(pv[i] - (mode == SECOND_READER ? 2.0 : 1.0) * (want[i] - c0[i])));
+                EXPECT_LT(perr, 2e-2 * mx) << "the product";
+            }
         }
         oomb_gallocr_free(ga);
         oomb_free(gc);
+        oomb_buffer_free(buf);
+        oomb_free(pc);
     }
-    unsetenv("OOMB_CUDA_FUSE");
-    oomb_buffer_free(buf);
-    oomb_free(pc);
 #endif
 }
