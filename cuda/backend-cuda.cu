@@ -404,7 +404,7 @@ std::string profile_key(const oomb_tensor * n) {
 // A MUL_MAT node M is fused into a later ADD_INPLACE node A = add_inplace(C, M) when: the graph is
 // whole (not an oomb_graph_view part, whose later parts might read M); A is M's only reader in it (a
 // source or view source of no other node); M lives in a graph allocator's arena (its value is not
-// kept past its last reader anyway) and is not flagged as an output; M and C are contiguous f32
+// kept past its last reader anyway) and no flag pins it (input, output, param, loss); M and C are contiguous f32
 // of one shape (no broadcast); C's bytes are not M's operands'; and no node between M and A (at
 // most 256 apart; views, which compute nothing, aside) reads or writes C's bytes or base, or may
 // write memory it does not return (optimizer steps, paged attention, custom ops). M then adds into
