@@ -23,6 +23,11 @@
 #include <string>
 #include <vector>
 
+#ifdef OOMB_USE_CUDA
+// test hook (cuda/backend-cuda.cu): add_inplace nodes fused into their products so far
+int64_t oomb_cuda_debug_fused_count(oomb_backend_t backend);
+#endif
+
 namespace {
 
 using vec = std::vector<double>;
@@ -1368,6 +1373,36 @@ TEST(CudaBackend, InitAndBuffers) {
     oomb_buffer_free(b);
     // an impossible allocation returns NULL
     EXPECT_EQ(oomb_backend_alloc_buffer(cu, (size_t) 1 << 50), nullptr);
+}
+
+// The fused weight-gradient accumulation (cuda/backend-cuda.cu, fuse_accumulations; opt-in,
+// OOMB_CUDA_FUSE=1, set here) on the products the autodiff builds: two linear layers, each weight's
+// dW = dy x^T from transposed views (to_bf16_transposed, op N / T in cuBLAS) added into W's gradient
+// by the GEMM itself, and dx the same way; loss and every gradient against the CPU backend. On a real
+// GPU the fused count must grow (in the CPU-harness mode there is no CUDA backend to ask).
+TEST_F(CudaOps, FusedWeightGradientAccumulation) {
+    REQUIRE_CUDA();
+    struct FuseEnv {
+        FuseEnv() { setenv("OOMB_CUDA_FUSE", "1", 1); }
+        ~FuseEnv() { unsetenv("OOMB_CUDA_FUSE"); }
+    } env;
+#ifdef OOMB_USE_CUDA
+    const bool real = !harness_on_cpu();
+    const int64_t before = real ? oomb_cuda_debug_fused_count(cuda_backend()) : 0;
+#endif
+    expect_case("two linear layers: loss, dW1, dW2, dx (fused accumulation)", [](Builder & B) -> std::vector<oomb_tensor *> {
+        const int64_t K = 72, M = 45, O = 29, N = 37;
+        oomb_tensor * w1 = B.param(OOMB_TYPE_F32, K, M, 1, 1, -0.5f, 0.5f);
+        oomb_tensor * w2 = B.param(OOMB_TYPE_F32, M, O, 1, 1, -0.5f, 0.5f);
+        oomb_tensor * x = B.param(OOMB_TYPE_F32, K, N, 1, 1, -1.0f, 1.0f);
+        oomb_tensor * h = oomb_silu(B.ctx, oomb_mul_mat(B.ctx, w1, x));  // [M, N]
+        oomb_tensor * y = oomb_mul_mat(B.ctx, w2, h);                     // [O, N]
+        B.loss = oomb_sum_sq(B.ctx, y);
+        return {B.loss, w1->grad, w2->grad, x->grad};
+    }, k_bf16);
+#ifdef OOMB_USE_CUDA
+    if (real) EXPECT_GE(oomb_cuda_debug_fused_count(cuda_backend()) - before, 2) << "the two weights' accumulations fused";
+#endif
 }
 
 } // namespace
