@@ -30,6 +30,23 @@ struct FwdArgs {
     int acc;                                          // MODE_OUT: accumulate (oomb_paged_attn_args), pa_epilogue_out
 };
 
+// A forward block's rows r0 .. r0 + BM - 1 (row R < TG = T G: token R / G): each row's position into sPos (-1
+// past T G), the block's max / min position into *sMax / *sMin (set to -1 / INT_MAX and synchronised
+// before), by NT threads; a barrier before they are read.
+template <int BM, int NT>
+__device__ __forceinline__ void fwd_row_positions(const FwdArgs & a, int TG, int r0, int tid, int * sPos, int * sMax, int * sMin) {
+    for (int i = tid; i < BM; i += NT) {
+        const int R = r0 + i;
+        int p = -1;
+        if (R < TG) {
+            p = a.pos[R / a.G];
+            atomicMax(sMax, p);
+            atomicMin(sMin, p);
+        }
+        sPos[i] = p;
+    }
+}
+
 template <int D, int WM, int BN, int NW>
 struct FwdCfg {
     static constexpr int BM = NW * 16 * WM;
@@ -59,16 +76,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) 
 
     if (tid == 0) { sMax = -1; sMin = INT_MAX; }
     __syncthreads();
-    for (int i = tid; i < BM; i += NT) {
-        const int R = r0 + i;
-        int p = -1;
-        if (R < TG) {
-            p = a.pos[R / a.G];
-            atomicMax(&sMax, p);
-            atomicMin(&sMin, p);
-        }
-        sPos[i] = p;
-    }
+    fwd_row_positions<BM, NT>(a, TG, r0, tid, sPos, &sMax, &sMin);
     for (int idx = tid; idx < BM * NCH; idx += NT) {
         const int row = idx / NCH, ch = idx % NCH;
         const int R = r0 + row;

@@ -330,6 +330,30 @@ __device__ __forceinline__ void fwd_load_q(const FwdArgs & a, bf16 * sQ, int r0,
     }
 }
 
+// S = Q K^T for a warpgroup's 64 rows (row block wq of the BM-row q tile at shared address aQ, both
+// K-major, sw128) against the BN-key tile at cK: D / 16 wgmmas issued into s (no fence, no commit).
+template <int D, int BM, int BN>
+__device__ __forceinline__ void fwd_issue_s(float (&s)[BN / 2], uint32_t aQ, int wq, uint32_t cK) {
+#ifdef OOMB_WGMMA
+    using namespace oomb_wgmma;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        mma_ss_n128<0, 0>(s, desc_sw128(aQ + (kk >> 2) * (BM * 128) + wq * (64 * 128) + (kk & 3) * 32, 16, 1024),
+                          desc_sw128(cK + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+#endif
+}
+
+// O += P V: the P fragments pa against the BN-key V tile at cV (MN-major): BN / 16 wgmmas issued
+// (no fence, no commit).
+template <int D, int BN>
+__device__ __forceinline__ void fwd_issue_pv(float (&o)[D / 2], const uint32_t (&pa)[BN / 16][4], uint32_t cV) {
+#ifdef OOMB_WGMMA
+    using namespace oomb_wgmma;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) mma_rs_nd<D>(o, pa[kk], desc_sw128(cV + kk * 2048, BN * 128, 1024), 1);
+#endif
+}
+
 // Online softmax of one key tile (keys k0 .. k0 + BN - 1) for a warpgroup's 64 rows, without o:
 // s = S (raw products) in, scaled by c (scale * log2 e) and masked (keys > lim[hf] of the thread's
 // row hf get -inf when need_mask), P = exp2(s - m) out in place; m, l: running max and sum (log2
@@ -552,10 +576,7 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
     auto issue_s = [&](float (&s)[BN / 2], int it) {
         const uint32_t cK = aK + (it % NBUF) * W::tile_kv;
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-            mma_ss_n128<0, 0>(s, desc_sw128(aQ + (kk >> 2) * (BM * 128) + wg * (64 * 128) + (kk & 3) * 32, 16, 1024),
-                              desc_sw128(cK + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+        fwd_issue_s<D, BM, BN>(s, aQ, wg, cK);
         wgmma_commit();
     };
     // online softmax of tile `it` (s complete), rescale of o (the previous O += P V complete), then
@@ -574,8 +595,7 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
         uint32_t pa[BN / 16][4];
         fwd_softmax_tile<D, BN>(s, o, m, l, lim, k0, need_mask, a.c, lane, pa);
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) mma_rs_nd<D>(o, pa[kk], desc_sw128(cV + kk * 2048, BN * 128, 1024), 1);
+        fwd_issue_pv<D, BN>(o, pa, cV);
         wgmma_commit();
     };
 

@@ -98,16 +98,7 @@ __global__ void __launch_bounds__(384, 1)
         prefetch_tmap(&tmV);
     }
     __syncthreads();
-    for (int i = tid; i < BM; i += NT) {
-        const int R = r0 + i;
-        int p = -1;
-        if (R < TG) {
-            p = a.pos[R / a.G];
-            atomicMax(&sMax, p);
-            atomicMin(&sMin, p);
-        }
-        sPos[i] = p;
-    }
+    fwd_row_positions<BM, NT>(a, TG, r0, tid, sPos, &sMax, &sMin);
     fwd_load_q<D, BM, NT>(a, sQ, r0, g, tid);
     fence_proxy_async();
     __syncthreads();
@@ -160,20 +151,9 @@ __global__ void __launch_bounds__(384, 1)
     }
     const int bar_me = WS_BAR_TURN + cw, bar_other = WS_BAR_TURN + (cw ^ 1);
 
-    // S = Q K^T of tile it into s (issued)
-    auto issue_s = [&](float (&s)[BN / 2], int it) {
-        const uint32_t cK = aK + (it % NS) * W::tile_kv;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++)
-            mma_ss_n128<0, 0>(s, desc_sw128(aQ + (kk >> 2) * (BM * 128) + cw * (64 * 128) + (kk & 3) * 32, 16, 1024),
-                              desc_sw128(cK + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
-    };
-    // O += P V of tile it (issued)
-    auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], int it) {
-        const uint32_t cV = aV + (it % NS) * W::tile_kv;
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) mma_rs_nd<D>(o, pa[kk], desc_sw128(cV + kk * 2048, BN * 128, 1024), 1);
-    };
+    // S = Q K^T of tile it into s, O += P V of tile it (issued)
+    auto issue_s = [&](float (&s)[BN / 2], int it) { fwd_issue_s<D, BM, BN>(s, aQ, cw, aK + (it % NS) * W::tile_kv); };
+    auto issue_pv = [&](const uint32_t (&pa)[BN / 16][4], int it) { fwd_issue_pv<D, BN>(o, pa, aV + (it % NS) * W::tile_kv); };
 
     float s[BN / 2];
     uint32_t pa[BN / 16][4];
