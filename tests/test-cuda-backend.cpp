@@ -260,28 +260,28 @@ TEST_F(CudaBackend, ComputeFaultIsAStatus) {
     oomb_free(ctx);
 }
 
-// The fused accumulation (cuda/backend-cuda.cu, fuse_accumulations; opt-in, OOMB_CUDA_FUSE=1, set
-// here): C += mul_mat(a, b) as one GEMM with beta = 1 when the product is an arena tensor that only
+// The fused accumulation (cuda/backend-cuda.cu, fuse_accumulations; on by default, OOMB_CUDA_FUSE=0
+// turns it off): C += mul_mat(a, b) as one GEMM with beta = 1 when the product is an arena tensor that only
 // the add_inplace reads. C against C0 + reps x a b computed on the host in double (bf16 operands on
 // the GPU: 1e-2 of the largest value), odd sizes, and the number of fused nodes. Cases: fused; the
 // same graph computed twice (C0 + 2 a b, two fusions); not fused, and still right: a product with a
 // second reader, a product flagged as an output (its own value read back too), a part of a graph
 // (oomb_graph_view), a node writing C between the product and the add (C scaled by 2 first), C
-// sharing a's bytes (square shapes, C a view of a), and without the variable.
+// sharing a's bytes (square shapes, C a view of a), and turned off (OOMB_CUDA_FUSE=0).
 TEST_F(CudaBackend, FusedAccumulationIntoProducts) {
 #ifdef OOMB_USE_CUDA
     const int K = 45, M = 45, N = 29;  // K == M: a [K, M] and C [M, N] can share memory (the alias case)
-    struct FuseEnv {  // sets OOMB_CUDA_FUSE for a case, unsets it on every way out
-        explicit FuseEnv(bool on) { if (on) setenv("OOMB_CUDA_FUSE", "1", 1); else unsetenv("OOMB_CUDA_FUSE"); }
+    struct FuseEnv {  // the default (unset) or OOMB_CUDA_FUSE=0 for a case, unset on every way out
+        explicit FuseEnv(bool on) { if (on) unsetenv("OOMB_CUDA_FUSE"); else setenv("OOMB_CUDA_FUSE", "0", 1); }
         ~FuseEnv() { unsetenv("OOMB_CUDA_FUSE"); }
     };
     const auto av = random_floats((size_t) K * M, 11), bv = random_floats((size_t) K * N, 12), cv = random_floats((size_t) M * N, 13);
-    enum Mode { FUSED, TWICE, SECOND_READER, OUTPUT, GRAPH_PART, C_WRITTEN_BETWEEN, C_ALIASES_A, NOT_ASKED, N_MODES };
+    enum Mode { FUSED, TWICE, SECOND_READER, OUTPUT, GRAPH_PART, C_WRITTEN_BETWEEN, C_ALIASES_A, TURNED_OFF, N_MODES };
     const char * names[] = {"fused", "computed twice", "second reader", "output", "graph part", "C written between", "C aliases a",
-                            "not asked"};
+                            "turned off"};
     for (int mode = 0; mode < N_MODES; mode++) {
         SCOPED_TRACE(names[mode]);
-        FuseEnv env(mode != NOT_ASKED);
+        FuseEnv env(mode != TURNED_OFF);
         oomb_context * pc = oomb_init({0, true});
         // C_ALIASES_A: a [K, M] and C [M, N] views of one [K * M] block (a's first M * N values are C's)
         oomb_tensor * blk = oomb_new_tensor_1d(pc, OOMB_TYPE_F32, (int64_t) K * M + M * N);

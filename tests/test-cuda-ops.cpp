@@ -1375,15 +1375,15 @@ TEST(CudaBackend, InitAndBuffers) {
     EXPECT_EQ(oomb_backend_alloc_buffer(cu, (size_t) 1 << 50), nullptr);
 }
 
-// The fused weight-gradient accumulation (cuda/backend-cuda.cu, fuse_accumulations; opt-in,
-// OOMB_CUDA_FUSE=1, set here) on the products the autodiff builds: two linear layers, each weight's
+// The fused weight-gradient accumulation (cuda/backend-cuda.cu, fuse_accumulations; on by default,
+// the variable unset here) on the products the autodiff builds: two linear layers, each weight's
 // dW = dy x^T from transposed views (to_bf16_transposed, op N / T in cuBLAS) added into W's gradient
 // by the GEMM itself, and dx the same way; loss and every gradient against the CPU backend. On a real
 // GPU the fused count must grow (in the CPU-harness mode there is no CUDA backend to ask).
 TEST_F(CudaOps, FusedWeightGradientAccumulation) {
     REQUIRE_CUDA();
     struct FuseEnv {
-        FuseEnv() { setenv("OOMB_CUDA_FUSE", "1", 1); }
+        FuseEnv() { unsetenv("OOMB_CUDA_FUSE"); }
         ~FuseEnv() { unsetenv("OOMB_CUDA_FUSE"); }
     } env;
 #ifdef OOMB_USE_CUDA

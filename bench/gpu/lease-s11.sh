@@ -12,7 +12,7 @@
 #           FWDWS=1 and =0 beside HF
 #           (.devcarry/hf_baseline.py); wait S
 #   wait S  wait up to S seconds more for the background runs
-#   fuse    (its own lease; not run yet) unpack; test-cuda-backend, test-cuda-ops; 7B sparse 128K one
+#   fuse    (its own lease; run 2026-12-03 night at acd86d9: bench/attention/h200/s12-fuse) unpack; test-cuda-backend, test-cuda-ops; 7B sparse 128K one
 #           step with the fused weight-gradient accumulation (OOMB_CUDA_FUSE=1) and without
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
 fwd_sweep() {  # label, bench args
