@@ -13,23 +13,25 @@ namespace {
 //
 // Backward: same algorithm and work split as pa_bwd_kernel (FlashAttention-2 backward,
 // key-major): a block owns a tile of BN = 128 keys of one KV head (two warpgroups, 64 keys each)
-// and loops over the tiles of BM = 64 group rows that attend it (every nsplit-th one), with the
-// next row tile's q and dO loaded by cp.async while the current one is computed. Per row tile, each
-// warpgroup:
+// and loops over the tiles of BM = 64 group rows that attend it (every nsplit-th one). Per row
+// tile, each warpgroup:
 //   S^T = K Q^T and dP^T = V dO^T (64 keys x 64 rows, K-major operands from shared memory)
 //   P^T = exp2(S^T c - L), masked; dS^T = P^T (dP^T - delta) scale         (registers, f32)
 //   dV += P^T dO, dK += dS^T Q   (P^T / dS^T as bf16 register fragments, dO / Q MN-major)
 //   dS^T -> shared memory; then dQ = dS K (dS and K MN-major) for columns D/2 wg .. D/2 wg + D/2 - 1
 //   over all 128 keys of the tile, added to the f32 dq output with atomics.
-// Shared memory: K, V [D/64 halves of 64 dims][128 keys][64], q and dO double-buffered
-// [D/64][64 rows][64], dS^T [128 keys][64 rows] (16 KB), all with the 128-byte swizzle wgmma reads
-// (see wgmma.cuh), 1024-byte aligned. Formula: FlashAttention-2 (Dao 2023), Alg. 2.
+// Two kernels run these steps: pa_bwd_wgmma_kernel one row tile after the other (two block
+// barriers per tile, q / dO double-buffered), pa_bwd_pipe_kernel with the row tiles overlapped
+// (config.bwd_pipe; see there). Shared memory: K, V [D/64 halves of 64 dims][128 keys][64], q and dO
+// [D/64][64 rows][64] per buffer, dS^T [128 keys][64 rows] (16 KB) per buffer, all with the 128-byte
+// swizzle wgmma reads (see wgmma.cuh), 1024-byte aligned. Formula: FlashAttention-2 (Dao 2023), Alg. 2.
 
-template <int D>
+// NQB q / dO buffers, NSB dS^T buffers
+template <int D, int NQB = 2, int NSB = 1>
 struct BwdW {
     static constexpr int BN = 128, BM = 64, NT = 256;
     static constexpr uint32_t tile_kv = BN * D * 2, tile_q = BM * D * 2, tile_ds = BN * BM * 2;
-    static constexpr size_t smem = 1024 + 2 * tile_kv + 4 * tile_q + tile_ds + 6 * BM * sizeof(float);
+    static constexpr size_t smem = 1024 + 2 * tile_kv + 2 * NQB * tile_q + NSB * tile_ds + 3 * NQB * BM * sizeof(float);
 };
 
 // D[64 x D] (+)= A (registers) * B (smem, MN-major): the n64 or n128 instruction
@@ -45,6 +47,219 @@ template <int R> __device__ __forceinline__ int sw128(int row, int ch) {
     return (ch >> 3) * (R * 64) + row * 64 + (((ch & 7) ^ (row & 7)) << 3);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Backward pieces shared by pa_bwd_wgmma_kernel and pa_bwd_pipe_kernel. A warpgroup's accumulators
+// (wgmma.cuh layout): rows = its 64 keys (a thread: keys krow0 + lane/4 and + 8, krow0 = 16 warp),
+// columns = the 64 group rows (S^T, dP^T) or the dims (dK, dV).
+// ---------------------------------------------------------------------------------------------
+
+// K and V of key tile k0 (BN keys of KV head g) into the swizzled sK / sV tiles by cp.async, not
+// committed; keys past maxp or on unmapped pages read as zeros.
+template <int D> __device__ __forceinline__ void bwd_load_kv(const BwdArgs & a, int g, int k0, int maxp, bf16 * sK, bf16 * sV, int tid) {
+    constexpr int BN = BwdW<D>::BN, NCH = D / 8;
+    for (int idx = tid; idx < BN * NCH; idx += BwdW<D>::NT) {
+        const int row = idx / NCH, ch = idx % NCH;
+        const int p = k0 + row;
+        const bf16 * srcK = a.kp;
+        const bf16 * srcV = a.vp;
+        int sz = 0;
+        if (p <= maxp) {
+            const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
+            if (pg >= 0) {
+                const int64_t off = (int64_t) pg * a.kv_s3 + (int64_t) (p % a.P) * a.kv_s2 + (int64_t) g * a.kv_s1 + ch * 8;
+                srcK += off; srcV += off; sz = 16;
+            }
+        }
+        cp_async16(smem_u32(sK + sw128<BN>(row, ch)), srcK, sz);
+        cp_async16(smem_u32(sV + sw128<BN>(row, ch)), srcV, sz);
+    }
+}
+
+// Row tile j of KV head g into one buffer: q and dO (bf16 [D/64][BM][64], swizzled), lse, delta and
+// the row positions ([BM] each), by cp.async, not committed.
+template <int D>
+__device__ __forceinline__ void bwd_load_rows(const BwdArgs & a, int g, int j, bf16 * sq, bf16 * sdo, float * L, float * Dl, int * Rp, int tid) {
+    constexpr int BM = BwdW<D>::BM, NCH = D / 8;
+    const int64_t rbase = (int64_t) g * a.TGp + (int64_t) j * BM;
+    const bf16 * q = a.qb + rbase * D;
+    const bf16 * d = a.dob + rbase * D;
+    for (int idx = tid; idx < BM * NCH; idx += BwdW<D>::NT) {
+        const int row = idx / NCH, ch = idx % NCH;
+        cp_async16(smem_u32(sq + sw128<BM>(row, ch)), q + row * D + ch * 8, 16);
+        cp_async16(smem_u32(sdo + sw128<BM>(row, ch)), d + row * D + ch * 8, 16);
+    }
+    if (tid < BM / 4) cp_async16(smem_u32(L + tid * 4), a.lse + rbase + tid * 4, 16);
+    else if (tid < BM / 2) cp_async16(smem_u32(Dl + (tid - BM / 4) * 4), a.delta + rbase + (tid - BM / 4) * 4, 16);
+    else if (tid < 3 * BM / 4) cp_async16(smem_u32(Rp + (tid - BM / 2) * 4), a.rowpos + (int64_t) j * BM + (tid - BM / 2) * 4, 16);
+}
+
+// S^T = K Q^T into st and dP^T = V dO^T into dpt for warpgroup wg's 64 keys (A = its keys, B = the
+// 64 rows, K = D; both K-major), issued and committed as one wgmma group.
+template <int D>
+__device__ __forceinline__ void bwd_issue_sdp(float (&st)[32], float (&dpt)[32], uint32_t aK, uint32_t aV, uint32_t cQ, uint32_t cdO, int wg) {
+#ifdef OOMB_WGMMA
+    using namespace oomb_wgmma;
+    constexpr int BN = BwdW<D>::BN, BM = BwdW<D>::BM;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t ka = (kk >> 2) * (BN * 128) + wg * (64 * 128) + (kk & 3) * 32;
+        const uint32_t kb = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+        mma_ss_n64<0, 0>(st, desc_sw128(aK + ka, 16, 1024), desc_sw128(cQ + kb, 16, 1024), kk > 0);
+        mma_ss_n64<0, 0>(dpt, desc_sw128(aV + ka, 16, 1024), desc_sw128(cdO + kb, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+#endif
+}
+
+// In place: st (S^T) -> P^T = exp2(S^T c - L), 0 where masked; dpt (dP^T) -> dS^T = P^T (dP^T -
+// delta) scale. cL, cDl, cRp: the row tile's lse, delta, positions; kq: the thread's first key (its
+// second: kq + 8); need_mask: some key of the tile lies past some row's position (or LISTS: a row's
+// page bits apply, hist); see / kpi: LISTS row bits (BwdListsTile::row_bits) and the keys' page indices.
+template <bool LISTS>
+__device__ __forceinline__ void bwd_softmax(float (&st)[32], float (&dpt)[32], const BwdArgs & a, const float * cL, const float * cDl,
+                                            const int * cRp, int kq, bool need_mask, bool hist, const uint32_t * see, const int (&kpi)[2],
+                                            int lane) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) {
+        const int nb = i >> 2, e = i & 3;
+        const int qc = nb * 8 + (lane & 3) * 2 + (e & 1);
+        const int kp = kq + ((e >> 1) << 3);
+        float p = ex2(st[i] * a.c - cL[qc]);
+        if constexpr (LISTS) {
+            if (need_mask && (kp > cRp[qc] || (hist && !((see[qc] >> kpi[e >> 1]) & 1u)))) p = 0.0f;
+        } else {
+            if (need_mask && kp > cRp[qc]) p = 0.0f;
+        }
+        st[i] = p;
+        dpt[i] = p * (dpt[i] - cDl[qc]) * a.scale;
+    }
+}
+
+// An accumulator of 64 keys x 64 rows as the bf16 A fragments of four k16 steps (rows as K)
+__device__ __forceinline__ void bwd_pack(const float (&x)[32], uint32_t (&f)[4][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        f[kk][0] = pack_bf16(x[8 * kk + 0], x[8 * kk + 1]);
+        f[kk][1] = pack_bf16(x[8 * kk + 2], x[8 * kk + 3]);
+        f[kk][2] = pack_bf16(x[8 * kk + 4], x[8 * kk + 5]);
+        f[kk][3] = pack_bf16(x[8 * kk + 6], x[8 * kk + 7]);
+    }
+}
+
+// dV += P^T dO, dK += dS^T Q (K = the 64 rows; B MN-major: rows of 64 dims, halves 64*128 B apart),
+// issued and committed as one group; pa / da must stay live until it retires.
+template <int D>
+__device__ __forceinline__ void bwd_issue_dkdv(float (&dk)[D / 2], float (&dv)[D / 2], const uint32_t (&pa)[4][4], const uint32_t (&da)[4][4],
+                                               uint32_t cQ, uint32_t cdO) {
+#ifdef OOMB_WGMMA
+    using namespace oomb_wgmma;
+    constexpr int BM = BwdW<D>::BM;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; kk++) {
+        mma_rs_nd<D>(dv, pa[kk], desc_sw128(cdO + kk * 2048, BM * 128, 1024), 1);
+        mma_rs_nd<D>(dk, da[kk], desc_sw128(cQ + kk * 2048, BM * 128, 1024), 1);
+    }
+    wgmma_commit();
+#endif
+}
+
+// dS^T (the thread's bf16 pairs da, as packed by bwd_pack) into the [BN keys][BM rows] swizzled tile
+__device__ __forceinline__ void bwd_store_ds(bf16 * sdS, const uint32_t (&da)[4][4], int krow0, int lane) {
+    constexpr int BM = BwdW<128>::BM;
+    const int r = krow0 + (lane >> 2);
+#pragma unroll
+    for (int nb = 0; nb < BM / 8; nb++) {
+        const int c = nb * 8 + (lane & 3) * 2;
+        *(uint32_t *) (sdS + r * BM + (((nb ^ (r & 7))) << 3) + (c & 7)) = da[nb >> 1][(nb & 1) * 2];
+        *(uint32_t *) (sdS + (r + 8) * BM + (((nb ^ ((r + 8) & 7))) << 3) + (c & 7)) = da[nb >> 1][(nb & 1) * 2 + 1];
+    }
+}
+
+// dQ[64 rows][D/2 columns from D/2 * wg] = dS (A: M = rows, MN-major) K (B: N = dims, MN-major) over
+// all 128 keys of the tile (both warpgroups' dS^T in adS), issued and committed as one group. D = 64:
+// the 32 columns of a warpgroup start 64 bytes into each 128-byte row of the K tile (the descriptor
+// start is still 1024-byte aligned up to those 64 bytes: base offset 0).
+template <int D> __device__ __forceinline__ void bwd_issue_dq(float (&dqa)[D / 4], uint32_t adS, uint32_t aK, int wg) {
+#ifdef OOMB_WGMMA
+    using namespace oomb_wgmma;
+    constexpr int BN = BwdW<D>::BN;
+    wgmma_fence();
+    const uint32_t kq = D == 128 ? wg * BwdW<D>::tile_kv / 2 : wg * 64;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+        const uint64_t dA = desc_sw128(adS + kk * 2048, BN * 128, 1024), dB = desc_sw128(aK + kq + kk * 2048, BN * 128, 1024);
+        if constexpr (D == 128) mma_ss_n64<1, 1>(dqa, dA, dB, kk > 0);
+        else mma_ss_n32<1, 1>(dqa, dA, dB, kk > 0);
+    }
+    wgmma_commit();
+#endif
+}
+
+// dq[rows of row tile j] += dqa (f32 atomics; rows past T G skipped; j < 0: nothing)
+template <int D> __device__ __forceinline__ void bwd_add_dq(const BwdArgs & a, const float (&dqa)[D / 4], int j, int g, int wg, int warp, int lane) {
+    constexpr int NQ = D / 2, BM = BwdW<D>::BM;
+    const int TG = a.T * a.G;
+    const int dq_col0 = wg * NQ;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int R = j * BM + (warp & 3) * 16 + (lane >> 2) + hf * 8;
+        if (j >= 0 && R < TG) {
+            const int t = R / a.G, h = g * a.G + R % a.G;
+            float * dst = a.dq + ((int64_t) t * a.H + h) * D + dq_col0 + (lane & 3) * 2;
+#pragma unroll
+            for (int nb = 0; nb < NQ / 8; nb++)
+                atomicAdd((float2 *) (dst + nb * 8), make_float2(dqa[4 * nb + hf * 2], dqa[4 * nb + hf * 2 + 1]));
+        }
+    }
+}
+
+// The block's dK, dV added into the gradient pages: bf16 pages read-add-round (one block per key
+// tile), f32 pages with atomics when several blocks share the key tile (nsplit > 1), else read-add.
+template <int D>
+__device__ __forceinline__ void bwd_store_dkdv(const BwdArgs & a, const float (&dk)[D / 2], const float (&dv)[D / 2], int g, int k0, int krow0,
+                                               int maxp, int lane) {
+    const uint32_t sk = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_k, a.gsr.pos[0]) : 0u;  // bf16 gradient pages
+    const uint32_t sv = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_v, a.gsr.pos[0]) : 0u;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int p = k0 + krow0 + (lane >> 2) + hf * 8;
+        if (p > maxp) continue;
+        const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
+        if (pg < 0) continue;
+        const int64_t off = (int64_t) pg * a.gr_s3 + (int64_t) (p % a.P) * a.gr_s2 + (int64_t) g * a.gr_s1 + (lane & 3) * 2;
+        if (a.gsr.bf16) {
+#pragma unroll
+            for (int nb = 0; nb < D / 8; nb++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    grad_add_bf16(a.gsr, a.dkp, a.dvp, off + nb * 8 + e, p, g, nb * 8 + (lane & 3) * 2 + e, D, dk[4 * nb + hf * 2 + e],
+                                  dv[4 * nb + hf * 2 + e], sk, sv);
+            continue;
+        }
+        float * dkr = a.dkp + off;
+        float * dvr = a.dvp + off;
+        if (a.nsplit > 1) {
+#pragma unroll
+            for (int nb = 0; nb < D / 8; nb++) {
+                atomicAdd((float2 *) (dkr + nb * 8), make_float2(dk[4 * nb + hf * 2], dk[4 * nb + hf * 2 + 1]));
+                atomicAdd((float2 *) (dvr + nb * 8), make_float2(dv[4 * nb + hf * 2], dv[4 * nb + hf * 2 + 1]));
+            }
+            continue;
+        }
+#pragma unroll
+        for (int nb = 0; nb < D / 8; nb++) {
+            float2 x = *(float2 *) (dkr + nb * 8);
+            x.x += dk[4 * nb + hf * 2]; x.y += dk[4 * nb + hf * 2 + 1];
+            *(float2 *) (dkr + nb * 8) = x;
+            float2 y = *(float2 *) (dvr + nb * 8);
+            y.x += dv[4 * nb + hf * 2]; y.y += dv[4 * nb + hf * 2 + 1];
+            *(float2 *) (dvr + nb * 8) = y;
+        }
+    }
+}
+
 // MINB: CTAs per SM the registers are capped for (2 at head dim 64: one CTA's softmax overlaps the
 // other's products; see bwd_minb)
 // LISTS: the page-list schedule, as pa_bwd_kernel (paged-attn-lists.cuh, BwdListsTile).
@@ -54,7 +269,6 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     using namespace oomb_wgmma;
     using W = BwdW<D>;
     constexpr int BN = W::BN, BM = W::BM, NT = W::NT;
-    constexpr int NCH = D / 8;
     extern __shared__ unsigned char smem_raw[];
     const uint32_t raw_s = smem_u32(smem_raw);
     const uint32_t base_s = (raw_s + 1023u) & ~1023u;
@@ -75,7 +289,6 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     if (k0 > maxp) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = tid >> 7;               // warpgroup: keys 64 wg .. 64 wg + 63 of the tile
-    const int TG = a.T * a.G;
     BwdListsTile lt;
     __shared__ uint32_t sSee[LISTS ? BM : 1];  // LISTS: row bits of the current row tile (lt.row_bits)
     int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
@@ -83,22 +296,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi)) return;  // no row chose these keys: nothing to do
     }
 
-    for (int idx = tid; idx < BN * NCH; idx += NT) {
-        const int row = idx / NCH, ch = idx % NCH;
-        const int p = k0 + row;
-        const bf16 * srcK = a.kp;
-        const bf16 * srcV = a.vp;
-        int sz = 0;
-        if (p <= maxp) {
-            const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
-            if (pg >= 0) {
-                const int64_t off = (int64_t) pg * a.kv_s3 + (int64_t) (p % a.P) * a.kv_s2 + (int64_t) g * a.kv_s1 + ch * 8;
-                srcK += off; srcV += off; sz = 16;
-            }
-        }
-        cp_async16(smem_u32(sK + sw128<BN>(row, ch)), srcK, sz);
-        cp_async16(smem_u32(sV + sw128<BN>(row, ch)), srcV, sz);
-    }
+    bwd_load_kv<D>(a, g, k0, maxp, sK, sV, tid);
     cp_async_commit();
 
     const int zs = a.nsplit;
@@ -111,19 +309,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         return j;
     };
     auto load_rows = [&](int j, int buf) {
-        const int64_t rbase = (int64_t) g * a.TGp + (int64_t) j * BM;
-        const bf16 * q = a.qb + rbase * D;
-        const bf16 * d = a.dob + rbase * D;
-        bf16 * dq_ = sQ + buf * BM * D;
-        bf16 * dd_ = sdO + buf * BM * D;
-        for (int idx = tid; idx < BM * NCH; idx += NT) {
-            const int row = idx / NCH, ch = idx % NCH;
-            cp_async16(smem_u32(dq_ + sw128<BM>(row, ch)), q + row * D + ch * 8, 16);
-            cp_async16(smem_u32(dd_ + sw128<BM>(row, ch)), d + row * D + ch * 8, 16);
-        }
-        if (tid < BM / 4) cp_async16(smem_u32(sL + buf * BM + tid * 4), a.lse + rbase + tid * 4, 16);
-        else if (tid < BM / 2) cp_async16(smem_u32(sDl + buf * BM + (tid - BM / 4) * 4), a.delta + rbase + (tid - BM / 4) * 4, 16);
-        else if (tid < 3 * BM / 4) cp_async16(smem_u32(sRp + buf * BM + (tid - BM / 2) * 4), a.rowpos + (int64_t) j * BM + (tid - BM / 2) * 4, 16);
+        bwd_load_rows<D>(a, g, j, sQ + buf * BM * D, sdO + buf * BM * D, sL + buf * BM, sDl + buf * BM, sRp + buf * BM, tid);
     };
 
     float dk[D / 2], dv[D / 2];   // 64 keys x 128 dims per warpgroup (wgmma accumulator layout)
@@ -156,94 +342,21 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         const uint32_t cQ = aQ + buf * W::tile_q, cdO = adO + buf * W::tile_q;
         const bool need_mask = (LISTS && lt.hist) || rt_min_j < k0 + BN - 1;
 
-        // S^T = K Q^T, dP^T = V dO^T: A = this warpgroup's 64 keys, B = the 64 rows, K = D
         float st[BM / 2], dpt[BM / 2];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            const uint32_t ka = (kk >> 2) * (BN * 128) + wg * (64 * 128) + (kk & 3) * 32;
-            const uint32_t kb = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-            mma_ss_n64<0, 0>(st, desc_sw128(aK + ka, 16, 1024), desc_sw128(cQ + kb, 16, 1024), kk > 0);
-            mma_ss_n64<0, 0>(dpt, desc_sw128(aV + ka, 16, 1024), desc_sw128(cdO + kb, 16, 1024), kk > 0);
-        }
-        wgmma_commit();
+        bwd_issue_sdp<D>(st, dpt, aK, aV, cQ, cdO, wg);
         wgmma_wait<0>();
-
-        // P^T and dS^T (scaled), rows = keys, columns = group rows
-#pragma unroll
-        for (int i = 0; i < BM / 2; i++) {
-            const int nb = i >> 2, e = i & 3;
-            const int qc = nb * 8 + (lane & 3) * 2 + (e & 1);
-            const int kp = k0 + krow0 + (lane >> 2) + ((e >> 1) << 3);
-            float p = ex2(st[i] * a.c - cL[qc]);
-            if constexpr (LISTS) {
-                if (need_mask && (kp > cRp[qc] || (lt.hist && !((sSee[qc] >> kpi[e >> 1]) & 1u)))) p = 0.0f;
-            } else {
-                if (need_mask && kp > cRp[qc]) p = 0.0f;
-            }
-            st[i] = p;
-            dpt[i] = p * (dpt[i] - cDl[qc]) * a.scale;
-        }
+        bwd_softmax<LISTS>(st, dpt, a, cL, cDl, cRp, k0 + krow0 + (lane >> 2), need_mask, LISTS ? lt.hist : false, sSee, kpi, lane);
         uint32_t pa[BM / 16][4], da[BM / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; kk++) {
-            pa[kk][0] = pack_bf16(st[8 * kk + 0], st[8 * kk + 1]);
-            pa[kk][1] = pack_bf16(st[8 * kk + 2], st[8 * kk + 3]);
-            pa[kk][2] = pack_bf16(st[8 * kk + 4], st[8 * kk + 5]);
-            pa[kk][3] = pack_bf16(st[8 * kk + 6], st[8 * kk + 7]);
-            da[kk][0] = pack_bf16(dpt[8 * kk + 0], dpt[8 * kk + 1]);
-            da[kk][1] = pack_bf16(dpt[8 * kk + 2], dpt[8 * kk + 3]);
-            da[kk][2] = pack_bf16(dpt[8 * kk + 4], dpt[8 * kk + 5]);
-            da[kk][3] = pack_bf16(dpt[8 * kk + 6], dpt[8 * kk + 7]);
-        }
-        // dV += P^T dO, dK += dS^T Q (K = the 64 rows; B MN-major: rows of 64 dims, halves 64*128 B apart)
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BM / 16; kk++) {
-            mma_rs_nd<D>(dv, pa[kk], desc_sw128(cdO + kk * 2048, BM * 128, 1024), 1);
-            mma_rs_nd<D>(dk, da[kk], desc_sw128(cQ + kk * 2048, BM * 128, 1024), 1);
-        }
-        wgmma_commit();
-        // dS^T to shared memory ([key][row], swizzled) for dQ = dS K
-        {
-            const int r = krow0 + (lane >> 2);
-#pragma unroll
-            for (int nb = 0; nb < BM / 8; nb++) {
-                const int c = nb * 8 + (lane & 3) * 2;
-                *(uint32_t *) (sdS + r * BM + (((nb ^ (r & 7))) << 3) + (c & 7)) = pack_bf16(dpt[4 * nb + 0], dpt[4 * nb + 1]);
-                *(uint32_t *) (sdS + (r + 8) * BM + (((nb ^ ((r + 8) & 7))) << 3) + (c & 7)) = pack_bf16(dpt[4 * nb + 2], dpt[4 * nb + 3]);
-            }
-        }
+        bwd_pack(st, pa);
+        bwd_pack(dpt, da);
+        bwd_issue_dkdv<D>(dk, dv, pa, da, cQ, cdO);
+        bwd_store_ds(sdS, da, krow0, lane);   // for dQ = dS K
         fence_proxy_async();
-        // dQ[64 rows][D/2 columns from D/2 * wg] = dS (A: M = rows, MN-major) K (B: N = dims,
-        // MN-major) over all 128 keys of the tile (both warpgroups' dS: a block barrier). D = 64:
-        // the 32 columns of a warpgroup start 64 bytes into each 128-byte row of the K tile (the
-        // descriptor start is still 1024-byte aligned up to those 64 bytes: base offset 0).
-        constexpr int NQ = D / 2;
-        float dqa[NQ / 2];
-        __syncthreads();
-        wgmma_fence();
-        const uint32_t kq = D == 128 ? wg * W::tile_kv / 2 : wg * 64;
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; kk++) {
-            const uint64_t dA = desc_sw128(adS + kk * 2048, BN * 128, 1024), dB = desc_sw128(aK + kq + kk * 2048, BN * 128, 1024);
-            if constexpr (D == 128) mma_ss_n64<1, 1>(dqa, dA, dB, kk > 0);
-            else mma_ss_n32<1, 1>(dqa, dA, dB, kk > 0);
-        }
-        wgmma_commit();
+        float dqa[D / 4];
+        __syncthreads();   // both warpgroups' dS^T
+        bwd_issue_dq<D>(dqa, adS, aK, wg);
         wgmma_wait<0>();
-        const int dq_col0 = wg * NQ;
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int R = j * BM + (warp & 3) * 16 + (lane >> 2) + hf * 8;
-            if (R < TG) {
-                const int t = R / a.G, h = g * a.G + R % a.G;
-                float * dst = a.dq + ((int64_t) t * a.H + h) * D + dq_col0 + (lane & 3) * 2;
-#pragma unroll
-                for (int nb = 0; nb < NQ / 8; nb++)
-                    atomicAdd((float2 *) (dst + nb * 8), make_float2(dqa[4 * nb + hf * 2], dqa[4 * nb + hf * 2 + 1]));
-            }
-        }
+        bwd_add_dq<D>(a, dqa, j, g, wg, warp, lane);
         __syncthreads();
         const int jnn = cand >= a.n_rt ? a.n_rt : ((LISTS ? cand_ok : cand_max >= k0) ? cand : next_rt(cand + zs));
         j = jn;
@@ -251,45 +364,151 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         buf ^= 1;
     }
     cp_async_wait<0>();
+    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane);
+#else
+    __trap();  // launched only where wgmma_available() said the sm_90a code is there
+#endif
+}
 
-    const uint32_t sk = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_k, a.gsr.pos[0]) : 0u;  // bf16 gradient pages
-    const uint32_t sv = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_v, a.gsr.pos[0]) : 0u;
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int p = k0 + krow0 + (lane >> 2) + hf * 8;
-        if (p > maxp) continue;
-        const int pg = page_of(a.pt, a.n_logical, a.n_pages, a.P, p);
-        if (pg < 0) continue;
-        const int64_t off = (int64_t) pg * a.gr_s3 + (int64_t) (p % a.P) * a.gr_s2 + (int64_t) g * a.gr_s1 + (lane & 3) * 2;
-        if (a.gsr.bf16) {
-#pragma unroll
-            for (int nb = 0; nb < D / 8; nb++)
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-                    grad_add_bf16(a.gsr, a.dkp, a.dvp, off + nb * 8 + e, p, g, nb * 8 + (lane & 3) * 2 + e, D, dk[4 * nb + hf * 2 + e],
-                                  dv[4 * nb + hf * 2 + e], sk, sv);
-            continue;
-        }
-        float * dkr = a.dkp + off;
-        float * dvr = a.dvp + off;
-        if (zs > 1) {
-#pragma unroll
-            for (int nb = 0; nb < D / 8; nb++) {
-                atomicAdd((float2 *) (dkr + nb * 8), make_float2(dk[4 * nb + hf * 2], dk[4 * nb + hf * 2 + 1]));
-                atomicAdd((float2 *) (dvr + nb * 8), make_float2(dv[4 * nb + hf * 2], dv[4 * nb + hf * 2 + 1]));
-            }
-            continue;
-        }
-#pragma unroll
-        for (int nb = 0; nb < D / 8; nb++) {
-            float2 x = *(float2 *) (dkr + nb * 8);
-            x.x += dk[4 * nb + hf * 2]; x.y += dk[4 * nb + hf * 2 + 1];
-            *(float2 *) (dkr + nb * 8) = x;
-            float2 y = *(float2 *) (dvr + nb * 8);
-            y.x += dv[4 * nb + hf * 2]; y.y += dv[4 * nb + hf * 2 + 1];
-            *(float2 *) (dvr + nb * 8) = y;
-        }
+template <bool B> struct BwdLast { static constexpr bool value = B; };
+
+// The backward with the row tiles overlapped (config.bwd_pipe): the products and work split of
+// pa_bwd_wgmma_kernel, ordered so that the tensor cores wait for neither a second block barrier,
+// nor the dQ atomics, nor a load, and row tile j + 1's softmax runs while dQ(j) computes:
+//   - q / dO in three buffers: row tile j + 2 loads while tile j computes (one barrier of slack);
+//     dS^T in two, so that tile j + 1's dS^T does not overwrite what dQ(j) still reads;
+//   - one block barrier per row tile: both warpgroups' dS^T stored, the next tile's loads landed;
+//   - after it, once dV / dK(j) have retired (their P^T / dS^T register operands free: registers
+//     hold one more accumulator set, not two), S^T / dP^T(j + 1) and then dQ(j) are issued; the
+//     next step's softmax needs only the first, so it runs under dQ(j), and dQ(j)'s atomics follow.
+// ptxas keeps the wgmmas asynchronous only in this shape (bench/NOTES.md version 17): the wait that
+// splits the two groups stands before the loop's back edge (two groups across it: C7514), and no
+// divergent code (the atomics' row test) runs while a group is in flight (C7518: issuing dQ(j)
+// first, its atomics under S^T / dP^T(j + 1), serialised). The last row tile is peeled (BwdLast):
+// no next tile to issue, so no wgmma is issued conditionally inside the loop. Shared memory: 195 KB
+// at head dim 128, 115 KB at 64; one CTA per SM.
+template <int D, bool LISTS = false>
+__global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
+#ifdef OOMB_WGMMA
+    using namespace oomb_wgmma;
+    using W = BwdW<D, 3, 2>;
+    constexpr int BN = W::BN, BM = W::BM, NT = W::NT;
+    extern __shared__ unsigned char smem_raw[];
+    const uint32_t raw_s = smem_u32(smem_raw);
+    const uint32_t base_s = (raw_s + 1023u) & ~1023u;
+    unsigned char * base = smem_raw + (base_s - raw_s);
+    bf16 * sK = (bf16 *) base;
+    bf16 * sV = sK + BN * D;
+    bf16 * sQ = sV + BN * D;               // [3 bufs][BM * D]
+    bf16 * sdO = sQ + 3 * BM * D;          // [3 bufs][BM * D]
+    bf16 * sdS = sdO + 3 * BM * D;         // [2 bufs][BN][BM]
+    float * sL = (float *) (sdS + 2 * BN * BM);  // [3][BM]
+    float * sDl = sL + 3 * BM;                   // [3][BM]
+    int * sRp = (int *) (sDl + 3 * BM);          // [3][BM]
+    const uint32_t aK = base_s, aV = aK + W::tile_kv, aQ = aV + W::tile_kv, adO = aQ + 3 * W::tile_q, adS = adO + 3 * W::tile_q;
+
+    const int g = blockIdx.y;
+    const int k0 = blockIdx.x * BN;
+    const int maxp = *a.maxpos;
+    if (k0 > maxp) return;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = tid >> 7;
+    const int krow0 = warp * 16;
+    BwdListsTile lt;
+    __shared__ uint32_t sSee[LISTS ? 2 * BM : 1];  // LISTS: row bits, one slot per dS^T buffer
+    int kpi[2] = {0, 0};
+    if constexpr (LISTS) {
+        if (!lt.begin(a, k0, BN, maxp, k0 + krow0 + (lane >> 2), kpi)) return;
     }
+    const int zs = a.nsplit;
+    auto rt_needed = [&](int j) -> bool {
+        if constexpr (LISTS) return lt.needed(a, j);
+        else return a.rt_max[j] >= k0;
+    };
+    auto next_rt = [&](int j) {
+        while (j < a.n_rt && !rt_needed(j)) j += zs;
+        return j;
+    };
+    int j = next_rt((int) blockIdx.z);
+    if (j >= a.n_rt) return;  // no row tile of this split attends the keys: no gradient to add
+    auto load_rows = [&](int jj, int b) {
+        bwd_load_rows<D>(a, g, jj, sQ + b * BM * D, sdO + b * BM * D, sL + b * BM, sDl + b * BM, sRp + b * BM, tid);
+    };
+
+    bwd_load_kv<D>(a, g, k0, maxp, sK, sV, tid);
+    cp_async_commit();
+    int jn = next_rt(j + zs);
+    load_rows(j, 0);
+    cp_async_commit();
+    if (jn < a.n_rt) load_rows(jn, 1);
+    cp_async_commit();
+    if constexpr (LISTS) {
+        if (lt.hist) lt.row_bits(a, j, BM, tid, NT, sSee);
+    }
+    cp_async_wait<1>();   // K, V, row tile j
+    fence_proxy_async();
+    __syncthreads();
+
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
+    float st[BM / 2], dpt[BM / 2], dqa[D / 4];
+    bwd_issue_sdp<D>(st, dpt, aK, aV, aQ, adO, wg);
+    wgmma_wait<0>();
+
+    // A step starts with S/dP(j) retired and dQ of the previous row tile jp in flight; each step but
+    // the last ends in that state for the next.
+    int bq = 0, bs = 0, jp = -1;  // row tile j's q / dO buffer and dS^T buffer; the previous row tile
+    auto step = [&](auto last) {
+        constexpr bool LAST = decltype(last)::value;
+        const int jn2 = LAST ? a.n_rt : next_rt(jn + zs);
+        const float * cL = sL + bq * BM;
+        const float * cDl = sDl + bq * BM;
+        const int * cRp = sRp + bq * BM;
+        const uint32_t cQ = aQ + bq * W::tile_q, cdO = adO + bq * W::tile_q;
+        const bool need_mask = (LISTS && lt.hist) || a.rt_min[j] < k0 + BN - 1;
+        const int kq = k0 + krow0 + (lane >> 2);
+        bwd_softmax<LISTS>(st, dpt, a, cL, cDl, cRp, kq, need_mask, LISTS ? lt.hist : false, sSee + bs * BM, kpi, lane);  // under dQ(jp)
+        wgmma_wait<0>();
+        bwd_add_dq<D>(a, dqa, jp, g, wg, warp, lane);  // (jp < 0: nothing)
+        uint32_t pa[BM / 16][4], da[BM / 16][4];
+        bwd_pack(st, pa);
+        bwd_pack(dpt, da);
+        bwd_issue_dkdv<D>(dk, dv, pa, da, cQ, cdO);
+        bwd_store_ds(sdS + bs * BN * BM, da, krow0, lane);
+        if constexpr (LISTS && !LAST) {
+            if (lt.hist) lt.row_bits(a, jn, BM, tid, NT, sSee + (bs ^ 1) * BM);  // its slot's readers (tile jp) passed the last barrier
+        }
+        cp_async_wait<0>();   // row tile jn (this thread's copies)
+        fence_proxy_async();  // dS^T and the copies, read by wgmma
+        __syncthreads();      // both warpgroups' dS^T; every copy of row tile jn
+        if constexpr (!LAST) {
+            // jn2 into the buffer of the previous row tile, whose readers (S/dP, dV/dK(jp)) retired
+            // in both warpgroups before they issued S/dP(j)
+            if (jn2 < a.n_rt) load_rows(jn2, bq == 0 ? 2 : bq - 1);
+            cp_async_commit();
+        }
+        const uint32_t cdS = adS + bs * W::tile_ds;
+        const int bqn = bq == 2 ? 0 : bq + 1;
+        if constexpr (LAST) {
+            bwd_issue_dq<D>(dqa, cdS, aK, wg);
+        } else {
+            wgmma_wait<0>();   // dV/dK(j): pa, da free
+            bwd_issue_sdp<D>(st, dpt, aK, aV, aQ + bqn * W::tile_q, adO + bqn * W::tile_q, wg);
+            bwd_issue_dq<D>(dqa, cdS, aK, wg);
+            wgmma_wait<1>();   // S/dP(j + 1)
+        }
+        jp = j;
+        j = jn;
+        jn = jn2;
+        bq = bqn;
+        bs ^= 1;
+    };
+    while (jn < a.n_rt) step(BwdLast<false>{});
+    step(BwdLast<true>{});
+    wgmma_wait<0>();
+    bwd_add_dq<D>(a, dqa, jp, g, wg, warp, lane);
+    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane);
 #else
     __trap();  // launched only where wgmma_available() said the sm_90a code is there
 #endif

@@ -267,6 +267,28 @@ template <int D, int MINB, bool LISTS = false> void launch_bwd_wgmma(cudaStream_
     PA_LAUNCH_CHECK();
 }
 
+template <int D, bool LISTS> void launch_bwd_pipe(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
+    using W = BwdW<D, 3, 2>;
+    static bool attr_set = false;
+    if (!attr_set) { set_smem(pa_bwd_pipe_kernel<D, LISTS>, W::smem); attr_set = true; }
+    dim3 grid(n_key_tiles, Hkv, a.nsplit);
+    pa_bwd_pipe_kernel<D, LISTS><<<grid, W::NT, W::smem, stream>>>(a);
+    PA_LAUNCH_CHECK();
+}
+
+// The wgmma backward: the row-tile-overlapped kernel (config.bwd_pipe) or pa_bwd_wgmma_kernel (two
+// CTAs per SM at head dim 64 with config.occ64 bit 1).
+template <bool LISTS> void launch_bwd_wgmma_any(cudaStream_t stream, const BwdArgs & a, int D, int n_key_tiles, int Hkv) {
+    if (cfg().bwd_pipe) {
+        if (D == 128) launch_bwd_pipe<128, LISTS>(stream, a, n_key_tiles, Hkv);
+        else launch_bwd_pipe<64, LISTS>(stream, a, n_key_tiles, Hkv);
+        return;
+    }
+    if (D == 128) launch_bwd_wgmma<128, 1, LISTS>(stream, a, n_key_tiles, Hkv);
+    else if (occ64_bits() & 2) launch_bwd_wgmma<64, 2, LISTS>(stream, a, n_key_tiles, Hkv);
+    else launch_bwd_wgmma<64, 1, LISTS>(stream, a, n_key_tiles, Hkv);
+}
+
 template <int D, int WM, int BN, int NW, int MODE, int MINB = 1, bool LISTS = false>
 void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
     using C = FwdCfg<D, WM, BN, NW>;
@@ -514,6 +536,7 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDPIPE", 1, "0 or 1")) >= 0) c.fwd_pipe = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDWS", 3, "0-3 (0: the two-warpgroup wgmma forward; warp-specialised: 1 with the intra-warpgroup overlap, 2 without, 3 without and 2 K/V stages)")) >= 0) c.fwd_ws = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_LISTS_RANGE_FAST", 1, "0 or 1")) >= 0) c.lists_range_fast = d == 1;
+    if ((d = env_digit("OOMB_PAGED_ATTN_BWDPIPE", 1, "0 or 1 (1: the wgmma backward with the row tiles overlapped)")) >= 0) c.bwd_pipe = d == 1;
     return c;
 }
 
@@ -787,16 +810,11 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             if (n_key_tiles == 0) {
                 // an empty page range: no key, no gradient
             } else if (lists) {
-                if (wg) {
-                    if (G.D == 128) launch_bwd_wgmma<128, 1, true>(stream, a, n_key_tiles, G.Hkv);
-                    else if (occ64_bits() & 2) launch_bwd_wgmma<64, 2, true>(stream, a, n_key_tiles, G.Hkv);
-                    else launch_bwd_wgmma<64, 1, true>(stream, a, n_key_tiles, G.Hkv);
-                } else if (G.D == 64) launch_bwd<64, 64, 1, true>(stream, a, n_key_tiles, G.Hkv);
+                if (wg) launch_bwd_wgmma_any<true>(stream, a, G.D, n_key_tiles, G.Hkv);
+                else if (G.D == 64) launch_bwd<64, 64, 1, true>(stream, a, n_key_tiles, G.Hkv);
                 else launch_bwd<128, 64, 1, true>(stream, a, n_key_tiles, G.Hkv);
             } else if (wg) {
-                if (G.D == 128) launch_bwd_wgmma<128, 1>(stream, a, n_key_tiles, G.Hkv);
-                else if (occ64_bits() & 2) launch_bwd_wgmma<64, 2>(stream, a, n_key_tiles, G.Hkv);
-                else launch_bwd_wgmma<64, 1>(stream, a, n_key_tiles, G.Hkv);
+                launch_bwd_wgmma_any<false>(stream, a, G.D, n_key_tiles, G.Hkv);
             } else if (G.D == 64) {
                 const int v = cfg().bwd64;
                 if (v == 1) launch_bwd<64, 32, 2>(stream, a, n_key_tiles, G.Hkv);

@@ -42,9 +42,12 @@ struct oomb_paged_attn_config {
                             //   two-warpgroup wgmma forward
     bool lists_range_fast = true;   // LISTS_RANGE_FAST 0/1: the LISTS_RANGE schedule (the offload's blocks of a sparse
                             //   history) on the tensor-core kernels (their LISTS variants); 0: the generic kernels
+    bool bwd_pipe = false;  // BWDPIPE 0/1: the wgmma backward with the row tiles overlapped (paged-attn-wgmma.cuh,
+                            //   pa_bwd_pipe_kernel: q / dO in three buffers, dS in two, one block barrier per row
+                            //   tile, the next tile's softmax under dQ); 0: pa_bwd_wgmma_kernel, one row tile at a time
 };
 /// The defaults overridden by the OOMB_PAGED_ATTN_* variables that are set (GENERIC: set at all;
-/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDPIPE, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
+/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDPIPE, BWDPIPE, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
 /// FWD64, BWD64, SPLIT: an integer, as atoi).
 oomb_paged_attn_config oomb_paged_attn_config_from_env();
 /// The configuration the kernels use: oomb_paged_attn_config_from_env() read at the first call,

@@ -753,6 +753,13 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         setenv("OOMB_PAGED_ATTN_FWDPIPE", "2", 1);
         EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDPIPE must be 0 or 1");
         unsetenv("OOMB_PAGED_ATTN_FWDPIPE");
+        setenv("OOMB_PAGED_ATTN_BWDPIPE", "2", 1);
+        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDPIPE must be 0 or 1");
+        setenv("OOMB_PAGED_ATTN_BWDPIPE", "1", 1);
+        EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_pipe);
+        setenv("OOMB_PAGED_ATTN_BWDPIPE", "0", 1);
+        EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_pipe);
+        unsetenv("OOMB_PAGED_ATTN_BWDPIPE");
         setenv("OOMB_PAGED_ATTN_FWDWS", "4", 1);
         EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWS must be 0-3");
         setenv("OOMB_PAGED_ATTN_FWDWS", "0", 1);
@@ -813,6 +820,15 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         printf("[ kernels ] config.fwd_pipe = 1\n");
         for (const Case & c : cases)
             if (c.D == 64) run_case(c, seed++);
+    }
+    // the wgmma backward's other kernel (config.bwd_pipe: the row tiles overlapped, or one at a
+    // time), with the automatic split and with three blocks per key tile (f32 atomics, blocks that
+    // get no row tile)
+    for (int sp : {-1, 3}) {
+        const bool pipe = !oomb_paged_attn_config{}.bwd_pipe;
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_pipe = pipe; cf.split = sp; });
+        printf("[ kernels ] config.bwd_pipe = %d, config.split = %d\n", (int) pipe, sp);
+        for (const Case & c : cases) run_case(c, seed++);
     }
     // head dim 64: the wgmma kernels with one / two CTAs per SM (config.occ64; default 1, the
     // forward with two)
@@ -951,6 +967,13 @@ TEST(CudaPagedAttn, ListsFastKernels) {
         printf("[ kernels ] page lists, config.fwd_ws = %d\n", ws);
         for (const Case & c : cases) run_case(c, seed++);
     }
+    for (int sp : {-1, 3}) {
+        // the wgmma backward's other kernel (config.bwd_pipe)
+        const bool pipe = !oomb_paged_attn_config{}.bwd_pipe;
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_pipe = pipe; cf.split = sp; });
+        printf("[ kernels ] page lists, config.bwd_pipe = %d, config.split = %d\n", (int) pipe, sp);
+        for (const Case & c : cases) run_case(c, seed++);
+    }
 #endif
 }
 
@@ -1019,6 +1042,13 @@ TEST(CudaPagedAttn, ListsRangeFastKernels) {
         // overlap (the default above: warp-specialised with the overlap, 1)
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_ws = ws; cf.wgmma = 1; cf.lists_range_fast = true; });
         printf("[ kernels ] page lists in a window, config.fwd_ws = %d\n", ws);
+        for (const Case & c : cases) run_case(c, seed++);
+    }
+    {
+        // the wgmma backward's other kernel (config.bwd_pipe)
+        const bool pipe = !oomb_paged_attn_config{}.bwd_pipe;
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_pipe = pipe; cf.lists_range_fast = true; });
+        printf("[ kernels ] page lists in a window, config.bwd_pipe = %d\n", (int) pipe);
         for (const Case & c : cases) run_case(c, seed++);
     }
     {
@@ -1308,6 +1338,13 @@ TEST(CudaPagedAttn, Bf16GradPages) {
     };
     uint32_t seed = 77;
     for (const GradCase & c : cases) run_grad_case(c, seed++);
+    {
+        // the wgmma backward's other kernel (config.bwd_pipe): its bf16 read-add-round epilogue
+        const bool pipe = !oomb_paged_attn_config{}.bwd_pipe;
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_pipe = pipe; });
+        printf("[ kernels ] bf16 gradient pages, config.bwd_pipe = %d\n", (int) pipe);
+        for (const GradCase & c : cases) run_grad_case(c, seed++);
+    }
 #endif
 }
 
