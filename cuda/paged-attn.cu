@@ -276,8 +276,10 @@ template <int D, bool LISTS> void launch_bwd_pipe(cudaStream_t stream, const Bwd
     PA_LAUNCH_CHECK();
 }
 
-// The wgmma backward: the row-tile-overlapped kernel (config.bwd_pipe) or pa_bwd_wgmma_kernel (two
-// CTAs per SM at head dim 64 with config.occ64 bit 1).
+// The wgmma backward: the row-tile-overlapped kernel (config.bwd_pipe, the default) or
+// pa_bwd_wgmma_kernel (two CTAs per SM at head dim 64 with config.occ64 bit 1). H200, backward alone
+// (oomb-bench-attn, same call, 72684d5): 7B layer 32K / 128K 351 / 367 -> 377 / 389 TFLOP/s, 0.5B
+// layer 32K 262 -> 294 (bench/NOTES.md version 17).
 template <bool LISTS> void launch_bwd_wgmma_any(cudaStream_t stream, const BwdArgs & a, int D, int n_key_tiles, int Hkv) {
     if (cfg().bwd_pipe) {
         if (D == 128) launch_bwd_pipe<128, LISTS>(stream, a, n_key_tiles, Hkv);

@@ -42,7 +42,7 @@ struct oomb_paged_attn_config {
                             //   two-warpgroup wgmma forward
     bool lists_range_fast = true;   // LISTS_RANGE_FAST 0/1: the LISTS_RANGE schedule (the offload's blocks of a sparse
                             //   history) on the tensor-core kernels (their LISTS variants); 0: the generic kernels
-    bool bwd_pipe = false;  // BWDPIPE 0/1: the wgmma backward with the row tiles overlapped (paged-attn-wgmma.cuh,
+    bool bwd_pipe = true;   // BWDPIPE 0/1: the wgmma backward with the row tiles overlapped (paged-attn-wgmma.cuh,
                             //   pa_bwd_pipe_kernel: q / dO in three buffers, dS in two, one block barrier per row
                             //   tile, the next tile's softmax under dQ); 0: pa_bwd_wgmma_kernel, one row tile at a time
 };

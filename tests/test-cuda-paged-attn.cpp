@@ -760,6 +760,7 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         setenv("OOMB_PAGED_ATTN_BWDPIPE", "0", 1);
         EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_pipe);
         unsetenv("OOMB_PAGED_ATTN_BWDPIPE");
+        EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_pipe) << "the row-tile-overlapped backward is the default";
         setenv("OOMB_PAGED_ATTN_FWDWS", "4", 1);
         EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWS must be 0-3");
         setenv("OOMB_PAGED_ATTN_FWDWS", "0", 1);
