@@ -94,40 +94,32 @@ __device__ __forceinline__ void bwd_load_rows(const BwdArgs & a, int g, int j, b
 }
 
 // S^T = K Q^T into st and dP^T = V dO^T into dpt for warpgroup wg's 64 keys (A = its keys, B = the
-// 64 rows, K = D; both K-major), issued and committed as one wgmma group, or (SPLIT) as two, S^T's
-// first.
-template <int D, bool SPLIT = false>
+// 64 rows, K = D; both K-major), issued and committed as one wgmma group.
+template <int D>
 __device__ __forceinline__ void bwd_issue_sdp(float (&st)[32], float (&dpt)[32], uint32_t aK, uint32_t aV, uint32_t cQ, uint32_t cdO, int wg) {
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
     constexpr int BN = BwdW<D>::BN, BM = BwdW<D>::BM;
-    auto ka = [&](int kk) -> uint32_t { return (kk >> 2) * (BN * 128) + wg * (64 * 128) + (kk & 3) * 32; };
-    auto kb = [&](int kk) -> uint32_t { return (kk >> 2) * (BM * 128) + (kk & 3) * 32; };
     wgmma_fence();
-    if constexpr (SPLIT) {
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) mma_ss_n64<0, 0>(st, desc_sw128(aK + ka(kk), 16, 1024), desc_sw128(cQ + kb(kk), 16, 1024), kk > 0);
-        wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) mma_ss_n64<0, 0>(dpt, desc_sw128(aV + ka(kk), 16, 1024), desc_sw128(cdO + kb(kk), 16, 1024), kk > 0);
-    } else {
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            mma_ss_n64<0, 0>(st, desc_sw128(aK + ka(kk), 16, 1024), desc_sw128(cQ + kb(kk), 16, 1024), kk > 0);
-            mma_ss_n64<0, 0>(dpt, desc_sw128(aV + ka(kk), 16, 1024), desc_sw128(cdO + kb(kk), 16, 1024), kk > 0);
-        }
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t ka = (kk >> 2) * (BN * 128) + wg * (64 * 128) + (kk & 3) * 32;
+        const uint32_t kb = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+        mma_ss_n64<0, 0>(st, desc_sw128(aK + ka, 16, 1024), desc_sw128(cQ + kb, 16, 1024), kk > 0);
+        mma_ss_n64<0, 0>(dpt, desc_sw128(aV + ka, 16, 1024), desc_sw128(cdO + kb, 16, 1024), kk > 0);
     }
     wgmma_commit();
 #endif
 }
 
-// In place: st (S^T) -> P^T = exp2(S^T c - L), 0 where masked. cL, cRp: the row tile's lse and
-// positions; kq: the thread's first key (its second: kq + 8); need_mask: some key of the tile lies
-// past some row's position (or LISTS: a row's page bits apply, hist); see / kpi: LISTS row bits
-// (BwdListsTile::row_bits) and the keys' page indices.
+// In place: st (S^T) -> P^T = exp2(S^T c - L), 0 where masked; dpt (dP^T) -> dS^T = P^T (dP^T -
+// delta) scale. cL, cDl, cRp: the row tile's lse, delta, positions; kq: the thread's first key (its
+// second: kq + 8); need_mask: some key of the tile lies past some row's position (or LISTS: a row's
+// page bits apply, hist); see / kpi: LISTS row bits (BwdListsTile::row_bits) and the keys' page indices.
 template <bool LISTS>
-__device__ __forceinline__ void bwd_softmax_p(float (&st)[32], const BwdArgs & a, const float * cL, const int * cRp, int kq, bool need_mask,
-                                              bool hist, const uint32_t * see, const int (&kpi)[2], int lane) {
+__device__ __forceinline__ void bwd_softmax(float (&st)[32], float (&dpt)[32], const BwdArgs & a, const float * cL, const float * cDl,
+                                            const int * cRp, int kq, bool need_mask, bool hist, const uint32_t * see, const int (&kpi)[2],
+                                            int lane) {
 #pragma unroll
     for (int i = 0; i < 32; i++) {
         const int nb = i >> 2, e = i & 3;
@@ -140,15 +132,7 @@ __device__ __forceinline__ void bwd_softmax_p(float (&st)[32], const BwdArgs & a
             if (need_mask && kp > cRp[qc]) p = 0.0f;
         }
         st[i] = p;
-    }
-}
-
-// In place: dpt (dP^T) -> dS^T = P^T (dP^T - delta) scale, P^T in pt; cDl: the row tile's delta.
-__device__ __forceinline__ void bwd_softmax_ds(float (&dpt)[32], const float (&pt)[32], const BwdArgs & a, const float * cDl, int lane) {
-#pragma unroll
-    for (int i = 0; i < 32; i++) {
-        const int qc = (i >> 2) * 8 + (lane & 3) * 2 + (i & 1);
-        dpt[i] = pt[i] * (dpt[i] - cDl[qc]) * a.scale;
+        dpt[i] = p * (dpt[i] - cDl[qc]) * a.scale;
     }
 }
 
@@ -361,8 +345,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         float st[BM / 2], dpt[BM / 2];
         bwd_issue_sdp<D>(st, dpt, aK, aV, cQ, cdO, wg);
         wgmma_wait<0>();
-        bwd_softmax_p<LISTS>(st, a, cL, cRp, k0 + krow0 + (lane >> 2), need_mask, LISTS ? lt.hist : false, sSee, kpi, lane);
-        bwd_softmax_ds(dpt, st, a, cDl, lane);
+        bwd_softmax<LISTS>(st, dpt, a, cL, cDl, cRp, k0 + krow0 + (lane >> 2), need_mask, LISTS ? lt.hist : false, sSee, kpi, lane);
         uint32_t pa[BM / 16][4], da[BM / 16][4];
         bwd_pack(st, pa);
         bwd_pack(dpt, da);
@@ -397,8 +380,8 @@ template <bool B> struct BwdLast { static constexpr bool value = B; };
 //   - one block barrier per row tile: both warpgroups' dS^T stored, the next tile's loads landed;
 //   - after it, once dV / dK(j) have retired (their P^T / dS^T register operands free: registers
 //     hold one more accumulator set, not two), S^T / dP^T(j + 1) and then dQ(j) are issued; the
-//     next step's softmax needs only the first, so it runs under dQ(j), and dQ(j)'s atomics run
-//     under dV / dK(j + 1).
+//     next step's softmax needs only the first, so it runs under dQ(j), and dQ(j)'s atomics follow
+//     (under dV / dK(j + 1) they measured slower at head dim 64, the same at 128: NOTES version 17).
 // ptxas keeps the wgmmas asynchronous only in such shapes (bench/NOTES.md version 17): the wait that
 // splits two groups stands before the loop's back edge (two groups across it: C7514; so S^T and
 // dP^T are one group, and the softmax of P cannot start under dP^T); dQ(j) issued first with its
@@ -486,14 +469,13 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
         const uint32_t cQ = aQ + bq * W::tile_q, cdO = adO + bq * W::tile_q;
         const bool need_mask = (LISTS && lt.hist) || a.rt_min[j] < k0 + BN - 1;
         const int kq = k0 + krow0 + (lane >> 2);
-        bwd_softmax_p<LISTS>(st, a, cL, cRp, kq, need_mask, LISTS ? lt.hist : false, sSee + bs * BM, kpi, lane);  // under dQ(jp)
-        bwd_softmax_ds(dpt, st, a, cDl, lane);
+        bwd_softmax<LISTS>(st, dpt, a, cL, cDl, cRp, kq, need_mask, LISTS ? lt.hist : false, sSee + bs * BM, kpi, lane);  // under dQ(jp)
         wgmma_wait<0>();
+        bwd_add_dq<D>(a, dqa, jp, g, wg, warp, lane);  // (jp < 0: nothing)
         uint32_t pa[BM / 16][4], da[BM / 16][4];
         bwd_pack(st, pa);
         bwd_pack(dpt, da);
         bwd_issue_dkdv<D>(dk, dv, pa, da, cQ, cdO);
-        bwd_add_dq<D>(a, dqa, jp, g, wg, warp, lane);  // (jp < 0: nothing)
         bwd_store_ds(sdS + bs * BN * BM, da, krow0, lane);
         if constexpr (LISTS && !LAST) {
             if (lt.hist) lt.row_bits(a, jn, BM, tid, NT, sSee + (bs ^ 1) * BM);  // its slot's readers (tile jp) passed the last barrier
