@@ -534,7 +534,7 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     c.fwd64 = env_int("OOMB_PAGED_ATTN_FWD64", c.fwd64);
     c.bwd64 = env_int("OOMB_PAGED_ATTN_BWD64", c.bwd64);
     c.split = env_int("OOMB_PAGED_ATTN_SPLIT", c.split);
-    if ((d = env_digit("OOMB_PAGED_ATTN_OCC64", 3, "0-3 (bit 0: forward, bit 1: backward with two CTAs per SM)")) >= 0) c.occ64 = d;
+    if ((d = env_digit("OOMB_PAGED_ATTN_OCC64", 3, "0-3 (two CTAs per SM at head dim 64, bit 0: the two-warpgroup forward, FWDWS=0; bit 1: the backward with BWDPIPE=0)")) >= 0) c.occ64 = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDPIPE", 1, "0 or 1")) >= 0) c.fwd_pipe = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDWS", 3, "0-3 (0: the two-warpgroup wgmma forward; warp-specialised: 1 with the intra-warpgroup overlap, 2 without, 3 without and 2 K/V stages)")) >= 0) c.fwd_ws = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_LISTS_RANGE_FAST", 1, "0 or 1")) >= 0) c.lists_range_fast = d == 1;

@@ -34,7 +34,8 @@ struct oomb_paged_attn_config {
     int bwd64 = 0;          // BWD64: mma.sync backward at head dim 64: 0: 64 rows, 1 block/SM; 1: 32 rows, 2 blocks/SM;
                             //   2: 32 rows, 1 block/SM
     int split = -1;         // SPLIT: blocks per key tile of the backward (clamped to [1, row tiles]); -1 automatic
-    int occ64 = 1;          // OCC64 0-3: two CTAs per SM for the head-dim-64 wgmma kernels, bit 0 forward, bit 1 backward
+    int occ64 = 1;          // OCC64 0-3: two CTAs per SM for the head-dim-64 wgmma kernels, bit 0 forward (the
+                            //   two-warpgroup kernel, fwd_ws 0), bit 1 backward (pa_bwd_wgmma_kernel, bwd_pipe off)
     bool fwd_pipe = false;  // FWDPIPE 0/1: the head-dim-64 wgmma forward issuing the next tile's S before the softmax
     int fwd_ws = 1;         // FWDWS 0-3: the warp-specialised wgmma forward (paged-attn-ws.cuh: TMA producer, ping-pong
                             //   consumers) for every schedule; 1: K/V stages 3 (head dim 128) / 4 (64) with FA3's

@@ -832,9 +832,9 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         for (const Case & c : cases) run_case(c, seed++);
     }
     // head dim 64: the wgmma kernels with one / two CTAs per SM (config.occ64; default 1, the
-    // forward with two)
+    // forward with two; the backward's bit 1 applies to pa_bwd_wgmma_kernel, config.bwd_pipe off)
     for (int occ : {0, 2, 3}) {
-        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.occ64 = occ; });
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.occ64 = occ; cf.bwd_pipe = false; });
         printf("[ kernels ] config.occ64 = %d\n", occ);
         for (const Case & c : cases)
             if (c.D == 64) run_case(c, seed++);

@@ -10,6 +10,10 @@
 #           64 pages with 1 and 0 (bf16 attention cache), then 0.5B one chunk of 32K (3 steps) with
 #           1 and 0 beside HF (.devcarry/hf_baseline.py); wait S seconds
 #   wait S  wait up to S seconds more for the background runs
+#   verify  (a later lease, the final binaries) unpack; test-cuda-paged-attn, test-cuda-sparse,
+#           test-cuda-ops, test-cuda-backend
+#   fixtures  test-cuda-qwen2 against the HF fixtures (.devcarry/fixtures, carried alone: the
+#           binaries stay from verify)
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
 case $1 in
 start)
@@ -59,5 +63,14 @@ wait)
     end=$((SECONDS + ${2:-500}))
     while alive $K/e2e.pid && [ $SECONDS -lt $end ]; do sleep 5; done
     alive $K/e2e.pid && log "e2e still running" || log "e2e done"; cat $K/e2e.out; cp $K/e2e.out $K/e2e/* $R/ ;;
-*) echo "usage: $0 start | attn P | e2e S | wait S"; exit 2 ;;
+verify)
+    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
+    cat $K/bins-commit.txt
+    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-paged-attn:400 test-cuda-sparse:120 test-cuda-ops:120 test-cuda-backend:60 ;;
+fixtures)
+    rm -rf $K/fixtures && cp -r .devcarry/fixtures $K/fixtures
+    export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-qwen2:300 ;;
+*) echo "usage: $0 start | attn P | e2e S | wait S | verify | fixtures"; exit 2 ;;
 esac
