@@ -12,8 +12,8 @@
 #   wait S  wait up to S seconds more for the background runs
 #   verify  (a later lease, the final binaries) unpack; test-cuda-paged-attn, test-cuda-sparse,
 #           test-cuda-ops, test-cuda-backend
-#   fixtures  test-cuda-qwen2 against the HF fixtures (.devcarry/fixtures, carried alone: the
-#           binaries stay from verify)
+#   fixtures  test-cuda-qwen2 against the HF fixtures (.devcarry/fixtures and
+#           .devcarry/extra-bins.tar.xz with oomb-convert-hf, carried alone: the binaries stay from verify)
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
 case $1 in
 start)
@@ -70,6 +70,7 @@ verify)
     tests test-cuda-paged-attn:400 test-cuda-sparse:120 test-cuda-ops:120 test-cuda-backend:60 ;;
 fixtures)
     rm -rf $K/fixtures && cp -r .devcarry/fixtures $K/fixtures
+    [ -f .devcarry/extra-bins.tar.xz ] && tar -xJf .devcarry/extra-bins.tar.xz -C $B
     export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
     tests test-cuda-qwen2:300 ;;
 *) echo "usage: $0 start | attn P | e2e S | wait S | verify | fixtures"; exit 2 ;;
