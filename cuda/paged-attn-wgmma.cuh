@@ -112,6 +112,43 @@ __device__ __forceinline__ void bwd_issue_sdp(float (&st)[32], float (&dpt)[32],
 #endif
 }
 
+// K and V of warpgroup wg's 64 keys as bf16 A fragments (head dim 64: D / 16 k-steps of 4 registers
+// each), read once from the swizzled sK / sV tiles (a thread: keys krow0 + lane/4 and + 8).
+template <int D>
+__device__ __forceinline__ void bwd_load_kv_frags(const bf16 * sK, const bf16 * sV, uint32_t (&kf)[D / 16][4], uint32_t (&vf)[D / 16][4],
+                                                  int krow0, int lane) {
+    constexpr int BN = BwdW<D>::BN;
+    const int r = krow0 + (lane >> 2), c = (lane & 3) * 2;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = r + (e & 1) * 8, ch = 2 * kk + (e >> 1);
+            kf[kk][e] = *(const uint32_t *) (sK + sw128<BN>(row, ch) + c);
+            vf[kk][e] = *(const uint32_t *) (sV + sw128<BN>(row, ch) + c);
+        }
+    }
+}
+
+// bwd_issue_sdp with K and V from registers (bwd_load_kv_frags): S^T, dP^T read only q / dO from
+// shared memory (half the bytes of the shared-memory operand form).
+template <int D>
+__device__ __forceinline__ void bwd_issue_sdp_rs(float (&st)[32], float (&dpt)[32], const uint32_t (&kf)[D / 16][4], const uint32_t (&vf)[D / 16][4],
+                                                 uint32_t cQ, uint32_t cdO) {
+#ifdef OOMB_WGMMA
+    using namespace oomb_wgmma;
+    constexpr int BM = BwdW<D>::BM;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        const uint32_t kb = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
+        mma_rs_n64<0>(st, kf[kk], desc_sw128(cQ + kb, 16, 1024), kk > 0);
+        mma_rs_n64<0>(dpt, vf[kk], desc_sw128(cdO + kb, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+#endif
+}
+
 // In place: st (S^T) -> P^T = exp2(S^T c - L), 0 where masked; dpt (dP^T) -> dS^T = P^T (dP^T -
 // delta) scale. cL, cDl, cRp: the row tile's lse, delta, positions; kq: the thread's first key (its
 // second: kq + 8); need_mask: some key of the tile lies past some row's position (or LISTS: a row's
@@ -388,8 +425,11 @@ template <bool B> struct BwdLast { static constexpr bool value = B; };
 // atomics under S^T / dP^T(j + 1) was serialised too (C7518). The last row tile is peeled (BwdLast):
 // no next tile to issue, so no wgmma is issued conditionally inside the loop. Shared memory: 195 KB
 // at head dim 128, 115 KB at 64; one CTA per SM.
-template <int D, bool LISTS = false>
+// KVR (head dim 64, config.bwd_kvr): K and V held in registers as the A operands of S^T and dP^T
+// (bwd_load_kv_frags, 32 registers) instead of read from shared memory by every row tile.
+template <int D, bool LISTS = false, bool KVR = false>
 __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
+    static_assert(!KVR || D == 64, "K / V fragments in registers: head dim 64 only");
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
     using W = BwdW<D, 3, 2>;
@@ -453,8 +493,14 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     float dk[D / 2], dv[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
+    uint32_t kf[KVR ? D / 16 : 1][4], vf[KVR ? D / 16 : 1][4];
+    if constexpr (KVR) bwd_load_kv_frags<D>(sK, sV, kf, vf, krow0, lane);
+    auto issue_sdp = [&](float (&st_)[BM / 2], float (&dpt_)[BM / 2], uint32_t cQ, uint32_t cdO) {
+        if constexpr (KVR) bwd_issue_sdp_rs<D>(st_, dpt_, kf, vf, cQ, cdO);
+        else bwd_issue_sdp<D>(st_, dpt_, aK, aV, cQ, cdO, wg);
+    };
     float st[BM / 2], dpt[BM / 2], dqa[D / 4];
-    bwd_issue_sdp<D>(st, dpt, aK, aV, aQ, adO, wg);
+    issue_sdp(st, dpt, aQ, adO);
     wgmma_wait<0>();
 
     // A step starts with S/dP(j) retired and dQ of the previous row tile jp in flight; each step but
@@ -495,7 +541,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
             bwd_issue_dq<D>(dqa, cdS, aK, wg);
         } else {
             wgmma_wait<0>();   // dV/dK(j): pa, da free
-            bwd_issue_sdp<D>(st, dpt, aK, aV, aQ + bqn * W::tile_q, adO + bqn * W::tile_q, wg);
+            issue_sdp(st, dpt, aQ + bqn * W::tile_q, adO + bqn * W::tile_q);
             bwd_issue_dq<D>(dqa, cdS, aK, wg);
             wgmma_wait<1>();   // S/dP(j + 1)
         }

@@ -40,29 +40,35 @@
 namespace {
 
 // NS: stages of the K/V ring (head dim 128: 3 just fit in 227 KB with q; 2 measured 10-13 % slower).
-template <int D, int NS>
+// NC: consumer warpgroups of 64 rows each (2; 3 at head dim 64, as FA3's 192-row tiles there: the
+// products of a tile are half as long as at 128 against the same softmax, so a third warpgroup's
+// softmax fills the tensor cores' turn; registers 24 / 160 instead of 24 / 240).
+template <int D, int NS, int NC = 2>
 struct FwdWS {
-    static constexpr int BM = 128, BN = 128, NT = 384;
+    static constexpr int BM = 64 * NC, BN = 128, NT = 128 * (NC + 1);
     static constexpr uint32_t tile_q = BM * D * 2, tile_kv = BN * D * 2;
     static constexpr size_t smem = 1024 + tile_q + 2 * NS * tile_kv + BM * sizeof(int) + 2 * NS * sizeof(uint64_t);
     static_assert(smem <= 232448 - 64, "shared memory per block");
 };
 
-// named barriers: the consumers' turns (1, 2), both consumer warpgroups (3)
-enum { WS_BAR_TURN = 1, WS_BAR_CONSUMERS = 3 };
+// named barriers: the consumers' turns (1 .. NC), all consumer warpgroups (NC + 1)
+enum { WS_BAR_TURN = 1 };
 
 // OVL: FlashAttention-3's intra-warpgroup overlap on top (sec. 3.2): a GEMM phase issues S_{j+1}
 // first and O += P_j V_j second and waits for S_{j+1} only, so the softmax of tile j + 1 (which
 // writes only s and the row statistics) runs while P_j V_j is in flight; P is packed into its
 // fragments and o rescaled after that product completes (as FA3: no register an in-flight wgmma
 // reads is written, or ptxas serializes the wgmmas, C7513).
-template <int D, int MODE, int NS, bool LISTS = false, bool OVL = false>
-__global__ void __launch_bounds__(384, 1)
+template <int D, int MODE, int NS, bool LISTS = false, bool OVL = false, int NC = 2>
+__global__ void __launch_bounds__(128 * (NC + 1), 1)
     pa_fwd_ws_kernel(const FwdArgs a, const __grid_constant__ CUtensorMap tmK, const __grid_constant__ CUtensorMap tmV) {
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
     using namespace oomb_sm90;
-    using W = FwdWS<D, NS>;
+    using W = FwdWS<D, NS, NC>;
+    static_assert(NC == 2 || (NC == 3 && D == 64 && !LISTS), "three consumer warpgroups: head dim 64, dense schedules");
+    constexpr int NCT = 128 * NC;                 // consumer threads
+    constexpr int BAR_CONSUMERS = WS_BAR_TURN + NC;
     constexpr int BM = W::BM, BN = W::BN, NT = W::NT;
     // NS 1 deadlocks (a consumer waits for tile it + 1 before releasing tile it); OVL releases a
     // tile one step later, so with 2 stages every load would wait for the release just before it
@@ -89,7 +95,7 @@ __global__ void __launch_bounds__(384, 1)
         sMin = INT_MAX;
         for (int st = 0; st < NS; st++) {
             mbar_init(aFull + 8 * st, 1);
-            mbar_init(aEmpty + 8 * st, 256);
+            mbar_init(aEmpty + 8 * st, NCT);
         }
         fence_mbar_init();
     }
@@ -135,7 +141,7 @@ __global__ void __launch_bounds__(384, 1)
     }
 
     // consumers: warpgroup cw owns rows 64 cw .. 64 cw + 63 of the block
-    setmaxnreg_inc<240>();
+    setmaxnreg_inc<NC == 2 ? 240 : 160>();
     const int cw = wg - 1;
     const int wrow = (warp - 4) * 16;  // this warp's first row in the block
     float o[D / 2];
@@ -149,7 +155,8 @@ __global__ void __launch_bounds__(384, 1)
         l[hf] = 0.0f;
         lim[hf] = sPos[wrow + (lane >> 2) + hf * 8];  // keys past the row's position are masked
     }
-    const int bar_me = WS_BAR_TURN + cw, bar_other = WS_BAR_TURN + (cw ^ 1);
+    // turns go round the consumer warpgroups: cw's GEMM phase follows cw - 1's (mod NC)
+    const int bar_me = WS_BAR_TURN + cw, bar_other = WS_BAR_TURN + (cw + 1) % NC;
 
     // S = Q K^T of tile it into s, O += P V of tile it (issued)
     auto issue_s = [&](float (&s)[BN / 2], int it) { fwd_issue_s<D, BM, BN>(s, aQ, cw, aK + (it % NS) * W::tile_kv); };
@@ -157,7 +164,7 @@ __global__ void __launch_bounds__(384, 1)
 
     float s[BN / 2];
     uint32_t pa[BN / 16][4];
-    if (cw == 1) bar_arrive(WS_BAR_TURN, 256);  // warpgroup 1 lets warpgroup 0 go first
+    if (cw == NC - 1) bar_arrive(WS_BAR_TURN, 256);  // the last warpgroup lets warpgroup 0 go first
     mbar_wait(aFull, 0);
     bar_sync(bar_me, 256);
     wgmma_fence();
@@ -176,10 +183,10 @@ __global__ void __launch_bounds__(384, 1)
             // LISTS: a block without a current tile walks one tile past maxp, all of it
             bf16 * v = sV + (it % NS) * BN * D;
             const int first = max(maxp + 1 - k0, 0);
-            for (int idx = tid - 128; idx < (BN - first) * (D / 8); idx += 256)
+            for (int idx = tid - 128; idx < (BN - first) * (D / 8); idx += NCT)
                 *(uint4 *) (v + sw128<BN>(first + idx / (D / 8), idx % (D / 8))) = make_uint4(0, 0, 0, 0);
             fence_proxy_async();
-            bar_sync(WS_BAR_CONSUMERS, 256);
+            bar_sync(BAR_CONSUMERS, NCT);
         }
         // LISTS history tile: every key is before every row; a row sees all of it or none
         const bool hist = LISTS && lt.hist(it);
@@ -242,7 +249,7 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_wait<0>();
         mbar_arrive(aEmpty + 8 * ((n_tiles - 1) % NS));
     }
-    if (cw == 0) bar_sync(WS_BAR_TURN, 256);  // warpgroup 1's last turn hand-over
+    if (cw == 0) bar_sync(WS_BAR_TURN, 256);  // the last warpgroup's last turn hand-over
     fwd_epilogue<D, MODE>(a, o, m, l, r0, wrow, g, lane);
 #else
     __trap();

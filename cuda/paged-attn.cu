@@ -225,15 +225,15 @@ bool kv_tensor_maps(const FwdArgs & a, int D, int Hkv, CUtensorMap * tk, CUtenso
     return true;
 }
 
-template <int D, int MODE, int NS, bool LISTS, bool OVL = false> bool launch_fwd_ws(cudaStream_t stream, const FwdArgs & a, int Hkv) {
-    using W = FwdWS<D, NS>;
-    static_assert(W::BM == FwdW<D, false>::BM && W::BN == FwdW<D, false>::BN, "the same tiles as the two-warpgroup forward");
+template <int D, int MODE, int NS, bool LISTS, bool OVL = false, int NC = 2> bool launch_fwd_ws(cudaStream_t stream, const FwdArgs & a, int Hkv) {
+    using W = FwdWS<D, NS, NC>;
+    static_assert(W::BN == FwdW<D, false>::BN && (NC == 3 || W::BM == FwdW<D, false>::BM), "the same tiles as the two-warpgroup forward");
     CUtensorMap tk, tv;
     if (!kv_tensor_maps(a, D, Hkv, &tk, &tv)) return false;
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_fwd_ws_kernel<D, MODE, NS, LISTS, OVL>, W::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_fwd_ws_kernel<D, MODE, NS, LISTS, OVL, NC>, W::smem); attr_set = true; }
     dim3 grid((a.T * a.G + W::BM - 1) / W::BM, Hkv);
-    pa_fwd_ws_kernel<D, MODE, NS, LISTS, OVL><<<grid, W::NT, W::smem, stream>>>(a, tk, tv);
+    pa_fwd_ws_kernel<D, MODE, NS, LISTS, OVL, NC><<<grid, W::NT, W::smem, stream>>>(a, tk, tv);
     PA_LAUNCH_CHECK();
     return true;
 }
@@ -245,7 +245,12 @@ template <int MODE, bool LISTS> bool fwd_ws(cudaStream_t stream, const FwdArgs &
         // 533 / 515 TFLOP/s, 2 stages 465 / 460 (affeb9c); with the intra-warpgroup overlap 550 / 539
         // vs 510 / 508 without (e791cab); the two-warpgroup kernel 381-405. Head dim 64 at 32K: 4
         // stages 304-309, overlap 313, 2 stages 298, the two-warpgroup kernel (two CTAs/SM) 275.
-        case 1: return D == 128 ? launch_fwd_ws<128, MODE, 3, LISTS, true>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4, LISTS, true>(stream, a, Hkv);
+        case 1:
+            if (D == 128) return launch_fwd_ws<128, MODE, 3, LISTS, true>(stream, a, Hkv);
+            if constexpr (!LISTS) {
+                if (cfg().fwd_wg3) return launch_fwd_ws<64, MODE, 4, false, true, 3>(stream, a, Hkv);
+            }
+            return launch_fwd_ws<64, MODE, 4, LISTS, true>(stream, a, Hkv);
         case 2: return D == 128 ? launch_fwd_ws<128, MODE, 3, LISTS>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4, LISTS>(stream, a, Hkv);
         case 3: return D == 128 ? launch_fwd_ws<128, MODE, 2, LISTS>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 2, LISTS>(stream, a, Hkv);
         default: return false;
@@ -267,12 +272,12 @@ template <int D, int MINB, bool LISTS = false> void launch_bwd_wgmma(cudaStream_
     PA_LAUNCH_CHECK();
 }
 
-template <int D, bool LISTS> void launch_bwd_pipe(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
+template <int D, bool LISTS, bool KVR = false> void launch_bwd_pipe(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     using W = BwdW<D, 3, 2>;
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_bwd_pipe_kernel<D, LISTS>, W::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_bwd_pipe_kernel<D, LISTS, KVR>, W::smem); attr_set = true; }
     dim3 grid(n_key_tiles, Hkv, a.nsplit);
-    pa_bwd_pipe_kernel<D, LISTS><<<grid, W::NT, W::smem, stream>>>(a);
+    pa_bwd_pipe_kernel<D, LISTS, KVR><<<grid, W::NT, W::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
 }
 
@@ -283,6 +288,7 @@ template <int D, bool LISTS> void launch_bwd_pipe(cudaStream_t stream, const Bwd
 template <bool LISTS> void launch_bwd_wgmma_any(cudaStream_t stream, const BwdArgs & a, int D, int n_key_tiles, int Hkv) {
     if (cfg().bwd_pipe) {
         if (D == 128) launch_bwd_pipe<128, LISTS>(stream, a, n_key_tiles, Hkv);
+        else if (cfg().bwd_kvr) launch_bwd_pipe<64, LISTS, true>(stream, a, n_key_tiles, Hkv);
         else launch_bwd_pipe<64, LISTS>(stream, a, n_key_tiles, Hkv);
         return;
     }
@@ -539,6 +545,8 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDWS", 3, "0-3 (0: the two-warpgroup wgmma forward; warp-specialised: 1 with the intra-warpgroup overlap, 2 without, 3 without and 2 K/V stages)")) >= 0) c.fwd_ws = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_LISTS_RANGE_FAST", 1, "0 or 1")) >= 0) c.lists_range_fast = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDPIPE", 1, "0 or 1 (1: the wgmma backward with the row tiles overlapped)")) >= 0) c.bwd_pipe = d == 1;
+    if ((d = env_digit("OOMB_PAGED_ATTN_FWDWG3", 1, "0 or 1 (1: head dim 64, the warp-specialised forward with three consumer warpgroups)")) >= 0) c.fwd_wg3 = d == 1;
+    if ((d = env_digit("OOMB_PAGED_ATTN_BWDKVR", 1, "0 or 1 (1: head dim 64, K and V of the pipelined backward in registers)")) >= 0) c.bwd_kvr = d == 1;
     return c;
 }
 

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The device calls of one H200 lease (2026-12-04: issue 16 at head dim 64, bench/NOTES.md version 18:
+# three consumer warpgroups in the warp-specialised forward, K / V in registers in the backward),
+# one part per call. State in /tmp/keep between calls.
+#   start   unpack .devcarry/gpu-bins.tar.xz; test-cuda-paged-attn, test-cuda-sparse; the 0.5B layer
+#           (head dim 64, 14 / 2 heads) at 32K: forward alone with OOMB_PAGED_ATTN_FWDWG3 0 1 0 1, the
+#           backward with OOMB_PAGED_ATTN_BWDKVR 0 1 0 1, one process each, same call
+#   e2e S   in the background: 0.5B one chunk of 32K (3 steps) with (FWDWG3, BWDKVR) = (0, 0), (1, 1),
+#           (1, 0), (0, 1), then HF (.devcarry/hf_baseline.py); wait S seconds
+#   wait S  wait up to S seconds more for the background runs
+#   attn P  bench_attn.py at head dim 64 (0.5B shape) beside SDPA flash and cuDNN, with FWDWG3 = BWDKVR = P
+#   verify  test-cuda-ops, test-cuda-backend, test-cuda-qwen2 (HF fixtures: .devcarry/fixtures)
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
+case $1 in
+start)
+    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
+    cat $K/bins-commit.txt; nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
+    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-paged-attn:400 test-cuda-sparse:120
+    grep -E "fwd_wg3" $R/test-cuda-paged-attn.log | head -4
+    S05="--seq 32768 --heads 14 --kv-heads 2 --dim 64"
+    for p in 0 1 0 1; do
+        OOMB_PAGED_ATTN_FWDWG3=$p timeout 120 $B/oomb-bench-attn $S05 --fwd-only --reps 3 >> $R/fwd-05b-32k-wg3$p.log 2>&1
+        echo "05b-32k fwd FWDWG3=$p rc=$? $(grep '"seq"' $R/fwd-05b-32k-wg3$p.log | tail -1 | grep -oE '"fwd_tflops": [0-9.]+')"
+    done
+    for p in 0 1 0 1; do
+        OOMB_PAGED_ATTN_BWDKVR=$p timeout 120 $B/oomb-bench-attn $S05 --reps 3 >> $R/bwd-05b-32k-kvr$p.log 2>&1
+        echo "05b-32k BWDKVR=$p rc=$? $(grep '"seq"' $R/bwd-05b-32k-kvr$p.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
+    done ;;
+e2e)
+    python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<23, dtype=np.uint32).tofile('/tmp/rand.bin')"
+    mkdir -p $K/e2e
+    cat > $K/e2e.sh <<EOS
+cd $PWD
+for wk in "0 0" "1 1" "1 0" "0 1"; do
+  set -- \$wk
+  rm -rf /tmp/r05
+  OOMB_PAGED_ATTN_FWDWG3=\$1 OOMB_PAGED_ATTN_BWDKVR=\$2 timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps 3 --warmup 1 \
+    --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $K/e2e/05b-32k-1chunk-wg3\$1-kvr\$2.log 2>&1
+  echo "0.5b 32K one chunk FWDWG3=\$1 BWDKVR=\$2 rc=\$?"; grep -E "^step|error" $K/e2e/05b-32k-1chunk-wg3\$1-kvr\$2.log
+done
+PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $K/e2e/hf-05b-32k.json
+EOS
+    setsid nohup bash $K/e2e.sh > $K/e2e.out 2>&1 < /dev/null &
+    echo $! > $K/e2e.pid; log "e2e started (pid $(cat $K/e2e.pid))"
+    end=$((SECONDS + ${2:-500}))
+    while alive $K/e2e.pid && [ $SECONDS -lt $end ]; do sleep 5; done
+    alive $K/e2e.pid && log "e2e still running" || log "e2e done"; cat $K/e2e.out; cp $K/e2e/* $R/ ;;
+wait)
+    end=$((SECONDS + ${2:-500}))
+    while alive $K/e2e.pid && [ $SECONDS -lt $end ]; do sleep 5; done
+    alive $K/e2e.pid && log "e2e still running" || log "e2e done"; cat $K/e2e.out; cp $K/e2e.out $K/e2e/* $R/ ;;
+attn)
+    OOMB_PAGED_ATTN_FWDWG3=${2:-1} OOMB_PAGED_ATTN_BWDKVR=${2:-1} PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --out $R \
+        --heads 14 --kv-heads 2 --dim 64 --seqs 8192,32768 2>&1 | tee $R/attn-bench.log | grep -v "^running" ;;
+verify)
+    rm -rf $K/fixtures && cp -r .devcarry/fixtures $K/fixtures
+    export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-ops:120 test-cuda-backend:60 test-cuda-qwen2:300 ;;
+*) echo "usage: $0 start | e2e S | wait S | attn P | verify"; exit 2 ;;
+esac
