@@ -11,12 +11,13 @@
 //     each tile's page and issues four (head dim 128; two at 64) TMA box loads of 64 dims x 128
 //     slots (the pools as a 4-d tensor map: dims, KV heads, slots, pages; 128-byte swizzle, the
 //     layout wgmma reads) into a ring of NS stages, each with a "full" mbarrier (transaction bytes)
-//     and an "empty" one (the 256 consumer threads release it);
+//     and an "empty" one (the consumer threads release it);
 //   - warpgroups 1 and 2 (setmaxnreg 240) own 64 query rows each (the block: 128 rows of one GQA
 //     group, as pa_fwd_wgmma_kernel) and run, per key tile j: softmax(S_j) -> P_j, then one "GEMM
 //     phase" issuing O += P_j V_j and S_{j+1} = Q K_{j+1}^T together. The GEMM phases of the two
 //     warpgroups alternate through two named barriers, so one warpgroup's softmax runs under the
-//     other's products.
+//     other's products. At head dim 64 (dense schedules) three consumer warpgroups may take turns
+//     instead (NC = 3: 192 rows per block, setmaxnreg 160; config.fwd_wg3), as FA3 does there.
 // No wgmma is in flight while ordinary instructions touch its accumulators (the o rescale happens
 // in the softmax, after the phase's wait), so ptxas keeps the wgmmas asynchronous. With OVL
 // (the default) FA3's intra-warpgroup overlap too, see below. Measured on the H200 (7B layer, head

@@ -238,6 +238,24 @@ template <int D, int MODE, int NS, bool LISTS, bool OVL = false, int NC = 2> boo
     return true;
 }
 
+// Three consumer warpgroups for the head-dim-64 forward (config.fwd_wg3; 2: decide here)? Per block
+// they run ~1.07x faster (H200, 0.5B layer, one chunk of 32K: 362 -> 381 TFLOP/s, bench/NOTES.md
+// version 18), but a block holds 192 rows instead of 128, so fewer, larger blocks can leave more of
+// the last wave idle: with chunk 4096 (300 blocks of 192 rows, 448 of 128 on 132 SMs) they measured
+// 310 -> 287. Chosen when 1.05 x the fraction of the waves' SM slots the blocks fill with 192 rows
+// beats that fraction with 128 (blocks counted as equal: the chunk's rows all attend the history).
+bool fwd_wg3(const FwdArgs & a, int Hkv) {
+    if (cfg().fwd_wg3 != 2) return cfg().fwd_wg3 == 1;
+    int dev = 0, n_sm = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    const int64_t TG = (int64_t) a.T * a.G;
+    auto fill = [&](int64_t bm) {
+        const int64_t b = (TG + bm - 1) / bm * Hkv;
+        return (double) b / (double) (((b + n_sm - 1) / n_sm) * n_sm);
+    };
+    return 1.05 * fill(192) > fill(128);
+}
+
 // The warp-specialised forward (config.fwd_ws) where it can run; false: run another kernel.
 template <int MODE, bool LISTS> bool fwd_ws(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
     switch (cfg().fwd_ws) {
@@ -248,7 +266,7 @@ template <int MODE, bool LISTS> bool fwd_ws(cudaStream_t stream, const FwdArgs &
         case 1:
             if (D == 128) return launch_fwd_ws<128, MODE, 3, LISTS, true>(stream, a, Hkv);
             if constexpr (!LISTS) {
-                if (cfg().fwd_wg3) return launch_fwd_ws<64, MODE, 4, false, true, 3>(stream, a, Hkv);
+                if (fwd_wg3(a, Hkv)) return launch_fwd_ws<64, MODE, 4, false, true, 3>(stream, a, Hkv);
             }
             return launch_fwd_ws<64, MODE, 4, LISTS, true>(stream, a, Hkv);
         case 2: return D == 128 ? launch_fwd_ws<128, MODE, 3, LISTS>(stream, a, Hkv) : launch_fwd_ws<64, MODE, 4, LISTS>(stream, a, Hkv);
@@ -545,7 +563,7 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDWS", 3, "0-3 (0: the two-warpgroup wgmma forward; warp-specialised: 1 with the intra-warpgroup overlap, 2 without, 3 without and 2 K/V stages)")) >= 0) c.fwd_ws = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_LISTS_RANGE_FAST", 1, "0 or 1")) >= 0) c.lists_range_fast = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDPIPE", 1, "0 or 1 (1: the wgmma backward with the row tiles overlapped)")) >= 0) c.bwd_pipe = d == 1;
-    if ((d = env_digit("OOMB_PAGED_ATTN_FWDWG3", 1, "0 or 1 (1: head dim 64, the warp-specialised forward with three consumer warpgroups)")) >= 0) c.fwd_wg3 = d == 1;
+    if ((d = env_digit("OOMB_PAGED_ATTN_FWDWG3", 2, "0-2 (head dim 64, the warp-specialised forward's consumer warpgroups: 0: two, 1: three, 2: three where the blocks fill the waves)")) >= 0) c.fwd_wg3 = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDKVR", 1, "0 or 1 (1: head dim 64, K and V of the pipelined backward in registers)")) >= 0) c.bwd_kvr = d == 1;
     return c;
 }

@@ -46,13 +46,14 @@ struct oomb_paged_attn_config {
     bool bwd_pipe = true;   // BWDPIPE 0/1: the wgmma backward with the row tiles overlapped (paged-attn-wgmma.cuh,
                             //   pa_bwd_pipe_kernel: q / dO in three buffers, dS in two, one block barrier per row
                             //   tile, the next tile's softmax under dQ); 0: pa_bwd_wgmma_kernel, one row tile at a time
-    bool fwd_wg3 = false;   // FWDWG3 0/1: head dim 64, fwd_ws 1, dense schedules: three consumer warpgroups (192 rows
-                            //   per block, as FA3 at head dim 64) instead of two
-    bool bwd_kvr = false;   // BWDKVR 0/1: head dim 64, with bwd_pipe: K and V held in registers as the A operands of
-                            //   S^T and dP^T (register-operand wgmma) instead of read from shared memory per row tile
+    int fwd_wg3 = 2;        // FWDWG3 0-2: head dim 64, fwd_ws 1, dense schedules: 1: three consumer warpgroups (192
+                            //   rows per block, as FA3 at head dim 64), 0: two; 2: three where the blocks fill the SMs'
+                            //   waves about as well (paged-attn.cu, fwd_wg3)
+    bool bwd_kvr = true;    // BWDKVR 0/1: head dim 64, with bwd_pipe: K and V held in registers as the A operands of
+                            //   S^T and dP^T (register-operand wgmma); 0: read from shared memory per row tile
 };
 /// The defaults overridden by the OOMB_PAGED_ATTN_* variables that are set (GENERIC: set at all;
-/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDPIPE, BWDPIPE, FWDWG3, BWDKVR, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
+/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDWG3: 0-2; FWDPIPE, BWDPIPE, BWDKVR, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
 /// FWD64, BWD64, SPLIT: an integer, as atoi).
 oomb_paged_attn_config oomb_paged_attn_config_from_env();
 /// The configuration the kernels use: oomb_paged_attn_config_from_env() read at the first call,

@@ -761,14 +761,18 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_pipe);
         unsetenv("OOMB_PAGED_ATTN_BWDPIPE");
         EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_pipe) << "the row-tile-overlapped backward is the default";
-        for (const char * v : {"OOMB_PAGED_ATTN_FWDWG3", "OOMB_PAGED_ATTN_BWDKVR"}) {
-            setenv(v, "2", 1);
-            EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), (std::string(v) + " must be 0 or 1").c_str());
-            setenv(v, "1", 1);
-            const oomb_paged_attn_config c1 = oomb_paged_attn_config_from_env();
-            EXPECT_TRUE(v[16] == 'F' ? c1.fwd_wg3 : c1.bwd_kvr) << v;
-            unsetenv(v);
-        }
+        setenv("OOMB_PAGED_ATTN_FWDWG3", "3", 1);
+        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWG3 must be 0-2");
+        setenv("OOMB_PAGED_ATTN_FWDWG3", "0", 1);
+        EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_wg3, 0);
+        unsetenv("OOMB_PAGED_ATTN_FWDWG3");
+        EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_wg3, 2) << "chosen per call by default";
+        setenv("OOMB_PAGED_ATTN_BWDKVR", "2", 1);
+        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDKVR must be 0 or 1");
+        setenv("OOMB_PAGED_ATTN_BWDKVR", "0", 1);
+        EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_kvr);
+        unsetenv("OOMB_PAGED_ATTN_BWDKVR");
+        EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_kvr) << "K / V in registers by default";
         setenv("OOMB_PAGED_ATTN_FWDWS", "4", 1);
         EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWS must be 0-3");
         setenv("OOMB_PAGED_ATTN_FWDWS", "0", 1);
@@ -839,13 +843,13 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         printf("[ kernels ] config.bwd_pipe = %d, config.split = %d\n", (int) pipe, sp);
         for (const Case & c : cases) run_case(c, seed++);
     }
-    // head dim 64: the other setting of the forward's three consumer warpgroups (config.fwd_wg3) and of
-    // the backward's K / V in registers (config.bwd_kvr), with the automatic split and with three blocks
-    // per key tile
+    // head dim 64: the forward's three consumer warpgroups forced (config.fwd_wg3 1; the automatic
+    // choice picks two at these sizes) and the other setting of the backward's K / V in registers
+    // (config.bwd_kvr), with the automatic split and with three blocks per key tile
     for (int sp : {-1, 3}) {
         const oomb_paged_attn_config def{};
-        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_wg3 = !def.fwd_wg3; cf.bwd_kvr = !def.bwd_kvr; cf.split = sp; });
-        printf("[ kernels ] config.fwd_wg3 = %d, config.bwd_kvr = %d, config.split = %d\n", (int) !def.fwd_wg3, (int) !def.bwd_kvr, sp);
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_wg3 = 1; cf.bwd_kvr = !def.bwd_kvr; cf.split = sp; });
+        printf("[ kernels ] config.fwd_wg3 = 1, config.bwd_kvr = %d, config.split = %d\n", (int) !def.bwd_kvr, sp);
         for (const Case & c : cases)
             if (c.D == 64) run_case(c, seed++);
     }

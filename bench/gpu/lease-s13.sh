@@ -8,6 +8,8 @@
 #   e2e S   in the background: 0.5B one chunk of 32K (3 steps) with (FWDWG3, BWDKVR) = (0, 0), (1, 1),
 #           (1, 0), (0, 1), then HF (.devcarry/hf_baseline.py); wait S seconds
 #   wait S  wait up to S seconds more for the background runs
+#   probe   both settings at one chunk of 32K (oomb-bench-attn --chunk 32768), and the 0.5B one-chunk
+#           step's GPU time per op (OOMB_CUDA_PROFILE=1, PROF=2 with operand shapes)
 #   attn P  bench_attn.py at head dim 64 (0.5B shape) beside SDPA flash and cuDNN, with FWDWG3 = BWDKVR = P
 #   verify  test-cuda-ops, test-cuda-backend, test-cuda-qwen2 (HF fixtures: .devcarry/fixtures)
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
@@ -50,6 +52,19 @@ wait)
     end=$((SECONDS + ${2:-500}))
     while alive $K/e2e.pid && [ $SECONDS -lt $end ]; do sleep 5; done
     alive $K/e2e.pid && log "e2e still running" || log "e2e done"; cat $K/e2e.out; cp $K/e2e.out $K/e2e/* $R/ ;;
+probe)
+    # forward / backward alone at one chunk of 32K (T G = 229K rows: 1,195 blocks of 192 rows per KV
+    # head), and where the 0.5B one-chunk step's GPU time goes (OOMB_CUDA_PROFILE=1)
+    S05="--seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64"
+    for p in 0 1 0 1; do
+        OOMB_PAGED_ATTN_FWDWG3=$p OOMB_PAGED_ATTN_BWDKVR=$p timeout 120 $B/oomb-bench-attn $S05 --reps 3 >> $R/fb-05b-32k1c-$p.log 2>&1
+        echo "05b-32k one chunk FWDWG3=BWDKVR=$p rc=$? $(grep '"seq"' $R/fb-05b-32k1c-$p.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
+    done
+    [ -f /tmp/rand.bin ] || python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<23, dtype=np.uint32).tofile('/tmp/rand.bin')"
+    rm -rf /tmp/r05
+    OOMB_PAGED_ATTN_FWDWG3=1 OOMB_PAGED_ATTN_BWDKVR=1 OOMB_CUDA_PROFILE=${PROF:-1} timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 \
+        --page 128 --steps 3 --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $R/05b-32k-prof.log 2>&1
+    grep -E "^step|^  [a-z_]+ +[0-9]" $R/05b-32k-prof.log | head -40 ;;
 attn)
     OOMB_PAGED_ATTN_FWDWG3=${2:-1} OOMB_PAGED_ATTN_BWDKVR=${2:-1} PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --out $R \
         --heads 14 --kv-heads 2 --dim 64 --seqs 8192,32768 2>&1 | tee $R/attn-bench.log | grep -v "^running" ;;
