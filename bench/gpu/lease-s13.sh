@@ -5,6 +5,8 @@
 #   start   unpack .devcarry/gpu-bins.tar.xz; test-cuda-paged-attn, test-cuda-sparse; the 0.5B layer
 #           (head dim 64, 14 / 2 heads) at 32K: forward alone with OOMB_PAGED_ATTN_FWDWG3 0 1 0 1, the
 #           backward with OOMB_PAGED_ATTN_BWDKVR 0 1 0 1, one process each, same call
+#   check   the defaults after these measurements (unpack, tests, both settings at chunk 4096 and one chunk,
+#           the 0.5B one-chunk step with the defaults and with both off, HF)
 #   e2e S   in the background: 0.5B one chunk of 32K (3 steps) with (FWDWG3, BWDKVR) = (0, 0), (1, 1),
 #           (1, 0), (0, 1), then HF (.devcarry/hf_baseline.py); wait S seconds
 #   wait S  wait up to S seconds more for the background runs
@@ -29,6 +31,29 @@ start)
         OOMB_PAGED_ATTN_BWDKVR=$p timeout 120 $B/oomb-bench-attn $S05 --reps 3 >> $R/bwd-05b-32k-kvr$p.log 2>&1
         echo "05b-32k BWDKVR=$p rc=$? $(grep '"seq"' $R/bwd-05b-32k-kvr$p.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
     done ;;
+check)
+    # the defaults after the measurements (fwd_wg3 2, bwd_kvr 1): tests; chunk 4096 and one chunk at
+    # 32K with the defaults and with both off; the 0.5B one-chunk step with the defaults, beside HF
+    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
+    cat $K/bins-commit.txt
+    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-paged-attn:400 test-cuda-sparse:120
+    for c in 4096 32768; do
+        for p in def off def off; do
+            env=""; [ $p = off ] && env="OOMB_PAGED_ATTN_FWDWG3=0 OOMB_PAGED_ATTN_BWDKVR=0"
+            env $env timeout 120 $B/oomb-bench-attn --seq 32768 --chunk $c --heads 14 --kv-heads 2 --dim 64 --reps 3 >> $R/c$c-$p.log 2>&1
+            echo "05b-32k chunk $c $p rc=$? $(grep '"seq"' $R/c$c-$p.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
+        done
+    done
+    [ -f /tmp/rand.bin ] || python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<23, dtype=np.uint32).tofile('/tmp/rand.bin')"
+    for p in def off; do
+        env=""; [ $p = off ] && env="OOMB_PAGED_ATTN_FWDWG3=0 OOMB_PAGED_ATTN_BWDKVR=0"
+        rm -rf /tmp/r05
+        env $env timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps 3 --warmup 1 \
+            --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $R/05b-32k-1chunk-$p.log 2>&1
+        echo "0.5b 32K one chunk $p rc=$?"; grep -E "^step|error" $R/05b-32k-1chunk-$p.log
+    done
+    PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json ;;
 e2e)
     python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<23, dtype=np.uint32).tofile('/tmp/rand.bin')"
     mkdir -p $K/e2e
