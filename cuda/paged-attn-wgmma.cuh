@@ -157,12 +157,19 @@ template <bool LISTS>
 __device__ __forceinline__ void bwd_softmax(float (&st)[32], float (&dpt)[32], const BwdArgs & a, const float * cL, const float * cDl,
                                             const int * cRp, int kq, bool need_mask, bool hist, const uint32_t * see, const int (&kpi)[2],
                                             int lane) {
+#if OOMB_PA_ABLATION == 2
+    return;  // ablation (bench/attention/ablate.sh): no softmax
+#endif
 #pragma unroll
     for (int i = 0; i < 32; i++) {
         const int nb = i >> 2, e = i & 3;
         const int qc = nb * 8 + (lane & 3) * 2 + (e & 1);
         const int kp = kq + ((e >> 1) << 3);
+#if OOMB_PA_ABLATION == 1
+        float p = st[i] * a.c - cL[qc];  // ablation: no exp2
+#else
         float p = ex2(st[i] * a.c - cL[qc]);
+#endif
         if constexpr (LISTS) {
             if (need_mask && (kp > cRp[qc] || (hist && !((see[qc] >> kpi[e >> 1]) & 1u)))) p = 0.0f;
         } else {
@@ -189,6 +196,10 @@ __device__ __forceinline__ void bwd_pack(const float (&x)[32], uint32_t (&f)[4][
 template <int D>
 __device__ __forceinline__ void bwd_issue_dkdv(float (&dk)[D / 2], float (&dv)[D / 2], const uint32_t (&pa)[4][4], const uint32_t (&da)[4][4],
                                                uint32_t cQ, uint32_t cdO) {
+#if OOMB_PA_ABLATION == 5 && defined(OOMB_WGMMA)
+    oomb_wgmma::wgmma_commit();  // ablation: no dV / dK products (an empty group)
+    return;
+#endif
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
     constexpr int BM = BwdW<D>::BM;
@@ -219,6 +230,10 @@ __device__ __forceinline__ void bwd_store_ds(bf16 * sdS, const uint32_t (&da)[4]
 // the 32 columns of a warpgroup start 64 bytes into each 128-byte row of the K tile (the descriptor
 // start is still 1024-byte aligned up to those 64 bytes: base offset 0).
 template <int D> __device__ __forceinline__ void bwd_issue_dq(float (&dqa)[D / 4], uint32_t adS, uint32_t aK, int wg) {
+#if OOMB_PA_ABLATION == 4 && defined(OOMB_WGMMA)
+    oomb_wgmma::wgmma_commit();  // ablation: no dQ product (an empty group)
+    return;
+#endif
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
     constexpr int BN = BwdW<D>::BN;
@@ -234,21 +249,29 @@ template <int D> __device__ __forceinline__ void bwd_issue_dq(float (&dqa)[D / 4
 #endif
 }
 
-// dq[rows of row tile j] += dqa (f32 atomics; rows past T G skipped; j < 0: nothing)
+// dq[rows of row tile j] += dqa (f32 atomics; rows past T G skipped; j < 0: nothing). Lanes l and
+// l ^ 1 swap halves first, so that each adds four consecutive columns of one row (the even lane row
+// lane/4, the odd one row lane/4 + 8) with one 16-byte vector atomic (sm_90) instead of two 8-byte
+// ones: the atomics are the backward's largest cost (ablation, bench/NOTES.md version 18).
 template <int D> __device__ __forceinline__ void bwd_add_dq(const BwdArgs & a, const float (&dqa)[D / 4], int j, int g, int wg, int warp, int lane) {
+#if OOMB_PA_ABLATION == 3 || OOMB_PA_ABLATION == 4
+    return;  // ablation: no dQ atomics
+#endif
     constexpr int NQ = D / 2, BM = BwdW<D>::BM;
+    if (j < 0) return;
     const int TG = a.T * a.G;
-    const int dq_col0 = wg * NQ;
+    const int odd = lane & 1;
+    const int R = j * BM + (warp & 3) * 16 + (lane >> 2) + odd * 8;
+    const bool ok = R < TG;
+    const int t = R / a.G, h = g * a.G + R % a.G;
+    float * dst = a.dq + ((int64_t) t * a.H + h) * D + wg * NQ + (lane & 3) * 2 - odd * 2;
 #pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int R = j * BM + (warp & 3) * 16 + (lane >> 2) + hf * 8;
-        if (j >= 0 && R < TG) {
-            const int t = R / a.G, h = g * a.G + R % a.G;
-            float * dst = a.dq + ((int64_t) t * a.H + h) * D + dq_col0 + (lane & 3) * 2;
-#pragma unroll
-            for (int nb = 0; nb < NQ / 8; nb++)
-                atomicAdd((float2 *) (dst + nb * 8), make_float2(dqa[4 * nb + hf * 2], dqa[4 * nb + hf * 2 + 1]));
-        }
+    for (int nb = 0; nb < NQ / 8; nb++) {
+        const float s0 = odd ? dqa[4 * nb] : dqa[4 * nb + 2];  // the half the partner adds
+        const float s1 = odd ? dqa[4 * nb + 1] : dqa[4 * nb + 3];
+        const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+        const float4 v = odd ? make_float4(r0, r1, dqa[4 * nb + 2], dqa[4 * nb + 3]) : make_float4(dqa[4 * nb], dqa[4 * nb + 1], r0, r1);
+        if (ok) atomicAdd((float4 *) (dst + nb * 8), v);
     }
 }
 
@@ -628,6 +651,10 @@ __device__ __forceinline__ void fwd_issue_pv(float (&o)[D / 2], const uint32_t (
 template <int BN>
 __device__ __forceinline__ void fwd_softmax_p(float (&s)[BN / 2], float (&m)[2], float (&l)[2], const int (&lim)[2], int k0, bool need_mask,
                                               float c, int lane, float (&corr)[2]) {
+#if OOMB_PA_ABLATION == 7
+    corr[0] = corr[1] = 1.0f;  // ablation (bench/attention/ablate.sh): no softmax in the forward
+    return;
+#endif
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         float mx = -INFINITY;
@@ -655,7 +682,11 @@ __device__ __forceinline__ void fwd_softmax_p(float (&s)[BN / 2], float (&m)[2],
         for (int nb = 0; nb < BN / 8; nb++) {
 #pragma unroll
             for (int j = 0; j < 2; j++) {
+#if OOMB_PA_ABLATION == 6
+                const float p = s[4 * nb + hf * 2 + j] - muse;  // ablation: no exp2 in the forward
+#else
                 const float p = ex2(s[4 * nb + hf * 2 + j] - muse);
+#endif
                 s[4 * nb + hf * 2 + j] = p;
                 rs += p;
             }

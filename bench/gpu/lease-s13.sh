@@ -7,6 +7,8 @@
 #           backward with OOMB_PAGED_ATTN_BWDKVR 0 1 0 1, one process each, same call
 #   check   the defaults after these measurements (unpack, tests, both settings at chunk 4096 and one chunk,
 #           the 0.5B one-chunk step with the defaults and with both off, HF)
+#   ablate  the ablation builds of bench/attention/ablate.sh (.devcarry/abl.tar.xz), times only
+#   dqv4    the dQ atomics as 16-byte vectors (new binaries) against the build before (old.tar.xz)
 #   e2e S   in the background: 0.5B one chunk of 32K (3 steps) with (FWDWG3, BWDKVR) = (0, 0), (1, 1),
 #           (1, 0), (0, 1), then HF (.devcarry/hf_baseline.py); wait S seconds
 #   wait S  wait up to S seconds more for the background runs
@@ -54,6 +56,34 @@ check)
         echo "0.5b 32K one chunk $p rc=$?"; grep -E "^step|error" $R/05b-32k-1chunk-$p.log
     done
     PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json ;;
+ablate)
+    # bench/attention/ablate.sh's builds (.devcarry/abl.tar.xz): what each piece of the kernels costs
+    # (wrong results, times only): 0.5B layer one chunk 32K and 7B layer 32K, chunk 4096
+    mkdir -p $K/abl && tar -xJf .devcarry/abl.tar.xz -C $K/abl || exit 1
+    for shape in "05b --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64" "7b --seq 32768"; do
+        set -- $shape; lab=$1; shift
+        for k in 0 1 2 3 4 5 6 7 0; do
+            bin=$K/abl/oomb-bench-attn-abl$k; [ $k = 0 ] && bin=$K/abl/oomb-bench-attn
+            timeout 120 $bin "$@" --reps 3 >> $R/abl-$lab-$k.log 2>&1
+            echo "$lab abl$k rc=$? $(grep '"seq"' $R/abl-$lab-$k.log | tail -1 | grep -oE '"(fwd|bwd)_(tflops|ms)": [0-9.]+' | tr '\n' ' ')"
+        done
+    done ;;
+dqv4)
+    # dQ added with 16-byte vector atomics (new binaries) vs 8-byte ones (.devcarry/old.tar.xz:
+    # oomb-bench-attn-v2, the build before), same call, pattern old new old new; tests first
+    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B && tar -xJf .devcarry/old.tar.xz -C $B || exit 1
+    cat $K/bins-commit.txt
+    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-paged-attn:400 test-cuda-sparse:120
+    for shape in "7b-32k --seq 32768" "7b-128k --seq 131072" "05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64" \
+                 "05b-32k1c --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64"; do
+        set -- $shape; lab=$1; shift
+        for v in v2 v4 v2 v4; do
+            bin=$B/oomb-bench-attn; [ $v = v2 ] && bin=$B/oomb-bench-attn-v2
+            timeout 120 $bin "$@" --reps 3 >> $R/dq-$lab-$v.log 2>&1
+            echo "$lab $v rc=$? $(grep '"seq"' $R/dq-$lab-$v.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
+        done
+    done ;;
 e2e)
     python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<23, dtype=np.uint32).tofile('/tmp/rand.bin')"
     mkdir -p $K/e2e

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Ablation builds of the paged-attention kernels (bench/NOTES.md version 18): cuda/paged-attn.cu
+# compiled with -DOOMB_PA_ABLATION=k (the hooks in paged-attn-wgmma.cuh; results are wrong, only the
+# times mean something) into a copy of build-gpu's liboomb.a, linked with oomb-bench-attn:
+#   backward: 1 no exp2 in the softmax, 2 no softmax at all, 3 no dQ atomics, 4 no dQ product and
+#   no atomics, 5 no dK / dV products; forward: 6 no exp2 in the softmax, 7 no softmax at all
+# usage: bench/attention/ablate.sh [build-dir] [k...]  ->  <build-dir>/bin/oomb-bench-attn-abl<k>
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+B=${1:-build-gpu}; shift || true
+ks=${*:-1 2 3 4 5 6 7}
+CUDA=${CUDA_HOME:-/usr/local/cuda}
+L=/usr/lib/x86_64-linux-gnu
+W=$B/ablate; mkdir -p $W
+[ -f $B/oomb-bench-attn.o ] || bench/attention/build.sh $B
+for k in $ks; do
+    "$CUDA/bin/nvcc" -DOOMB_USE_CUDA=1 -I. -Iggml-oomb -Imodels -Isrc -Icuda -isystem=$CUDA/include -O3 -DNDEBUG \
+        --generate-code=arch=compute_90a,code=[compute_90a,sm_90a] -Xcompiler=-fPIC --expt-relaxed-constexpr -std=c++17 \
+        -DOOMB_PA_ABLATION=$k -x cu -c cuda/paged-attn.cu -o $W/paged-attn.cu.o
+    cp $B/lib/liboomb.a $W/liboomb-abl$k.a
+    (cd $W && ar r liboomb-abl$k.a paged-attn.cu.o)
+    g++ -O2 -std=c++17 -I. -Isrc -Iggml-oomb -I$CUDA/include $B/oomb-bench-attn.o $W/liboomb-abl$k.a \
+        -L"$CUDA/lib64" -lcudart -lcublas -lcublasLt \
+        $L/libopenblas.a $L/libpcre2-8.a $L/libutf8proc.a -l:libgfortran.a -l:libquadmath.a -lpthread -lm \
+        -o $B/bin/oomb-bench-attn-abl$k
+    echo "built $B/bin/oomb-bench-attn-abl$k"
+done
