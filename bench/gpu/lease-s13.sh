@@ -8,7 +8,7 @@
 #   check   the defaults after these measurements (unpack, tests, both settings at chunk 4096 and one chunk,
 #           the 0.5B one-chunk step with the defaults and with both off, HF)
 #   ablate  the ablation builds of bench/attention/ablate.sh (.devcarry/abl.tar.xz), times only
-#   dqv4    the dQ atomics as 16-byte vectors (new binaries) against the build before (old.tar.xz)
+#   dq      the dQ atomics of the new binaries against 1d677c6's (old.tar.xz): 16-byte vectors, staged rows
 #   e2e S   in the background: 0.5B one chunk of 32K (3 steps) with (FWDWG3, BWDKVR) = (0, 0), (1, 1),
 #           (1, 0), (0, 1), then HF (.devcarry/hf_baseline.py); wait S seconds
 #   wait S  wait up to S seconds more for the background runs
@@ -68,9 +68,10 @@ ablate)
             echo "$lab abl$k rc=$? $(grep '"seq"' $R/abl-$lab-$k.log | tail -1 | grep -oE '"(fwd|bwd)_(tflops|ms)": [0-9.]+' | tr '\n' ' ')"
         done
     done ;;
-dqv4)
-    # dQ added with 16-byte vector atomics (new binaries) vs 8-byte ones (.devcarry/old.tar.xz:
-    # oomb-bench-attn-v2, the build before), same call, pattern old new old new; tests first
+dq)
+    # the dQ atomics of the new binaries (3d6d3e0: 16-byte vectors in fragment order; then whole rows
+    # staged in shared memory) vs 8-byte ones in fragment order (.devcarry/old.tar.xz: oomb-bench-attn-v2,
+    # the build of 1d677c6), same call, pattern old new old new; tests first
     cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B && tar -xJf .devcarry/old.tar.xz -C $B || exit 1
     cat $K/bins-commit.txt
     export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
@@ -78,7 +79,7 @@ dqv4)
     for shape in "7b-32k --seq 32768" "7b-128k --seq 131072" "05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64" \
                  "05b-32k1c --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64"; do
         set -- $shape; lab=$1; shift
-        for v in v2 v4 v2 v4; do
+        for v in v2 new v2 new; do
             bin=$B/oomb-bench-attn; [ $v = v2 ] && bin=$B/oomb-bench-attn-v2
             timeout 120 $bin "$@" --reps 3 >> $R/dq-$lab-$v.log 2>&1
             echo "$lab $v rc=$? $(grep '"seq"' $R/dq-$lab-$v.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
