@@ -251,6 +251,9 @@ template <int D> __device__ __forceinline__ void bwd_issue_dq(float (&dqa)[D / 4
 
 // dq[rows of row tile j] += dqa (f32 atomics; rows past T G skipped; j < 0: nothing)
 template <int D> __device__ __forceinline__ void bwd_add_dq(const BwdArgs & a, const float (&dqa)[D / 4], int j, int g, int wg, int warp, int lane) {
+#if OOMB_PA_ABLATION == 3 || OOMB_PA_ABLATION == 4
+    return;  // ablation: no dQ atomics
+#endif
     constexpr int NQ = D / 2, BM = BwdW<D>::BM;
     const int TG = a.T * a.G;
     const int dq_col0 = wg * NQ;
@@ -264,48 +267,6 @@ template <int D> __device__ __forceinline__ void bwd_add_dq(const BwdArgs & a, c
             for (int nb = 0; nb < NQ / 8; nb++)
                 atomicAdd((float2 *) (dst + nb * 8), make_float2(dqa[4 * nb + hf * 2], dqa[4 * nb + hf * 2 + 1]));
         }
-    }
-}
-
-// bwd_add_dq through a per-warp staging area in shared memory (scr: BwdDqRows<D>::floats per warp,
-// 16-byte aligned): the warp's 16 rows go in as the accumulator holds them (a quad of lanes per row,
-// 8 bytes each per 8-column block) in two passes of 8 rows and come back whole rows at a time, so each
-// vector atomic adds 16 consecutive bytes and a warp instruction covers 2 (head dim 128) or 4 (64)
-// complete rows of its columns: 4 times fewer cache lines per instruction than the fragment order (8
-// rows x 32 bytes per instruction), the same bytes. Why: the ablation builds put the atomics at a third
-// of the head-dim-128 backward, and 16-byte atomics in fragment order (the same lines per instruction)
-// gained nothing (bench/NOTES.md version 18).
-template <int D> struct BwdDqRows {
-    static constexpr int NQ = D / 2, LD = NQ + 8;  // a staged row: NQ floats, padded (bank shift 8 per row)
-    static constexpr int floats = 8 * LD;           // per warp: 8 rows
-};
-template <int D>
-__device__ __forceinline__ void bwd_add_dq_rows(const BwdArgs & a, const float (&dqa)[D / 4], int j, int g, int wg, int warp, int lane, float * scr) {
-#if OOMB_PA_ABLATION == 3 || OOMB_PA_ABLATION == 4
-    return;  // ablation: no dQ atomics
-#endif
-    constexpr int NQ = D / 2, BM = BwdW<D>::BM, LD = BwdDqRows<D>::LD;
-    constexpr int LPR = NQ / 4, RPI = 32 / LPR;  // lanes per row, rows per instruction
-    if (j < 0) return;
-    const int TG = a.T * a.G;
-    float * w = scr + warp * BwdDqRows<D>::floats;
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-#pragma unroll
-        for (int nb = 0; nb < NQ / 8; nb++)
-            *(float2 *) (w + (lane >> 2) * LD + nb * 8 + (lane & 3) * 2) = make_float2(dqa[4 * nb + hf * 2], dqa[4 * nb + hf * 2 + 1]);
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < 8 / RPI; i++) {
-            const int lr = i * RPI + lane / LPR;
-            const float4 v = *(const float4 *) (w + lr * LD + (lane % LPR) * 4);
-            const int R = j * BM + (warp & 3) * 16 + hf * 8 + lr;
-            if (R < TG) {
-                const int t = R / a.G, h = g * a.G + R % a.G;
-                atomicAdd((float4 *) (a.dq + ((int64_t) t * a.H + h) * D + wg * NQ + (lane % LPR) * 4), v);
-            }
-        }
-        __syncwarp();  // the reads before the next pass's writes
     }
 }
 
@@ -480,8 +441,7 @@ template <bool B> struct BwdLast { static constexpr bool value = B; };
 // splits two groups stands before the loop's back edge (two groups across it: C7514; so S^T and
 // dP^T are one group, and the softmax of P cannot start under dP^T); dQ(j) issued first with its
 // atomics under S^T / dP^T(j + 1) was serialised too (C7518). The last row tile is peeled (BwdLast):
-// no next tile to issue, so no wgmma is issued conditionally inside the loop. dQ is added through a per-warp staging area
-// (bwd_add_dq_rows, 18 KB at head dim 128, 10 KB at 64). Shared memory: 195 KB
+// no next tile to issue, so no wgmma is issued conditionally inside the loop. Shared memory: 195 KB
 // at head dim 128, 115 KB at 64; one CTA per SM.
 // KVR (head dim 64, config.bwd_kvr): K and V held in registers as the A operands of S^T and dP^T
 // (bwd_load_kv_frags, 32 registers) instead of read from shared memory by every row tile.
@@ -504,7 +464,6 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     float * sL = (float *) (sdS + 2 * BN * BM);  // [3][BM]
     float * sDl = sL + 3 * BM;                   // [3][BM]
     int * sRp = (int *) (sDl + 3 * BM);          // [3][BM]
-    float * sDq = (float *) (sRp + 3 * BM);      // [8 warps][BwdDqRows<D>::floats]: dQ staging (bwd_add_dq_rows)
     const uint32_t aK = base_s, aV = aK + W::tile_kv, aQ = aV + W::tile_kv, adO = aQ + 3 * W::tile_q, adS = adO + 3 * W::tile_q;
 
     const int g = blockIdx.y;
@@ -576,7 +535,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
         const int kq = k0 + krow0 + (lane >> 2);
         bwd_softmax<LISTS>(st, dpt, a, cL, cDl, cRp, kq, need_mask, LISTS ? lt.hist : false, sSee + bs * BM, kpi, lane);  // under dQ(jp)
         wgmma_wait<0>();
-        bwd_add_dq_rows<D>(a, dqa, jp, g, wg, warp, lane, sDq);  // (jp < 0: nothing)
+        bwd_add_dq<D>(a, dqa, jp, g, wg, warp, lane);  // (jp < 0: nothing)
         uint32_t pa[BM / 16][4], da[BM / 16][4];
         bwd_pack(st, pa);
         bwd_pack(dpt, da);
@@ -613,7 +572,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     while (jn < a.n_rt) step(BwdLast<false>{});
     step(BwdLast<true>{});
     wgmma_wait<0>();
-    bwd_add_dq_rows<D>(a, dqa, jp, g, wg, warp, lane, sDq);
+    bwd_add_dq<D>(a, dqa, jp, g, wg, warp, lane);
     bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane);
 #else
     __trap();  // launched only where wgmma_available() said the sm_90a code is there

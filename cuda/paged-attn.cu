@@ -292,12 +292,10 @@ template <int D, int MINB, bool LISTS = false> void launch_bwd_wgmma(cudaStream_
 
 template <int D, bool LISTS, bool KVR = false> void launch_bwd_pipe(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     using W = BwdW<D, 3, 2>;
-    constexpr size_t smem = W::smem + 8 * BwdDqRows<D>::floats * sizeof(float);  // + the dQ staging
-    static_assert(smem <= 232448, "shared memory per block");
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_bwd_pipe_kernel<D, LISTS, KVR>, smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_bwd_pipe_kernel<D, LISTS, KVR>, W::smem); attr_set = true; }
     dim3 grid(n_key_tiles, Hkv, a.nsplit);
-    pa_bwd_pipe_kernel<D, LISTS, KVR><<<grid, W::NT, smem, stream>>>(a);
+    pa_bwd_pipe_kernel<D, LISTS, KVR><<<grid, W::NT, W::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
 }
 
