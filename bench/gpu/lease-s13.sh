@@ -15,7 +15,8 @@
 #   probe   both settings at one chunk of 32K (oomb-bench-attn --chunk 32768), and the 0.5B one-chunk
 #           step's GPU time per op (OOMB_CUDA_PROFILE=1, PROF=2 with operand shapes)
 #   attn P  bench_attn.py at head dim 64 (0.5B shape) beside SDPA flash and cuDNN, with FWDWG3 = BWDKVR = P
-#   verify  test-cuda-ops, test-cuda-backend, test-cuda-qwen2 (HF fixtures: .devcarry/fixtures)
+#   verify  unpack; test-cuda-paged-attn, test-cuda-ops, test-cuda-backend
+#   fixtures  test-cuda-qwen2 against the HF fixtures (.devcarry/fixtures, carried alone)
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
 case $1 in
 start)
@@ -125,8 +126,14 @@ attn)
     OOMB_PAGED_ATTN_FWDWG3=${2:-1} OOMB_PAGED_ATTN_BWDKVR=${2:-1} PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --out $R \
         --heads 14 --kv-heads 2 --dim 64 --seqs 8192,32768 2>&1 | tee $R/attn-bench.log | grep -v "^running" ;;
 verify)
+    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
+    cat $K/bins-commit.txt
+    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-paged-attn:400 test-cuda-ops:120 test-cuda-backend:60 ;;
+fixtures)
+    # test-cuda-qwen2 against the HF fixtures (.devcarry/fixtures, carried alone: the binaries stay from verify)
     rm -rf $K/fixtures && cp -r .devcarry/fixtures $K/fixtures
     export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
-    tests test-cuda-ops:120 test-cuda-backend:60 test-cuda-qwen2:300 ;;
-*) echo "usage: $0 start | e2e S | wait S | attn P | verify"; exit 2 ;;
+    tests test-cuda-qwen2:300 ;;
+*) echo "usage: $0 start | probe | check | ablate | dq | e2e S | wait S | attn P | verify | fixtures"; exit 2 ;;
 esac
