@@ -16,7 +16,8 @@
 #           step's GPU time per op (OOMB_CUDA_PROFILE=1, PROF=2 with operand shapes)
 #   attn P  bench_attn.py at head dim 64 (0.5B shape) beside SDPA flash and cuDNN, with FWDWG3 = BWDKVR = P
 #   verify  unpack; test-cuda-paged-attn, test-cuda-ops, test-cuda-backend
-#   fixtures  test-cuda-qwen2 against the HF fixtures (.devcarry/fixtures, carried alone)
+#   fixtures  test-cuda-qwen2 against the HF fixtures (.devcarry/fixtures and extra-bins.tar.xz with
+#           oomb-convert-hf, carried alone)
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
 case $1 in
 start)
@@ -133,6 +134,7 @@ verify)
 fixtures)
     # test-cuda-qwen2 against the HF fixtures (.devcarry/fixtures, carried alone: the binaries stay from verify)
     rm -rf $K/fixtures && cp -r .devcarry/fixtures $K/fixtures
+    tar -xJf .devcarry/extra-bins.tar.xz -C $B || exit 1   # oomb-convert-hf (the test converts the HF models)
     export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
     tests test-cuda-qwen2:300 ;;
 *) echo "usage: $0 start | probe | check | ablate | dq | e2e S | wait S | attn P | verify | fixtures"; exit 2 ;;
