@@ -9,6 +9,7 @@
 #           the 0.5B one-chunk step with the defaults and with both off, HF)
 #   ablate  the ablation builds of bench/attention/ablate.sh (.devcarry/abl.tar.xz), times only
 #   dq      the dQ atomics of the new binaries against 1d677c6's (old.tar.xz): 16-byte vectors, staged rows
+#   pair    tests, then the backward with OOMB_PAGED_ATTN_BWDPAIR 0 / 1 (blocks in pairs adding dQ together)
 #   e2e S   in the background: 0.5B one chunk of 32K (3 steps) with (FWDWG3, BWDKVR) = (0, 0), (1, 1),
 #           (1, 0), (0, 1), then HF (.devcarry/hf_baseline.py); wait S seconds
 #   wait S  wait up to S seconds more for the background runs
@@ -85,6 +86,23 @@ dq)
             bin=$B/oomb-bench-attn; [ $v = v2 ] && bin=$B/oomb-bench-attn-v2
             timeout 120 $bin "$@" --reps 3 >> $R/dq-$lab-$v.log 2>&1
             echo "$lab $v rc=$? $(grep '"seq"' $R/dq-$lab-$v.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
+        done
+    done ;;
+pair)
+    # the pipelined backward's blocks in pairs (OOMB_PAGED_ATTN_BWDPAIR 0 1 0 1, one process each):
+    # tests first (they run the non-default setting), then the 7B layer at 32K / 128K and the 0.5B
+    # layer at chunk 4096 and one chunk of 32K
+    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
+    cat $K/bins-commit.txt
+    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-paged-attn:400 test-cuda-sparse:120
+    grep -E "bwd_pair" $R/test-cuda-paged-attn.log | head -2
+    for shape in "7b-32k --seq 32768" "7b-128k --seq 131072" "05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64" \
+                 "05b-32k1c --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64"; do
+        set -- $shape; lab=$1; shift
+        for p in 0 1 0 1; do
+            OOMB_PAGED_ATTN_BWDPAIR=$p timeout 120 $B/oomb-bench-attn "$@" --reps 3 >> $R/pair-$lab-$p.log 2>&1
+            echo "$lab BWDPAIR=$p rc=$? $(grep '"seq"' $R/pair-$lab-$p.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
         done
     done ;;
 e2e)
