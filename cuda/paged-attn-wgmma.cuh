@@ -5,7 +5,6 @@
 
 #include "paged-attn-mma.cuh"
 #include "wgmma.cuh"
-#include "sm90.cuh"
 
 namespace {
 
@@ -446,23 +445,9 @@ template <bool B> struct BwdLast { static constexpr bool value = B; };
 // at head dim 128, 115 KB at 64; one CTA per SM.
 // KVR (head dim 64, config.bwd_kvr): K and V held in registers as the A operands of S^T and dP^T
 // (bwd_load_kv_frags, 32 registers) instead of read from shared memory by every row tile.
-// PAIR (config.bwd_pair, dense schedules): blocks 2c and 2c + 1 (adjacent key tiles, launched as a
-// cluster of two) walk the same row tiles (the lower tile's; the upper one's masking zeroes what it
-// does not see) and add their dQ of each row tile together before the atomics: a block sends the
-// half of its rows the other owns (warps 2, 3 of each warpgroup from rank 0, warps 0, 1 from rank 1)
-// into that block's shared memory with st.async, completing on its "full" mbarrier, and adds the half
-// it owns: half the atomic bytes per row tile. Why: the dQ atomics are a third of the head-dim-128
-// backward and their cost follows the bytes (bench/NOTES.md version 18). A pair whose upper tile lies
-// past the last position runs as two single blocks (the upper one returns at once).
-template <int D> struct BwdPair {
-    static constexpr int slots = 128;                                  // sending (= receiving) threads per block
-    static constexpr uint32_t buf = slots * (D / 4) * sizeof(float);   // the received dQ halves
-    static constexpr size_t smem = buf + 16;                           // + the full and empty mbarriers
-};
-template <int D, bool LISTS = false, bool KVR = false, bool PAIR = false>
+template <int D, bool LISTS = false, bool KVR = false>
 __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     static_assert(!KVR || D == 64, "K / V fragments in registers: head dim 64 only");
-    static_assert(!(PAIR && LISTS), "block pairs: dense schedules");
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
     using W = BwdW<D, 3, 2>;
@@ -488,9 +473,6 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = tid >> 7;
     const int krow0 = warp * 16;
-    // PAIR: both blocks of a pair walk the lower key tile's row tiles (kseq)
-    const bool paired = PAIR && (int) ((blockIdx.x | 1u) * BN) <= maxp;
-    const int kseq = paired ? (int) (blockIdx.x & ~1u) * BN : k0;
     BwdListsTile lt{};  // (set by begin under LISTS; {}: the lambdas below capture it)
     __shared__ uint32_t sSee[LISTS ? 2 * BM : 1];  // LISTS: row bits, one slot per dS^T buffer
     int kpi[2] = {0, 0};
@@ -500,40 +482,14 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     const int zs = a.nsplit;
     auto rt_needed = [&](int j) -> bool {
         if constexpr (LISTS) return lt.needed(a, j);
-        else return a.rt_max[j] >= kseq;
+        else return a.rt_max[j] >= k0;
     };
     auto next_rt = [&](int j) {
         while (j < a.n_rt && !rt_needed(j)) j += zs;
         return j;
     };
     int j = next_rt((int) blockIdx.z);
-    if (j >= a.n_rt) return;  // no row tile of this split attends the keys: no gradient to add (both blocks of a pair)
-
-    // PAIR: the received dQ halves ([D/16][128 slots] float4) and the mbarriers: full (one arrival, the
-    // leader's expect_tx, plus the other block's st.async bytes), empty (the other block's 128
-    // receiving threads have read what this block's senders wrote there)
-    uint32_t pr_full = 0, pr_empty = 0, peer_buf = 0, peer_full = 0, peer_empty = 0;
-    float4 * sPair = (float4 *) (sRp + 3 * BM);
-    const uint32_t rank = blockIdx.x & 1u;
-    const bool recv = ((warp & 3) < 2) == (rank == 0);  // this thread adds its rows (else sends them)
-    const int slot = wg * 64 + (warp & 1) * 32 + lane;
-    uint32_t round = 0;
-    if constexpr (PAIR) {
-        if (paired) {
-            using namespace oomb_sm90;
-            pr_full = smem_u32(sPair) + BwdPair<D>::buf;
-            pr_empty = pr_full + 8;
-            if (tid == 0) {
-                mbar_init(pr_full, 1);
-                mbar_init(pr_empty, BwdPair<D>::slots);
-                fence_mbar_init();
-            }
-            cluster_sync();  // both blocks' mbarriers initialised
-            peer_buf = mapa_shared(smem_u32(sPair), rank ^ 1u);
-            peer_full = mapa_shared(pr_full, rank ^ 1u);
-            peer_empty = mapa_shared(pr_empty, rank ^ 1u);
-        }
-    }
+    if (j >= a.n_rt) return;  // no row tile of this split attends the keys: no gradient to add
     auto load_rows = [&](int jj, int b) {
         bwd_load_rows<D>(a, g, jj, sQ + b * BM * D, sdO + b * BM * D, sL + b * BM, sDl + b * BM, sRp + b * BM, tid);
     };
@@ -565,37 +521,6 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     issue_sdp(st, dpt, aQ, adO);
     wgmma_wait<0>();
 
-    // dq += dQ of row tile jj (after its product retired): the block's own atomics, or with a pair the
-    // exchange of halves first
-    auto add_dq = [&](int jj) {
-        if constexpr (PAIR) {
-            if (paired) {
-                using namespace oomb_sm90;
-                if (jj < 0) return;
-                if (recv) {
-                    if (tid == (rank == 0 ? 0 : 64)) mbar_arrive_expect_tx(pr_full, BwdPair<D>::buf);
-                    mbar_wait_cluster(pr_full, round & 1u);
-#pragma unroll
-                    for (int k = 0; k < D / 16; k++) {
-                        const float4 v = sPair[k * BwdPair<D>::slots + slot];
-                        dqa[4 * k] += v.x; dqa[4 * k + 1] += v.y; dqa[4 * k + 2] += v.z; dqa[4 * k + 3] += v.w;
-                    }
-                    mbar_arrive_remote(peer_empty);  // this round's buffer read
-                    bwd_add_dq<D>(a, dqa, jj, g, wg, warp, lane);
-                } else {
-                    if (round > 0) mbar_wait_cluster(pr_empty, (round - 1) & 1u);  // the other block read the last round
-#pragma unroll
-                    for (int k = 0; k < D / 16; k++)
-                        st_async_f4(peer_buf + (uint32_t) (k * BwdPair<D>::slots + slot) * 16u, dqa[4 * k], dqa[4 * k + 1], dqa[4 * k + 2],
-                                    dqa[4 * k + 3], peer_full);
-                }
-                round++;
-                return;
-            }
-        }
-        bwd_add_dq<D>(a, dqa, jj, g, wg, warp, lane);
-    };
-
     // A step starts with S/dP(j) retired and dQ of the previous row tile jp in flight; each step but
     // the last ends in that state for the next.
     int bq = 0, bs = 0, jp = -1;  // row tile j's q / dO buffer and dS^T buffer; the previous row tile
@@ -610,7 +535,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
         const int kq = k0 + krow0 + (lane >> 2);
         bwd_softmax<LISTS>(st, dpt, a, cL, cDl, cRp, kq, need_mask, LISTS ? lt.hist : false, sSee + bs * BM, kpi, lane);  // under dQ(jp)
         wgmma_wait<0>();
-        add_dq(jp);  // (jp < 0: nothing)
+        bwd_add_dq<D>(a, dqa, jp, g, wg, warp, lane);  // (jp < 0: nothing)
         uint32_t pa[BM / 16][4], da[BM / 16][4];
         bwd_pack(st, pa);
         bwd_pack(dpt, da);
@@ -647,11 +572,8 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     while (jn < a.n_rt) step(BwdLast<false>{});
     step(BwdLast<true>{});
     wgmma_wait<0>();
-    add_dq(jp);
+    bwd_add_dq<D>(a, dqa, jp, g, wg, warp, lane);
     bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane);
-    if constexpr (PAIR) {
-        if (paired) oomb_sm90::cluster_sync();  // no block leaves while the other may still write to it
-    }
 #else
     __trap();  // launched only where wgmma_available() said the sm_90a code is there
 #endif

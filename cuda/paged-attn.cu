@@ -292,29 +292,6 @@ template <int D, int MINB, bool LISTS = false> void launch_bwd_wgmma(cudaStream_
 
 template <int D, bool LISTS, bool KVR = false> void launch_bwd_pipe(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     using W = BwdW<D, 3, 2>;
-    if constexpr (!LISTS) {
-        if (cfg().bwd_pair) {
-            // clusters of two blocks on adjacent key tiles (pa_bwd_pipe_kernel, PAIR): an even grid
-            constexpr size_t smem = W::smem + BwdPair<D>::smem;
-            static_assert(smem <= 232448, "shared memory per block");
-            static bool attr_pair = false;
-            if (!attr_pair) { set_smem(pa_bwd_pipe_kernel<D, false, KVR, true>, smem); attr_pair = true; }
-            cudaLaunchConfig_t lc = {};
-            lc.gridDim = dim3((unsigned) ((n_key_tiles + 1) & ~1), (unsigned) Hkv, (unsigned) a.nsplit);
-            lc.blockDim = dim3(W::NT);
-            lc.dynamicSmemBytes = smem;
-            lc.stream = stream;
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeClusterDimension;
-            at[0].val.clusterDim.x = 2; at[0].val.clusterDim.y = 1; at[0].val.clusterDim.z = 1;
-            lc.attrs = at;
-            lc.numAttrs = 1;
-            const cudaError_t e = cudaLaunchKernelEx(&lc, pa_bwd_pipe_kernel<D, false, KVR, true>, a);
-            if (e != cudaSuccess) oomb_error("paged attention backward (block pairs): launch failed: %s", cudaGetErrorString(e));
-            PA_LAUNCH_CHECK();
-            return;
-        }
-    }
     static bool attr_set = false;
     if (!attr_set) { set_smem(pa_bwd_pipe_kernel<D, LISTS, KVR>, W::smem); attr_set = true; }
     dim3 grid(n_key_tiles, Hkv, a.nsplit);
@@ -587,7 +564,6 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     if ((d = env_digit("OOMB_PAGED_ATTN_LISTS_RANGE_FAST", 1, "0 or 1")) >= 0) c.lists_range_fast = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDPIPE", 1, "0 or 1 (1: the wgmma backward with the row tiles overlapped)")) >= 0) c.bwd_pipe = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDWG3", 2, "0-2 (head dim 64, the warp-specialised forward's consumer warpgroups: 0: two, 1: three, 2: three where the blocks fill the waves)")) >= 0) c.fwd_wg3 = d;
-    if ((d = env_digit("OOMB_PAGED_ATTN_BWDPAIR", 1, "0 or 1 (1: the pipelined backward's blocks in pairs adding their dQ together)")) >= 0) c.bwd_pair = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDKVR", 1, "0 or 1 (1: head dim 64, K and V of the pipelined backward in registers)")) >= 0) c.bwd_kvr = d == 1;
     return c;
 }

@@ -50,42 +50,6 @@ __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.ar
 // Register reallocation between the warpgroups of a CTA (every warp of the warpgroup executes it).
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-
-// Thread-block clusters (sm_90): this CTA's rank in its cluster; a shared address of this CTA as the
-// same variable's address in CTA `rank` of the cluster (shared::cluster window); the cluster-wide
-// barrier (every thread of every CTA of the cluster, release / acquire).
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// 16 bytes into another CTA's shared memory (remote: a shared::cluster address from mapa_shared),
-// completing 16 transaction bytes on that CTA's mbarrier remote_bar.
-__device__ __forceinline__ void st_async_f4(uint32_t remote, float x, float y, float z, float w, uint32_t remote_bar) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(remote), "f"(x), "f"(y), "f"(z),
-                 "f"(w), "r"(remote_bar)
-                 : "memory");
-}
-// One arrival on another CTA's mbarrier (release at cluster scope).
-__device__ __forceinline__ void mbar_arrive_remote(uint32_t remote_bar) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote_bar) : "memory");
-}
-// mbar_wait for phases completed by other CTAs of the cluster (acquire at cluster scope).
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-    uint32_t done;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-    } while (!done);
-}
 #endif // OOMB_WGMMA
 
 } // namespace oomb_sm90

@@ -767,11 +767,6 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_wg3, 0);
         unsetenv("OOMB_PAGED_ATTN_FWDWG3");
         EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_wg3, 2) << "chosen per call by default";
-        setenv("OOMB_PAGED_ATTN_BWDPAIR", "2", 1);
-        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDPAIR must be 0 or 1");
-        setenv("OOMB_PAGED_ATTN_BWDPAIR", "1", 1);
-        EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_pair);
-        unsetenv("OOMB_PAGED_ATTN_BWDPAIR");
         setenv("OOMB_PAGED_ATTN_BWDKVR", "2", 1);
         EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDKVR must be 0 or 1");
         setenv("OOMB_PAGED_ATTN_BWDKVR", "0", 1);
@@ -846,15 +841,6 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         const bool pipe = !oomb_paged_attn_config{}.bwd_pipe;
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_pipe = pipe; cf.split = sp; });
         printf("[ kernels ] config.bwd_pipe = %d, config.split = %d\n", (int) pipe, sp);
-        for (const Case & c : cases) run_case(c, seed++);
-    }
-    // the pipelined backward's other setting of block pairs (config.bwd_pair: clusters of two blocks
-    // adding their dQ halves together; key tile counts odd and even, a pair whose upper tile is past
-    // the last position), with the automatic split and with three blocks per key tile
-    for (int sp : {-1, 3}) {
-        const bool pair = !oomb_paged_attn_config{}.bwd_pair;
-        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_pair = pair; cf.split = sp; });
-        printf("[ kernels ] config.bwd_pair = %d, config.split = %d\n", (int) pair, sp);
         for (const Case & c : cases) run_case(c, seed++);
     }
     // head dim 64: the forward's three consumer warpgroups forced (config.fwd_wg3 1; the automatic

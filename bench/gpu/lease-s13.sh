@@ -9,7 +9,8 @@
 #           the 0.5B one-chunk step with the defaults and with both off, HF)
 #   ablate  the ablation builds of bench/attention/ablate.sh (.devcarry/abl.tar.xz), times only
 #   dq      the dQ atomics of the new binaries against 1d677c6's (old.tar.xz): 16-byte vectors, staged rows
-#   pair    tests, then the backward with OOMB_PAGED_ATTN_BWDPAIR 0 / 1 (blocks in pairs adding dQ together)
+#   pair    tests, then the backward with OOMB_PAGED_ATTN_BWDPAIR 0 / 1 (blocks in pairs adding dQ together;
+#           binaries of 03ea9fc: the code was removed after this measurement, bench/NOTES.md v18)
 #   e2e S   in the background: 0.5B one chunk of 32K (3 steps) with (FWDWG3, BWDKVR) = (0, 0), (1, 1),
 #           (1, 0), (0, 1), then HF (.devcarry/hf_baseline.py); wait S seconds
 #   wait S  wait up to S seconds more for the background runs
