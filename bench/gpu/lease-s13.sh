@@ -11,6 +11,7 @@
 #   dq      the dQ atomics of the new binaries against 1d677c6's (old.tar.xz): 16-byte vectors, staged rows
 #   pair    tests, then the backward with OOMB_PAGED_ATTN_BWDPAIR 0 / 1 (blocks in pairs adding dQ together;
 #           binaries of 03ea9fc: the code was removed after this measurement, bench/NOTES.md v18)
+#   desc    tests, then the backward with OOMB_PAGED_ATTN_BWDDESC 0 / 1 (row tiles walked from the last)
 #   e2e S   in the background: 0.5B one chunk of 32K (3 steps) with (FWDWG3, BWDKVR) = (0, 0), (1, 1),
 #           (1, 0), (0, 1), then HF (.devcarry/hf_baseline.py); wait S seconds
 #   wait S  wait up to S seconds more for the background runs
@@ -104,6 +105,22 @@ pair)
         for p in 0 1 0 1; do
             OOMB_PAGED_ATTN_BWDPAIR=$p timeout 120 $B/oomb-bench-attn "$@" --reps 3 >> $R/pair-$lab-$p.log 2>&1
             echo "$lab BWDPAIR=$p rc=$? $(grep '"seq"' $R/pair-$lab-$p.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
+        done
+    done ;;
+desc)
+    # the pipelined backward walking the row tiles from the last (OOMB_PAGED_ATTN_BWDDESC 0 1 0 1):
+    # tests first (they run the non-default setting), then the layers as in pair
+    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
+    cat $K/bins-commit.txt
+    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-paged-attn:400 test-cuda-sparse:120
+    grep -E "bwd_desc" $R/test-cuda-paged-attn.log | head -2
+    for shape in "05b-32k1c --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64" "05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64" \
+                 "7b-32k --seq 32768" "7b-128k1c --seq 131072 --chunk 131072"; do
+        set -- $shape; lab=$1; shift
+        for p in 0 1 0 1; do
+            OOMB_PAGED_ATTN_BWDDESC=$p timeout 120 $B/oomb-bench-attn "$@" --reps 3 >> $R/desc-$lab-$p.log 2>&1
+            echo "$lab BWDDESC=$p rc=$? $(grep '"seq"' $R/desc-$lab-$p.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
         done
     done ;;
 e2e)
