@@ -299,7 +299,6 @@ struct BwdArgs {
     const int * rt_max; const int * rt_min;   // [n_rt] per tile of BM rows
     const int * maxpos;                       // [1]
     int n_rt;
-    int rt_desc;                              // pa_bwd_pipe_kernel, dense: walk the row tiles from the last (config.bwd_desc)
     const bf16 * kp; const bf16 * vp; int64_t kv_s1, kv_s2, kv_s3;   // elements
     float * dkp; float * dvp; int64_t gr_s1, gr_s2, gr_s3;          // elements (f32, or bf16 with gsr.bf16)
     GradSR gsr;                               // bf16 gradient pages (then nsplit == 1)

@@ -484,19 +484,14 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
         if constexpr (LISTS) return lt.needed(a, j);
         else return a.rt_max[j] >= k0;
     };
-    // j, jn, jn2, jp below count the block's row tiles in walking order; rt(j) is the row tile. Dense
-    // schedules with a.rt_desc walk them from the last down, so that the blocks running together add
-    // dQ into nearby rows (ascending, a block starts at its own diagonal).
-    const bool desc = !LISTS && a.rt_desc;
-    auto rt = [&](int j) { return desc ? a.n_rt - 1 - j : j; };
     auto next_rt = [&](int j) {
-        while (j < a.n_rt && !rt_needed(rt(j))) j += zs;
+        while (j < a.n_rt && !rt_needed(j)) j += zs;
         return j;
     };
     int j = next_rt((int) blockIdx.z);
     if (j >= a.n_rt) return;  // no row tile of this split attends the keys: no gradient to add
     auto load_rows = [&](int jj, int b) {
-        bwd_load_rows<D>(a, g, rt(jj), sQ + b * BM * D, sdO + b * BM * D, sL + b * BM, sDl + b * BM, sRp + b * BM, tid);
+        bwd_load_rows<D>(a, g, jj, sQ + b * BM * D, sdO + b * BM * D, sL + b * BM, sDl + b * BM, sRp + b * BM, tid);
     };
 
     bwd_load_kv<D>(a, g, k0, maxp, sK, sV, tid);
@@ -536,11 +531,11 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
         const float * cDl = sDl + bq * BM;
         const int * cRp = sRp + bq * BM;
         const uint32_t cQ = aQ + bq * W::tile_q, cdO = adO + bq * W::tile_q;
-        const bool need_mask = (LISTS && lt.hist) || a.rt_min[rt(j)] < k0 + BN - 1;
+        const bool need_mask = (LISTS && lt.hist) || a.rt_min[j] < k0 + BN - 1;
         const int kq = k0 + krow0 + (lane >> 2);
         bwd_softmax<LISTS>(st, dpt, a, cL, cDl, cRp, kq, need_mask, LISTS ? lt.hist : false, sSee + bs * BM, kpi, lane);  // under dQ(jp)
         wgmma_wait<0>();
-        bwd_add_dq<D>(a, dqa, jp < 0 ? -1 : rt(jp), g, wg, warp, lane);  // (jp < 0: nothing)
+        bwd_add_dq<D>(a, dqa, jp, g, wg, warp, lane);  // (jp < 0: nothing)
         uint32_t pa[BM / 16][4], da[BM / 16][4];
         bwd_pack(st, pa);
         bwd_pack(dpt, da);
@@ -577,7 +572,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     while (jn < a.n_rt) step(BwdLast<false>{});
     step(BwdLast<true>{});
     wgmma_wait<0>();
-    bwd_add_dq<D>(a, dqa, jp < 0 ? -1 : rt(jp), g, wg, warp, lane);
+    bwd_add_dq<D>(a, dqa, jp, g, wg, warp, lane);
     bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane);
 #else
     __trap();  // launched only where wgmma_available() said the sm_90a code is there

@@ -564,7 +564,6 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     if ((d = env_digit("OOMB_PAGED_ATTN_LISTS_RANGE_FAST", 1, "0 or 1")) >= 0) c.lists_range_fast = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDPIPE", 1, "0 or 1 (1: the wgmma backward with the row tiles overlapped)")) >= 0) c.bwd_pipe = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDWG3", 2, "0-2 (head dim 64, the warp-specialised forward's consumer warpgroups: 0: two, 1: three, 2: three where the blocks fill the waves)")) >= 0) c.fwd_wg3 = d;
-    if ((d = env_digit("OOMB_PAGED_ATTN_BWDDESC", 1, "0 or 1 (1: the pipelined backward walks the row tiles from the last)")) >= 0) c.bwd_desc = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDKVR", 1, "0 or 1 (1: head dim 64, K and V of the pipelined backward in registers)")) >= 0) c.bwd_kvr = d == 1;
     return c;
 }
@@ -822,7 +821,6 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             BwdArgs a{};
             a.qb = qb; a.dob = dob; a.lse = lse; a.delta = delta; a.rowpos = rowpos;
             a.rt_max = rt_max; a.rt_min = rt_min; a.maxpos = maxpos; a.n_rt = n_rt;
-            a.rt_desc = cfg().bwd_desc ? 1 : 0;
             a.kp = (const bf16 *) A.k_pages->data; a.vp = (const bf16 *) A.v_pages->data;
             a.kv_s1 = A.k_pages->nb[1] / 2; a.kv_s2 = A.k_pages->nb[2] / 2; a.kv_s3 = A.k_pages->nb[3] / 2;
             a.dkp = (float *) A.dk_pages->data; a.dvp = (float *) A.dv_pages->data;

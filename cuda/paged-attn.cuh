@@ -49,13 +49,11 @@ struct oomb_paged_attn_config {
     int fwd_wg3 = 2;        // FWDWG3 0-2: head dim 64, fwd_ws 1, dense schedules: 1: three consumer warpgroups (192
                             //   rows per block, as FA3 at head dim 64), 0: two; 2: three where the blocks fill the SMs'
                             //   waves about as well (paged-attn.cu, fwd_wg3)
-    bool bwd_desc = false;  // BWDDESC 0/1: with bwd_pipe, dense schedules: each block walks its row tiles from the last
-                            //   down (the blocks running together then add dQ into nearby rows: fewer L2 misses)
     bool bwd_kvr = true;    // BWDKVR 0/1: head dim 64, with bwd_pipe: K and V held in registers as the A operands of
                             //   S^T and dP^T (register-operand wgmma); 0: read from shared memory per row tile
 };
 /// The defaults overridden by the OOMB_PAGED_ATTN_* variables that are set (GENERIC: set at all;
-/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDWG3: 0-2; FWDPIPE, BWDPIPE, BWDDESC, BWDKVR, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
+/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDWG3: 0-2; FWDPIPE, BWDPIPE, BWDKVR, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
 /// FWD64, BWD64, SPLIT: an integer, as atoi).
 oomb_paged_attn_config oomb_paged_attn_config_from_env();
 /// The configuration the kernels use: oomb_paged_attn_config_from_env() read at the first call,

@@ -767,11 +767,6 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_wg3, 0);
         unsetenv("OOMB_PAGED_ATTN_FWDWG3");
         EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_wg3, 2) << "chosen per call by default";
-        setenv("OOMB_PAGED_ATTN_BWDDESC", "2", 1);
-        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDDESC must be 0 or 1");
-        setenv("OOMB_PAGED_ATTN_BWDDESC", "1", 1);
-        EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_desc);
-        unsetenv("OOMB_PAGED_ATTN_BWDDESC");
         setenv("OOMB_PAGED_ATTN_BWDKVR", "2", 1);
         EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDKVR must be 0 or 1");
         setenv("OOMB_PAGED_ATTN_BWDKVR", "0", 1);
@@ -846,14 +841,6 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         const bool pipe = !oomb_paged_attn_config{}.bwd_pipe;
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_pipe = pipe; cf.split = sp; });
         printf("[ kernels ] config.bwd_pipe = %d, config.split = %d\n", (int) pipe, sp);
-        for (const Case & c : cases) run_case(c, seed++);
-    }
-    // the pipelined backward's other walking order of the row tiles (config.bwd_desc), with the
-    // automatic split and with three blocks per key tile
-    for (int sp : {-1, 3}) {
-        const bool desc = !oomb_paged_attn_config{}.bwd_desc;
-        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_desc = desc; cf.split = sp; });
-        printf("[ kernels ] config.bwd_desc = %d, config.split = %d\n", (int) desc, sp);
         for (const Case & c : cases) run_case(c, seed++);
     }
     // head dim 64: the forward's three consumer warpgroups forced (config.fwd_wg3 1; the automatic

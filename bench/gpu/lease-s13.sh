@@ -11,7 +11,8 @@
 #   dq      the dQ atomics of the new binaries against 1d677c6's (old.tar.xz): 16-byte vectors, staged rows
 #   pair    tests, then the backward with OOMB_PAGED_ATTN_BWDPAIR 0 / 1 (blocks in pairs adding dQ together;
 #           binaries of 03ea9fc: the code was removed after this measurement, bench/NOTES.md v18)
-#   desc    tests, then the backward with OOMB_PAGED_ATTN_BWDDESC 0 / 1 (row tiles walked from the last)
+#   desc    tests, then the backward with OOMB_PAGED_ATTN_BWDDESC 0 / 1 (row tiles walked from the last;
+#           binaries of 3e083c5: the code was removed after this measurement)
 #   e2e S   in the background: 0.5B one chunk of 32K (3 steps) with (FWDWG3, BWDKVR) = (0, 0), (1, 1),
 #           (1, 0), (0, 1), then HF (.devcarry/hf_baseline.py); wait S seconds
 #   wait S  wait up to S seconds more for the background runs
