@@ -1,6 +1,7 @@
 // Paged attention forward on Hopper, warp-specialised (FlashAttention-3's structure, Shah et al.
 // 2024, sec. 3.1): a producer warpgroup loads K/V tiles with TMA through the page table while two
-// consumer warpgroups compute, and the consumers take turns on the tensor cores ("ping-pong").
+// (or three, at head dim 64) consumer warpgroups compute, and the consumers take turns on the tensor
+// cores ("ping-pong").
 // Included by paged-attn.cu only.
 //
 // Why: the two-warpgroup kernel of paged-attn-wgmma.cuh (pa_fwd_wgmma_kernel) loads with cp.async
@@ -12,12 +13,13 @@
 //     slots (the pools as a 4-d tensor map: dims, KV heads, slots, pages; 128-byte swizzle, the
 //     layout wgmma reads) into a ring of NS stages, each with a "full" mbarrier (transaction bytes)
 //     and an "empty" one (the consumer threads release it);
-//   - warpgroups 1 and 2 (setmaxnreg 240) own 64 query rows each (the block: 128 rows of one GQA
-//     group, as pa_fwd_wgmma_kernel) and run, per key tile j: softmax(S_j) -> P_j, then one "GEMM
-//     phase" issuing O += P_j V_j and S_{j+1} = Q K_{j+1}^T together. The GEMM phases of the two
-//     warpgroups alternate through two named barriers, so one warpgroup's softmax runs under the
-//     other's products. At head dim 64 (dense schedules) three consumer warpgroups may take turns
-//     instead (NC = 3: 192 rows per block, setmaxnreg 160; config.fwd_wg3), as FA3 does there.
+//   - the consumer warpgroups 1 .. NC (NC = 2: setmaxnreg 240; NC = 3, head dim 64 and dense
+//     schedules only, config.fwd_wg3: setmaxnreg 160, as FA3's 192-row tiles there) own 64 query
+//     rows each (the block: 64 NC rows of one GQA group; 128 as pa_fwd_wgmma_kernel with two) and
+//     run, per key tile j: softmax(S_j) -> P_j, then one "GEMM phase" issuing O += P_j V_j and
+//     S_{j+1} = Q K_{j+1}^T together. The GEMM phases go round the consumer warpgroups through NC
+//     named barriers (one per warpgroup: it waits on its own, then arrives on the next one's), so
+//     one warpgroup's softmax runs under the others' products.
 // No wgmma is in flight while ordinary instructions touch its accumulators (the o rescale happens
 // in the softmax, after the phase's wait), so ptxas keeps the wgmmas asynchronous. With OVL
 // (the default) FA3's intra-warpgroup overlap too, see below. Measured on the H200 (7B layer, head
@@ -49,7 +51,7 @@ struct FwdWS {
     static constexpr int BM = 64 * NC, BN = 128, NT = 128 * (NC + 1);
     static constexpr uint32_t tile_q = BM * D * 2, tile_kv = BN * D * 2;
     static constexpr size_t smem = 1024 + tile_q + 2 * NS * tile_kv + BM * sizeof(int) + 2 * NS * sizeof(uint64_t);
-    static_assert(smem <= 232448 - 64, "shared memory per block");
+    static_assert(smem <= 232448 - 128, "shared memory per block (and the kernel's static shared memory)");
 };
 
 // named barriers: the consumers' turns (1 .. NC), all consumer warpgroups (NC + 1)
@@ -178,9 +180,10 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
     auto softmax = [&](int it, float (&corr)[2]) {
         const int k0 = tile_k0(it);
         if (it == n_tiles - 1 && k0 + BN - 1 > maxp) {
-            // the last tile (the largest keys) past maxp: zeros in V, half the rows by each consumer
-            // warpgroup, then both meet (neither has issued its O += P V of this tile yet: each
-            // reaches here after its previous GEMM phase, which the other's turn hand-over allowed);
+            // the last tile (the largest keys) past maxp: zeros in V, a share of the rows by each
+            // consumer warpgroup, then all of them meet (none has issued its O += P V of this tile
+            // yet: each reaches here after its previous GEMM phase, which the previous warpgroup's
+            // turn hand-over allowed);
             // LISTS: a block without a current tile walks one tile past maxp, all of it
             bf16 * v = sV + (it % NS) * BN * D;
             const int first = max(maxp + 1 - k0, 0);

@@ -24,7 +24,8 @@
 // page size multiple of 128); config.wgmma = 0 (OOMB_PAGED_ATTN_WGMMA=0) keeps the mma.sync kernels above.
 // The Hopper forward is warp-specialised (paged-attn-ws.cuh, FlashAttention-3's structure: a TMA
 // producer warpgroup reading K/V through the page table as a 4-d tensor map, two consumer
-// warpgroups taking turns on the tensor cores, the intra-warpgroup overlap) for every schedule;
+// warpgroups, or three at head dim 64 where chosen (fwd_wg3), taking turns on the tensor cores, the
+// intra-warpgroup overlap) for every schedule;
 // config.fwd_ws = 0 runs the two-warpgroup wgmma forward of paged-attn-wgmma.cuh instead, which is
 // also the fallback when the driver cannot encode the tensor maps.
 // Generic path (f32 / f16 pools, other head dims up to 256, unaligned strides): simple f32 kernels,
@@ -242,16 +243,19 @@ template <int D, int MODE, int NS, bool LISTS, bool OVL = false, int NC = 2> boo
 // they run ~1.07x faster (H200, 0.5B layer, one chunk of 32K: 362 -> 381 TFLOP/s, bench/NOTES.md
 // version 18), but a block holds 192 rows instead of 128, so fewer, larger blocks can leave more of
 // the last wave idle: with chunk 4096 (300 blocks of 192 rows, 448 of 128 on 132 SMs) they measured
-// 310 -> 287. Chosen when 1.05 x the fraction of the waves' SM slots the blocks fill with 192 rows
-// beats that fraction with 128 (blocks counted as equal: the chunk's rows all attend the history).
+// 310 -> 287. Chosen when 1.05 x the fraction of the waves' row slots (SMs x block rows) that real
+// rows fill with 192-row blocks beats that fraction with 128 (blocks counted as equally long: the
+// chunk's rows all attend the history). Counting rows, not blocks, keeps two where a 192-row block
+// would be mostly padding (T G <= 128: the same number of blocks either way).
 bool fwd_wg3(const FwdArgs & a, int Hkv) {
     if (cfg().fwd_wg3 != 2) return cfg().fwd_wg3 == 1;
     int dev = 0, n_sm = 132;
     if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
     const int64_t TG = (int64_t) a.T * a.G;
+    if (TG <= 0 || Hkv <= 0) return false;
     auto fill = [&](int64_t bm) {
-        const int64_t b = (TG + bm - 1) / bm * Hkv;
-        return (double) b / (double) (((b + n_sm - 1) / n_sm) * n_sm);
+        const int64_t b = (TG + bm - 1) / bm * Hkv, waves = (b + n_sm - 1) / n_sm;
+        return (double) (TG * Hkv) / (double) (waves * n_sm * bm);
     };
     return 1.05 * fill(192) > fill(128);
 }

@@ -709,6 +709,53 @@ TEST(CudaPagedAttn, Bf16PoolsBackwardSplit) {
 #endif
 }
 
+// The OOMB_PAGED_ATTN_* overrides (host code: runs without a GPU too), strictly parsed where they were.
+TEST(CudaPagedAttn, ConfigFromEnv) {
+#ifdef OOMB_USE_CUDA
+    setenv("OOMB_PAGED_ATTN_WGMMA", "abc", 1);
+    EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_WGMMA must be 0-3");
+    setenv("OOMB_PAGED_ATTN_WGMMA", "1", 1);
+    setenv("OOMB_PAGED_ATTN_SPLIT", "3", 1);
+    setenv("OOMB_PAGED_ATTN_FWDPIPE", "2", 1);
+    EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDPIPE must be 0 or 1");
+    unsetenv("OOMB_PAGED_ATTN_FWDPIPE");
+    setenv("OOMB_PAGED_ATTN_BWDPIPE", "2", 1);
+    EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDPIPE must be 0 or 1");
+    setenv("OOMB_PAGED_ATTN_BWDPIPE", "1", 1);
+    EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_pipe);
+    setenv("OOMB_PAGED_ATTN_BWDPIPE", "0", 1);
+    EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_pipe);
+    unsetenv("OOMB_PAGED_ATTN_BWDPIPE");
+    EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_pipe) << "the row-tile-overlapped backward is the default";
+    setenv("OOMB_PAGED_ATTN_FWDWG3", "3", 1);
+    EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWG3 must be 0-2");
+    setenv("OOMB_PAGED_ATTN_FWDWG3", "0", 1);
+    EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_wg3, 0);
+    unsetenv("OOMB_PAGED_ATTN_FWDWG3");
+    EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_wg3, 2) << "chosen per call by default";
+    setenv("OOMB_PAGED_ATTN_BWDKVR", "2", 1);
+    EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDKVR must be 0 or 1");
+    setenv("OOMB_PAGED_ATTN_BWDKVR", "0", 1);
+    EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_kvr);
+    unsetenv("OOMB_PAGED_ATTN_BWDKVR");
+    EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_kvr) << "K / V in registers by default";
+    setenv("OOMB_PAGED_ATTN_FWDWS", "4", 1);
+    EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWS must be 0-3");
+    setenv("OOMB_PAGED_ATTN_FWDWS", "0", 1);
+    EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_ws, 0);
+    unsetenv("OOMB_PAGED_ATTN_FWDWS");
+    EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_ws, 1) << "the warp-specialised forward is the default";
+    {
+        const oomb_paged_attn_config e = oomb_paged_attn_config_from_env();
+        EXPECT_EQ(e.wgmma, 1);
+        EXPECT_EQ(e.split, 3);
+        EXPECT_EQ(e.occ64, 1);
+    }
+    unsetenv("OOMB_PAGED_ATTN_WGMMA");
+    unsetenv("OOMB_PAGED_ATTN_SPLIT");
+#endif
+}
+
 // At head dims 64 and 128 the forward (page size a multiple of 128) and the backward run the wgmma kernels
 // on an sm_90a build on Hopper (the default above). OOMB_PAGED_ATTN_WGMMA selects them (bit 0
 // forward, bit 1 backward): 0 (the mma.sync kernels, also with the backward split forced to 1 and
@@ -745,48 +792,6 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
             EXPECT_FALSE(oomb_cuda_paged_attn_uses_wgmma(128, 128, 0));
             EXPECT_EQ(oomb_cuda_paged_attn_uses_wgmma(128, 128, 1), major == 9 && built_90a);
         }
-        // the environment overrides, strictly parsed where they were
-        setenv("OOMB_PAGED_ATTN_WGMMA", "abc", 1);
-        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_WGMMA must be 0-3");
-        setenv("OOMB_PAGED_ATTN_WGMMA", "1", 1);
-        setenv("OOMB_PAGED_ATTN_SPLIT", "3", 1);
-        setenv("OOMB_PAGED_ATTN_FWDPIPE", "2", 1);
-        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDPIPE must be 0 or 1");
-        unsetenv("OOMB_PAGED_ATTN_FWDPIPE");
-        setenv("OOMB_PAGED_ATTN_BWDPIPE", "2", 1);
-        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDPIPE must be 0 or 1");
-        setenv("OOMB_PAGED_ATTN_BWDPIPE", "1", 1);
-        EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_pipe);
-        setenv("OOMB_PAGED_ATTN_BWDPIPE", "0", 1);
-        EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_pipe);
-        unsetenv("OOMB_PAGED_ATTN_BWDPIPE");
-        EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_pipe) << "the row-tile-overlapped backward is the default";
-        setenv("OOMB_PAGED_ATTN_FWDWG3", "3", 1);
-        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWG3 must be 0-2");
-        setenv("OOMB_PAGED_ATTN_FWDWG3", "0", 1);
-        EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_wg3, 0);
-        unsetenv("OOMB_PAGED_ATTN_FWDWG3");
-        EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_wg3, 2) << "chosen per call by default";
-        setenv("OOMB_PAGED_ATTN_BWDKVR", "2", 1);
-        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDKVR must be 0 or 1");
-        setenv("OOMB_PAGED_ATTN_BWDKVR", "0", 1);
-        EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_kvr);
-        unsetenv("OOMB_PAGED_ATTN_BWDKVR");
-        EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_kvr) << "K / V in registers by default";
-        setenv("OOMB_PAGED_ATTN_FWDWS", "4", 1);
-        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWS must be 0-3");
-        setenv("OOMB_PAGED_ATTN_FWDWS", "0", 1);
-        EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_ws, 0);
-        unsetenv("OOMB_PAGED_ATTN_FWDWS");
-        EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_ws, 1) << "the warp-specialised forward is the default";
-        {
-            const oomb_paged_attn_config e = oomb_paged_attn_config_from_env();
-            EXPECT_EQ(e.wgmma, 1);
-            EXPECT_EQ(e.split, 3);
-            EXPECT_EQ(e.occ64, 1);
-        }
-        unsetenv("OOMB_PAGED_ATTN_WGMMA");
-        unsetenv("OOMB_PAGED_ATTN_SPLIT");
     }
     const oomb_type B = OOMB_TYPE_BF16;
     const Case cases[] = {
@@ -844,7 +849,8 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         for (const Case & c : cases) run_case(c, seed++);
     }
     // head dim 64: the forward's three consumer warpgroups forced (config.fwd_wg3 1; the automatic
-    // choice picks two at these sizes) and the other setting of the backward's K / V in registers
+    // choice picks two at these sizes: too few rows to fill the SMs' waves) and the other setting of
+    // the backward's K / V in registers
     // (config.bwd_kvr), with the automatic split and with three blocks per key tile
     for (int sp : {-1, 3}) {
         const oomb_paged_attn_config def{};
@@ -924,6 +930,13 @@ TEST(CudaPagedAttn, Schedules) {
             ConfigScope cs([](oomb_paged_attn_config & cf) { cf.wgmma = 0; });
             printf("[ kernels ] page ranges, config.wgmma = 0\n");
             for (const Case & c : cases) run_case(c, seed++);
+        }
+        if (k == OOMB_SCHEDULE_RANGE) {
+            // head dim 64: the forward's three consumer warpgroups forced (page ranges are dense rows)
+            ConfigScope cs([](oomb_paged_attn_config & cf) { cf.fwd_wg3 = 1; });
+            printf("[ kernels ] page ranges, config.fwd_wg3 = 1\n");
+            for (const Case & c : cases)
+                if (c.D == 64) run_case(c, seed++);
         }
     }
     // ranges where some rows (or all) see no key: compared as the CPU (out 0, LSE -inf, no gradient)

@@ -4,15 +4,22 @@
 # times mean something) into a copy of build-gpu's liboomb.a, linked with oomb-bench-attn:
 #   backward: 1 no exp2 in the softmax, 2 no softmax at all, 3 no dQ atomics, 4 no dQ product and
 #   no atomics, 5 no dK / dV products; forward: 6 no exp2 in the softmax, 7 no softmax at all
+# (6 and 7 make the bench stop at its non-finite-output check: built on request only)
 # usage: bench/attention/ablate.sh [build-dir] [k...]  ->  <build-dir>/bin/oomb-bench-attn-abl<k>
+# build-dir: a CUDA build configured as in bench/NOTES.md ("Build for the GPU machine"), default
+# build-pattn, with liboomb built (bench/attention/build.sh builds it and oomb-bench-attn.o)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-B=${1:-build-gpu}; shift || true
-ks=${*:-1 2 3 4 5 6 7}
+B=${1:-build-pattn}; shift || true
+ks=${*:-1 2 3 4 5}
+if [ ! -f "$B/CMakeCache.txt" ]; then
+    echo "ablate.sh: $B is not a configured build directory (see bench/NOTES.md, 'Build for the GPU machine')" >&2
+    exit 2
+fi
 CUDA=${CUDA_HOME:-/usr/local/cuda}
 L=/usr/lib/x86_64-linux-gnu
 W=$B/ablate; mkdir -p $W
-[ -f $B/oomb-bench-attn.o ] || bench/attention/build.sh $B
+bench/attention/build.sh $B   # liboomb and oomb-bench-attn.o up to date
 for k in $ks; do
     "$CUDA/bin/nvcc" -DOOMB_USE_CUDA=1 -I. -Iggml-oomb -Imodels -Isrc -Icuda -isystem=$CUDA/include -O3 -DNDEBUG \
         --generate-code=arch=compute_90a,code=[compute_90a,sm_90a] -Xcompiler=-fPIC --expt-relaxed-constexpr -std=c++17 \

@@ -22,6 +22,8 @@
 #   verify  unpack; test-cuda-paged-attn, test-cuda-ops, test-cuda-backend
 #   fixtures  test-cuda-qwen2 against the HF fixtures (.devcarry/fixtures and extra-bins.tar.xz with
 #           oomb-convert-hf, carried alone)
+usage="usage: $0 start | probe | check | ablate | dq | pair | desc | e2e S | wait S | attn P | verify | fixtures"
+case ${1:-} in start|probe|check|ablate|dq|pair|desc|e2e|wait|attn|verify|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
 case $1 in
 start)
@@ -174,5 +176,5 @@ fixtures)
     tar -xJf .devcarry/extra-bins.tar.xz -C $B || exit 1   # oomb-convert-hf (the test converts the HF models)
     export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
     tests test-cuda-qwen2:300 ;;
-*) echo "usage: $0 start | probe | check | ablate | dq | e2e S | wait S | attn P | verify | fixtures"; exit 2 ;;
+*) echo "$usage"; exit 2 ;;
 esac
