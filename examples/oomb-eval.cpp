@@ -74,9 +74,9 @@ int main(int argc, char ** argv) {
     app.add_option("--json", json_out, "also write the results as JSON to this file");
     add_progress_option(app, progress_every);
     OffloadOptions offload;
-    add_offload_options(app, offload);
+    add_offload_options(app, offload, false);
     SparseOptions sparse;
-    add_sparse_options(app, sparse);
+    add_sparse_options(app, sparse, false);
     if (const int rc = parse_command_line(app, argc, argv, PROG, &train_option_table()); rc >= 0) return rc;
     check_chunk_options(PROG, app, ctx, chunk, page, threads, rope_theta);
     check_offload_options(PROG, app, offload);

@@ -16,17 +16,20 @@
 namespace oomb {
 namespace train {
 
-void add_offload_options(CLI::App & app, OffloadOptions & o) {
+void add_offload_options(CLI::App & app, OffloadOptions & o, bool training) {
     app.add_option("--offload", o.mode,
-                   "host offload of the KV cache (K/V pages, and their gradients when training, in pinned host memory, streamed "
-                   "in page blocks): auto (only what does not fit the device; the most pages that fit stay resident), on (forced: "
+                   std::string(training ? "host offload of the KV cache (K/V pages and their gradients in pinned host memory, streamed "
+                                        : "host offload of the KV cache (K/V pages in pinned host memory, streamed ") +
+                       "in page blocks): auto (only what does not fit the device; the most pages that fit stay resident), on (forced: "
                    "everything past --gpu-kv-budget, all of it without one, even where the slots hold more than the whole cache; "
                    "nothing when the budget holds the whole cache), off")
         ->capture_default_str();
     app.add_option("--gpu-kv-budget", o.gpu_kv_budget,
-                   "GiB of device memory for KV pages (resident pages and streaming slots; fractions allowed, e.g. 0.001); "
-                   "default: on a GPU what is left after the model (and optimizer state) and the chunk arena, less a margin; "
-                   "on the CPU no limit. Below the streams' minimum (the chunk's pages + 2 blocks) the device holds that minimum")
+                   std::string("GiB of device memory for KV pages (resident pages and streaming slots; fractions allowed, e.g. 0.001); "
+                               "default: on a GPU what is left after the model") +
+                       (training ? ", its gradients and optimizer state" : "") +
+                       " and the chunk arena, less a margin; "
+                       "on the CPU no limit. Below the streams' minimum (the chunk's pages + 2 blocks) the device holds that minimum")
         ->check(CLI::Validator(
             [](std::string & s) -> std::string {  // a plain decimal number: no hex, inf or nan
                 const bool ok = !s.empty() && s.find_first_not_of("0123456789.eE+-") == std::string::npos;

@@ -20,7 +20,9 @@ struct OffloadOptions {
     int block_pages = 0;           // pages per streamed history block; 0: 32,768 tokens' worth (a block is one kernel call: fewer, larger blocks cost less)
 };
 
-void add_offload_options(CLI::App & app, OffloadOptions & o);
+/// The options on app; training: the help text of oomb-train (KV gradients, optimizer state), else
+/// of an evaluation tool (oomb-eval: K/V pages only).
+void add_offload_options(CLI::App & app, OffloadOptions & o, bool training = true);
 /// Errors (fail): an unknown mode, a negative budget given, block < 1.
 void check_offload_options(const char * prog, const CLI::App & app, const OffloadOptions & o);
 

@@ -9,12 +9,12 @@
 namespace oomb {
 namespace train {
 
-void add_sparse_options(CLI::App & app, SparseOptions & o) {
+void add_sparse_options(CLI::App & app, SparseOptions & o, bool training) {
     app.add_option("--sparse-pages", o.pages,
-                   "page-level top-K sparse attention: each query tile (one page of queries) attends its K highest-scoring history "
-                   "pages plus its own chunk causally (dense while the history has at most K pages); 0: dense. With host offload "
-                   "(--offload) only the selected pages are copied to the device. With --attn-cache, stage 2 loads stage 1's result over "
-                   "the same pages")
+                   std::string("page-level top-K sparse attention: each query tile (one page of queries) attends its K highest-scoring "
+                               "history pages plus its own chunk causally (dense while the history has at most K pages); 0: dense. With "
+                               "host offload (--offload) only the selected pages are copied to the device.") +
+                       (training ? " With --attn-cache, stage 2 loads stage 1's result over the same pages" : ""))
         ->capture_default_str();
     app.add_option("--sparse-score", o.score,
                    "with --sparse-pages: mean (softmax over pages of the group-summed query . the page's mean key, the reference's) "

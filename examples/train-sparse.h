@@ -20,7 +20,9 @@ struct SparseOptions {
     int local = 0;               // latest history pages always kept (inside K)
 };
 
-void add_sparse_options(CLI::App & app, SparseOptions & o);
+/// The options on app; training: the help text of oomb-train (the attention cache's stage 2), else of
+/// an evaluation tool.
+void add_sparse_options(CLI::App & app, SparseOptions & o, bool training = true);
 /// Errors (fail): K < 0, an unknown score, --sparse-score / -sink / -local without --sparse-pages,
 /// sink or local < 0, sink + local > K. Host offload (only the selected pages stream) and the
 /// attention cache (it keeps the result over the selected pages) are allowed.
