@@ -68,7 +68,7 @@ size_t host_available() {
 
 } // namespace
 
-void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be, const Qwen2Model & m, ChunkParams * tp) {
+void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be, const Qwen2Model & m, ChunkParams * tp, bool optimizer) {
     const auto & c = m.cfg;
     const int64_t P = tp->page, n_pages = (tp->max_tokens + P - 1) / P;
     const bool chunked = tp->max_tokens > tp->chunk;
@@ -198,7 +198,7 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
                                   : 0.0;
     const std::string dev = oomb_backend_name(be);
     printf("memory plan (%s%s): %s %s | chunk arena %s (chunk %" PRId64 ")%s\n", dev.c_str(),
-           has_dev ? (", " + fmt_bytes((double) total)).c_str() : "", tp->with_grad ? "weights, gradients and optimizer state" : "weights",
+           has_dev ? (", " + fmt_bytes((double) total)).c_str() : "", !tp->with_grad ? "weights" : optimizer ? "weights, gradients and optimizer state" : "weights and gradients",
            fmt_bytes(has_dev ? (double) used0 : (double) rss_bytes()).c_str(),
            fmt_bytes((double) arena).c_str(), std::min(tp->chunk, tp->max_tokens),
            attn_cache > 0 ? (" | attention cache " + fmt_bytes(attn_cache)).c_str() : "");

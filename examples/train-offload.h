@@ -31,8 +31,10 @@ void check_offload_options(const char * prog, const CLI::App & app, const Offloa
 /// already allocated on `be`), prints the memory plan and stops (fail) when the run cannot fit:
 /// device memory for the arena and the resident KV, or pinned host memory against the machine's.
 /// The chunk arena is measured by planning the chunk graphs once (a driver of one chunk, freed).
-/// tp: chunk, page, max_tokens, kv_type, with_grad, cache_attn set.
-void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be, const Qwen2Model & m, ChunkParams * tp);
+/// tp: chunk, page, max_tokens, kv_type, with_grad, cache_attn set. optimizer: whether optimizer state
+/// is part of what is already allocated (the plan's label; false for --dump-grads).
+void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be, const Qwen2Model & m, ChunkParams * tp,
+                 bool optimizer = true);
 
 } // namespace train
 } // namespace oomb

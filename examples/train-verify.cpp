@@ -138,7 +138,7 @@ int dump_grads(const Options & o) {
     tp.cache_attn = o.attn_cache;  // the verification can check the attention-cache path too
     tp.cache_attn_type = o.attn_cache_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
     tp.kv_grad_type = o.kv_grad_type == "bf16" ? OOMB_TYPE_BF16 : OOMB_TYPE_F32;
-    plan_memory(PROG, o.offload, v.be, *v.model, &tp);
+    plan_memory(PROG, o.offload, v.be, *v.model, &tp, /*optimizer=*/false);  // no optimizer: gradients only
     ChunkDriver tr(model_chunk_builder(*v.model), tp);
     double loss_sum = 0;
     int64_t count = 0;

@@ -191,6 +191,8 @@ def test_dump_grads(tmp):
         check(rc == 0, f"{model} chunk {chunk} page {page}: --dump-grads runs ({e.strip()[-300:]})")
         if rc:
             continue
+        check(re.search(r"memory plan \([^)]*\): weights and gradients ", o) is not None and "optimizer" not in o,
+              f"{model}: the memory plan of --dump-grads counts weights and gradients, no optimizer state")
         if chunk == 16:
             # the attention-cache path (stage 2 loads stage 1's attention results): bit-identical on the CPU
             out_c = os.path.join(tmp, f"grads-{model}-{chunk}-cache.safetensors")
