@@ -106,6 +106,14 @@ const oomb_paged_attn_config & cfg() { return oomb_cuda_paged_attn_config(); }
 int fwd_bn(int D) { return D == 64 ? 64 : (cfg().fwd == 0 ? 32 : 64); }
 // backward D=128 variants: rows per step 0: 32, 1 (default): 64, 2: 16 (op backward incl. the LSE
 // pass at 32K: 144 / 160 / 115 counted TFLOP/s)
+
+// SMs of the current device (132, the H200's, where it cannot be asked)
+int sm_count() {
+    int dev = 0, n_sm = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    return n_sm;
+}
+
 // Blocks per key tile in the backward. Parallelism is over (key tile, KV head) only: a chunk's
 // own keys alone give T/128 * Hkv tiles (64 for Qwen2.5-0.5B at chunk 4096), half the H200's 132
 // SMs at one block per SM, and a few tiles more than a wave leave most of the last wave idle. So
@@ -115,8 +123,7 @@ int bwd_split(int own_tiles, int n_rt) {
     int ns;
     if (cfg().split >= 0) ns = cfg().split;
     else {
-        int dev = 0, n_sm = 132;
-        if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+        const int n_sm = sm_count();
         ns = (2 * n_sm + own_tiles - 1) / std::max(own_tiles, 1);
         ns = std::min(ns, 4);
     }
@@ -249,8 +256,7 @@ template <int D, int MODE, int NS, bool LISTS, bool OVL = false, int NC = 2> boo
 // would be mostly padding (T G <= 128: the same number of blocks either way).
 bool fwd_wg3(const FwdArgs & a, int Hkv) {
     if (cfg().fwd_wg3 != 2) return cfg().fwd_wg3 == 1;
-    int dev = 0, n_sm = 132;
-    if (cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    const int n_sm = sm_count();
     const int64_t TG = (int64_t) a.T * a.G;
     if (TG <= 0 || Hkv <= 0) return false;
     auto fill = [&](int64_t bm) {
