@@ -8,11 +8,9 @@
 #   check   the defaults after these measurements (unpack, tests, both settings at chunk 4096 and one chunk,
 #           the 0.5B one-chunk step with the defaults and with both off, HF)
 #   ablate  the ablation builds of bench/attention/ablate.sh (.devcarry/abl.tar.xz), times only
-#   dq      the dQ atomics of the new binaries against 1d677c6's (old.tar.xz): 16-byte vectors, staged rows
-#   pair    tests, then the backward with OOMB_PAGED_ATTN_BWDPAIR 0 / 1 (blocks in pairs adding dQ together;
-#           binaries of 03ea9fc: the code was removed after this measurement, bench/NOTES.md v18)
-#   desc    tests, then the backward with OOMB_PAGED_ATTN_BWDDESC 0 / 1 (row tiles walked from the last;
-#           binaries of 3e083c5: the code was removed after this measurement)
+#   dq      tests, then the layers' fwd / bwd with the new binaries against 1d677c6's (old.tar.xz)
+#   ab V    tests, then the layers' fwd / bwd with OOMB_PAGED_ATTN_V 0 against 1 (BWDPAIR, BWDDESC: code
+#           measured then removed, bench/NOTES.md v18)
 #   e2e S   in the background: 0.5B one chunk of 32K (3 steps) with (FWDWG3, BWDKVR) = (0, 0), (1, 1),
 #           (1, 0), (0, 1), then HF (.devcarry/hf_baseline.py); wait S seconds
 #   wait S  wait up to S seconds more for the background runs
@@ -22,15 +20,37 @@
 #   verify  unpack; test-cuda-paged-attn, test-cuda-ops, test-cuda-backend
 #   fixtures  test-cuda-qwen2 against the HF fixtures (.devcarry/fixtures and extra-bins.tar.xz with
 #           oomb-convert-hf, carried alone)
-usage="usage: $0 start | probe | check | ablate | dq | pair | desc | e2e S | wait S | attn P | verify | fixtures"
-case ${1:-} in start|probe|check|ablate|dq|pair|desc|e2e|wait|attn|verify|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+usage="usage: $0 start | probe | check | ablate | dq | ab V | e2e S | wait S | attn P | verify | fixtures"
+case ${1:-} in start|probe|check|ablate|dq|ab|e2e|wait|attn|verify|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
-case $1 in
-start)
-    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
-    cat $K/bins-commit.txt; nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
+# unpack .devcarry/gpu-bins.tar.xz, then test-cuda-paged-attn and test-cuda-sparse
+unpack_and_test() {
+    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || return 1
+    cat $K/bins-commit.txt
     export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
     tests test-cuda-paged-attn:400 test-cuda-sparse:120
+}
+# ab_layers NAME A B: oomb-bench-attn's fwd / bwd on the layer shapes (SHAPES, one per line: a label,
+# then the bench's arguments) with the commands A and B, pattern A B A B, one process each
+SHAPES=${SHAPES:-"7b-32k --seq 32768
+7b-128k --seq 131072
+05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64
+05b-32k1c --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64"}
+ab_layers() {
+    local name=$1 a=$2 b=$3 shape lab v cmd
+    while read -r shape; do
+        set -- $shape; lab=$1; shift
+        for v in a b a b; do
+            cmd=$a; [ $v = b ] && cmd=$b
+            timeout 120 $cmd "$@" --reps 3 >> $R/$name-$lab-$v.log 2>&1
+            echo "$lab $name $v rc=$? $(grep '"seq"' $R/$name-$lab-$v.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
+        done
+    done <<< "$SHAPES"
+}
+case $1 in
+start)
+    nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
+    unpack_and_test || exit 1
     grep -E "fwd_wg3" $R/test-cuda-paged-attn.log | head -4
     S05="--seq 32768 --heads 14 --kv-heads 2 --dim 64"
     for p in 0 1 0 1; do
@@ -44,10 +64,7 @@ start)
 check)
     # the defaults after the measurements (fwd_wg3 2, bwd_kvr 1): tests; chunk 4096 and one chunk at
     # 32K with the defaults and with both off; the 0.5B one-chunk step with the defaults, beside HF
-    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
-    cat $K/bins-commit.txt
-    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
-    tests test-cuda-paged-attn:400 test-cuda-sparse:120
+    unpack_and_test || exit 1
     for c in 4096 32768; do
         for p in def off def off; do
             env=""; [ $p = off ] && env="OOMB_PAGED_ATTN_FWDWG3=0 OOMB_PAGED_ATTN_BWDKVR=0"
@@ -79,53 +96,15 @@ ablate)
 dq)
     # the dQ atomics of the new binaries (3d6d3e0: 16-byte vectors in fragment order; then whole rows
     # staged in shared memory) vs 8-byte ones in fragment order (.devcarry/old.tar.xz: oomb-bench-attn-v2,
-    # the build of 1d677c6), same call, pattern old new old new; tests first
-    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B && tar -xJf .devcarry/old.tar.xz -C $B || exit 1
-    cat $K/bins-commit.txt
-    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
-    tests test-cuda-paged-attn:400 test-cuda-sparse:120
-    for shape in "7b-32k --seq 32768" "7b-128k --seq 131072" "05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64" \
-                 "05b-32k1c --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64"; do
-        set -- $shape; lab=$1; shift
-        for v in v2 new v2 new; do
-            bin=$B/oomb-bench-attn; [ $v = v2 ] && bin=$B/oomb-bench-attn-v2
-            timeout 120 $bin "$@" --reps 3 >> $R/dq-$lab-$v.log 2>&1
-            echo "$lab $v rc=$? $(grep '"seq"' $R/dq-$lab-$v.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
-        done
-    done ;;
-pair)
-    # the pipelined backward's blocks in pairs (OOMB_PAGED_ATTN_BWDPAIR 0 1 0 1, one process each):
-    # tests first (they run the non-default setting), then the 7B layer at 32K / 128K and the 0.5B
-    # layer at chunk 4096 and one chunk of 32K
-    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
-    cat $K/bins-commit.txt
-    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
-    tests test-cuda-paged-attn:400 test-cuda-sparse:120
-    grep -E "bwd_pair" $R/test-cuda-paged-attn.log | head -2
-    for shape in "7b-32k --seq 32768" "7b-128k --seq 131072" "05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64" \
-                 "05b-32k1c --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64"; do
-        set -- $shape; lab=$1; shift
-        for p in 0 1 0 1; do
-            OOMB_PAGED_ATTN_BWDPAIR=$p timeout 120 $B/oomb-bench-attn "$@" --reps 3 >> $R/pair-$lab-$p.log 2>&1
-            echo "$lab BWDPAIR=$p rc=$? $(grep '"seq"' $R/pair-$lab-$p.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
-        done
-    done ;;
-desc)
-    # the pipelined backward walking the row tiles from the last (OOMB_PAGED_ATTN_BWDDESC 0 1 0 1):
-    # tests first (they run the non-default setting), then the layers as in pair
-    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || exit 1
-    cat $K/bins-commit.txt
-    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
-    tests test-cuda-paged-attn:400 test-cuda-sparse:120
-    grep -E "bwd_desc" $R/test-cuda-paged-attn.log | head -2
-    for shape in "05b-32k1c --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64" "05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64" \
-                 "7b-32k --seq 32768" "7b-128k1c --seq 131072 --chunk 131072"; do
-        set -- $shape; lab=$1; shift
-        for p in 0 1 0 1; do
-            OOMB_PAGED_ATTN_BWDDESC=$p timeout 120 $B/oomb-bench-attn "$@" --reps 3 >> $R/desc-$lab-$p.log 2>&1
-            echo "$lab BWDDESC=$p rc=$? $(grep '"seq"' $R/desc-$lab-$p.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
-        done
-    done ;;
+    # the build of 1d677c6)
+    unpack_and_test && tar -xJf .devcarry/old.tar.xz -C $B || exit 1
+    ab_layers dq "$B/oomb-bench-attn-v2" "$B/oomb-bench-attn" ;;
+ab)
+    # an OOMB_PAGED_ATTN_* variable 0 against 1 ($2, e.g. BWDPAIR: blocks in pairs adding dQ together,
+    # binaries of 03ea9fc; BWDDESC: row tiles walked from the last, 3e083c5 with SHAPES ending in
+    # "7b-128k1c --seq 131072 --chunk 131072"; both removed after their measurement, bench/NOTES.md v18)
+    unpack_and_test || exit 1
+    ab_layers "${2,,}" "env OOMB_PAGED_ATTN_$2=0 $B/oomb-bench-attn" "env OOMB_PAGED_ATTN_$2=1 $B/oomb-bench-attn" ;;
 e2e)
     python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<23, dtype=np.uint32).tofile('/tmp/rand.bin')"
     mkdir -p $K/e2e
