@@ -306,6 +306,9 @@ struct BwdArgs {
     int T, H, G, TGp;
     float c, scale;
     float * dq;                               // [T][H][D] f32, accumulated with atomics
+    float * dq_acc;                           // pa_bwd_pipe_kernel with config.bwd_dqacc: dQ added here instead,
+                                              // [Hkv][n_rt][BM x D] f32 in fragment order (bwd_reduce_dq), then
+                                              // into dq by pa_dq_acc_kernel; null: atomics into dq
     int nsplit;                               // blocks per key tile (blockIdx.z): each takes every
                                               // nsplit-th row tile; > 1: dK/dV added with atomics
     PaLists lists;                            // LISTS kernels only (paged-attn-lists.cuh)

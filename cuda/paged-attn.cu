@@ -17,8 +17,9 @@
 //     out not 16-byte aligned): the forward kernel in "lse" mode recomputes each row's log-sum-exp
 //     and delta; (3) a key-major kernel owns a tile of 128 keys of one KV head, loops over the row
 //     tiles that attend it, accumulates dK/dV in registers (no atomics: it alone writes those
-//     gradient rows in this launch) and adds dQ = dS K into the f32 dq output with atomics; (4)
-//     dk_cur/dv_cur are read back from the gradient pages at pos.
+//     gradient rows in this launch) and adds dQ = dS K into the f32 dq output with atomics (the
+//     pipelined wgmma kernel: by bulk reductions into an f32 accumulator, written into dq after by
+//     pa_dq_acc_kernel, config.bwd_dqacc); (4) dk_cur/dv_cur are read back from the gradient pages at pos.
 // On Hopper (an sm_90a build on a compute capability 9.0 GPU) the same forward and backward run on
 // warpgroup MMA instead (paged-attn-wgmma.cuh: wgmma, 128-row / 128-key tiles; the forward needs a
 // page size multiple of 128); config.wgmma = 0 (OOMB_PAGED_ATTN_WGMMA=0) keeps the mma.sync kernels above.
@@ -300,13 +301,19 @@ template <int D, int MINB, bool LISTS = false> void launch_bwd_wgmma(cudaStream_
     PA_LAUNCH_CHECK();
 }
 
-template <int D, bool LISTS, bool KVR = false> void launch_bwd_pipe(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
+template <int D, bool LISTS, bool KVR, bool DQA> void launch_bwd_pipe_v(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     using W = BwdW<D, 3, 2>;
+    constexpr size_t smem = BwdPipeSmem<D, LISTS>::smem;
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_bwd_pipe_kernel<D, LISTS, KVR>, W::smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_bwd_pipe_kernel<D, LISTS, KVR, DQA>, smem); attr_set = true; }
     dim3 grid(n_key_tiles, Hkv, a.nsplit);
-    pa_bwd_pipe_kernel<D, LISTS, KVR><<<grid, W::NT, W::smem, stream>>>(a);
+    pa_bwd_pipe_kernel<D, LISTS, KVR, DQA><<<grid, W::NT, smem, stream>>>(a);
     PA_LAUNCH_CHECK();
+}
+// a.dq_acc set: dQ by bulk reductions (config.bwd_dqacc), else atomics
+template <int D, bool LISTS, bool KVR = false> void launch_bwd_pipe(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
+    if (a.dq_acc) launch_bwd_pipe_v<D, LISTS, KVR, true>(stream, a, n_key_tiles, Hkv);
+    else launch_bwd_pipe_v<D, LISTS, KVR, false>(stream, a, n_key_tiles, Hkv);
 }
 
 // The wgmma backward: the row-tile-overlapped kernel (config.bwd_pipe, the default) or
@@ -575,6 +582,7 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDPIPE", 1, "0 or 1 (1: the wgmma backward with the row tiles overlapped)")) >= 0) c.bwd_pipe = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDWG3", 2, "0-2 (head dim 64, the warp-specialised forward's consumer warpgroups: 0: two, 1: three, 2: three where the blocks fill the waves)")) >= 0) c.fwd_wg3 = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDKVR", 1, "0 or 1 (1: head dim 64, K and V of the pipelined backward in registers)")) >= 0) c.bwd_kvr = d == 1;
+    if ((d = env_digit("OOMB_PAGED_ATTN_BWDDQACC", 1, "0 or 1 (1: the pipelined backward adds dQ by bulk reductions into an accumulator; 0: atomics)")) >= 0) c.bwd_dqacc = d == 1;
     return c;
 }
 
@@ -774,7 +782,10 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
         const bool range = A.schedule.kind == OOMB_SCHEDULE_RANGE;
         const int n_key_tiles_all = (int) ((n_keys_bound + BN - 1) / BN);  // LISTS: no range, the kernels' keys are G's
         PaLists L = lists ? lists_view(A.schedule, G) : PaLists{};
+        // dQ by bulk reductions into an f32 accumulator (the pipelined wgmma backward, config.bwd_dqacc)
+        const bool dqacc = wg && cfg().bwd_pipe && cfg().bwd_dqacc;
         const size_t bytes = 2 * carve_size(n_rows * G.D * sizeof(bf16)) + 2 * carve_size(n_rows * sizeof(float)) +
+                             (dqacc ? carve_size(n_rows * G.D * sizeof(float)) : 0) +
                              carve_size(TGp * sizeof(int)) + 2 * carve_size(n_rt * sizeof(int)) + carve_size(sizeof(int)) +
                              (range ? carve_size((size_t) G.T * sizeof(int32_t)) : 0) +
                              (lists ? lists_bits_bytes(n_key_tiles_all, n_rt) + (saved ? 0 : lists_union_bytes(G, L)) : 0);
@@ -787,6 +798,7 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
         int * rt_max = cv.take<int>(n_rt);
         int * rt_min = cv.take<int>(n_rt);
         int * maxpos = cv.take<int>(1);
+        float * dq_acc = dqacc ? cv.take<float>(n_rows * G.D) : nullptr;  // [Hkv][n_rt][BM x D]
         // the kernels' view of the keys (range_geom: a page range; else G itself)
         const Geom K = range ? range_geom(G, A.schedule, cv.take<int32_t>(G.T), stream) : G;
         const int64_t n_keys_k = (int64_t) K.n_logical * K.P;
@@ -825,8 +837,10 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             if (lists) fwd_fast<MODE_LSE, true>(stream, a, G.D, G.Hkv);
             else fwd_fast<MODE_LSE>(stream, a, G.D, G.Hkv);
         }
-        // the kernels add dq with atomics: from zero, or (accumulate) onto the dq the node holds
-        if (!A.accumulate) PA_CHECK(cudaMemsetAsync(dq, 0, (size_t) G.D * G.H * G.T * sizeof(float), stream));
+        // the kernels add dq with atomics: from zero, or (accumulate) onto the dq the node holds; or
+        // into the accumulator (from zero), added to or written into dq after them
+        if (dqacc) PA_CHECK(cudaMemsetAsync(dq_acc, 0, n_rows * G.D * sizeof(float), stream));
+        else if (!A.accumulate) PA_CHECK(cudaMemsetAsync(dq, 0, (size_t) G.D * G.H * G.T * sizeof(float), stream));
         {
             BwdArgs a{};
             a.qb = qb; a.dob = dob; a.lse = lse; a.delta = delta; a.rowpos = rowpos;
@@ -841,6 +855,7 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             a.T = G.T; a.H = G.H; a.G = G.G; a.TGp = TGp;
             a.c = A.scale * kLog2e; a.scale = A.scale;
             a.dq = dq;
+            a.dq_acc = dq_acc;
             a.lists = L;
             const int n_key_tiles = (int) ((n_keys_k + BN - 1) / BN);
             // bf16 gradient pages: one block per key tile owns its rows (read-add-round, no atomics)
@@ -863,6 +878,13 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             else if (BM == 16) launch_bwd<128, 16>(stream, a, n_key_tiles, G.Hkv);
             else launch_bwd<128, 32>(stream, a, n_key_tiles, G.Hkv);
             record_family(1, wg ? "wgmma" : "mma");
+        }
+        if (dqacc) {
+            const int64_t n_quads = (int64_t) n_rows * G.D / 4;
+            const unsigned blocks = (unsigned) ((n_quads + 255) / 256);
+            if (G.D == 128) pa_dq_acc_kernel<128><<<blocks, 256, 0, stream>>>((const float4 *) dq_acc, n_quads, n_rt, G.T, G.H, G.G, dq, A.accumulate ? 1 : 0);
+            else pa_dq_acc_kernel<64><<<blocks, 256, 0, stream>>>((const float4 *) dq_acc, n_quads, n_rt, G.T, G.H, G.G, dq, A.accumulate ? 1 : 0);
+            PA_LAUNCH_CHECK();
         }
     } else {
         const int64_t rows = (int64_t) G.T * G.H;

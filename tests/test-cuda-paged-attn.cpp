@@ -648,8 +648,12 @@ TEST(CudaPagedAttn, AccumulatedBlocksMatchCpu) {
 #ifdef OOMB_USE_CUDA
     const oomb_type B = OOMB_TYPE_BF16;
     uint32_t seed = 9191;
-    for (int w : {3, 0}) {
-        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.wgmma = w; });
+    // wgmma 3 with both ways of adding dQ (config.bwd_dqacc: the accumulator is added onto the dq of
+    // the earlier block), then the mma.sync kernels
+    for (int v : {0, 1, 2}) {
+        const int w = v == 2 ? 0 : 3;
+        const bool dqacc = v == 1;
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.wgmma = w; cf.bwd_dqacc = dqacc; });
         for (oomb_page_schedule_kind k : {OOMB_SCHEDULE_DENSE, OOMB_SCHEDULE_LISTS}) {
             const Case cases[] = {
                 {128, 128, 28, 4, 200, 3000, B, 0, false, k},
@@ -739,6 +743,12 @@ TEST(CudaPagedAttn, ConfigFromEnv) {
     EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_kvr);
     unsetenv("OOMB_PAGED_ATTN_BWDKVR");
     EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_kvr) << "K / V in registers by default";
+    setenv("OOMB_PAGED_ATTN_BWDDQACC", "2", 1);
+    EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDDQACC must be 0 or 1");
+    setenv("OOMB_PAGED_ATTN_BWDDQACC", "0", 1);
+    EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_dqacc);
+    unsetenv("OOMB_PAGED_ATTN_BWDDQACC");
+    EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_dqacc) << "dQ by bulk reductions by default";
     setenv("OOMB_PAGED_ATTN_FWDWS", "4", 1);
     EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWS must be 0-3");
     setenv("OOMB_PAGED_ATTN_FWDWS", "0", 1);
@@ -846,6 +856,14 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         const bool pipe = !oomb_paged_attn_config{}.bwd_pipe;
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_pipe = pipe; cf.split = sp; });
         printf("[ kernels ] config.bwd_pipe = %d, config.split = %d\n", (int) pipe, sp);
+        for (const Case & c : cases) run_case(c, seed++);
+    }
+    // the pipelined backward's other way of adding dQ (config.bwd_dqacc: bulk reductions into an
+    // accumulator, or float atomics), with the automatic split and with three blocks per key tile
+    for (int sp : {-1, 3}) {
+        const bool dqacc = !oomb_paged_attn_config{}.bwd_dqacc;
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_dqacc = dqacc; cf.split = sp; });
+        printf("[ kernels ] config.bwd_dqacc = %d, config.split = %d\n", (int) dqacc, sp);
         for (const Case & c : cases) run_case(c, seed++);
     }
     // head dim 64: the forward's three consumer warpgroups forced (config.fwd_wg3 1; the automatic
@@ -1008,6 +1026,13 @@ TEST(CudaPagedAttn, ListsFastKernels) {
         const bool pipe = !oomb_paged_attn_config{}.bwd_pipe;
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_pipe = pipe; cf.split = sp; });
         printf("[ kernels ] page lists, config.bwd_pipe = %d, config.split = %d\n", (int) pipe, sp);
+        for (const Case & c : cases) run_case(c, seed++);
+    }
+    {
+        // the pipelined backward's other way of adding dQ (config.bwd_dqacc)
+        const bool dqacc = !oomb_paged_attn_config{}.bwd_dqacc;
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_dqacc = dqacc; });
+        printf("[ kernels ] page lists, config.bwd_dqacc = %d\n", (int) dqacc);
         for (const Case & c : cases) run_case(c, seed++);
     }
 #endif

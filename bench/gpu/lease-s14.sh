@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The device calls of one H200 lease (2026-12-04, second session: issue 16, the backward's dQ added by
+# bulk reductions into an f32 accumulator, bench/NOTES.md version 19), one part per call. State in
+# /tmp/keep between calls.
+#   start   unpack .devcarry/gpu-bins.tar.xz; test-cuda-paged-attn, test-cuda-sparse; the layers' fwd / bwd
+#           (oomb-bench-attn, SHAPES of lease-s13) with OOMB_PAGED_ATTN_BWDDQACC in VALS (0 1 2 0 1 2), one
+#           process each
+#   e2e S   in the background: 7B --trainable linear dense 128K (one step, profiled) and 0.5B --trainable all
+#           one chunk of 32K (3 steps), each with BWDDQACC 1 then 0, then HF (.devcarry/hf_baseline.py); wait S s
+#   wait S  wait up to S seconds more for the background runs
+#   ablate  bench/attention/ablate.sh's builds 3 (no dQ adds) and 8 (dQ staged, no bulk reductions) beside
+#           the normal bench (.devcarry/abl.tar.xz), 7B layer 32K and 0.5B one chunk 32K, times only
+#   verify  unpack; test-cuda-paged-attn, test-cuda-ops, test-cuda-backend
+#   fixtures  test-cuda-qwen2 against the HF fixtures (.devcarry/fixtures and extra-bins.tar.xz with
+#           oomb-convert-hf, carried alone)
+usage="usage: $0 start | e2e S | wait S | ablate | verify | fixtures"
+case ${1:-} in start|e2e|wait|ablate|verify|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
+unpack() {
+    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || return 1
+    cat $K/bins-commit.txt
+    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+}
+SHAPES=${SHAPES:-"7b-32k --seq 32768
+7b-128k --seq 131072
+05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64
+05b-32k1c --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64"}
+case $1 in
+start)
+    nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
+    unpack || exit 1
+    tests test-cuda-paged-attn:400 test-cuda-sparse:120
+    while read -r shape; do
+        set -- $shape; lab=$1; shift
+        for v in ${VALS:-0 1 2 0 1 2}; do
+            OOMB_PAGED_ATTN_BWDDQACC=$v timeout 120 $B/oomb-bench-attn "$@" --reps 3 >> $R/dqacc-$lab-$v.log 2>&1
+            echo "$lab BWDDQACC=$v rc=$? $(grep '"seq"' $R/dqacc-$lab-$v.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
+        done
+    done <<< "$SHAPES" ;;
+e2e)
+    python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<23, dtype=np.uint32).tofile('/tmp/rand.bin')"
+    mkdir -p $K/e2e
+    cat > $K/e2e.sh <<EOS
+cd $PWD
+for v in 1 0; do
+  rm -rf /tmp/r7b
+  OOMB_PAGED_ATTN_BWDDQACC=\$v OOMB_CUDA_PROFILE=1 timeout 300 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 \
+    --steps 1 --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
+    --offload off --attn-cache --attn-cache-type bf16 -o /tmp/r7b > $K/e2e/7b-128k-dense-dqacc\$v.log 2>&1
+  echo "7b 128K dense BWDDQACC=\$v rc=\$?"; grep -E "^step|error|paged_attn" $K/e2e/7b-128k-dense-dqacc\$v.log | head -6
+done
+for v in 1 0; do
+  rm -rf /tmp/r05
+  OOMB_PAGED_ATTN_BWDDQACC=\$v timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps 3 --warmup 1 \
+    --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $K/e2e/05b-32k-1chunk-dqacc\$v.log 2>&1
+  echo "0.5b 32K one chunk BWDDQACC=\$v rc=\$?"; grep -E "^step|error" $K/e2e/05b-32k-1chunk-dqacc\$v.log
+done
+PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $K/e2e/hf-05b-32k.json
+EOS
+    setsid nohup bash $K/e2e.sh > $K/e2e.out 2>&1 < /dev/null &
+    echo $! > $K/e2e.pid; log "e2e started (pid $(cat $K/e2e.pid))"
+    end=$((SECONDS + ${2:-500}))
+    while alive $K/e2e.pid && [ $SECONDS -lt $end ]; do sleep 5; done
+    alive $K/e2e.pid && log "e2e still running" || log "e2e done"; cat $K/e2e.out; cp $K/e2e/* $R/ ;;
+wait)
+    end=$((SECONDS + ${2:-500}))
+    while alive $K/e2e.pid && [ $SECONDS -lt $end ]; do sleep 5; done
+    alive $K/e2e.pid && log "e2e still running" || log "e2e done"; cat $K/e2e.out; cp $K/e2e.out $K/e2e/* $R/ ;;
+ablate)
+    mkdir -p $K/abl && tar -xJf .devcarry/abl.tar.xz -C $K/abl || exit 1
+    for shape in "7b --seq 32768" "05b --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64"; do
+        set -- $shape; lab=$1; shift
+        for k in 0 3 8 0 3 8; do
+            bin=$K/abl/oomb-bench-attn-abl$k; [ $k = 0 ] && bin=$B/oomb-bench-attn
+            timeout 120 $bin "$@" --reps 3 >> $R/abl-$lab-$k.log 2>&1
+            echo "$lab abl$k rc=$? $(grep '"seq"' $R/abl-$lab-$k.log | tail -1 | grep -oE '"(fwd|bwd)_(tflops|ms)": [0-9.]+' | tr '\n' ' ')"
+        done
+    done ;;
+verify)
+    unpack || exit 1
+    tests test-cuda-paged-attn:400 test-cuda-ops:120 test-cuda-backend:60 ;;
+fixtures)
+    rm -rf $K/fixtures && cp -r .devcarry/fixtures $K/fixtures
+    tar -xJf .devcarry/extra-bins.tar.xz -C $B || exit 1   # oomb-convert-hf (the test converts the HF models)
+    export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-qwen2:300 ;;
+esac
