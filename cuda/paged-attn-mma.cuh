@@ -307,7 +307,7 @@ struct BwdArgs {
     float c, scale;
     float * dq;                               // [T][H][D] f32, accumulated with atomics
     float * dq_acc;                           // pa_bwd_pipe_kernel with config.bwd_dqacc: dQ added here instead,
-                                              // [Hkv][n_rt][BM x D] f32 in fragment order (bwd_reduce_dq), then
+                                              // [Hkv][n_rt][BM x D] f32 in fragment order (bwd_add_dq_acc), then
                                               // into dq by pa_dq_acc_kernel; null: atomics into dq
     int nsplit;                               // blocks per key tile (blockIdx.z): each takes every
                                               // nsplit-th row tile; > 1: dK/dV added with atomics

@@ -5,7 +5,6 @@
 
 #include "paged-attn-mma.cuh"
 #include "wgmma.cuh"
-#include "sm90.cuh"
 
 namespace {
 
@@ -21,7 +20,7 @@ namespace {
 //   dV += P^T dO, dK += dS^T Q   (P^T / dS^T as bf16 register fragments, dO / Q MN-major)
 //   dS^T -> shared memory; then dQ = dS K (dS and K MN-major) for columns D/2 wg .. D/2 wg + D/2 - 1
 //   over all 128 keys of the tile, added to the f32 dq output with atomics (pa_bwd_pipe_kernel: or
-//   by one bulk reduction per warpgroup into an accumulator, bwd_reduce_dq).
+//   into a tile-contiguous accumulator, bwd_add_dq_acc).
 // Two kernels run these steps: pa_bwd_wgmma_kernel one row tile after the other (two block
 // barriers per tile, q / dO double-buffered), pa_bwd_pipe_kernel with the row tiles overlapped
 // (config.bwd_pipe; see there). Shared memory: K, V [D/64 halves of 64 dims][128 keys][64], q and dO
@@ -272,53 +271,25 @@ template <int D> __device__ __forceinline__ void bwd_add_dq(const BwdArgs & a, c
     }
 }
 
-// dQ of row tile j (dqa: this warpgroup's D/2 columns) added to the f32 accumulator a.dq_acc by one
-// bulk reduction per warpgroup and row tile (FlashAttention-3's arrangement: the adds leave the
-// warpgroup as one asynchronous copy instead of D/4 float atomics per thread). The thread's quads go
-// to the warpgroup's staging tile sdq (BM x D/2 f32) in fragment order, quad q of thread t at [q][t]
-// (conflict-free 16-byte stores), which the accumulator keeps (pa_dq_acc_kernel undoes it); then warp
-// 0's lane 0 issues the reduction. Named barriers 1 + wg ("free": the previous reduction has read sdq)
-// and 3 + wg ("full": every quad stored and fenced for the async proxy). j < 0: nothing.
-// NSTG staging tiles per warpgroup, used in turn: the reduction issued NSTG - 1 calls ago must have read
-// this one.
-template <int D, int NSTG>
-__device__ __forceinline__ void bwd_reduce_dq(const BwdArgs & a, const float (&dqa)[D / 4], int j, int g, int wg, int tid, float * sdq) {
+// dQ of row tile j (dqa: this warpgroup's D/2 columns) added to the f32 accumulator a.dq_acc with
+// 16-byte float atomics in fragment order: thread t's quad q at [q][t] of the warpgroup's half of the
+// row tile, so each warp's atomic covers 512 contiguous bytes (four whole lines) where one into dq's
+// rows (bwd_add_dq) touches eight rows' 32-byte pieces. The accumulator is written into dq after the
+// kernel (pa_dq_acc_kernel). FlashAttention-3 adds dQ into such a tile-contiguous accumulator by bulk
+// reductions from shared memory; here that measured slower (the staging stores compete with the
+// products' shared-memory operands; bench/NOTES.md version 19). j < 0: nothing.
+template <int D> __device__ __forceinline__ void bwd_add_dq_acc(const BwdArgs & a, const float (&dqa)[D / 4], int j, int g, int wg, int tid) {
 #if OOMB_PA_ABLATION == 3 || OOMB_PA_ABLATION == 4
     return;  // ablation: no dQ adds
 #endif
-#ifdef OOMB_WGMMA
     constexpr int BM = BwdW<D>::BM;
     if (j < 0) return;
-    const int t = tid & 127;
-    const bool issuer = t < 32;  // warp 0 of the warpgroup; its lane 0 owns the bulk group
-    if (issuer) {
-        if (t == 0) oomb_sm90::bulk_wait_read<NSTG - 1>();
-        __syncwarp();
-        oomb_sm90::bar_arrive(1 + wg, 128);
-    } else {
-        oomb_sm90::bar_sync(1 + wg, 128);
-    }
-    float4 * s4 = (float4 *) sdq;
+    float4 * acc = (float4 *) (a.dq_acc + ((int64_t) g * a.n_rt + j) * BM * D + wg * (BM * D / 2)) + (tid & 127);
 #pragma unroll
-    for (int q = 0; q < D / 16; q++) s4[q * 128 + t] = make_float4(dqa[4 * q], dqa[4 * q + 1], dqa[4 * q + 2], dqa[4 * q + 3]);
-    oomb_wgmma::fence_proxy_async();
-    if (issuer) {
-        oomb_sm90::bar_sync(3 + wg, 128);
-#if OOMB_PA_ABLATION == 8
-        if (false) {  // ablation: stored, not added
-#else
-        if (t == 0) {
-#endif
-            oomb_sm90::bulk_reduce_add_f32(a.dq_acc + ((int64_t) g * a.n_rt + j) * BM * D + wg * (BM * D / 2), smem_u32(sdq), BM * D / 2 * 4);
-            oomb_sm90::bulk_commit();
-        }
-    } else {
-        oomb_sm90::bar_arrive(3 + wg, 128);
-    }
-#endif
+    for (int q = 0; q < D / 16; q++) atomicAdd(acc + q * 128, make_float4(dqa[4 * q], dqa[4 * q + 1], dqa[4 * q + 2], dqa[4 * q + 3]));
 }
 
-// dq (+)= the accumulator of bwd_reduce_dq ([Hkv][n_rt][2 warpgroups][D/16 quads][128 threads] float4):
+// dq (+)= the accumulator of bwd_add_dq_acc ([Hkv][n_rt][2 warpgroups][D/16 quads][128 threads] float4):
 // one thread per quad, rows past T G (padding) dropped. accumulate: added to dq, else written.
 template <int D>
 __global__ void pa_dq_acc_kernel(const float4 * __restrict__ acc, int64_t n_quads, int n_rt, int T, int H, int G, float * __restrict__ dq,
@@ -519,30 +490,11 @@ template <bool B> struct BwdLast { static constexpr bool value = B; };
 // splits two groups stands before the loop's back edge (two groups across it: C7514; so S^T and
 // dP^T are one group, and the softmax of P cannot start under dP^T); dQ(j) issued first with its
 // atomics under S^T / dP^T(j + 1) was serialised too (C7518). The last row tile is peeled (BwdLast):
-// no next tile to issue, so no wgmma is issued conditionally inside the loop. Shared memory
-// (BwdPipeSmem): 227 KB at head dim 128 (195 KB and the 32 KB dQ staging tiles), 131 KB at 64; one
-// CTA per SM.
+// no next tile to issue, so no wgmma is issued conditionally inside the loop. Shared memory: 195 KB
+// at head dim 128, 115 KB at 64; one CTA per SM.
 // KVR (head dim 64, config.bwd_kvr): K and V held in registers as the A operands of S^T and dP^T
 // (bwd_load_kv_frags, 32 registers) instead of read from shared memory by every row tile.
-// Its shared memory: BwdW's tiles (3 q / dO buffers, 2 dS^T), the dQ staging tiles of bwd_reduce_dq
-// (BM x D f32) and, under LISTS, the row bits of the two dS^T buffers' row tiles. At head dim 128 that
-// leaves under the 1024 bytes of alignment slack BwdW counts (the most a block may have: 227 KB), so
-// the slack is what is left; the dynamic shared memory starts 1024-byte aligned in practice (the
-// kernel traps if it is not within the slack).
-template <int D, bool LISTS> struct BwdPipeSmem {
-    using W = BwdW<D, 3, 2>;
-    static constexpr size_t max_block = 232448;  // sm_90 opt-in maximum per block
-    static constexpr int NSTG = D == 64 ? 2 : 1;  // dQ staging tiles per warpgroup (bwd_reduce_dq; 1: no room at 128)
-    static constexpr size_t body = W::smem - 1024 + (size_t) NSTG * W::BM * D * sizeof(float) + (LISTS ? 2 * W::BM * sizeof(uint32_t) : 0);
-    static_assert(body <= max_block, "the pipelined backward's shared memory");
-    static constexpr size_t slack = max_block - body < 1024 ? (max_block - body) / 16 * 16 : 1024;
-    static constexpr size_t smem = body + slack;
-};
-
-// DQA (config.bwd_dqacc): dQ added by bulk reductions into a.dq_acc (bwd_reduce_dq), else atomics
-// into a.dq; either before dV / dK(j) are issued (the tensor cores idle meanwhile: under those
-// products, where the shared-memory stores compete with their operand reads, it measured slower:
-// bench/NOTES.md version 19).
+// DQA (config.bwd_dqacc): dQ added into a.dq_acc (bwd_add_dq_acc), else into a.dq (bwd_add_dq).
 template <int D, bool LISTS = false, bool KVR = false, bool DQA = false>
 __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     static_assert(!KVR || D == 64, "K / V fragments in registers: head dim 64 only");
@@ -550,10 +502,9 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     using namespace oomb_wgmma;
     using W = BwdW<D, 3, 2>;
     constexpr int BN = W::BN, BM = W::BM, NT = W::NT;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    extern __shared__ unsigned char smem_raw[];
     const uint32_t raw_s = smem_u32(smem_raw);
     const uint32_t base_s = (raw_s + 1023u) & ~1023u;
-    if (base_s - raw_s > BwdPipeSmem<D, LISTS>::slack) __trap();
     unsigned char * base = smem_raw + (base_s - raw_s);
     bf16 * sK = (bf16 *) base;
     bf16 * sV = sK + BN * D;
@@ -563,9 +514,6 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     float * sL = (float *) (sdS + 2 * BN * BM);  // [3][BM]
     float * sDl = sL + 3 * BM;                   // [3][BM]
     int * sRp = (int *) (sDl + 3 * BM);          // [3][BM]
-    constexpr int NSTG = BwdPipeSmem<D, LISTS>::NSTG;
-    float * sdQ = (float *) (sRp + 3 * BM);             // [NSTG][2 warpgroups][BM x D / 2] (a.dq_acc)
-    uint32_t * sSee = (uint32_t *) (sdQ + NSTG * BM * D);  // LISTS: row bits, one slot per dS^T buffer [2][BM]
     const uint32_t aK = base_s, aV = aK + W::tile_kv, aQ = aV + W::tile_kv, adO = aQ + 3 * W::tile_q, adS = adO + 3 * W::tile_q;
 
     const int g = blockIdx.y;
@@ -576,6 +524,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     const int wg = tid >> 7;
     const int krow0 = warp * 16;
     BwdListsTile lt{};  // (set by begin under LISTS; {}: the lambdas below capture it)
+    __shared__ uint32_t sSee[LISTS ? 2 * BM : 1];  // LISTS: row bits, one slot per dS^T buffer
     int kpi[2] = {0, 0};
     if constexpr (LISTS) {
         if (!lt.begin(a, k0, BN, maxp, k0 + krow0 + (lane >> 2), kpi)) return;
@@ -619,16 +568,10 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
         else bwd_issue_sdp<D>(st_, dpt_, aK, aV, cQ, cdO, wg);
     };
     float st[BM / 2], dpt[BM / 2], dqa[D / 4];
-    // dQ of row tile jj into the accumulator (bulk reductions) or dq (atomics)
-    int sq = 0;  // the staging tile bwd_reduce_dq fills next
+    // dQ of row tile jj into the accumulator or dq
     auto add_dq = [&](int jj) {
-        if constexpr (DQA) {
-            if (jj < 0) return;
-            bwd_reduce_dq<D, NSTG>(a, dqa, jj, g, wg, tid, sdQ + (sq * 2 + wg) * (BM * D / 2));
-            sq = sq + 1 == NSTG ? 0 : sq + 1;
-        } else {
-            bwd_add_dq<D>(a, dqa, jj, g, wg, warp, lane);
-        }
+        if constexpr (DQA) bwd_add_dq_acc<D>(a, dqa, jj, g, wg, tid);
+        else bwd_add_dq<D>(a, dqa, jj, g, wg, warp, lane);
     };
     issue_sdp(st, dpt, aQ, adO);
     wgmma_wait<0>();
@@ -686,7 +629,6 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     wgmma_wait<0>();
     add_dq(jp);
     bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane);
-    if (DQA && (tid & 127) == 0) oomb_sm90::bulk_wait_read<0>();  // the staging tiles must outlive the reads
 #else
     __trap();  // launched only where wgmma_available() said the sm_90a code is there
 #endif

@@ -18,7 +18,7 @@
 //     and delta; (3) a key-major kernel owns a tile of 128 keys of one KV head, loops over the row
 //     tiles that attend it, accumulates dK/dV in registers (no atomics: it alone writes those
 //     gradient rows in this launch) and adds dQ = dS K into the f32 dq output with atomics (the
-//     pipelined wgmma kernel: by bulk reductions into an f32 accumulator, written into dq after by
+//     pipelined wgmma kernel: into a tile-contiguous f32 accumulator, written into dq after by
 //     pa_dq_acc_kernel, config.bwd_dqacc); (4) dk_cur/dv_cur are read back from the gradient pages at pos.
 // On Hopper (an sm_90a build on a compute capability 9.0 GPU) the same forward and backward run on
 // warpgroup MMA instead (paged-attn-wgmma.cuh: wgmma, 128-row / 128-key tiles; the forward needs a
@@ -303,14 +303,13 @@ template <int D, int MINB, bool LISTS = false> void launch_bwd_wgmma(cudaStream_
 
 template <int D, bool LISTS, bool KVR, bool DQA> void launch_bwd_pipe_v(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     using W = BwdW<D, 3, 2>;
-    constexpr size_t smem = BwdPipeSmem<D, LISTS>::smem;
     static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_bwd_pipe_kernel<D, LISTS, KVR, DQA>, smem); attr_set = true; }
+    if (!attr_set) { set_smem(pa_bwd_pipe_kernel<D, LISTS, KVR, DQA>, W::smem); attr_set = true; }
     dim3 grid(n_key_tiles, Hkv, a.nsplit);
-    pa_bwd_pipe_kernel<D, LISTS, KVR, DQA><<<grid, W::NT, smem, stream>>>(a);
+    pa_bwd_pipe_kernel<D, LISTS, KVR, DQA><<<grid, W::NT, W::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
 }
-// a.dq_acc set: dQ by bulk reductions (config.bwd_dqacc), else atomics
+// a.dq_acc set: dQ into the accumulator (config.bwd_dqacc), else into dq
 template <int D, bool LISTS, bool KVR = false> void launch_bwd_pipe(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     if (a.dq_acc) launch_bwd_pipe_v<D, LISTS, KVR, true>(stream, a, n_key_tiles, Hkv);
     else launch_bwd_pipe_v<D, LISTS, KVR, false>(stream, a, n_key_tiles, Hkv);
@@ -582,7 +581,7 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDPIPE", 1, "0 or 1 (1: the wgmma backward with the row tiles overlapped)")) >= 0) c.bwd_pipe = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDWG3", 2, "0-2 (head dim 64, the warp-specialised forward's consumer warpgroups: 0: two, 1: three, 2: three where the blocks fill the waves)")) >= 0) c.fwd_wg3 = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDKVR", 1, "0 or 1 (1: head dim 64, K and V of the pipelined backward in registers)")) >= 0) c.bwd_kvr = d == 1;
-    if ((d = env_digit("OOMB_PAGED_ATTN_BWDDQACC", 1, "0 or 1 (1: the pipelined backward adds dQ by bulk reductions into an accumulator; 0: atomics)")) >= 0) c.bwd_dqacc = d == 1;
+    if ((d = env_digit("OOMB_PAGED_ATTN_BWDDQACC", 1, "0 or 1 (1: the pipelined backward adds dQ into a tile-contiguous accumulator; 0: into dq's rows)")) >= 0) c.bwd_dqacc = d == 1;
     return c;
 }
 
@@ -782,7 +781,7 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
         const bool range = A.schedule.kind == OOMB_SCHEDULE_RANGE;
         const int n_key_tiles_all = (int) ((n_keys_bound + BN - 1) / BN);  // LISTS: no range, the kernels' keys are G's
         PaLists L = lists ? lists_view(A.schedule, G) : PaLists{};
-        // dQ by bulk reductions into an f32 accumulator (the pipelined wgmma backward, config.bwd_dqacc)
+        // dQ added into a tile-contiguous f32 accumulator (the pipelined wgmma backward, config.bwd_dqacc)
         const bool dqacc = wg && cfg().bwd_pipe && cfg().bwd_dqacc;
         const size_t bytes = 2 * carve_size(n_rows * G.D * sizeof(bf16)) + 2 * carve_size(n_rows * sizeof(float)) +
                              (dqacc ? carve_size(n_rows * G.D * sizeof(float)) : 0) +

@@ -51,9 +51,9 @@ struct oomb_paged_attn_config {
                             //   waves about as well (paged-attn.cu, fwd_wg3)
     bool bwd_kvr = true;    // BWDKVR 0/1: head dim 64, with bwd_pipe: K and V held in registers as the A operands of
                             //   S^T and dP^T (register-operand wgmma); 0: read from shared memory per row tile
-    bool bwd_dqacc = true;  // BWDDQACC 0/1: with bwd_pipe: dQ staged in shared memory per row tile and added by one
-                            //   bulk reduction per warpgroup into an f32 accumulator, then into dq (FlashAttention-3's
-                            //   arrangement); 0: float atomics into dq from the warpgroups' registers
+    bool bwd_dqacc = true;  // BWDDQACC 0/1: with bwd_pipe: dQ added with 16-byte float atomics into an f32 accumulator in
+                            //   the products' fragment order (whole lines per warp), then into dq by a small kernel;
+                            //   0: float2 atomics into dq's rows from the warpgroups' registers
 };
 /// The defaults overridden by the OOMB_PAGED_ATTN_* variables that are set (GENERIC: set at all;
 /// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDWG3: 0-2; FWDPIPE, BWDPIPE, BWDKVR, BWDDQACC, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,

@@ -1,6 +1,6 @@
 // Hopper (sm_90a) synchronisation and copy primitives for warp-specialised kernels, hand-written
 // PTX (ISA 8.0+): shared-memory mbarriers with transaction counts, TMA tensor loads (cp.async.bulk.
-// tensor) that complete on an mbarrier, bulk reductions into global memory, named barriers, and the register reallocation between
+// tensor) that complete on an mbarrier, named barriers, and the register reallocation between
 // warpgroups (setmaxnreg). The wgmma instructions themselves are in wgmma.cuh (generated).
 // Everything here compiles to nothing (or a trap) outside an sm_90a build: callers guard on
 // OOMB_WGMMA, which wgmma.cuh defines.
@@ -47,15 +47,6 @@ __device__ __forceinline__ void prefetch_tmap(const void * tmap) { asm volatile(
 // arrived, counting itself; bar_arrive counts without waiting.
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-// Bulk asynchronous reduction (cp.reduce.async.bulk, no tensor map): dst[i] += src[i] for the `bytes`
-// bytes at shared address src (both 16-byte aligned, bytes a multiple of 16), f32 adds done in L2, in
-// the issuing thread's bulk group. bulk_commit closes the group; bulk_wait_read<N> waits until at
-// most N of the thread's groups still read shared memory (the source may then be overwritten).
-__device__ __forceinline__ void bulk_reduce_add_f32(float * dst, uint32_t src, uint32_t bytes) {
-    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory"); }
 // Register reallocation between the warpgroups of a CTA (every warp of the warpgroup executes it).
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N> __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }

@@ -748,7 +748,7 @@ TEST(CudaPagedAttn, ConfigFromEnv) {
     setenv("OOMB_PAGED_ATTN_BWDDQACC", "0", 1);
     EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_dqacc);
     unsetenv("OOMB_PAGED_ATTN_BWDDQACC");
-    EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_dqacc) << "dQ by bulk reductions by default";
+    EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_dqacc) << "dQ into the tile-contiguous accumulator by default";
     setenv("OOMB_PAGED_ATTN_FWDWS", "4", 1);
     EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWS must be 0-3");
     setenv("OOMB_PAGED_ATTN_FWDWS", "0", 1);
@@ -858,8 +858,8 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         printf("[ kernels ] config.bwd_pipe = %d, config.split = %d\n", (int) pipe, sp);
         for (const Case & c : cases) run_case(c, seed++);
     }
-    // the pipelined backward's other way of adding dQ (config.bwd_dqacc: bulk reductions into an
-    // accumulator, or float atomics), with the automatic split and with three blocks per key tile
+    // the pipelined backward's other way of adding dQ (config.bwd_dqacc: atomics into a tile-contiguous
+    // accumulator, or into dq's rows), with the automatic split and with three blocks per key tile
     for (int sp : {-1, 3}) {
         const bool dqacc = !oomb_paged_attn_config{}.bwd_dqacc;
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_dqacc = dqacc; cf.split = sp; });

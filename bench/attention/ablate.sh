@@ -2,9 +2,9 @@
 # Ablation builds of the paged-attention kernels (bench/NOTES.md version 18): cuda/paged-attn.cu
 # compiled with -DOOMB_PA_ABLATION=k (the hooks in paged-attn-wgmma.cuh; results are wrong, only the
 # times mean something) into a copy of build-gpu's liboomb.a, linked with oomb-bench-attn:
-#   backward: 1 no exp2 in the softmax, 2 no softmax at all, 3 no dQ adds (atomics or staging and
-#   bulk reductions), 4 no dQ product and no adds, 5 no dK / dV products, 8 dQ staged but the bulk
-#   reductions not issued (config.bwd_dqacc); forward: 6 no exp2 in the softmax, 7 no softmax at all
+#   backward: 1 no exp2 in the softmax, 2 no softmax at all, 3 no dQ adds (into dq or the
+#   accumulator, config.bwd_dqacc), 4 no dQ product and no adds, 5 no dK / dV products; forward: 6 no
+#   exp2 in the softmax, 7 no softmax at all
 # (6 and 7 make the bench stop at its non-finite-output check: built on request only)
 # usage: bench/attention/ablate.sh [build-dir] [k...]  ->  <build-dir>/bin/oomb-bench-attn-abl<k>
 # build-dir: a CUDA build configured as in bench/NOTES.md ("Build for the GPU machine"), default

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# The device calls of one H200 lease (2026-12-04, second session: issue 16, the backward's dQ added by
-# bulk reductions into an f32 accumulator, bench/NOTES.md version 19), one part per call. State in
-# /tmp/keep between calls.
+# The device calls of one H200 lease (2026-12-04, second session: issue 16, the backward's dQ added into
+# a tile-contiguous f32 accumulator, bench/NOTES.md version 19), one part per call. State in /tmp/keep
+# between calls. (The bulk-reduction variants and the ablation builds 8-10 measured with it are gone
+# from the code; the binaries of those calls were built from the working tree of 69d5b55 and after.)
 #   start   unpack .devcarry/gpu-bins.tar.xz; test-cuda-paged-attn, test-cuda-sparse; the layers' fwd / bwd
-#           (oomb-bench-attn, SHAPES of lease-s13) with OOMB_PAGED_ATTN_BWDDQACC in VALS (0 1 2 0 1 2), one
+#           (oomb-bench-attn, SHAPES of lease-s13) with OOMB_PAGED_ATTN_BWDDQACC in VALS (0 1 0 1), one
 #           process each
 #   e2e S   in the background: 7B --trainable linear dense 128K (one step, profiled) and 0.5B --trainable all
 #           one chunk of 32K (3 steps), each with BWDDQACC 1 then 0, then HF (.devcarry/hf_baseline.py); wait S s
 #   wait S  wait up to S seconds more for the background runs
-#   ablate  bench/attention/ablate.sh's builds 3 (no dQ adds) and 8 (dQ staged, no bulk reductions) beside
-#           the normal bench (.devcarry/abl.tar.xz), 7B layer 32K and 0.5B one chunk 32K, times only
+#   ablate  bench/attention/ablate.sh's builds in KS (default 0 3 0 3: 3 no dQ adds; 0 the normal bench, all
+#           in .devcarry/abl.tar.xz), 7B layer 32K and 0.5B one chunk 32K, times only
 #   verify  unpack; test-cuda-paged-attn, test-cuda-ops, test-cuda-backend
 #   fixtures  test-cuda-qwen2 against the HF fixtures (.devcarry/fixtures and extra-bins.tar.xz with
-#           oomb-convert-hf, carried alone)
-usage="usage: $0 start | e2e S | wait S | ablate | verify | fixtures"
+#           oomb-convert-hf, carried alone; with "unpack", the binaries from .devcarry/gpu-bins.tar.xz first)
+usage="usage: $0 start | e2e S | wait S | ablate | verify | fixtures [unpack]"
 case ${1:-} in start|e2e|wait|ablate|verify|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
 unpack() {
@@ -32,7 +33,7 @@ start)
     tests test-cuda-paged-attn:400 test-cuda-sparse:120
     while read -r shape; do
         set -- $shape; lab=$1; shift
-        for v in ${VALS:-0 1 2 0 1 2}; do
+        for v in ${VALS:-0 1 0 1}; do
             OOMB_PAGED_ATTN_BWDDQACC=$v timeout 120 $B/oomb-bench-attn "$@" --reps 3 >> $R/dqacc-$lab-$v.log 2>&1
             echo "$lab BWDDQACC=$v rc=$? $(grep '"seq"' $R/dqacc-$lab-$v.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
         done
@@ -70,8 +71,8 @@ ablate)
     mkdir -p $K/abl && tar -xJf .devcarry/abl.tar.xz -C $K/abl || exit 1
     for shape in "7b --seq 32768" "05b --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64"; do
         set -- $shape; lab=$1; shift
-        for k in 0 3 8 0 3 8; do
-            bin=$K/abl/oomb-bench-attn-abl$k; [ $k = 0 ] && bin=$B/oomb-bench-attn
+        for k in ${KS:-0 3 0 3}; do
+            bin=$K/abl/oomb-bench-attn-abl$k; [ $k = 0 ] && bin=$K/abl/oomb-bench-attn
             timeout 120 $bin "$@" --reps 3 >> $R/abl-$lab-$k.log 2>&1
             echo "$lab abl$k rc=$? $(grep '"seq"' $R/abl-$lab-$k.log | tail -1 | grep -oE '"(fwd|bwd)_(tflops|ms)": [0-9.]+' | tr '\n' ' ')"
         done
@@ -80,6 +81,7 @@ verify)
     unpack || exit 1
     tests test-cuda-paged-attn:400 test-cuda-ops:120 test-cuda-backend:60 ;;
 fixtures)
+    [ "${2:-}" = unpack ] && { unpack || exit 1; }
     rm -rf $K/fixtures && cp -r .devcarry/fixtures $K/fixtures
     tar -xJf .devcarry/extra-bins.tar.xz -C $B || exit 1   # oomb-convert-hf (the test converts the HF models)
     export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
