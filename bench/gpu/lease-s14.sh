@@ -82,7 +82,7 @@ verify)
     tests test-cuda-paged-attn:400 test-cuda-ops:120 test-cuda-backend:60 ;;
 fixtures)
     [ "${2:-}" = unpack ] && { unpack || exit 1; }
-    rm -rf $K/fixtures && cp -r .devcarry/fixtures $K/fixtures
+    rm -rf $K/fixtures && cp -r ${FIXDIR:-.devcarry/fixtures} $K/fixtures
     tar -xJf .devcarry/extra-bins.tar.xz -C $B || exit 1   # oomb-convert-hf (the test converts the HF models)
     export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
     tests test-cuda-qwen2:300 ;;
