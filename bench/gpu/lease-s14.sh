@@ -9,13 +9,14 @@
 #   e2e S   in the background: 7B --trainable linear dense 128K (one step, profiled) and 0.5B --trainable all
 #           one chunk of 32K (3 steps), each with BWDDQACC 1 then 0, then HF (.devcarry/hf_baseline.py); wait S s
 #   wait S  wait up to S seconds more for the background runs
+#   sparse  7B --trainable linear sparse 64 pages 128K, one step, profiled (the issue-13 figure, 22.3 s at acd86d9)
 #   ablate  bench/attention/ablate.sh's builds in KS (default 0 3 0 3: 3 no dQ adds; 0 the normal bench, all
 #           in .devcarry/abl.tar.xz), 7B layer 32K and 0.5B one chunk 32K, times only
 #   verify  unpack; test-cuda-paged-attn, test-cuda-ops, test-cuda-backend
 #   fixtures  test-cuda-qwen2 against the HF fixtures (.devcarry/fixtures and extra-bins.tar.xz with
 #           oomb-convert-hf, carried alone; with "unpack", the binaries from .devcarry/gpu-bins.tar.xz first)
-usage="usage: $0 start | e2e S | wait S | ablate | verify | fixtures [unpack]"
-case ${1:-} in start|e2e|wait|ablate|verify|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+usage="usage: $0 start | e2e S | wait S | sparse | ablate | verify | fixtures [unpack]"
+case ${1:-} in start|e2e|wait|sparse|ablate|verify|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests
 unpack() {
     cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || return 1
@@ -67,6 +68,13 @@ wait)
     end=$((SECONDS + ${2:-500}))
     while alive $K/e2e.pid && [ $SECONDS -lt $end ]; do sleep 5; done
     alive $K/e2e.pid && log "e2e still running" || log "e2e done"; cat $K/e2e.out; cp $K/e2e.out $K/e2e/* $R/ ;;
+sparse)
+    [ -f /tmp/rand.bin ] || python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<23, dtype=np.uint32).tofile('/tmp/rand.bin')"
+    rm -rf /tmp/r7b
+    OOMB_CUDA_PROFILE=1 timeout 200 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
+        --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 --offload off \
+        --attn-cache --attn-cache-type bf16 --sparse-pages 64 --sparse-score mean --sparse-sink 0 --sparse-local 0 -o /tmp/r7b > $R/7b-128k-sparse64.log 2>&1
+    echo "7b 128K sparse64 rc=$?"; grep -E "^step|error|paged_attn|page_select|mul_mat " $R/7b-128k-sparse64.log | head -8 ;;
 ablate)
     mkdir -p $K/abl && tar -xJf .devcarry/abl.tar.xz -C $K/abl || exit 1
     for shape in "7b --seq 32768" "05b --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64"; do
