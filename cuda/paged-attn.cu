@@ -319,7 +319,12 @@ template <int D, bool LISTS, bool KVR = false> void launch_bwd_pipe(cudaStream_t
 // pa_bwd_wgmma_kernel (two CTAs per SM at head dim 64 with config.occ64 bit 1). H200, backward alone
 // (oomb-bench-attn, same call, 72684d5): 7B layer 32K / 128K 351 / 367 -> 377 / 389 TFLOP/s, 0.5B
 // layer 32K 262 -> 294 (bench/NOTES.md version 17).
+// Whether the wgmma backward adds dQ into the accumulator (a.dq_acc; pa_bwd_pipe_kernel only): the
+// dispatcher sizes, zeroes and converts it by this, launch_bwd_wgmma_any checks it.
+bool bwd_dq_acc() { return cfg().bwd_pipe && cfg().bwd_dqacc; }
+
 template <bool LISTS> void launch_bwd_wgmma_any(cudaStream_t stream, const BwdArgs & a, int D, int n_key_tiles, int Hkv) {
+    if ((a.dq_acc != nullptr) != bwd_dq_acc()) oomb_error("paged_attn_back (cuda): internal: dq accumulator set for the wrong kernel");
     if (cfg().bwd_pipe) {
         if (D == 128) launch_bwd_pipe<128, LISTS>(stream, a, n_key_tiles, Hkv);
         else if (cfg().bwd_kvr) launch_bwd_pipe<64, LISTS, true>(stream, a, n_key_tiles, Hkv);
@@ -782,7 +787,7 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
         const int n_key_tiles_all = (int) ((n_keys_bound + BN - 1) / BN);  // LISTS: no range, the kernels' keys are G's
         PaLists L = lists ? lists_view(A.schedule, G) : PaLists{};
         // dQ added into a tile-contiguous f32 accumulator (the pipelined wgmma backward, config.bwd_dqacc)
-        const bool dqacc = wg && cfg().bwd_pipe && cfg().bwd_dqacc;
+        const bool dqacc = wg && bwd_dq_acc();
         const size_t bytes = 2 * carve_size(n_rows * G.D * sizeof(bf16)) + 2 * carve_size(n_rows * sizeof(float)) +
                              (dqacc ? carve_size(n_rows * G.D * sizeof(float)) : 0) +
                              carve_size(TGp * sizeof(int)) + 2 * carve_size(n_rt * sizeof(int)) + carve_size(sizeof(int)) +
@@ -836,9 +841,12 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             if (lists) fwd_fast<MODE_LSE, true>(stream, a, G.D, G.Hkv);
             else fwd_fast<MODE_LSE>(stream, a, G.D, G.Hkv);
         }
+        const int n_key_tiles = (int) ((n_keys_k + BN - 1) / BN);
         // the kernels add dq with atomics: from zero, or (accumulate) onto the dq the node holds; or
-        // into the accumulator (from zero), added to or written into dq after them
-        if (dqacc) PA_CHECK(cudaMemsetAsync(dq_acc, 0, n_rows * G.D * sizeof(float), stream));
+        // into the accumulator (from zero), added to or written into dq after them (an empty page
+        // range runs no kernel: dq zeroed or kept)
+        const bool use_acc = dqacc && n_key_tiles > 0;
+        if (use_acc) PA_CHECK(cudaMemsetAsync(dq_acc, 0, n_rows * G.D * sizeof(float), stream));
         else if (!A.accumulate) PA_CHECK(cudaMemsetAsync(dq, 0, (size_t) G.D * G.H * G.T * sizeof(float), stream));
         {
             BwdArgs a{};
@@ -854,9 +862,8 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             a.T = G.T; a.H = G.H; a.G = G.G; a.TGp = TGp;
             a.c = A.scale * kLog2e; a.scale = A.scale;
             a.dq = dq;
-            a.dq_acc = dq_acc;
+            a.dq_acc = use_acc ? dq_acc : nullptr;
             a.lists = L;
-            const int n_key_tiles = (int) ((n_keys_k + BN - 1) / BN);
             // bf16 gradient pages: one block per key tile owns its rows (read-add-round, no atomics)
             a.nsplit = grad_bf16 ? 1 : bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt);
             if (n_key_tiles == 0) {
@@ -878,7 +885,7 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             else launch_bwd<128, 32>(stream, a, n_key_tiles, G.Hkv);
             record_family(1, wg ? "wgmma" : "mma");
         }
-        if (dqacc) {
+        if (use_acc) {
             const int64_t n_quads = (int64_t) n_rows * G.D / 4;
             const unsigned blocks = (unsigned) ((n_quads + 255) / 256);
             if (G.D == 128) pa_dq_acc_kernel<128><<<blocks, 256, 0, stream>>>((const float4 *) dq_acc, n_quads, n_rt, G.T, G.H, G.G, dq, A.accumulate ? 1 : 0);

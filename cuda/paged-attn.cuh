@@ -53,7 +53,8 @@ struct oomb_paged_attn_config {
                             //   S^T and dP^T (register-operand wgmma); 0: read from shared memory per row tile
     bool bwd_dqacc = true;  // BWDDQACC 0/1: with bwd_pipe: dQ added with 16-byte float atomics into an f32 accumulator in
                             //   the products' fragment order (whole lines per warp), then into dq by a small kernel;
-                            //   0: float2 atomics into dq's rows from the warpgroups' registers
+                            //   0: float2 atomics into dq's rows from the warpgroups' registers. The accumulator is
+                            //   workspace of dq's size (rows padded to 128 per KV head): 117 MB at 0.5B, one chunk of 32K
 };
 /// The defaults overridden by the OOMB_PAGED_ATTN_* variables that are set (GENERIC: set at all;
 /// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDWG3: 0-2; FWDPIPE, BWDPIPE, BWDKVR, BWDDQACC, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,

@@ -861,7 +861,7 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
     // the pipelined backward's other way of adding dQ (config.bwd_dqacc: atomics into a tile-contiguous
     // accumulator, or into dq's rows), with the automatic split and with three blocks per key tile
     for (int sp : {-1, 3}) {
-        const bool dqacc = !oomb_paged_attn_config{}.bwd_dqacc;
+        const bool dqacc = !oomb_paged_attn_config_from_env().bwd_dqacc;  // (ConfigScope starts from the environment)
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_dqacc = dqacc; cf.split = sp; });
         printf("[ kernels ] config.bwd_dqacc = %d, config.split = %d\n", (int) dqacc, sp);
         for (const Case & c : cases) run_case(c, seed++);
@@ -1030,7 +1030,7 @@ TEST(CudaPagedAttn, ListsFastKernels) {
     }
     {
         // the pipelined backward's other way of adding dQ (config.bwd_dqacc)
-        const bool dqacc = !oomb_paged_attn_config{}.bwd_dqacc;
+        const bool dqacc = !oomb_paged_attn_config_from_env().bwd_dqacc;  // (ConfigScope starts from the environment)
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.bwd_dqacc = dqacc; });
         printf("[ kernels ] page lists, config.bwd_dqacc = %d\n", (int) dqacc);
         for (const Case & c : cases) run_case(c, seed++);
