@@ -821,6 +821,10 @@ TEST(CudaPagedAttn, Bf16PoolsKernelChoice) {
         {64, 128, 14, 2, 37, 118, B, 1, false},
         {64, 128, 14, 2, 37, 1100, B, 1, false},
         {64, 128, 14, 2, 5, 0, B, 1, false},
+        // GQA groups of 3 (SmolLM2: 9 / 3 heads, head dim 64) and 2: row tiles that split a position's
+        // heads (rows t G + h), in the kernels and in the dQ accumulator's conversion
+        {64, 128, 9, 3, 37, 1100, B, 1, false},
+        {128, 128, 8, 4, 45, 300, B, 1, false},
         // NaN in the pool slots past the last position and in the spare pages: the last key tile's
         // tail must weigh nothing (the warp-specialised forward zeroes it in shared memory)
         {128, 128, 14, 2, 37, 1100, B, 1, false, OOMB_SCHEDULE_DENSE, -1, 0, -1, true},
