@@ -185,11 +185,24 @@ bool fast_ok(const oomb_tensor * q, const oomb_tensor * kp, const oomb_tensor * 
 }
 
 template <typename F> void set_smem(F * kernel, size_t smem) {
-    // once per kernel and device is enough, but the call is cheap
     PA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int) smem));
     // all of the SM's unified memory as shared memory: two CTAs of the head-dim-64 wgmma kernels fit
     PA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
 }
+// set_smem once per kernel and device: a function attribute belongs to the current device, so a
+// second GPU needs its own (one bit per device id; ids from 64 on set it on every launch). One static
+// instance per launcher instantiation, i.e. per kernel.
+struct SmemAttrOnce {
+    std::atomic<uint64_t> done{0};
+    template <typename F> void operator()(F * kernel, size_t smem) {
+        int dev = 0;
+        PA_CHECK(cudaGetDevice(&dev));
+        const uint64_t bit = dev >= 0 && dev < 64 ? (uint64_t) 1 << dev : 0;
+        if (bit && (done.load(std::memory_order_acquire) & bit)) return;
+        set_smem(kernel, smem);  // (two threads may both set it: harmless)
+        done.fetch_or(bit, std::memory_order_release);
+    }
+};
 
 // Two CTAs per SM for the head-dim-64 wgmma kernels (registers capped at 128), so that one CTA's
 // softmax overlaps the other's products: config.occ64 bit 0 the forward, bit 1 the backward.
@@ -199,8 +212,8 @@ int occ64_bits() { return cfg().occ64; }
 
 template <int D, int MODE, bool PIPE, int MINB, bool LISTS = false> void launch_fwd_wgmma(cudaStream_t stream, const FwdArgs & a, int Hkv) {
     using W = FwdW<D, PIPE>;
-    static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_fwd_wgmma_kernel<D, MODE, PIPE, MINB, LISTS>, W::smem); attr_set = true; }
+    static SmemAttrOnce smem_attr;
+    smem_attr(pa_fwd_wgmma_kernel<D, MODE, PIPE, MINB, LISTS>, W::smem);
     dim3 grid((a.T * a.G + W::BM - 1) / W::BM, Hkv);
     pa_fwd_wgmma_kernel<D, MODE, PIPE, MINB, LISTS><<<grid, W::NT, W::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
@@ -239,8 +252,8 @@ template <int D, int MODE, int NS, bool LISTS, bool OVL = false, int NC = 2> boo
     static_assert(W::BN == FwdW<D, false>::BN && (NC == 3 || W::BM == FwdW<D, false>::BM), "the same tiles as the two-warpgroup forward");
     CUtensorMap tk, tv;
     if (!kv_tensor_maps(a, D, Hkv, &tk, &tv)) return false;
-    static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_fwd_ws_kernel<D, MODE, NS, LISTS, OVL, NC>, W::smem); attr_set = true; }
+    static SmemAttrOnce smem_attr;
+    smem_attr(pa_fwd_ws_kernel<D, MODE, NS, LISTS, OVL, NC>, W::smem);
     dim3 grid((a.T * a.G + W::BM - 1) / W::BM, Hkv);
     pa_fwd_ws_kernel<D, MODE, NS, LISTS, OVL, NC><<<grid, W::NT, W::smem, stream>>>(a, tk, tv);
     PA_LAUNCH_CHECK();
@@ -294,8 +307,8 @@ bool fwd_pipe(int D) { return D == 64 && cfg().fwd_pipe; }
 
 template <int D, int MINB, bool LISTS = false> void launch_bwd_wgmma(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     using W = BwdW<D>;
-    static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_bwd_wgmma_kernel<D, MINB, LISTS>, W::smem); attr_set = true; }
+    static SmemAttrOnce smem_attr;
+    smem_attr(pa_bwd_wgmma_kernel<D, MINB, LISTS>, W::smem);
     dim3 grid(n_key_tiles, Hkv, a.nsplit);
     pa_bwd_wgmma_kernel<D, MINB, LISTS><<<grid, W::NT, W::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
@@ -303,8 +316,8 @@ template <int D, int MINB, bool LISTS = false> void launch_bwd_wgmma(cudaStream_
 
 template <int D, bool LISTS, bool KVR, bool DQA> void launch_bwd_pipe_v(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     using W = BwdW<D, 3, 2>;
-    static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_bwd_pipe_kernel<D, LISTS, KVR, DQA>, W::smem); attr_set = true; }
+    static SmemAttrOnce smem_attr;
+    smem_attr(pa_bwd_pipe_kernel<D, LISTS, KVR, DQA>, W::smem);
     dim3 grid(n_key_tiles, Hkv, a.nsplit);
     pa_bwd_pipe_kernel<D, LISTS, KVR, DQA><<<grid, W::NT, W::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
@@ -340,8 +353,8 @@ template <int D, int WM, int BN, int NW, int MODE, int MINB = 1, bool LISTS = fa
 void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
     using C = FwdCfg<D, WM, BN, NW>;
     static_assert(!LISTS || C::BM == 128, "the page-list forward's work lists are per 128 rows (lists_union)");
-    static bool attr_set = false; // benign race: setting the attribute twice is harmless
-    if (!attr_set) { set_smem(pa_fwd_kernel<D, WM, BN, NW, MODE, MINB, LISTS>, C::smem); attr_set = true; }
+    static SmemAttrOnce smem_attr;
+    smem_attr(pa_fwd_kernel<D, WM, BN, NW, MODE, MINB, LISTS>, C::smem);
     const int TG = a.T * a.G;
     dim3 grid((TG + C::BM - 1) / C::BM, Hkv);
     pa_fwd_kernel<D, WM, BN, NW, MODE, MINB, LISTS><<<grid, NW * 32, C::smem, stream>>>(a);
@@ -404,8 +417,8 @@ constexpr int BWD_NW = 8;
 template <int D, int BM, int MINB = 1, bool LISTS = false>
 void launch_bwd(cudaStream_t stream, const BwdArgs & a, int n_key_tiles, int Hkv) {
     using C = BwdCfg<D, BM, BWD_NW>;
-    static bool attr_set = false;
-    if (!attr_set) { set_smem(pa_bwd_kernel<D, BM, BWD_NW, MINB, LISTS>, C::smem); attr_set = true; }
+    static SmemAttrOnce smem_attr;
+    smem_attr(pa_bwd_kernel<D, BM, BWD_NW, MINB, LISTS>, C::smem);
     dim3 grid(n_key_tiles, Hkv, a.nsplit);
     pa_bwd_kernel<D, BM, BWD_NW, MINB, LISTS><<<grid, BWD_NW * 32, C::smem, stream>>>(a);
     PA_LAUNCH_CHECK();
