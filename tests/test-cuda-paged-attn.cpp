@@ -723,38 +723,24 @@ TEST(CudaPagedAttn, ConfigFromEnv) {
     setenv("OOMB_PAGED_ATTN_FWDPIPE", "2", 1);
     EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDPIPE must be 0 or 1");
     unsetenv("OOMB_PAGED_ATTN_FWDPIPE");
-    setenv("OOMB_PAGED_ATTN_BWDPIPE", "2", 1);
-    EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDPIPE must be 0 or 1");
-    setenv("OOMB_PAGED_ATTN_BWDPIPE", "1", 1);
-    EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_pipe);
-    setenv("OOMB_PAGED_ATTN_BWDPIPE", "0", 1);
-    EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_pipe);
-    unsetenv("OOMB_PAGED_ATTN_BWDPIPE");
-    EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_pipe) << "the row-tile-overlapped backward is the default";
-    setenv("OOMB_PAGED_ATTN_FWDWG3", "3", 1);
-    EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWG3 must be 0-2");
-    setenv("OOMB_PAGED_ATTN_FWDWG3", "0", 1);
-    EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_wg3, 0);
-    unsetenv("OOMB_PAGED_ATTN_FWDWG3");
-    EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_wg3, 2) << "chosen per call by default";
-    setenv("OOMB_PAGED_ATTN_BWDKVR", "2", 1);
-    EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDKVR must be 0 or 1");
-    setenv("OOMB_PAGED_ATTN_BWDKVR", "0", 1);
-    EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_kvr);
-    unsetenv("OOMB_PAGED_ATTN_BWDKVR");
-    EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_kvr) << "K / V in registers by default";
-    setenv("OOMB_PAGED_ATTN_BWDDQACC", "2", 1);
-    EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_BWDDQACC must be 0 or 1");
-    setenv("OOMB_PAGED_ATTN_BWDDQACC", "0", 1);
-    EXPECT_FALSE(oomb_paged_attn_config_from_env().bwd_dqacc);
-    unsetenv("OOMB_PAGED_ATTN_BWDDQACC");
-    EXPECT_TRUE(oomb_paged_attn_config_from_env().bwd_dqacc) << "dQ into the tile-contiguous accumulator by default";
-    setenv("OOMB_PAGED_ATTN_FWDWS", "4", 1);
-    EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_FWDWS must be 0-3");
-    setenv("OOMB_PAGED_ATTN_FWDWS", "0", 1);
-    EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_ws, 0);
-    unsetenv("OOMB_PAGED_ATTN_FWDWS");
-    EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_ws, 1) << "the warp-specialised forward is the default";
+    // OOMB_PAGED_ATTN_<name> = bad: an error naming the range; = v: read as v; unset: the default
+    using Get = int (*)(const oomb_paged_attn_config &);
+    auto digit_var = [](const char * name, const char * bad, const char * range, int v, int def, Get get, const char * why) {
+        const std::string var = std::string("OOMB_PAGED_ATTN_") + name;
+        setenv(var.c_str(), bad, 1);
+        EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), var + " must be " + range);
+        setenv(var.c_str(), std::to_string(v).c_str(), 1);
+        EXPECT_EQ(get(oomb_paged_attn_config_from_env()), v) << var;
+        unsetenv(var.c_str());
+        EXPECT_EQ(get(oomb_paged_attn_config_from_env()), def) << var << ": " << why;
+    };
+    digit_var("BWDPIPE", "2", "0 or 1", 0, 1, [](const oomb_paged_attn_config & c) { return (int) c.bwd_pipe; },
+              "the row-tile-overlapped backward is the default");
+    digit_var("FWDWG3", "3", "0-2", 0, 2, [](const oomb_paged_attn_config & c) { return c.fwd_wg3; }, "chosen per call by default");
+    digit_var("BWDKVR", "2", "0 or 1", 0, 1, [](const oomb_paged_attn_config & c) { return (int) c.bwd_kvr; }, "K / V in registers by default");
+    digit_var("BWDDQACC", "2", "0 or 1", 0, 1, [](const oomb_paged_attn_config & c) { return (int) c.bwd_dqacc; },
+              "dQ into the tile-contiguous accumulator by default");
+    digit_var("FWDWS", "4", "0-3", 0, 1, [](const oomb_paged_attn_config & c) { return c.fwd_ws; }, "the warp-specialised forward is the default");
     {
         const oomb_paged_attn_config e = oomb_paged_attn_config_from_env();
         EXPECT_EQ(e.wgmma, 1);

@@ -14,3 +14,18 @@ tests() {
         grep -c "^\[       OK \]" "$R/$t.log"
     done
 }
+# rand_ids: /tmp/rand.bin, 2^23 random Qwen token ids (uint32) for --data-bin, made once per machine
+rand_ids() {
+    [ -f /tmp/rand.bin ] || python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<23, dtype=np.uint32).tofile('/tmp/rand.bin')"
+}
+# bg_start SCRIPT: runs SCRIPT detached (setsid: it survives the device call), output $K/bg.out, pid $K/bg.pid
+bg_start() {
+    setsid nohup bash "$1" > $K/bg.out 2>&1 < /dev/null &
+    echo $! > $K/bg.pid; log "started $1 (pid $(cat $K/bg.pid))"
+}
+# bg_wait S: waits up to S seconds for bg_start's run, then prints its output so far
+bg_wait() {
+    local end=$((SECONDS + ${1:-500}))
+    while alive $K/bg.pid && [ $SECONDS -lt $end ]; do sleep 5; done
+    alive $K/bg.pid && log "still running" || log "done"; cat $K/bg.out
+}

@@ -23,6 +23,14 @@ unpack() {
     cat $K/bins-commit.txt
     export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
 }
+# train_7b_128k [ARGS...]: one step of Qwen2.5-7B --trainable linear --opt-state bf16 at 128K (chunk 2048, bf16
+# attention cache, random ids from rand_ids), output on stdout
+train_7b_128k() {
+    rm -rf /tmp/r7b
+    timeout 300 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 --warmup 1 \
+        --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 --offload off \
+        --attn-cache --attn-cache-type bf16 -o /tmp/r7b "$@"
+}
 SHAPES=${SHAPES:-"7b-32k --seq 32768
 7b-128k --seq 131072
 05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64
@@ -40,15 +48,12 @@ start)
         done
     done <<< "$SHAPES" ;;
 e2e)
-    python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<23, dtype=np.uint32).tofile('/tmp/rand.bin')"
+    rand_ids
     mkdir -p $K/e2e
     cat > $K/e2e.sh <<EOS
 cd $PWD
 for v in 1 0; do
-  rm -rf /tmp/r7b
-  OOMB_PAGED_ATTN_BWDDQACC=\$v OOMB_CUDA_PROFILE=1 timeout 300 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 \
-    --steps 1 --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
-    --offload off --attn-cache --attn-cache-type bf16 -o /tmp/r7b > $K/e2e/7b-128k-dense-dqacc\$v.log 2>&1
+  OOMB_PAGED_ATTN_BWDDQACC=\$v OOMB_CUDA_PROFILE=1 train_7b_128k > $K/e2e/7b-128k-dense-dqacc\$v.log 2>&1
   echo "7b 128K dense BWDDQACC=\$v rc=\$?"; grep -E "^step|error|paged_attn" $K/e2e/7b-128k-dense-dqacc\$v.log | head -6
 done
 for v in 1 0; do
@@ -59,21 +64,14 @@ for v in 1 0; do
 done
 PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $K/e2e/hf-05b-32k.json
 EOS
-    setsid nohup bash $K/e2e.sh > $K/e2e.out 2>&1 < /dev/null &
-    echo $! > $K/e2e.pid; log "e2e started (pid $(cat $K/e2e.pid))"
-    end=$((SECONDS + ${2:-500}))
-    while alive $K/e2e.pid && [ $SECONDS -lt $end ]; do sleep 5; done
-    alive $K/e2e.pid && log "e2e still running" || log "e2e done"; cat $K/e2e.out; cp $K/e2e/* $R/ ;;
+    export B; export -f train_7b_128k   # (for the detached script)
+    bg_start $K/e2e.sh
+    bg_wait ${2:-500}; cp $K/e2e/* $R/ ;;
 wait)
-    end=$((SECONDS + ${2:-500}))
-    while alive $K/e2e.pid && [ $SECONDS -lt $end ]; do sleep 5; done
-    alive $K/e2e.pid && log "e2e still running" || log "e2e done"; cat $K/e2e.out; cp $K/e2e.out $K/e2e/* $R/ ;;
+    bg_wait ${2:-500}; cp $K/bg.out $K/e2e/* $R/ ;;
 sparse)
-    [ -f /tmp/rand.bin ] || python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<23, dtype=np.uint32).tofile('/tmp/rand.bin')"
-    rm -rf /tmp/r7b
-    OOMB_CUDA_PROFILE=1 timeout 200 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
-        --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 --offload off \
-        --attn-cache --attn-cache-type bf16 --sparse-pages 64 --sparse-score mean --sparse-sink 0 --sparse-local 0 -o /tmp/r7b > $R/7b-128k-sparse64.log 2>&1
+    rand_ids
+    OOMB_CUDA_PROFILE=1 train_7b_128k --sparse-pages 64 --sparse-score mean --sparse-sink 0 --sparse-local 0 > $R/7b-128k-sparse64.log 2>&1
     echo "7b 128K sparse64 rc=$?"; grep -E "^step|error|paged_attn|page_select|mul_mat " $R/7b-128k-sparse64.log | head -8 ;;
 ablate)
     mkdir -p $K/abl && tar -xJf .devcarry/abl.tar.xz -C $K/abl || exit 1
