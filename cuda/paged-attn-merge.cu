@@ -27,15 +27,19 @@ __global__ void k_paged_attn_merge(float * acc, const float * part, int64_t D, i
 
 } // namespace
 
+void oomb_cuda_pa_merge_packed(cudaStream_t stream, float * acc, const float * part, int64_t D, int64_t R) {
+    if (R == 0) return;
+    const int64_t rows_per_block = D >= 1024 ? 1 : 1024 / (D > 0 ? D : 1);
+    const int64_t blocks = (R + rows_per_block - 1) / rows_per_block;
+    if (blocks > INT32_MAX) oomb_error("paged_attn_merge: %lld rows are too many for one launch", (long long) R);
+    k_paged_attn_merge<<<(unsigned) blocks, k_threads, 0, stream>>>(acc, part, D, R, rows_per_block);
+}
+
 void oomb_cuda_paged_attn_merge(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * acc, const oomb_tensor * part) {
     // operands: check_op_operands (src/op-checks.cpp): contiguous f32 of D*H*T + H*T, dst a view of acc
     const int64_t D = dst->op_params[oomb::PAM_PARAM_D];
     const int64_t R = (int64_t) dst->op_params[oomb::PAM_PARAM_H] * dst->op_params[oomb::PAM_PARAM_T];
     if (R == 0) return;
-    const int64_t rows_per_block = D >= 1024 ? 1 : 1024 / (D > 0 ? D : 1);
-    const int64_t blocks = (R + rows_per_block - 1) / rows_per_block;
-    if (blocks > INT32_MAX) oomb_error("paged_attn_merge: %lld rows are too many for one launch", (long long) R);
-    k_paged_attn_merge<<<(unsigned) blocks, k_threads, 0, c.stream>>>((float *) acc->data, (const float *) part->data, D, R,
-                                                                      rows_per_block);
+    oomb_cuda_pa_merge_packed(c.stream, (float *) acc->data, (const float *) part->data, D, R);
     OOMB_CUDA_LAUNCHED(c, "paged_attn_merge");
 }

@@ -13,7 +13,7 @@ namespace {
 //
 // Backward: same algorithm and work split as pa_bwd_kernel (FlashAttention-2 backward,
 // key-major): a block owns a tile of BN = 128 keys of one KV head (two warpgroups, 64 keys each)
-// and loops over the tiles of BM = 64 group rows that attend it (every nsplit-th one). Per row
+// and loops over the tiles of BM = 64 group rows that attend it (every zs-th one, bwd_eff_split). Per row
 // tile, each warpgroup:
 //   S^T = K Q^T and dP^T = V dO^T (64 keys x 64 rows, K-major operands from shared memory)
 //   P^T = exp2(S^T c - L), masked; dS^T = P^T (dP^T - delta) scale         (registers, f32)
@@ -320,10 +320,11 @@ __global__ void pa_dq_acc_kernel(const float4 * __restrict__ acc, int64_t n_quad
 }
 
 // The block's dK, dV added into the gradient pages: bf16 pages read-add-round (one block per key
-// tile), f32 pages with atomics when several blocks share the key tile (nsplit > 1), else read-add.
+// tile), f32 pages with atomics when several blocks share the key tile (zs > 1, bwd_eff_split), else
+// read-add.
 template <int D>
 __device__ __forceinline__ void bwd_store_dkdv(const BwdArgs & a, const float (&dk)[D / 2], const float (&dv)[D / 2], int g, int k0, int krow0,
-                                               int maxp, int lane) {
+                                               int maxp, int lane, int zs) {
     const uint32_t sk = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_k, a.gsr.pos[0]) : 0u;  // bf16 gradient pages
     const uint32_t sv = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_v, a.gsr.pos[0]) : 0u;
 #pragma unroll
@@ -344,7 +345,7 @@ __device__ __forceinline__ void bwd_store_dkdv(const BwdArgs & a, const float (&
         }
         float * dkr = a.dkp + off;
         float * dvr = a.dvp + off;
-        if (a.nsplit > 1) {
+        if (zs > 1) {
 #pragma unroll
             for (int nb = 0; nb < D / 8; nb++) {
                 atomicAdd((float2 *) (dkr + nb * 8), make_float2(dk[4 * nb + hf * 2], dk[4 * nb + hf * 2 + 1]));
@@ -391,19 +392,21 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     const int k0 = blockIdx.x * BN;
     const int maxp = *a.maxpos;
     if (k0 > maxp) return;
+    // blocks sharing this key tile's row tiles (the page-list variants: nsplit, registers)
+    const int zs = LISTS ? a.nsplit : bwd_eff_split(a, maxp, BN);
+    if ((int) blockIdx.z >= zs) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = tid >> 7;               // warpgroup: keys 64 wg .. 64 wg + 63 of the tile
     BwdListsTile lt;
     __shared__ uint32_t sSee[LISTS ? BM : 1];  // LISTS: row bits of the current row tile (lt.row_bits)
     int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
     if constexpr (LISTS) {
-        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi)) return;  // no row chose these keys: nothing to do
+        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), zs, kpi)) return;  // no row chose these keys: nothing to do
     }
 
     bwd_load_kv<D>(a, g, k0, maxp, sK, sV, tid);
     cp_async_commit();
 
-    const int zs = a.nsplit;
     auto rt_needed = [&](int j) -> bool {
         if constexpr (LISTS) return lt.needed(a, j);
         else return a.rt_max[j] >= k0;
@@ -468,7 +471,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         buf ^= 1;
     }
     cp_async_wait<0>();
-    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane);
+    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane, zs);
 #else
     __trap();  // launched only where wgmma_available() said the sm_90a code is there
 #endif
@@ -520,6 +523,9 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     const int k0 = blockIdx.x * BN;
     const int maxp = *a.maxpos;
     if (k0 > maxp) return;
+    // blocks sharing this key tile's row tiles (the page-list variants: nsplit, registers)
+    const int zs = LISTS ? a.nsplit : bwd_eff_split(a, maxp, BN);
+    if ((int) blockIdx.z >= zs) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = tid >> 7;
     const int krow0 = warp * 16;
@@ -527,9 +533,8 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     __shared__ uint32_t sSee[LISTS ? 2 * BM : 1];  // LISTS: row bits, one slot per dS^T buffer
     int kpi[2] = {0, 0};
     if constexpr (LISTS) {
-        if (!lt.begin(a, k0, BN, maxp, k0 + krow0 + (lane >> 2), kpi)) return;
+        if (!lt.begin(a, k0, BN, maxp, k0 + krow0 + (lane >> 2), zs, kpi)) return;
     }
-    const int zs = a.nsplit;
     auto rt_needed = [&](int j) -> bool {
         if constexpr (LISTS) return lt.needed(a, j);
         else return a.rt_max[j] >= k0;
@@ -628,7 +633,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     step(BwdLast<true>{});
     wgmma_wait<0>();
     add_dq(jp);
-    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane);
+    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane, zs);
 #else
     __trap();  // launched only where wgmma_available() said the sm_90a code is there
 #endif
@@ -780,7 +785,7 @@ __device__ __forceinline__ void fwd_softmax_tile(float (&s)[BN / 2], float (&o)[
 // MODE_OUT out + natural-log LSE (pa_epilogue_out); MODE_LSE the log2 LSE and delta = bf16(dout) . out.
 template <int D, int MODE>
 __device__ __forceinline__ void fwd_epilogue(const FwdArgs & a, const float (&o)[D / 2], const float (&m)[2], const float (&l)[2], int r0,
-                                             int row0, int g, int lane) {
+                                             int row0, int g, int lane, float * out, float * lse_out, int acc) {
     const int TG = a.T * a.G;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -793,7 +798,7 @@ __device__ __forceinline__ void fwd_epilogue(const FwdArgs & a, const float (&o)
         const int t = valid ? R / a.G : 0, h = g * a.G + (valid ? R % a.G : 0);
         if (MODE == MODE_OUT) {
             const float mu = m[hf] == -INFINITY ? 0.0f : m[hf];
-            pa_epilogue_out<D>(a.out, a.lse_out, a.acc, valid, (int64_t) t * a.H + h, lane, (mu + __log2f(lsum)) * kLn2,
+            pa_epilogue_out<D>(out, lse_out, acc, valid, (int64_t) t * a.H + h, lane, (mu + __log2f(lsum)) * kLn2,
                                [&](int nb, int j) { return o[4 * nb + hf * 2 + j] * inv; });
         } else {
             float dot = 0.0f;
@@ -816,6 +821,11 @@ __device__ __forceinline__ void fwd_epilogue(const FwdArgs & a, const float (&o)
             }
         }
     }
+}
+template <int D, int MODE>
+__device__ __forceinline__ void fwd_epilogue(const FwdArgs & a, const float (&o)[D / 2], const float (&m)[2], const float (&l)[2], int r0,
+                                             int row0, int g, int lane) {
+    fwd_epilogue<D, MODE>(a, o, m, l, r0, row0, g, lane, a.out, a.lse_out, a.acc);
 }
 
 // ---------------------------------------------------------------------------------------------

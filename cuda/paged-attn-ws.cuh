@@ -33,6 +33,10 @@
 // LISTS_RANGE: the block walks its row tile's union of history pages, then the current region,
 // FwdListsTiles of paged-attn-lists.cuh, as pa_fwd_wgmma_kernel; the producer and the consumers
 // walk the same tile sequence).
+// Key split (dense and range schedules, two consumer warpgroups; FwdArgs::fsplit, chosen by
+// fwd_kv_split in paged-attn.cu): blockIdx.z takes a share of the row tile's key tiles and writes a
+// partial result (out and LSE), merged by the launcher after: flash-decoding's split-K, for chunks whose
+// row tiles alone leave the last wave of SMs mostly idle.
 #pragma once
 
 #include <cuda.h>
@@ -115,9 +119,23 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
     if (maxp < 0) return;
     FwdListsTiles lt;  // LISTS: the union's history tiles, then the current region's
     if constexpr (LISTS) lt.init(a.lists, a.P, BN, rt, minp, maxp);
-    const int n_tiles = LISTS ? lt.n_tiles(maxp) : maxp / BN + 1;
+    int n_tiles = LISTS ? lt.n_tiles(maxp) : maxp / BN + 1;
+    // the key split (a.fsplit > 1, fwd_kv_split): this block's share [t0, t0 + n_tiles) of the tiles,
+    // and where its result goes (the last share: out; the others: their partial results)
+    int t0 = 0;
+    // (not with three consumer warpgroups: at 160 registers the share's bounds made ptxas spill 100 bytes)
+    if constexpr (!LISTS && MODE == MODE_OUT && NC == 2) {
+        if (a.fsplit > 1) {
+            const int ns = n_tiles >= a.fsplit * a.fsplit_min ? a.fsplit : 1;
+            const int z = (int) blockIdx.z - (a.fsplit - ns);  // the last ns blocks of the row tile share its tiles
+            if (z < 0) return;                                  // (its partial LSE stays -inf: merged as nothing)
+            const int n = n_tiles;
+            t0 = n * z / ns;
+            n_tiles = max(n * (z + 1) / ns - t0, 1);  // (>= fsplit_min >= 1; max: for the compiler's proofs)
+        }
+    }
     auto tile_k0 = [&](int tile) -> int {
-        if constexpr (!LISTS) return tile * BN;
+        if constexpr (!LISTS) return (t0 + tile) * BN;
         else return lt.k0(tile);
     };
 
@@ -254,7 +272,13 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
         mbar_arrive(aEmpty + 8 * ((n_tiles - 1) % NS));
     }
     if (cw == 0) bar_sync(WS_BAR_TURN, 256);  // the last warpgroup's last turn hand-over
-    fwd_epilogue<D, MODE>(a, o, m, l, r0, wrow, g, lane);
+    if (!LISTS && MODE == MODE_OUT && NC == 2 && a.fsplit > 1 && (int) blockIdx.z < a.fsplit - 1) {
+        // a share but the last: its partial result (pointers formed here: nothing more held through the loop)
+        float * part = a.part + (int64_t) blockIdx.z * a.part_stride;
+        fwd_epilogue<D, MODE>(a, o, m, l, r0, wrow, g, lane, part, part + (int64_t) a.T * a.H * D, 0);
+    } else {
+        fwd_epilogue<D, MODE>(a, o, m, l, r0, wrow, g, lane);
+    }
 #else
     __trap();
 #endif

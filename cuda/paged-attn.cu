@@ -119,7 +119,9 @@ int sm_count() {
 // own keys alone give T/128 * Hkv tiles (64 for Qwen2.5-0.5B at chunk 4096), half the H200's 132
 // SMs at one block per SM, and a few tiles more than a wave leave most of the last wave idle. So
 // the row tiles of a key tile are dealt to nsplit blocks, enough that the chunk's own tiles fill
-// about two waves; dK/dV are then added with atomics. config.split >= 0 forces it.
+// about two waves; dK/dV are then added with atomics. config.split >= 0 forces it. This is the most
+// a launch takes: with config.bwd_split_dyn the blocks lower it to what the key tiles up to the
+// rows' largest position need (bwd_eff_split, paged-attn-mma.cuh), 1 after a long history.
 int bwd_split(int own_tiles, int n_rt) {
     int ns;
     if (cfg().split >= 0) ns = cfg().split;
@@ -254,7 +256,7 @@ template <int D, int MODE, int NS, bool LISTS, bool OVL = false, int NC = 2> boo
     if (!kv_tensor_maps(a, D, Hkv, &tk, &tv)) return false;
     static SmemAttrOnce smem_attr;
     smem_attr(pa_fwd_ws_kernel<D, MODE, NS, LISTS, OVL, NC>, W::smem);
-    dim3 grid((a.T * a.G + W::BM - 1) / W::BM, Hkv);
+    dim3 grid((a.T * a.G + W::BM - 1) / W::BM, Hkv, !LISTS && MODE == MODE_OUT && NC == 2 && a.fsplit > 1 ? a.fsplit : 1);
     pa_fwd_ws_kernel<D, MODE, NS, LISTS, OVL, NC><<<grid, W::NT, W::smem, stream>>>(a, tk, tv);
     PA_LAUNCH_CHECK();
     return true;
@@ -279,6 +281,35 @@ bool fwd_wg3(const FwdArgs & a, int Hkv) {
     };
     return 1.05 * fill(192) > fill(128);
 }
+
+// Key shares per row tile of the warp-specialised forward (MODE_OUT, dense and range schedules;
+// config.fwd_split >= 1 forces it, clamped to 1-4). A forward block is a row tile against all keys up to
+// its rows' positions, so after a long history the blocks are equally long and their count alone sets
+// the waves: 7B at chunk 2048 has 16 x 7 row tiles x 4 KV heads = 448 blocks, 3.4 waves of 132 SMs,
+// the fourth 40 % full (85 % of the SM time used). Splitting each row tile's keys in ns shares
+// (flash-decoding's split-K; the partial results merged by their LSEs after) gives 896 blocks, 6.8
+// waves (97 %). Chosen: the ns of 1-4 with the best wave fill less 2 % per extra share (the merge
+// passes and each share's pipeline start); a block with fewer than ns * 8 key tiles (a chunk without
+// history, mostly) is not split (its last share takes all). BM: the block's rows (128; the kernel with
+// three consumer warpgroups, 192 rows, is not split: fwd_wg3 picks it only where its blocks fill the
+// waves).
+int fwd_kv_split(int64_t TG, int BM, int Hkv) {
+    if (cfg().fwd_split >= 1) return std::min(cfg().fwd_split, 4);
+    const int64_t n_sm = sm_count(), blocks = (TG + BM - 1) / BM * Hkv;
+    if (blocks <= 0) return 1;
+    auto fill = [&](int ns) {
+        const int64_t b = blocks * ns, waves = (b + n_sm - 1) / n_sm;
+        return (double) b / (double) (waves * n_sm);
+    };
+    int best = 1;
+    double best_v = fill(1);
+    for (int ns = 2; ns <= 4; ns++) {
+        const double v = fill(ns) - 0.02 * (ns - 1);
+        if (v > best_v) best = ns, best_v = v;
+    }
+    return best;
+}
+constexpr int FWD_SPLIT_MIN_TILES = 8;  // key tiles per share at least (FwdArgs::fsplit_min)
 
 // The warp-specialised forward (config.fwd_ws) where it can run; false: run another kernel.
 template <int MODE, bool LISTS> bool fwd_ws(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
@@ -592,6 +623,7 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     c.fwd64 = env_int("OOMB_PAGED_ATTN_FWD64", c.fwd64);
     c.bwd64 = env_int("OOMB_PAGED_ATTN_BWD64", c.bwd64);
     c.split = env_int("OOMB_PAGED_ATTN_SPLIT", c.split);
+    c.fwd_split = env_int("OOMB_PAGED_ATTN_FWDSPLIT", c.fwd_split);
     if ((d = env_digit("OOMB_PAGED_ATTN_OCC64", 3, "0-3 (two CTAs per SM at head dim 64, bit 0: the two-warpgroup forward, FWDWS=0; bit 1: the backward with BWDPIPE=0)")) >= 0) c.occ64 = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDPIPE", 1, "0 or 1")) >= 0) c.fwd_pipe = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDWS", 3, "0-3 (0: the two-warpgroup wgmma forward; warp-specialised: 1 with the intra-warpgroup overlap, 2 without, 3 without and 2 K/V stages)")) >= 0) c.fwd_ws = d;
@@ -599,6 +631,7 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDPIPE", 1, "0 or 1 (1: the wgmma backward with the row tiles overlapped)")) >= 0) c.bwd_pipe = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDWG3", 2, "0-2 (head dim 64, the warp-specialised forward's consumer warpgroups: 0: two, 1: three, 2: three where the blocks fill the waves)")) >= 0) c.fwd_wg3 = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDKVR", 1, "0 or 1 (1: head dim 64, K and V of the pipelined backward in registers)")) >= 0) c.bwd_kvr = d == 1;
+    if ((d = env_digit("OOMB_PAGED_ATTN_SPLITDYN", 1, "0 or 1 (1: the backward's automatic split counts the key tiles up to the largest position, not the chunk's own)")) >= 0) c.bwd_split_dyn = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDDQACC", 1, "0 or 1 (1: the pipelined backward adds dQ into a tile-contiguous accumulator; 0: into dq's rows)")) >= 0) c.bwd_dqacc = d == 1;
     return c;
 }
@@ -718,9 +751,31 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
     if (fast_family(A, nullptr)) {
         Geom K = G;
         const bool lists = fast_lists(A.schedule);
+        const bool range = A.schedule.kind == OOMB_SCHEDULE_RANGE;
         PaLists L{};
-        if (A.schedule.kind == OOMB_SCHEDULE_RANGE) {
-            K = range_geom(G, A.schedule, (int32_t *) workspace(c, carve_size((size_t) G.T * sizeof(int32_t))), stream);
+        FwdArgs a = fwd_args(G, A.q, A.k_pages, A.v_pages, A.scale);
+        // the warp-specialised forward's key split (dense and range schedules): its partial results
+        const bool ws = !lists && fwd_wgmma(G.D, G.P) && cfg().fwd_ws != 0;
+        const bool wg3 = G.D == 64 && cfg().fwd_ws == 1 && fwd_wg3(a, G.Hkv);  // (three consumer warpgroups: no split)
+        const int fsplit = ws && !wg3 ? fwd_kv_split((int64_t) G.T * G.G, 128, G.Hkv) : 1;
+        const int64_t part_stride = n_out + n_lse;
+        Carver cv{nullptr};
+        if (range || fsplit > 1)
+            cv.p = (char *) workspace(c, (range ? carve_size((size_t) G.T * sizeof(int32_t)) : 0) +
+                                             (fsplit > 1 ? carve_size((size_t) (fsplit - 1) * part_stride * sizeof(float)) : 0));
+        float * part = nullptr;
+        if (fsplit > 1) {
+            part = cv.take<float>((size_t) (fsplit - 1) * part_stride);
+            // a share a block does not take (too few key tiles, or no kernel split at all: the fallback
+            // kernels) merges as nothing: LSE -inf
+            for (int z = 0; z < fsplit - 1; z++) {
+                pa_fill_kernel<<<(unsigned) std::min<int64_t>((n_lse + 255) / 256, 1024), 256, 0, stream>>>(part + z * part_stride + n_out,
+                                                                                                          n_lse, -INFINITY);
+                PA_LAUNCH_CHECK();
+            }
+        }
+        if (range) {
+            K = range_geom(G, A.schedule, cv.take<int32_t>(G.T), stream);
             if (!A.accumulate) {  // accumulate: the rows a block skips keep their earlier result
                 PA_CHECK(cudaMemsetAsync(out, 0, (size_t) n_out * sizeof(float), stream));
                 pa_fill_kernel<<<(unsigned) std::min<int64_t>((n_lse + 255) / 256, 1024), 256, 0, stream>>>(lse, n_lse, -INFINITY);
@@ -728,16 +783,24 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
             }
         } else if (lists) {
             L = lists_view(A.schedule, G);
-            Carver cv{(char *) workspace(c, lists_union_bytes(G, L))};
-            lists_union(stream, cv, G, L);
+            Carver cl{(char *) workspace(c, lists_union_bytes(G, L))};
+            lists_union(stream, cl, G, L);
         }
-        FwdArgs a = fwd_args(K, A.q, A.k_pages, A.v_pages, A.scale);
+        a = fwd_args(K, A.q, A.k_pages, A.v_pages, A.scale);
         a.out = out;
         a.lse_out = lse;
         a.lists = L;
         a.acc = A.accumulate;
+        a.part = part;
+        a.part_stride = part_stride;
+        a.fsplit = fsplit;
+        a.fsplit_min = FWD_SPLIT_MIN_TILES;
         if (lists) fwd_fast<MODE_OUT, true>(stream, a, G.D, G.Hkv);
         else fwd_fast<MODE_OUT>(stream, a, G.D, G.Hkv);
+        for (int z = 0; z < fsplit - 1; z++) {
+            oomb_cuda_pa_merge_packed(stream, out, part + z * part_stride, G.D, n_lse);
+            PA_LAUNCH_CHECK();
+        }
         record_family(0, fwd_wgmma(G.D, G.P) ? "wgmma" : "mma");
     } else {
         GenArgs a = gen_args(G, A.q, A.k_pages, A.v_pages, A.scale, A.schedule);
@@ -879,6 +942,8 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             a.lists = L;
             // bf16 gradient pages: one block per key tile owns its rows (read-add-round, no atomics)
             a.nsplit = grad_bf16 ? 1 : bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt);
+            // automatic: the kernels lower it where the keys up to maxpos already fill the waves
+            a.split_blocks = cfg().split < 0 && cfg().bwd_split_dyn ? 2 * sm_count() : 0;
             if (n_key_tiles == 0) {
                 // an empty page range: no key, no gradient
             } else if (lists) {

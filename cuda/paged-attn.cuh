@@ -15,6 +15,9 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst);
 // The merge of two partial results (OOMB_OP_PAGED_ATTN_MERGE; cuda/paged-attn-merge.cu): acc and
 // part as checked by check_op_operands, dst the view of acc.
 void oomb_cuda_paged_attn_merge(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * acc, const oomb_tensor * part);
+// The same merge on raw packed buffers (R = T*H rows of D floats, then R LSEs each): acc <- merge(acc,
+// part), queued on stream (the forward's key split, paged-attn.cu, merges its partial results so).
+void oomb_cuda_pa_merge_packed(cudaStream_t stream, float * acc, const float * part, int64_t D, int64_t R);
 /// The context of a CUDA backend (oomb_backend_cuda_init), for code that calls the launchers
 /// directly (kernel tests, benchmarks). Errors: a backend that is not a CUDA backend.
 oomb_cuda_ctx & oomb_cuda_ctx_of(struct oomb_backend * backend);
@@ -34,6 +37,11 @@ struct oomb_paged_attn_config {
     int bwd64 = 0;          // BWD64: mma.sync backward at head dim 64: 0: 64 rows, 1 block/SM; 1: 32 rows, 2 blocks/SM;
                             //   2: 32 rows, 1 block/SM
     int split = -1;         // SPLIT: blocks per key tile of the backward (clamped to [1, row tiles]); -1 automatic
+    int fwd_split = -1;     // FWDSPLIT: key shares per row tile of the warp-specialised forward (1-4, clamped; each
+                            //   share at least 8 key tiles, partial results merged after); -1 automatic: where
+                            //   the row tiles alone leave the last wave of SMs mostly idle (fwd_kv_split)
+    bool bwd_split_dyn = true;  // SPLITDYN 0/1: the automatic split counts the key tiles up to the rows' largest
+                            //   position (on the device: 1 after a long history); 0: the chunk's own tiles only
     int occ64 = 1;          // OCC64 0-3: two CTAs per SM for the head-dim-64 wgmma kernels, bit 0 forward (the
                             //   two-warpgroup kernel, fwd_ws 0), bit 1 backward (pa_bwd_wgmma_kernel, bwd_pipe off)
     bool fwd_pipe = false;  // FWDPIPE 0/1: the head-dim-64 wgmma forward issuing the next tile's S before the softmax
@@ -57,8 +65,8 @@ struct oomb_paged_attn_config {
                             //   workspace of dq's size (rows padded to 128 per KV head): 117 MB at 0.5B, one chunk of 32K
 };
 /// The defaults overridden by the OOMB_PAGED_ATTN_* variables that are set (GENERIC: set at all;
-/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDWG3: 0-2; FWDPIPE, BWDPIPE, BWDKVR, BWDDQACC, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
-/// FWD64, BWD64, SPLIT: an integer, as atoi).
+/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDWG3: 0-2; FWDPIPE, BWDPIPE, BWDKVR, BWDDQACC, SPLITDYN, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
+/// FWD64, BWD64, SPLIT, FWDSPLIT: an integer, as atoi).
 oomb_paged_attn_config oomb_paged_attn_config_from_env();
 /// The configuration the kernels use: oomb_paged_attn_config_from_env() read at the first call,
 /// unless set. set_config(NULL): read the environment again now (an error there is reported now).

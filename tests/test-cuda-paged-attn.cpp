@@ -713,6 +713,49 @@ TEST(CudaPagedAttn, Bf16PoolsBackwardSplit) {
 #endif
 }
 
+// Splits over the keys. The warp-specialised forward's key shares (config.fwd_split 2-4 forced; each
+// share >= 8 key tiles, else the block's last share takes all; partial results merged by their LSEs):
+// histories of 5000 (40 key tiles: every share count splits, unevenly) and 2200 / 1100 positions (18 / 9
+// tiles: some counts split, some leave the tile to one share), NaN in the pool tails, GQA 7 / 3 / 2,
+// page ranges from the history's middle (21 pages: shares of a shifted page table), and accumulated
+// blocks (the last share merges into the earlier block's result, the others into it after). Then the
+// backward's automatic split without its lowering on the device (config.bwd_split_dyn 0: as many
+// splits as the chunk's own tiles ask for, whatever the history), against the default run's lowering.
+TEST(CudaPagedAttn, Bf16PoolsKeySplit) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    const oomb_type B = OOMB_TYPE_BF16;
+    const Case cases[] = {
+        {128, 128, 28, 4, 256, 5000, B, 1, false},
+        {64, 128, 14, 2, 37, 5000, B, 0, true},
+        {128, 128, 14, 2, 1, 5000, B, 1, false},
+        {64, 128, 9, 3, 45, 1100, B, 1, false},
+        {128, 128, 8, 4, 45, 2200, B, 1, false},
+        {128, 128, 14, 2, 37, 2200, B, 1, false, OOMB_SCHEDULE_DENSE, -1, 0, -1, true},
+        {64, 128, 14, 2, 37, 5000, B, 1, false, OOMB_SCHEDULE_DENSE, -1, 0, -1, true},
+        {128, 128, 28, 4, 256, 5000, B, 1, false, OOMB_SCHEDULE_RANGE},
+        {64, 128, 14, 2, 37, 5000, B, 0, true, OOMB_SCHEDULE_RANGE},
+    };
+    uint32_t seed = 5151;
+    for (int fs : {2, 3, 4}) {
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_split = fs; });
+        SCOPED_TRACE("fwd_split " + std::to_string(fs));
+        printf("[ kernels ] config.fwd_split = %d\n", fs);
+        for (const Case & c : cases) run_case(c, seed++);
+        const Case acc[] = {
+            {128, 128, 28, 4, 200, 5000, B, 0, false},
+            {64, 128, 14, 2, 37, 3000, B, 0, false},
+        };
+        for (const Case & c : acc) run_accum_case(c, seed++);
+    }
+    {
+        ConfigScope cs([](oomb_paged_attn_config & cf) { cf.bwd_split_dyn = false; });
+        printf("[ kernels ] config.bwd_split_dyn = 0\n");
+        for (const Case & c : cases) run_case(c, seed++);
+    }
+#endif
+}
+
 // The OOMB_PAGED_ATTN_* overrides (host code: runs without a GPU too), strictly parsed where they were.
 TEST(CudaPagedAttn, ConfigFromEnv) {
 #ifdef OOMB_USE_CUDA
@@ -740,13 +783,19 @@ TEST(CudaPagedAttn, ConfigFromEnv) {
     digit_var("BWDKVR", "2", "0 or 1", 0, 1, [](const oomb_paged_attn_config & c) { return (int) c.bwd_kvr; }, "K / V in registers by default");
     digit_var("BWDDQACC", "2", "0 or 1", 0, 1, [](const oomb_paged_attn_config & c) { return (int) c.bwd_dqacc; },
               "dQ into the tile-contiguous accumulator by default");
+    digit_var("SPLITDYN", "2", "0 or 1", 0, 1, [](const oomb_paged_attn_config & c) { return (int) c.bwd_split_dyn; },
+              "the backward's split lowered on the device by default");
     digit_var("FWDWS", "4", "0-3", 0, 1, [](const oomb_paged_attn_config & c) { return c.fwd_ws; }, "the warp-specialised forward is the default");
+    EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_split, -1) << "the forward's key split is chosen per call by default";
+    setenv("OOMB_PAGED_ATTN_FWDSPLIT", "2", 1);
     {
         const oomb_paged_attn_config e = oomb_paged_attn_config_from_env();
         EXPECT_EQ(e.wgmma, 1);
         EXPECT_EQ(e.split, 3);
         EXPECT_EQ(e.occ64, 1);
+        EXPECT_EQ(e.fwd_split, 2);
     }
+    unsetenv("OOMB_PAGED_ATTN_FWDSPLIT");
     unsetenv("OOMB_PAGED_ATTN_WGMMA");
     unsetenv("OOMB_PAGED_ATTN_SPLIT");
 #endif

@@ -65,6 +65,14 @@ int main(int argc, char ** argv) {
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         auto next = [&]() { if (i + 1 >= argc) { fprintf(stderr, "missing value for %s\n", a.c_str()); exit(2); } return argv[++i]; };
+        if (a == "--help" || a == "-h") {
+            printf("usage: oomb-bench-attn [--seq 8192,32768,131072] [--chunk 4096] [--page 128] [--heads 28] [--kv-heads 4]\n"
+                   "                       [--dim 128] [--reps 3] [--no-shuffle] [--fwd-only] [--recompute-lse]\n"
+                   "Paged attention over a causal sequence, chunk by chunk (forward, then backward in reverse), on the\n"
+                   "first CUDA device; one JSON line per sequence length (ms and TFLOP/s, FlashAttention's FLOP count).\n"
+                   "Kernel variants: the OOMB_PAGED_ATTN_* variables (cuda/paged-attn.cuh).\n");
+            return 0;
+        }
         if (a == "--seq") seqs = parse_list(next());
         else if (a == "--chunk") chunk = atoll(next());
         else if (a == "--page") page = atoll(next());

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The device calls of one H200 lease (2026-12-04, third session: issue 16, the splits over keys,
+# bench/NOTES.md version 20), one part per call. State in /tmp/keep between calls.
+#   start   unpack .devcarry/gpu-bins.tar.xz; test-cuda-paged-attn, test-cuda-sparse; the layers' fwd / bwd
+#           (oomb-bench-attn, SHAPES) new (the defaults) and old (OLD: FWDSPLIT=1 SPLITDYN=0), pattern new old
+#           new old, one process each
+#   e2e S   in the background: 7B --trainable linear dense 128K (one step, profiled) new then old, 0.5B one
+#           chunk of 32K (3 steps) new, then HF (.devcarry/hf_baseline.py); wait S s
+#   wait S  wait up to S seconds more for the background runs
+#   sparse  7B --trainable linear sparse 64 pages 128K, one step, profiled (the issue-13 figure)
+#   verify  unpack; test-cuda-ops, test-cuda-backend
+#   fixtures  test-cuda-qwen2 against the HF fixtures (FIXDIR, default .devcarry/fq, and extra-bins.tar.xz
+#           with oomb-convert-hf; with "unpack", the binaries from .devcarry/gpu-bins.tar.xz first)
+usage="usage: $0 start | e2e S | wait S | sparse | verify | fixtures [unpack]"
+case ${1:-} in start|e2e|wait|sparse|verify|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests, rand_ids, bg_start, bg_wait
+OLD="OOMB_PAGED_ATTN_FWDSPLIT=1 OOMB_PAGED_ATTN_SPLITDYN=0"
+unpack() {
+    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || return 1
+    cat $K/bins-commit.txt
+    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+}
+# train_7b_128k [ARGS...]: one step of Qwen2.5-7B --trainable linear --opt-state bf16 at 128K (chunk 2048, bf16
+# attention cache, random ids from rand_ids), output on stdout
+train_7b_128k() {
+    rm -rf /tmp/r7b
+    timeout 300 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 --warmup 1 \
+        --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 --offload off \
+        --attn-cache --attn-cache-type bf16 -o /tmp/r7b "$@"
+}
+SHAPES=${SHAPES:-"7b-128k-c2048 --seq 131072 --chunk 2048
+05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64
+7b-32k --seq 32768
+7b-128k --seq 131072"}
+case $1 in
+start)
+    nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
+    unpack || exit 1
+    tests test-cuda-paged-attn:420 test-cuda-sparse:120
+    while read -r shape; do
+        set -- $shape; lab=$1; shift
+        for v in ${VALS:-new old new old}; do
+            envs=""; [ $v = old ] && envs=$OLD
+            env $envs timeout 120 $B/oomb-bench-attn "$@" --reps 3 >> $R/split-$lab-$v.log 2>&1
+            echo "$lab $v rc=$? $(grep '"seq"' $R/split-$lab-$v.log | tail -1 | grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' | tr '\n' ' ')"
+        done
+    done <<< "$SHAPES" ;;
+e2e)
+    rand_ids
+    mkdir -p $K/e2e
+    cat > $K/e2e.sh <<EOS
+cd $PWD
+for v in new old; do
+  envs=""; [ \$v = old ] && envs="$OLD"
+  env \$envs OOMB_CUDA_PROFILE=1 bash -c train_7b_128k > $K/e2e/7b-128k-dense-\$v.log 2>&1
+  echo "7b 128K dense \$v rc=\$?"; grep -E "^step|error|paged_attn" $K/e2e/7b-128k-dense-\$v.log | head -6
+done
+rm -rf /tmp/r05
+timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps 3 --warmup 1 \
+  --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $K/e2e/05b-32k-1chunk.log 2>&1
+echo "0.5b 32K one chunk rc=\$?"; grep -E "^step|error" $K/e2e/05b-32k-1chunk.log
+PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $K/e2e/hf-05b-32k.json
+EOS
+    export B; export -f train_7b_128k   # (for the detached script)
+    bg_start $K/e2e.sh
+    bg_wait ${2:-500}; cp $K/e2e/* $R/ ;;
+wait)
+    bg_wait ${2:-500}; cp $K/bg.out $K/e2e/* $R/ ;;
+sparse)
+    rand_ids
+    OOMB_CUDA_PROFILE=1 train_7b_128k --sparse-pages 64 --sparse-score mean --sparse-sink 0 --sparse-local 0 > $R/7b-128k-sparse64.log 2>&1
+    echo "7b 128K sparse64 rc=$?"; grep -E "^step|error|paged_attn|page_select|mul_mat " $R/7b-128k-sparse64.log | head -8 ;;
+verify)
+    unpack || exit 1
+    tests test-cuda-ops:120 test-cuda-backend:60 ;;
+fixtures)
+    [ "${2:-}" = unpack ] && { unpack || exit 1; }
+    rm -rf $K/fixtures && cp -r ${FIXDIR:-.devcarry/fq} $K/fixtures
+    tar -xJf .devcarry/extra-bins.tar.xz -C $B || exit 1   # oomb-convert-hf (the test converts the HF models)
+    export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-qwen2:300 ;;
+esac
