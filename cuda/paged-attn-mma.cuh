@@ -314,26 +314,10 @@ struct BwdArgs {
     float * dq_acc;                           // pa_bwd_pipe_kernel with config.bwd_dqacc: dQ added here instead,
                                               // [Hkv][n_rt][BM x D] f32 in fragment order (bwd_add_dq_acc), then
                                               // into dq by pa_dq_acc_kernel; null: atomics into dq
-    int nsplit;                               // blocks per key tile launched (blockIdx.z): each takes every
-                                              // zs-th row tile (bwd_eff_split); zs > 1: dK/dV added with atomics
-    int split_blocks;                         // automatic split: the blocks to aim at (2 waves); 0: zs = nsplit
+    int nsplit;                               // blocks per key tile (blockIdx.z): each takes every
+                                              // nsplit-th row tile; > 1: dK/dV added with atomics
     PaLists lists;                            // LISTS kernels only (paged-attn-lists.cuh)
 };
-
-// The split a backward block uses (zs: blocks sharing a key tile's row tiles). Forced (split_blocks
-// 0): nsplit. Automatic: enough blocks per key tile that the key tiles holding keys (0 .. maxp, the
-// launch's maxp: every block agrees) times the KV heads make split_blocks, at most nsplit; a block
-// with blockIdx.z >= zs has no share and returns. The host cannot size this: the page table spans the
-// whole sequence and the positions are on the device, so a chunk after a long history launched as
-// many splits as the first chunk (its own tiles alone) and paid the dK/dV atomics and a pipeline
-// start per split for nothing (bench/NOTES.md version 20). Used by the wgmma kernels' dense / range
-// schedules; their page-list variants and the mma.sync kernel keep nsplit (the extra live register
-// made ptxas spill there: 16 -> 80 bytes in the head-dim-128 LISTS pipelined kernel).
-__device__ __forceinline__ int bwd_eff_split(const BwdArgs & a, int maxp, int BN) {
-    if (a.split_blocks <= 0 || a.nsplit <= 1) return a.nsplit;
-    const int tiles = (maxp / BN + 1) * (int) gridDim.y;
-    return min(a.nsplit, max(1, (a.split_blocks + tiles - 1) / tiles));
-}
 
 // The LISTS backward's view of one key tile [k0, k0 + BN) (paged-attn-lists.cuh): which row tiles
 // it visits and, per visited row tile, each row's bits over the pages the tile touches. Under
@@ -362,14 +346,13 @@ struct BwdListsTile {
         for (int i = 0; i < n_tp; i++) win |= (uint32_t) pa_lists_in_window(L, lp_a + i) << i;
         bits = L.bits + (int64_t) (k0 / BN) * L.n_words;
     }
-    // init, and whether this block (blockIdx.z's share of the row tiles, zs blocks per key tile) has a
-    // row tile to visit;
+    // init, and whether this block (blockIdx.z's share of the row tiles) has a row tile to visit;
     // kpi: the page index (from lp_a) of the thread's keys k and k + 8
-    __device__ __forceinline__ bool begin(const BwdArgs & a, int k0, int BN, int maxp, int k, int zs, int (&kpi)[2]) {
+    __device__ __forceinline__ bool begin(const BwdArgs & a, int k0, int BN, int maxp, int k, int (&kpi)[2]) {
         init(a, k0, BN, maxp);
         if (!win) return false;  // no page of the tile in the window
         int j = (int) blockIdx.z;
-        while (j < a.n_rt && !needed(a, j)) j += zs;
+        while (j < a.n_rt && !needed(a, j)) j += a.nsplit;
         kpi[0] = k / a.P - lp_a;
         kpi[1] = (k + 8) / a.P - lp_a;
         return j < a.n_rt;
@@ -428,14 +411,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
     const int k0 = blockIdx.x * BN;
     const int maxp = *a.maxpos;
     if (k0 > maxp) return;
-    const int zs = a.nsplit;  // blocks sharing this key tile's row tiles (not lowered here: registers)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int TG = a.T * a.G;
     BwdListsTile lt;
     __shared__ uint32_t sSee[LISTS ? BM : 1];  // LISTS: row bits of the current row tile (lt.row_bits)
     int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
     if constexpr (LISTS) {
-        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), zs, kpi)) return;  // no row chose these keys: nothing to do
+        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi)) return;  // no row chose these keys: nothing to do
     }
 
     // K/V tile (zero rows past the last attended key)
@@ -458,6 +440,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
     cp_async_commit();
 
     // this block's row tiles: z, z + nsplit, z + 2 nsplit, ... (those attending this key tile)
+    const int zs = a.nsplit;
     auto rt_needed = [&](int j) -> bool {
         if constexpr (LISTS) return lt.needed(a, j);
         else return a.rt_max[j] >= k0;

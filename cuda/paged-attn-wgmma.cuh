@@ -13,7 +13,7 @@ namespace {
 //
 // Backward: same algorithm and work split as pa_bwd_kernel (FlashAttention-2 backward,
 // key-major): a block owns a tile of BN = 128 keys of one KV head (two warpgroups, 64 keys each)
-// and loops over the tiles of BM = 64 group rows that attend it (every zs-th one, bwd_eff_split). Per row
+// and loops over the tiles of BM = 64 group rows that attend it (every nsplit-th one). Per row
 // tile, each warpgroup:
 //   S^T = K Q^T and dP^T = V dO^T (64 keys x 64 rows, K-major operands from shared memory)
 //   P^T = exp2(S^T c - L), masked; dS^T = P^T (dP^T - delta) scale         (registers, f32)
@@ -320,11 +320,10 @@ __global__ void pa_dq_acc_kernel(const float4 * __restrict__ acc, int64_t n_quad
 }
 
 // The block's dK, dV added into the gradient pages: bf16 pages read-add-round (one block per key
-// tile), f32 pages with atomics when several blocks share the key tile (zs > 1, bwd_eff_split), else
-// read-add.
+// tile), f32 pages with atomics when several blocks share the key tile (nsplit > 1), else read-add.
 template <int D>
 __device__ __forceinline__ void bwd_store_dkdv(const BwdArgs & a, const float (&dk)[D / 2], const float (&dv)[D / 2], int g, int k0, int krow0,
-                                               int maxp, int lane, int zs) {
+                                               int maxp, int lane) {
     const uint32_t sk = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_k, a.gsr.pos[0]) : 0u;  // bf16 gradient pages
     const uint32_t sv = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_v, a.gsr.pos[0]) : 0u;
 #pragma unroll
@@ -345,7 +344,7 @@ __device__ __forceinline__ void bwd_store_dkdv(const BwdArgs & a, const float (&
         }
         float * dkr = a.dkp + off;
         float * dvr = a.dvp + off;
-        if (zs > 1) {
+        if (a.nsplit > 1) {
 #pragma unroll
             for (int nb = 0; nb < D / 8; nb++) {
                 atomicAdd((float2 *) (dkr + nb * 8), make_float2(dk[4 * nb + hf * 2], dk[4 * nb + hf * 2 + 1]));
@@ -392,21 +391,19 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     const int k0 = blockIdx.x * BN;
     const int maxp = *a.maxpos;
     if (k0 > maxp) return;
-    // blocks sharing this key tile's row tiles (the page-list variants: nsplit, registers)
-    const int zs = LISTS ? a.nsplit : bwd_eff_split(a, maxp, BN);
-    if ((int) blockIdx.z >= zs) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = tid >> 7;               // warpgroup: keys 64 wg .. 64 wg + 63 of the tile
     BwdListsTile lt;
     __shared__ uint32_t sSee[LISTS ? BM : 1];  // LISTS: row bits of the current row tile (lt.row_bits)
     int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
     if constexpr (LISTS) {
-        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), zs, kpi)) return;  // no row chose these keys: nothing to do
+        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi)) return;  // no row chose these keys: nothing to do
     }
 
     bwd_load_kv<D>(a, g, k0, maxp, sK, sV, tid);
     cp_async_commit();
 
+    const int zs = a.nsplit;
     auto rt_needed = [&](int j) -> bool {
         if constexpr (LISTS) return lt.needed(a, j);
         else return a.rt_max[j] >= k0;
@@ -471,7 +468,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         buf ^= 1;
     }
     cp_async_wait<0>();
-    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane, zs);
+    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane);
 #else
     __trap();  // launched only where wgmma_available() said the sm_90a code is there
 #endif
@@ -523,9 +520,6 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     const int k0 = blockIdx.x * BN;
     const int maxp = *a.maxpos;
     if (k0 > maxp) return;
-    // blocks sharing this key tile's row tiles (the page-list variants: nsplit, registers)
-    const int zs = LISTS ? a.nsplit : bwd_eff_split(a, maxp, BN);
-    if ((int) blockIdx.z >= zs) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = tid >> 7;
     const int krow0 = warp * 16;
@@ -533,8 +527,9 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     __shared__ uint32_t sSee[LISTS ? 2 * BM : 1];  // LISTS: row bits, one slot per dS^T buffer
     int kpi[2] = {0, 0};
     if constexpr (LISTS) {
-        if (!lt.begin(a, k0, BN, maxp, k0 + krow0 + (lane >> 2), zs, kpi)) return;
+        if (!lt.begin(a, k0, BN, maxp, k0 + krow0 + (lane >> 2), kpi)) return;
     }
+    const int zs = a.nsplit;
     auto rt_needed = [&](int j) -> bool {
         if constexpr (LISTS) return lt.needed(a, j);
         else return a.rt_max[j] >= k0;
@@ -633,7 +628,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     step(BwdLast<true>{});
     wgmma_wait<0>();
     add_dq(jp);
-    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane, zs);
+    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane);
 #else
     __trap();  // launched only where wgmma_available() said the sm_90a code is there
 #endif

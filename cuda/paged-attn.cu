@@ -119,16 +119,20 @@ int sm_count() {
 // own keys alone give T/128 * Hkv tiles (64 for Qwen2.5-0.5B at chunk 4096), half the H200's 132
 // SMs at one block per SM, and a few tiles more than a wave leave most of the last wave idle. So
 // the row tiles of a key tile are dealt to nsplit blocks, enough that the chunk's own tiles fill
-// about two waves; dK/dV are then added with atomics. config.split >= 0 forces it. This is the most
-// a launch takes: with config.bwd_split_dyn the blocks lower it to what the key tiles up to the
-// rows' largest position need (bwd_eff_split, paged-attn-mma.cuh), 1 after a long history.
-int bwd_split(int own_tiles, int n_rt) {
+// about two waves; dK/dV are then added with atomics. config.split >= 0 forces it. At most 4, and
+// each block keeps at least ~7,168 group rows (TG / 7168 blocks per key tile): a block pays a pipeline
+// start and its dK/dV atomics, worth it only while it is long. Measured (H200, bench/NOTES.md version
+// 20, backward TFLOP/s with the split forced to 2 / 4 / 6 / 8): 7B layer at 128K, chunk 2048 (TG 14,336)
+// 460 / 448 / 435 / 422; 0.5B layer at 32K, chunk 4096 (TG 28,672) 337 / 353 / 353 / 351. (Lowering it
+// further on the device where a long history alone fills the waves measured slower: fewer, longer
+// blocks leave more of the last wave idle.)
+int bwd_split(int own_tiles, int n_rt, int64_t TG) {
     int ns;
     if (cfg().split >= 0) ns = cfg().split;
     else {
         const int n_sm = sm_count();
         ns = (2 * n_sm + own_tiles - 1) / std::max(own_tiles, 1);
-        ns = std::min(ns, 4);
+        ns = std::min<int64_t>({(int64_t) ns, 4, std::max<int64_t>(1, TG / 7168)});
     }
     return std::max(1, std::min(ns, std::max(n_rt, 1)));
 }
@@ -631,7 +635,6 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDPIPE", 1, "0 or 1 (1: the wgmma backward with the row tiles overlapped)")) >= 0) c.bwd_pipe = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDWG3", 2, "0-2 (head dim 64, the warp-specialised forward's consumer warpgroups: 0: two, 1: three, 2: three where the blocks fill the waves)")) >= 0) c.fwd_wg3 = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDKVR", 1, "0 or 1 (1: head dim 64, K and V of the pipelined backward in registers)")) >= 0) c.bwd_kvr = d == 1;
-    if ((d = env_digit("OOMB_PAGED_ATTN_SPLITDYN", 1, "0 or 1 (1: the backward's automatic split counts the key tiles up to the largest position, not the chunk's own)")) >= 0) c.bwd_split_dyn = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDDQACC", 1, "0 or 1 (1: the pipelined backward adds dQ into a tile-contiguous accumulator; 0: into dq's rows)")) >= 0) c.bwd_dqacc = d == 1;
     return c;
 }
@@ -941,9 +944,7 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             a.dq_acc = use_acc ? dq_acc : nullptr;
             a.lists = L;
             // bf16 gradient pages: one block per key tile owns its rows (read-add-round, no atomics)
-            a.nsplit = grad_bf16 ? 1 : bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt);
-            // automatic: the kernels lower it where the keys up to maxpos already fill the waves
-            a.split_blocks = cfg().split < 0 && cfg().bwd_split_dyn ? 2 * sm_count() : 0;
+            a.nsplit = grad_bf16 ? 1 : bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt, (int64_t) G.T * G.G);
             if (n_key_tiles == 0) {
                 // an empty page range: no key, no gradient
             } else if (lists) {

@@ -40,8 +40,6 @@ struct oomb_paged_attn_config {
     int fwd_split = -1;     // FWDSPLIT: key shares per row tile of the warp-specialised forward (1-4, clamped; each
                             //   share at least 8 key tiles, partial results merged after); -1 automatic: where
                             //   the row tiles alone leave the last wave of SMs mostly idle (fwd_kv_split)
-    bool bwd_split_dyn = true;  // SPLITDYN 0/1: the automatic split counts the key tiles up to the rows' largest
-                            //   position (on the device: 1 after a long history); 0: the chunk's own tiles only
     int occ64 = 1;          // OCC64 0-3: two CTAs per SM for the head-dim-64 wgmma kernels, bit 0 forward (the
                             //   two-warpgroup kernel, fwd_ws 0), bit 1 backward (pa_bwd_wgmma_kernel, bwd_pipe off)
     bool fwd_pipe = false;  // FWDPIPE 0/1: the head-dim-64 wgmma forward issuing the next tile's S before the softmax
@@ -65,7 +63,7 @@ struct oomb_paged_attn_config {
                             //   workspace of dq's size (rows padded to 128 per KV head): 117 MB at 0.5B, one chunk of 32K
 };
 /// The defaults overridden by the OOMB_PAGED_ATTN_* variables that are set (GENERIC: set at all;
-/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDWG3: 0-2; FWDPIPE, BWDPIPE, BWDKVR, BWDDQACC, SPLITDYN, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
+/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDWG3: 0-2; FWDPIPE, BWDPIPE, BWDKVR, BWDDQACC, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
 /// FWD64, BWD64, SPLIT, FWDSPLIT: an integer, as atoi).
 oomb_paged_attn_config oomb_paged_attn_config_from_env();
 /// The configuration the kernels use: oomb_paged_attn_config_from_env() read at the first call,

@@ -718,9 +718,7 @@ TEST(CudaPagedAttn, Bf16PoolsBackwardSplit) {
 // histories of 5000 (40 key tiles: every share count splits, unevenly) and 2200 / 1100 positions (18 / 9
 // tiles: some counts split, some leave the tile to one share), NaN in the pool tails, GQA 7 / 3 / 2,
 // page ranges from the history's middle (21 pages: shares of a shifted page table), and accumulated
-// blocks (the last share merges into the earlier block's result, the others into it after). Then the
-// backward's automatic split without its lowering on the device (config.bwd_split_dyn 0: as many
-// splits as the chunk's own tiles ask for, whatever the history), against the default run's lowering.
+// blocks (the last share merges into the earlier block's result, the others into it after).
 TEST(CudaPagedAttn, Bf16PoolsKeySplit) {
     SKIP_WITHOUT_GPU();
 #ifdef OOMB_USE_CUDA
@@ -747,11 +745,6 @@ TEST(CudaPagedAttn, Bf16PoolsKeySplit) {
             {64, 128, 14, 2, 37, 3000, B, 0, false},
         };
         for (const Case & c : acc) run_accum_case(c, seed++);
-    }
-    {
-        ConfigScope cs([](oomb_paged_attn_config & cf) { cf.bwd_split_dyn = false; });
-        printf("[ kernels ] config.bwd_split_dyn = 0\n");
-        for (const Case & c : cases) run_case(c, seed++);
     }
 #endif
 }
@@ -783,8 +776,6 @@ TEST(CudaPagedAttn, ConfigFromEnv) {
     digit_var("BWDKVR", "2", "0 or 1", 0, 1, [](const oomb_paged_attn_config & c) { return (int) c.bwd_kvr; }, "K / V in registers by default");
     digit_var("BWDDQACC", "2", "0 or 1", 0, 1, [](const oomb_paged_attn_config & c) { return (int) c.bwd_dqacc; },
               "dQ into the tile-contiguous accumulator by default");
-    digit_var("SPLITDYN", "2", "0 or 1", 0, 1, [](const oomb_paged_attn_config & c) { return (int) c.bwd_split_dyn; },
-              "the backward's split lowered on the device by default");
     digit_var("FWDWS", "4", "0-3", 0, 1, [](const oomb_paged_attn_config & c) { return c.fwd_ws; }, "the warp-specialised forward is the default");
     EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_split, -1) << "the forward's key split is chosen per call by default";
     setenv("OOMB_PAGED_ATTN_FWDSPLIT", "2", 1);
