@@ -12,10 +12,12 @@
 #   wait S  wait up to S seconds more for the background runs
 #   sparse  7B --trainable linear sparse 64 pages 128K, one step, profiled (the issue-13 figure)
 #   verify  test-cuda-ops, test-cuda-backend (from .devcarry/verify-bins.tar.xz)
+#   power   SM clock and power draw sampled each 0.5 s (nvidia-smi) during the 7B layer's bench at chunk 2048
+#           and during one profiled 7B dense 128K step: quartiles of each
 #   fixtures  test-cuda-qwen2 against the HF fixtures (FIXDIR, default .devcarry/fq, and extra-bins.tar.xz
 #           with oomb-convert-hf; with "unpack", the binaries from .devcarry/gpu-bins.tar.xz first)
-usage="usage: $0 start | final | sweep | e2e S | wait S | sparse | verify | fixtures [unpack]"
-case ${1:-} in start|final|sweep|e2e|wait|sparse|verify|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+usage="usage: $0 start | final | sweep | e2e S | wait S | sparse | verify | power | fixtures [unpack]"
+case ${1:-} in start|final|sweep|e2e|wait|sparse|verify|power|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests, rand_ids, bg_start, bg_wait
 OLD=${OLD:-"OOMB_PAGED_ATTN_FWDSPLIT=1 OOMB_PAGED_ATTN_SPLITDYN=0"}
 NEW=${NEW:-}   # the e2e's "new" settings (the defaults unless set)
@@ -116,6 +118,16 @@ verify)
     [ -x $B/oomb-train ] || unpack || exit 1
     tar -xJf .devcarry/verify-bins.tar.xz -C $B || exit 1   # test-cuda-ops, test-cuda-backend (carried apart)
     tests test-cuda-ops:120 test-cuda-backend:60 ;;
+power)
+    [ -x $B/oomb-bench-attn ] || unpack || exit 1
+    rand_ids
+    sample() { nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 500 > $R/power-$1.csv & echo $!; }
+    summary() { sort -t, -k1 -n $R/power-$1.csv | awk -F, -v lab=$1 '{c[NR]=$1; p[NR]=$2; t[NR]=$3} END {n=NR; print lab": samples "n", SM MHz q1/median/q3 "c[int(n/4)+1]"/"c[int(n/2)+1]"/"c[int(3*n/4)+1]}'
+                sort -t, -k2 -n $R/power-$1.csv | awk -F, -v lab=$1 '{p[NR]=$2} END {n=NR; print lab": power W q1/median/q3 "p[int(n/4)+1]"/"p[int(n/2)+1]"/"p[int(3*n/4)+1]}'; }
+    pid=$(sample bench); timeout 120 $B/oomb-bench-attn --seq 131072 --chunk 2048 --reps 5 > $R/power-bench.log 2>&1; kill $pid
+    grep '"seq"' $R/power-bench.log | grep -oE '"(fwd|bwd)_tflops": [0-9.]+' | tr '\n' ' '; echo; summary bench
+    pid=$(sample e2e); OOMB_CUDA_PROFILE=1 train_7b_128k > $R/power-e2e.log 2>&1; kill $pid
+    grep -E "^step|paged_attn" $R/power-e2e.log | head -3; summary e2e ;;
 fixtures)
     [ "${2:-}" = unpack ] && { unpack || exit 1; }
     rm -rf $K/fixtures && cp -r ${FIXDIR:-.devcarry/fq} $K/fixtures
