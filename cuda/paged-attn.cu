@@ -253,6 +253,13 @@ bool kv_tensor_maps(const FwdArgs & a, int D, int Hkv, CUtensorMap * tk, CUtenso
     return true;
 }
 
+// The family each direction ran last (oomb_cuda_paged_attn_last_family) and the last output
+// forward's key shares (oomb_cuda_paged_attn_last_fwd_split).
+std::atomic<const char *> g_last_family[2] = {{""}, {""}};
+void record_family(int backward, const char * f) { g_last_family[backward].store(f, std::memory_order_relaxed); }
+std::atomic<int> g_last_fwd_split{0};
+void record_fwd_split(int ns) { g_last_fwd_split.store(ns, std::memory_order_relaxed); }
+
 template <int D, int MODE, int NS, bool LISTS, bool OVL = false, int NC = 2> bool launch_fwd_ws(cudaStream_t stream, const FwdArgs & a, int Hkv) {
     using W = FwdWS<D, NS, NC>;
     static_assert(W::BN == FwdW<D, false>::BN && (NC == 3 || W::BM == FwdW<D, false>::BM), "the same tiles as the two-warpgroup forward");
@@ -263,17 +270,20 @@ template <int D, int MODE, int NS, bool LISTS, bool OVL = false, int NC = 2> boo
     dim3 grid((a.T * a.G + W::BM - 1) / W::BM, Hkv, !LISTS && MODE == MODE_OUT && NC == 2 && a.fsplit > 1 ? a.fsplit : 1);
     pa_fwd_ws_kernel<D, MODE, NS, LISTS, OVL, NC><<<grid, W::NT, W::smem, stream>>>(a, tk, tv);
     PA_LAUNCH_CHECK();
+    if (MODE == MODE_OUT) record_fwd_split((int) grid.z);
     return true;
 }
 
-// Three consumer warpgroups for the head-dim-64 forward (config.fwd_wg3; 2: decide here)? Per block
-// they run ~1.07x faster (H200, 0.5B layer, one chunk of 32K: 362 -> 381 TFLOP/s, bench/NOTES.md
-// version 18), but a block holds 192 rows instead of 128, so fewer, larger blocks can leave more of
-// the last wave idle: with chunk 4096 (300 blocks of 192 rows, 448 of 128 on 132 SMs) they measured
-// 310 -> 287. Chosen when 1.05 x the fraction of the waves' row slots (SMs x block rows) that real
-// rows fill with 192-row blocks beats that fraction with 128 (blocks counted as equally long: the
-// chunk's rows all attend the history). Counting rows, not blocks, keeps two where a 192-row block
-// would be mostly padding (T G <= 128: the same number of blocks either way).
+// Three consumer warpgroups for the head-dim-64 forward (config.fwd_wg3; 2: decide here)? A block
+// holds 192 rows instead of 128, so fewer, larger blocks can leave more of the last wave idle: with
+// chunk 4096 (300 blocks of 192 rows, 448 of 128 on 132 SMs) they measured 310 -> 287 TFLOP/s. Per
+// block they ran ~1.07x faster in version 18 (0.5B layer, one chunk of 32K: 362 -> 381), but the
+// two-warpgroup kernel as built since f54e606 runs that call at 406 against the three's 381 (H200,
+// bench/NOTES.md version 20; SmolLM2's 9 / 3 heads: 375 against 377). So three are chosen only where
+// the fraction of the waves' row slots (SMs x block rows) that real rows fill with 192-row blocks
+// beats that fraction with 128 (blocks counted as equally long: the chunk's rows all attend the
+// history); it was 1.05 x that fraction before. Counting rows, not blocks, keeps two where a 192-row
+// block would be mostly padding (T G <= 128: the same number of blocks either way).
 bool fwd_wg3(const FwdArgs & a, int Hkv) {
     if (cfg().fwd_wg3 != 2) return cfg().fwd_wg3 == 1;
     const int n_sm = sm_count();
@@ -283,7 +293,7 @@ bool fwd_wg3(const FwdArgs & a, int Hkv) {
         const int64_t b = (TG + bm - 1) / bm * Hkv, waves = (b + n_sm - 1) / n_sm;
         return (double) (TG * Hkv) / (double) (waves * n_sm * bm);
     };
-    return 1.05 * fill(192) > fill(128);
+    return fill(192) > fill(128);
 }
 
 // Key shares per row tile of the warp-specialised forward (MODE_OUT, dense and range schedules;
@@ -507,9 +517,6 @@ void check_common(const Geom & G, const oomb_tensor * kp, const char * op) {
     if ((int64_t) G.n_logical * G.P >= INT_MAX) oomb_error("%s (cuda): page table spans too many positions", op);
 }
 
-// The family each direction ran last (oomb_cuda_paged_attn_last_family).
-std::atomic<const char *> g_last_family[2] = {{""}, {""}};
-void record_family(int backward, const char * f) { g_last_family[backward].store(f, std::memory_order_relaxed); }
 
 // Which kernels a call may use besides the generic ones. DENSE and RANGE run on the fast kernels
 // (RANGE through range_geom below, the kernels unchanged). LISTS run on them too (the kernels'
@@ -658,6 +665,7 @@ void oomb_cuda_paged_attn_set_config(const oomb_paged_attn_config * c) {
 }
 
 const char * oomb_cuda_paged_attn_last_family(int backward) { return g_last_family[backward ? 1 : 0].load(std::memory_order_relaxed); }
+int oomb_cuda_paged_attn_last_fwd_split() { return g_last_fwd_split.load(std::memory_order_relaxed); }
 
 bool oomb_cuda_paged_attn_uses_wgmma(int head_dim, int page_size, int backward) {
     return backward ? bwd_wgmma(head_dim) : fwd_wgmma(head_dim, page_size);
@@ -761,7 +769,9 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
         const bool ws = !lists && fwd_wgmma(G.D, G.P) && cfg().fwd_ws != 0;
         const bool wg3 = G.D == 64 && cfg().fwd_ws == 1 && fwd_wg3(a, G.Hkv);  // (three consumer warpgroups: no split)
         const int fsplit = ws && !wg3 ? fwd_kv_split((int64_t) G.T * G.G, 128, G.Hkv) : 1;
-        const int64_t part_stride = n_out + n_lse;
+        // a share's partial output and LSEs; the stride padded to 64 floats: n_out + n_lse is odd where H T
+        // is, and the epilogue's float2 stores need 8-byte alignment in every share
+        const int64_t part_stride = (n_out + n_lse + 63) & ~(int64_t) 63;
         Carver cv{nullptr};
         if (range || fsplit > 1)
             cv.p = (char *) workspace(c, (range ? carve_size((size_t) G.T * sizeof(int32_t)) : 0) +
@@ -798,6 +808,7 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
         a.part_stride = part_stride;
         a.fsplit = fsplit;
         a.fsplit_min = FWD_SPLIT_MIN_TILES;
+        record_fwd_split(1);  // (the warp-specialised launch records its grid's shares)
         if (lists) fwd_fast<MODE_OUT, true>(stream, a, G.D, G.Hkv);
         else fwd_fast<MODE_OUT>(stream, a, G.D, G.Hkv);
         for (int z = 0; z < fsplit - 1; z++) {
@@ -812,6 +823,7 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
         a.acc = A.accumulate;
         fwd_generic<MODE_OUT>(stream, a, A.k_pages->type);
         record_family(0, "generic");
+        record_fwd_split(1);
     }
     if (cache_mode == 1) cache_copy(stream, dst, cache, G.pos, n_out, n_lse, cache_row, 1);
 }

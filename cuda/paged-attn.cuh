@@ -38,7 +38,7 @@ struct oomb_paged_attn_config {
                             //   2: 32 rows, 1 block/SM
     int split = -1;         // SPLIT: blocks per key tile of the backward (clamped to [1, row tiles]); -1 automatic
     int fwd_split = -1;     // FWDSPLIT: key shares per row tile of the warp-specialised forward (1-4, clamped; each
-                            //   share at least 8 key tiles, partial results merged after); -1 automatic: where
+                            //   share at least 8 key tiles, partial results merged after); -1 or 0 automatic: where
                             //   the row tiles alone leave the last wave of SMs mostly idle (fwd_kv_split)
     int occ64 = 1;          // OCC64 0-3: two CTAs per SM for the head-dim-64 wgmma kernels, bit 0 forward (the
                             //   two-warpgroup kernel, fwd_ws 0), bit 1 backward (pa_bwd_wgmma_kernel, bwd_pipe off)
@@ -54,7 +54,7 @@ struct oomb_paged_attn_config {
                             //   tile, the next tile's softmax under dQ); 0: pa_bwd_wgmma_kernel, one row tile at a time
     int fwd_wg3 = 2;        // FWDWG3 0-2: head dim 64, fwd_ws 1, dense schedules: 1: three consumer warpgroups (192
                             //   rows per block, as FA3 at head dim 64), 0: two; 2: three where the blocks fill the SMs'
-                            //   waves about as well (paged-attn.cu, fwd_wg3)
+                            //   waves better (paged-attn.cu, fwd_wg3)
     bool bwd_kvr = true;    // BWDKVR 0/1: head dim 64, with bwd_pipe: K and V held in registers as the A operands of
                             //   S^T and dP^T (register-operand wgmma); 0: read from shared memory per row tile
     bool bwd_dqacc = true;  // BWDDQACC 0/1: with bwd_pipe: dQ added with 16-byte float atomics into an f32 accumulator in
@@ -80,3 +80,9 @@ bool oomb_cuda_paged_attn_uses_wgmma(int head_dim, int page_size, int backward);
 /// The kernel family that ran the last forward (backward = 0) or backward (1) of this process
 /// (the dispatcher records its choice): "wgmma", "mma" or "generic"; "" before any call.
 const char * oomb_cuda_paged_attn_last_family(int backward);
+
+/// The key shares per row tile (grid z) of this process's last output forward on the fast kernels:
+/// 1 unsplit (also where a kernel other than the warp-specialised one ran), 2-4 split (fwd_kv_split,
+/// or config.fwd_split forced; a block with too few key tiles still leaves all to one share); 0 before
+/// any call. For tests: a split they ask for is one that ran.
+int oomb_cuda_paged_attn_last_fwd_split();

@@ -69,10 +69,13 @@ static oomb_cuda_ctx & cuda_ctx() {
     static oomb_backend_t b = oomb_backend_cuda_init(0);
     return oomb_cuda_ctx_of(b);
 }
+// The most key shares any forward launched since the last reset ran with (Bf16PoolsKeySplit).
+static int g_fwd_split_max = 0;
 static void launch_fwd(oomb_tensor * dst) {
     cudaDeviceSynchronize();
     oomb_cuda_paged_attn(cuda_ctx(), dst);
     cudaDeviceSynchronize();
+    g_fwd_split_max = std::max(g_fwd_split_max, oomb_cuda_paged_attn_last_fwd_split());
 }
 static void launch_bwd(oomb_tensor * dst) {
     cudaDeviceSynchronize();
@@ -693,7 +696,8 @@ TEST(CudaPagedAttn, Bf16Pools) {
 
 // The backward's split of a key tile's row tiles over several blocks (dK/dV added with atomics):
 // forced to 1 (one block owns each key tile: plain adds) and 3 (uneven deal), on a few shapes with
-// history and GQA. The default run above uses the automatic choice (up to 4 for short chunks).
+// history and GQA. (The automatic choice keeps >= ~7,168 group rows per block, so the default runs
+// above are not split: only forcing covers it.)
 TEST(CudaPagedAttn, Bf16PoolsBackwardSplit) {
     SKIP_WITHOUT_GPU();
 #ifdef OOMB_USE_CUDA
@@ -728,23 +732,46 @@ TEST(CudaPagedAttn, Bf16PoolsKeySplit) {
         {64, 128, 14, 2, 37, 5000, B, 0, true},
         {128, 128, 14, 2, 1, 5000, B, 1, false},
         {64, 128, 9, 3, 45, 1100, B, 1, false},
+        {64, 128, 9, 3, 45, 5000, B, 1, false},  // H T odd: each share's partial stride padded (float2 stores)
         {128, 128, 8, 4, 45, 2200, B, 1, false},
         {128, 128, 14, 2, 37, 2200, B, 1, false, OOMB_SCHEDULE_DENSE, -1, 0, -1, true},
         {64, 128, 14, 2, 37, 5000, B, 1, false, OOMB_SCHEDULE_DENSE, -1, 0, -1, true},
         {128, 128, 28, 4, 256, 5000, B, 1, false, OOMB_SCHEDULE_RANGE},
         {64, 128, 14, 2, 37, 5000, B, 0, true, OOMB_SCHEDULE_RANGE},
+        {128, 128, 7, 1, 33, 9000, B, 1, false, OOMB_SCHEDULE_RANGE},
     };
     uint32_t seed = 5151;
+    auto check = [&](const Case & c, uint32_t sd, bool acc, int fs) {
+        g_fwd_split_max = 0;
+        if (acc) run_accum_case(c, sd);
+        else run_case(c, sd);
+        EXPECT_EQ(g_fwd_split_max, fs) << "key shares the forward ran with";
+    };
     for (int fs : {2, 3, 4}) {
-        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_split = fs; });
+        // head dim 64 with two consumer warpgroups (three are never split)
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_split = fs, cf.fwd_wg3 = 0; });
         SCOPED_TRACE("fwd_split " + std::to_string(fs));
         printf("[ kernels ] config.fwd_split = %d\n", fs);
-        for (const Case & c : cases) run_case(c, seed++);
+        for (const Case & c : cases) check(c, seed++, false, fs);
         const Case acc[] = {
             {128, 128, 28, 4, 200, 5000, B, 0, false},
             {64, 128, 14, 2, 37, 3000, B, 0, false},
+            {128, 128, 28, 4, 200, 9000, B, 0, false},
+            {64, 128, 14, 2, 37, 9000, B, 0, false},
         };
-        for (const Case & c : acc) run_accum_case(c, seed++);
+        for (const Case & c : acc) check(c, seed++, true, fs);
+    }
+    // the other warp-specialised variants (no intra-warpgroup overlap; two K/V stages) split too
+    for (int ws : {2, 3}) {
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_split = 3, cf.fwd_ws = ws, cf.fwd_wg3 = 0; });
+        SCOPED_TRACE("fwd_ws " + std::to_string(ws) + ", fwd_split 3");
+        printf("[ kernels ] config.fwd_ws = %d, fwd_split = 3\n", ws);
+        for (int i : {0, 1, 4, 8}) check(cases[i], seed++, false, 3);
+    }
+    // off: no shares
+    {
+        ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.fwd_split = 1, cf.fwd_wg3 = 0; });
+        check(cases[0], seed++, false, 1);
     }
 #endif
 }
@@ -777,6 +804,9 @@ TEST(CudaPagedAttn, ConfigFromEnv) {
     digit_var("BWDDQACC", "2", "0 or 1", 0, 1, [](const oomb_paged_attn_config & c) { return (int) c.bwd_dqacc; },
               "dQ into the tile-contiguous accumulator by default");
     digit_var("FWDWS", "4", "0-3", 0, 1, [](const oomb_paged_attn_config & c) { return c.fwd_ws; }, "the warp-specialised forward is the default");
+    const char * fs_env = getenv("OOMB_PAGED_ATTN_FWDSPLIT");  // (a caller's setting, restored after)
+    const std::string fs_saved = fs_env ? fs_env : "";
+    unsetenv("OOMB_PAGED_ATTN_FWDSPLIT");
     EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_split, -1) << "the forward's key split is chosen per call by default";
     setenv("OOMB_PAGED_ATTN_FWDSPLIT", "2", 1);
     {
@@ -786,7 +816,8 @@ TEST(CudaPagedAttn, ConfigFromEnv) {
         EXPECT_EQ(e.occ64, 1);
         EXPECT_EQ(e.fwd_split, 2);
     }
-    unsetenv("OOMB_PAGED_ATTN_FWDSPLIT");
+    if (fs_env) setenv("OOMB_PAGED_ATTN_FWDSPLIT", fs_saved.c_str(), 1);
+    else unsetenv("OOMB_PAGED_ATTN_FWDSPLIT");
     unsetenv("OOMB_PAGED_ATTN_WGMMA");
     unsetenv("OOMB_PAGED_ATTN_SPLIT");
 #endif

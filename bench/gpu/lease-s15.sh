@@ -14,10 +14,11 @@
 #   verify  test-cuda-ops, test-cuda-backend (from .devcarry/verify-bins.tar.xz)
 #   power   SM clock and power draw sampled each 0.5 s (nvidia-smi) during the 7B layer's bench at chunk 2048
 #           and during one profiled 7B dense 128K step: quartiles of each
+#   fwd05   the 0.5B one-chunk step profiled (3 steps) and the bench's one-chunk forward, FWDWG3 in VALS05
 #   fixtures  test-cuda-qwen2 against the HF fixtures (FIXDIR, default .devcarry/fq, and extra-bins.tar.xz
 #           with oomb-convert-hf; with "unpack", the binaries from .devcarry/gpu-bins.tar.xz first)
-usage="usage: $0 start | final | sweep | e2e S | wait S | sparse | verify | power | fixtures [unpack]"
-case ${1:-} in start|final|sweep|e2e|wait|sparse|verify|power|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+usage="usage: $0 start | final | sweep | e2e S | wait S | sparse | verify | power | fwd05 | fixtures [unpack]"
+case ${1:-} in start|final|sweep|e2e|wait|sparse|verify|power|fwd05|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, alive, tests, rand_ids, bg_start, bg_wait
 OLD=${OLD:-"OOMB_PAGED_ATTN_FWDSPLIT=1 OOMB_PAGED_ATTN_SPLITDYN=0"}
 NEW=${NEW:-}   # the e2e's "new" settings (the defaults unless set)
@@ -128,6 +129,20 @@ power)
     grep '"seq"' $R/power-bench.log | grep -oE '"(fwd|bwd)_tflops": [0-9.]+' | tr '\n' ' '; echo; summary bench
     pid=$(sample e2e); OOMB_CUDA_PROFILE=1 train_7b_128k > $R/power-e2e.log 2>&1; kill $pid
     grep -E "^step|paged_attn" $R/power-e2e.log | head -3; summary e2e ;;
+fwd05)
+    # the 0.5B one-chunk step's forward (296 TFLOP/s in its profile) against the bench's one-chunk call (381):
+    # the step profiled with FWDWG3 in VALS05 (default 2 0), then the bench's forward alone
+    [ -x $B/oomb-train ] || unpack || exit 1
+    rand_ids
+    for v in ${VALS05:-2 0}; do
+        rm -rf /tmp/r05p
+        OOMB_PAGED_ATTN_FWDWG3=$v OOMB_CUDA_PROFILE=1 timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 \
+          --page 128 --steps 3 --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05p \
+          > $R/fwd05-step-wg3-$v.log 2>&1
+        echo "0.5B step FWDWG3=$v rc=$? $(grep '^step 3' $R/fwd05-step-wg3-$v.log | grep -oE '[0-9]+ tok/s')"; grep -E "^  paged_attn " $R/fwd05-step-wg3-$v.log
+        OOMB_PAGED_ATTN_FWDWG3=$v timeout 120 $B/oomb-bench-attn --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64 --reps 3 --fwd-only > $R/fwd05-bench-wg3-$v.log 2>&1
+        echo "bench FWDWG3=$v $(grep '"seq"' $R/fwd05-bench-wg3-$v.log | grep -oE '"fwd_(ms|tflops)": [0-9.]+' | tr '\n' ' ')"
+    done ;;
 fixtures)
     [ "${2:-}" = unpack ] && { unpack || exit 1; }
     rm -rf $K/fixtures && cp -r ${FIXDIR:-.devcarry/fq} $K/fixtures
