@@ -278,7 +278,7 @@ template <int D, int MODE, int NS, bool LISTS, bool OVL = false, int NC = 2> boo
 // holds 192 rows instead of 128, so fewer, larger blocks can leave more of the last wave idle: with
 // chunk 4096 (300 blocks of 192 rows, 448 of 128 on 132 SMs) they measured 310 -> 287 TFLOP/s. Per
 // block they ran ~1.07x faster in version 18 (0.5B layer, one chunk of 32K: 362 -> 381), but the
-// two-warpgroup kernel as built since f54e606 runs that call at 406 against the three's 381 (H200,
+// two-warpgroup kernel as built since f54e606 runs that call at 405 against the three's 382 (H200,
 // bench/NOTES.md version 20; SmolLM2's 9 / 3 heads: 375 against 377). So three are chosen only where
 // the fraction of the waves' row slots (SMs x block rows) that real rows fill with 192-row blocks
 // beats that fraction with 128 (blocks counted as equally long: the chunk's rows all attend the
@@ -517,7 +517,6 @@ void check_common(const Geom & G, const oomb_tensor * kp, const char * op) {
     if ((int64_t) G.n_logical * G.P >= INT_MAX) oomb_error("%s (cuda): page table spans too many positions", op);
 }
 
-
 // Which kernels a call may use besides the generic ones. DENSE and RANGE run on the fast kernels
 // (RANGE through range_geom below, the kernels unchanged). LISTS run on them too (the kernels'
 // LISTS variants, paged-attn-lists.cuh) where the page size is a multiple of 64 (their forward's
@@ -726,6 +725,7 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
     const oomb_paged_attn_args A = oomb_paged_attn_args_of(dst);
     const Geom G = make_geom(A.q, A.k_pages, A.page_table, A.pos);
     check_common(G, A.k_pages, "paged_attn");
+    record_fwd_split(1);  // unless the warp-specialised launch records its grid's shares
     if (G.T == 0) return;
     // dst is the packed node: out [T][H][D], then the natural-log LSE of row t*H + h
     if (oomb_nelements(dst) != (int64_t) G.D * G.H * G.T + (int64_t) G.H * G.T)
@@ -808,7 +808,6 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
         a.part_stride = part_stride;
         a.fsplit = fsplit;
         a.fsplit_min = FWD_SPLIT_MIN_TILES;
-        record_fwd_split(1);  // (the warp-specialised launch records its grid's shares)
         if (lists) fwd_fast<MODE_OUT, true>(stream, a, G.D, G.Hkv);
         else fwd_fast<MODE_OUT>(stream, a, G.D, G.Hkv);
         for (int z = 0; z < fsplit - 1; z++) {
@@ -823,7 +822,6 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
         a.acc = A.accumulate;
         fwd_generic<MODE_OUT>(stream, a, A.k_pages->type);
         record_family(0, "generic");
-        record_fwd_split(1);
     }
     if (cache_mode == 1) cache_copy(stream, dst, cache, G.pos, n_out, n_lse, cache_row, 1);
 }

@@ -81,8 +81,9 @@ bool oomb_cuda_paged_attn_uses_wgmma(int head_dim, int page_size, int backward);
 /// (the dispatcher records its choice): "wgmma", "mma" or "generic"; "" before any call.
 const char * oomb_cuda_paged_attn_last_family(int backward);
 
-/// The key shares per row tile (grid z) of this process's last output forward on the fast kernels:
-/// 1 unsplit (also where a kernel other than the warp-specialised one ran), 2-4 split (fwd_kv_split,
-/// or config.fwd_split forced; a block with too few key tiles still leaves all to one share); 0 before
-/// any call. For tests: a split they ask for is one that ran.
+/// The key shares per row tile launched (grid z) by this process's last paged_attn forward (the
+/// output op, not the backward's recompute): 2-4 where the warp-specialised kernel split its keys
+/// (fwd_kv_split, or config.fwd_split forced), 1 otherwise (unsplit, another kernel, an attention-cache
+/// load, no rows); 0 before any call. A block with fewer than shares x 8 key tiles still leaves all its
+/// keys to one share, so this counts the shares launched, not the ones that got keys. For tests.
 int oomb_cuda_paged_attn_last_fwd_split();

@@ -741,11 +741,17 @@ TEST(CudaPagedAttn, Bf16PoolsKeySplit) {
         {128, 128, 7, 1, 33, 9000, B, 1, false, OOMB_SCHEDULE_RANGE},
     };
     uint32_t seed = 5151;
+    // the shares launched: fs on the warp-specialised forward (a wgmma build on Hopper, not turned off
+    // by the environment's OOMB_PAGED_ATTN_* settings), else 1. Whether a block's keys are long enough
+    // to split is the kernel's choice (>= 8 key tiles a share): the 5,000- and 9,000-position histories
+    // split at every share count, 1,100 at none, 2,200 at 2.
     auto check = [&](const Case & c, uint32_t sd, bool acc, int fs) {
         g_fwd_split_max = 0;
+        const bool ws = expected_family(c, 0) == "wgmma" && oomb_cuda_paged_attn_config().fwd_ws != 0;
         if (acc) run_accum_case(c, sd);
         else run_case(c, sd);
-        EXPECT_EQ(g_fwd_split_max, fs) << "key shares the forward ran with";
+        if (HasFatalFailure()) return;
+        EXPECT_EQ(g_fwd_split_max, ws ? fs : 1) << "key shares the forward launched";
     };
     for (int fs : {2, 3, 4}) {
         // head dim 64 with two consumer warpgroups (three are never split)
