@@ -25,7 +25,7 @@ want() { [ "$MODE" = all ] || [[ " $MODES " == *" $1 "* ]]; }
 python3 -c "import numpy as np; np.random.default_rng(0).integers(0, 151643, size=1<<22, dtype=np.uint32).tofile('/tmp/rand.bin')"
 
 if want tests; then
-    for t in test-cuda-ops test-cuda-paged-attn test-cuda-qwen2; do
+    for t in test-cuda-ops test-cuda-paged-attn test-cuda-paged-attn-numerics test-cuda-qwen2; do
         timeout 240 $B/$t > "$OUT/$t.log" 2>&1
         echo "$t rc=$?"
         grep -E "FAILED|PASSED|SKIPPED|relative error" "$OUT/$t.log" | head -12
