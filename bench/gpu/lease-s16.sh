@@ -4,7 +4,8 @@
 #   a       unpack .devcarry/gpu-bins.tar.xz; test-cuda-paged-attn, test-cuda-sparse; the layers' fwd / bwd
 #           with the defaults (oomb-bench-attn); the 0.5B one-chunk 32K step's forward with FWDWG3 2 (the
 #           new default rule) and 1 (three warpgroups forced: the old choice there); then 0.5B one chunk of
-#           32K, 3 steps, and HF + SDPA (.devcarry/hf_baseline.py) in the same call
+#           32K, 3 steps, and HF + SDPA (.devcarry/hf_baseline.py) in the same call. TEST2: the second test
+#           binary (default test-cuda-sparse); SHORT=1: only the 0.5B layers' bench
 #   verify  test-cuda-ops, test-cuda-backend (from .devcarry/verify-bins.tar.xz)
 #   fixtures  test-cuda-qwen2 against the HF fixtures (FIXDIR, default .devcarry/fq; extra-bins.tar.xz)
 #   e2e7b   7B --trainable linear dense 128K, one step, profiled
@@ -25,14 +26,16 @@ case $1 in
 a)
     nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
     unpack || exit 1
-    tests test-cuda-paged-attn:420 test-cuda-sparse:120
-    bench 7b-128k-c2048 --seq 131072 --chunk 2048
+    tests test-cuda-paged-attn:420 ${TEST2:-test-cuda-sparse}:120
     bench 05b-32k --seq 32768 --heads 14 --kv-heads 2 --dim 64
     bench 05b-32k1c --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64
-    OOMB_PAGED_ATTN_FWDWG3=1 bench 05b-32k1c-wg3 --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64
-    bench smol-32k1c --seq 32768 --chunk 32768 --heads 9 --kv-heads 3 --dim 64
-    bench 7b-32k --seq 32768
-    bench 7b-128k --seq 131072
+    if [ -z "${SHORT:-}" ]; then
+        bench 7b-128k-c2048 --seq 131072 --chunk 2048
+        OOMB_PAGED_ATTN_FWDWG3=1 bench 05b-32k1c-wg3 --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64
+        bench smol-32k1c --seq 32768 --chunk 32768 --heads 9 --kv-heads 3 --dim 64
+        bench 7b-32k --seq 32768
+        bench 7b-128k --seq 131072
+    fi
     rand_ids
     rm -rf /tmp/r05
     timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps 3 --warmup 1 \
