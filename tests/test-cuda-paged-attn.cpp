@@ -20,6 +20,8 @@
 
 #include "cuda-paged-attn-harness.h"
 
+#include <unistd.h>  // environ
+
 namespace {
 
 #ifdef OOMB_USE_CUDA
@@ -562,6 +564,21 @@ TEST(CudaPagedAttn, Bf16PoolsKeySplit) {
 // The OOMB_PAGED_ATTN_* overrides (host code: runs without a GPU too), strictly parsed where they were.
 TEST(CudaPagedAttn, ConfigFromEnv) {
 #ifdef OOMB_USE_CUDA
+    // the caller's OOMB_PAGED_ATTN_* settings: unset here (the defaults are checked), restored after
+    struct EnvScope {
+        std::vector<std::pair<std::string, std::string>> saved;
+        EnvScope() {
+            for (char ** e = environ; *e; e++) {
+                const std::string kv = *e;
+                const size_t eq = kv.find('=');
+                if (kv.rfind("OOMB_PAGED_ATTN_", 0) == 0 && eq != std::string::npos) saved.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+            }
+            for (const auto & kv : saved) unsetenv(kv.first.c_str());
+        }
+        ~EnvScope() {
+            for (const auto & kv : saved) setenv(kv.first.c_str(), kv.second.c_str(), 1);
+        }
+    } env_scope;
     setenv("OOMB_PAGED_ATTN_WGMMA", "abc", 1);
     EXPECT_OOMB_ERROR(oomb_paged_attn_config_from_env(), "OOMB_PAGED_ATTN_WGMMA must be 0-3");
     setenv("OOMB_PAGED_ATTN_WGMMA", "1", 1);
@@ -587,9 +604,6 @@ TEST(CudaPagedAttn, ConfigFromEnv) {
     digit_var("BWDDQACC", "2", "0 or 1", 0, 1, [](const oomb_paged_attn_config & c) { return (int) c.bwd_dqacc; },
               "dQ into the tile-contiguous accumulator by default");
     digit_var("FWDWS", "4", "0-3", 0, 1, [](const oomb_paged_attn_config & c) { return c.fwd_ws; }, "the warp-specialised forward is the default");
-    const char * fs_env = getenv("OOMB_PAGED_ATTN_FWDSPLIT");  // (a caller's setting, restored after)
-    const std::string fs_saved = fs_env ? fs_env : "";
-    unsetenv("OOMB_PAGED_ATTN_FWDSPLIT");
     EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_split, -1) << "the forward's key split is chosen per call by default";
     setenv("OOMB_PAGED_ATTN_FWDSPLIT", "2", 1);
     {
@@ -599,8 +613,7 @@ TEST(CudaPagedAttn, ConfigFromEnv) {
         EXPECT_EQ(e.occ64, 1);
         EXPECT_EQ(e.fwd_split, 2);
     }
-    if (fs_env) setenv("OOMB_PAGED_ATTN_FWDSPLIT", fs_saved.c_str(), 1);
-    else unsetenv("OOMB_PAGED_ATTN_FWDSPLIT");
+    unsetenv("OOMB_PAGED_ATTN_FWDSPLIT");
     unsetenv("OOMB_PAGED_ATTN_WGMMA");
     unsetenv("OOMB_PAGED_ATTN_SPLIT");
 #endif
