@@ -1116,7 +1116,7 @@ TEST_F(CudaOps, AdamwAndSgd) {
 }
 
 // The merge of two partial paged-attention results (in place into acc, through the backends'
-// dispatchers): random outs and finite LSEs (the -inf rows: test-cuda-paged-attn.cpp), sizes that
+// dispatchers): random outs and finite LSEs (the -inf rows: test-cuda-paged-attn-numerics.cpp), sizes that
 // divide neither the CUDA kernel's row runs nor a warp.
 TEST_F(CudaOps, PagedAttnMerge) {
     REQUIRE_CUDA();
