@@ -336,7 +336,14 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
         case OOMB_OP_LINEAR_CROSS_ENTROPY:
                                     oomb_cuda_linear_ce(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_LINEAR_CROSS_ENTROPY_BACK:
-                                    oomb_cuda_linear_ce_back(c, node, s[0], s[1], s[2], s[3], s[4]); break;
+        {
+            float * acc_dw = c.fuse_acc.empty() ? nullptr : c.fuse_acc[(size_t) c.cur_node];  // dw added into a gradient
+            if (!c.fuse_lce.empty() && c.fuse_lce[(size_t) c.cur_node])
+                oomb_cuda_linear_ce_fused(c, c.fuse_lce[(size_t) c.cur_node], node, s[0], s[1], s[2], s[3], acc_dw);  // and its forward
+            else
+                oomb_cuda_linear_ce_back(c, node, s[0], s[1], s[2], s[3], s[4], acc_dw);
+            break;
+        }
         case OOMB_OP_ADAMW_STEP:    oomb_cuda_adamw_step(c, node, s[0], s[1], s[2], s[3], s[4]); break;
         case OOMB_OP_SGD_STEP:      oomb_cuda_sgd_step(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_PAGED_ATTN_MERGE:
@@ -409,6 +416,10 @@ std::string profile_key(const oomb_tensor * n) {
 // most 256 apart; views, which compute nothing, aside) reads or writes C's bytes or base, or may
 // write memory it does not return (optimizer steps, paged attention, custom ops). M then adds into
 // C where it stands, and A does nothing. Fills c.fuse_acc / c.fuse_skip for g.
+// The same for the dw part of a LINEAR_CROSS_ENTROPY_BACK node P (the LM head's gradient, an [E, V]
+// f32 block: 2.2 GB per chunk at 7B): A = add_inplace(C, M) with M the view of P's dw part, when M is
+// read only by A and P's other readers are views of its dx part; P's dw products then add into C
+// (off with OOMB_CUDA_FUSE_LCE=0 too, as fuse_linear_ce).
 // A graph stopped between M and A (the abort callback, a compute fault) leaves C with M added,
 // where the unfused graph would leave C unchanged; nothing resumes a stopped graph today.
 // On by default; OOMB_CUDA_FUSE=0 turns it off (the unfused graph, for comparison). Measured on the
@@ -418,7 +429,7 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
     c.fuse_acc.clear();
     c.fuse_at.clear();
     c.fuse_skip.clear();
-    const char * off = getenv("OOMB_CUDA_FUSE");
+    const char * off = getenv("OOMB_CUDA_FUSE"), * off_lce = getenv("OOMB_CUDA_FUSE_LCE");
     if (g->is_view || (off && strcmp(off, "0") == 0)) return;
     const size_t n = g->nodes.size();
     auto base = [](const oomb_tensor * t) { return t->view_src ? t->view_src : t; };
@@ -436,16 +447,41 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
         if (A->op != OOMB_OP_ADD_INPLACE) continue;
         const oomb_tensor * C = A->src[0], * M = A->src[1];
         const int32_t pinned = OOMB_TENSOR_FLAG_INPUT | OOMB_TENSOR_FLAG_OUTPUT | OOMB_TENSOR_FLAG_PARAM | OOMB_TENSOR_FLAG_LOSS;
-        if (!C || !M || M->op != OOMB_OP_MUL_MAT || (M->flags & pinned) || readers[M] != 1) continue;
-        if (M->view_src || !M->buffer || !M->buffer->arena) continue;
-        auto it = index.find(M);
+        if (!C || !M || readers[M] != 1) continue;
+        // the producing node P: M itself (a MUL_MAT), or a linear_cross_entropy_back whose dw part M is
+        // (a view at dw's offset; P's other readers only views of its dx part): its dw products then
+        // add into C (beta = 1) and P's own dw bytes stay unwritten
+        const oomb_tensor * P = M;
+        if (M->op == OOMB_OP_VIEW && M->view_src && M->view_src->op == OOMB_OP_LINEAR_CROSS_ENTROPY_BACK) {
+            if (off_lce && strcmp(off_lce, "0") == 0) continue;
+            P = M->view_src;
+            const int grads = P->op_params[2];
+            const oomb_tensor * x = P->src[1], * w = P->src[0];
+            const size_t off = (grads & OOMB_LCE_GRAD_X) ? sizeof(float) * (size_t) (w->ne[0] * oomb_nrows(x)) : 0;
+            if (!(grads & OOMB_LCE_GRAD_W) || M->view_offs != off || oomb_nelements(M) != w->ne[0] * w->ne[1]) continue;
+            bool other = false;
+            for (size_t k = 0; k < n && !other; k++) {
+                const oomb_tensor * t = g->nodes[k];
+                if (t == M) continue;
+                bool reads = t->view_src == P;
+                for (int q = 0; q < OOMB_MAX_SRC; q++) reads = reads || t->src[q] == P;
+                other = reads && (t->op != OOMB_OP_VIEW || t->view_src != P || oomb::tensors_overlap(t, M));
+            }
+            if (other) continue;
+        } else if (M->op != OOMB_OP_MUL_MAT || M->view_src) {
+            continue;
+        }
+        if ((P->flags & pinned) || !P->buffer || !P->buffer->arena) continue;
+        auto it = index.find(P);
         if (it == index.end() || it->second >= j || j - it->second > 256) continue;
         const size_t i = it->second;
         if (C->type != OOMB_TYPE_F32 || M->type != OOMB_TYPE_F32 || !oomb_is_contiguous(C) || !oomb_is_contiguous(M) || !oomb_are_same_shape(C, M))
             continue;
         // by memory, not by tensor (two tensors can share bytes outside the allocator's plan)
         const oomb_tensor * cb = base(C);
-        if ((M->src[0] && oomb::tensors_overlap(M->src[0], C)) || (M->src[1] && oomb::tensors_overlap(M->src[1], C))) continue;
+        bool operand = false;
+        for (int q = 0; q < OOMB_MAX_SRC; q++) operand = operand || (P->src[q] && oomb::tensors_overlap(P->src[q], C));
+        if (operand) continue;
         bool touched = false;
         for (size_t k = i + 1; k < j && !touched; k++) {
             const oomb_tensor * t = g->nodes[k];
@@ -467,6 +503,58 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
     }
 }
 
+// Fused linear cross-entropy: a LINEAR_CROSS_ENTROPY node F and the LINEAR_CROSS_ENTROPY_BACK node B
+// that reads F's log-sum-exp tail run as one pass at B (oomb_cuda_linear_ce_fused): the logits are
+// computed once for the loss and the gradients, not once in F and again in B's tiles (7B at chunk
+// 2048: 4 products of the [V, 2048] logits' size -> 3). F's result is then written at B instead of
+// at F, so F is fused only when nothing can tell: the graph is whole (not an oomb_graph_view part);
+// B reads w, x and labels of F (the same tensors) with F's ignore_index, and its lse operand is F's
+// tail; w is bf16 with unit-stride rows (the fused pass reads it in place); and no node between F and
+// B (views aside) reads or writes F's bytes (a loss scaled or read before B keeps the ops apart),
+// writes w's, x's or labels' bytes, or may write memory it does not return. dloss may come from any
+// node before B. Off with OOMB_CUDA_FUSE=0 (with fuse_accumulations) or OOMB_CUDA_FUSE_LCE=0 (this one
+// alone, for comparisons). Fills c.fuse_lce / c.fuse_skip.
+void fuse_linear_ce(oomb_cuda_ctx & c, const oomb_cgraph * g) {
+    c.fuse_lce.clear();
+    const char * off = getenv("OOMB_CUDA_FUSE"), * off_lce = getenv("OOMB_CUDA_FUSE_LCE");
+    if (g->is_view || (off && strcmp(off, "0") == 0) || (off_lce && strcmp(off_lce, "0") == 0)) return;
+    const size_t n = g->nodes.size();
+    std::unordered_map<const oomb_tensor *, size_t> index;
+    for (size_t i = 0; i < n; i++)
+        if (g->nodes[i]->op == OOMB_OP_LINEAR_CROSS_ENTROPY) index[g->nodes[i]] = i;
+    if (index.empty()) return;
+    auto base = [](const oomb_tensor * t) { return t->view_src ? t->view_src : t; };
+    for (size_t j = 0; j < n; j++) {
+        oomb_tensor * B = g->nodes[j];
+        const oomb_tensor * lse = B->op == OOMB_OP_LINEAR_CROSS_ENTROPY_BACK ? B->src[4] : nullptr;
+        if (!lse || lse->op != OOMB_OP_VIEW || !lse->view_src) continue;
+        oomb_tensor * F = lse->view_src;
+        auto it = index.find(F);
+        if (it == index.end() || it->second >= j) continue;
+        const size_t i = it->second;
+        const oomb_tensor * w = F->src[0], * x = F->src[1], * labels = F->src[2];
+        const int64_t N = oomb_nrows(x);
+        if (B->src[0] != w || B->src[1] != x || B->src[2] != labels || B->op_params[0] != F->op_params[0]) continue;
+        if (lse->view_offs != 2 * sizeof(float) || oomb_nelements(lse) != N || !oomb_is_contiguous(lse)) continue;
+        if (!oomb_cuda_linear_ce_fusable(w) || !oomb_is_contiguous(F) || !F->data || !B->data) continue;
+        bool touched = false;
+        for (size_t k = i + 1; k < j && !touched; k++) {
+            const oomb_tensor * t = g->nodes[k];
+            if (op_is_layout_only(t->op)) continue;
+            touched = !op_writes_only_result(t->op) || base(t) == F || oomb::tensors_overlap(t, F);
+            for (const oomb_tensor * u : {w, x, labels}) touched = touched || oomb::tensors_overlap(t, u);
+            for (int q = 0; q < OOMB_MAX_SRC && !touched; q++) touched = t->src[q] && (base(t->src[q]) == F || oomb::tensors_overlap(t->src[q], F));
+        }
+        if (touched) continue;
+        if (c.fuse_skip.empty()) c.fuse_skip.assign(n, 0);
+        if (c.fuse_lce.empty()) c.fuse_lce.assign(n, nullptr);
+        c.fuse_lce[j] = F;
+        c.fuse_skip[i] = 1;
+        c.n_fused_lce++;
+        index.erase(it);  // one backward per forward
+    }
+}
+
 void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
     oomb_cuda_ctx * c = ctx_of(b);
     set_device(c);
@@ -478,6 +566,7 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
         c->check_err = false;
     }
     fuse_accumulations(*c, g);
+    fuse_linear_ce(*c, g);
     if (c->profile) {
         while (c->prof_events.size() < 2 * g->nodes.size()) {
             cudaEvent_t e;
@@ -497,6 +586,7 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
         if (c->fuse_skip.empty() || !c->fuse_skip[i]) compute_node(*c, node);  // (a fused add_inplace: its product added already)
         c->bf16_copies_after(node);
         if (!c->fuse_at.empty() && c->fuse_at[i]) c->bf16_copies_after(c->fuse_at[i]);  // a fused product wrote C's bytes here
+        if (!c->fuse_lce.empty() && c->fuse_lce[i]) c->bf16_copies_after(c->fuse_lce[i]);  // and a fused forward's
         if (c->profile) CUDA_CHECK(cudaEventRecord(c->prof_events[2 * i + 1], c->stream));
     }
     if (c->profile) {
@@ -657,6 +747,10 @@ void oomb_cuda_debug_fail_next_copy(oomb_backend_t backend, int cuda_error) {
 
 // Test hook: how many add_inplace nodes this backend has fused into their products (fuse_accumulations).
 int64_t oomb_cuda_debug_fused_count(oomb_backend_t backend) { return oomb_cuda_ctx_of(backend).n_fused; }
+
+// Test hook: how many linear_cross_entropy forward / backward pairs this backend has run as one pass
+// (fuse_linear_ce).
+int64_t oomb_cuda_debug_fused_lce_count(oomb_backend_t backend) { return oomb_cuda_ctx_of(backend).n_fused_lce; }
 
 oomb_cuda_ctx & oomb_cuda_ctx_of(oomb_backend_t backend) {
     if (!backend || strcmp(oomb_backend_name(backend), "CUDA") != 0)

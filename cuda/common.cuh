@@ -124,6 +124,10 @@ struct oomb_cuda_ctx {
     std::vector<const oomb_tensor *> fuse_at;  // the add_inplace a fused MUL_MAT stands in for (its bytes: C's)
     std::vector<char> fuse_skip;
     int64_t n_fused = 0;
+    // Fused linear cross-entropy (fuse_linear_ce): per node index of a linear_cross_entropy_back, the
+    // forward node it computes too (whose own index is in fuse_skip); n_fused_lce counts them.
+    std::vector<oomb_tensor *> fuse_lce;
+    int64_t n_fused_lce = 0;
 
     bf16_copy bf16_copies[N_BF16_COPIES];
     uint64_t bf16_clock = 0;

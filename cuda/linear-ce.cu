@@ -12,6 +12,8 @@ using oomb::shape_str;
 
 namespace {
 
+const float one_c = 1.0f, zero_c = 0.0f;
+
 enum {
     SLOT_X = oomb_cuda_ctx::SLOT_K0,  // x as contiguous bf16 [E, N]
     SLOT_C = oomb_cuda_ctx::SLOT_K0 + 1,  // logits tile f32 [Vt, N]
@@ -29,7 +31,7 @@ __device__ __forceinline__ int32_t lce_label(const oomb_tv & labels, int64_t r) 
 // per row, with block-wide reductions, was latency-bound: slower than the tile's product.) VEC: four
 // at a time (vt % 4 == 0: every row 16-byte aligned).
 template <bool VEC>
-__global__ void k_lce_stats_warp(const float * C, int64_t vt, int64_t v0, int first, oomb_tv labels, float * m, double * s,
+__global__ void k_lce_stats_warp(const float * C, int64_t vt, int64_t v0, int first, oomb_tv labels, int64_t r0, float * m, double * s,
                                  float * picked, int64_t N) {
     const int64_t r = blockIdx.x * (int64_t) (blockDim.x / 32) + threadIdx.x / 32;
     if (r >= N) return;
@@ -67,25 +69,27 @@ __global__ void k_lce_stats_warp(const float * C, int64_t vt, int64_t v0, int fi
             m[r] = mn;
         }
         if (picked) {
-            const int32_t lab = lce_label(labels, r);
+            const int32_t lab = lce_label(labels, r0 + r);
             if (lab >= v0 && lab < v0 + vt) picked[r] = x[lab - v0];
         }
     }
 }
 
 // Per row: lse = m + log(s) (to lse_out); with part != NULL, the row's loss and count (labels out of
-// range are recorded, counted, with loss 0, as cross_entropy_loss does).
+// range are recorded, counted, with loss 0, as cross_entropy_loss does). Rows r0 .. r0+N of the labels
+// (the other pointers start at row r0).
 __global__ void k_lce_finish(int64_t N, int64_t V, const float * m, const double * s, const float * picked, oomb_tv labels,
-                             int32_t ignore, float * lse_out, double * part, double * cnt, oomb_cuda_err_rec * err, int node) {
+                             int64_t r0, int32_t ignore, float * lse_out, double * part, double * cnt, oomb_cuda_err_rec * err,
+                             int node) {
     for (int64_t r = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; r < N; r += (int64_t) gridDim.x * blockDim.x) {
         const double lse = (double) m[r] + log(s[r]);
         lse_out[r] = (float) lse;
         if (!part) continue;
-        const int32_t lab = lce_label(labels, r);
+        const int32_t lab = lce_label(labels, r0 + r);
         double p = 0.0, k = 0.0;
         if (lab != ignore) {
             k = 1.0;
-            if (lab < 0 || lab >= V) oomb_cuda_record_err(err, OOMB_CUDA_ERR_LABEL, node, r, lab);
+            if (lab < 0 || lab >= V) oomb_cuda_record_err(err, OOMB_CUDA_ERR_LABEL, node, r0 + r, lab);
             else p = lse - (double) picked[r];
         }
         part[r] = p;
@@ -93,20 +97,24 @@ __global__ void k_lce_finish(int64_t N, int64_t V, const float * m, const double
     }
 }
 
-// One warp per token r: G[r*vt + i] = bf16((exp(C[r*vt + i] - lse[r]) - [v0 + i == label]) * dloss[0]),
-// 0 for ignored rows (and rows with a label out of range, which are recorded). VEC: four at a time
-// (vt % 4 == 0).
-template <bool VEC>
-__global__ void k_lce_dlogits(const float * C, __nv_bfloat16 * G, int64_t vt, int64_t v0, int64_t V, oomb_tv labels, int32_t ignore,
-                              const float * lse, const float * dloss, oomb_cuda_err_rec * err, int node, int64_t N) {
+// One warp per token r: G[r*ldg + i] = bf16((exp(C[r*vt + i] - lse[r]) - [v0 + i == label]) * dloss[0]),
+// 0 for ignored rows (and rows with a label out of range, which are recorded). Labels of rows r0 ..
+// r0+N (lse and the tiles start at row r0). VEC: four at a time (vt % 4 == 0). IN_PLACE: G is C's
+// memory (ldg = 2 vt: row r of G in the first half of row r of C); every lane loads its step's logits
+// before any lane of the warp stores (__syncwarp), and a step's stores land only on bytes loaded at
+// that step or earlier, so no logit is overwritten before it is read.
+template <bool VEC, bool IN_PLACE>
+__global__ void k_lce_dlogits(const float * C, __nv_bfloat16 * G, int64_t vt, int64_t ldg, int64_t v0, int64_t V, oomb_tv labels,
+                              int64_t r0, int32_t ignore, const float * lse, const float * dloss, oomb_cuda_err_rec * err, int node,
+                              int64_t N) {
     const int64_t r = blockIdx.x * (int64_t) (blockDim.x / 32) + threadIdx.x / 32;
     if (r >= N) return;
     const int lane = threadIdx.x & 31;
     const float * x = C + r * vt;
-    __nv_bfloat16 * g = G + r * vt;
-    const int32_t lab = lce_label(labels, r);
+    __nv_bfloat16 * g = G + r * ldg;
+    const int32_t lab = lce_label(labels, r0 + r);
     const bool bad = lab != ignore && (lab < 0 || lab >= V);
-    if (bad && v0 == 0 && lane == 0) oomb_cuda_record_err(err, OOMB_CUDA_ERR_LABEL, node, r, lab);
+    if (bad && v0 == 0 && lane == 0) oomb_cuda_record_err(err, OOMB_CUDA_ERR_LABEL, node, r0 + r, lab);
     const bool zero = lab == ignore || bad;
     const float gs = zero ? 0.0f : *dloss, l = zero ? 0.0f : lse[r];
     const int64_t li = zero ? -1 : (int64_t) lab - v0;
@@ -116,11 +124,16 @@ __global__ void k_lce_dlogits(const float * C, __nv_bfloat16 * G, int64_t vt, in
         if (i == li) e -= gs;
         return e;
     };
+    // the same trip count on every lane (the warp-wide barrier of IN_PLACE)
     if constexpr (VEC) {
         const float4 * x4 = (const float4 *) x;
         uint2 * g4 = (uint2 *) g;
-        for (int64_t i = lane; i < vt / 4; i += 32) {
-            const float4 v = zero ? make_float4(0.f, 0.f, 0.f, 0.f) : x4[i];
+        const int64_t n4 = vt / 4;
+        for (int64_t b = 0; b < n4; b += 32) {
+            const int64_t i = b + lane;
+            const float4 v = zero || i >= n4 ? make_float4(0.f, 0.f, 0.f, 0.f) : x4[i];
+            if constexpr (IN_PLACE) __syncwarp();
+            if (i >= n4) continue;
             const __nv_bfloat162 lo = __floats2bfloat162_rn(val(4 * i, v.x), val(4 * i + 1, v.y));
             const __nv_bfloat162 hi = __floats2bfloat162_rn(val(4 * i + 2, v.z), val(4 * i + 3, v.w));
             uint2 o;
@@ -129,7 +142,12 @@ __global__ void k_lce_dlogits(const float * C, __nv_bfloat16 * G, int64_t vt, in
             g4[i] = o;
         }
     } else {
-        for (int64_t i = lane; i < vt; i += 32) g[i] = __float2bfloat16_rn(val(i, zero ? 0.0f : x[i]));
+        for (int64_t b = 0; b < vt; b += 32) {
+            const int64_t i = b + lane;
+            const float v = zero || i >= vt ? 0.0f : x[i];
+            if constexpr (IN_PLACE) __syncwarp();
+            if (i < vt) g[i] = __float2bfloat16_rn(val(i, v));
+        }
     }
 }
 
@@ -242,8 +260,8 @@ void lse_pass(oomb_cuda_ctx & c, const oomb_tensor * w, const oomb_tensor * labe
         const __nv_bfloat16 * W = w_rows(c, w, S, v0, n, ldw);
         gemm_logits(c, W, ldw, S, d, n);
         const unsigned gw = (unsigned) ((d.N + 7) / 8);
-        if (n % 4 == 0) k_lce_stats_warp<true><<<gw, 256, 0, c.stream>>>(S.C, n, v0, v0 == 0 ? 1 : 0, tl, S.m, S.s, picked, d.N);
-        else k_lce_stats_warp<false><<<gw, 256, 0, c.stream>>>(S.C, n, v0, v0 == 0 ? 1 : 0, tl, S.m, S.s, picked, d.N);
+        if (n % 4 == 0) k_lce_stats_warp<true><<<gw, 256, 0, c.stream>>>(S.C, n, v0, v0 == 0 ? 1 : 0, tl, 0, S.m, S.s, picked, d.N);
+        else k_lce_stats_warp<false><<<gw, 256, 0, c.stream>>>(S.C, n, v0, v0 == 0 ? 1 : 0, tl, 0, S.m, S.s, picked, d.N);
         OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy (tile stats)");
     }
 }
@@ -267,7 +285,7 @@ void oomb_cuda_linear_ce(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor
     CUBLAS_CHECK(cublasSetStream(c.cublas, c.stream));
     convert_x(c, x, S.xb);
     lse_pass(c, w, labels, S, d, vt, S.picked);
-    k_lce_finish<<<oomb_cuda_grid(d.N, 256), 256, 0, c.stream>>>(d.N, d.V, S.m, S.s, S.picked, oomb_make_tv(labels), dst->op_params[0],
+    k_lce_finish<<<oomb_cuda_grid(d.N, 256), 256, 0, c.stream>>>(d.N, d.V, S.m, S.s, S.picked, oomb_make_tv(labels), 0, dst->op_params[0],
                                                                  out + 2, S.part, S.cnt, c.d_err, c.cur_node);
     OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy (finish)");
     c.check_err = true;
@@ -276,7 +294,7 @@ void oomb_cuda_linear_ce(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor
 }
 
 void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * w, const oomb_tensor * x,
-                              const oomb_tensor * labels, const oomb_tensor * dloss, const oomb_tensor * lse) {
+                              const oomb_tensor * labels, const oomb_tensor * dloss, const oomb_tensor * lse, float * acc_dw) {
     const char * op = "linear_cross_entropy_back";
     const lce_dims d = check_operands(op, w, x, labels);
     const int grads = dst->op_params[2];
@@ -291,11 +309,12 @@ void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_t
         oomb_error("%s: lse %s must be contiguous f32 with one entry per row of x %s", op, shape_str(lse).c_str(), shape_str(x).c_str());
     }
     if (d.N == 0) {
-        CUDA_CHECK(cudaMemsetAsync(dst->data, 0, oomb_nbytes(dst), c.stream));
+        CUDA_CHECK(cudaMemsetAsync(dst->data, 0, oomb_nbytes(dst), c.stream));  // (acc_dw += 0)
         return;
     }
     float * dX = want_dx ? (float *) dst->data : nullptr;
-    float * dW = want_dw ? (float *) dst->data + n_dx : nullptr;
+    float * dW = want_dw ? (acc_dw ? acc_dw : (float *) dst->data + n_dx) : nullptr;
+    const float * beta_dw = acc_dw ? &one_c : &zero_c;
     const int32_t ignore = dst->op_params[0];
     const int64_t vt = oomb_linear_cross_entropy_tile(d.V, d.N, dst->op_params[1]);
     const lce_scratch S = take_scratch(c, w, d, vt, true);
@@ -305,7 +324,7 @@ void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_t
     const float * L = lse ? (const float *) lse->data : S.lse;
     if (!lse) {
         lse_pass(c, w, labels, S, d, vt, nullptr);
-        k_lce_finish<<<oomb_cuda_grid(d.N, 256), 256, 0, c.stream>>>(d.N, d.V, S.m, S.s, nullptr, tl, ignore, S.lse, nullptr, nullptr,
+        k_lce_finish<<<oomb_cuda_grid(d.N, 256), 256, 0, c.stream>>>(d.N, d.V, S.m, S.s, nullptr, tl, 0, ignore, S.lse, nullptr, nullptr,
                                                                      c.d_err, c.cur_node);
         OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy_back (lse)");
     }
@@ -317,10 +336,10 @@ void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_t
         const __nv_bfloat16 * W = w_rows(c, w, S, v0, n, ldw);
         gemm_logits(c, W, ldw, S, d, n);
         if (n % 4 == 0)
-            k_lce_dlogits<true><<<gw, 256, 0, c.stream>>>(S.C, S.G, n, v0, d.V, tl, ignore, L, (const float *) dloss->data, c.d_err,
+            k_lce_dlogits<true, false><<<gw, 256, 0, c.stream>>>(S.C, S.G, n, n, v0, d.V, tl, 0, ignore, L, (const float *) dloss->data, c.d_err,
                                                           c.cur_node, d.N);
         else
-            k_lce_dlogits<false><<<gw, 256, 0, c.stream>>>(S.C, S.G, n, v0, d.V, tl, ignore, L, (const float *) dloss->data, c.d_err,
+            k_lce_dlogits<false, false><<<gw, 256, 0, c.stream>>>(S.C, S.G, n, n, v0, d.V, tl, 0, ignore, L, (const float *) dloss->data, c.d_err,
                                                            c.cur_node, d.N);
         OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy_back (dlogits)");
         if (dX) {
@@ -332,9 +351,101 @@ void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_t
         if (dW) {
             // dW_tile [E, n] = X [E, N] G^T [N, n]
             CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_N, CUBLAS_OP_T, (int) d.E, (int) n, (int) d.N, &one, S.xb, CUDA_R_16BF, (int) d.E,
-                                      S.G, CUDA_R_16BF, (int) n, &zero, dW + v0 * d.E, CUDA_R_32F, (int) d.E, CUBLAS_COMPUTE_32F,
+                                      S.G, CUDA_R_16BF, (int) n, beta_dw, dW + v0 * d.E, CUDA_R_32F, (int) d.E, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT));
         }
     }
     c.check_err = true;
+}
+
+bool oomb_cuda_linear_ce_fusable(const oomb_tensor * w) { return w_in_place(w); }
+
+int64_t oomb_cuda_linear_ce_fused_rows(int64_t V, int64_t N) {
+    if (V <= 0 || N <= 0) return 0;
+    int64_t r = 0;
+    if (const char * e = getenv("OOMB_LCE_ROWS")) r = atoll(e);
+    if (r <= 0) r = std::max<int64_t>(1, ((int64_t) 5 << 28) / (V * (int64_t) sizeof(float)));  // [V, rows] f32 of at most 1.25 GiB
+    r = std::min(r, N);
+    const int64_t blocks = (N + r - 1) / r;
+    return (N + blocks - 1) / blocks;  // the same rows in every block (the last one at most as many)
+}
+
+void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor * back, const oomb_tensor * w, const oomb_tensor * x,
+                               const oomb_tensor * labels, const oomb_tensor * dloss, float * acc_dw) {
+    const char * op = "linear_cross_entropy_back (fused with its forward)";
+    const lce_dims d = check_operands(op, w, x, labels);
+    const int grads = back->op_params[2];
+    const bool want_dx = (grads & OOMB_LCE_GRAD_X) != 0, want_dw = (grads & OOMB_LCE_GRAD_W) != 0;
+    const int64_t n_dx = want_dx ? d.E * d.N : 0, n_dw = want_dw ? d.E * d.V : 0;
+    if (!(want_dx || want_dw) || oomb_nelements(back) != n_dx + n_dw || !oomb_is_contiguous(back)) {
+        oomb_error("%s: result %s must be contiguous with %lld elements (grads %d)", op, shape_str(back).c_str(), (long long) (n_dx + n_dw),
+                   grads);
+    }
+    if (oomb_nelements(fwd) != 2 + d.N || !oomb_is_contiguous(fwd) || fwd->type != OOMB_TYPE_F32)
+        oomb_error("%s: forward result %s must be contiguous f32 with 2 + %lld elements", op, shape_str(fwd).c_str(), (long long) d.N);
+    if (dloss->type != OOMB_TYPE_F32 || oomb_nelements(dloss) < 1) oomb_error("%s: dloss %s must be f32 [2]", op, shape_str(dloss).c_str());
+    if (!w_in_place(w)) oomb_error("%s: internal: w %s is not bf16 with unit-stride rows", op, shape_str(w).c_str());
+    float * out = (float *) fwd->data;
+    if (d.N == 0) {
+        CUDA_CHECK(cudaMemsetAsync(out, 0, 2 * sizeof(float), c.stream));
+        CUDA_CHECK(cudaMemsetAsync(back->data, 0, oomb_nbytes(back), c.stream));
+        return;
+    }
+    float * dX = want_dx ? (float *) back->data : nullptr;
+    float * dW = want_dw ? (acc_dw ? acc_dw : (float *) back->data + n_dx) : nullptr;
+    const int32_t ignore = back->op_params[0];
+    const int64_t R = oomb_cuda_linear_ce_fused_rows(d.V, d.N);
+    // scratch: x in bf16, the [V, R] f32 logits of a row block (its dlogits in place), the row state
+    const size_t N = (size_t) d.N, E = (size_t) d.E;
+    __nv_bfloat16 * xb = (__nv_bfloat16 *) c.scratch(SLOT_X, E * N * 2);
+    float * C = (float *) c.scratch(SLOT_C, (size_t) d.V * (size_t) R * sizeof(float));
+    char * st = (char *) c.scratch(SLOT_S, N * (3 * sizeof(double) + 3 * sizeof(float)));
+    double * s = (double *) st, * part = s + N, * cnt = part + N;
+    float * m = (float *) (cnt + N), * picked = m + N;
+    float * lse = out + 2;
+    const oomb_tv tl = oomb_make_tv(labels);
+    const int64_t ldw = d.V <= 1 ? d.E : (int64_t) (w->nb[1] / 2);
+    const __nv_bfloat16 * W = (const __nv_bfloat16 *) w->data;
+    __nv_bfloat16 * G = (__nv_bfloat16 *) C;  // ld 2V
+    const int64_t ldg = 2 * d.V;
+    if (ldg > INT_MAX) oomb_error("%s: 2 x V = %lld exceeds cuBLAS's int range", op, (long long) ldg);
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK(cublasSetStream(c.cublas, c.stream));
+    convert_x(c, x, xb);
+    const bool vec = d.V % 4 == 0;
+    for (int64_t r0 = 0; r0 < d.N; r0 += R) {
+        const int64_t n = std::min(R, d.N - r0);
+        const __nv_bfloat16 * xr = xb + r0 * d.E;
+        // C [V, n] = W^T X_rows: every class's logit for the block's rows
+        CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int) d.V, (int) n, (int) d.E, &one, W, CUDA_R_16BF, (int) ldw, xr,
+                                  CUDA_R_16BF, (int) d.E, &zero, C, CUDA_R_32F, (int) d.V, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        const unsigned gw = (unsigned) ((n + 7) / 8);
+        if (vec) k_lce_stats_warp<true><<<gw, 256, 0, c.stream>>>(C, d.V, 0, 1, tl, r0, m + r0, s + r0, picked + r0, n);
+        else k_lce_stats_warp<false><<<gw, 256, 0, c.stream>>>(C, d.V, 0, 1, tl, r0, m + r0, s + r0, picked + r0, n);
+        OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy fused (stats)");
+        k_lce_finish<<<oomb_cuda_grid(n, 256), 256, 0, c.stream>>>(n, d.V, m + r0, s + r0, picked + r0, tl, r0, ignore, lse + r0, part + r0,
+                                                                   cnt + r0, c.d_err, c.cur_node);
+        OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy fused (finish)");
+        const float * dl = (const float *) dloss->data;
+        if (vec)
+            k_lce_dlogits<true, true><<<gw, 256, 0, c.stream>>>(C, G, d.V, ldg, 0, d.V, tl, r0, ignore, lse + r0, dl, c.d_err, c.cur_node, n);
+        else
+            k_lce_dlogits<false, true><<<gw, 256, 0, c.stream>>>(C, G, d.V, ldg, 0, d.V, tl, r0, ignore, lse + r0, dl, c.d_err, c.cur_node, n);
+        OOMB_CUDA_LAUNCHED(c, "linear_cross_entropy fused (dlogits)");
+        if (dX) {
+            // dX [E, n] = W [E, V] G [V, n]
+            CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int) d.E, (int) n, (int) d.V, &one, W, CUDA_R_16BF, (int) ldw, G,
+                                      CUDA_R_16BF, (int) ldg, &zero, dX + r0 * d.E, CUDA_R_32F, (int) d.E, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+        }
+        if (dW) {
+            // dW [E, V] (+)= X_rows [E, n] G^T [n, V]
+            CUBLAS_CHECK(cublasGemmEx(c.cublas, CUBLAS_OP_N, CUBLAS_OP_T, (int) d.E, (int) d.V, (int) n, &one, xr, CUDA_R_16BF, (int) d.E, G,
+                                      CUDA_R_16BF, (int) ldg, r0 == 0 && !acc_dw ? &zero : &one, dW, CUDA_R_32F, (int) d.E, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+        }
+    }
+    c.check_err = true;
+    oomb_cuda_sum_partials(c, part, d.N, 1.0, out);
+    oomb_cuda_sum_partials(c, cnt, d.N, 1.0, out + 1);
 }

@@ -23,6 +23,26 @@
 void oomb_cuda_linear_ce(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * w, const oomb_tensor * x,
                          const oomb_tensor * labels);
 // dst f32 = [dx (E*N, when op_params[2] has OOMB_LCE_GRAD_X) ; dw (E*V, when it has OOMB_LCE_GRAD_W)].
-// lse: f32 [N] contiguous (the forward's tail) or NULL (recomputed).
+// lse: f32 [N] contiguous (the forward's tail) or NULL (recomputed). acc_dw: NULL, or f32 [E, V] that dw
+// is added into instead of being written to dst (fuse_accumulations, backend-cuda.cu; dst's dw part is
+// then left unwritten).
 void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * w, const oomb_tensor * x,
-                              const oomb_tensor * labels, const oomb_tensor * dloss, const oomb_tensor * lse);
+                              const oomb_tensor * labels, const oomb_tensor * dloss, const oomb_tensor * lse, float * acc_dw);
+
+// The forward and its backward in one pass (the backend's graph pass fuse_linear_ce, backend-cuda.cu,
+// when a graph holds both): per block of R rows (oomb_cuda_linear_ce_fused_rows) the [V, R] f32
+// logits of every class once (one GEMM), each row's max / sum of exp, lse and loss (written to the
+// forward's node fwd, as oomb_cuda_linear_ce would), dlogits in bf16 in place of the logits, then
+// dx_rows = w dlogits and dw (+)= x_rows dlogits^T. Three products per row instead of the separate
+// ops' four (the backward's tiles recompute the logits), and the f32 logits written and read once
+// instead of twice. dst of back and grads as for oomb_cuda_linear_ce_back; dloss: f32 [2] (dloss[0]).
+// Needs w bf16 with unit-stride rows (oomb_cuda_linear_ce_fusable). dw sums its row blocks in f32
+// (beta = 1 after the first block): equal to the separate ops to rounding.
+// acc_dw as for oomb_cuda_linear_ce_back.
+void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor * back, const oomb_tensor * w, const oomb_tensor * x,
+                               const oomb_tensor * labels, const oomb_tensor * dloss, float * acc_dw);
+bool oomb_cuda_linear_ce_fusable(const oomb_tensor * w);
+// Rows per block of the fused pass for V classes and N rows: the most whose [V, rows] f32 logits
+// fit 1.25 GiB (OOMB_LCE_ROWS > 0 instead, for tests), at most N, then evened out over the blocks
+// (7B: V 152,064 holds 2,206 rows: a chunk of 2,048 in one block).
+int64_t oomb_cuda_linear_ce_fused_rows(int64_t V, int64_t N);

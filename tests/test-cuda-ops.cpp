@@ -24,8 +24,10 @@
 #include <vector>
 
 #ifdef OOMB_USE_CUDA
-// test hook (cuda/backend-cuda.cu): add_inplace nodes fused into their products so far
+// test hooks (cuda/backend-cuda.cu): add_inplace nodes fused into their products so far, and
+// linear_cross_entropy forward / backward pairs run as one pass
 int64_t oomb_cuda_debug_fused_count(oomb_backend_t backend);
+int64_t oomb_cuda_debug_fused_lce_count(oomb_backend_t backend);
 #endif
 
 namespace {
@@ -1021,6 +1023,176 @@ TEST_F(CudaOps, LinearCrossEntropyMatchesUnfusedOnGpu) {
     oomb_free(in);
 }
 
+// The forward and backward of linear_cross_entropy in one graph run as one pass on the CUDA backend
+// (backend-cuda.cu, fuse_linear_ce; cuda/linear-ce.cu, oomb_cuda_linear_ce_fused): loss, lse, dx and dw
+// against the unfused products (mul_mat + cross_entropy_loss(_back) + mul_mat, computed in their own
+// graph), with one row block and with blocks of 7 rows that do not divide N (dw summed over 5
+// blocks), for V a multiple of 4 (vector path) and not; the same graph with OOMB_CUDA_FUSE=0 runs
+// the separate ops and must agree too. A graph that reads the loss between the two (a scale) must
+// not fuse, and still be right. On a real GPU the fused count is checked.
+TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
+    REQUIRE_CUDA();
+    oomb_backend_t cu = cuda_backend();
+    struct EnvRestore {
+        std::string fuse, rows;
+        bool had_fuse = false, had_rows = false;
+        EnvRestore() {
+            if (const char * e = getenv("OOMB_CUDA_FUSE")) { had_fuse = true; fuse = e; }
+            if (const char * e = getenv("OOMB_LCE_ROWS")) { had_rows = true; rows = e; }
+        }
+        ~EnvRestore() {
+            if (had_fuse) setenv("OOMB_CUDA_FUSE", fuse.c_str(), 1); else unsetenv("OOMB_CUDA_FUSE");
+            if (had_rows) setenv("OOMB_LCE_ROWS", rows.c_str(), 1); else unsetenv("OOMB_LCE_ROWS");
+        }
+    } env_restore;
+    const int64_t E = 64, N = 33;
+    for (const int64_t V : {2000, 1999}) {
+        oomb_context * in = oomb_init({0, true});
+        oomb_context * ctx = oomb_init({0, true});
+        oomb_tensor * w = oomb_new_tensor_2d(in, OOMB_TYPE_BF16, E, V);
+        oomb_tensor * x = oomb_new_tensor_2d(in, OOMB_TYPE_F32, E, N);
+        oomb_tensor * labels = oomb_new_tensor_1d(in, OOMB_TYPE_I32, N);
+        oomb_tensor * dl = oomb_new_tensor_1d(in, OOMB_TYPE_F32, 2);
+        oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(in, cu);
+        std::mt19937 rng(11 + (unsigned) V);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        std::vector<uint16_t> wv((size_t) (E * V));
+        for (auto & v : wv) v = oomb_fp32_to_bf16(u(rng));
+        std::vector<float> xv((size_t) (E * N));
+        for (auto & v : xv) v = u(rng);
+        std::vector<int32_t> lv((size_t) N);
+        for (int64_t i = 0; i < N; i++) lv[(size_t) i] = (int32_t) ((i * 613 + 11) % V);
+        lv[5] = -100;
+        lv[6] = (int32_t) V - 1;
+        const float dlv[2] = {0.7f, 3.0f};
+        oomb_tensor_set(w, wv.data(), 0, wv.size() * 2);
+        oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
+        oomb_tensor_set(labels, lv.data(), 0, lv.size() * 4);
+        oomb_tensor_set(dl, dlv, 0, sizeof(dlv));
+
+        // the unfused reference, in its own graph
+        oomb_tensor * logits = oomb_mul_mat(ctx, w, x);                                        // [V, N]
+        oomb_tensor * lu = oomb_cross_entropy_loss(ctx, logits, labels, -100);
+        oomb_tensor * dlog = oomb_cross_entropy_loss_back(ctx, logits, labels, dl, -100);      // [V, N]
+        oomb_tensor * dxu = oomb_mul_mat(ctx, oomb_transpose(ctx, w), dlog);                   // [E, N]
+        oomb_tensor * dwu = oomb_mul_mat(ctx, oomb_transpose(ctx, x), oomb_transpose(ctx, dlog)); // [E, V]
+        oomb_cgraph * gr = oomb_new_graph(ctx);
+        for (oomb_tensor * t : {logits, lu, dxu, dwu}) {
+            oomb_set_output(t);
+            oomb_build_forward_expand(gr, t);
+        }
+        oomb_gallocr_t gar = oomb_gallocr_new(cu);
+        ASSERT_TRUE(oomb_gallocr_alloc_graph(gar, gr));
+        oomb_backend_graph_compute(cu, gr);
+        oomb_backend_synchronize(cu);
+        const vec lossu = device_values(lu), dx = device_values(dxu), dw = device_values(dwu), lg = device_values(logits);
+        vec lse_ref((size_t) N);
+        for (int64_t n = 0; n < N; n++) {
+            double mx = -INFINITY, s = 0;
+            for (int64_t v = 0; v < V; v++) mx = std::max(mx, lg[(size_t) (n * V + v)]);
+            for (int64_t v = 0; v < V; v++) s += std::exp(lg[(size_t) (n * V + v)] - mx);
+            lse_ref[(size_t) n] = mx + std::log(s);
+        }
+
+        // the pair: F, then B reading F's lse tail (what the autodiff builds); read_loss: a scale of
+        // the loss between them (must keep them apart)
+        for (const bool read_loss : {false, true}) {
+            oomb_tensor * l = oomb_linear_cross_entropy(ctx, w, x, labels, -100);
+            oomb_tensor * scaled = read_loss ? oomb_scale(ctx, l, 2.0f) : nullptr;
+            oomb_tensor * lse = oomb_view_1d(ctx, l->view_src, N, 2 * sizeof(float));
+            oomb_tensor * back = oomb_linear_cross_entropy_back(ctx, w, x, labels, dl, lse, -100, OOMB_LCE_GRAD_X | OOMB_LCE_GRAD_W);
+            oomb_cgraph * g = oomb_new_graph(ctx);
+            oomb_set_output(l->view_src);
+            oomb_build_forward_expand(g, l->view_src);
+            if (scaled) {
+                oomb_set_output(scaled);
+                oomb_build_forward_expand(g, scaled);
+            }
+            oomb_set_output(back);
+            oomb_build_forward_expand(g, back);
+            oomb_gallocr_t ga = oomb_gallocr_new(cu);
+            ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+            for (const char * rows : {"", "7"}) {
+                for (const bool fuse : {true, false}) {
+                    if (fuse) unsetenv("OOMB_CUDA_FUSE"); else setenv("OOMB_CUDA_FUSE", "0", 1);
+                    if (*rows) setenv("OOMB_LCE_ROWS", rows, 1); else unsetenv("OOMB_LCE_ROWS");
+#ifdef OOMB_USE_CUDA
+                    const bool real = !harness_on_cpu();
+                    const int64_t before = real ? oomb_cuda_debug_fused_lce_count(cu) : 0;
+#endif
+                    // poison the results: a pass that skips a block or the forward shows
+                    std::vector<float> junk((size_t) oomb_nelements(back), NAN);
+                    oomb_tensor_set(back, junk.data(), 0, junk.size() * 4);
+                    oomb_tensor_set(l->view_src, junk.data(), 0, (size_t) (N + 2) * 4);
+                    oomb_backend_graph_compute(cu, g);
+                    oomb_backend_synchronize(cu);
+#ifdef OOMB_USE_CUDA
+                    if (real) {
+                        EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cu) - before, fuse && !read_loss ? 1 : 0)
+                            << "V " << V << " rows '" << rows << "' fuse " << fuse << " read_loss " << read_loss;
+                    }
+#endif
+                    const vec packed = device_values(l->view_src), b = device_values(back);
+                    const double e_loss = rel_err(vec(packed.begin(), packed.begin() + 2), lossu);
+                    const double e_lse = rel_err(vec(packed.begin() + 2, packed.end()), lse_ref);
+                    const double e_dx = rel_err(vec(b.begin(), b.begin() + E * N), dx);
+                    const double e_dw = rel_err(vec(b.begin() + E * N, b.end()), dw);
+                    printf("  V %lld rows '%s' fuse %d read_loss %d: loss %.3e, lse %.3e, dx %.3e, dw %.3e\n", (long long) V, rows,
+                           (int) fuse, (int) read_loss, e_loss, e_lse, e_dx, e_dw);
+                    EXPECT_LT(e_loss, k_f32);
+                    EXPECT_EQ(packed[1], (double) (N - 1));
+                    EXPECT_LT(e_lse, k_f32);
+                    EXPECT_LT(e_dx, 1e-2);
+                    EXPECT_LT(e_dw, 1e-2);
+                    if (read_loss) EXPECT_NEAR(device_values(scaled)[0], 2.0 * packed[0], 1e-3 * std::fabs(packed[0]));
+                }
+            }
+            oomb_gallocr_free(ga);
+        }
+        oomb_gallocr_free(gar);
+        oomb_buffer_free(buf);
+        oomb_free(ctx);
+        oomb_free(in);
+    }
+}
+
+// Through the autodiff with a bf16 LM head: the forward and backward fuse into one pass
+// (fuse_linear_ce) and the head's dw adds into its gradient from the GEMM (fuse_accumulations' LCE
+// case), with row blocks that do not divide the rows; loss and gradients against the CPU backend.
+TEST_F(CudaOps, LinearCrossEntropyFusedThroughAutodiff) {
+    REQUIRE_CUDA();
+    const char * fuse = getenv("OOMB_CUDA_FUSE"), * rows = getenv("OOMB_LCE_ROWS");
+    const std::string fuse_saved = fuse ? fuse : "", rows_saved = rows ? rows : "";
+    unsetenv("OOMB_CUDA_FUSE");
+    for (const char * r : {"", "5"}) {
+        if (*r) setenv("OOMB_LCE_ROWS", r, 1); else unsetenv("OOMB_LCE_ROWS");
+#ifdef OOMB_USE_CUDA
+        const bool real = !harness_on_cpu();
+        const int64_t lce0 = real ? oomb_cuda_debug_fused_lce_count(cuda_backend()) : 0;
+        const int64_t acc0 = real ? oomb_cuda_debug_fused_count(cuda_backend()) : 0;
+#endif
+        const std::string what = std::string("linear_cross_entropy autodiff, bf16 head, rows '") + r + "'";
+        expect_case(what.c_str(), [](Builder & B) -> std::vector<oomb_tensor *> {
+            const int64_t E = 40, V = 1203, T = 23;
+            oomb_tensor * w = B.param(OOMB_TYPE_BF16, E, V, 1, 1, -0.5f, 0.5f);
+            oomb_tensor * x = B.param(OOMB_TYPE_F32, E, T, 1, 1, -1.0f, 1.0f);
+            std::vector<int32_t> lab = B.rand_ids(T, (int32_t) V);
+            lab[2] = -1;
+            oomb_tensor * labels = B.ids(lab, T);
+            B.loss = oomb_linear_cross_entropy(B.ctx, w, oomb_silu(B.ctx, x), labels, -1);
+            return {B.loss, w->grad, x->grad};
+        }, k_bf16);
+#ifdef OOMB_USE_CUDA
+        if (real) {
+            EXPECT_GE(oomb_cuda_debug_fused_lce_count(cuda_backend()) - lce0, 1) << "forward and backward in one pass";
+            EXPECT_GE(oomb_cuda_debug_fused_count(cuda_backend()) - acc0, 1) << "the head's dw added into its gradient";
+        }
+#endif
+    }
+    if (fuse) setenv("OOMB_CUDA_FUSE", fuse_saved.c_str(), 1);
+    if (rows) setenv("OOMB_LCE_ROWS", rows_saved.c_str(), 1); else unsetenv("OOMB_LCE_ROWS");
+}
+
 TEST_F(CudaOps, LinearCrossEntropyLabelErrors) {
     REQUIRE_CUDA();
     if (harness_on_cpu()) GTEST_SKIP() << "CUDA error messages (harness run on the CPU)";
@@ -1063,6 +1235,37 @@ TEST_F(CudaOps, LinearCrossEntropyLabelErrors) {
         }
         oomb_tensor_set(labels, bad, 0, sizeof(bad));
         oomb_gallocr_free(ga);
+    }
+    // the forward and a backward reading its lse in one graph: the fused pass (fuse_linear_ce)
+    // reports the same error, then computes with valid labels
+    {
+        const char * fuse = getenv("OOMB_CUDA_FUSE");
+        const std::string fuse_saved = fuse ? fuse : "";
+        unsetenv("OOMB_CUDA_FUSE");
+        oomb_tensor * lse = oomb_view_1d(ctx, l->view_src, 3, 2 * sizeof(float));
+        oomb_tensor * bb = oomb_linear_cross_entropy_back(ctx, w, x, labels, dl, lse, -1, OOMB_LCE_GRAD_X | OOMB_LCE_GRAD_W);
+        oomb_cgraph * g = oomb_new_graph(ctx);
+        oomb_set_output(l->view_src);
+        oomb_build_forward_expand(g, l->view_src);
+        oomb_build_forward_expand(g, bb);
+        oomb_gallocr_t ga = oomb_gallocr_new(cu);
+        ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+#ifdef OOMB_USE_CUDA
+        const int64_t before = oomb_cuda_debug_fused_lce_count(cu);
+#endif
+        EXPECT_OOMB_ERROR(oomb_backend_graph_compute(cu, g), "label 6 at row 2 is out of range [0, 6)");
+#ifdef OOMB_USE_CUDA
+        EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cu) - before, 1);
+#endif
+        const int32_t good[3] = {2, -1, 5};
+        oomb_tensor_set(labels, good, 0, sizeof(good));
+        oomb_backend_graph_compute(cu, g);
+        float out[2];
+        oomb_tensor_get(l, out, 0, sizeof(out));
+        EXPECT_NEAR(out[0], 2.0 * std::log(6.0), 1e-5);
+        EXPECT_EQ(out[1], 2.0f);
+        oomb_gallocr_free(ga);
+        if (fuse) setenv("OOMB_CUDA_FUSE", fuse_saved.c_str(), 1);
     }
     oomb_buffer_free(buf);
     oomb_free(ctx);

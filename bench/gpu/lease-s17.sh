@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Session 17 on the GPU machine: the linear cross-entropy's forward and backward in one pass
+# (cuda/linear-ce.cu, oomb_cuda_linear_ce_fused; backend-cuda.cu, fuse_linear_ce) and its dw added
+# into the LM head's gradient. "old" runs set OOMB_CUDA_FUSE_LCE=0 (the separate ops, as before).
+#   a        test-cuda-ops, test-cuda-backend; 0.5B one chunk of 32K new / old, HF + SDPA (same call)
+#   fixtures test-cuda-qwen2 against the HF fixtures (carried: .devcarry/fq, extra-bins)
+#   e2e7b    7B --trainable linear dense 128K, one step each, new / old, profiled
+usage="usage: $0 a | fixtures | e2e7b"
+case ${1:-} in a|fixtures|e2e7b) ;; *) echo "$usage"; exit 2 ;; esac
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids
+unpack() {
+    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || return 1
+    cat $K/bins-commit.txt
+    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+}
+r05() {  # r05 LABEL [ENV...]: the 0.5B one-chunk run, 3 steps
+    local lab=$1; shift
+    rm -rf /tmp/r05
+    env "$@" timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps 3 --warmup 1 \
+      --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $R/05b-32k-1chunk-$lab.log 2>&1
+    echo "0.5b 32K one chunk $lab rc=$?"; grep -E "^step|error" $R/05b-32k-1chunk-$lab.log
+}
+r7b() {  # r7b LABEL [ENV...]
+    local lab=$1; shift
+    rm -rf /tmp/r7b
+    env "$@" OOMB_CUDA_PROFILE=1 timeout 280 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
+        --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
+        --offload off --attn-cache --attn-cache-type bf16 -o /tmp/r7b > $R/7b-128k-dense-$lab.log 2>&1
+    echo "7b 128K dense $lab rc=$?"; grep -E "^step|error|linear_cross|paged_attn |mul_mat |add_inplace|GPU time" $R/7b-128k-dense-$lab.log | head -8
+}
+case $1 in
+a)
+    nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
+    unpack || exit 1
+    tests test-cuda-ops:150 test-cuda-backend:60
+    rand_ids
+    r05 new
+    r05 old OOMB_CUDA_FUSE_LCE=0
+    PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    r05 new2 ;;
+fixtures)
+    [ -x $B/oomb-train ] || unpack || exit 1
+    rm -rf $K/fixtures && cp -r ${FIXDIR:-.devcarry/fq} $K/fixtures
+    tar -xJf .devcarry/extra-bins.tar.xz -C $B || exit 1   # test-cuda-qwen2, oomb-convert-hf
+    export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-qwen2:300 ;;
+e2e7b)
+    [ -x $B/oomb-train ] || unpack || exit 1
+    rand_ids
+    r7b new
+    r7b old OOMB_CUDA_FUSE_LCE=0 ;;
+esac
