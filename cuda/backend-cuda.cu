@@ -447,7 +447,7 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
         if (A->op != OOMB_OP_ADD_INPLACE) continue;
         const oomb_tensor * C = A->src[0], * M = A->src[1];
         const int32_t pinned = OOMB_TENSOR_FLAG_INPUT | OOMB_TENSOR_FLAG_OUTPUT | OOMB_TENSOR_FLAG_PARAM | OOMB_TENSOR_FLAG_LOSS;
-        if (!C || !M || readers[M] != 1) continue;
+        if (!C || !M || (M->flags & pinned) || readers[M] != 1) continue;
         // the producing node P: M itself (a MUL_MAT), or a linear_cross_entropy_back whose dw part M is
         // (a view at dw's offset; P's other readers only views of its dx part): its dw products then
         // add into C (beta = 1) and P's own dw bytes stay unwritten
@@ -512,7 +512,10 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
 // tail; w is bf16 with unit-stride rows (the fused pass reads it in place); and no node between F and
 // B (views aside) reads or writes F's bytes (a loss scaled or read before B keeps the ops apart),
 // writes w's, x's or labels' bytes, or may write memory it does not return. dloss may come from any
-// node before B. Off with OOMB_CUDA_FUSE=0 (with fuse_accumulations) or OOMB_CUDA_FUSE_LCE=0 (this one
+// node before B. Label errors are then reported against B (linear_cross_entropy_back), and a graph
+// stopped between F and B (abort callback, fault) leaves F's result unwritten. The fused pass picks
+// its own row blocks (1.25 GiB of logits at most): F's vocabulary tile does not apply to it.
+// Off with OOMB_CUDA_FUSE=0 (with fuse_accumulations) or OOMB_CUDA_FUSE_LCE=0 (this one
 // alone, for comparisons). Fills c.fuse_lce / c.fuse_skip.
 void fuse_linear_ce(oomb_cuda_ctx & c, const oomb_cgraph * g) {
     c.fuse_lce.clear();

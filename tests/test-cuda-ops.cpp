@@ -1034,15 +1034,18 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
     REQUIRE_CUDA();
     oomb_backend_t cu = cuda_backend();
     struct EnvRestore {
-        std::string fuse, rows;
-        bool had_fuse = false, had_rows = false;
+        std::string fuse, rows, lce;
+        bool had_fuse = false, had_rows = false, had_lce = false;
         EnvRestore() {
             if (const char * e = getenv("OOMB_CUDA_FUSE")) { had_fuse = true; fuse = e; }
             if (const char * e = getenv("OOMB_LCE_ROWS")) { had_rows = true; rows = e; }
+            if (const char * e = getenv("OOMB_CUDA_FUSE_LCE")) { had_lce = true; lce = e; }
+            unsetenv("OOMB_CUDA_FUSE_LCE");
         }
         ~EnvRestore() {
             if (had_fuse) setenv("OOMB_CUDA_FUSE", fuse.c_str(), 1); else unsetenv("OOMB_CUDA_FUSE");
             if (had_rows) setenv("OOMB_LCE_ROWS", rows.c_str(), 1); else unsetenv("OOMB_LCE_ROWS");
+            if (had_lce) setenv("OOMB_CUDA_FUSE_LCE", lce.c_str(), 1);
         }
     } env_restore;
     const int64_t E = 64, N = 33;
@@ -1053,6 +1056,7 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
         oomb_tensor * x = oomb_new_tensor_2d(in, OOMB_TYPE_F32, E, N);
         oomb_tensor * labels = oomb_new_tensor_1d(in, OOMB_TYPE_I32, N);
         oomb_tensor * dl = oomb_new_tensor_1d(in, OOMB_TYPE_F32, 2);
+        oomb_tensor * acc = oomb_new_tensor_2d(in, OOMB_TYPE_F32, E, V);  // a gradient dw is added into (mode 2)
         oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(in, cu);
         std::mt19937 rng(11 + (unsigned) V);
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -1094,9 +1098,13 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
             lse_ref[(size_t) n] = mx + std::log(s);
         }
 
-        // the pair: F, then B reading F's lse tail (what the autodiff builds); read_loss: a scale of
-        // the loss between them (must keep them apart)
-        for (const bool read_loss : {false, true}) {
+        // the pair: F, then B reading F's lse tail (what the autodiff builds). mode 0: B an output;
+        // 1: a scale of the loss between them (must keep them apart); 2: B's dw added into a non-zero
+        // gradient (acc += dw: fuse_accumulations adds it from the GEMM) and its dx copied out
+        std::vector<float> acc0((size_t) (E * V));
+        for (auto & v : acc0) v = u(rng);
+        for (const int mode : {0, 1, 2}) {
+            const bool read_loss = mode == 1;
             oomb_tensor * l = oomb_linear_cross_entropy(ctx, w, x, labels, -100);
             oomb_tensor * scaled = read_loss ? oomb_scale(ctx, l, 2.0f) : nullptr;
             oomb_tensor * lse = oomb_view_1d(ctx, l->view_src, N, 2 * sizeof(float));
@@ -1108,8 +1116,17 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
                 oomb_set_output(scaled);
                 oomb_build_forward_expand(g, scaled);
             }
-            oomb_set_output(back);
-            oomb_build_forward_expand(g, back);
+            oomb_tensor * dx_out = nullptr, * acc_node = nullptr;
+            if (mode == 2) {
+                dx_out = oomb_cont(ctx, oomb_view_2d(ctx, back, E, N, E * sizeof(float), 0));
+                acc_node = oomb_add_inplace(ctx, acc, oomb_view_2d(ctx, back, E, V, E * sizeof(float), (size_t) (E * N) * sizeof(float)));
+                oomb_set_output(dx_out);
+                oomb_build_forward_expand(g, dx_out);
+                oomb_build_forward_expand(g, acc_node);
+            } else {
+                oomb_set_output(back);
+                oomb_build_forward_expand(g, back);
+            }
             oomb_gallocr_t ga = oomb_gallocr_new(cu);
             ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
             for (const char * rows : {"", "7"}) {
@@ -1119,26 +1136,39 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
 #ifdef OOMB_USE_CUDA
                     const bool real = !harness_on_cpu();
                     const int64_t before = real ? oomb_cuda_debug_fused_lce_count(cu) : 0;
+                    const int64_t before_acc = real ? oomb_cuda_debug_fused_count(cu) : 0;
 #endif
                     // poison the results: a pass that skips a block or the forward shows
                     std::vector<float> junk((size_t) oomb_nelements(back), NAN);
-                    oomb_tensor_set(back, junk.data(), 0, junk.size() * 4);
+                    oomb_tensor_set(mode == 2 ? dx_out : back, junk.data(), 0, mode == 2 ? (size_t) (E * N) * 4 : junk.size() * 4);
                     oomb_tensor_set(l->view_src, junk.data(), 0, (size_t) (N + 2) * 4);
+                    if (mode == 2) oomb_tensor_set(acc, acc0.data(), 0, acc0.size() * 4);
                     oomb_backend_graph_compute(cu, g);
                     oomb_backend_synchronize(cu);
 #ifdef OOMB_USE_CUDA
                     if (real) {
                         EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cu) - before, fuse && !read_loss ? 1 : 0)
-                            << "V " << V << " rows '" << rows << "' fuse " << fuse << " read_loss " << read_loss;
+                            << "V " << V << " rows '" << rows << "' fuse " << fuse << " mode " << mode;
+                        EXPECT_EQ(oomb_cuda_debug_fused_count(cu) - before_acc, fuse && mode == 2 ? 1 : 0) << "dw into the gradient";
                     }
 #endif
-                    const vec packed = device_values(l->view_src), b = device_values(back);
+                    const vec packed = device_values(l->view_src);
+                    vec bdx, bdw;
+                    if (mode == 2) {
+                        bdx = device_values(dx_out);
+                        const vec a = device_values(acc);
+                        for (size_t i = 0; i < a.size(); i++) bdw.push_back(a[i] - (double) acc0[i]);
+                    } else {
+                        const vec b = device_values(back);
+                        bdx.assign(b.begin(), b.begin() + E * N);
+                        bdw.assign(b.begin() + E * N, b.end());
+                    }
                     const double e_loss = rel_err(vec(packed.begin(), packed.begin() + 2), lossu);
                     const double e_lse = rel_err(vec(packed.begin() + 2, packed.end()), lse_ref);
-                    const double e_dx = rel_err(vec(b.begin(), b.begin() + E * N), dx);
-                    const double e_dw = rel_err(vec(b.begin() + E * N, b.end()), dw);
-                    printf("  V %lld rows '%s' fuse %d read_loss %d: loss %.3e, lse %.3e, dx %.3e, dw %.3e\n", (long long) V, rows,
-                           (int) fuse, (int) read_loss, e_loss, e_lse, e_dx, e_dw);
+                    const double e_dx = rel_err(bdx, dx);
+                    const double e_dw = rel_err(bdw, dw);
+                    printf("  V %lld rows '%s' fuse %d mode %d: loss %.3e, lse %.3e, dx %.3e, dw %.3e\n", (long long) V, rows,
+                           (int) fuse, mode, e_loss, e_lse, e_dx, e_dw);
                     EXPECT_LT(e_loss, k_f32);
                     EXPECT_EQ(packed[1], (double) (N - 1));
                     EXPECT_LT(e_lse, k_f32);
@@ -1161,9 +1191,10 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
 // case), with row blocks that do not divide the rows; loss and gradients against the CPU backend.
 TEST_F(CudaOps, LinearCrossEntropyFusedThroughAutodiff) {
     REQUIRE_CUDA();
-    const char * fuse = getenv("OOMB_CUDA_FUSE"), * rows = getenv("OOMB_LCE_ROWS");
-    const std::string fuse_saved = fuse ? fuse : "", rows_saved = rows ? rows : "";
+    const char * fuse = getenv("OOMB_CUDA_FUSE"), * rows = getenv("OOMB_LCE_ROWS"), * lce = getenv("OOMB_CUDA_FUSE_LCE");
+    const std::string fuse_saved = fuse ? fuse : "", rows_saved = rows ? rows : "", lce_saved = lce ? lce : "";
     unsetenv("OOMB_CUDA_FUSE");
+    unsetenv("OOMB_CUDA_FUSE_LCE");
     for (const char * r : {"", "5"}) {
         if (*r) setenv("OOMB_LCE_ROWS", r, 1); else unsetenv("OOMB_LCE_ROWS");
 #ifdef OOMB_USE_CUDA
@@ -1190,6 +1221,7 @@ TEST_F(CudaOps, LinearCrossEntropyFusedThroughAutodiff) {
 #endif
     }
     if (fuse) setenv("OOMB_CUDA_FUSE", fuse_saved.c_str(), 1);
+    if (lce) setenv("OOMB_CUDA_FUSE_LCE", lce_saved.c_str(), 1);
     if (rows) setenv("OOMB_LCE_ROWS", rows_saved.c_str(), 1); else unsetenv("OOMB_LCE_ROWS");
 }
 
@@ -1239,9 +1271,10 @@ TEST_F(CudaOps, LinearCrossEntropyLabelErrors) {
     // the forward and a backward reading its lse in one graph: the fused pass (fuse_linear_ce)
     // reports the same error, then computes with valid labels
     {
-        const char * fuse = getenv("OOMB_CUDA_FUSE");
-        const std::string fuse_saved = fuse ? fuse : "";
+        const char * fuse = getenv("OOMB_CUDA_FUSE"), * lce = getenv("OOMB_CUDA_FUSE_LCE");
+        const std::string fuse_saved = fuse ? fuse : "", lce_saved = lce ? lce : "";
         unsetenv("OOMB_CUDA_FUSE");
+        unsetenv("OOMB_CUDA_FUSE_LCE");
         oomb_tensor * lse = oomb_view_1d(ctx, l->view_src, 3, 2 * sizeof(float));
         oomb_tensor * bb = oomb_linear_cross_entropy_back(ctx, w, x, labels, dl, lse, -1, OOMB_LCE_GRAD_X | OOMB_LCE_GRAD_W);
         oomb_cgraph * g = oomb_new_graph(ctx);
@@ -1266,6 +1299,7 @@ TEST_F(CudaOps, LinearCrossEntropyLabelErrors) {
         EXPECT_EQ(out[1], 2.0f);
         oomb_gallocr_free(ga);
         if (fuse) setenv("OOMB_CUDA_FUSE", fuse_saved.c_str(), 1);
+        if (lce) setenv("OOMB_CUDA_FUSE_LCE", lce_saved.c_str(), 1);
     }
     oomb_buffer_free(buf);
     oomb_free(ctx);
