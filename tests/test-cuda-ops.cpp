@@ -1040,12 +1040,12 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
             if (const char * e = getenv("OOMB_CUDA_FUSE")) { had_fuse = true; fuse = e; }
             if (const char * e = getenv("OOMB_LCE_ROWS")) { had_rows = true; rows = e; }
             if (const char * e = getenv("OOMB_CUDA_FUSE_LCE")) { had_lce = true; lce = e; }
-            unsetenv("OOMB_CUDA_FUSE_LCE");
+            setenv("OOMB_CUDA_FUSE_LCE", "1", 1);  // opt-in (backend-cuda.cu, fuse_linear_ce)
         }
         ~EnvRestore() {
             if (had_fuse) setenv("OOMB_CUDA_FUSE", fuse.c_str(), 1); else unsetenv("OOMB_CUDA_FUSE");
             if (had_rows) setenv("OOMB_LCE_ROWS", rows.c_str(), 1); else unsetenv("OOMB_LCE_ROWS");
-            if (had_lce) setenv("OOMB_CUDA_FUSE_LCE", lce.c_str(), 1);
+            if (had_lce) setenv("OOMB_CUDA_FUSE_LCE", lce.c_str(), 1); else unsetenv("OOMB_CUDA_FUSE_LCE");
         }
     } env_restore;
     const int64_t E = 64, N = 33;
@@ -1194,7 +1194,7 @@ TEST_F(CudaOps, LinearCrossEntropyFusedThroughAutodiff) {
     const char * fuse = getenv("OOMB_CUDA_FUSE"), * rows = getenv("OOMB_LCE_ROWS"), * lce = getenv("OOMB_CUDA_FUSE_LCE");
     const std::string fuse_saved = fuse ? fuse : "", rows_saved = rows ? rows : "", lce_saved = lce ? lce : "";
     unsetenv("OOMB_CUDA_FUSE");
-    unsetenv("OOMB_CUDA_FUSE_LCE");
+    setenv("OOMB_CUDA_FUSE_LCE", "1", 1);  // opt-in (backend-cuda.cu, fuse_linear_ce)
     for (const char * r : {"", "5"}) {
         if (*r) setenv("OOMB_LCE_ROWS", r, 1); else unsetenv("OOMB_LCE_ROWS");
 #ifdef OOMB_USE_CUDA
@@ -1221,7 +1221,7 @@ TEST_F(CudaOps, LinearCrossEntropyFusedThroughAutodiff) {
 #endif
     }
     if (fuse) setenv("OOMB_CUDA_FUSE", fuse_saved.c_str(), 1);
-    if (lce) setenv("OOMB_CUDA_FUSE_LCE", lce_saved.c_str(), 1);
+    if (lce) setenv("OOMB_CUDA_FUSE_LCE", lce_saved.c_str(), 1); else unsetenv("OOMB_CUDA_FUSE_LCE");
     if (rows) setenv("OOMB_LCE_ROWS", rows_saved.c_str(), 1); else unsetenv("OOMB_LCE_ROWS");
 }
 
@@ -1274,7 +1274,7 @@ TEST_F(CudaOps, LinearCrossEntropyLabelErrors) {
         const char * fuse = getenv("OOMB_CUDA_FUSE"), * lce = getenv("OOMB_CUDA_FUSE_LCE");
         const std::string fuse_saved = fuse ? fuse : "", lce_saved = lce ? lce : "";
         unsetenv("OOMB_CUDA_FUSE");
-        unsetenv("OOMB_CUDA_FUSE_LCE");
+        setenv("OOMB_CUDA_FUSE_LCE", "1", 1);  // opt-in (backend-cuda.cu, fuse_linear_ce)
         oomb_tensor * lse = oomb_view_1d(ctx, l->view_src, 3, 2 * sizeof(float));
         oomb_tensor * bb = oomb_linear_cross_entropy_back(ctx, w, x, labels, dl, lse, -1, OOMB_LCE_GRAD_X | OOMB_LCE_GRAD_W);
         oomb_cgraph * g = oomb_new_graph(ctx);
@@ -1299,7 +1299,7 @@ TEST_F(CudaOps, LinearCrossEntropyLabelErrors) {
         EXPECT_EQ(out[1], 2.0f);
         oomb_gallocr_free(ga);
         if (fuse) setenv("OOMB_CUDA_FUSE", fuse_saved.c_str(), 1);
-        if (lce) setenv("OOMB_CUDA_FUSE_LCE", lce_saved.c_str(), 1);
+        if (lce) setenv("OOMB_CUDA_FUSE_LCE", lce_saved.c_str(), 1); else unsetenv("OOMB_CUDA_FUSE_LCE");
     }
     oomb_buffer_free(buf);
     oomb_free(ctx);

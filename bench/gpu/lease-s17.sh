@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 17 on the GPU machine: the linear cross-entropy's forward and backward in one pass
 # (cuda/linear-ce.cu, oomb_cuda_linear_ce_fused; backend-cuda.cu, fuse_linear_ce) and its dw added
-# into the LM head's gradient. "old" runs set OOMB_CUDA_FUSE_LCE=0 (the separate ops, as before).
+# into the LM head's gradient: opt-in, "new" runs set OOMB_CUDA_FUSE_LCE=1, "old" ones =0 (the separate ops).
 #   a        test-cuda-ops, test-cuda-backend; 0.5B one chunk of 32K new / old, HF + SDPA (same call; HF=0: not)
 #   fixtures test-cuda-qwen2 against the HF fixtures (carried: .devcarry/fq, extra-bins)
 #   e2e7b    7B --trainable linear dense 128K, one step each, new / old, profiled
@@ -34,10 +34,10 @@ a)
     unpack || exit 1
     tests test-cuda-ops:150 test-cuda-backend:60
     rand_ids
-    r05 new
+    r05 new OOMB_CUDA_FUSE_LCE=1
     r05 old OOMB_CUDA_FUSE_LCE=0
     [ "${HF:-1}" = 0 ] || PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
-    r05 new2 ;;
+    r05 new2 OOMB_CUDA_FUSE_LCE=1 ;;
 fixtures)
     [ -x $B/oomb-train ] || unpack || exit 1
     rm -rf $K/fixtures && cp -r ${FIXDIR:-.devcarry/fq} $K/fixtures
@@ -47,6 +47,6 @@ fixtures)
 e2e7b)
     [ -x $B/oomb-train ] || unpack || exit 1
     rand_ids
-    r7b new
+    r7b new OOMB_CUDA_FUSE_LCE=1
     r7b old OOMB_CUDA_FUSE_LCE=0 ;;
 esac
