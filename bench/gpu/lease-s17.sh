@@ -3,7 +3,7 @@
 # (cuda/linear-ce.cu, oomb_cuda_linear_ce_fused; backend-cuda.cu, fuse_linear_ce) and its dw added
 # into the LM head's gradient: opt-in, "new" runs set OOMB_CUDA_FUSE_LCE=1, "old" ones =0 (the separate ops).
 #   a        test-cuda-ops, test-cuda-backend; 0.5B one chunk of 32K new / old, HF + SDPA (same call; HF=0: not)
-#   fixtures test-cuda-qwen2 against the HF fixtures (carried: .devcarry/fq, extra-bins)
+#   fixtures test-cuda-qwen2 against the HF fixtures with the fusion on (carried: .devcarry/fq, extra-bins)
 #   e2e7b    7B --trainable linear dense 128K, one step each, new / old, profiled
 usage="usage: $0 a | fixtures | e2e7b"
 case ${1:-} in a|fixtures|e2e7b) ;; *) echo "$usage"; exit 2 ;; esac
@@ -43,7 +43,7 @@ fixtures)
     rm -rf $K/fixtures && cp -r ${FIXDIR:-.devcarry/fq} $K/fixtures
     tar -xJf .devcarry/extra-bins.tar.xz -C $B || exit 1   # test-cuda-qwen2, oomb-convert-hf
     export OOMB_FIXTURES=$K/fixtures OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
-    tests test-cuda-qwen2:300 ;;
+    OOMB_CUDA_FUSE_LCE=1 tests test-cuda-qwen2:300 ;;
 e2e7b)
     [ -x $B/oomb-train ] || unpack || exit 1
     rand_ids
