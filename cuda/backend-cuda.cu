@@ -419,7 +419,7 @@ std::string profile_key(const oomb_tensor * n) {
 // The same for the dw part of a LINEAR_CROSS_ENTROPY_BACK node P (the LM head's gradient, an [E, V]
 // f32 block: 2.2 GB per chunk at 7B): A = add_inplace(C, M) with M the view of P's dw part, when M is
 // read only by A and P's other readers are views of its dx part; P's dw products then add into C
-// (only with OOMB_CUDA_FUSE_LCE=1, as fuse_linear_ce).
+// (not with OOMB_CUDA_FUSE_LCE=0, as fuse_linear_ce).
 // A graph stopped between M and A (the abort callback, a compute fault) leaves C with M added,
 // where the unfused graph would leave C unchanged; nothing resumes a stopped graph today.
 // On by default; OOMB_CUDA_FUSE=0 turns it off (the unfused graph, for comparison). Measured on the
@@ -430,7 +430,7 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
     c.fuse_at.clear();
     c.fuse_skip.clear();
     const char * off = getenv("OOMB_CUDA_FUSE"), * on_lce = getenv("OOMB_CUDA_FUSE_LCE");
-    const bool lce_on = on_lce && strcmp(on_lce, "1") == 0;
+    const bool lce_on = !(on_lce && strcmp(on_lce, "0") == 0);
     if (g->is_view || (off && strcmp(off, "0") == 0)) return;
     const size_t n = g->nodes.size();
     auto base = [](const oomb_tensor * t) { return t->view_src ? t->view_src : t; };
@@ -516,14 +516,12 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
 // node before B. Label errors are then reported against B (linear_cross_entropy_back), and a graph
 // stopped between F and B (abort callback, fault) leaves F's result unwritten. The fused pass picks
 // its own row blocks (1.25 GiB of logits at most): F's vocabulary tile does not apply to it.
-// Opt-in for now: only with OOMB_CUDA_FUSE_LCE=1 (written without a GPU on 2026-12-05; no device was
-// lent that session, so it has not run on one: the default flips once test-cuda-ops and the e2e runs
-// of bench/gpu/lease-s17.sh pass on the GPU). Off with OOMB_CUDA_FUSE=0 as well. Fills c.fuse_lce /
-// c.fuse_skip.
+// On by default since its tests passed on a GPU (H100, 2026-12-05, bench/NOTES.md "The LM head");
+// OOMB_CUDA_FUSE_LCE=0 (or OOMB_CUDA_FUSE=0) runs the two ops apart. Fills c.fuse_lce / c.fuse_skip.
 void fuse_linear_ce(oomb_cuda_ctx & c, const oomb_cgraph * g) {
     c.fuse_lce.clear();
     const char * off = getenv("OOMB_CUDA_FUSE"), * on_lce = getenv("OOMB_CUDA_FUSE_LCE");
-    if (g->is_view || (off && strcmp(off, "0") == 0) || !on_lce || strcmp(on_lce, "1") != 0) return;
+    if (g->is_view || (off && strcmp(off, "0") == 0) || (on_lce && strcmp(on_lce, "0") == 0)) return;
     const size_t n = g->nodes.size();
     std::unordered_map<const oomb_tensor *, size_t> index;
     for (size_t i = 0; i < n; i++)

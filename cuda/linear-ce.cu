@@ -293,18 +293,34 @@ void oomb_cuda_linear_ce(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor
     oomb_cuda_sum_partials(c, S.cnt, d.N, 1.0, out + 1);
 }
 
+// The backward's result [dX (E*N) | dW (E*V)] (the parts op_params[2] asks for) and its dloss [2]
+// f32, checked for the unfused and the fused backward alike; errors name op.
+struct lce_back_result {
+    bool want_dx, want_dw;
+    int64_t n_dx, n_dw;
+};
+static lce_back_result check_back_result(const char * op, const oomb_tensor * back, const oomb_tensor * dloss, const lce_dims & d) {
+    const int grads = back->op_params[2];
+    lce_back_result r;
+    r.want_dx = (grads & OOMB_LCE_GRAD_X) != 0;
+    r.want_dw = (grads & OOMB_LCE_GRAD_W) != 0;
+    r.n_dx = r.want_dx ? d.E * d.N : 0;
+    r.n_dw = r.want_dw ? d.E * d.V : 0;
+    if (!(r.want_dx || r.want_dw) || oomb_nelements(back) != r.n_dx + r.n_dw || !oomb_is_contiguous(back)) {
+        oomb_error("%s: result %s must be contiguous with %lld elements (grads %d)", op, shape_str(back).c_str(), (long long) (r.n_dx + r.n_dw),
+                   grads);
+    }
+    if (dloss->type != OOMB_TYPE_F32 || oomb_nelements(dloss) < 1) oomb_error("%s: dloss %s must be f32 [2]", op, shape_str(dloss).c_str());
+    return r;
+}
+
 void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * w, const oomb_tensor * x,
                               const oomb_tensor * labels, const oomb_tensor * dloss, const oomb_tensor * lse, float * acc_dw) {
     const char * op = "linear_cross_entropy_back";
     const lce_dims d = check_operands(op, w, x, labels);
-    const int grads = dst->op_params[2];
-    const bool want_dx = (grads & OOMB_LCE_GRAD_X) != 0, want_dw = (grads & OOMB_LCE_GRAD_W) != 0;
-    const int64_t n_dx = want_dx ? d.E * d.N : 0, n_dw = want_dw ? d.E * d.V : 0;
-    if (!(want_dx || want_dw) || oomb_nelements(dst) != n_dx + n_dw || !oomb_is_contiguous(dst)) {
-        oomb_error("%s: result %s must be contiguous with %lld elements (grads %d)", op, shape_str(dst).c_str(), (long long) (n_dx + n_dw),
-                   grads);
-    }
-    if (dloss->type != OOMB_TYPE_F32 || oomb_nelements(dloss) < 1) oomb_error("%s: dloss %s must be f32 [2]", op, shape_str(dloss).c_str());
+    const lce_back_result r = check_back_result(op, dst, dloss, d);
+    const bool want_dx = r.want_dx, want_dw = r.want_dw;
+    const int64_t n_dx = r.n_dx;
     if (lse && (lse->type != OOMB_TYPE_F32 || oomb_nelements(lse) != d.N || !oomb_is_contiguous(lse))) {
         oomb_error("%s: lse %s must be contiguous f32 with one entry per row of x %s", op, shape_str(lse).c_str(), shape_str(x).c_str());
     }
@@ -374,16 +390,11 @@ void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor
                                const oomb_tensor * labels, const oomb_tensor * dloss, float * acc_dw) {
     const char * op = "linear_cross_entropy_back (fused with its forward)";
     const lce_dims d = check_operands(op, w, x, labels);
-    const int grads = back->op_params[2];
-    const bool want_dx = (grads & OOMB_LCE_GRAD_X) != 0, want_dw = (grads & OOMB_LCE_GRAD_W) != 0;
-    const int64_t n_dx = want_dx ? d.E * d.N : 0, n_dw = want_dw ? d.E * d.V : 0;
-    if (!(want_dx || want_dw) || oomb_nelements(back) != n_dx + n_dw || !oomb_is_contiguous(back)) {
-        oomb_error("%s: result %s must be contiguous with %lld elements (grads %d)", op, shape_str(back).c_str(), (long long) (n_dx + n_dw),
-                   grads);
-    }
+    const lce_back_result r = check_back_result(op, back, dloss, d);
+    const bool want_dx = r.want_dx, want_dw = r.want_dw;
+    const int64_t n_dx = r.n_dx;
     if (oomb_nelements(fwd) != 2 + d.N || !oomb_is_contiguous(fwd) || fwd->type != OOMB_TYPE_F32)
         oomb_error("%s: forward result %s must be contiguous f32 with 2 + %lld elements", op, shape_str(fwd).c_str(), (long long) d.N);
-    if (dloss->type != OOMB_TYPE_F32 || oomb_nelements(dloss) < 1) oomb_error("%s: dloss %s must be f32 [2]", op, shape_str(dloss).c_str());
     if (!w_in_place(w)) oomb_error("%s: internal: w %s is not bf16 with unit-stride rows", op, shape_str(w).c_str());
     float * out = (float *) fwd->data;
     if (d.N == 0) {

@@ -1027,9 +1027,10 @@ TEST_F(CudaOps, LinearCrossEntropyMatchesUnfusedOnGpu) {
 // (backend-cuda.cu, fuse_linear_ce; cuda/linear-ce.cu, oomb_cuda_linear_ce_fused): loss, lse, dx and dw
 // against the unfused products (mul_mat + cross_entropy_loss(_back) + mul_mat, computed in their own
 // graph), with one row block and with blocks of 7 rows that do not divide N (dw summed over 5
-// blocks), for V a multiple of 4 (vector path) and not; the same graph with OOMB_CUDA_FUSE=0 runs
-// the separate ops and must agree too. A graph that reads the loss between the two (a scale) must
-// not fuse, and still be right. On a real GPU the fused count is checked.
+// blocks), for V a multiple of 4 (vector path) and not; the same graph with OOMB_CUDA_FUSE=0 or
+// OOMB_CUDA_FUSE_LCE=0 runs the separate ops and must agree too. A graph that reads the loss
+// between the two (a scale) must not fuse, and still be right. On a real GPU the fused count is
+// checked.
 TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
     REQUIRE_CUDA();
     oomb_backend_t cu = cuda_backend();
@@ -1040,7 +1041,7 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
             if (const char * e = getenv("OOMB_CUDA_FUSE")) { had_fuse = true; fuse = e; }
             if (const char * e = getenv("OOMB_LCE_ROWS")) { had_rows = true; rows = e; }
             if (const char * e = getenv("OOMB_CUDA_FUSE_LCE")) { had_lce = true; lce = e; }
-            setenv("OOMB_CUDA_FUSE_LCE", "1", 1);  // opt-in (backend-cuda.cu, fuse_linear_ce)
+            unsetenv("OOMB_CUDA_FUSE_LCE");  // the default: fused (backend-cuda.cu, fuse_linear_ce)
         }
         ~EnvRestore() {
             if (had_fuse) setenv("OOMB_CUDA_FUSE", fuse.c_str(), 1); else unsetenv("OOMB_CUDA_FUSE");
@@ -1130,8 +1131,11 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
             oomb_gallocr_t ga = oomb_gallocr_new(cu);
             ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
             for (const char * rows : {"", "7"}) {
-                for (const bool fuse : {true, false}) {
-                    if (fuse) unsetenv("OOMB_CUDA_FUSE"); else setenv("OOMB_CUDA_FUSE", "0", 1);
+                // the default (fused), OOMB_CUDA_FUSE=0 (no fusion at all), OOMB_CUDA_FUSE_LCE=0 (not this one)
+                for (const int setting : {0, 1, 2}) {
+                    const bool fuse = setting == 0;
+                    if (setting == 1) setenv("OOMB_CUDA_FUSE", "0", 1); else unsetenv("OOMB_CUDA_FUSE");
+                    if (setting == 2) setenv("OOMB_CUDA_FUSE_LCE", "0", 1); else unsetenv("OOMB_CUDA_FUSE_LCE");
                     if (*rows) setenv("OOMB_LCE_ROWS", rows, 1); else unsetenv("OOMB_LCE_ROWS");
 #ifdef OOMB_USE_CUDA
                     const bool real = !harness_on_cpu();
@@ -1148,7 +1152,7 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
 #ifdef OOMB_USE_CUDA
                     if (real) {
                         EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cu) - before, fuse && !read_loss ? 1 : 0)
-                            << "V " << V << " rows '" << rows << "' fuse " << fuse << " mode " << mode;
+                            << "V " << V << " rows '" << rows << "' setting " << setting << " mode " << mode;
                         EXPECT_EQ(oomb_cuda_debug_fused_count(cu) - before_acc, fuse && mode == 2 ? 1 : 0) << "dw into the gradient";
                     }
 #endif
@@ -1167,8 +1171,8 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
                     const double e_lse = rel_err(vec(packed.begin() + 2, packed.end()), lse_ref);
                     const double e_dx = rel_err(bdx, dx);
                     const double e_dw = rel_err(bdw, dw);
-                    printf("  V %lld rows '%s' fuse %d mode %d: loss %.3e, lse %.3e, dx %.3e, dw %.3e\n", (long long) V, rows,
-                           (int) fuse, mode, e_loss, e_lse, e_dx, e_dw);
+                    printf("  V %lld rows '%s' setting %d mode %d: loss %.3e, lse %.3e, dx %.3e, dw %.3e\n", (long long) V, rows,
+                           setting, mode, e_loss, e_lse, e_dx, e_dw);
                     EXPECT_LT(e_loss, k_f32);
                     EXPECT_EQ(packed[1], (double) (N - 1));
                     EXPECT_LT(e_lse, k_f32);
@@ -1194,7 +1198,7 @@ TEST_F(CudaOps, LinearCrossEntropyFusedThroughAutodiff) {
     const char * fuse = getenv("OOMB_CUDA_FUSE"), * rows = getenv("OOMB_LCE_ROWS"), * lce = getenv("OOMB_CUDA_FUSE_LCE");
     const std::string fuse_saved = fuse ? fuse : "", rows_saved = rows ? rows : "", lce_saved = lce ? lce : "";
     unsetenv("OOMB_CUDA_FUSE");
-    setenv("OOMB_CUDA_FUSE_LCE", "1", 1);  // opt-in (backend-cuda.cu, fuse_linear_ce)
+    unsetenv("OOMB_CUDA_FUSE_LCE");  // the default: fused (backend-cuda.cu, fuse_linear_ce)
     for (const char * r : {"", "5"}) {
         if (*r) setenv("OOMB_LCE_ROWS", r, 1); else unsetenv("OOMB_LCE_ROWS");
 #ifdef OOMB_USE_CUDA
@@ -1274,12 +1278,14 @@ TEST_F(CudaOps, LinearCrossEntropyLabelErrors) {
         const char * fuse = getenv("OOMB_CUDA_FUSE"), * lce = getenv("OOMB_CUDA_FUSE_LCE");
         const std::string fuse_saved = fuse ? fuse : "", lce_saved = lce ? lce : "";
         unsetenv("OOMB_CUDA_FUSE");
-        setenv("OOMB_CUDA_FUSE_LCE", "1", 1);  // opt-in (backend-cuda.cu, fuse_linear_ce)
-        oomb_tensor * lse = oomb_view_1d(ctx, l->view_src, 3, 2 * sizeof(float));
+        unsetenv("OOMB_CUDA_FUSE_LCE");  // the default: fused (backend-cuda.cu, fuse_linear_ce)
+        // a new forward node: the one above was placed by an allocator freed since
+        oomb_tensor * l2 = oomb_linear_cross_entropy(ctx, w, x, labels, -1);
+        oomb_tensor * lse = oomb_view_1d(ctx, l2->view_src, 3, 2 * sizeof(float));
         oomb_tensor * bb = oomb_linear_cross_entropy_back(ctx, w, x, labels, dl, lse, -1, OOMB_LCE_GRAD_X | OOMB_LCE_GRAD_W);
         oomb_cgraph * g = oomb_new_graph(ctx);
-        oomb_set_output(l->view_src);
-        oomb_build_forward_expand(g, l->view_src);
+        oomb_set_output(l2->view_src);
+        oomb_build_forward_expand(g, l2->view_src);
         oomb_build_forward_expand(g, bb);
         oomb_gallocr_t ga = oomb_gallocr_new(cu);
         ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
@@ -1294,7 +1300,7 @@ TEST_F(CudaOps, LinearCrossEntropyLabelErrors) {
         oomb_tensor_set(labels, good, 0, sizeof(good));
         oomb_backend_graph_compute(cu, g);
         float out[2];
-        oomb_tensor_get(l, out, 0, sizeof(out));
+        oomb_tensor_get(l2, out, 0, sizeof(out));
         EXPECT_NEAR(out[0], 2.0 * std::log(6.0), 1e-5);
         EXPECT_EQ(out[1], 2.0f);
         oomb_gallocr_free(ga);

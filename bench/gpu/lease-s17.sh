@@ -5,8 +5,10 @@
 #   a        test-cuda-ops, test-cuda-backend; 0.5B one chunk of 32K new / old, HF + SDPA (same call; HF=0: not)
 #   fixtures test-cuda-qwen2 against the HF fixtures with the fusion on (carried: .devcarry/fq, extra-bins)
 #   e2e7b    7B --trainable linear dense 128K, one step each, new / old, profiled
-usage="usage: $0 a | fixtures | e2e7b"
-case ${1:-} in a|fixtures|e2e7b) ;; *) echo "$usage"; exit 2 ;; esac
+#   tests2   test-cuda-ops (rebuilt) and test-cuda-qwen2 against the HF fixtures with the fusion on,
+#            from .devcarry/tests-bins.tar.xz and .devcarry/fq.tar.xz (fits the 64 MiB carry alone)
+usage="usage: $0 a | fixtures | e2e7b | tests2"
+case ${1:-} in a|fixtures|e2e7b|tests2) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids
 unpack() {
     cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || return 1
@@ -49,4 +51,11 @@ e2e7b)
     rand_ids
     r7b new OOMB_CUDA_FUSE_LCE=1
     r7b old OOMB_CUDA_FUSE_LCE=0 ;;
+tests2)
+    nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
+    tar -xJf .devcarry/tests-bins.tar.xz -C $B && rm -rf $K/fixtures && mkdir -p $K/fixtures \
+        && tar -xJf .devcarry/fq.tar.xz -C $K/fixtures --strip-components=1 || exit 1
+    export OOMB_FIXTURES=$K/fixtures OOMB_SOURCE_DIR=$PWD
+    tests test-cuda-ops:150
+    OOMB_CUDA_FUSE_LCE=1 tests test-cuda-qwen2:300 ;;
 esac
