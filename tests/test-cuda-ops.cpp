@@ -908,28 +908,36 @@ TEST_F(CudaOps, LinearCrossEntropyAndBack) {
         {96, 777, 64, 0, OOMB_TYPE_F16},      // automatic tile: one tile holds every class
         {64, 2200, 300, 256, OOMB_TYPE_BF16}, // 9 tiles, the last one 152 rows
     };
-    for (const Case & cs : cases) {
-        char name[160];
-        snprintf(name, sizeof(name), "linear_cross_entropy / back w %s [%lld, %lld] x [%lld, %lld] tile %lld", oomb_type_name(cs.wt),
-                 (long long) cs.E, (long long) cs.V, (long long) cs.E, (long long) cs.N, (long long) cs.tile);
-        expect_case(name, [&cs](Builder & B) -> std::vector<oomb_tensor *> {
-            oomb_tensor * w = B.input(cs.wt, cs.E, cs.V, 1, 1, -1.0f, 1.0f);
-            oomb_tensor * x = B.input(OOMB_TYPE_F32, cs.E, cs.N, 1, 1, -1.0f, 1.0f);
-            std::vector<int32_t> lab = B.rand_ids(cs.N, (int32_t) cs.V);
-            lab[0] = (int32_t) cs.V - 1;
-            if (cs.N > 1) lab[1] = -100;
-            oomb_tensor * labels = B.ids(lab, cs.N);
-            oomb_tensor * dloss = B.input(OOMB_TYPE_F32, 2, 1, 1, 1, 0.2f, 0.9f);
-            oomb_tensor * l = oomb_linear_cross_entropy(B.ctx, w, x, labels, -100);
-            oomb_linear_cross_entropy_set_tile(l, cs.tile);
-            oomb_tensor * lse = oomb_view_1d(B.ctx, l->view_src, cs.N, 2 * sizeof(float));
-            oomb_tensor * both = oomb_linear_cross_entropy_back(B.ctx, w, x, labels, dloss, lse, -100, OOMB_LCE_GRAD_X | OOMB_LCE_GRAD_W);
-            oomb_tensor * only_x = oomb_linear_cross_entropy_back(B.ctx, w, x, labels, dloss, nullptr, -100, OOMB_LCE_GRAD_X);
-            oomb_tensor * only_w = oomb_linear_cross_entropy_back(B.ctx, w, x, labels, dloss, nullptr, -100, OOMB_LCE_GRAD_W);
-            for (oomb_tensor * t : {both, only_x, only_w}) oomb_linear_cross_entropy_set_tile(t, cs.tile);
-            // outputs: { sum, count }, the lse tail, [dx ; dw] (lse from the forward), dx and dw alone (lse recomputed)
-            return {l, lse, both, only_x, only_w};
-        }, k_bf16);
+    // a bf16 head's forward and backward in one graph run as one pass by default (fuse_linear_ce);
+    // OOMB_CUDA_FUSE_LCE=0 keeps them apart, in their vocabulary tiles: both against the CPU
+    oombtest::ScopedEnv env({"OOMB_CUDA_FUSE", "OOMB_CUDA_FUSE_LCE"});
+    env.unset("OOMB_CUDA_FUSE");
+    for (const char * lce : {"", "0"}) {
+        if (*lce) env.set("OOMB_CUDA_FUSE_LCE", lce); else env.unset("OOMB_CUDA_FUSE_LCE");
+        for (const Case & cs : cases) {
+            char name[200];
+            snprintf(name, sizeof(name), "linear_cross_entropy / back w %s [%lld, %lld] x [%lld, %lld] tile %lld%s", oomb_type_name(cs.wt),
+                     (long long) cs.E, (long long) cs.V, (long long) cs.E, (long long) cs.N, (long long) cs.tile,
+                     *lce ? " (OOMB_CUDA_FUSE_LCE=0)" : "");
+            expect_case(name, [&cs](Builder & B) -> std::vector<oomb_tensor *> {
+                oomb_tensor * w = B.input(cs.wt, cs.E, cs.V, 1, 1, -1.0f, 1.0f);
+                oomb_tensor * x = B.input(OOMB_TYPE_F32, cs.E, cs.N, 1, 1, -1.0f, 1.0f);
+                std::vector<int32_t> lab = B.rand_ids(cs.N, (int32_t) cs.V);
+                lab[0] = (int32_t) cs.V - 1;
+                if (cs.N > 1) lab[1] = -100;
+                oomb_tensor * labels = B.ids(lab, cs.N);
+                oomb_tensor * dloss = B.input(OOMB_TYPE_F32, 2, 1, 1, 1, 0.2f, 0.9f);
+                oomb_tensor * l = oomb_linear_cross_entropy(B.ctx, w, x, labels, -100);
+                oomb_linear_cross_entropy_set_tile(l, cs.tile);
+                oomb_tensor * lse = oomb_view_1d(B.ctx, l->view_src, cs.N, 2 * sizeof(float));
+                oomb_tensor * both = oomb_linear_cross_entropy_back(B.ctx, w, x, labels, dloss, lse, -100, OOMB_LCE_GRAD_X | OOMB_LCE_GRAD_W);
+                oomb_tensor * only_x = oomb_linear_cross_entropy_back(B.ctx, w, x, labels, dloss, nullptr, -100, OOMB_LCE_GRAD_X);
+                oomb_tensor * only_w = oomb_linear_cross_entropy_back(B.ctx, w, x, labels, dloss, nullptr, -100, OOMB_LCE_GRAD_W);
+                for (oomb_tensor * t : {both, only_x, only_w}) oomb_linear_cross_entropy_set_tile(t, cs.tile);
+                // outputs: { sum, count }, the lse tail, [dx ; dw] (lse from the forward), dx and dw alone (lse recomputed)
+                return {l, lse, both, only_x, only_w};
+            }, k_bf16);
+        }
     }
     // through autodiff: a strided 3-D x (a view with padded rows), loss and both gradients
     expect_case("linear_cross_entropy autodiff: loss, dw, dx (strided 3-D x)", [](Builder & B) -> std::vector<oomb_tensor *> {
@@ -947,6 +955,45 @@ TEST_F(CudaOps, LinearCrossEntropyAndBack) {
     }, k_bf16);
 }
 
+// Operands of the linear cross-entropy GPU tests, in one CUDA buffer: w [E, V] bf16 and x [E, N] f32
+// uniform in [-1, 1) from seed, labels [N] spread over the classes with row 5 ignored (-100) and row 6
+// the last class, dloss [2] = {0.7, 3}, and acc [E, V] f32 (unset: a gradient a test may add dw into).
+struct LceOperands {
+    oomb_context * in = nullptr;
+    oomb_tensor * w = nullptr, * x = nullptr, * labels = nullptr, * dl = nullptr, * acc = nullptr;
+    oomb_buffer_t buf = nullptr;
+    LceOperands(oomb_backend_t cu, int64_t E, int64_t V, int64_t N, unsigned seed) {
+        in = oomb_init({0, true});
+        w = oomb_new_tensor_2d(in, OOMB_TYPE_BF16, E, V);
+        x = oomb_new_tensor_2d(in, OOMB_TYPE_F32, E, N);
+        labels = oomb_new_tensor_1d(in, OOMB_TYPE_I32, N);
+        dl = oomb_new_tensor_1d(in, OOMB_TYPE_F32, 2);
+        acc = oomb_new_tensor_2d(in, OOMB_TYPE_F32, E, V);
+        buf = oomb_backend_alloc_ctx_tensors(in, cu);
+        std::mt19937 rng(seed);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        std::vector<uint16_t> wv((size_t) (E * V));
+        for (auto & v : wv) v = oomb_fp32_to_bf16(u(rng));
+        std::vector<float> xv((size_t) (E * N));
+        for (auto & v : xv) v = u(rng);
+        std::vector<int32_t> lv((size_t) N);
+        for (int64_t i = 0; i < N; i++) lv[(size_t) i] = (int32_t) ((i * 613 + 11) % V);
+        if (N > 5) lv[5] = -100;
+        if (N > 6) lv[6] = (int32_t) V - 1;
+        const float dlv[2] = {0.7f, 3.0f};
+        oomb_tensor_set(w, wv.data(), 0, wv.size() * 2);
+        oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
+        oomb_tensor_set(labels, lv.data(), 0, lv.size() * 4);
+        oomb_tensor_set(dl, dlv, 0, sizeof(dlv));
+    }
+    ~LceOperands() {
+        oomb_buffer_free(buf);
+        oomb_free(in);
+    }
+    LceOperands(const LceOperands &) = delete;
+    LceOperands & operator=(const LceOperands &) = delete;
+};
+
 // On the GPU itself, the fused op against mul_mat + cross_entropy_loss(_back) + mul_mat (the same
 // bf16 products): the loss and the log-sum-exp to f32 accuracy, the gradients closely (both round
 // dlogits to bf16 for their products). Tighter than the GPU-vs-CPU gate above, so a tile that is
@@ -954,28 +1001,13 @@ TEST_F(CudaOps, LinearCrossEntropyAndBack) {
 TEST_F(CudaOps, LinearCrossEntropyMatchesUnfusedOnGpu) {
     REQUIRE_CUDA();
     oomb_backend_t cu = cuda_backend();
+    oombtest::ScopedEnv env({"OOMB_CUDA_FUSE", "OOMB_CUDA_FUSE_LCE"});
+    env.unset("OOMB_CUDA_FUSE");
+    env.set("OOMB_CUDA_FUSE_LCE", "0");  // the two ops apart, in their vocabulary tiles (the fused pass has its own test)
     const int64_t E = 64, V = 2000, N = 33;
-    oomb_context * in = oomb_init({0, true});
+    LceOperands op(cu, E, V, N, 7);
+    oomb_tensor * w = op.w, * x = op.x, * labels = op.labels, * dl = op.dl;
     oomb_context * ctx = oomb_init({0, true});
-    oomb_tensor * w = oomb_new_tensor_2d(in, OOMB_TYPE_BF16, E, V);
-    oomb_tensor * x = oomb_new_tensor_2d(in, OOMB_TYPE_F32, E, N);
-    oomb_tensor * labels = oomb_new_tensor_1d(in, OOMB_TYPE_I32, N);
-    oomb_tensor * dl = oomb_new_tensor_1d(in, OOMB_TYPE_F32, 2);
-    oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(in, cu);
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    std::vector<uint16_t> wv((size_t) (E * V));
-    for (auto & v : wv) v = oomb_fp32_to_bf16(u(rng));
-    std::vector<float> xv((size_t) (E * N));
-    for (auto & v : xv) v = u(rng);
-    std::vector<int32_t> lv((size_t) N);
-    for (int64_t i = 0; i < N; i++) lv[(size_t) i] = (int32_t) ((i * 613 + 11) % V);
-    lv[5] = -100;
-    const float dlv[2] = {0.7f, 3.0f};
-    oomb_tensor_set(w, wv.data(), 0, wv.size() * 2);
-    oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
-    oomb_tensor_set(labels, lv.data(), 0, lv.size() * 4);
-    oomb_tensor_set(dl, dlv, 0, sizeof(dlv));
 
     oomb_tensor * l = oomb_linear_cross_entropy(ctx, w, x, labels, -100);
     oomb_linear_cross_entropy_set_tile(l, 384);  // 6 tiles, the last one 80 rows
@@ -994,6 +1026,9 @@ TEST_F(CudaOps, LinearCrossEntropyMatchesUnfusedOnGpu) {
     }
     oomb_gallocr_t ga = oomb_gallocr_new(cu);
     ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+#ifdef OOMB_USE_CUDA
+    const int64_t lce0 = harness_on_cpu() ? 0 : oomb_cuda_debug_fused_lce_count(cu);
+#endif
     oomb_backend_graph_compute(cu, g);
     oomb_backend_synchronize(cu);
     const vec packed = device_values(l->view_src), lossu = device_values(lu), b = device_values(back);
@@ -1017,10 +1052,11 @@ TEST_F(CudaOps, LinearCrossEntropyMatchesUnfusedOnGpu) {
     EXPECT_LT(e_lse, k_f32);
     EXPECT_LT(e_dx, 1e-2);
     EXPECT_LT(e_dw, 1e-2);
+#ifdef OOMB_USE_CUDA
+    if (!harness_on_cpu()) EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cu), lce0) << "OOMB_CUDA_FUSE_LCE=0 keeps the ops apart";
+#endif
     oomb_gallocr_free(ga);
-    oomb_buffer_free(buf);
     oomb_free(ctx);
-    oomb_free(in);
 }
 
 // The forward and backward of linear_cross_entropy in one graph run as one pass on the CUDA backend
@@ -1034,46 +1070,14 @@ TEST_F(CudaOps, LinearCrossEntropyMatchesUnfusedOnGpu) {
 TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
     REQUIRE_CUDA();
     oomb_backend_t cu = cuda_backend();
-    struct EnvRestore {
-        std::string fuse, rows, lce;
-        bool had_fuse = false, had_rows = false, had_lce = false;
-        EnvRestore() {
-            if (const char * e = getenv("OOMB_CUDA_FUSE")) { had_fuse = true; fuse = e; }
-            if (const char * e = getenv("OOMB_LCE_ROWS")) { had_rows = true; rows = e; }
-            if (const char * e = getenv("OOMB_CUDA_FUSE_LCE")) { had_lce = true; lce = e; }
-            unsetenv("OOMB_CUDA_FUSE_LCE");  // the default: fused (backend-cuda.cu, fuse_linear_ce)
-        }
-        ~EnvRestore() {
-            if (had_fuse) setenv("OOMB_CUDA_FUSE", fuse.c_str(), 1); else unsetenv("OOMB_CUDA_FUSE");
-            if (had_rows) setenv("OOMB_LCE_ROWS", rows.c_str(), 1); else unsetenv("OOMB_LCE_ROWS");
-            if (had_lce) setenv("OOMB_CUDA_FUSE_LCE", lce.c_str(), 1); else unsetenv("OOMB_CUDA_FUSE_LCE");
-        }
-    } env_restore;
+    oombtest::ScopedEnv env({"OOMB_CUDA_FUSE", "OOMB_LCE_ROWS", "OOMB_CUDA_FUSE_LCE"});
     const int64_t E = 64, N = 33;
     for (const int64_t V : {2000, 1999}) {
-        oomb_context * in = oomb_init({0, true});
+        LceOperands op(cu, E, V, N, 11 + (unsigned) V);
+        oomb_tensor * w = op.w, * x = op.x, * labels = op.labels, * dl = op.dl, * acc = op.acc;
         oomb_context * ctx = oomb_init({0, true});
-        oomb_tensor * w = oomb_new_tensor_2d(in, OOMB_TYPE_BF16, E, V);
-        oomb_tensor * x = oomb_new_tensor_2d(in, OOMB_TYPE_F32, E, N);
-        oomb_tensor * labels = oomb_new_tensor_1d(in, OOMB_TYPE_I32, N);
-        oomb_tensor * dl = oomb_new_tensor_1d(in, OOMB_TYPE_F32, 2);
-        oomb_tensor * acc = oomb_new_tensor_2d(in, OOMB_TYPE_F32, E, V);  // a gradient dw is added into (mode 2)
-        oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(in, cu);
-        std::mt19937 rng(11 + (unsigned) V);
+        std::mt19937 rng(5 + (unsigned) V);
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-        std::vector<uint16_t> wv((size_t) (E * V));
-        for (auto & v : wv) v = oomb_fp32_to_bf16(u(rng));
-        std::vector<float> xv((size_t) (E * N));
-        for (auto & v : xv) v = u(rng);
-        std::vector<int32_t> lv((size_t) N);
-        for (int64_t i = 0; i < N; i++) lv[(size_t) i] = (int32_t) ((i * 613 + 11) % V);
-        lv[5] = -100;
-        lv[6] = (int32_t) V - 1;
-        const float dlv[2] = {0.7f, 3.0f};
-        oomb_tensor_set(w, wv.data(), 0, wv.size() * 2);
-        oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
-        oomb_tensor_set(labels, lv.data(), 0, lv.size() * 4);
-        oomb_tensor_set(dl, dlv, 0, sizeof(dlv));
 
         // the unfused reference, in its own graph
         oomb_tensor * logits = oomb_mul_mat(ctx, w, x);                                        // [V, N]
@@ -1134,9 +1138,9 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
                 // the default (fused), OOMB_CUDA_FUSE=0 (no fusion at all), OOMB_CUDA_FUSE_LCE=0 (not this one)
                 for (const int setting : {0, 1, 2}) {
                     const bool fuse = setting == 0;
-                    if (setting == 1) setenv("OOMB_CUDA_FUSE", "0", 1); else unsetenv("OOMB_CUDA_FUSE");
-                    if (setting == 2) setenv("OOMB_CUDA_FUSE_LCE", "0", 1); else unsetenv("OOMB_CUDA_FUSE_LCE");
-                    if (*rows) setenv("OOMB_LCE_ROWS", rows, 1); else unsetenv("OOMB_LCE_ROWS");
+                    if (setting == 1) env.set("OOMB_CUDA_FUSE", "0"); else env.unset("OOMB_CUDA_FUSE");
+                    if (setting == 2) env.set("OOMB_CUDA_FUSE_LCE", "0"); else env.unset("OOMB_CUDA_FUSE_LCE");
+                    if (*rows) env.set("OOMB_LCE_ROWS", rows); else env.unset("OOMB_LCE_ROWS");
 #ifdef OOMB_USE_CUDA
                     const bool real = !harness_on_cpu();
                     const int64_t before = real ? oomb_cuda_debug_fused_lce_count(cu) : 0;
@@ -1184,9 +1188,7 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
             oomb_gallocr_free(ga);
         }
         oomb_gallocr_free(gar);
-        oomb_buffer_free(buf);
         oomb_free(ctx);
-        oomb_free(in);
     }
 }
 
@@ -1195,12 +1197,11 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
 // case), with row blocks that do not divide the rows; loss and gradients against the CPU backend.
 TEST_F(CudaOps, LinearCrossEntropyFusedThroughAutodiff) {
     REQUIRE_CUDA();
-    const char * fuse = getenv("OOMB_CUDA_FUSE"), * rows = getenv("OOMB_LCE_ROWS"), * lce = getenv("OOMB_CUDA_FUSE_LCE");
-    const std::string fuse_saved = fuse ? fuse : "", rows_saved = rows ? rows : "", lce_saved = lce ? lce : "";
-    unsetenv("OOMB_CUDA_FUSE");
-    unsetenv("OOMB_CUDA_FUSE_LCE");  // the default: fused (backend-cuda.cu, fuse_linear_ce)
+    oombtest::ScopedEnv env({"OOMB_CUDA_FUSE", "OOMB_LCE_ROWS", "OOMB_CUDA_FUSE_LCE"});
+    env.unset("OOMB_CUDA_FUSE");
+    env.unset("OOMB_CUDA_FUSE_LCE");  // the default: fused (backend-cuda.cu, fuse_linear_ce)
     for (const char * r : {"", "5"}) {
-        if (*r) setenv("OOMB_LCE_ROWS", r, 1); else unsetenv("OOMB_LCE_ROWS");
+        if (*r) env.set("OOMB_LCE_ROWS", r); else env.unset("OOMB_LCE_ROWS");
 #ifdef OOMB_USE_CUDA
         const bool real = !harness_on_cpu();
         const int64_t lce0 = real ? oomb_cuda_debug_fused_lce_count(cuda_backend()) : 0;
@@ -1224,9 +1225,6 @@ TEST_F(CudaOps, LinearCrossEntropyFusedThroughAutodiff) {
         }
 #endif
     }
-    if (fuse) setenv("OOMB_CUDA_FUSE", fuse_saved.c_str(), 1);
-    if (lce) setenv("OOMB_CUDA_FUSE_LCE", lce_saved.c_str(), 1); else unsetenv("OOMB_CUDA_FUSE_LCE");
-    if (rows) setenv("OOMB_LCE_ROWS", rows_saved.c_str(), 1); else unsetenv("OOMB_LCE_ROWS");
 }
 
 TEST_F(CudaOps, LinearCrossEntropyLabelErrors) {
@@ -1275,10 +1273,9 @@ TEST_F(CudaOps, LinearCrossEntropyLabelErrors) {
     // the forward and a backward reading its lse in one graph: the fused pass (fuse_linear_ce)
     // reports the same error, then computes with valid labels
     {
-        const char * fuse = getenv("OOMB_CUDA_FUSE"), * lce = getenv("OOMB_CUDA_FUSE_LCE");
-        const std::string fuse_saved = fuse ? fuse : "", lce_saved = lce ? lce : "";
-        unsetenv("OOMB_CUDA_FUSE");
-        unsetenv("OOMB_CUDA_FUSE_LCE");  // the default: fused (backend-cuda.cu, fuse_linear_ce)
+        oombtest::ScopedEnv env({"OOMB_CUDA_FUSE", "OOMB_CUDA_FUSE_LCE"});
+        env.unset("OOMB_CUDA_FUSE");
+        env.unset("OOMB_CUDA_FUSE_LCE");  // the default: fused (backend-cuda.cu, fuse_linear_ce)
         // a new forward node: the one above was placed by an allocator freed since
         oomb_tensor * l2 = oomb_linear_cross_entropy(ctx, w, x, labels, -1);
         oomb_tensor * lse = oomb_view_1d(ctx, l2->view_src, 3, 2 * sizeof(float));
@@ -1304,8 +1301,6 @@ TEST_F(CudaOps, LinearCrossEntropyLabelErrors) {
         EXPECT_NEAR(out[0], 2.0 * std::log(6.0), 1e-5);
         EXPECT_EQ(out[1], 2.0f);
         oomb_gallocr_free(ga);
-        if (fuse) setenv("OOMB_CUDA_FUSE", fuse_saved.c_str(), 1);
-        if (lce) setenv("OOMB_CUDA_FUSE_LCE", lce_saved.c_str(), 1); else unsetenv("OOMB_CUDA_FUSE_LCE");
     }
     oomb_buffer_free(buf);
     oomb_free(ctx);

@@ -5,6 +5,8 @@
 #include "oomb-backend.h"
 
 #include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -42,6 +44,36 @@ void fill_random_blocks(oomb_tensor * t, std::mt19937 & rng);
 std::vector<double> dequantized(const oomb_tensor * t);
 /// Reads any host float tensor (any strides) into a flat vector in logical order.
 std::vector<double> to_vector(const oomb_tensor * t);
+
+/// Environment variables for a test's scope: the named ones are saved when it is made and put back
+/// (set to the saved value, or unset) when it goes, on every way out of the test; set / unset in
+/// between change them (names not given to the constructor are saved on first use).
+struct ScopedEnv {
+    explicit ScopedEnv(std::initializer_list<const char *> names) {
+        for (const char * n : names) save(n);
+    }
+    ~ScopedEnv() {
+        for (const Saved & v : saved) {
+            if (v.had) setenv(v.name.c_str(), v.value.c_str(), 1); else unsetenv(v.name.c_str());
+        }
+    }
+    ScopedEnv(const ScopedEnv &) = delete;
+    ScopedEnv & operator=(const ScopedEnv &) = delete;
+    void set(const char * name, const char * value) { save(name); setenv(name, value, 1); }
+    void unset(const char * name) { save(name); unsetenv(name); }
+  private:
+    struct Saved {
+        std::string name, value;
+        bool had;
+    };
+    std::vector<Saved> saved;
+    void save(const char * name) {
+        for (const Saved & v : saved)
+            if (v.name == name) return;
+        const char * e = getenv(name);
+        saved.push_back({name, e ? e : "", e != nullptr});
+    }
+};
 
 /// While alive (inside EXPECT_OOMB_ERROR), a failed graph_compute is what the test expects.
 struct ExpectingFailure {
