@@ -7,8 +7,9 @@
 #   e2e7b    7B --trainable linear dense 128K, one step each, new / old, profiled
 #   tests2   test-cuda-ops (rebuilt) and test-cuda-qwen2 against the HF fixtures with the fusion on,
 #            from .devcarry/tests-bins.tar.xz and .devcarry/fq.tar.xz (fits the 64 MiB carry alone)
-usage="usage: $0 a | fixtures | e2e7b | tests2"
-case ${1:-} in a|fixtures|e2e7b|tests2) ;; *) echo "$usage"; exit 2 ;; esac
+#   prof05   0.5B one chunk of 32K with the fusion (default) and without, OOMB_CUDA_PROFILE=2 (per-shape rows)
+usage="usage: $0 a | fixtures | e2e7b | tests2 | prof05"
+case ${1:-} in a|fixtures|e2e7b|tests2|prof05) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids
 unpack() {
     cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || return 1
@@ -51,6 +52,14 @@ e2e7b)
     rand_ids
     r7b new OOMB_CUDA_FUSE_LCE=1
     r7b old OOMB_CUDA_FUSE_LCE=0 ;;
+prof05)
+    unpack || exit 1
+    rand_ids
+    r05 prof-new OOMB_CUDA_PROFILE=2
+    r05 prof-old OOMB_CUDA_PROFILE=2 OOMB_CUDA_FUSE_LCE=0
+    r05 new
+    r05 old OOMB_CUDA_FUSE_LCE=0
+    r05 new2 ;;
 tests2)
     nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
     tar -xJf .devcarry/tests-bins.tar.xz -C $B && rm -rf $K/fixtures && mkdir -p $K/fixtures \
