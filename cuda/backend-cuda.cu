@@ -19,6 +19,8 @@
 #include "sparse.cuh"
 
 #include <algorithm>
+#include <cctype>
+#include <string>
 #include <cstdio>
 #include <unordered_map>
 #include <cstdlib>
@@ -404,6 +406,19 @@ std::string profile_key(const oomb_tensor * n) {
     return k;
 }
 
+// A default-on switch (OOMB_CUDA_FUSE, OOMB_CUDA_FUSE_LCE): off for 0, false, off or no (any case),
+// on when unset, empty, 1, true, on or yes; any other value is an error naming the variable.
+bool env_flag_off(const char * name) {
+    const char * e = getenv(name);
+    if (!e || !*e) return false;
+    std::string v(e);
+    for (char & ch : v) ch = (char) tolower((unsigned char) ch);
+    if (v == "0" || v == "false" || v == "off" || v == "no") return true;
+    if (v == "1" || v == "true" || v == "on" || v == "yes") return false;
+    oomb_error("%s=%s: expected 0 or 1 (or false / true, off / on, no / yes)", name, e);
+    return false;
+}
+
 // Fused accumulation: c += mul_mat(a, b) as one GEMM with beta = 1 into c. The autodiff appends
 // every parameter's accumulation param->grad += gradient (src/backward.cpp) as an add_inplace whose
 // gradient is, for a weight read once, the dW product itself; unfused, that product's f32 result is
@@ -429,9 +444,8 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
     c.fuse_acc.clear();
     c.fuse_at.clear();
     c.fuse_skip.clear();
-    const char * off = getenv("OOMB_CUDA_FUSE"), * on_lce = getenv("OOMB_CUDA_FUSE_LCE");
-    const bool lce_on = !(on_lce && strcmp(on_lce, "0") == 0);
-    if (g->is_view || (off && strcmp(off, "0") == 0)) return;
+    const bool lce_on = !env_flag_off("OOMB_CUDA_FUSE_LCE");
+    if (g->is_view || env_flag_off("OOMB_CUDA_FUSE")) return;
     const size_t n = g->nodes.size();
     auto base = [](const oomb_tensor * t) { return t->view_src ? t->view_src : t; };
     std::unordered_map<const oomb_tensor *, int> readers;  // node -> nodes reading it (sources, view sources)
@@ -520,8 +534,7 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
 // OOMB_CUDA_FUSE_LCE=0 (or OOMB_CUDA_FUSE=0) runs the two ops apart. Fills c.fuse_lce / c.fuse_skip.
 void fuse_linear_ce(oomb_cuda_ctx & c, const oomb_cgraph * g) {
     c.fuse_lce.clear();
-    const char * off = getenv("OOMB_CUDA_FUSE"), * on_lce = getenv("OOMB_CUDA_FUSE_LCE");
-    if (g->is_view || (off && strcmp(off, "0") == 0) || (on_lce && strcmp(on_lce, "0") == 0)) return;
+    if (g->is_view || env_flag_off("OOMB_CUDA_FUSE") || env_flag_off("OOMB_CUDA_FUSE_LCE")) return;
     const size_t n = g->nodes.size();
     std::unordered_map<const oomb_tensor *, size_t> index;
     for (size_t i = 0; i < n; i++)
@@ -541,6 +554,11 @@ void fuse_linear_ce(oomb_cuda_ctx & c, const oomb_cgraph * g) {
         if (B->src[0] != w || B->src[1] != x || B->src[2] != labels || B->op_params[0] != F->op_params[0]) continue;
         if (lse->view_offs != 2 * sizeof(float) || oomb_nelements(lse) != N || !oomb_is_contiguous(lse)) continue;
         if (!oomb_cuda_linear_ce_fusable(w) || !oomb_is_contiguous(F) || !F->data || !B->data) continue;
+        // B's other operands (dloss above all) must not be F's bytes: the pass reads them before it writes F
+        bool aliased = false;
+        for (int q = 0; q < OOMB_MAX_SRC; q++)
+            if (q != 4 && B->src[q]) aliased = aliased || base(B->src[q]) == F || oomb::tensors_overlap(B->src[q], F);
+        if (aliased) continue;
         bool touched = false;
         for (size_t k = i + 1; k < j && !touched; k++) {
             const oomb_tensor * t = g->nodes[k];

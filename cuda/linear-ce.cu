@@ -376,11 +376,16 @@ void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_t
 
 bool oomb_cuda_linear_ce_fusable(const oomb_tensor * w) { return w_in_place(w); }
 
-int64_t oomb_cuda_linear_ce_fused_rows(int64_t V, int64_t N) {
+int64_t oomb_cuda_linear_ce_fused_rows(int64_t V, int64_t N, int64_t tile) {
     if (V <= 0 || N <= 0) return 0;
     int64_t r = 0;
     if (const char * e = getenv("OOMB_LCE_ROWS")) r = atoll(e);
-    if (r <= 0) r = std::max<int64_t>(1, ((int64_t) 5 << 28) / (V * (int64_t) sizeof(float)));  // [V, rows] f32 of at most 1.25 GiB
+    if (r <= 0) {
+        // [V, rows] f32 of at most 1.25 GiB, or of the tiled path's [tile, N] when a tile was set
+        int64_t cap = ((int64_t) 5 << 28) / (int64_t) sizeof(float);
+        if (tile > 0) cap = std::min(cap, std::min(tile, V) * N);
+        r = std::max<int64_t>(1, cap / V);
+    }
     r = std::min(r, N);
     const int64_t blocks = (N + r - 1) / r;
     return (N + blocks - 1) / blocks;  // the same rows in every block (the last one at most as many)
@@ -405,7 +410,12 @@ void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor
     float * dX = want_dx ? (float *) back->data : nullptr;
     float * dW = want_dw ? (acc_dw ? acc_dw : (float *) back->data + n_dx) : nullptr;
     const int32_t ignore = back->op_params[0];
-    const int64_t R = oomb_cuda_linear_ce_fused_rows(d.V, d.N);
+    // a vocabulary tile set on either node (oomb_linear_cross_entropy_set_tile) or OOMB_LCE_TILE caps the
+    // logits block as it caps the tiled path's
+    int64_t tile = std::max<int64_t>(fwd->op_params[1], back->op_params[1]);
+    if (tile <= 0)
+        if (const char * e = getenv("OOMB_LCE_TILE")) tile = atoll(e);
+    const int64_t R = oomb_cuda_linear_ce_fused_rows(d.V, d.N, tile);
     // scratch: x in bf16, the [V, R] f32 logits of a row block (its dlogits in place), the row state
     const size_t N = (size_t) d.N, E = (size_t) d.E;
     __nv_bfloat16 * xb = (__nv_bfloat16 *) c.scratch(SLOT_X, E * N * 2);

@@ -43,6 +43,7 @@ void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor
                                const oomb_tensor * labels, const oomb_tensor * dloss, float * acc_dw);
 bool oomb_cuda_linear_ce_fusable(const oomb_tensor * w);
 // Rows per block of the fused pass for V classes and N rows: the most whose [V, rows] f32 logits
-// fit 1.25 GiB (OOMB_LCE_ROWS > 0 instead, for tests), at most N, then evened out over the blocks
-// (7B: V 152,064 holds 2,206 rows: a chunk of 2,048 in one block).
-int64_t oomb_cuda_linear_ce_fused_rows(int64_t V, int64_t N);
+// fit 1.25 GiB, or, with tile > 0 (a vocabulary tile set on the op or OOMB_LCE_TILE), the tiled
+// path's [min(tile, V), N] (at least one row); OOMB_LCE_ROWS > 0 instead, for tests; at most N, then
+// evened out over the blocks (7B: V 152,064 holds 2,206 rows: a chunk of 2,048 in one block).
+int64_t oomb_cuda_linear_ce_fused_rows(int64_t V, int64_t N, int64_t tile);

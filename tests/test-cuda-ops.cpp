@@ -914,6 +914,9 @@ TEST_F(CudaOps, LinearCrossEntropyAndBack) {
     env.unset("OOMB_CUDA_FUSE");
     for (const char * lce : {"", "0"}) {
         if (*lce) env.set("OOMB_CUDA_FUSE_LCE", lce); else env.unset("OOMB_CUDA_FUSE_LCE");
+#ifdef OOMB_USE_CUDA
+        const int64_t lce0 = harness_on_cpu() ? 0 : oomb_cuda_debug_fused_lce_count(cuda_backend());
+#endif
         for (const Case & cs : cases) {
             char name[200];
             snprintf(name, sizeof(name), "linear_cross_entropy / back w %s [%lld, %lld] x [%lld, %lld] tile %lld%s", oomb_type_name(cs.wt),
@@ -938,7 +941,13 @@ TEST_F(CudaOps, LinearCrossEntropyAndBack) {
                 return {l, lse, both, only_x, only_w};
             }, k_bf16);
         }
+#ifdef OOMB_USE_CUDA
+        if (!harness_on_cpu()) {  // the three bf16 heads fuse by default, none with =0
+            EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cuda_backend()) - lce0, *lce ? 0 : 3) << "OOMB_CUDA_FUSE_LCE='" << lce << "'";
+        }
+#endif
     }
+    env.unset("OOMB_CUDA_FUSE_LCE");  // the default again for the autodiff case below
     // through autodiff: a strided 3-D x (a view with padded rows), loss and both gradients
     expect_case("linear_cross_entropy autodiff: loss, dw, dx (strided 3-D x)", [](Builder & B) -> std::vector<oomb_tensor *> {
         const int64_t E = 72, V = 1500, T = 11;
@@ -958,6 +967,7 @@ TEST_F(CudaOps, LinearCrossEntropyAndBack) {
 // Operands of the linear cross-entropy GPU tests, in one CUDA buffer: w [E, V] bf16 and x [E, N] f32
 // uniform in [-1, 1) from seed, labels [N] spread over the classes with row 5 ignored (-100) and row 6
 // the last class, dloss [2] = {0.7, 3}, and acc [E, V] f32 (unset: a gradient a test may add dw into).
+const float dlv0 = 0.7f;  // LceOperands' dloss[0]
 struct LceOperands {
     oomb_context * in = nullptr;
     oomb_tensor * w = nullptr, * x = nullptr, * labels = nullptr, * dl = nullptr, * acc = nullptr;
@@ -980,7 +990,7 @@ struct LceOperands {
         for (int64_t i = 0; i < N; i++) lv[(size_t) i] = (int32_t) ((i * 613 + 11) % V);
         if (N > 5) lv[5] = -100;
         if (N > 6) lv[6] = (int32_t) V - 1;
-        const float dlv[2] = {0.7f, 3.0f};
+        const float dlv[2] = {dlv0, 3.0f};
         oomb_tensor_set(w, wv.data(), 0, wv.size() * 2);
         oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
         oomb_tensor_set(labels, lv.data(), 0, lv.size() * 4);
@@ -1053,7 +1063,9 @@ TEST_F(CudaOps, LinearCrossEntropyMatchesUnfusedOnGpu) {
     EXPECT_LT(e_dx, 1e-2);
     EXPECT_LT(e_dw, 1e-2);
 #ifdef OOMB_USE_CUDA
-    if (!harness_on_cpu()) EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cu), lce0) << "OOMB_CUDA_FUSE_LCE=0 keeps the ops apart";
+    if (!harness_on_cpu()) {
+        EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cu), lce0) << "OOMB_CUDA_FUSE_LCE=0 keeps the ops apart";
+    }
 #endif
     oomb_gallocr_free(ga);
     oomb_free(ctx);
@@ -1108,12 +1120,15 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
         // gradient (acc += dw: fuse_accumulations adds it from the GEMM) and its dx copied out
         std::vector<float> acc0((size_t) (E * V));
         for (auto & v : acc0) v = u(rng);
-        for (const int mode : {0, 1, 2}) {
-            const bool read_loss = mode == 1;
+        // 3: a loss read and dw into the gradient (the separate backward adds dw from its GEMM);
+        // 4: dloss is F's own {sum, count} (a view of F: must keep them apart, dlogits scaled by the sum)
+        for (const int mode : {0, 1, 2, 3, 4}) {
+            const bool read_loss = mode == 1 || mode == 3, with_acc = mode == 2 || mode == 3;
             oomb_tensor * l = oomb_linear_cross_entropy(ctx, w, x, labels, -100);
             oomb_tensor * scaled = read_loss ? oomb_scale(ctx, l, 2.0f) : nullptr;
             oomb_tensor * lse = oomb_view_1d(ctx, l->view_src, N, 2 * sizeof(float));
-            oomb_tensor * back = oomb_linear_cross_entropy_back(ctx, w, x, labels, dl, lse, -100, OOMB_LCE_GRAD_X | OOMB_LCE_GRAD_W);
+            oomb_tensor * dlm = mode == 4 ? oomb_view_1d(ctx, l->view_src, 2, 0) : dl;
+            oomb_tensor * back = oomb_linear_cross_entropy_back(ctx, w, x, labels, dlm, lse, -100, OOMB_LCE_GRAD_X | OOMB_LCE_GRAD_W);
             oomb_cgraph * g = oomb_new_graph(ctx);
             oomb_set_output(l->view_src);
             oomb_build_forward_expand(g, l->view_src);
@@ -1122,7 +1137,7 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
                 oomb_build_forward_expand(g, scaled);
             }
             oomb_tensor * dx_out = nullptr, * acc_node = nullptr;
-            if (mode == 2) {
+            if (with_acc) {
                 dx_out = oomb_cont(ctx, oomb_view_2d(ctx, back, E, N, E * sizeof(float), 0));
                 acc_node = oomb_add_inplace(ctx, acc, oomb_view_2d(ctx, back, E, V, E * sizeof(float), (size_t) (E * N) * sizeof(float)));
                 oomb_set_output(dx_out);
@@ -1137,7 +1152,6 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
             for (const char * rows : {"", "7"}) {
                 // the default (fused), OOMB_CUDA_FUSE=0 (no fusion at all), OOMB_CUDA_FUSE_LCE=0 (not this one)
                 for (const int setting : {0, 1, 2}) {
-                    const bool fuse = setting == 0;
                     if (setting == 1) env.set("OOMB_CUDA_FUSE", "0"); else env.unset("OOMB_CUDA_FUSE");
                     if (setting == 2) env.set("OOMB_CUDA_FUSE_LCE", "0"); else env.unset("OOMB_CUDA_FUSE_LCE");
                     if (*rows) env.set("OOMB_LCE_ROWS", rows); else env.unset("OOMB_LCE_ROWS");
@@ -1148,21 +1162,22 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
 #endif
                     // poison the results: a pass that skips a block or the forward shows
                     std::vector<float> junk((size_t) oomb_nelements(back), NAN);
-                    oomb_tensor_set(mode == 2 ? dx_out : back, junk.data(), 0, mode == 2 ? (size_t) (E * N) * 4 : junk.size() * 4);
+                    oomb_tensor_set(back, junk.data(), 0, junk.size() * 4);
+                    if (with_acc) oomb_tensor_set(dx_out, junk.data(), 0, (size_t) (E * N) * 4);
                     oomb_tensor_set(l->view_src, junk.data(), 0, (size_t) (N + 2) * 4);
-                    if (mode == 2) oomb_tensor_set(acc, acc0.data(), 0, acc0.size() * 4);
+                    if (with_acc) oomb_tensor_set(acc, acc0.data(), 0, acc0.size() * 4);
                     oomb_backend_graph_compute(cu, g);
                     oomb_backend_synchronize(cu);
 #ifdef OOMB_USE_CUDA
                     if (real) {
-                        EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cu) - before, fuse && !read_loss ? 1 : 0)
+                        EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cu) - before, setting == 0 && (mode == 0 || mode == 2) ? 1 : 0)
                             << "V " << V << " rows '" << rows << "' setting " << setting << " mode " << mode;
-                        EXPECT_EQ(oomb_cuda_debug_fused_count(cu) - before_acc, fuse && mode == 2 ? 1 : 0) << "dw into the gradient";
+                        EXPECT_EQ(oomb_cuda_debug_fused_count(cu) - before_acc, setting == 0 && with_acc ? 1 : 0) << "dw into the gradient";
                     }
 #endif
                     const vec packed = device_values(l->view_src);
                     vec bdx, bdw;
-                    if (mode == 2) {
+                    if (with_acc) {
                         bdx = device_values(dx_out);
                         const vec a = device_values(acc);
                         for (size_t i = 0; i < a.size(); i++) bdw.push_back(a[i] - (double) acc0[i]);
@@ -1173,8 +1188,13 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
                     }
                     const double e_loss = rel_err(vec(packed.begin(), packed.begin() + 2), lossu);
                     const double e_lse = rel_err(vec(packed.begin() + 2, packed.end()), lse_ref);
-                    const double e_dx = rel_err(bdx, dx);
-                    const double e_dw = rel_err(bdw, dw);
+                    // mode 4: dloss[0] is the loss sum instead of 0.7
+                    const double f = mode == 4 ? packed[0] / (double) dlv0 : 1.0;
+                    vec dxf = dx, dwf = dw;
+                    for (double & v : dxf) v *= f;
+                    for (double & v : dwf) v *= f;
+                    const double e_dx = rel_err(bdx, dxf);
+                    const double e_dw = rel_err(bdw, dwf);
                     printf("  V %lld rows '%s' setting %d mode %d: loss %.3e, lse %.3e, dx %.3e, dw %.3e\n", (long long) V, rows,
                            setting, mode, e_loss, e_lse, e_dx, e_dw);
                     EXPECT_LT(e_loss, k_f32);
@@ -1182,7 +1202,9 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
                     EXPECT_LT(e_lse, k_f32);
                     EXPECT_LT(e_dx, 1e-2);
                     EXPECT_LT(e_dw, 1e-2);
-                    if (read_loss) EXPECT_NEAR(device_values(scaled)[0], 2.0 * packed[0], 1e-3 * std::fabs(packed[0]));
+                    if (read_loss) {
+                        EXPECT_NEAR(device_values(scaled)[0], 2.0 * packed[0], 1e-3 * std::fabs(packed[0]));
+                    }
                 }
             }
             oomb_gallocr_free(ga);
@@ -1239,7 +1261,9 @@ TEST_F(CudaOps, LinearCrossEntropyFusedThroughAutodiff) {
             return {B.loss, x->grad};
         }, k_bf16);
 #ifdef OOMB_USE_CUDA
-        if (real) EXPECT_GE(oomb_cuda_debug_fused_lce_count(cuda_backend()) - lce1, 1) << "frozen head: one pass too";
+        if (real) {
+            EXPECT_GE(oomb_cuda_debug_fused_lce_count(cuda_backend()) - lce1, 1) << "frozen head: one pass too";
+        }
 #endif
     }
 }
@@ -1630,6 +1654,44 @@ TEST(CudaBackend, InitAndBuffers) {
     EXPECT_EQ(oomb_backend_alloc_buffer(cu, (size_t) 1 << 50), nullptr);
 }
 
+// The fusion switches (OOMB_CUDA_FUSE, OOMB_CUDA_FUSE_LCE; backend-cuda.cu, env_flag_off): 0 / false /
+// off / no and 1 / true / on / yes in any case, anything else an error naming the variable.
+TEST_F(CudaOps, FusionSwitchesParsed) {
+    REQUIRE_CUDA();
+    if (harness_on_cpu()) GTEST_SKIP() << "the switches are read by the CUDA backend (harness run on the CPU)";
+    oombtest::ScopedEnv env({"OOMB_CUDA_FUSE", "OOMB_CUDA_FUSE_LCE"});
+    oomb_backend_t cu = cuda_backend();
+    oomb_context * in = oomb_init({0, true});
+    oomb_context * ctx = oomb_init({0, true});
+    oomb_tensor * a = oomb_new_tensor_1d(in, OOMB_TYPE_F32, 5);
+    oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(in, cu);
+    const float av[5] = {1, 2, 3, 4, 5};
+    oomb_tensor_set(a, av, 0, sizeof(av));
+    oomb_tensor * y = oomb_add(ctx, a, a);
+    oomb_set_output(y);
+    oomb_cgraph * g = oomb_new_graph(ctx);
+    oomb_build_forward_expand(g, y);
+    oomb_gallocr_t ga = oomb_gallocr_new(cu);
+    ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+    for (const char * var : {"OOMB_CUDA_FUSE", "OOMB_CUDA_FUSE_LCE"}) {
+        for (const char * ok : {"0", "1", "false", "TRUE", "Off", "on", "no", "yes", ""}) {
+            env.set(var, ok);
+            EXPECT_EQ(oomb_backend_graph_compute(cu, g), OOMB_STATUS_OK) << var << "=" << ok;
+        }
+        env.set(var, "maybe");
+        EXPECT_OOMB_ERROR(oomb_backend_graph_compute(cu, g), (std::string(var) + "=maybe: expected 0 or 1").c_str());
+        env.unset(var);
+    }
+    float yv[5];
+    oomb_backend_graph_compute(cu, g);
+    oomb_tensor_get(y, yv, 0, sizeof(yv));
+    EXPECT_EQ(yv[4], 10.0f);
+    oomb_gallocr_free(ga);
+    oomb_buffer_free(buf);
+    oomb_free(ctx);
+    oomb_free(in);
+}
+
 // The fused weight-gradient accumulation (cuda/backend-cuda.cu, fuse_accumulations; on by default,
 // the variable unset here) on the products the autodiff builds: two linear layers, each weight's
 // dW = dy x^T from transposed views (to_bf16_transposed, op N / T in cuBLAS) added into W's gradient
@@ -1656,7 +1718,9 @@ TEST_F(CudaOps, FusedWeightGradientAccumulation) {
         return {B.loss, w1->grad, w2->grad, x->grad};
     }, k_bf16);
 #ifdef OOMB_USE_CUDA
-    if (real) EXPECT_GE(oomb_cuda_debug_fused_count(cuda_backend()) - before, 2) << "the two weights' accumulations fused";
+    if (real) {
+        EXPECT_GE(oomb_cuda_debug_fused_count(cuda_backend()) - before, 2) << "the two weights' accumulations fused";
+    }
 #endif
 }
 
