@@ -529,7 +529,8 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
 // writes w's, x's or labels' bytes, or may write memory it does not return. dloss may come from any
 // node before B. Label errors are then reported against B (linear_cross_entropy_back), and a graph
 // stopped between F and B (abort callback, fault) leaves F's result unwritten. The fused pass picks
-// its own row blocks (1.25 GiB of logits at most): F's vocabulary tile does not apply to it.
+// its own row blocks (1.25 GiB of logits at most; a vocabulary tile set on F or B caps them at the
+// tiled path's [tile, N], oomb_cuda_linear_ce_fused_rows).
 // On by default since 2026-12-05 (bench/NOTES.md "The LM head": its GPU tests at 4e5a986 agreed with
 // the separate ops on an H100, the 0.5B step +2.7 %); OOMB_CUDA_FUSE_LCE=0 (or OOMB_CUDA_FUSE=0) runs
 // the two ops apart. Not fused either when another operand of B (dloss) is F's bytes. Fills
