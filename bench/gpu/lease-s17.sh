@@ -5,7 +5,7 @@
 #   a        test-cuda-ops, test-cuda-backend; 0.5B one chunk of 32K new / old, HF + SDPA (same call; HF=0: not)
 #   fixtures test-cuda-qwen2 against the HF fixtures with the fusion on (carried: .devcarry/fq, extra-bins)
 #   e2e7b    7B --trainable linear dense 128K, one step each, new / old, profiled
-#   tests2   test-cuda-ops (rebuilt) and test-cuda-qwen2 against the HF fixtures with the fusion on,
+#   tests2   test-cuda-ops (rebuilt), test-cuda-qwen2 (+ oomb-convert-hf) against the HF fixtures with the fusion on,
 #            from .devcarry/tests-bins.tar.xz and .devcarry/fq.tar.xz (fits the 64 MiB carry alone)
 #   prof05   0.5B one chunk of 32K with the fusion (default) and without, OOMB_CUDA_PROFILE=2 (per-shape rows)
 usage="usage: $0 a | fixtures | e2e7b | tests2 | prof05"
@@ -64,7 +64,7 @@ tests2)
     nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
     tar -xJf .devcarry/tests-bins.tar.xz -C $B && rm -rf $K/fixtures && mkdir -p $K/fixtures \
         && tar -xJf .devcarry/fq.tar.xz -C $K/fixtures --strip-components=1 || exit 1
-    export OOMB_FIXTURES=$K/fixtures OOMB_SOURCE_DIR=$PWD
+    export OOMB_FIXTURES=$K/fixtures OOMB_SOURCE_DIR=$PWD OOMB_BIN_DIR=$B   # oomb-convert-hf from the tarball
     tests test-cuda-ops:150
     OOMB_CUDA_FUSE_LCE=1 tests test-cuda-qwen2:300 ;;
 esac
