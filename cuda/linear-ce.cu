@@ -412,9 +412,7 @@ void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor
     const int32_t ignore = back->op_params[0];
     // a vocabulary tile set on either node (oomb_linear_cross_entropy_set_tile) or OOMB_LCE_TILE caps the
     // logits block as it caps the tiled path's
-    int64_t tile = std::max<int64_t>(fwd->op_params[1], back->op_params[1]);
-    if (tile <= 0)
-        if (const char * e = getenv("OOMB_LCE_TILE")) tile = atoll(e);
+    const int64_t tile = oomb_linear_cross_entropy_tile_request(std::max<int64_t>(fwd->op_params[1], back->op_params[1]));
     const int64_t R = oomb_cuda_linear_ce_fused_rows(d.V, d.N, tile);
     // scratch: x in bf16, the [V, R] f32 logits of a row block (its dlogits in place), the row state
     const size_t N = (size_t) d.N, E = (size_t) d.E;

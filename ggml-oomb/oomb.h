@@ -450,9 +450,14 @@ struct oomb_tensor * oomb_linear_cross_entropy(struct oomb_context * ctx, struct
 /// node, or of a linear_cross_entropy_back node); 0 restores the automatic choice. Its backward
 /// pass inherits it. For tests and tuning; results do not depend on it beyond rounding.
 void oomb_linear_cross_entropy_set_tile(struct oomb_tensor * t, int64_t rows);
-/// The tile the kernels use for V classes and N rows: `rows` when > 0 (capped at V), else the
-/// environment variable OOMB_LCE_TILE when set (> 0), else the automatic choice above.
+/// The tile the kernels use for V classes and N rows: oomb_linear_cross_entropy_tile_request(rows)
+/// when > 0 (capped at V), else the automatic choice above.
 int64_t oomb_linear_cross_entropy_tile(int64_t V, int64_t N, int64_t rows);
+/// The vocabulary tile asked for (0: none, the kernels choose): `rows` when > 0 (a tile set on the
+/// op), else the environment variable OOMB_LCE_TILE when set. The one reading of OOMB_LCE_TILE (the
+/// tiled kernels and the CUDA backend's fused pass both ask here). Errors: OOMB_LCE_TILE set to
+/// anything but an integer in [0, 2^31) (0 or empty: unset).
+int64_t oomb_linear_cross_entropy_tile_request(int64_t rows);
 
 /// Which gradients oomb_linear_cross_entropy_back computes (bit mask, not 0).
 enum oomb_lce_grad {

@@ -10,6 +10,8 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdarg>
+#include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -922,13 +924,21 @@ void oomb_linear_cross_entropy_set_tile(struct oomb_tensor * t, int64_t rows) {
     t->op_params[1] = (int32_t) rows;
 }
 
+int64_t oomb_linear_cross_entropy_tile_request(int64_t rows) {
+    if (rows > 0) return rows;
+    const char * e = getenv("OOMB_LCE_TILE");
+    if (!e || !*e) return 0;
+    char * end = nullptr;
+    errno = 0;
+    const long long t = strtoll(e, &end, 10);
+    OOMB_CHECK(errno == 0 && end != e && *end == '\0' && t >= 0 && t <= INT32_MAX, "linear_cross_entropy",
+               "OOMB_LCE_TILE = '%s' is not a tile (an integer of rows in [0, 2^31); 0 or unset: automatic)", e);
+    return t;
+}
+
 int64_t oomb_linear_cross_entropy_tile(int64_t V, int64_t N, int64_t rows) {
     if (V <= 0) return 0;
-    int64_t t = rows;
-    if (t <= 0) {
-        const char * e = getenv("OOMB_LCE_TILE");
-        if (e) t = atoll(e);
-    }
+    int64_t t = oomb_linear_cross_entropy_tile_request(rows);
     if (t <= 0) {
         // [Vt, N] f32 logits tile of at most 256 MiB; a multiple of 128 rows in [128, 16384]
         const int64_t budget = ((int64_t) 256 << 20) / (int64_t) sizeof(float);

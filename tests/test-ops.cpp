@@ -889,6 +889,15 @@ TEST_F(Ops, LinearCrossEntropyTileChoice) {
     setenv("OOMB_LCE_TILE", "77", 1);
     EXPECT_EQ(oomb_linear_cross_entropy_tile(1000, 7, 0), 77);
     EXPECT_EQ(oomb_linear_cross_entropy_tile(1000, 7, 5), 5); // the op's own setting wins
+    EXPECT_EQ(oomb_linear_cross_entropy_tile_request(0), 77);
+    EXPECT_EQ(oomb_linear_cross_entropy_tile_request(9), 9);
+    for (const char * bad : {"abc", "12x", "-5", "99999999999"}) {
+        setenv("OOMB_LCE_TILE", bad, 1);
+        EXPECT_OOMB_ERROR(oomb_linear_cross_entropy_tile(1000, 7, 0), "OOMB_LCE_TILE");
+    }
+    setenv("OOMB_LCE_TILE", "0", 1);  // 0: the automatic choice
+    EXPECT_EQ(oomb_linear_cross_entropy_tile(151936, 4096, 0), 16384);
+    EXPECT_EQ(oomb_linear_cross_entropy_tile_request(0), 0);
     unsetenv("OOMB_LCE_TILE");
     // the result looks like cross_entropy_loss's: f32 [2], a view of the packed node
     oomb_tensor * w = rnd(OOMB_TYPE_F32, 4, 9);
