@@ -88,8 +88,9 @@ void oomb_cuda_ctx::bf16_copies_after(const oomb_tensor * node) {
         if (e.valid && e.lo < hi && lo < e.hi) e.valid = false;
 }
 
-void * oomb_cuda_ctx::scratch(int slot, size_t bytes) {
+void * oomb_cuda_ctx::try_scratch(int slot, size_t bytes) {
     if (slot < 0 || slot >= N_SLOTS) oomb_error("cuda: scratch slot %d out of range", slot);
+    if (debug_scratch_limit && bytes > debug_scratch_limit) return nullptr;  // oomb_cuda_debug_set_scratch_limit
     if (bytes <= slot_cap[slot] && slot_ptr[slot]) return slot_ptr[slot];
     // Stream-ordered (no host or device synchronization): the old block is freed after the
     // kernels already queued on the compute stream (the only users of scratch) have run, and the
@@ -99,17 +100,28 @@ void * oomb_cuda_ctx::scratch(int slot, size_t bytes) {
         slot_ptr[slot] = nullptr;
         slot_cap[slot] = 0;
     }
-    size_t sz = bytes < 256 ? 256 : bytes;
-    sz += sz / 4; // headroom for slowly growing requests
+    const size_t exact = (std::max<size_t>(bytes, 256) + 255) & ~(size_t) 255;
+    size_t sz = exact + exact / 4; // headroom for slowly growing requests
     sz = (sz + 255) & ~(size_t) 255;
     void * p = nullptr;
-    const cudaError_t e = cudaMallocAsync(&p, sz, stream);
+    cudaError_t e = cudaMallocAsync(&p, sz, stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        oomb::fail(OOMB_STATUS_ALLOC_FAILED, "cuda: out of device memory allocating %zu bytes of scratch: %s", sz, cudaGetErrorString(e));
+        sz = exact;  // without the headroom
+        e = cudaMallocAsync(&p, sz, stream);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return nullptr;
+        }
     }
     slot_ptr[slot] = p;
     slot_cap[slot] = sz;
+    return p;
+}
+
+void * oomb_cuda_ctx::scratch(int slot, size_t bytes) {
+    void * p = try_scratch(slot, bytes);
+    if (!p) oomb::fail(OOMB_STATUS_ALLOC_FAILED, "cuda: out of device memory allocating %zu bytes of scratch (slot %d)", bytes, slot);
     return p;
 }
 
@@ -575,7 +587,6 @@ void fuse_linear_ce(oomb_cuda_ctx & c, const oomb_cgraph * g) {
         if (c.fuse_lce.empty()) c.fuse_lce.assign(n, nullptr);
         c.fuse_lce[j] = F;
         c.fuse_skip[i] = 1;
-        c.n_fused_lce++;
         index.erase(it);  // one backward per forward
     }
 }
@@ -769,6 +780,13 @@ void oomb_cuda_debug_fail_next_copy(oomb_backend_t backend, int cuda_error) {
     if (!backend || backend->iface != &k_cuda_iface) oomb_error("cuda_debug_fail_next_copy: not a CUDA backend");
     ctx_of(backend)->fail_next_copy = (cudaError_t) cuda_error;
 }
+
+// Test hook: scratch requests above `bytes` fail as if the device were out of memory (0: no limit), so
+// that the callers' fallbacks (the fused linear cross-entropy's smaller row blocks) can be tested.
+void oomb_cuda_debug_set_scratch_limit(oomb_backend_t backend, size_t bytes) { oomb_cuda_ctx_of(backend).debug_scratch_limit = bytes; }
+
+// Test hook: the rows per block of the last fused linear cross-entropy pass (0: none ran).
+int64_t oomb_cuda_debug_last_lce_rows(oomb_backend_t backend) { return oomb_cuda_ctx_of(backend).last_lce_rows; }
 
 // Test hook: how many add_inplace nodes this backend has fused into their products (fuse_accumulations).
 int64_t oomb_cuda_debug_fused_count(oomb_backend_t backend) { return oomb_cuda_ctx_of(backend).n_fused; }

@@ -103,6 +103,10 @@ struct oomb_cuda_ctx {
     // stream-ordered (cudaFreeAsync / cudaMallocAsync on the stream, no synchronization); out of
     // memory is a compute-time fault (OOMB_STATUS_ALLOC_FAILED).
     void * scratch(int slot, size_t bytes);
+    // The same, but nullptr when the device has no block of that size (after trying without the
+    // headroom): for callers that can work in smaller pieces. Any earlier block of the slot is gone.
+    void * try_scratch(int slot, size_t bytes);
+    size_t debug_scratch_limit = 0;  // oomb_cuda_debug_set_scratch_limit (tests): larger requests fail
 
     // bf16 copies of f32 GEMM operands (mul-mat.cu) in scratch slots SLOT_BF16..: a copy is reused
     // while its source is unchanged (the same activation feeds the Q, K and V products; a gradient
@@ -125,9 +129,12 @@ struct oomb_cuda_ctx {
     std::vector<char> fuse_skip;
     int64_t n_fused = 0;
     // Fused linear cross-entropy (fuse_linear_ce): per node index of a linear_cross_entropy_back, the
-    // forward node it computes too (whose own index is in fuse_skip); n_fused_lce counts them.
+    // forward node it computes too (whose own index is in fuse_skip); n_fused_lce counts the passes
+    // run, last_lce_rows is the last one's rows per block (tests).
     std::vector<oomb_tensor *> fuse_lce;
     int64_t n_fused_lce = 0;
+    int64_t last_lce_rows = 0;
+    bool lce_rows_noted = false;  // the note that the logits block was made smaller, printed once
 
     bf16_copy bf16_copies[N_BF16_COPIES];
     uint64_t bf16_clock = 0;

@@ -402,6 +402,7 @@ void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor
         oomb_error("%s: forward result %s must be contiguous f32 with 2 + %lld elements", op, shape_str(fwd).c_str(), (long long) d.N);
     if (!w_in_place(w)) oomb_error("%s: internal: w %s is not bf16 with unit-stride rows", op, shape_str(w).c_str());
     float * out = (float *) fwd->data;
+    c.n_fused_lce++;
     if (d.N == 0) {
         CUDA_CHECK(cudaMemsetAsync(out, 0, 2 * sizeof(float), c.stream));
         CUDA_CHECK(cudaMemsetAsync(back->data, 0, oomb_nbytes(back), c.stream));
@@ -413,12 +414,30 @@ void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor
     // a vocabulary tile set on either node (oomb_linear_cross_entropy_set_tile) or OOMB_LCE_TILE caps the
     // logits block as it caps the tiled path's
     const int64_t tile = oomb_linear_cross_entropy_tile_request(std::max<int64_t>(fwd->op_params[1], back->op_params[1]));
-    const int64_t R = oomb_cuda_linear_ce_fused_rows(d.V, d.N, tile);
     // scratch: x in bf16, the [V, R] f32 logits of a row block (its dlogits in place), the row state
     const size_t N = (size_t) d.N, E = (size_t) d.E;
     __nv_bfloat16 * xb = (__nv_bfloat16 *) c.scratch(SLOT_X, E * N * 2);
-    float * C = (float *) c.scratch(SLOT_C, (size_t) d.V * (size_t) R * sizeof(float));
     char * st = (char *) c.scratch(SLOT_S, N * (3 * sizeof(double) + 3 * sizeof(float)));
+    // the logits block: where the device has no room for R rows (up to 1.25 GiB), twice the blocks of
+    // half the rows, down to one row, rather than a failed step (the same result: dw sums the blocks)
+    const int64_t R0 = oomb_cuda_linear_ce_fused_rows(d.V, d.N, tile);
+    int64_t R = R0;
+    float * C = nullptr;
+    for (;;) {
+        C = (float *) c.try_scratch(SLOT_C, (size_t) d.V * (size_t) R * sizeof(float));
+        if (C || R == 1) break;
+        const int64_t blocks = 2 * ((d.N + R - 1) / R);
+        R = (d.N + blocks - 1) / blocks;
+    }
+    if (!C)
+        oomb::fail(OOMB_STATUS_ALLOC_FAILED, "%s: out of device memory for the logits of one row (%zu bytes of scratch)", op,
+                   (size_t) d.V * sizeof(float));
+    if (R != R0 && !c.lce_rows_noted) {
+        c.lce_rows_noted = true;
+        fprintf(stderr, "oomb: cuda: linear_cross_entropy: no room for the logits of %lld rows (%.2f GiB); blocks of %lld rows instead\n",
+                (long long) R0, (double) d.V * (double) R0 * 4.0 / (double) (1ull << 30), (long long) R);
+    }
+    c.last_lce_rows = R;
     double * s = (double *) st, * part = s + N, * cnt = part + N;
     float * m = (float *) (cnt + N), * picked = m + N;
     float * lse = out + 2;

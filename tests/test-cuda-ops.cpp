@@ -28,6 +28,9 @@
 // linear_cross_entropy forward / backward pairs run as one pass
 int64_t oomb_cuda_debug_fused_count(oomb_backend_t backend);
 int64_t oomb_cuda_debug_fused_lce_count(oomb_backend_t backend);
+// scratch requests above a limit fail as if out of memory; the last fused pass's rows per block
+void oomb_cuda_debug_set_scratch_limit(oomb_backend_t backend, size_t bytes);
+int64_t oomb_cuda_debug_last_lce_rows(oomb_backend_t backend);
 #endif
 
 namespace {
@@ -1149,16 +1152,25 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
             }
             oomb_gallocr_t ga = oomb_gallocr_new(cu);
             ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
-            for (const char * rows : {"", "7"}) {
+            // rows: one block of N (the default), blocks of 7, and "oom": the device has no room for the
+            // logits of more than 10 rows (a scratch limit), so the pass halves its blocks 33 -> 17 -> 9
+            for (const char * rows : {"", "7", "oom"}) {
+                const bool oom = strcmp(rows, "oom") == 0;
                 // the default (fused), OOMB_CUDA_FUSE=0 (no fusion at all), OOMB_CUDA_FUSE_LCE=0 (not this one)
                 for (const int setting : {0, 1, 2}) {
                     if (setting == 1) env.set("OOMB_CUDA_FUSE", "0"); else env.unset("OOMB_CUDA_FUSE");
                     if (setting == 2) env.set("OOMB_CUDA_FUSE_LCE", "0"); else env.unset("OOMB_CUDA_FUSE_LCE");
-                    if (*rows) env.set("OOMB_LCE_ROWS", rows); else env.unset("OOMB_LCE_ROWS");
+                    if (*rows && !oom) env.set("OOMB_LCE_ROWS", rows); else env.unset("OOMB_LCE_ROWS");
 #ifdef OOMB_USE_CUDA
                     const bool real = !harness_on_cpu();
+                    if (oom && !real) continue;  // no CUDA scratch to limit
                     const int64_t before = real ? oomb_cuda_debug_fused_lce_count(cu) : 0;
                     const int64_t before_acc = real ? oomb_cuda_debug_fused_count(cu) : 0;
+                    // only where the pass is fused: the separate ops' vocabulary tiles would not fit either
+                    const bool fused = setting == 0 && (mode == 0 || mode == 2);
+                    if (real && oom && fused) oomb_cuda_debug_set_scratch_limit(cu, (size_t) (V * 10) * sizeof(float));
+#else
+                    if (oom) continue;  // no CUDA scratch to limit
 #endif
                     // poison the results: a pass that skips a block or the forward shows
                     std::vector<float> junk((size_t) oomb_nelements(back), NAN);
@@ -1170,8 +1182,10 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
                     oomb_backend_synchronize(cu);
 #ifdef OOMB_USE_CUDA
                     if (real) {
-                        EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cu) - before, setting == 0 && (mode == 0 || mode == 2) ? 1 : 0)
+                        oomb_cuda_debug_set_scratch_limit(cu, 0);
+                        EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cu) - before, fused ? 1 : 0)
                             << "V " << V << " rows '" << rows << "' setting " << setting << " mode " << mode;
+                        if (fused) EXPECT_EQ(oomb_cuda_debug_last_lce_rows(cu), oom ? 9 : *rows ? 7 : N) << "rows per block, '" << rows << "'";
                         EXPECT_EQ(oomb_cuda_debug_fused_count(cu) - before_acc, setting == 0 && with_acc ? 1 : 0) << "dw into the gradient";
                     }
 #endif
