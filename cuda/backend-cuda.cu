@@ -447,6 +447,11 @@ bool env_flag_off(const char * name) {
 // f32 block: 2.2 GB per chunk at 7B): A = add_inplace(C, M) with M the view of P's dw part, when M is
 // read only by A and P's other readers are views of its dx part; P's dw products then add into C
 // (not with OOMB_CUDA_FUSE_LCE=0, as fuse_linear_ce).
+// The same for A = add(C, M) (not add_inplace) that the allocator placed in C's bytes (src/alloc.cpp:
+// an ADD runs in place on src[0] when nothing reads src[0] after it): the autodiff's gradient sums
+// (dX of the Q, K and V products, of gate and up; add_grad in src/backward.cpp) and residual adds whose
+// input dies there. A is C's bytes, so M adds into them and A does nothing (OOMB_CUDA_FUSE_ADD=0: not
+// these). add(M, C) (the product first) is not fused: its bytes would be M's, which do not hold C.
 // A graph stopped between M and A (the abort callback, a compute fault) leaves C with M added,
 // where the unfused graph would leave C unchanged; nothing resumes a stopped graph today.
 // On by default; OOMB_CUDA_FUSE=0 turns it off (the unfused graph, for comparison). Measured on the
@@ -469,10 +474,14 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
             if (t->src[k]) readers[t->src[k]]++;
         if (t->view_src) readers[t->view_src]++;
     }
+    const bool add_on = !env_flag_off("OOMB_CUDA_FUSE_ADD");
     for (size_t j = 0; j < n; j++) {
         const oomb_tensor * A = g->nodes[j];
-        if (A->op != OOMB_OP_ADD_INPLACE) continue;
         const oomb_tensor * C = A->src[0], * M = A->src[1];
+        // an ADD the allocator placed in its first operand's bytes (C dead after it) is an add_inplace
+        const bool add_in_place = A->op == OOMB_OP_ADD && add_on && C && M && !A->view_src && A->data && A->data == C->data &&
+                                  A->type == OOMB_TYPE_F32 && oomb_is_contiguous(A) && oomb_are_same_shape(A, C);
+        if (A->op != OOMB_OP_ADD_INPLACE && !add_in_place) continue;
         const int32_t pinned = OOMB_TENSOR_FLAG_INPUT | OOMB_TENSOR_FLAG_OUTPUT | OOMB_TENSOR_FLAG_PARAM | OOMB_TENSOR_FLAG_LOSS;
         if (!C || !M || (M->flags & pinned) || readers[M] != 1) continue;
         // the producing node P: M itself (a MUL_MAT), or a linear_cross_entropy_back whose dw part M is
@@ -480,7 +489,7 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
         // add into C (beta = 1) and P's own dw bytes stay unwritten
         const oomb_tensor * P = M;
         if (M->op == OOMB_OP_VIEW && M->view_src && M->view_src->op == OOMB_OP_LINEAR_CROSS_ENTROPY_BACK) {
-            if (!lce_on) continue;
+            if (!lce_on || add_in_place) continue;
             P = M->view_src;
             const int grads = P->op_params[2];
             const oomb_tensor * x = P->src[1], * w = P->src[0];
@@ -527,6 +536,7 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
         c.fuse_at[i] = A;
         c.fuse_skip[j] = 1;
         c.n_fused++;
+        if (add_in_place) c.n_fused_add++;
     }
 }
 
@@ -788,8 +798,10 @@ void oomb_cuda_debug_set_scratch_limit(oomb_backend_t backend, size_t bytes) { o
 // Test hook: the rows per block of the last fused linear cross-entropy pass (0: none ran).
 int64_t oomb_cuda_debug_last_lce_rows(oomb_backend_t backend) { return oomb_cuda_ctx_of(backend).last_lce_rows; }
 
-// Test hook: how many add_inplace nodes this backend has fused into their products (fuse_accumulations).
+// Test hook: how many add_inplace nodes (and in-place adds) this backend has fused into their products
+// (fuse_accumulations); oomb_cuda_debug_fused_add_count: of them, the in-place adds.
 int64_t oomb_cuda_debug_fused_count(oomb_backend_t backend) { return oomb_cuda_ctx_of(backend).n_fused; }
+int64_t oomb_cuda_debug_fused_add_count(oomb_backend_t backend) { return oomb_cuda_ctx_of(backend).n_fused_add; }
 
 // Test hook: how many linear_cross_entropy forward / backward pairs this backend has run as one pass
 // (fuse_linear_ce).

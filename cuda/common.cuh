@@ -128,6 +128,7 @@ struct oomb_cuda_ctx {
     std::vector<const oomb_tensor *> fuse_at;  // the add_inplace a fused MUL_MAT stands in for (its bytes: C's)
     std::vector<char> fuse_skip;
     int64_t n_fused = 0;
+    int64_t n_fused_add = 0;  // of them, ADD nodes run in place on their first operand
     // Fused linear cross-entropy (fuse_linear_ce): per node index of a linear_cross_entropy_back, the
     // forward node it computes too (whose own index is in fuse_skip); n_fused_lce counts the passes
     // run, last_lce_rows is the last one's rows per block (tests).

@@ -22,6 +22,8 @@
 void oomb_cuda_debug_fail_next_copy(oomb_backend_t backend, int cuda_error);
 // test hook (cuda/backend-cuda.cu): add_inplace nodes fused into their products so far
 int64_t oomb_cuda_debug_fused_count(oomb_backend_t backend);
+// of them, add nodes the allocator placed in their first operand's bytes
+int64_t oomb_cuda_debug_fused_add_count(oomb_backend_t backend);
 #endif
 
 namespace {
@@ -360,5 +362,101 @@ TEST_F(CudaBackend, FusedAccumulationIntoProducts) {
         oomb_buffer_free(buf);
         oomb_free(pc);
     }
+#endif
+}
+
+// The fused in-place sum (cuda/backend-cuda.cu, fuse_accumulations; OOMB_CUDA_FUSE_ADD=0 turns it off):
+// s = add(C, M) with M a product read only by s, and s placed by the allocator in C's bytes (C dead
+// after s), runs as M's GEMM with beta = 1 into C. The sums against the host in double (bf16 operands:
+// 1e-2 of the largest value), odd sizes, and the number of fused adds. Cases: a chain of three products
+// (two fusions, as the autodiff sums dX of Q, K, V); C read by a node between M and s (not fused: it
+// must see C alone); C read after s (no in-place placement, not fused); C a tensor of its own buffer
+// (a graph input: not placed in place); M read twice; turned off.
+TEST_F(CudaBackend, FusedSumIntoProducts) {
+#ifdef OOMB_USE_CUDA
+    const int K = 37, M = 45, N = 29;
+    const auto a1v = random_floats((size_t) K * M, 21), a2v = random_floats((size_t) K * M, 22), a3v = random_floats((size_t) K * M, 23);
+    const auto bv = random_floats((size_t) K * N, 24), xv = random_floats((size_t) M * N, 25);
+    enum Mode { CHAIN, C_READ_BETWEEN, C_READ_AFTER, C_INPUT, M_READ_TWICE, TURNED_OFF, N_MODES };
+    const char * names[] = {"chain of three", "C read between", "C read after", "C a graph input", "M read twice", "turned off"};
+    auto prod = [&](const std::vector<float> & a, int m, int nn) {
+        double p = 0;
+        for (int k = 0; k < K; k++) p += (double) a[(size_t) m * K + k] * bv[(size_t) nn * K + k];
+        return p;
+    };
+    for (int mode = 0; mode < N_MODES; mode++) {
+        SCOPED_TRACE(names[mode]);
+        if (mode == TURNED_OFF) setenv("OOMB_CUDA_FUSE_ADD", "0", 1); else unsetenv("OOMB_CUDA_FUSE_ADD");
+        oomb_context * pc = oomb_init({0, true});
+        oomb_tensor * a1 = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M), * a2 = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M);
+        oomb_tensor * a3 = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M), * b = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, N);
+        oomb_tensor * x = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, M, N);
+        oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(pc, cu);
+        ASSERT_NE(buf, nullptr);
+        oomb_tensor_set(a1, a1v.data(), 0, a1v.size() * 4);
+        oomb_tensor_set(a2, a2v.data(), 0, a2v.size() * 4);
+        oomb_tensor_set(a3, a3v.data(), 0, a3v.size() * 4);
+        oomb_tensor_set(b, bv.data(), 0, bv.size() * 4);
+        oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
+        oomb_context * gc = oomb_init({0, true});
+        oomb_cgraph * g = oomb_new_graph(gc);
+        oomb_tensor * p1 = mode == C_INPUT ? x : oomb_mul_mat(gc, a1, b);
+        oomb_tensor * p2 = oomb_mul_mat(gc, a2, b);
+        oomb_build_forward_expand(g, p1);
+        oomb_build_forward_expand(g, p2);
+        oomb_tensor * side = nullptr;  // a second reader: of C between (scale), of C after, or of M
+        if (mode == C_READ_BETWEEN) side = oomb_scale(gc, p1, 2.0f);
+        if (mode == M_READ_TWICE) side = oomb_scale(gc, p2, 2.0f);
+        if (side) {
+            oomb_set_output(side);
+            oomb_build_forward_expand(g, side);
+        }
+        oomb_tensor * sum = oomb_add(gc, p1, p2);
+        if (mode == CHAIN) sum = oomb_add(gc, sum, oomb_mul_mat(gc, a3, b));
+        oomb_tensor * out = oomb_scale(gc, sum, 1.0f);
+        oomb_set_output(out);
+        oomb_build_forward_expand(g, out);
+        if (mode == C_READ_AFTER) {
+            side = oomb_scale(gc, p1, 2.0f);
+            oomb_set_output(side);
+            oomb_build_forward_expand(g, side);
+        }
+        oomb_gallocr_t ga = oomb_gallocr_new(cu);
+        ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+        const int64_t before = oomb_cuda_debug_fused_add_count(cu);
+        const oomb_status st = oomb_backend_graph_compute(cu, g);
+        ASSERT_EQ(st, OOMB_STATUS_OK) << oomb_backend_last_error(cu);
+        EXPECT_EQ(oomb_cuda_debug_fused_add_count(cu) - before, mode == CHAIN ? 2 : 0);
+        std::vector<double> want((size_t) M * N), want_side((size_t) M * N);
+        double mx = 0;
+        for (int nn = 0; nn < N; nn++)
+            for (int m = 0; m < M; m++) {
+                const size_t i = (size_t) nn * M + m;
+                const double c = mode == C_INPUT ? (double) xv[i] : prod(a1v, m, nn), p = prod(a2v, m, nn);
+                want[i] = c + p + (mode == CHAIN ? prod(a3v, m, nn) : 0.0);
+                want_side[i] = 2.0 * (mode == M_READ_TWICE ? p : c);
+                mx = std::max(mx, std::fabs(want[i]));
+            }
+        std::vector<float> got((size_t) M * N);
+        oomb_tensor_get(out, got.data(), 0, got.size() * 4);
+        double err = 0;
+        for (size_t i = 0; i < got.size(); i++) err = std::max(err, std::fabs(got[i] - want[i]));
+        EXPECT_LT(err, 1e-2 * mx) << "the sum: largest error " << err << " of " << mx;
+        if (side) {
+            oomb_tensor_get(side, got.data(), 0, got.size() * 4);
+            double serr = 0;
+            for (size_t i = 0; i < got.size(); i++) serr = std::max(serr, std::fabs(got[i] - want_side[i]));
+            EXPECT_LT(serr, 2e-2 * mx) << "the second reader";
+        }
+        if (mode == C_INPUT) {  // the input itself is unchanged
+            oomb_tensor_get(x, got.data(), 0, got.size() * 4);
+            for (size_t i = 0; i < got.size(); i++) ASSERT_EQ(got[i], xv[i]);
+        }
+        oomb_gallocr_free(ga);
+        oomb_free(gc);
+        oomb_buffer_free(buf);
+        oomb_free(pc);
+    }
+    unsetenv("OOMB_CUDA_FUSE_ADD");
 #endif
 }
