@@ -90,8 +90,10 @@ void oomb_cuda_ctx::bf16_copies_after(const oomb_tensor * node) {
 
 void * oomb_cuda_ctx::try_scratch(int slot, size_t bytes) {
     if (slot < 0 || slot >= N_SLOTS) oomb_error("cuda: scratch slot %d out of range", slot);
-    if (debug_scratch_limit && bytes > debug_scratch_limit) return nullptr;  // oomb_cuda_debug_set_scratch_limit
-    if (bytes <= slot_cap[slot] && slot_ptr[slot]) return slot_ptr[slot];
+    // oomb_cuda_debug_set_scratch_limit (tests): a request above the limit takes the allocation path
+    // below, where blocks above the limit fail as cudaMallocAsync would out of memory
+    const bool over = debug_scratch_limit && bytes > debug_scratch_limit;
+    if (bytes <= slot_cap[slot] && slot_ptr[slot] && !over) return slot_ptr[slot];
     // Stream-ordered (no host or device synchronization): the old block is freed after the
     // kernels already queued on the compute stream (the only users of scratch) have run, and the
     // new one is usable by work queued after this point.
@@ -100,15 +102,19 @@ void * oomb_cuda_ctx::try_scratch(int slot, size_t bytes) {
         slot_ptr[slot] = nullptr;
         slot_cap[slot] = 0;
     }
+    auto alloc = [&](size_t n, void ** q) {
+        if (debug_scratch_limit && n > debug_scratch_limit) return cudaErrorMemoryAllocation;
+        return cudaMallocAsync(q, n, stream);
+    };
     const size_t exact = (std::max<size_t>(bytes, 256) + 255) & ~(size_t) 255;
     size_t sz = exact + exact / 4; // headroom for slowly growing requests
     sz = (sz + 255) & ~(size_t) 255;
     void * p = nullptr;
-    cudaError_t e = cudaMallocAsync(&p, sz, stream);
+    cudaError_t e = alloc(sz, &p);
     if (e != cudaSuccess) {
         cudaGetLastError();
         sz = exact;  // without the headroom
-        e = cudaMallocAsync(&p, sz, stream);
+        e = alloc(sz, &p);
         if (e != cudaSuccess) {
             cudaGetLastError();
             return nullptr;
@@ -793,7 +799,12 @@ void oomb_cuda_debug_fail_next_copy(oomb_backend_t backend, int cuda_error) {
 
 // Test hook: scratch requests above `bytes` fail as if the device were out of memory (0: no limit), so
 // that the callers' fallbacks (the fused linear cross-entropy's smaller row blocks) can be tested.
-void oomb_cuda_debug_set_scratch_limit(oomb_backend_t backend, size_t bytes) { oomb_cuda_ctx_of(backend).debug_scratch_limit = bytes; }
+// Also forgets the size a fused pass fell back to (lce_bytes_fit), so the next pass starts afresh.
+void oomb_cuda_debug_set_scratch_limit(oomb_backend_t backend, size_t bytes) {
+    oomb_cuda_ctx & c = oomb_cuda_ctx_of(backend);
+    c.debug_scratch_limit = bytes;
+    c.lce_bytes_fit = 0;
+}
 
 // Test hook: the rows per block of the last fused linear cross-entropy pass (0: none ran).
 int64_t oomb_cuda_debug_last_lce_rows(oomb_backend_t backend) { return oomb_cuda_ctx_of(backend).last_lce_rows; }

@@ -106,7 +106,7 @@ struct oomb_cuda_ctx {
     // The same, but nullptr when the device has no block of that size (after trying without the
     // headroom): for callers that can work in smaller pieces. Any earlier block of the slot is gone.
     void * try_scratch(int slot, size_t bytes);
-    size_t debug_scratch_limit = 0;  // oomb_cuda_debug_set_scratch_limit (tests): larger requests fail
+    size_t debug_scratch_limit = 0;  // oomb_cuda_debug_set_scratch_limit (tests): larger blocks fail to allocate
 
     // bf16 copies of f32 GEMM operands (mul-mat.cu) in scratch slots SLOT_BF16..: a copy is reused
     // while its source is unchanged (the same activation feeds the Q, K and V products; a gradient
@@ -135,6 +135,7 @@ struct oomb_cuda_ctx {
     std::vector<oomb_tensor *> fuse_lce;
     int64_t n_fused_lce = 0;
     int64_t last_lce_rows = 0;
+    size_t lce_bytes_fit = 0;     // logits block of the last pass whose first choice did not fit (0: none)
     bool lce_rows_noted = false;  // the note that the logits block was made smaller, printed once
 
     bf16_copy bf16_copies[N_BF16_COPIES];

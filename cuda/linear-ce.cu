@@ -423,6 +423,11 @@ void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor
     const int64_t R0 = oomb_cuda_linear_ce_fused_rows(d.V, d.N, tile);
     int64_t R = R0;
     float * C = nullptr;
+    // after a block did not fit: start from the size that did (not two failed allocations per step)
+    while (c.lce_bytes_fit > 0 && (size_t) d.V * (size_t) R * sizeof(float) > c.lce_bytes_fit && R > 1) {
+        const int64_t blocks = 2 * ((d.N + R - 1) / R);
+        R = (d.N + blocks - 1) / blocks;
+    }
     for (;;) {
         C = (float *) c.try_scratch(SLOT_C, (size_t) d.V * (size_t) R * sizeof(float));
         if (C || R == 1) break;
@@ -438,6 +443,7 @@ void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor
                 (long long) R0, (double) d.V * (double) R0 * 4.0 / (double) (1ull << 30), (long long) R);
     }
     c.last_lce_rows = R;
+    if (R != R0) c.lce_bytes_fit = (size_t) d.V * (size_t) R * sizeof(float);
     double * s = (double *) st, * part = s + N, * cnt = part + N;
     float * m = (float *) (cnt + N), * picked = m + N;
     float * lse = out + 2;

@@ -384,9 +384,13 @@ TEST_F(CudaBackend, FusedSumIntoProducts) {
         for (int k = 0; k < K; k++) p += (double) a[(size_t) m * K + k] * bv[(size_t) nn * K + k];
         return p;
     };
+    struct AddEnv {  // OOMB_CUDA_FUSE_ADD=0 for a case, unset on every way out
+        explicit AddEnv(bool on) { if (on) unsetenv("OOMB_CUDA_FUSE_ADD"); else setenv("OOMB_CUDA_FUSE_ADD", "0", 1); }
+        ~AddEnv() { unsetenv("OOMB_CUDA_FUSE_ADD"); }
+    };
     for (int mode = 0; mode < N_MODES; mode++) {
         SCOPED_TRACE(names[mode]);
-        if (mode == TURNED_OFF) setenv("OOMB_CUDA_FUSE_ADD", "0", 1); else unsetenv("OOMB_CUDA_FUSE_ADD");
+        AddEnv env(mode != TURNED_OFF);
         oomb_context * pc = oomb_init({0, true});
         oomb_tensor * a1 = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M), * a2 = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M);
         oomb_tensor * a3 = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M), * b = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, N);
@@ -457,6 +461,5 @@ TEST_F(CudaBackend, FusedSumIntoProducts) {
         oomb_buffer_free(buf);
         oomb_free(pc);
     }
-    unsetenv("OOMB_CUDA_FUSE_ADD");
 #endif
 }
