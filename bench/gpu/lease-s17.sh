@@ -10,27 +10,7 @@
 #   prof05   0.5B one chunk of 32K with the fusion (default) and without, OOMB_CUDA_PROFILE=2 (per-shape rows)
 usage="usage: $0 a | fixtures | e2e7b | tests2 | prof05"
 case ${1:-} in a|fixtures|e2e7b|tests2|prof05) ;; *) echo "$usage"; exit 2 ;; esac
-source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids
-unpack() {
-    cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || return 1
-    cat $K/bins-commit.txt
-    export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
-}
-r05() {  # r05 LABEL [ENV...]: the 0.5B one-chunk run, 3 steps
-    local lab=$1; shift
-    rm -rf /tmp/r05
-    env "$@" timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps 3 --warmup 1 \
-      --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $R/05b-32k-1chunk-$lab.log 2>&1
-    echo "0.5b 32K one chunk $lab rc=$?"; grep -E "^step|error" $R/05b-32k-1chunk-$lab.log
-}
-r7b() {  # r7b LABEL [ENV...]
-    local lab=$1; shift
-    rm -rf /tmp/r7b
-    env "$@" OOMB_CUDA_PROFILE=1 timeout 280 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
-        --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
-        --offload off --attn-cache --attn-cache-type bf16 -o /tmp/r7b > $R/7b-128k-dense-$lab.log 2>&1
-    echo "7b 128K dense $lab rc=$?"; grep -E "^step|error|linear_cross|paged_attn |mul_mat |add_inplace|GPU time" $R/7b-128k-dense-$lab.log | head -8
-}
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, r7b
 case $1 in
 a)
     nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
