@@ -63,7 +63,7 @@ static bool op_writes_only_result(enum oomb_op op) {
         case OOMB_OP_RMS_NORM: case OOMB_OP_RMS_NORM_BACK: case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK: case OOMB_OP_SOFT_MAX:
         case OOMB_OP_SOFT_MAX_BACK: case OOMB_OP_ATTN: case OOMB_OP_ATTN_BACK: case OOMB_OP_CROSS_ENTROPY:
         case OOMB_OP_CROSS_ENTROPY_BACK: case OOMB_OP_LINEAR_CROSS_ENTROPY: case OOMB_OP_LINEAR_CROSS_ENTROPY_BACK:
-        case OOMB_OP_PAGED_ATTN_MERGE:
+        case OOMB_OP_PAGED_ATTN_MERGE: case OOMB_OP_RMS_NORM_MUL: case OOMB_OP_RMS_NORM_MUL_BACK:
             return true;
         default:
             return false;
@@ -344,6 +344,8 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
         case OOMB_OP_MUL_MAT:       oomb_cuda_mul_mat(c, node, s[0], s[1], c.fuse_acc.empty() ? nullptr : c.fuse_acc[(size_t) c.cur_node]); break;
         case OOMB_OP_RMS_NORM:      oomb_cuda_rms_norm(c, node, s[0]); break;
         case OOMB_OP_RMS_NORM_BACK: oomb_cuda_rms_norm_back(c, node, s[0], s[1]); break;
+        case OOMB_OP_RMS_NORM_MUL:  oomb_cuda_rms_norm_mul(c, node, s[0], s[1]); break;
+        case OOMB_OP_RMS_NORM_MUL_BACK: oomb_cuda_rms_norm_mul_back(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK:
                                     oomb_cuda_rope(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_SOFT_MAX:      oomb_cuda_soft_max(c, node, s[0]); break;

@@ -6,62 +6,95 @@ using oomb::shape_str;
 
 namespace {
 
+// The weighted forms (oomb_rms_norm_mul, W = true) fold in what oomb_mul did after the plain norm,
+// with the same roundings: y = f32(x * s) * w stored as TO, and for the backward g = f32(dy * w)
+// read where the plain backward reads dy. s is the forward's f32 scale; the backward's c1, c2 come
+// from it in double, as before.
+
+// Stores v at p as TO (f32 or bf16, round to nearest even).
+template <typename TO> __device__ __forceinline__ void st_out(char * p, int64_t i, float v) { ((TO *) p)[i] = oomb_from_f<TO>(v); }
+
 // Sums of squares / products accumulate in double, as on the CPU: the backward's two terms cancel
 // almost exactly for short rows, so its result is only as good as these sums.
-__global__ void k_rms_norm(oomb_tv dst, oomb_tv a, float eps) {
+template <typename TO, bool W>
+__global__ void k_rms_norm(oomb_tv dst, oomb_tv a, const float * __restrict__ w, float eps) {
     __shared__ double sh[32];
     const int64_t r = blockIdx.x;
     const float * x = (const float *) (a.d + oomb_row_off(a, r));
-    float * y = (float *) (dst.d + oomb_row_off(dst, r));
+    char * y = dst.d + oomb_row_off(dst, r);
     const int64_t n = a.ne[0];
     double ss = 0.0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double) x[i] * (double) x[i];
     ss = oomb_block_sum(ss, sh);
     const float s = (float) (1.0 / sqrt(ss / (double) n + (double) eps));
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = x[i] * s;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = __fmul_rn(x[i], s);
+        st_out<TO>(y, i, W ? __fmul_rn(v, w[i]) : v);
+    }
 }
 
-__global__ void k_rms_norm_back(oomb_tv dst, oomb_tv xa, oomb_tv dya, float eps) {
+// srow (W, when not null): each row's forward scale s, for dw's column sums after
+template <bool W>
+__global__ void k_rms_norm_back(oomb_tv dst, oomb_tv xa, oomb_tv dya, const float * __restrict__ w, float * __restrict__ srow, float eps) {
     __shared__ double sh[32];
     const int64_t r = blockIdx.x;
     const float * x = (const float *) (xa.d + oomb_row_off(xa, r));
-    const float * g = (const float *) (dya.d + oomb_row_off(dya, r));
+    const float * dy = (const float *) (dya.d + oomb_row_off(dya, r));
     float * d = (float *) (dst.d + oomb_row_off(dst, r));
     const int64_t n = xa.ne[0];
+    auto g = [&](int64_t i) { return W ? __fmul_rn(dy[i], w[i]) : dy[i]; };
     double ss = 0.0, xg = 0.0;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
         ss += (double) x[i] * (double) x[i];
-        xg += (double) x[i] * (double) g[i];
+        xg += (double) x[i] * (double) g(i);
     }
     ss = oomb_block_sum(ss, sh);
     xg = oomb_block_sum(xg, sh);
     const double s = 1.0 / sqrt(ss / (double) n + (double) eps);
     const float c1 = (float) s;
     const float c2 = (float) (s * s * s / (double) n * xg);
+    if (W && srow && threadIdx.x == 0) srow[r] = (float) (1.0 / sqrt(ss / (double) n + (double) eps));
     // separately rounded products (no FMA contraction), as the CPU kernel computes them: for short rows
     // the two terms nearly cancel and a fused multiply-add would round differently
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) d[i] = __fsub_rn(__fmul_rn(c1, g[i]), __fmul_rn(c2, x[i]));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) d[i] = __fsub_rn(__fmul_rn(c1, g(i)), __fmul_rn(c2, x[i]));
 }
 
 // One warp per row for rows of packed, 16-byte aligned float4s (ne0 % 4 == 0): the block-per-row
 // kernels above leave most threads idle on short rows (896 for Qwen2.5-0.5B). Same sums in double
 // and the same final products; only the order of the double additions differs.
-template <bool BACK>
-__global__ void k_rms_norm_warp(oomb_tv dst, oomb_tv xa, oomb_tv dya, int64_t nr, float eps) {
+__device__ __forceinline__ float4 mul4(float4 a, float4 b) {
+    return make_float4(__fmul_rn(a.x, b.x), __fmul_rn(a.y, b.y), __fmul_rn(a.z, b.z), __fmul_rn(a.w, b.w));
+}
+template <typename TO> __device__ __forceinline__ void st_out4(char * p, int64_t i4, float4 v) {
+    if constexpr (sizeof(TO) == 4) {
+        ((float4 *) p)[i4] = v;
+    } else {
+        __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+        uint2 u;
+        u.x = *(const uint32_t *) &lo;
+        u.y = *(const uint32_t *) &hi;
+        ((uint2 *) p)[i4] = u;
+    }
+}
+template <bool BACK, typename TO, bool W>
+__global__ void k_rms_norm_warp(oomb_tv dst, oomb_tv xa, oomb_tv dya, const float * __restrict__ w, float * __restrict__ srow, int64_t nr,
+                                float eps) {
     const int64_t r = blockIdx.x * (int64_t) (blockDim.x / 32) + threadIdx.x / 32;
     if (r >= nr) return;
     const int lane = threadIdx.x & 31;
     const int64_t n4 = xa.ne[0] / 4;
     const float4 * x = (const float4 *) (xa.d + oomb_row_off(xa, r));
-    const float4 * g = BACK ? (const float4 *) (dya.d + oomb_row_off(dya, r)) : nullptr;
-    float4 * d = (float4 *) (dst.d + oomb_row_off(dst, r));
+    const float4 * dy = BACK ? (const float4 *) (dya.d + oomb_row_off(dya, r)) : nullptr;
+    const float4 * w4 = (const float4 *) w;
+    char * d = dst.d + oomb_row_off(dst, r);
+    auto g = [&](int64_t i) { return W ? mul4(dy[i], w4[i]) : dy[i]; };
     double ss = 0.0, xg = 0.0;
     for (int64_t i = lane; i < n4; i += 32) {
         const float4 v = x[i];
         ss += (double) v.x * v.x + (double) v.y * v.y + (double) v.z * v.z + (double) v.w * v.w;
         if constexpr (BACK) {
-            const float4 w = g[i];
-            xg += (double) v.x * w.x + (double) v.y * w.y + (double) v.z * w.z + (double) v.w * w.w;
+            const float4 q = g(i);
+            xg += (double) v.x * q.x + (double) v.y * q.y + (double) v.z * q.z + (double) v.w * q.w;
         }
     }
     ss = oomb_warp_sum(ss);
@@ -70,27 +103,90 @@ __global__ void k_rms_norm_warp(oomb_tv dst, oomb_tv xa, oomb_tv dya, int64_t nr
         const float s = (float) (1.0 / sqrt(ss / n + (double) eps));
         for (int64_t i = lane; i < n4; i += 32) {
             const float4 v = x[i];
-            d[i] = make_float4(v.x * s, v.y * s, v.z * s, v.w * s);
+            const float4 y = make_float4(__fmul_rn(v.x, s), __fmul_rn(v.y, s), __fmul_rn(v.z, s), __fmul_rn(v.w, s));
+            st_out4<TO>(d, i, W ? mul4(y, w4[i]) : y);
         }
     } else {
         xg = oomb_warp_sum(xg);
         const double sd = 1.0 / sqrt(ss / n + (double) eps);
         const float c1 = (float) sd;
         const float c2 = (float) (sd * sd * sd / n * xg);
+        if (W && srow && lane == 0) srow[r] = (float) (1.0 / sqrt(ss / n + (double) eps));
+        float4 * d4 = (float4 *) d;
         for (int64_t i = lane; i < n4; i += 32) {
-            const float4 v = x[i], w = g[i];
-            d[i] = make_float4(__fsub_rn(__fmul_rn(c1, w.x), __fmul_rn(c2, v.x)), __fsub_rn(__fmul_rn(c1, w.y), __fmul_rn(c2, v.y)),
-                               __fsub_rn(__fmul_rn(c1, w.z), __fmul_rn(c2, v.z)), __fsub_rn(__fmul_rn(c1, w.w), __fmul_rn(c2, v.w)));
+            const float4 v = x[i], q = g(i);
+            d4[i] = make_float4(__fsub_rn(__fmul_rn(c1, q.x), __fmul_rn(c2, v.x)), __fsub_rn(__fmul_rn(c1, q.y), __fmul_rn(c2, v.y)),
+                                __fsub_rn(__fmul_rn(c1, q.z), __fmul_rn(c2, v.z)), __fsub_rn(__fmul_rn(c1, q.w), __fmul_rn(c2, v.w)));
         }
     }
 }
 
-// rows usable by k_rms_norm_warp: unit stride, ne0 % 4 == 0, rows 16-byte aligned
-bool rows_vec4(const oomb_tensor * t) {
-    if (t->nb[0] != sizeof(float) || t->ne[0] % 4 != 0 || (uintptr_t) t->data % 16 != 0) return false;
+// dw of rms_norm_mul: dw[j] = sum over rows r of f32(dy[r][j] * f32(x[r][j] * s_r)) in double, the
+// products rounded as oomb_mul rounded them. Pass 1 as repeat_back's column sums (elementwise.cu):
+// a (32 columns x 8 row-threads) block sums a strided subset of the rows of 32 columns and reduces
+// over its row-threads into partial[blockIdx.y][col]; pass 2 adds the partials of each column in a
+// fixed order (deterministic, no atomics).
+// FLAT: row r of x and dy starts at r * nb[1] (dims 1..3 packed), no index division per element.
+constexpr int k_dw_cols = 32, k_dw_rows = 8;
+template <bool FLAT>
+__global__ void k_rms_norm_dw_partial(oomb_tv xa, oomb_tv dya, const float * __restrict__ srow, int64_t nr, double * partial) {
+    __shared__ double sh[k_dw_rows][k_dw_cols + 1];
+    const int64_t j = blockIdx.x * (int64_t) k_dw_cols + threadIdx.x;
+    double acc = 0.0;
+    if (j < xa.ne[0]) {
+        for (int64_t r = blockIdx.y * (int64_t) k_dw_rows + threadIdx.y; r < nr; r += (int64_t) gridDim.y * k_dw_rows) {
+            const float x = ((const float *) (xa.d + (FLAT ? r * (int64_t) xa.nb[1] : oomb_row_off(xa, r))))[j];
+            const float dy = ((const float *) (dya.d + (FLAT ? r * (int64_t) dya.nb[1] : oomb_row_off(dya, r))))[j];
+            acc += (double) __fmul_rn(dy, __fmul_rn(x, srow[r]));
+        }
+    }
+    sh[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < xa.ne[0]) {
+        double t = 0.0;
+        for (int y = 0; y < k_dw_rows; y++) t += sh[y][threadIdx.x];
+        partial[blockIdx.y * xa.ne[0] + j] = t;
+    }
+}
+__global__ void k_rms_norm_dw_final(const double * partial, int64_t n_part, int64_t ne0, float * dw) {
+    const int64_t j = blockIdx.x * (int64_t) blockDim.x + threadIdx.x;
+    if (j >= ne0) return;
+    double t = 0.0;
+    for (int64_t y = 0; y < n_part; y++) t += partial[y * ne0 + j];
+    dw[j] = (float) t;
+}
+
+// rows usable by k_rms_norm_warp: unit stride, ne0 % 4 == 0, rows 16-byte aligned (8-byte for a
+// bf16 result: es = its element size)
+bool rows_vec4(const oomb_tensor * t, size_t es = sizeof(float)) {
+    if (t->nb[0] != es || t->ne[0] % 4 != 0 || (uintptr_t) t->data % (4 * es) != 0) return false;
     for (int i = 1; i < 4; i++)
-        if (t->nb[i] % 16 != 0) return false;
+        if (t->nb[i] % (4 * es) != 0) return false;
     return true;
+}
+
+// The forward of rms_norm (w null) and rms_norm_mul (result f32 or bf16).
+template <typename TO, bool W>
+void launch_forward(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const float * w, int64_t nr, float eps) {
+    if (rows_vec4(a) && rows_vec4(dst, sizeof(TO)) && (uintptr_t) w % 16 == 0 && a->ne[0] <= 4096) {
+        k_rms_norm_warp<false, TO, W><<<(unsigned) ((nr + 7) / 8), 256, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a), oomb_make_tv(a), w,
+                                                                                     nullptr, nr, eps);
+    } else {
+        k_rms_norm<TO, W><<<(unsigned) nr, oomb_cuda_row_threads(a->ne[0]), 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a), w, eps);
+    }
+}
+
+// dx (into dxv, a tensor of x's shape) of rms_norm_back (w null) or rms_norm_mul_back; srow as above
+template <bool W>
+void launch_back(oomb_cuda_ctx & c, oomb_tensor * dxv, const oomb_tensor * x, const oomb_tensor * dy, const float * w, float * srow, int64_t nr,
+                 float eps) {
+    if (rows_vec4(x) && rows_vec4(dy) && rows_vec4(dxv) && (uintptr_t) w % 16 == 0 && x->ne[0] <= 4096) {
+        k_rms_norm_warp<true, float, W><<<(unsigned) ((nr + 7) / 8), 256, 0, c.stream>>>(oomb_make_tv(dxv), oomb_make_tv(x), oomb_make_tv(dy), w,
+                                                                                       srow, nr, eps);
+    } else {
+        k_rms_norm_back<W><<<(unsigned) nr, oomb_cuda_row_threads(x->ne[0]), 0, c.stream>>>(oomb_make_tv(dxv), oomb_make_tv(x), oomb_make_tv(dy),
+                                                                                           w, srow, eps);
+    }
 }
 
 } // namespace
@@ -105,13 +201,7 @@ void oomb_cuda_rms_norm(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor 
     const int64_t nr = oomb_nrows(a);
     if (a->ne[0] == 0 || nr == 0) return;
     if (nr > 0x7fffffffll) oomb_error("rms_norm: too many rows in %s", shape_str(a).c_str());
-    if (rows_vec4(a) && rows_vec4(dst) && a->ne[0] <= 4096) {
-        k_rms_norm_warp<false><<<(unsigned) ((nr + 7) / 8), 256, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a), oomb_make_tv(a), nr,
-                                                                               oomb::get_op_f32(dst, 0));
-    } else {
-        k_rms_norm<<<(unsigned) nr, oomb_cuda_row_threads(a->ne[0]), 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(a),
-                                                                                    oomb::get_op_f32(dst, 0));
-    }
+    launch_forward<float, false>(c, dst, a, nullptr, nr, oomb::get_op_f32(dst, 0));
     OOMB_CUDA_LAUNCHED(c, "rms_norm");
 }
 
@@ -119,12 +209,52 @@ void oomb_cuda_rms_norm_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_te
     const int64_t nr = oomb_nrows(x);
     if (x->ne[0] == 0 || nr == 0) return;
     if (nr > 0x7fffffffll) oomb_error("rms_norm_back: too many rows in %s", shape_str(x).c_str());
-    if (rows_vec4(x) && rows_vec4(dy) && rows_vec4(dst) && x->ne[0] <= 4096) {
-        k_rms_norm_warp<true><<<(unsigned) ((nr + 7) / 8), 256, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(x), oomb_make_tv(dy), nr,
-                                                                              oomb::get_op_f32(dst, 0));
-    } else {
-        k_rms_norm_back<<<(unsigned) nr, oomb_cuda_row_threads(x->ne[0]), 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(x),
-                                                                                        oomb_make_tv(dy), oomb::get_op_f32(dst, 0));
-    }
+    launch_back<false>(c, dst, x, dy, nullptr, nullptr, nr, oomb::get_op_f32(dst, 0));
     OOMB_CUDA_LAUNCHED(c, "rms_norm_back");
+}
+
+void oomb_cuda_rms_norm_mul(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * x, const oomb_tensor * w) {
+    const int64_t nr = oomb_nrows(x);
+    if (x->ne[0] == 0 || nr == 0) return;
+    if (nr > 0x7fffffffll) oomb_error("rms_norm_mul: too many rows in %s", shape_str(x).c_str());
+    const float eps = oomb::get_op_f32(dst, 0);
+    if (dst->type == OOMB_TYPE_BF16) launch_forward<__nv_bfloat16, true>(c, dst, x, (const float *) w->data, nr, eps);
+    else launch_forward<float, true>(c, dst, x, (const float *) w->data, nr, eps);
+    OOMB_CUDA_LAUNCHED(c, "rms_norm_mul");
+}
+
+void oomb_cuda_rms_norm_mul_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * x, const oomb_tensor * w, const oomb_tensor * dy) {
+    const int64_t nr = oomb_nrows(x), ne0 = x->ne[0];
+    if (ne0 == 0) return;
+    if (nr > 0x7fffffffll) oomb_error("rms_norm_mul_back: too many rows in %s", shape_str(x).c_str());
+    const float eps = oomb::get_op_f32(dst, 0);
+    const bool with_dw = dst->op_params[1] != 0;
+    if (!with_dw) {
+        if (nr == 0) return;
+        launch_back<true>(c, dst, x, dy, (const float *) w->data, nullptr, nr, eps);
+        OOMB_CUDA_LAUNCHED(c, "rms_norm_mul_back");
+        return;
+    }
+    // packed [ne0, nr + 1]: dx as a contiguous tensor of x's shape at the start, dw the last row
+    oomb_tensor dxv = *x;
+    dxv.data = dst->data;
+    dxv.view_src = nullptr;
+    oomb::set_contiguous_nb(&dxv);
+    float * dw = (float *) dst->data + nr * ne0;
+    if (nr == 0) {
+        CUDA_CHECK(cudaMemsetAsync(dw, 0, (size_t) ne0 * sizeof(float), c.stream));
+        return;
+    }
+    float * srow = (float *) c.scratch(oomb_cuda_ctx::SLOT_K0, (size_t) nr * sizeof(float));
+    launch_back<true>(c, &dxv, x, dy, (const float *) w->data, srow, nr, eps);
+    OOMB_CUDA_LAUNCHED(c, "rms_norm_mul_back (dx)");
+    const int64_t n_part = std::max<int64_t>(1, std::min<int64_t>(512, nr / (k_dw_rows * 16)));
+    double * partial = (double *) c.scratch(oomb_cuda_ctx::SLOT_K0 + 1, (size_t) n_part * (size_t) ne0 * sizeof(double));
+    const dim3 grid1((unsigned) ((ne0 + k_dw_cols - 1) / k_dw_cols), (unsigned) n_part), block1(k_dw_cols, k_dw_rows);
+    auto flat = [](const oomb_tensor * t) { return t->nb[2] == t->nb[1] * (size_t) t->ne[1] && t->nb[3] == t->nb[2] * (size_t) t->ne[2]; };
+    if (flat(x) && flat(dy)) k_rms_norm_dw_partial<true><<<grid1, block1, 0, c.stream>>>(oomb_make_tv(x), oomb_make_tv(dy), srow, nr, partial);
+    else k_rms_norm_dw_partial<false><<<grid1, block1, 0, c.stream>>>(oomb_make_tv(x), oomb_make_tv(dy), srow, nr, partial);
+    OOMB_CUDA_LAUNCHED(c, "rms_norm_mul_back (dw partial sums)");
+    k_rms_norm_dw_final<<<(unsigned) ((ne0 + 255) / 256), 256, 0, c.stream>>>(partial, n_part, ne0, dw);
+    OOMB_CUDA_LAUNCHED(c, "rms_norm_mul_back (dw)");
 }

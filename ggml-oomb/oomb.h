@@ -145,6 +145,8 @@ enum oomb_op {
     OOMB_OP_PAGED_ATTN_MERGE, // acc (in place) <- log-sum-exp merge of acc and part; result is a view of acc
     OOMB_OP_PAGE_SUMMARY,     // sparse attention: page summaries written in place (oomb-sparse.h); a view of the pool
     OOMB_OP_PAGE_SELECT,      // sparse attention: top-K history pages per query tile, a LISTS schedule (oomb-sparse.h)
+    OOMB_OP_RMS_NORM_MUL,      // x, w -> rms_norm(x) * w (the weighted RMSNorm in one pass; f32 or bf16 result)
+    OOMB_OP_RMS_NORM_MUL_BACK, // x, w, dy -> dx, or [dx; dw] packed (oomb_rms_norm_mul_back)
 
     OOMB_OP_COUNT,
 };
@@ -379,6 +381,24 @@ struct oomb_tensor * oomb_mul_mat(struct oomb_context * ctx, struct oomb_tensor 
 struct oomb_tensor * oomb_rms_norm(struct oomb_context * ctx, struct oomb_tensor * a, float eps);
 /// dx for y = rms_norm(x, eps), given x = a and dy = b.
 struct oomb_tensor * oomb_rms_norm_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b, float eps);
+/// Weighted RMSNorm in one pass: y = (x * s) * w per row, s = 1 / sqrt(mean(x^2) + eps) (sum of
+/// squares in double), x f32 [ne0, ...], w f32 with ne0 elements (shape [ne0] or [ne0, 1, 1, 1], unit
+/// stride), the result stored as `type` (f32 or bf16). Rounds as oomb_mul_ext(oomb_rms_norm(x, eps), w,
+/// type) does (x * s to f32, then times w): the same numbers, without the f32 normed tensor in memory
+/// (the backward recomputes s from x). Source: Zhang & Sennrich 2019; HF Qwen2RMSNorm / LlamaRMSNorm.
+/// Errors: x or w not f32, w of another length or stride, type not f32 / bf16, eps < 0.
+struct oomb_tensor * oomb_rms_norm_mul_ext(struct oomb_context * ctx, struct oomb_tensor * x, struct oomb_tensor * w, float eps,
+                                           enum oomb_type type);
+/// oomb_rms_norm_mul_ext with an f32 result.
+struct oomb_tensor * oomb_rms_norm_mul(struct oomb_context * ctx, struct oomb_tensor * x, struct oomb_tensor * w, float eps);
+/// Backward of oomb_rms_norm_mul in one node, x, w as there and dy f32 of x's shape. With_dw false:
+/// dx, f32 of x's shape: dx = rms_norm_back(x, dy * w) (dy * w rounded to f32 first, as the unfused
+/// mul then rms_norm_back). With_dw true: dx and dw packed, f32 [ne0, nrows(x) + 1]: rows 0 ..
+/// nrows - 1 hold dx (x's row order), row nrows holds dw[i] = sum over rows of dy[r][i] * (x[r][i] *
+/// s_r) (each product rounded to f32 as oomb_mul would, summed in double). The autodiff uses this
+/// node for oomb_rms_norm_mul. Errors: as oomb_rms_norm_mul, and dy of another shape.
+struct oomb_tensor * oomb_rms_norm_mul_back(struct oomb_context * ctx, struct oomb_tensor * x, struct oomb_tensor * w, struct oomb_tensor * dy,
+                                            float eps, bool with_dw);
 
 /// Rotary position embedding, NEOX layout (rotate_half: dimension i pairs with i + n_dims/2),
 /// as HF Qwen2 applies it. a: [head_dim, n_head, n_tokens, B] f32; pos: i32 [n_tokens] (positions);

@@ -453,7 +453,7 @@ public:
         capture(x);
         for (int64_t l = 0; l < c.n_layer; l++) {
             const Qwen2Layer & L = m_.layers[l];
-            oomb_tensor * h = oomb_mul_ext(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.attn_norm, gemm_in);
+            oomb_tensor * h = oomb_rms_norm_mul_ext(ctx, x, L.attn_norm, c.rms_eps, gemm_in);
             // mul_mat(W, x) = x W^T, plus the LoRA term of W's adapter when the model has one
             auto proj = [&](oomb_tensor * w, Qwen2Slot slot, oomb_tensor * in) {
                 oomb_tensor * y = oomb_mul_mat(ctx, w, in);
@@ -484,13 +484,13 @@ public:
             }
             a = oomb_reshape_2d(ctx, a, c.n_head * hd, T);
             x = oomb_add(ctx, x, proj(L.wo, Qwen2Slot::Wo, a));
-            oomb_tensor * h2 = oomb_mul_ext(ctx, oomb_rms_norm(ctx, x, c.rms_eps), L.ffn_norm, gemm_in);
+            oomb_tensor * h2 = oomb_rms_norm_mul_ext(ctx, x, L.ffn_norm, c.rms_eps, gemm_in);
             oomb_tensor * f = proj(L.w_down, Qwen2Slot::WDown,
                                    oomb_swiglu_ext(ctx, proj(L.w_gate, Qwen2Slot::WGate, h2), proj(L.w_up, Qwen2Slot::WUp, h2), gemm_in));
             x = oomb_format_name(oomb_add(ctx, x, f), "l_out.%" PRId64, l);
             if (l + 1 < c.n_layer) capture(x);
         }
-        x = oomb_set_name(oomb_mul(ctx, oomb_rms_norm(ctx, x, c.rms_eps), m_.output_norm), "result_norm");
+        x = oomb_set_name(oomb_rms_norm_mul(ctx, x, m_.output_norm, c.rms_eps), "result_norm");
         capture(x);
         if (in.capture) {
             // the parity hook reads the logits: the unfused head

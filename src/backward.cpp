@@ -60,7 +60,7 @@ int diff_srcs(const oomb_tensor * t) {
         case OOMB_OP_CROSS_ENTROPY:
             return 1;
         case OOMB_OP_ADD: case OOMB_OP_SUB: case OOMB_OP_MUL: case OOMB_OP_ADD_INPLACE:
-        case OOMB_OP_SWIGLU: case OOMB_OP_MUL_MAT:
+        case OOMB_OP_SWIGLU: case OOMB_OP_MUL_MAT: case OOMB_OP_RMS_NORM_MUL:
         case OOMB_OP_LINEAR_CROSS_ENTROPY: // w, x (labels get none)
             return 3;
         case OOMB_OP_ATTN:
@@ -406,6 +406,25 @@ struct Builder {
             case OOMB_OP_RMS_NORM:
                 if (need(a)) add_grad(a, oomb_rms_norm_back(ctx, a, dy, oomb::get_op_f32(t, 0)));
                 break;
+            case OOMB_OP_RMS_NORM_MUL: {
+                // one node: dx alone when w is frozen, else dx and dw packed ([dx rows; dw]). (A frozen x
+                // with a trainable w still computes dx: no model here has that.)
+                if (!need(a) && !need(b)) break;
+                oomb_tensor * r = oomb_rms_norm_mul_back(ctx, a, b, dy, oomb::get_op_f32(t, 0), need(b));
+                if (!need(b)) {
+                    add_grad(a, r);
+                    break;
+                }
+                oomb_format_name(r, "grad of %.44s (x, w)", tname(t));
+                const size_t es = sizeof(float);
+                auto view = [&](const oomb_tensor * s, size_t offs) {
+                    const size_t nb1 = es * s->ne[0], nb2 = nb1 * s->ne[1], nb3 = nb2 * s->ne[2];
+                    return oomb_view_4d(ctx, r, s->ne[0], s->ne[1], s->ne[2], s->ne[3], nb1, nb2, nb3, offs);
+                };
+                if (need(a)) add_grad(a, named(view(a, 0), a));
+                add_grad(b, named(view(b, es * (size_t) oomb_nelements(a)), b));
+                break;
+            }
             case OOMB_OP_ROPE:
                 if (need(a)) add_grad(a, oomb_rope_back_ext(ctx, dy, b, t->op_params[0], oomb::get_op_f32(t, 1), t->src[2]));  // factors: no grad
                 break;

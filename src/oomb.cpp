@@ -69,7 +69,7 @@ static const char * k_op_name[] = {
     "soft_max", "soft_max_back", "attn", "attn_back", "cross_entropy_loss", "cross_entropy_loss_back",
     "linear_cross_entropy", "linear_cross_entropy_back",
     "adamw_step", "sgd_step", "paged_attn", "paged_attn_back", "custom",
-    "swiglu_back", "paged_attn_merge", "page_summary", "page_select",
+    "swiglu_back", "paged_attn_merge", "page_summary", "page_select", "rms_norm_mul", "rms_norm_mul_back",
 };
 static_assert(sizeof(k_op_name) / sizeof(k_op_name[0]) == OOMB_OP_COUNT, "k_op_name lists every op of enum oomb_op, in order");
 
@@ -785,6 +785,37 @@ struct oomb_tensor * oomb_rms_norm_back(struct oomb_context * ctx, struct oomb_t
     require_same_shape(a, b, "rms_norm_back");
     oomb_tensor * t = new_op(ctx, OOMB_OP_RMS_NORM_BACK, OOMB_TYPE_F32, a->ne, a, b);
     oomb::set_op_f32(t, 0, eps);
+    return t;
+}
+// x f32, w f32 of ne0 = x->ne[0] elements along dim 0 with unit stride, eps >= 0
+static void check_rms_norm_mul_operands(const oomb_tensor * x, const oomb_tensor * w, float eps, const char * op) {
+    require_f32(x, op, "x");
+    require_f32(w, op, "w");
+    OOMB_CHECK(w->ne[0] == x->ne[0] && oomb_nelements(w) == w->ne[0], op, "w %s must hold x's %" PRId64 " columns along dim 0, x %s",
+               shape_str(w).c_str(), x->ne[0], shape_str(x).c_str());
+    OOMB_CHECK(w->ne[0] <= 1 || w->nb[0] == sizeof(float), op, "w %s must have unit stride", shape_str(w).c_str());
+    OOMB_CHECK(eps >= 0.0f, op, "eps = %g must be >= 0", eps);
+}
+struct oomb_tensor * oomb_rms_norm_mul_ext(struct oomb_context * ctx, struct oomb_tensor * x, struct oomb_tensor * w, float eps,
+                                           enum oomb_type type) {
+    check_rms_norm_mul_operands(x, w, eps, "rms_norm_mul");
+    require_result_type(type, "rms_norm_mul");
+    oomb_tensor * t = new_op(ctx, OOMB_OP_RMS_NORM_MUL, type, x->ne, x, w);
+    oomb::set_op_f32(t, 0, eps);
+    return t;
+}
+struct oomb_tensor * oomb_rms_norm_mul(struct oomb_context * ctx, struct oomb_tensor * x, struct oomb_tensor * w, float eps) {
+    return oomb_rms_norm_mul_ext(ctx, x, w, eps, OOMB_TYPE_F32);
+}
+struct oomb_tensor * oomb_rms_norm_mul_back(struct oomb_context * ctx, struct oomb_tensor * x, struct oomb_tensor * w, struct oomb_tensor * dy,
+                                            float eps, bool with_dw) {
+    check_rms_norm_mul_operands(x, w, eps, "rms_norm_mul_back");
+    require_f32(dy, "rms_norm_mul_back", "dy");
+    require_same_shape(x, dy, "rms_norm_mul_back");
+    const int64_t packed[4] = {x->ne[0], oomb_nrows(x) + 1, 1, 1};
+    oomb_tensor * t = new_op(ctx, OOMB_OP_RMS_NORM_MUL_BACK, OOMB_TYPE_F32, with_dw ? packed : x->ne, x, w, dy);
+    oomb::set_op_f32(t, 0, eps);
+    t->op_params[1] = with_dw ? 1 : 0;
     return t;
 }
 

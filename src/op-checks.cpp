@@ -143,6 +143,28 @@ void check_op_operands(const oomb_tensor * node, const oomb_tensor * const * s) 
                            shape_str(s[0]).c_str(), shape_str(node).c_str(), shape_str(s[1]).c_str(), D, H, T);
             break;
         }
+        case OOMB_OP_RMS_NORM_MUL: case OOMB_OP_RMS_NORM_MUL_BACK: {
+            // x, w (ne0 values along dim 0, unit stride), dy shaped like x; the result x's shape, or
+            // with dw (op_params[1]) [ne0, nrows + 1] contiguous
+            const oomb_tensor * x = s[0], * w = s[1];
+            if (w->ne[0] != x->ne[0] || oomb_nelements(w) != w->ne[0] || (w->ne[0] > 1 && w->nb[0] != sizeof(float)))
+                oomb_error("%s: w %s must hold x's %lld columns along dim 0 with unit stride, x %s", opn, shape_str(w).c_str(),
+                           (long long) x->ne[0], shape_str(x).c_str());
+            if (op == OOMB_OP_RMS_NORM_MUL) {
+                check_same_shape(opn, node, x);
+                break;
+            }
+            check_same_shape(opn, s[2], x);
+            if (node->op_params[1]) {
+                if (node->ne[0] != x->ne[0] || node->ne[1] != oomb_nrows(x) + 1 || node->ne[2] != 1 || node->ne[3] != 1 ||
+                    !oomb_is_contiguous(node))
+                    oomb_error("%s: packed result %s must be contiguous [%lld, %lld] for x %s", opn, shape_str(node).c_str(),
+                               (long long) x->ne[0], (long long) oomb_nrows(x) + 1, shape_str(x).c_str());
+            } else {
+                check_same_shape(opn, node, x);
+            }
+            break;
+        }
         case OOMB_OP_SGD_STEP: {
             const oomb_tensor * others[1] = {s[1]};
             check_opt("sgd_step", node, s[0], others, 1, s[2], 3);

@@ -769,6 +769,36 @@ TEST_F(CudaOps, RmsNormAndBack) {
     }
 }
 
+// rms_norm_mul (f32 and bf16 results) and rms_norm_mul_back (dx alone; dx and dw packed): the warp-
+// per-row kernels (ne0 % 4 == 0, up to 4096) and the block-per-row ones (37, 1, 4100, 898), dw's
+// column sums over one partial (few rows) and many (3,000 rows: 23 partials), transposed inputs.
+TEST_F(CudaOps, RmsNormMulAndBack) {
+    REQUIRE_CUDA();
+    const int64_t shapes[][3] = {{896, 13, 1}, {37, 5, 3}, {1, 9, 1}, {3000, 4, 2}, {4096, 3, 1}, {4100, 3, 1}, {898, 5, 1},
+                                 {64, 3000, 1}, {100, 1001, 1}};
+    for (const auto & s : shapes) {
+        for (int view = 0; view < 2; view++) {
+            char name[128];
+            snprintf(name, sizeof(name), "rms_norm_mul(_back) [%lld, %lld, %lld]%s", (long long) s[0], (long long) s[1], (long long) s[2],
+                     view ? " (transposed inputs)" : "");
+            expect_case(name, [&s, view](Builder & B) -> std::vector<oomb_tensor *> {
+                oomb_tensor * x;
+                oomb_tensor * dy;
+                if (view) {
+                    x = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, s[1], s[0], s[2], 1, -2, 2));
+                    dy = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, s[1], s[0], s[2]));
+                } else {
+                    x = B.input(OOMB_TYPE_F32, s[0], s[1], s[2], 1, -2, 2);
+                    dy = B.input(OOMB_TYPE_F32, s[0], s[1], s[2]);
+                }
+                oomb_tensor * w = B.input(OOMB_TYPE_F32, s[0], 1, 1, 1, 0.5f, 1.5f);
+                return {oomb_rms_norm_mul(B.ctx, x, w, 1e-6f), oomb_rms_norm_mul_ext(B.ctx, x, w, 1e-6f, OOMB_TYPE_BF16),
+                        oomb_rms_norm_mul_back(B.ctx, x, w, dy, 1e-6f, false), oomb_rms_norm_mul_back(B.ctx, x, w, dy, 1e-6f, true)};
+            }, k_f32);
+        }
+    }
+}
+
 // rope / rope_back, or with freq factors in [1, 32] (Llama 3's range) rope_ext / rope_back_ext, and
 // the round trip, on each case as given and on a permuted input.
 struct RopeCase { int64_t D, H, T, B; int n_dims; float theta; int32_t pmax; };

@@ -490,6 +490,28 @@ TEST(Grad, RmsNorm) {
     }
 }
 
+// rms_norm_mul (the weighted norm in one node; its backward one rms_norm_mul_back node): x and w
+// trainable (dx and dw packed), w frozen (dx alone), x frozen (dw), odd row lengths, a view as x.
+TEST(Grad, RmsNormMul) {
+    { Harness H; H.check(oomb_rms_norm_mul(H.ctx, H.param("x", {8, 5, 2}), H.param("w", {8}), 1e-6f)); }
+    { // small rows where eps matters, w given as [ne0, 1]
+        Harness H;
+        H.check(oomb_rms_norm_mul(H.ctx, H.param("x", {6, 4}, OOMB_TYPE_F32, -0.2f, 0.2f), H.param("w", {6, 1}), 1e-2f));
+    }
+    { Harness H; H.check(oomb_rms_norm_mul(H.ctx, H.param("x", {7, 3}), H.input("w", {7}), 1e-5f)); }   // w frozen
+    { Harness H; H.check(oomb_rms_norm_mul(H.ctx, H.input("x", {5, 9}), H.param("w", {5}), 1e-5f)); }   // x frozen
+    { // non-contiguous x (a view with an offset), and x read again after the norm
+        Harness H;
+        oomb_tensor * x = H.param("x", {9, 4});
+        oomb_tensor * v = oomb_view_2d(H.ctx, x, 7, 3, x->nb[1], 2 * sizeof(float) + x->nb[1]);
+        H.check(oomb_add(H.ctx, oomb_rms_norm_mul(H.ctx, v, H.param("w", {7}), 1e-5f), oomb_scale(H.ctx, v, 0.5f)));
+    }
+    { // one row
+        Harness H;
+        H.check(oomb_rms_norm_mul(H.ctx, H.param("x", {11}), H.param("w", {11}), 1e-6f));
+    }
+}
+
 TEST(Grad, Rope) {
     { // full rotation
         Harness H;

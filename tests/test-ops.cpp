@@ -508,6 +508,79 @@ TEST_F(Ops, RmsNormAndBack) {
     EXPECT_REL(to_vector(yv), rms_norm_ref(to_vector(xv), 5, 1e-5f), 1e-6);
 }
 
+// rms_norm_mul(_back) against the unfused ops it replaces (rms_norm, mul / mul_ext, rms_norm_back,
+// repeat_back): the same roundings, so y and dx are bit-equal; dw (double sums in another order)
+// within 1e-6, and against a double reference; the same on 1 and 3 threads.
+TEST_F(Ops, RmsNormMulMatchesUnfused) {
+    for (int64_t n : {1, 3, 17, 896}) {
+        for (int64_t rows : {1, 7, 300}) {
+            const float eps = 1e-6f;
+            oomb_tensor * x = rnd(OOMB_TYPE_F32, n, rows, 1, 1, -2.0f, 2.0f);
+            oomb_tensor * w = rnd(OOMB_TYPE_F32, n, 1, 1, 1, 0.5f, 1.5f);
+            oomb_tensor * dy = rnd(OOMB_TYPE_F32, n, rows);
+            oomb_tensor * y = oomb_rms_norm_mul(ctx, x, w, eps);
+            oomb_tensor * yb = oomb_rms_norm_mul_ext(ctx, x, w, eps, OOMB_TYPE_BF16);
+            oomb_tensor * dx = oomb_rms_norm_mul_back(ctx, x, w, dy, eps, false);
+            oomb_tensor * pk = oomb_rms_norm_mul_back(ctx, x, w, dy, eps, true);
+            oomb_tensor * nrm = oomb_rms_norm(ctx, x, eps);
+            oomb_tensor * y0 = oomb_mul(ctx, nrm, w);
+            oomb_tensor * yb0 = oomb_mul_ext(ctx, nrm, w, OOMB_TYPE_BF16);
+            oomb_tensor * dx0 = oomb_rms_norm_back(ctx, x, oomb_mul(ctx, dy, w), eps);
+            oomb_tensor * dw0 = oomb_repeat_back(ctx, oomb_mul(ctx, dy, nrm), w);
+            for (oomb_tensor * t : {y, yb, dx, pk, y0, yb0, dx0, dw0}) compute(t);
+            ASSERT_EQ(pk->ne[0], n);
+            ASSERT_EQ(pk->ne[1], rows + 1);
+            const vec P = to_vector(pk);
+            const vec pdx(P.begin(), P.begin() + (long) (n * rows)), pdw(P.begin() + (long) (n * rows), P.end());
+            EXPECT_EQ(to_vector(y), to_vector(y0)) << n << " x " << rows;
+            EXPECT_EQ(to_vector(yb), to_vector(yb0)) << n << " x " << rows;
+            EXPECT_EQ(to_vector(dx), to_vector(dx0)) << n << " x " << rows;
+            EXPECT_EQ(pdx, to_vector(dx0)) << n << " x " << rows;
+            EXPECT_REL(pdw, to_vector(dw0), 1e-6) << n << " x " << rows;
+            // dw in double: sum_r dy * x * s_r
+            const vec X = to_vector(x), DY = to_vector(dy);
+            vec ref((size_t) n, 0.0);
+            for (int64_t r = 0; r < rows; r++) {
+                double ss = 0;
+                for (int64_t i = 0; i < n; i++) ss += X[r * n + i] * X[r * n + i];
+                const double sc = 1.0 / std::sqrt(ss / n + eps);
+                for (int64_t i = 0; i < n; i++) ref[i] += DY[r * n + i] * X[r * n + i] * sc;
+            }
+            EXPECT_REL(pdw, ref, 1e-5) << n << " x " << rows;
+            // one thread: the same bytes
+            oomb_tensor * pk1 = oomb_rms_norm_mul_back(ctx, x, w, dy, eps, true);
+            compute(pk1, g_cpu1);
+            EXPECT_EQ(to_vector(pk1), P) << n << " x " << rows;
+        }
+    }
+    // a permuted x (rows not unit-stride: prepared into a contiguous copy)
+    oomb_tensor * base = rnd(OOMB_TYPE_F32, 7, 33);
+    oomb_tensor * xp = oomb_transpose(ctx, base);  // [33, 7]
+    oomb_tensor * w = rnd(OOMB_TYPE_F32, 33);
+    oomb_tensor * y = oomb_rms_norm_mul(ctx, xp, w, 1e-5f);
+    oomb_tensor * y0 = oomb_mul(ctx, oomb_rms_norm(ctx, xp, 1e-5f), w);
+    compute(y);
+    compute(y0);
+    EXPECT_EQ(to_vector(y), to_vector(y0));
+}
+
+TEST_F(Ops, RmsNormMulErrors) {
+    oomb_tensor * x = rnd(OOMB_TYPE_F32, 8, 3);
+    oomb_tensor * dy = rnd(OOMB_TYPE_F32, 8, 3);
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul(ctx, x, rnd(OOMB_TYPE_F32, 7), 1e-6f), "rms_norm_mul: w");
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul(ctx, x, rnd(OOMB_TYPE_F32, 8, 2), 1e-6f), "rms_norm_mul: w");
+    oomb_tensor * w2 = rnd(OOMB_TYPE_F32, 2, 8);
+    oomb_tensor * strided = oomb_transpose(ctx, oomb_view_2d(ctx, w2, 1, 8, w2->nb[1], 0));  // [8, 1], 8 bytes apart
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul(ctx, x, strided, 1e-6f), "unit stride");
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul(ctx, rnd(OOMB_TYPE_BF16, 8, 3), rnd(OOMB_TYPE_F32, 8), 1e-6f), "rms_norm_mul: x must be f32");
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul(ctx, x, rnd(OOMB_TYPE_F16, 8), 1e-6f), "rms_norm_mul: w must be f32");
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul(ctx, x, rnd(OOMB_TYPE_F32, 8), -1.0f), "eps");
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul_ext(ctx, x, rnd(OOMB_TYPE_F32, 8), 1e-6f, OOMB_TYPE_F16), "result type");
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul_back(ctx, x, rnd(OOMB_TYPE_F32, 8), rnd(OOMB_TYPE_F32, 8, 4), 1e-6f, true), "shapes differ");
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul_back(ctx, x, rnd(OOMB_TYPE_F32, 8), rnd(OOMB_TYPE_BF16, 8, 3), 1e-6f, false), "dy must be f32");
+    (void) dy;
+}
+
 // NEOX rope in double on [D, H, T, B] logical values; ff (if not empty): the frequency factors, the
 // angle of pair i divided by ff[i] (llama.cpp's ggml_rope_ext).
 vec rope_ref(const oomb_tensor * a, const std::vector<int32_t> & pos, int n_dims, double theta, bool back,

@@ -176,6 +176,8 @@ void compute_forward_mul_mat(exec_ctx & c, oomb_tensor * dst, const oomb_tensor 
 // ops-norm-rope.cpp
 void compute_forward_rms_norm(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a);
 void compute_forward_rms_norm_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * x, const oomb_tensor * dy);
+void compute_forward_rms_norm_mul(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * w);
+void compute_forward_rms_norm_mul_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * x, const oomb_tensor * w, const oomb_tensor * dy);
 void compute_forward_rope(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * pos, const oomb_tensor * ff);
 void compute_forward_soft_max(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a);
 void compute_forward_soft_max_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * y, const oomb_tensor * dy);

@@ -101,6 +101,8 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
         case OOMB_OP_MUL_MAT:       compute_forward_mul_mat(c, node, s[0], s[1]); break;
         case OOMB_OP_RMS_NORM:      compute_forward_rms_norm(c, node, s[0]); break;
         case OOMB_OP_RMS_NORM_BACK: compute_forward_rms_norm_back(c, node, s[0], s[1]); break;
+        case OOMB_OP_RMS_NORM_MUL:  compute_forward_rms_norm_mul(c, node, s[0], s[1]); break;
+        case OOMB_OP_RMS_NORM_MUL_BACK: compute_forward_rms_norm_mul_back(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK:
                                     compute_forward_rope(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_SOFT_MAX:      compute_forward_soft_max(c, node, s[0]); break;

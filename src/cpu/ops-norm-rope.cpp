@@ -10,7 +10,12 @@ namespace cpu {
 // Normalization
 // ---------------------------------------------------------------------------------------------
 
-// rms_norm: y = x / sqrt(mean(x^2) + eps), per row (sum of squares in double).
+// rms_norm: y = x / sqrt(mean(x^2) + eps), per row (sum of squares in double); rms_norm_mul
+// (src[1] = w): y = f32(x * s) * w, stored as dst's type (f32 or bf16), the roundings of
+// oomb_mul_ext(oomb_rms_norm(x), w).
+static float rms_scale(const float * x, int64_t ne0, double eps) {
+    return (float) (1.0 / std::sqrt(dot_d(x, x, ne0) / (double) ne0 + eps));
+}
 void compute_forward_rms_norm(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
     const double eps = get_op_f32(dst, 0);
     const int64_t ne0 = a->ne[0];
@@ -19,31 +24,99 @@ void compute_forward_rms_norm(exec_ctx & c, oomb_tensor * dst, const oomb_tensor
         for (int64_t r = r0; r < r1; r++) {
             const float * x = (const float *) row_ptr(a, r);
             float * y = (float *) row_ptr(dst, r);
-            const double ss = dot_d(x, x, ne0);
-            const float s = (float) (1.0 / std::sqrt(ss / (double) ne0 + eps));
+            const float s = rms_scale(x, ne0, eps);
             for (int64_t i = 0; i < ne0; i++) y[i] = x[i] * s;
+        }
+    });
+}
+void compute_forward_rms_norm_mul(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * w) {
+    const double eps = get_op_f32(dst, 0);
+    const int64_t ne0 = a->ne[0];
+    if (ne0 == 0) return;
+    const float * wv = (const float *) w->data;  // unit stride (check_op_operands)
+    const bool bf = dst->type == OOMB_TYPE_BF16;
+    parallel_for(c, oomb_nrows(a), ne0, [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; r++) {
+            const float * x = (const float *) row_ptr(a, r);
+            const float s = rms_scale(x, ne0, eps);
+            if (bf) {
+                uint16_t * y = (uint16_t *) row_ptr(dst, r);
+                for (int64_t i = 0; i < ne0; i++) {
+                    const float n = x[i] * s;
+                    y[i] = fp32_to_bf16(n * wv[i]);
+                }
+            } else {
+                float * y = (float *) row_ptr(dst, r);
+                for (int64_t i = 0; i < ne0; i++) {
+                    const float n = x[i] * s;
+                    y[i] = n * wv[i];
+                }
+            }
         }
     });
 }
 
 // rms_norm_back: dx = s*dy - s^3/n * x * sum(x*dy), s = 1/sqrt(mean(x^2) + eps).
+static void rms_norm_back_row(const float * xr, const float * g, float * d, int64_t ne0, double eps) {
+    const double ss = dot_d(xr, xr, ne0);
+    const double xg = dot_d(xr, g, ne0);
+    const double s = 1.0 / std::sqrt(ss / (double) ne0 + eps);
+    const float c1 = (float) s;
+    const float c2 = (float) (s * s * s / (double) ne0 * xg);
+    for (int64_t i = 0; i < ne0; i++) d[i] = c1 * g[i] - c2 * xr[i];
+}
 void compute_forward_rms_norm_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * x, const oomb_tensor * dy) {
     const double eps = get_op_f32(dst, 0);
     const int64_t ne0 = x->ne[0];
     if (ne0 == 0) return;
     parallel_for(c, oomb_nrows(x), 2 * ne0, [&](int64_t r0, int64_t r1, int) {
-        for (int64_t r = r0; r < r1; r++) {
-            const float * xr = (const float *) row_ptr(x, r);
-            const float * g = (const float *) row_ptr(dy, r);
-            float * d = (float *) row_ptr(dst, r);
-            const double ss = dot_d(xr, xr, ne0);
-            const double xg = dot_d(xr, g, ne0);
-            const double s = 1.0 / std::sqrt(ss / (double) ne0 + eps);
-            const float c1 = (float) s;
-            const float c2 = (float) (s * s * s / (double) ne0 * xg);
-            for (int64_t i = 0; i < ne0; i++) d[i] = c1 * g[i] - c2 * xr[i];
+        for (int64_t r = r0; r < r1; r++)
+            rms_norm_back_row((const float *) row_ptr(x, r), (const float *) row_ptr(dy, r), (float *) row_ptr(dst, r), ne0, eps);
+    });
+}
+
+// rms_norm_mul_back: dx = rms_norm_back(x, g) with g = f32(dy * w); with dw (op_params[1]) the result
+// is packed [ne0, nrows + 1], dx in rows 0 .. nrows - 1 and dw[i] = sum_r f32(dy[r][i] * f32(x[r][i] *
+// s_r)) in the last row (double sums over blocks of k_dw_block rows, added in block order: the same
+// result for any thread count).
+void compute_forward_rms_norm_mul_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * x, const oomb_tensor * w, const oomb_tensor * dy) {
+    constexpr int64_t k_dw_block = 64;
+    const double eps = get_op_f32(dst, 0);
+    const int64_t ne0 = x->ne[0], nr = oomb_nrows(x);
+    if (ne0 == 0) return;
+    const bool with_dw = dst->op_params[1] != 0;
+    const float * wv = (const float *) w->data;
+    const int64_t nblk = (nr + k_dw_block - 1) / k_dw_block;
+    double * part = with_dw && nblk > 0 ? (double *) c.slot(N_PREP_SLOTS_END, (size_t) nblk * (size_t) ne0 * sizeof(double)) : nullptr;
+    c.reserve_thread_scratch((size_t) ne0 * sizeof(float));
+    parallel_for(c, nblk, k_dw_block * 3 * ne0, [&](int64_t b0, int64_t b1, int ith) {
+        float * g = (float *) c.thread_scratch(ith);
+        for (int64_t b = b0; b < b1; b++) {
+            double * acc = with_dw ? part + b * ne0 : nullptr;
+            if (acc) std::fill(acc, acc + ne0, 0.0);
+            for (int64_t r = b * k_dw_block; r < std::min(nr, (b + 1) * k_dw_block); r++) {
+                const float * xr = (const float *) row_ptr(x, r);
+                const float * dyr = (const float *) row_ptr(dy, r);
+                for (int64_t i = 0; i < ne0; i++) g[i] = dyr[i] * wv[i];
+                float * d = with_dw ? (float *) dst->data + r * ne0 : (float *) row_ptr(dst, r);
+                rms_norm_back_row(xr, g, d, ne0, eps);
+                if (acc) {
+                    const float s = rms_scale(xr, ne0, eps);
+                    for (int64_t i = 0; i < ne0; i++) {
+                        const float n = xr[i] * s;
+                        acc[i] += (double) (dyr[i] * n);
+                    }
+                }
+            }
         }
     });
+    if (!with_dw) return;
+    float * dw = (float *) dst->data + nr * ne0;
+    for (int64_t i = 0; i < ne0; i++) {
+        double t = 0.0;
+        for (int64_t b = 0; b < nblk; b++) t += part[b * ne0 + i];
+        dw[i] = (float) t;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Session 19 on the GPU machine (2026-12-06, second session): measure where the 0.5B one-chunk step and
+# the 7B sparse step go now, before choosing the next change.
+#   prof     0.5B one chunk of 32K with OOMB_CUDA_PROFILE=2 (per op and operand shapes), then 3 steps
+#            unprofiled; 7B --trainable linear sparse 64 pages 128K, one step profiled and one not
+#            (the issue-13 figure; needs the H200's memory)
+#   a05      0.5B one chunk of 32K: new, OLD (env, e.g. OLD="OOMB_CUDA_FUSE_NORM=0"), new again; HF + SDPA (HF=0: not)
+#   e2e7b    7B --trainable linear dense 128K, one step each: new, OLD (needs the H200)
+#   tests    test-cuda-backend, test-cuda-ops
+#   ab       the weighted RMSNorm in one node (rms_norm_mul): test-cuda-ops; 0.5B one chunk of 32K with the new
+#            oomb-train and the old one (.devcarry/old/oomb-train.xz, the commit before), interleaved, a per-shape
+#            profile of each, HF + SDPA (HF=0: not); 7B sparse 64 pages 128K with the new binary (needs the H200)
+#   fixtures test-cuda-qwen2 against the HF fixtures (carry build-carry alone: tests-bins.tar.xz, fq.tar.xz)
+usage="usage: $0 prof | a05 | e2e7b | tests | ab | fixtures"
+case ${1:-} in prof|a05|e2e7b|tests|ab|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, r7b
+nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
+if [ "$1" = fixtures ]; then
+    tar -xJf build-carry/tests-bins.tar.xz -C $B && rm -rf $K/fixtures && mkdir -p $K/fixtures \
+        && tar -xJf build-carry/fq.tar.xz -C $K/fixtures --strip-components=1 || exit 1
+    cat build-carry/bins-commit.txt
+    export OOMB_FIXTURES=$K/fixtures OOMB_SOURCE_DIR=$PWD OOMB_BIN_DIR=$B
+    tests test-cuda-qwen2:400
+    exit 0
+fi
+[ -x $B/oomb-train ] || unpack || exit 1
+OLD=${OLD:-}
+# s7b LABEL [ENV...]: 7B sparse 64 pages at 128K, one step (r7b's flags plus the sparse ones)
+s7b() {
+    local lab=$1; shift
+    rm -rf /tmp/s7b
+    env "$@" timeout 280 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
+        --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
+        --offload off --attn-cache --attn-cache-type bf16 --sparse-pages 64 --sparse-score mean --sparse-sink 0 --sparse-local 0 \
+        -o /tmp/s7b > $R/7b-128k-sparse64-$lab.log 2>&1
+    echo "7b 128K sparse64 $lab rc=$?"; grep -E "^step|error|page_select|paged_attn|mul_mat |GPU time" $R/7b-128k-sparse64-$lab.log | head -8
+}
+case $1 in
+prof)
+    rand_ids
+    r05 prof2 OOMB_CUDA_PROFILE=2
+    r05 new
+    s7b prof OOMB_CUDA_PROFILE=1
+    s7b noprof ;;
+a05)
+    rand_ids
+    r05 new
+    [ -n "$OLD" ] && r05 old $OLD
+    r05 new2
+    [ "${HF:-1}" = 0 ] || PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json ;;
+e2e7b)
+    rand_ids
+    r7b new
+    [ -n "$OLD" ] && r7b old $OLD ;;
+tests)
+    tests test-cuda-backend:120 test-cuda-ops:200 ;;
+ab)
+    tests test-cuda-ops:200
+    mkdir -p $K/old && xz -dc .devcarry/old/oomb-train.xz > $K/old/oomb-train && chmod +x $K/old/oomb-train || exit 1
+    cat .devcarry/old/commit.txt
+    cp $B/oomb-train $K/new-oomb-train
+    use() { cp $1 $B/oomb-train; }   # r05 runs $B/oomb-train
+    rand_ids
+    use $K/new-oomb-train; r05 new
+    use $K/old/oomb-train; r05 old
+    use $K/new-oomb-train; r05 new2
+    use $K/old/oomb-train; r05 old2
+    use $K/new-oomb-train; r05 prof-new OOMB_CUDA_PROFILE=2
+    use $K/old/oomb-train; r05 prof-old OOMB_CUDA_PROFILE=2
+    use $K/new-oomb-train
+    [ "${HF:-1}" = 0 ] || PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    s7b new OOMB_CUDA_PROFILE=1
+    # more than the 8 files a call brings back: one archive
+    (cd $R && tar -czf /tmp/ab-logs.tgz *.log *.json 2>/dev/null; rm -f *.log *.json; mv /tmp/ab-logs.tgz .) ;;
+esac
