@@ -9,7 +9,8 @@
 #   tests    test-cuda-backend, test-cuda-ops
 #   ab       the weighted RMSNorm in one node (rms_norm_mul): test-cuda-ops; 0.5B one chunk of 32K with the new
 #            oomb-train and the old one (.devcarry/old/oomb-train.xz, the commit before), interleaved, a per-shape
-#            profile of each, HF + SDPA (HF=0: not); 7B sparse 64 pages 128K with the new binary (needs the H200)
+#            profile of each, HF + SDPA (HF=0: not); 7B sparse 64 pages 128K with the new binary (needs the H200;
+#            S7B=0: not)
 #   fixtures test-cuda-qwen2 against the HF fixtures (carry build-carry alone: tests-bins.tar.xz, fq.tar.xz)
 usage="usage: $0 prof | a05 | e2e7b | tests | ab | fixtures"
 case ${1:-} in prof|a05|e2e7b|tests|ab|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
@@ -69,7 +70,7 @@ ab)
     use $K/old/oomb-train; r05 prof-old OOMB_CUDA_PROFILE=2
     use $K/new-oomb-train
     [ "${HF:-1}" = 0 ] || PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
-    s7b new OOMB_CUDA_PROFILE=1
+    [ "${S7B:-1}" = 0 ] || s7b new OOMB_CUDA_PROFILE=1
     # more than the 8 files a call brings back: one archive
     (cd $R && tar -czf /tmp/ab-logs.tgz *.log *.json 2>/dev/null; rm -f *.log *.json; mv /tmp/ab-logs.tgz .) ;;
 esac
