@@ -826,8 +826,11 @@ static void expect_rope_cases(const std::vector<RopeCase> & cases, bool with_ff)
 
 TEST_F(CudaOps, RopeAndBack) {
     REQUIRE_CUDA();
+    // whole rows (n_dims == D: the angle table and k_rope_apply) with 4 / 2 / 1 pairs per thread (D 64, 128; 12; 6),
+    // partial rotation (the per-token kernel)
     expect_rope_cases({{64, 4, 9, 2, 64, 1000000.0f, 200000}, {128, 3, 17, 1, 128, 10000.0f, 40}, {16, 2, 5, 1, 8, 10000.0f, 131072},
-                       {34, 1, 3, 1, 30, 500.0f, 7}, {64, 14, 33, 1, 64, 1000000.0f, 32768}, {6, 300, 4, 1, 4, 10000.0f, 100}},
+                       {34, 1, 3, 1, 30, 500.0f, 7}, {64, 14, 33, 1, 64, 1000000.0f, 32768}, {6, 300, 4, 1, 4, 10000.0f, 100},
+                       {12, 5, 7, 2, 12, 10000.0f, 1000}, {6, 3, 11, 1, 6, 10000.0f, 90}},
                       false);
 }
 
@@ -836,6 +839,7 @@ TEST_F(CudaOps, RopeAndBack) {
 TEST_F(CudaOps, RopeFreqFactors) {
     REQUIRE_CUDA();
     expect_rope_cases({{64, 4, 9, 2, 48, 500000.0f, 131072}, {128, 3, 17, 1, 128, 500000.0f, 65536}, {34, 1, 3, 1, 30, 500.0f, 7},
+                       {12, 5, 7, 2, 12, 500000.0f, 70000}, {6, 3, 11, 1, 6, 10000.0f, 90},
                        {6, 300, 5, 1, 4, 10000.0f, 100}, {8200, 1, 3, 1, 8196, 10000.0f, 5000}},
                       true);
     expect_case("rope_ext autodiff: loss, dx (factors shared by two ropes)", [](Builder & B) -> std::vector<oomb_tensor *> {
