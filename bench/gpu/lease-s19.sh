@@ -26,6 +26,10 @@ if [ "$1" = fixtures ]; then
 fi
 [ -x $B/oomb-train ] || unpack || exit 1
 OLD=${OLD:-}
+# HF + SDPA and the 7B runs need the H200's memory: on by default only on a card of more than 100 GB
+big=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+[ "${big:-0}" -gt 100000 ] && big=1 || big=0
+HF=${HF:-$big}; S7B=${S7B:-$big}
 # s7b LABEL [ENV...]: 7B sparse 64 pages at 128K, one step (r7b's flags plus the sparse ones)
 s7b() {
     local lab=$1; shift
