@@ -33,7 +33,10 @@ __global__ void k_rms_norm(oomb_tv dst, oomb_tv a, const float * __restrict__ w,
     }
 }
 
-// srow (W, when not null): each row's forward scale s, for dw's column sums after
+// srow (W, when not null): each row's scale s for dw's column sums after: c1, the forward's formula
+// on this kernel's own double sums (the forward may have taken the other kernel, whose sums add in
+// another order: s can then differ in its last bit on a rare row, which moves dw by far less than
+// its own rounding)
 template <bool W>
 __global__ void k_rms_norm_back(oomb_tv dst, oomb_tv xa, oomb_tv dya, const float * __restrict__ w, float * __restrict__ srow, float eps) {
     __shared__ double sh[32];
@@ -53,7 +56,7 @@ __global__ void k_rms_norm_back(oomb_tv dst, oomb_tv xa, oomb_tv dya, const floa
     const double s = 1.0 / sqrt(ss / (double) n + (double) eps);
     const float c1 = (float) s;
     const float c2 = (float) (s * s * s / (double) n * xg);
-    if (W && srow && threadIdx.x == 0) srow[r] = (float) (1.0 / sqrt(ss / (double) n + (double) eps));
+    if (W && srow && threadIdx.x == 0) srow[r] = c1;
     // separately rounded products (no FMA contraction), as the CPU kernel computes them: for short rows
     // the two terms nearly cancel and a fused multiply-add would round differently
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) d[i] = __fsub_rn(__fmul_rn(c1, g(i)), __fmul_rn(c2, x[i]));
@@ -111,7 +114,7 @@ __global__ void k_rms_norm_warp(oomb_tv dst, oomb_tv xa, oomb_tv dya, const floa
         const double sd = 1.0 / sqrt(ss / n + (double) eps);
         const float c1 = (float) sd;
         const float c2 = (float) (sd * sd * sd / n * xg);
-        if (W && srow && lane == 0) srow[r] = (float) (1.0 / sqrt(ss / n + (double) eps));
+        if (W && srow && lane == 0) srow[r] = c1;
         float4 * d4 = (float4 *) d;
         for (int64_t i = lane; i < n4; i += 32) {
             const float4 v = x[i], q = g(i);

@@ -143,13 +143,17 @@ void oomb_cuda_rope(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a,
     const oomb_tv tv_dst = oomb_make_tv(dst), tv_a = oomb_make_tv(a), tv_pos = oomb_make_tv(pos);
     const int64_t n_tok = a->ne[2] * a->ne[3];
     const int half = n_dims / 2;
-    // whole rows rotated (Qwen2, Llama): the angles once per token into a table, then a streaming pass
-    if (a->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float) && n_dims == a->ne[0] && a->ne[2] * (int64_t) half <= ((int64_t) 1 << 28)) {
+    // whole rows rotated (Qwen2, Llama): the angles once per token into a table (at most 256 MiB of
+    // scratch: 1M positions at head dim 64; else, or when the device has no room, the kernels below),
+    // then a streaming pass
+    const int64_t n_tab = a->ne[2] * (int64_t) half;
+    float2 * tab = nullptr;
+    if (a->nb[0] == sizeof(float) && dst->nb[0] == sizeof(float) && n_dims == a->ne[0] && n_tab <= ((int64_t) 1 << 25))
+        tab = (float2 *) c.try_scratch(oomb_cuda_ctx::SLOT_K0, (size_t) n_tab * sizeof(float2));
+    if (tab) {
         const int V = half % 4 == 0 && rows_aligned(a, 16) && rows_aligned(dst, 16) ? 4
-                      : half % 2 == 0 && rows_aligned(a, 8) && rows_aligned(dst, 8)                ? 2
-                                                                                                    : 1;
-        const int64_t n_tab = a->ne[2] * (int64_t) half;
-        float2 * tab = (float2 *) c.scratch(oomb_cuda_ctx::SLOT_K0, (size_t) n_tab * sizeof(float2));
+                      : half % 2 == 0 && rows_aligned(a, 8) && rows_aligned(dst, 8) ? 2
+                                                                                     : 1;
         const unsigned g1 = (unsigned) ((n_tab + 255) / 256);
         if (ffd) k_rope_table<true><<<g1, 256, 0, c.stream>>>(tab, tv_pos, a->ne[2], half, n_dims, theta, sign, ffd);
         else k_rope_table<false><<<g1, 256, 0, c.stream>>>(tab, tv_pos, a->ne[2], half, n_dims, theta, sign, nullptr);

@@ -756,7 +756,10 @@ TEST_F(CudaOps, RmsNormAndBack) {
             expect_case(name, [&s, view](Builder & B) -> std::vector<oomb_tensor *> {
                 oomb_tensor * x;
                 oomb_tensor * dy;
-                if (view) {
+                if (view == 2) {  // rows keep unit stride: no prepared copy, k_rms_norm_dw_partial<false>
+                    x = oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, s[0], s[2], s[1], 1, -2, 2), 0, 2, 1, 3);
+                    dy = oomb_permute(B.ctx, B.input(OOMB_TYPE_F32, s[0], s[2], s[1]), 0, 2, 1, 3);
+                } else if (view) {
                     x = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, s[1], s[0], s[2], 1, -2, 2));
                     dy = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, s[1], s[0], s[2]));
                 } else {
@@ -777,10 +780,10 @@ TEST_F(CudaOps, RmsNormMulAndBack) {
     const int64_t shapes[][3] = {{896, 13, 1}, {37, 5, 3}, {1, 9, 1}, {3000, 4, 2}, {4096, 3, 1}, {4100, 3, 1}, {898, 5, 1},
                                  {64, 3000, 1}, {100, 1001, 1}};
     for (const auto & s : shapes) {
-        for (int view = 0; view < 2; view++) {
+        for (int view = 0; view < 3; view++) {
             char name[128];
             snprintf(name, sizeof(name), "rms_norm_mul(_back) [%lld, %lld, %lld]%s", (long long) s[0], (long long) s[1], (long long) s[2],
-                     view ? " (transposed inputs)" : "");
+                     view == 1 ? " (transposed inputs)" : view == 2 ? " (permuted dims 1, 2: unit rows, not flat)" : "");
             expect_case(name, [&s, view](Builder & B) -> std::vector<oomb_tensor *> {
                 oomb_tensor * x;
                 oomb_tensor * dy;

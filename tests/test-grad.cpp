@@ -1351,3 +1351,30 @@ TEST(Grad, OpNameTableMatchesEnum) {
         for (int o2 = 0; o2 < op; o2++) EXPECT_STRNE(oomb_op_name((oomb_op) op), oomb_op_name((oomb_op) o2));
     }
 }
+
+// review-s19: node shape / names of the fused backward; frozen x with a trainable w (the packed
+// node, its dx part unused); w as [ne0, 1, 1, 1].
+TEST(Grad, ReviewS19RmsNormMulNodes) {
+    for (int mode = 0; mode < 3; mode++) {  // 0: x and w, 1: w frozen, 2: x frozen
+        Harness H;
+        oomb_tensor * x = mode == 2 ? H.input("x", {6, 4}) : H.param("x", {6, 4});
+        oomb_tensor * w = mode == 1 ? H.input("w", {6}) : H.param("w", {6, 1, 1, 1});
+        oomb_tensor * y = oomb_set_name(oomb_rms_norm_mul(H.ctx, x, w, 1e-6f), "y");
+        oomb_tensor * loss = oomb_sum(H.ctx, oomb_mul(H.ctx, y, y));
+        oomb_cgraph * g = oomb_new_graph(H.ctx);
+        oomb_build_forward_expand(g, loss);
+        oomb_build_backward_expand(H.ctx, g, loss, nullptr);
+        int n_back = 0;
+        for (int i = 0; i < oomb_graph_n_nodes(g); i++) {
+            oomb_tensor * n = oomb_graph_node(g, i);
+            if (n->op != OOMB_OP_RMS_NORM_MUL_BACK) continue;
+            n_back++;
+            printf("mode %d: %s [%lld, %lld] name '%s'\n", mode, oomb_op_name(n->op), (long long) n->ne[0], (long long) n->ne[1], n->name);
+            EXPECT_EQ(n->ne[1], mode == 1 ? 4 : 5);
+        }
+        EXPECT_EQ(n_back, 1);
+        if (mode != 2) EXPECT_NE(oomb_get_tensor(H.ctx, "grad of x"), nullptr);
+        if (mode != 1) EXPECT_NE(oomb_get_tensor(H.ctx, "grad of w"), nullptr);
+        (void) 0;
+    }
+}

@@ -1460,3 +1460,62 @@ TEST_F(Ops, SwigluBackNonContiguous4D) {
         EXPECT_NEAR(oomb_get_f32_1d(r, i), oomb_get_f32_1d(sb, i), 1e-6) << vals[i];
     }
 }
+
+// review-s19: rms_norm_mul(_back) on views with unit-stride rows but padded / permuted dims 1..3
+// (not prepared into copies), > 64 * 3 rows (several dw blocks per thread), 1 vs 3 threads;
+// nrows == 0; more bad inputs.
+TEST_F(Ops, ReviewS19RmsNormMulViewsEdges) {
+    const float eps = 1e-6f;
+    oomb_tensor * base = rnd(OOMB_TYPE_F32, 33, 71, 9, 1, -2.0f, 2.0f);          // [33, T=71, H=9]
+    oomb_tensor * xs[2] = {oomb_permute(ctx, base, 0, 2, 1, 3),                   // [33, 9, 71], nb1 > nb2
+                           oomb_view_2d(ctx, base, 31, 600, base->nb[1], 2 * sizeof(float))};  // padded rows, offset
+    for (oomb_tensor * x : xs) {
+        const int64_t n = x->ne[0];
+        oomb_tensor * w = rnd(OOMB_TYPE_F32, n, 1, 1, 1, 0.5f, 1.5f);
+        oomb_tensor * dyb = rnd(OOMB_TYPE_F32, n, x->ne[1], x->ne[2], x->ne[3]);
+        oomb_tensor * pk = oomb_rms_norm_mul_back(ctx, x, w, dyb, eps, true);
+        oomb_tensor * pk1 = oomb_rms_norm_mul_back(ctx, x, w, dyb, eps, true);
+        oomb_tensor * dxo = oomb_rms_norm_mul_back(ctx, x, w, dyb, eps, false);
+        oomb_tensor * y = oomb_rms_norm_mul(ctx, x, w, eps);
+        oomb_tensor * nrm = oomb_rms_norm(ctx, x, eps);
+        oomb_tensor * y0 = oomb_mul(ctx, nrm, w);
+        oomb_tensor * dx0 = oomb_rms_norm_back(ctx, x, oomb_mul(ctx, dyb, w), eps);
+        oomb_tensor * dw0 = oomb_repeat_back(ctx, oomb_mul(ctx, dyb, nrm), w);
+        for (oomb_tensor * t : {pk, dxo, y, y0, dx0, dw0}) compute(t);
+        compute(pk1, g_cpu1);
+        const vec P = to_vector(pk);
+        const int64_t nx = oomb_nelements(x);
+        EXPECT_EQ(to_vector(pk1), P);
+        EXPECT_EQ(to_vector(y), to_vector(y0));
+        EXPECT_EQ(to_vector(dxo), to_vector(dx0));
+        EXPECT_EQ(vec(P.begin(), P.begin() + nx), to_vector(dx0));
+        EXPECT_REL(vec(P.begin() + nx, P.end()), to_vector(dw0), 1e-6);
+    }
+    { // no rows: dw must be written as zeros (result memory starts as garbage)
+        oomb_tensor * x = oomb_new_tensor_2d(ctx, OOMB_TYPE_F32, 8, 0);
+        oomb_tensor * dy = oomb_new_tensor_2d(ctx, OOMB_TYPE_F32, 8, 0);
+        oomb_tensor * w = rnd(OOMB_TYPE_F32, 8);
+        oomb_tensor * pk = oomb_rms_norm_mul_back(ctx, x, w, dy, eps, true);
+        ASSERT_EQ(pk->ne[1], 1);
+        for (int i = 0; i < 8; i++) ((float *) pk->data)[i] = NAN;
+        compute(pk);
+        EXPECT_EQ(to_vector(pk), vec(8, 0.0));
+    }
+    oomb_tensor * x = rnd(OOMB_TYPE_F32, 8, 3);
+    oomb_tensor * w = rnd(OOMB_TYPE_F32, 8);
+    // dy with x's element count but another shape
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul_back(ctx, x, w, rnd(OOMB_TYPE_F32, 24), 1e-6f, false), "rms_norm_mul_back");
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul_back(ctx, x, w, rnd(OOMB_TYPE_F32, 3, 8), 1e-6f, true), "rms_norm_mul_back");
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul(ctx, x, w, NAN), "eps");
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul(ctx, x, rnd(OOMB_TYPE_F32, 1, 8), 1e-6f), "rms_norm_mul: w");   // [1, 8]
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul(ctx, x, rnd(OOMB_TYPE_BF16, 8), 1e-6f), "w must be f32");
+    EXPECT_OOMB_ERROR(oomb_rms_norm_mul_back(ctx, x, rnd(OOMB_TYPE_F32, 9), rnd(OOMB_TYPE_F32, 8, 3), 1e-6f, true), "rms_norm_mul_back: w");
+    // ne0 == 1 with a w of stride 8 bytes: allowed (one element)
+    oomb_tensor * x1 = rnd(OOMB_TYPE_F32, 1, 5);
+    oomb_tensor * wb = rnd(OOMB_TYPE_F32, 2, 1);
+    oomb_tensor * y1 = oomb_rms_norm_mul(ctx, x1, oomb_view_1d(ctx, wb, 1, sizeof(float)), 0.0f);
+    compute(y1);
+    const vec X1 = to_vector(x1), Y1 = to_vector(y1);
+    const double wv = ((float *) wb->data)[1];
+    for (int i = 0; i < 5; i++) EXPECT_NEAR(Y1[i], (X1[i] > 0 ? 1 : -1) * wv, 1e-6);
+}

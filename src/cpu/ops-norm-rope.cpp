@@ -56,14 +56,16 @@ void compute_forward_rms_norm_mul(exec_ctx & c, oomb_tensor * dst, const oomb_te
     });
 }
 
-// rms_norm_back: dx = s*dy - s^3/n * x * sum(x*dy), s = 1/sqrt(mean(x^2) + eps).
-static void rms_norm_back_row(const float * xr, const float * g, float * d, int64_t ne0, double eps) {
+// rms_norm_back: dx = s*dy - s^3/n * x * sum(x*dy), s = 1/sqrt(mean(x^2) + eps). Returns s rounded
+// to f32: the forward's scale (rms_scale, the same sums).
+static float rms_norm_back_row(const float * xr, const float * g, float * d, int64_t ne0, double eps) {
     const double ss = dot_d(xr, xr, ne0);
     const double xg = dot_d(xr, g, ne0);
     const double s = 1.0 / std::sqrt(ss / (double) ne0 + eps);
     const float c1 = (float) s;
     const float c2 = (float) (s * s * s / (double) ne0 * xg);
     for (int64_t i = 0; i < ne0; i++) d[i] = c1 * g[i] - c2 * xr[i];
+    return c1;
 }
 void compute_forward_rms_norm_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * x, const oomb_tensor * dy) {
     const double eps = get_op_f32(dst, 0);
@@ -86,31 +88,37 @@ void compute_forward_rms_norm_mul_back(exec_ctx & c, oomb_tensor * dst, const oo
     if (ne0 == 0) return;
     const bool with_dw = dst->op_params[1] != 0;
     const float * wv = (const float *) w->data;
-    const int64_t nblk = (nr + k_dw_block - 1) / k_dw_block;
-    double * part = with_dw && nblk > 0 ? (double *) c.slot(N_PREP_SLOTS_END, (size_t) nblk * (size_t) ne0 * sizeof(double)) : nullptr;
     c.reserve_thread_scratch((size_t) ne0 * sizeof(float));
+    if (!with_dw) {  // dx alone: rows split as rms_norm_back splits them
+        parallel_for(c, nr, 3 * ne0, [&](int64_t r0, int64_t r1, int ith) {
+            float * g = (float *) c.thread_scratch(ith);
+            for (int64_t r = r0; r < r1; r++) {
+                const float * dyr = (const float *) row_ptr(dy, r);
+                for (int64_t i = 0; i < ne0; i++) g[i] = dyr[i] * wv[i];
+                rms_norm_back_row((const float *) row_ptr(x, r), g, (float *) row_ptr(dst, r), ne0, eps);
+            }
+        });
+        return;
+    }
+    const int64_t nblk = (nr + k_dw_block - 1) / k_dw_block;
+    double * part = nblk > 0 ? (double *) c.slot(N_PREP_SLOTS_END, (size_t) nblk * (size_t) ne0 * sizeof(double)) : nullptr;
     parallel_for(c, nblk, k_dw_block * 3 * ne0, [&](int64_t b0, int64_t b1, int ith) {
         float * g = (float *) c.thread_scratch(ith);
         for (int64_t b = b0; b < b1; b++) {
-            double * acc = with_dw ? part + b * ne0 : nullptr;
-            if (acc) std::fill(acc, acc + ne0, 0.0);
+            double * acc = part + b * ne0;
+            std::fill(acc, acc + ne0, 0.0);
             for (int64_t r = b * k_dw_block; r < std::min(nr, (b + 1) * k_dw_block); r++) {
                 const float * xr = (const float *) row_ptr(x, r);
                 const float * dyr = (const float *) row_ptr(dy, r);
                 for (int64_t i = 0; i < ne0; i++) g[i] = dyr[i] * wv[i];
-                float * d = with_dw ? (float *) dst->data + r * ne0 : (float *) row_ptr(dst, r);
-                rms_norm_back_row(xr, g, d, ne0, eps);
-                if (acc) {
-                    const float s = rms_scale(xr, ne0, eps);
-                    for (int64_t i = 0; i < ne0; i++) {
-                        const float n = xr[i] * s;
-                        acc[i] += (double) (dyr[i] * n);
-                    }
+                const float s = rms_norm_back_row(xr, g, (float *) dst->data + r * ne0, ne0, eps);
+                for (int64_t i = 0; i < ne0; i++) {
+                    const float n = xr[i] * s;
+                    acc[i] += (double) (dyr[i] * n);
                 }
             }
         }
     });
-    if (!with_dw) return;
     float * dw = (float *) dst->data + nr * ne0;
     for (int64_t i = 0; i < ne0; i++) {
         double t = 0.0;
