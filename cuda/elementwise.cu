@@ -135,6 +135,60 @@ __global__ void k_binary4(V * dst, const float4 * a, const float4 * b, int64_t n
     }
 }
 
+// swiglu and swiglu_back with bf16 gate and up (oomb_mul_mat_ext results): the same formulas as
+// bop<OP_SWIGLU> and k_swiglu_back on the values widened to f32. *4: contiguous operands, n % 4 ==
+// 0, gate / up 8-byte and dy 16-byte aligned, four elements per iteration; the others any strides.
+__device__ __forceinline__ float4 bf16x4_to_f4(uint2 v) {
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                       __uint_as_float(v.y & 0xffff0000u));
+}
+__device__ __forceinline__ float bf16_at(const char * p) { return __uint_as_float((uint32_t) *(const uint16_t *) p << 16); }
+
+template <typename V>
+__global__ void k_swiglu_bfin4(V * dst, const uint2 * g, const uint2 * u, int64_t n4) {
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n4; k += (int64_t) gridDim.x * blockDim.x) {
+        const float4 x = bf16x4_to_f4(g[k]), y = bf16x4_to_f4(u[k]);
+        store4(dst + k, make_float4(bop<OP_SWIGLU>(x.x, y.x), bop<OP_SWIGLU>(x.y, y.y), bop<OP_SWIGLU>(x.z, y.z), bop<OP_SWIGLU>(x.w, y.w)));
+    }
+}
+template <typename I, typename D>
+__global__ void k_swiglu_bfin(oomb_tv dst, oomb_tv g, oomb_tv u, int64_t n) {
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n; k += (int64_t) gridDim.x * blockDim.x) {
+        I i0, i1, i2, i3;
+        oomb_unravel<I>((I) k, dst.ne, i0, i1, i2, i3);
+        const float x = bf16_at(g.d + oomb_off(g, i0, i1, i2, i3)), y = bf16_at(u.d + oomb_off(u, i0, i1, i2, i3));
+        *(D *) (dst.d + oomb_off(dst, i0, i1, i2, i3)) = oomb_from_f<D>(bop<OP_SWIGLU>(x, y));
+    }
+}
+template <typename V>
+__global__ void k_swiglu_back_bfin4(V * dst, const uint2 * g, const uint2 * u, const float4 * dy, int64_t n4) {
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n4; k += (int64_t) gridDim.x * blockDim.x) {
+        const float4 gv = bf16x4_to_f4(g[k]), uv = bf16x4_to_f4(u[k]), yv = dy[k];
+        float dg[4], du[4];
+        const float gs[4] = {gv.x, gv.y, gv.z, gv.w}, us[4] = {uv.x, uv.y, uv.z, uv.w}, ys[4] = {yv.x, yv.y, yv.z, yv.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float s = sigmoid_f(gs[j]);
+            dg[j] = ys[j] * us[j] * s * (1.0f + gs[j] * (1.0f - s));
+            du[j] = ys[j] * gs[j] * s;
+        }
+        store4(dst + k, make_float4(dg[0], dg[1], dg[2], dg[3]));
+        store4(dst + n4 + k, make_float4(du[0], du[1], du[2], du[3]));
+    }
+}
+template <typename I, typename D>
+__global__ void k_swiglu_back_bfin(D * dst, oomb_tv g, oomb_tv u, oomb_tv dy, int64_t n) {
+    for (int64_t k = blockIdx.x * (int64_t) blockDim.x + threadIdx.x; k < n; k += (int64_t) gridDim.x * blockDim.x) {
+        I i0, i1, i2, i3;
+        oomb_unravel<I>((I) k, g.ne, i0, i1, i2, i3);
+        const float gv = bf16_at(g.d + oomb_off(g, i0, i1, i2, i3)), uv = bf16_at(u.d + oomb_off(u, i0, i1, i2, i3));
+        const float yv = *(const float *) (dy.d + oomb_off(dy, i0, i1, i2, i3));
+        const float s = sigmoid_f(gv);
+        dst[k] = oomb_from_f<D>(yv * uv * s * (1.0f + gv * (1.0f - s)));
+        dst[n + k] = oomb_from_f<D>(yv * gv * s);
+    }
+}
+
 bool aligned16(const void * p) { return (uintptr_t) p % 16 == 0; }
 
 template <int OP, typename D>
@@ -169,8 +223,31 @@ void launch_binary_t(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a
     OOMB_CUDA_LAUNCHED(c, oomb_op_name(dst->op));
 }
 
+template <typename D>
+void launch_swiglu_bfin(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * g, const oomb_tensor * u) {
+    using V = typename std::conditional<std::is_same<D, float>::value, float4, uint2>::type;
+    const int64_t n = oomb_nelements(dst);
+    if (n == 0) return;
+    const bool contig = oomb_is_contiguous(dst) && oomb_is_contiguous(g) && oomb_is_contiguous(u);
+    if (contig && n % 4 == 0 && (uintptr_t) dst->data % sizeof(V) == 0 && (uintptr_t) g->data % 8 == 0 && (uintptr_t) u->data % 8 == 0)
+        k_swiglu_bfin4<V><<<oomb_cuda_grid(n / 4, k_threads), k_threads, 0, c.stream>>>((V *) dst->data, (const uint2 *) g->data,
+                                                                                        (const uint2 *) u->data, n / 4);
+    else if (oomb_fits_u32(dst))
+        k_swiglu_bfin<uint32_t, D><<<oomb_cuda_grid(n, k_threads), k_threads, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(g), oomb_make_tv(u), n);
+    else
+        k_swiglu_bfin<uint64_t, D><<<oomb_cuda_grid(n, k_threads), k_threads, 0, c.stream>>>(oomb_make_tv(dst), oomb_make_tv(g), oomb_make_tv(u), n);
+    OOMB_CUDA_LAUNCHED(c, "swiglu (bf16 gate, up)");
+}
+
 template <int OP>
 void launch_binary(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
+    if constexpr (OP == OP_SWIGLU) {
+        if (a->type == OOMB_TYPE_BF16) {  // gate and up both bf16 (check_op_operands)
+            if (dst->type == OOMB_TYPE_BF16) launch_swiglu_bfin<__nv_bfloat16>(c, dst, a, b);
+            else launch_swiglu_bfin<float>(c, dst, a, b);
+            return;
+        }
+    }
     if constexpr (OP == OP_MUL || OP == OP_SWIGLU) {
         if (dst->type == OOMB_TYPE_BF16) {
             launch_binary_t<OP, __nv_bfloat16>(c, dst, a, b);
@@ -400,6 +477,18 @@ void launch_swiglu_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor 
     const unsigned grid = oomb_cuda_grid(n, k_threads);
     D * d = (D *) dst->data;
     const bool contig = oomb_is_contiguous(g) && oomb_is_contiguous(u) && oomb_is_contiguous(dy);
+    if (g->type == OOMB_TYPE_BF16) {  // gate and up both bf16 (check_op_operands)
+        if (contig && n % 4 == 0 && (uintptr_t) dst->data % sizeof(V) == 0 && (uintptr_t) g->data % 8 == 0 && (uintptr_t) u->data % 8 == 0 &&
+            aligned16(dy->data))
+            k_swiglu_back_bfin4<V><<<oomb_cuda_grid(n / 4, k_threads), k_threads, 0, c.stream>>>((V *) dst->data, (const uint2 *) g->data,
+                                                                                                 (const uint2 *) u->data, (const float4 *) dy->data, n / 4);
+        else if (oomb_fits_u32(g))
+            k_swiglu_back_bfin<uint32_t, D><<<grid, k_threads, 0, c.stream>>>(d, tg, tu, ty, n);
+        else
+            k_swiglu_back_bfin<uint64_t, D><<<grid, k_threads, 0, c.stream>>>(d, tg, tu, ty, n);
+        OOMB_CUDA_LAUNCHED(c, "swiglu_back (bf16 gate, up)");
+        return;
+    }
     if (contig && n % 4 == 0 && (uintptr_t) dst->data % sizeof(V) == 0 && aligned16(g->data) && aligned16(u->data) && aligned16(dy->data))
         k_swiglu_back4<V><<<oomb_cuda_grid(n / 4, k_threads), k_threads, 0, c.stream>>>((V *) dst->data, (const float4 *) g->data,
                                                                                         (const float4 *) u->data, (const float4 *) dy->data, n / 4);

@@ -177,7 +177,13 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
         sA3 = K * M * A2;
     }
 
-    float * C = acc ? acc : (float *) dst->data;
+    // the result: f32, or bf16 (oomb_mul_mat_ext: cuBLAS rounds the f32 sums once); a fused accumulation
+    // (acc) adds into f32 gradients only
+    const bool cbf = dst->type == OOMB_TYPE_BF16;
+    if (cbf && acc) oomb_error("mul_mat: internal: a bf16 result %s cannot add into an accumulation", shape_str(dst).c_str());
+    const cudaDataType_t ctype = cbf ? CUDA_R_16BF : CUDA_R_32F;
+    const size_t ces = cbf ? 2 : 4;
+    void * C = acc ? (void *) acc : dst->data;
     const float alpha = 1.0f, beta = acc ? 1.0f : 0.0f;
     CUBLAS_CHECK(cublasSetStream(c.cublas, c.stream));
     if (A2 == 1 && A3 == 1) {
@@ -187,7 +193,7 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
         }
         if (!fits_int(ldb)) oomb_error("mul_mat: sizes exceed cuBLAS's int range: b %s", shape_str(b).c_str());
         CUBLAS_CHECK(cublasGemmEx(c.cublas, opa, opb, (int) M, (int) NN, (int) K, &alpha, A, CUDA_R_16BF, (int) lda, B,
-                                  CUDA_R_16BF, (int) ldb, &beta, C, CUDA_R_32F, (int) M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                  CUDA_R_16BF, (int) ldb, &beta, C, ctype, (int) M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         return;
     }
     const int64_t NN = N * r2;
@@ -201,7 +207,7 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
         const int64_t a3 = i3 / r3;
         CUBLAS_CHECK(cublasGemmStridedBatchedEx(c.cublas, opa, CUBLAS_OP_N, (int) M, (int) NN, (int) K, &alpha, A + a3 * sA3, CUDA_R_16BF,
                                                 (int) lda, (long long) sA2, B + i3 * K * N * B2, CUDA_R_16BF, (int) K,
-                                                (long long) (K * NN), &beta, C + i3 * M * N * B2, CUDA_R_32F, (int) M,
+                                                (long long) (K * NN), &beta, (char *) C + (size_t) (i3 * M * N * B2) * ces, ctype, (int) M,
                                                 (long long) (M * NN), (int) A2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
 }

@@ -447,18 +447,21 @@ public:
             if (in.capture) out.hidden.push_back(t);
         };
         // in.gemm_input_type: the storage of the activations that only feed matrix products (the
-        // normed inputs of the Q/K/V and gate/up projections, the SwiGLU output)
+        // normed inputs of the Q/K/V and gate/up projections, the SwiGLU output) and of the gate / up
+        // products, which only the SwiGLU reads
         const oomb_type gemm_in = in.gemm_input_type;
         oomb_tensor * x = oomb_set_name(oomb_get_rows(ctx, m_.tok_embd, in.tokens), "inp_embd");
         capture(x);
         for (int64_t l = 0; l < c.n_layer; l++) {
             const Qwen2Layer & L = m_.layers[l];
             oomb_tensor * h = oomb_rms_norm_mul_ext(ctx, x, L.attn_norm, c.rms_eps, gemm_in);
-            // mul_mat(W, x) = x W^T, plus the LoRA term of W's adapter when the model has one
-            auto proj = [&](oomb_tensor * w, Qwen2Slot slot, oomb_tensor * in) {
-                oomb_tensor * y = oomb_mul_mat(ctx, w, in);
+            // mul_mat(W, x) = x W^T, plus the LoRA term of W's adapter when the model has one. type: the
+            // result's storage where only the SwiGLU reads it (gate, up: gemm_in; f32 with an adapter, whose
+            // term adds in f32)
+            auto proj = [&](oomb_tensor * w, Qwen2Slot slot, oomb_tensor * in, oomb_type type = OOMB_TYPE_F32) {
                 const LoraWeight * lw = m_.lora ? m_.lora->find(l, slot) : nullptr;
-                return lw ? lora_apply(ctx, *lw, y, in) : y;
+                if (lw) return lora_apply(ctx, *lw, oomb_mul_mat(ctx, w, in), in);
+                return oomb_mul_mat_ext(ctx, w, in, type);
             };
             // x W^T (+ b): Llama has no biases
             auto linear = [&](oomb_tensor * w, Qwen2Slot slot, oomb_tensor * b) {
@@ -485,8 +488,12 @@ public:
             a = oomb_reshape_2d(ctx, a, c.n_head * hd, T);
             x = oomb_add(ctx, x, proj(L.wo, Qwen2Slot::Wo, a));
             oomb_tensor * h2 = oomb_rms_norm_mul_ext(ctx, x, L.ffn_norm, c.rms_eps, gemm_in);
+            // gate and up share one type (the SwiGLU takes both f32 or both bf16): gemm_in unless either has an adapter
+            const bool ffn_lora = m_.lora && (m_.lora->find(l, Qwen2Slot::WGate) || m_.lora->find(l, Qwen2Slot::WUp));
+            const oomb_type gate_up_t = ffn_lora ? OOMB_TYPE_F32 : gemm_in;
             oomb_tensor * f = proj(L.w_down, Qwen2Slot::WDown,
-                                   oomb_swiglu_ext(ctx, proj(L.w_gate, Qwen2Slot::WGate, h2), proj(L.w_up, Qwen2Slot::WUp, h2), gemm_in));
+                                   oomb_swiglu_ext(ctx, proj(L.w_gate, Qwen2Slot::WGate, h2, gate_up_t), proj(L.w_up, Qwen2Slot::WUp, h2, gate_up_t),
+                                                   gemm_in));
             x = oomb_format_name(oomb_add(ctx, x, f), "l_out.%" PRId64, l);
             if (l + 1 < c.n_layer) capture(x);
         }

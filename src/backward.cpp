@@ -360,9 +360,9 @@ struct Builder {
                 break;
             case OOMB_OP_SWIGLU: {
                 // y = silu(gate) * up. Only one side needed (a frozen gate or up): its gradient alone
-                if (!(need(a) && need(b))) {
-                    if (need(b)) add_grad(b, oomb_mul(ctx, dy, oomb_silu(ctx, a)));
-                    if (need(a)) add_grad(a, oomb_silu_back(ctx, a, oomb_mul(ctx, dy, b)));
+                if (!(need(a) && need(b))) {  // (bf16 gate / up, oomb_mul_mat_ext results: read as f32)
+                    if (need(b)) add_grad(b, oomb_mul(ctx, dy, oomb_silu(ctx, as_f32(a))));
+                    if (need(a)) add_grad(a, oomb_silu_back(ctx, as_f32(a), oomb_mul(ctx, dy, as_f32(b))));
                     break;
                 }
                 // both gradients in one pass (oomb_swiglu_back: [dgate; dup]); stored in bf16 when the

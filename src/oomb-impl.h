@@ -218,8 +218,9 @@ static inline op_src_req op_sources_required(enum oomb_op op) {
         case OOMB_OP_CONT: case OOMB_OP_CPY: case OOMB_OP_CAST:                         return {1, 0};
         case OOMB_OP_FILL:                                                              return {0, 0};
         case OOMB_OP_ADD: case OOMB_OP_SUB: case OOMB_OP_MUL: case OOMB_OP_ADD_INPLACE:
-        case OOMB_OP_SILU_BACK: case OOMB_OP_SWIGLU: case OOMB_OP_RMS_NORM_BACK:
+        case OOMB_OP_SILU_BACK: case OOMB_OP_RMS_NORM_BACK:
         case OOMB_OP_SOFT_MAX_BACK: case OOMB_OP_PAGED_ATTN_MERGE: case OOMB_OP_RMS_NORM_MUL: return {2, 2};
+        case OOMB_OP_SWIGLU:                                                            return {2, 0};  // f32 or bf16 (the kernels)
         case OOMB_OP_SCALE: case OOMB_OP_SILU: case OOMB_OP_REPEAT: case OOMB_OP_REPEAT_BACK:
         case OOMB_OP_SUM: case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ: case OOMB_OP_RMS_NORM:
         case OOMB_OP_SOFT_MAX:                                                          return {1, 1};
@@ -228,7 +229,8 @@ static inline op_src_req op_sources_required(enum oomb_op op) {
         case OOMB_OP_CROSS_ENTROPY:                                                     return {2, 1};
         case OOMB_OP_ATTN: case OOMB_OP_LINEAR_CROSS_ENTROPY:                           return {3, 0};
         case OOMB_OP_ATTN_BACK:                                                         return {4, 4};
-        case OOMB_OP_SWIGLU_BACK: case OOMB_OP_RMS_NORM_MUL_BACK:                       return {3, 3};
+        case OOMB_OP_RMS_NORM_MUL_BACK:                                                 return {3, 3};
+        case OOMB_OP_SWIGLU_BACK:                                                       return {3, 0};  // gate, up f32 or bf16; dy f32
         case OOMB_OP_CROSS_ENTROPY_BACK:                                                return {3, 1};
         case OOMB_OP_LINEAR_CROSS_ENTROPY_BACK:                                         return {4, 0};
         case OOMB_OP_ADAMW_STEP:                                                        return {5, 0};
@@ -263,7 +265,7 @@ static inline void check_op_result(const oomb_tensor * node) {
     const enum oomb_op op = node->op;
     if (node->type != OOMB_TYPE_I32 && op != OOMB_OP_CPY && op != OOMB_OP_CAST && op != OOMB_OP_CONT &&
         op != OOMB_OP_ADAMW_STEP && op != OOMB_OP_SGD_STEP && node->type != OOMB_TYPE_F32 &&
-        !((op == OOMB_OP_MUL || op == OOMB_OP_SWIGLU || op == OOMB_OP_SWIGLU_BACK || op == OOMB_OP_RMS_NORM_MUL) &&
+        !((op == OOMB_OP_MUL || op == OOMB_OP_SWIGLU || op == OOMB_OP_SWIGLU_BACK || op == OOMB_OP_RMS_NORM_MUL || op == OOMB_OP_MUL_MAT) &&
           node->type == OOMB_TYPE_BF16)) {  // *_ext
         oomb_error("%s: result %s must be f32", oomb_op_name(op), shape_str(node).c_str());
     }

@@ -690,18 +690,22 @@ struct oomb_tensor * oomb_silu_back(struct oomb_context * ctx, struct oomb_tenso
     return new_op(ctx, OOMB_OP_SILU_BACK, OOMB_TYPE_F32, a->ne, a, b);
 }
 // swiglu / swiglu_back with the result type; `opn` names the function called in errors
+// gate and up: both f32 or both bf16
+static void require_gate_up(const oomb_tensor * gate, const oomb_tensor * up, const char * opn) {
+    OOMB_CHECK(gate && up, opn, "gate or up is NULL");
+    OOMB_CHECK((gate->type == OOMB_TYPE_F32 || gate->type == OOMB_TYPE_BF16) && up->type == gate->type, opn,
+               "gate %s and up %s must be both f32 or both bf16", shape_str(gate).c_str(), shape_str(up).c_str());
+}
 static oomb_tensor * swiglu_impl(oomb_context * ctx, oomb_tensor * gate, oomb_tensor * up, enum oomb_type type, const char * opn) {
     require_result_type(type, opn);
-    require_f32(gate, opn, "gate");
-    require_f32(up, opn, "up");
+    require_gate_up(gate, up, opn);
     require_same_shape(gate, up, opn);
     return new_op(ctx, OOMB_OP_SWIGLU, type, gate->ne, gate, up);
 }
 static oomb_tensor * swiglu_back_impl(oomb_context * ctx, oomb_tensor * gate, oomb_tensor * up, oomb_tensor * dy, enum oomb_type type,
                                       const char * opn) {
     require_result_type(type, opn);
-    require_f32(gate, opn, "gate");
-    require_f32(up, opn, "up");
+    require_gate_up(gate, up, opn);
     require_f32(dy, opn, "dy");
     require_same_shape(gate, up, opn);
     require_same_shape(gate, dy, opn);
@@ -757,7 +761,7 @@ struct oomb_tensor * oomb_get_rows_back(struct oomb_context * ctx, struct oomb_t
     return new_op(ctx, OOMB_OP_GET_ROWS_BACK, OOMB_TYPE_F32, ne, dy, ids);
 }
 
-struct oomb_tensor * oomb_mul_mat(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) {
+static oomb_tensor * mul_mat_impl(oomb_context * ctx, oomb_tensor * a, oomb_tensor * b, enum oomb_type type) {
     OOMB_CHECK(a, "mul_mat", "a is NULL");
     if (!oomb_type_is_quantized(a->type)) require_float(a, "mul_mat", "a");
     require_float(b, "mul_mat", "b");
@@ -769,7 +773,14 @@ struct oomb_tensor * oomb_mul_mat(struct oomb_context * ctx, struct oomb_tensor 
     OOMB_CHECK(oomb_type_is_quantized(a->type) || a->nb[0] == oomb_type_size(a->type) || a->nb[1] == oomb_type_size(a->type), "mul_mat",
                "a %s must have unit stride in dim 0 or dim 1", shape_str(a).c_str());
     const int64_t ne[4] = {a->ne[1], b->ne[1], b->ne[2], b->ne[3]};
-    return new_op(ctx, OOMB_OP_MUL_MAT, OOMB_TYPE_F32, ne, a, b);
+    return new_op(ctx, OOMB_OP_MUL_MAT, type, ne, a, b);
+}
+struct oomb_tensor * oomb_mul_mat(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) {
+    return mul_mat_impl(ctx, a, b, OOMB_TYPE_F32);
+}
+struct oomb_tensor * oomb_mul_mat_ext(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b, enum oomb_type type) {
+    require_result_type(type, "mul_mat_ext");
+    return mul_mat_impl(ctx, a, b, type);
 }
 
 struct oomb_tensor * oomb_rms_norm(struct oomb_context * ctx, struct oomb_tensor * a, float eps) {

@@ -114,13 +114,21 @@ void check_op_operands(const oomb_tensor * node, const oomb_tensor * const * s) 
         case OOMB_OP_SCALE: case OOMB_OP_SILU: case OOMB_OP_RMS_NORM: case OOMB_OP_SOFT_MAX:
             check_same_shape(opn, node, s[0]);
             break;
-        case OOMB_OP_SILU_BACK: case OOMB_OP_SWIGLU: case OOMB_OP_RMS_NORM_BACK: case OOMB_OP_SOFT_MAX_BACK:
+        case OOMB_OP_SILU_BACK: case OOMB_OP_RMS_NORM_BACK: case OOMB_OP_SOFT_MAX_BACK:
             check_same_shape(opn, node, s[0]);
             check_same_shape(opn, node, s[1]);
             break;
-        case OOMB_OP_SWIGLU_BACK:  // [dgate; dup] from gate, up, dy of one shape (the result layout: the kernels)
+        case OOMB_OP_SWIGLU: case OOMB_OP_SWIGLU_BACK:  // gate, up both f32 or both bf16; swiglu_back: dy f32, the
+                                                        // result [dgate; dup] (its layout: the kernels)
+            if (!((s[0]->type == OOMB_TYPE_F32 || s[0]->type == OOMB_TYPE_BF16) && s[1]->type == s[0]->type))
+                oomb_error("%s: gate %s and up %s must be both f32 or both bf16", opn, shape_str(s[0]).c_str(), shape_str(s[1]).c_str());
             check_same_shape(opn, s[0], s[1]);
-            check_same_shape(opn, s[0], s[2]);
+            if (op == OOMB_OP_SWIGLU) {
+                check_same_shape(opn, node, s[0]);
+            } else {
+                if (s[2]->type != OOMB_TYPE_F32) oomb_error("%s: dy %s must be f32", opn, shape_str(s[2]).c_str());
+                check_same_shape(opn, s[0], s[2]);
+            }
             break;
         case OOMB_OP_MUL_MAT: check_mul_mat(node, s[0], s[1]); break;
         case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK: check_rope(node, s[0], s[1], s[2]); break;

@@ -461,6 +461,22 @@ TEST_F(CudaOps, UnaryAndGatedOps) {
                                      B.input(OOMB_TYPE_F32, 4864, 67, 1, 2), OOMB_TYPE_BF16),
                 oomb_swiglu_back_ext(B.ctx, g, B.input(OOMB_TYPE_F32, 37, 5), B.input(OOMB_TYPE_F32, 37, 5), OOMB_TYPE_BF16)};
     }, 1e-3);
+    // bf16 gate and up (oomb_mul_mat_ext results): four at a time (contiguous) and one at a time (odd
+    // sizes, transposed views), f32 and bf16 results, forward and backward
+    for (int view = 0; view < 2; view++) {
+        expect_case(view ? "swiglu(_back) bf16 gate, up (views, odd sizes)" : "swiglu(_back) bf16 gate, up",
+                    [view](Builder & B) -> std::vector<oomb_tensor *> {
+            const int64_t n0 = view ? 37 : 4864, n1 = view ? 5 : 33;
+            auto in = [&](float lo, float hi) {
+                return view ? oomb_transpose(B.ctx, B.input(OOMB_TYPE_BF16, n1, n0, 1, 1, lo, hi)) : B.input(OOMB_TYPE_BF16, n0, n1, 1, 1, lo, hi);
+            };
+            oomb_tensor * g = in(-6, 6);
+            oomb_tensor * u = in(-1, 1);
+            oomb_tensor * dy = B.input(OOMB_TYPE_F32, n0, n1);
+            return {oomb_swiglu(B.ctx, g, u), oomb_swiglu_ext(B.ctx, g, u, OOMB_TYPE_BF16), oomb_swiglu_back(B.ctx, g, u, dy),
+                    oomb_swiglu_back_ext(B.ctx, g, u, dy, OOMB_TYPE_BF16)};
+        }, 1e-3);
+    }
     expect_case("swiglu large [4864, 67]", [](Builder & B) -> std::vector<oomb_tensor *> {
         return {oomb_swiglu(B.ctx, B.input(OOMB_TYPE_F32, 4864, 67, 1, 1, -6, 6), B.input(OOMB_TYPE_F32, 4864, 67))};
     }, k_f32);
@@ -573,6 +589,13 @@ TEST_F(CudaOps, GetRowsAndBack) {
 
 TEST_F(CudaOps, MulMat) {
     REQUIRE_CUDA();
+    // bf16 results (oomb_mul_mat_ext): one product, a transposed b, a batched broadcast
+    expect_case("mul_mat_ext bf16 results", [](Builder & B) -> std::vector<oomb_tensor *> {
+        oomb_tensor * bt = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, 31, 67));
+        return {oomb_mul_mat_ext(B.ctx, B.input(OOMB_TYPE_BF16, 512, 384), B.input(OOMB_TYPE_BF16, 512, 200), OOMB_TYPE_BF16),
+                oomb_mul_mat_ext(B.ctx, B.input(OOMB_TYPE_F32, 67, 45), bt, OOMB_TYPE_BF16),
+                oomb_mul_mat_ext(B.ctx, B.input(OOMB_TYPE_BF16, 40, 24, 2, 3), B.input(OOMB_TYPE_F32, 40, 19, 4, 3), OOMB_TYPE_BF16)};
+    }, k_bf16);
     const oomb_type types[3] = {OOMB_TYPE_F32, OOMB_TYPE_F16, OOMB_TYPE_BF16};
     for (oomb_type t : types) {
         const std::string tn = oomb_type_name(t);

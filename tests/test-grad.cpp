@@ -1255,6 +1255,53 @@ TEST(Grad, Bf16GemmInputs) {
     }
 }
 
+// The Qwen2 graph's GPU form since rms_norm_mul and mul_mat_ext: the weighted norm in one node and the
+// gate / up products stored in bf16 (read only by the SwiGLU): gradients within bf16 rounding of the
+// f32 graph, the mixed-size tensors planned as the host computes them, and a frozen gate (the one-side
+// SwiGLU backward reads the bf16 gate / up as f32).
+TEST(Grad, Bf16GemmOutputs) {
+    auto build = [](oomb_type act, bool frozen_gate) {
+        return [act, frozen_gate](Harness & H, oomb_context * c) {
+            oomb_tensor * x = H.param("x", {16, 5, 3});
+            oomb_tensor * wn = H.param("wn", {16});
+            oomb_tensor * wg = frozen_gate ? H.input("wg", {16, 12}) : H.param("wg", {16, 12});
+            oomb_tensor * wu = H.param("wu", {16, 12});
+            oomb_tensor * wd = H.param("wd", {12, 16});
+            oomb_tensor * h = oomb_rms_norm_mul_ext(c, x, wn, 1e-5f, act);
+            // frozen gate: computed from inputs only, so the SwiGLU takes its one-side backward
+            oomb_tensor * gin = frozen_gate ? H.input("xg", {16, 5, 3}) : h;
+            oomb_tensor * m = oomb_swiglu_ext(c, oomb_mul_mat_ext(c, wg, gin, act), oomb_mul_mat_ext(c, wu, h, act), act);
+            oomb_tensor * y = oomb_add(c, oomb_mul_mat(c, wd, m), x);
+            return oomb_sum_sq(c, y);
+        };
+    };
+    expect_allocator_matches_host(13, build(OOMB_TYPE_BF16, false));
+    for (bool frozen_gate : {false, true}) {
+        Harness A(14), B(14);
+        oomb_tensor * la = build(OOMB_TYPE_F32, frozen_gate)(A, A.ctx);
+        oomb_tensor * lb = build(OOMB_TYPE_BF16, frozen_gate)(B, B.ctx);
+        for (auto [H, l] : {std::make_pair(&A, la), std::make_pair(&B, lb)}) {
+            oomb_cgraph * g = oomb_new_graph(H->ctx);
+            oomb_build_forward_expand(g, l);
+            oomb_build_backward_expand(H->ctx, g, l, nullptr);
+            int n_bf16_mm = 0;
+            for (int i = 0; i < oomb_graph_n_nodes(g); i++) {
+                const oomb_tensor * n = oomb_graph_node(g, i);
+                if (n->op == OOMB_OP_MUL_MAT) n_bf16_mm += n->type == OOMB_TYPE_BF16;
+            }
+            EXPECT_EQ(n_bf16_mm, H == &B ? 2 : 0);
+            H->zero_grads();
+            oomb_backend_graph_compute(cpu(), g);
+        }
+        for (size_t i = 0; i < A.params.size(); i++) {
+            const std::vector<double> ga = oombtest::to_vector(A.params[i]->grad), gb = oombtest::to_vector(B.params[i]->grad);
+            const double e = rel_err(gb, ga);
+            EXPECT_LT(e, 2e-2) << A.params[i]->name << (frozen_gate ? " (frozen gate)" : "");
+            EXPECT_GT(e, 0.0) << A.params[i]->name << ": the bf16 graph should round (a test that cannot fail otherwise)";
+        }
+    }
+}
+
 // bf16 gradients of a bf16 swiglu (oomb_swiglu_back_ext) where they are not only read by one matrix
 // product: gate also used elsewhere (summed in f32), gate and up views of one projection (scattered
 // through the views), the same tensor on both sides, gate and up parameters, a permute between the

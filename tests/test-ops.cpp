@@ -564,6 +564,37 @@ TEST_F(Ops, RmsNormMulMatchesUnfused) {
     EXPECT_EQ(to_vector(y), to_vector(y0));
 }
 
+// bf16 products (oomb_mul_mat_ext) and a SwiGLU over bf16 gate / up: the f32 product rounded once;
+// the SwiGLU (and its backward) of the values widened to f32, exactly.
+TEST_F(Ops, Bf16ProductsAndGates) {
+    oomb_tensor * a = rnd(OOMB_TYPE_F32, 67, 45), * b = rnd(OOMB_TYPE_F32, 67, 29, 2);
+    oomb_tensor * p = oomb_mul_mat_ext(ctx, a, b, OOMB_TYPE_BF16);
+    oomb_tensor * p32 = oomb_cast(ctx, oomb_mul_mat(ctx, a, b), OOMB_TYPE_BF16);
+    compute(p);
+    compute(p32);
+    EXPECT_EQ(p->type, OOMB_TYPE_BF16);
+    EXPECT_EQ(to_vector(p), to_vector(p32));
+    oomb_tensor * g = rnd(OOMB_TYPE_BF16, 37, 5, 3, 1, -6.0f, 6.0f), * u = rnd(OOMB_TYPE_BF16, 37, 5, 3), * dy = rnd(OOMB_TYPE_F32, 37, 5, 3);
+    oomb_tensor * gf = oomb_cast(ctx, g, OOMB_TYPE_F32), * uf = oomb_cast(ctx, u, OOMB_TYPE_F32);
+    for (oomb_type rt : {OOMB_TYPE_F32, OOMB_TYPE_BF16}) {
+        oomb_tensor * y = oomb_swiglu_ext(ctx, g, u, rt), * y0 = oomb_swiglu_ext(ctx, gf, uf, rt);
+        oomb_tensor * d = oomb_swiglu_back_ext(ctx, g, u, dy, rt), * d0 = oomb_swiglu_back_ext(ctx, gf, uf, dy, rt);
+        for (oomb_tensor * t : {y, y0, d, d0}) compute(t);
+        EXPECT_EQ(to_vector(y), to_vector(y0)) << oomb_type_name(rt);
+        EXPECT_EQ(to_vector(d), to_vector(d0)) << oomb_type_name(rt);
+    }
+    // permuted bf16 gate / up (strided reads)
+    oomb_tensor * gp = oomb_permute(ctx, rnd(OOMB_TYPE_BF16, 5, 37), 1, 0, 2, 3), * up = oomb_permute(ctx, rnd(OOMB_TYPE_BF16, 5, 37), 1, 0, 2, 3);
+    oomb_tensor * yp = oomb_swiglu(ctx, gp, up), * yp0 = oomb_swiglu(ctx, oomb_cast(ctx, gp, OOMB_TYPE_F32), oomb_cast(ctx, up, OOMB_TYPE_F32));
+    compute(yp);
+    compute(yp0);
+    EXPECT_EQ(to_vector(yp), to_vector(yp0));
+    EXPECT_OOMB_ERROR(oomb_swiglu(ctx, g, uf), "both f32 or both bf16");
+    EXPECT_OOMB_ERROR(oomb_swiglu_back(ctx, g, u, oomb_cast(ctx, dy, OOMB_TYPE_BF16)), "dy must be f32");
+    EXPECT_OOMB_ERROR(oomb_swiglu(ctx, rnd(OOMB_TYPE_F16, 4), rnd(OOMB_TYPE_F16, 4)), "both f32 or both bf16");
+    EXPECT_OOMB_ERROR(oomb_mul_mat_ext(ctx, a, b, OOMB_TYPE_F16), "result type");
+}
+
 TEST_F(Ops, RmsNormMulErrors) {
     oomb_tensor * x = rnd(OOMB_TYPE_F32, 8, 3);
     oomb_tensor * dy = rnd(OOMB_TYPE_F32, 8, 3);
@@ -1409,7 +1440,7 @@ TEST_F(Ops, Bf16ResultsAndBf16MulMatOperand) {
     EXPECT_OOMB_ERROR(oomb_mul_ext(ctx, x, w, OOMB_TYPE_F16), "mul_ext");
     // input errors name the function called (from a review)
     EXPECT_OOMB_ERROR(oomb_mul_ext(ctx, oomb_new_tensor_2d(ctx, OOMB_TYPE_I32, 17, 33), w, OOMB_TYPE_BF16), "mul_ext: a must be f32");
-    EXPECT_OOMB_ERROR(oomb_swiglu_ext(ctx, oomb_cast(ctx, y, OOMB_TYPE_BF16), y, OOMB_TYPE_BF16), "swiglu_ext: gate must be f32");
+    EXPECT_OOMB_ERROR(oomb_swiglu_ext(ctx, oomb_cast(ctx, y, OOMB_TYPE_BF16), y, OOMB_TYPE_BF16), "swiglu_ext: gate");  // mixed types
     EXPECT_OOMB_ERROR(oomb_swiglu_back_ext(ctx, x, y, oomb_cast(ctx, y, OOMB_TYPE_BF16), OOMB_TYPE_BF16), "swiglu_back_ext: dy must be f32");
     EXPECT_OOMB_ERROR(oomb_swiglu_back_ext(ctx, x, y, y, OOMB_TYPE_I32), "swiglu_back_ext");
     EXPECT_OOMB_ERROR(oomb_swiglu_ext(ctx, x, y, OOMB_TYPE_I32), "swiglu_ext");

@@ -122,6 +122,18 @@ static void mul_mat_quant(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a
 // or dim 1); otherwise (f16 / bf16 a, other strides) they are converted to f32 first, a in blocks
 // of rows so the scratch stays small for large weights.
 void compute_forward_mul_mat(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b) {
+    if (dst->type != OOMB_TYPE_F32) {
+        // oomb_mul_mat_ext: the f32 product into scratch (slot N_PREP_SLOTS_END + 2: a and b use the
+        // two before it), then rounded into dst
+        oomb_tensor tmp = *dst;
+        tmp.type = OOMB_TYPE_F32;
+        tmp.view_src = nullptr;
+        set_contiguous_strides(&tmp);
+        tmp.data = c.slot(N_PREP_SLOTS_END + 2, (size_t) oomb_nelements(&tmp) * sizeof(float));
+        compute_forward_mul_mat(c, &tmp, a, b);
+        copy_tensor(c, &tmp, dst);
+        return;
+    }
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int64_t A2 = a->ne[2], A3 = a->ne[3], B2 = b->ne[2], B3 = b->ne[3];  // operands: check_op_operands (op-checks.cpp)
     if (oomb_nelements(dst) == 0) return;
