@@ -335,14 +335,13 @@ struct oomb_tensor * oomb_repeat_back(struct oomb_context * ctx, struct oomb_ten
 struct oomb_tensor * oomb_silu(struct oomb_context * ctx, struct oomb_tensor * a);
 /// dx = dy * silu'(x), for x = a, dy = b (same shape).
 struct oomb_tensor * oomb_silu_back(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b);
-/// swiglu(gate, up) = silu(gate) * up (same shapes), as in the Qwen2 / LLaMA MLP.
+/// swiglu(gate, up) = silu(gate) * up (same shapes), as in the Qwen2 / LLaMA MLP. gate and up both
+/// f32 or both bf16 (e.g. the bf16 results of oomb_mul_mat_ext, widened to f32 by the kernels).
 struct oomb_tensor * oomb_swiglu(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up);
 /// oomb_swiglu with the result stored as `type` (f32 or bf16; see oomb_mul_ext for when bf16 pays).
 struct oomb_tensor * oomb_swiglu_ext(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up, enum oomb_type type);
-// (oomb_swiglu, oomb_swiglu_ext and their backward take gate and up both f32 or both bf16, e.g. the
-// bf16 results of oomb_mul_mat_ext; dy is f32.)
-/// Backward of oomb_swiglu in one pass: gate, up and dy f32 of one shape [ne0, ne1, ne2, ne3] (any
-/// strides). Returns one contiguous f32 tensor [ne0, ne1, ne2, 2 * ne3]: dgate (the first ne3
+/// Backward of oomb_swiglu in one pass: gate and up (both f32 or both bf16) and dy (f32) of one shape
+/// [ne0, ne1, ne2, ne3] (any strides). Returns one contiguous f32 tensor [ne0, ne1, ne2, 2 * ne3]: dgate (the first ne3
 /// slabs) then dup, with s = sigmoid(gate): dgate = dy * up * s * (1 + gate * (1 - s)),
 /// dup = dy * gate * s. The autodiff uses it for swiglu (views of the two halves).
 struct oomb_tensor * oomb_swiglu_back(struct oomb_context * ctx, struct oomb_tensor * gate, struct oomb_tensor * up,
@@ -380,8 +379,9 @@ struct oomb_tensor * oomb_mul_mat(struct oomb_context * ctx, struct oomb_tensor 
 /// oomb_mul_mat with the result stored as `type` (f32 or bf16): the f32 sums rounded to bf16 once (CUDA:
 /// cuBLAS's bf16 output; CPU: the f32 product, then rounded). For products whose result only feeds
 /// ops that read bf16 (oomb_swiglu_ext's gate and up): half the bytes written and read, one more
-/// rounding (as a bf16-autocast framework stores a Linear's output). Gradients through it are f32 as
-/// for oomb_mul_mat. Errors: as oomb_mul_mat, and a type other than f32 / bf16.
+/// rounding (as a bf16-autocast framework stores a Linear's output). The autodiff treats it as
+/// oomb_mul_mat (its incoming gradient f32, or bf16 where a bf16 swiglu_back_ext made it). Errors
+/// (named mul_mat_ext): as oomb_mul_mat, and a type other than f32 / bf16.
 struct oomb_tensor * oomb_mul_mat_ext(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b, enum oomb_type type);
 
 /// RMSNorm over dimension 0: y = x / sqrt(mean(x^2) + eps) (no weight; multiply by it with oomb_mul).

@@ -761,26 +761,26 @@ struct oomb_tensor * oomb_get_rows_back(struct oomb_context * ctx, struct oomb_t
     return new_op(ctx, OOMB_OP_GET_ROWS_BACK, OOMB_TYPE_F32, ne, dy, ids);
 }
 
-static oomb_tensor * mul_mat_impl(oomb_context * ctx, oomb_tensor * a, oomb_tensor * b, enum oomb_type type) {
-    OOMB_CHECK(a, "mul_mat", "a is NULL");
-    if (!oomb_type_is_quantized(a->type)) require_float(a, "mul_mat", "a");
-    require_float(b, "mul_mat", "b");
-    OOMB_CHECK(!oomb_type_is_quantized(a->type) || (a->ne[2] == 1 && a->ne[3] == 1 && oomb::quant_mat_layout_ok(a)), "mul_mat",
+static oomb_tensor * mul_mat_impl(oomb_context * ctx, oomb_tensor * a, oomb_tensor * b, enum oomb_type type, const char * opn) {
+    OOMB_CHECK(a, opn, "a is NULL");
+    if (!oomb_type_is_quantized(a->type)) require_float(a, opn, "a");
+    require_float(b, opn, "b");
+    OOMB_CHECK(!oomb_type_is_quantized(a->type) || (a->ne[2] == 1 && a->ne[3] == 1 && oomb::quant_mat_layout_ok(a)), opn,
                "a %s of a block type must be a 2-D matrix of row-major blocks (contiguous) or its oomb_transpose", shape_str(a).c_str());
-    OOMB_CHECK(a->ne[0] == b->ne[0], "mul_mat", "inner dimensions differ (ne0): a %s, b %s", shape_str(a).c_str(), shape_str(b).c_str());
-    OOMB_CHECK(a->ne[2] > 0 && a->ne[3] > 0 && b->ne[2] % a->ne[2] == 0 && b->ne[3] % a->ne[3] == 0, "mul_mat",
+    OOMB_CHECK(a->ne[0] == b->ne[0], opn, "inner dimensions differ (ne0): a %s, b %s", shape_str(a).c_str(), shape_str(b).c_str());
+    OOMB_CHECK(a->ne[2] > 0 && a->ne[3] > 0 && b->ne[2] % a->ne[2] == 0 && b->ne[3] % a->ne[3] == 0, opn,
                "batch dims of a %s cannot be broadcast to b %s", shape_str(a).c_str(), shape_str(b).c_str());
-    OOMB_CHECK(oomb_type_is_quantized(a->type) || a->nb[0] == oomb_type_size(a->type) || a->nb[1] == oomb_type_size(a->type), "mul_mat",
+    OOMB_CHECK(oomb_type_is_quantized(a->type) || a->nb[0] == oomb_type_size(a->type) || a->nb[1] == oomb_type_size(a->type), opn,
                "a %s must have unit stride in dim 0 or dim 1", shape_str(a).c_str());
     const int64_t ne[4] = {a->ne[1], b->ne[1], b->ne[2], b->ne[3]};
     return new_op(ctx, OOMB_OP_MUL_MAT, type, ne, a, b);
 }
 struct oomb_tensor * oomb_mul_mat(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b) {
-    return mul_mat_impl(ctx, a, b, OOMB_TYPE_F32);
+    return mul_mat_impl(ctx, a, b, OOMB_TYPE_F32, "mul_mat");
 }
 struct oomb_tensor * oomb_mul_mat_ext(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * b, enum oomb_type type) {
     require_result_type(type, "mul_mat_ext");
-    return mul_mat_impl(ctx, a, b, type);
+    return mul_mat_impl(ctx, a, b, type, "mul_mat_ext");
 }
 
 struct oomb_tensor * oomb_rms_norm(struct oomb_context * ctx, struct oomb_tensor * a, float eps) {

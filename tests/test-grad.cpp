@@ -1302,6 +1302,37 @@ TEST(Grad, Bf16GemmOutputs) {
     }
 }
 
+// gate and up as views of one fused bf16 product (oomb_mul_mat_ext): the bf16 gradients scattered back
+// through the views, within bf16 rounding of the f32 graph's (from a review).
+TEST(Grad, Bf16FusedGateUpViews) {
+    auto build = [](oomb_type act) {
+        return [act](Harness & H, oomb_context * c) {
+            oomb_tensor * x = H.param("x", {4, 3, 2});
+            oomb_tensor * gu = oomb_mul_mat_ext(c, H.param("w_gu", {4, 12}), x, act);  // [12, 3, 2]
+            const size_t es = oomb_type_size(act);
+            oomb_tensor * g = oomb_view_3d(c, gu, 6, 3, 2, gu->nb[1], gu->nb[2], 0);
+            oomb_tensor * u = oomb_view_3d(c, gu, 6, 3, 2, gu->nb[1], gu->nb[2], 6 * es);
+            oomb_tensor * y = oomb_mul_mat(c, H.param("wd", {6, 5}), oomb_swiglu_ext(c, g, u, act));
+            return oomb_sum_sq(c, y);
+        };
+    };
+    Harness A(15), B(15);
+    oomb_tensor * la = build(OOMB_TYPE_F32)(A, A.ctx);
+    oomb_tensor * lb = build(OOMB_TYPE_BF16)(B, B.ctx);
+    for (auto [H, l] : {std::make_pair(&A, la), std::make_pair(&B, lb)}) {
+        oomb_cgraph * g = oomb_new_graph(H->ctx);
+        oomb_build_forward_expand(g, l);
+        oomb_build_backward_expand(H->ctx, g, l, nullptr);
+        H->zero_grads();
+        oomb_backend_graph_compute(cpu(), g);
+    }
+    for (size_t i = 0; i < A.params.size(); i++) {
+        const double e = rel_err(oombtest::to_vector(B.params[i]->grad), oombtest::to_vector(A.params[i]->grad));
+        EXPECT_LT(e, 2e-2) << A.params[i]->name;
+        EXPECT_GT(e, 0.0) << A.params[i]->name;
+    }
+}
+
 // bf16 gradients of a bf16 swiglu (oomb_swiglu_back_ext) where they are not only read by one matrix
 // product: gate also used elsewhere (summed in f32), gate and up views of one projection (scattered
 // through the views), the same tensor on both sides, gate and up parameters, a permute between the

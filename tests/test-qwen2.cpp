@@ -65,7 +65,7 @@ TEST(Qwen2Parity, MicroLongChunk512Bf16GemmInputs) {
     ModelRun run(converted("qwen2-micro"));
     ParityTolerance tol;
     tol.loss = 1e-2;
-    tol.grad = 3e-2;  // measured by a review: 0.4-1.1e-2
+    tol.grad = 3e-2;  // measured by a review: 0.4-1.1e-2 (before the gate / up products were stored in bf16 too)
     check_gradients(run, "qwen2-micro", "long", 512, 64, tol, OOMB_TYPE_F32, false, OOMB_TYPE_F32, OOMB_TYPE_BF16);
 }
 TEST(Qwen2Parity, MiniShortChunkedBf16GemmInputs) {
