@@ -12,8 +12,10 @@
 #            profile of each, HF + SDPA (HF=0: not); 7B sparse 64 pages 128K with the new binary (needs the H200;
 #            S7B=0: not)
 #   fixtures test-cuda-qwen2 against the HF fixtures (carry build-carry alone: tests-bins.tar.xz, fq.tar.xz)
-usage="usage: $0 prof | a05 | e2e7b | tests | ab | fixtures"
-case ${1:-} in prof|a05|e2e7b|tests|ab|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+#   h200     on the H200: 0.5B one chunk of 32K new, old, new again and HF + SDPA (the ratio), 7B sparse 64 pages
+#            128K with the new binary, one step, not profiled
+usage="usage: $0 prof | a05 | e2e7b | tests | ab | fixtures | h200"
+case ${1:-} in prof|a05|e2e7b|tests|ab|fixtures|h200) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, r7b
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
 if [ "$1" = fixtures ]; then
@@ -59,6 +61,16 @@ e2e7b)
     [ -n "$OLD" ] && r7b old $OLD ;;
 tests)
     tests test-cuda-backend:120 test-cuda-ops:200 ;;
+h200)
+    mkdir -p $K/old && xz -dc .devcarry/old/oomb-train.xz > $K/old/oomb-train && chmod +x $K/old/oomb-train || exit 1
+    cp $B/oomb-train $K/new-oomb-train
+    use() { cp $1 $B/oomb-train; }
+    rand_ids
+    use $K/new-oomb-train; r05 new
+    use $K/old/oomb-train; r05 old
+    use $K/new-oomb-train; r05 new2
+    PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    s7b noprof ;;
 ab)
     tests test-cuda-ops:200
     mkdir -p $K/old && xz -dc .devcarry/old/oomb-train.xz > $K/old/oomb-train && chmod +x $K/old/oomb-train || exit 1
