@@ -8,8 +8,8 @@ namespace {
 
 // The weighted forms (oomb_rms_norm_mul, W = true) fold in what oomb_mul did after the plain norm,
 // with the same roundings: y = f32(x * s) * w stored as TO, and for the backward g = f32(dy * w)
-// read where the plain backward reads dy. s is the forward's f32 scale; the backward's c1, c2 come
-// from it in double, as before.
+// read where the plain backward reads dy. The backward recomputes s from x (nothing of the forward is
+// kept), its c1, c2 in double as before, and hands each row's c1 (the f32 s) to dw's column sums.
 
 // Stores v at p as TO (f32 or bf16, round to nearest even).
 template <typename TO> __device__ __forceinline__ void st_out(char * p, int64_t i, float v) { ((TO *) p)[i] = oomb_from_f<TO>(v); }
