@@ -66,10 +66,11 @@ h200)
     cp $B/oomb-train $K/new-oomb-train
     use() { cp $1 $B/oomb-train; }
     rand_ids
+    # most needed first (the call may run out of device time): new, HF, old, new again, the 7B sparse step
     use $K/new-oomb-train; r05 new
+    PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
     use $K/old/oomb-train; r05 old
     use $K/new-oomb-train; r05 new2
-    PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
     s7b noprof ;;
 ab)
     tests test-cuda-ops:200
