@@ -1212,6 +1212,35 @@ TEST(Grad, SwigluShapesViewsAndPartialNeeds) {
     }
 }
 
+// Builds the f32 graph (build(F32)) and the bf16 one (build(BF16)) with their backward on two harnesses
+// of one seed, expects `n_bf16` nodes of op `op` with a bf16 result in the bf16 graph (none in the
+// f32 one), computes both and expects every parameter's gradient within 2e-2 of the f32 graph's and
+// not equal to it (the bf16 graph rounds: a comparison that cannot fail otherwise).
+template <typename Build>
+void expect_bf16_grads_near_f32(uint32_t seed, Build build, enum oomb_op op, int n_bf16, const char * what) {
+    Harness A(seed), B(seed);
+    oomb_tensor * la = build(OOMB_TYPE_F32)(A, A.ctx);
+    oomb_tensor * lb = build(OOMB_TYPE_BF16)(B, B.ctx);
+    for (auto [H, l] : {std::make_pair(&A, la), std::make_pair(&B, lb)}) {
+        oomb_cgraph * g = oomb_new_graph(H->ctx);
+        oomb_build_forward_expand(g, l);
+        oomb_build_backward_expand(H->ctx, g, l, nullptr);
+        int n = 0;
+        for (int i = 0; i < oomb_graph_n_nodes(g); i++) {
+            const oomb_tensor * t = oomb_graph_node(g, i);
+            if (t->op == op) n += t->type == OOMB_TYPE_BF16;
+        }
+        EXPECT_EQ(n, H == &B ? n_bf16 : 0) << what << ": bf16 " << oomb_op_name(op) << " nodes";
+        H->zero_grads();
+        oomb_backend_graph_compute(cpu(), g);
+    }
+    for (size_t i = 0; i < A.params.size(); i++) {
+        const double e = rel_err(oombtest::to_vector(B.params[i]->grad), oombtest::to_vector(A.params[i]->grad));
+        EXPECT_LT(e, 2e-2) << what << ": " << A.params[i]->name;
+        EXPECT_GT(e, 0.0) << what << ": " << A.params[i]->name << ": the bf16 graph should round";
+    }
+}
+
 // bf16 results that feed mul_mat (oomb_mul_ext, oomb_swiglu_ext, as the Qwen2 graph uses them on the
 // GPU): the gradients are those of the f32 graph up to the rounding of the stored activations, and
 // the graph allocator plans the mixed-size tensors as the host context computes them
@@ -1230,29 +1259,8 @@ TEST(Grad, Bf16GemmInputs) {
         };
     };
     expect_allocator_matches_host(11, build(OOMB_TYPE_BF16));
-    Harness A(12), B(12);
-    oomb_tensor * la = build(OOMB_TYPE_F32)(A, A.ctx);
-    oomb_tensor * lb = build(OOMB_TYPE_BF16)(B, B.ctx);
-    for (auto [H, l] : {std::make_pair(&A, la), std::make_pair(&B, lb)}) {
-        oomb_cgraph * g = oomb_new_graph(H->ctx);
-        oomb_build_forward_expand(g, l);
-        oomb_build_backward_expand(H->ctx, g, l, nullptr);
-        // the bf16 graph's swiglu backward stores its [dgate; dup] in bf16 (read by the products only)
-        int n_bf16_back = 0;
-        for (int i = 0; i < oomb_graph_n_nodes(g); i++) {
-            const oomb_tensor * n = oomb_graph_node(g, i);
-            if (n->op == OOMB_OP_SWIGLU_BACK) n_bf16_back += n->type == OOMB_TYPE_BF16;
-        }
-        EXPECT_EQ(n_bf16_back, H == &B ? 1 : 0);
-        H->zero_grads();
-        oomb_backend_graph_compute(cpu(), g);
-    }
-    for (size_t i = 0; i < A.params.size(); i++) {
-        const std::vector<double> ga = oombtest::to_vector(A.params[i]->grad), gb = oombtest::to_vector(B.params[i]->grad);
-        const double e = rel_err(gb, ga);
-        EXPECT_LT(e, 2e-2) << A.params[i]->name;
-        EXPECT_GT(e, 0.0) << A.params[i]->name << ": the bf16 graph should round (a test that cannot fail otherwise)";
-    }
+    // the bf16 graph's swiglu backward stores its [dgate; dup] in bf16 (read by the products only)
+    expect_bf16_grads_near_f32(12, build, OOMB_OP_SWIGLU_BACK, 1, "bf16 GEMM inputs");
 }
 
 // The Qwen2 graph's GPU form since rms_norm_mul and mul_mat_ext: the weighted norm in one node and the
@@ -1276,30 +1284,9 @@ TEST(Grad, Bf16GemmOutputs) {
         };
     };
     expect_allocator_matches_host(13, build(OOMB_TYPE_BF16, false));
-    for (bool frozen_gate : {false, true}) {
-        Harness A(14), B(14);
-        oomb_tensor * la = build(OOMB_TYPE_F32, frozen_gate)(A, A.ctx);
-        oomb_tensor * lb = build(OOMB_TYPE_BF16, frozen_gate)(B, B.ctx);
-        for (auto [H, l] : {std::make_pair(&A, la), std::make_pair(&B, lb)}) {
-            oomb_cgraph * g = oomb_new_graph(H->ctx);
-            oomb_build_forward_expand(g, l);
-            oomb_build_backward_expand(H->ctx, g, l, nullptr);
-            int n_bf16_mm = 0;
-            for (int i = 0; i < oomb_graph_n_nodes(g); i++) {
-                const oomb_tensor * n = oomb_graph_node(g, i);
-                if (n->op == OOMB_OP_MUL_MAT) n_bf16_mm += n->type == OOMB_TYPE_BF16;
-            }
-            EXPECT_EQ(n_bf16_mm, H == &B ? 2 : 0);
-            H->zero_grads();
-            oomb_backend_graph_compute(cpu(), g);
-        }
-        for (size_t i = 0; i < A.params.size(); i++) {
-            const std::vector<double> ga = oombtest::to_vector(A.params[i]->grad), gb = oombtest::to_vector(B.params[i]->grad);
-            const double e = rel_err(gb, ga);
-            EXPECT_LT(e, 2e-2) << A.params[i]->name << (frozen_gate ? " (frozen gate)" : "");
-            EXPECT_GT(e, 0.0) << A.params[i]->name << ": the bf16 graph should round (a test that cannot fail otherwise)";
-        }
-    }
+    for (bool frozen_gate : {false, true})
+        expect_bf16_grads_near_f32(14, [&](oomb_type act) { return build(act, frozen_gate); }, OOMB_OP_MUL_MAT, 2,
+                                   frozen_gate ? "frozen gate" : "gate and up trained");
 }
 
 // gate and up as views of one fused bf16 product (oomb_mul_mat_ext): the bf16 gradients scattered back
@@ -1316,21 +1303,7 @@ TEST(Grad, Bf16FusedGateUpViews) {
             return oomb_sum_sq(c, y);
         };
     };
-    Harness A(15), B(15);
-    oomb_tensor * la = build(OOMB_TYPE_F32)(A, A.ctx);
-    oomb_tensor * lb = build(OOMB_TYPE_BF16)(B, B.ctx);
-    for (auto [H, l] : {std::make_pair(&A, la), std::make_pair(&B, lb)}) {
-        oomb_cgraph * g = oomb_new_graph(H->ctx);
-        oomb_build_forward_expand(g, l);
-        oomb_build_backward_expand(H->ctx, g, l, nullptr);
-        H->zero_grads();
-        oomb_backend_graph_compute(cpu(), g);
-    }
-    for (size_t i = 0; i < A.params.size(); i++) {
-        const double e = rel_err(oombtest::to_vector(B.params[i]->grad), oombtest::to_vector(A.params[i]->grad));
-        EXPECT_LT(e, 2e-2) << A.params[i]->name;
-        EXPECT_GT(e, 0.0) << A.params[i]->name;
-    }
+    expect_bf16_grads_near_f32(15, build, OOMB_OP_MUL_MAT, 1, "fused gate / up views");
 }
 
 // bf16 gradients of a bf16 swiglu (oomb_swiglu_back_ext) where they are not only read by one matrix

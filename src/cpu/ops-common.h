@@ -151,6 +151,9 @@ void copy_tensor(exec_ctx & c, const oomb_tensor * src, const oomb_tensor * dst)
 const float * rows_to_f32(exec_ctx & c, const oomb_tensor * t, int64_t i2, int64_t i3, int64_t r0, int64_t nr, int slot);
 // Contiguous f32 copy of all of t into scratch slot `slot`. (ops-matmul.cpp)
 const float * tensor_to_f32(exec_ctx & c, const oomb_tensor * t, int slot);
+// t itself when f32, else tmp set up as a contiguous f32 stand-in for t (its copy in slot `slot`),
+// returned. (ops-matmul.cpp)
+const oomb_tensor * f32_standin(exec_ctx & c, const oomb_tensor * t, int slot, oomb_tensor & tmp);
 
 // ---------------------------------------------------------------------------------------------
 // Kernels (dst = the node; sources as prepared by prepare_sources)

@@ -247,23 +247,11 @@ void compute_forward_silu_back(exec_ctx & c, oomb_tensor * dst, const oomb_tenso
         return g * s * (1.0f + xv * (1.0f - s));
     });
 }
-// A bf16 gate or up (oomb_mul_mat_ext results) as a contiguous f32 stand-in in scratch slot `slot`;
-// an f32 one as it is.
-static const oomb_tensor * gate_up_f32(exec_ctx & c, const oomb_tensor * t, int slot, oomb_tensor & tmp) {
-    if (t->type == OOMB_TYPE_F32) return t;
-    tmp = *t;
-    tmp.type = OOMB_TYPE_F32;
-    tmp.view_src = nullptr;
-    set_contiguous_strides(&tmp);
-    tmp.data = (void *) tensor_to_f32(c, t, slot);
-    return &tmp;
-}
-
 // swiglu: silu(gate) * up.
 void compute_forward_swiglu(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * gate, const oomb_tensor * up) {
-    oomb_tensor g32, u32;
-    gate = gate_up_f32(c, gate, N_PREP_SLOTS_END + 1, g32);
-    up = gate_up_f32(c, up, N_PREP_SLOTS_END + 2, u32);
+    oomb_tensor g32, u32;  // bf16 gate and up (oomb_mul_mat_ext results): f32 stand-ins
+    gate = f32_standin(c, gate, N_PREP_SLOTS_END + 1, g32);
+    up = f32_standin(c, up, N_PREP_SLOTS_END + 2, u32);
     via_f32_result(c, dst, [&](oomb_tensor * d) { binary_rows(c, d, gate, up, [](float g, float u) { return silu_f(g) * u; }); });
 }
 // swiglu_back: [dgate; dup] (dst [ne0, ne1, ne2, 2 ne3], contiguous) from gate, up, dy (any strides).
@@ -272,8 +260,8 @@ void compute_forward_swiglu_back(exec_ctx & c, oomb_tensor * dst, const oomb_ten
         oomb_error("swiglu_back: result %s must be contiguous [%s with ne3 doubled]", shape_str(dst).c_str(), shape_str(g).c_str());
     if (g->type != OOMB_TYPE_F32) {  // bf16 gate and up: f32 stand-ins first
         oomb_tensor g32, u32;
-        g = gate_up_f32(c, g, N_PREP_SLOTS_END + 1, g32);
-        u = gate_up_f32(c, u, N_PREP_SLOTS_END + 2, u32);
+        g = f32_standin(c, g, N_PREP_SLOTS_END + 1, g32);
+        u = f32_standin(c, u, N_PREP_SLOTS_END + 2, u32);
         compute_forward_swiglu_back(c, dst, g, u, dy);
         return;
     }

@@ -53,6 +53,16 @@ const float * tensor_to_f32(exec_ctx & c, const oomb_tensor * t, int slot) {
     return (const float *) d.data;
 }
 
+const oomb_tensor * f32_standin(exec_ctx & c, const oomb_tensor * t, int slot, oomb_tensor & tmp) {
+    if (t->type == OOMB_TYPE_F32) return t;
+    tmp = *t;
+    tmp.type = OOMB_TYPE_F32;
+    tmp.view_src = nullptr;
+    set_contiguous_strides(&tmp);
+    tmp.data = (void *) tensor_to_f32(c, t, slot);
+    return &tmp;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Matrix product with a block-type (quantized) a: tiles of a's rows dequantized, never all of a
 // ---------------------------------------------------------------------------------------------
@@ -139,17 +149,10 @@ void compute_forward_mul_mat(exec_ctx & c, oomb_tensor * dst, const oomb_tensor 
     if (oomb_nelements(dst) == 0) return;
     if (K == 0) { memset(dst->data, 0, oomb_nbytes(dst)); return; }
     if (oomb_type_is_quantized(a->type)) { mul_mat_quant(c, dst, a, b); return; }
+    // f16 / bf16 b (oomb_mul_ext, oomb_swiglu_ext results): a contiguous f32 copy (slot N_PREP_SLOTS_END + 1,
+    // b's; a contiguous f32 b is never copied again below)
     oomb_tensor b32;
-    if (b->type != OOMB_TYPE_F32) {
-        // f16 / bf16 b (oomb_mul_ext, oomb_swiglu_ext results): a contiguous f32 copy (slot N_PREP_SLOTS_END + 1,
-        // b's; a contiguous f32 b is never copied again below)
-        b32 = *b;
-        b32.type = OOMB_TYPE_F32;
-        b32.view_src = nullptr;
-        set_contiguous_strides(&b32);
-        b32.data = (void *) tensor_to_f32(c, b, N_PREP_SLOTS_END + 1);
-        b = &b32;
-    }
+    b = f32_standin(c, b, N_PREP_SLOTS_END + 1, b32);
     if (K > INT_MAX || M > INT_MAX || N * B2 * B3 > INT_MAX) {
         oomb_error("mul_mat: sizes exceed sgemm's int range: a %s, b %s", shape_str(a).c_str(), shape_str(b).c_str());
     }
