@@ -59,6 +59,9 @@ struct PaLists {
     // page of key tile kt
     const uint32_t * bits;
     int n_words;
+    // config.lists_bwd bit 3: a tile of rows of one query tile needs no page mask (FwdListsTiles::single,
+    // BwdListsTile::page_bits): its query tile chose every history page it visits
+    int whole;
 };
 
 // Is logical page lp in the window (LISTS: always, for lp >= 0)?
@@ -87,6 +90,7 @@ __device__ __forceinline__ bool pa_lists_row_sees(const int4 & e, int b) {
 // maxp, whose keys every row masks. rt: the block's row tile; minp / maxp: its rows' positions.
 struct FwdListsTiles {
     int P, BN, c0, tpp, n_hist_t, cur_t0, cur_t1, qpage_lo;
+    bool single;  // L.whole and the block's rows in one query tile: the union is that tile's list, every row sees it
     const int4 * uni;
 
     __device__ __forceinline__ void init(const PaLists & L, int P_, int BN_, int rt, int minp, int maxp) {
@@ -98,6 +102,7 @@ struct FwdListsTiles {
         cur_t0 = cur_hi >= cur_lo ? cur_lo / BN : maxp / BN + 1;
         cur_t1 = cur_hi >= cur_lo ? cur_hi / BN : cur_t0;
         qpage_lo = minp / P;  // a row's bit in an entry: its query tile - the block's first
+        single = L.whole && minp / P == maxp / P;
         uni = L.uni + (int64_t) rt * L.cap;
     }
     // written so that ptxas sees at least one tile (n_hist_t + maxp / BN - cur_t0 + 1 made it
@@ -105,6 +110,8 @@ struct FwdListsTiles {
     // cur_t1 = maxp / BN)
     __device__ __forceinline__ int n_tiles(int) const { return max(n_hist_t, 0) + max(cur_t1 - cur_t0, 0) + 1; }
     __device__ __forceinline__ bool hist(int tile) const { return tile < n_hist_t; }
+    // a history tile whose rows need their page mask (not single)
+    __device__ __forceinline__ bool hist_masked(int tile) const { return tile < n_hist_t && !single; }
     __device__ __forceinline__ int k0(int tile) const {
         return tile < n_hist_t ? uni[tile / tpp].x * P + (tile % tpp) * BN : (tile - n_hist_t + cur_t0) * BN;
     }

@@ -177,8 +177,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) 
         }
 
         const int k0 = tile_k0(it);
-        // LISTS history tile: every key is before every row; a row sees all of it or none
-        const bool hist = LISTS && lt.hist(it);
+        // LISTS history tile: every key is before every row; a row sees all of it or none (all: single)
+        const bool hist = LISTS && lt.hist_masked(it);
         const int4 ue = hist ? lt.uni[it / lt.tpp] : make_int4(0, 0, 0, 0);
         const bool need_mask = hist || k0 + BN - 1 > minp;
 #pragma unroll
@@ -317,7 +317,40 @@ struct BwdArgs {
     int nsplit;                               // blocks per key tile (blockIdx.z): each takes every
                                               // nsplit-th row tile; > 1: dK/dV added with atomics
     PaLists lists;                            // LISTS kernels only (paged-attn-lists.cuh)
+    int lists_order;                          // LISTS: 1: blocks heaviest first (bwd_block); 0: as DENSE
+    int hist_fill;                            // LISTS: history key tiles x KV heads from which a history
+                                              // tile is unsplit (INT_MAX: never)
+    int lists_qmask;                          // LISTS: row bits from query-tile masks (BwdListsTile::qmasks)
 };
+
+// A backward block's work: key tile kt of KV head g, share z of zs of the key tile's row tiles (rows
+// z, z + zs, ...). DENSE: (blockIdx.x, blockIdx.y, blockIdx.z) of a.nsplit; a history key tile there
+// visits every row tile, the current region's fewer (causal), so the grid's order already starts the
+// longest blocks first. LISTS: a history key tile visits only the row tiles of the query tiles that
+// chose one of its pages (a few of a chunk's), while the current region's visit every later row tile
+// of the chunk. With a.lists_order the grid runs in decreasing key tile, a tile's KV heads and shares
+// adjacent, so the current region's blocks start first and the short history blocks fill the waves
+// after them; the tiles past the chunk's last position (the grid spans the page table's keys, the
+// whole context's) come last (z = zs: return), as in the DENSE order. A history-only key tile is
+// unsplit (one K/V load, no dK/dV atomics) where the history's tiles x KV heads reach a.hist_fill
+// blocks, its other blocks return (z >= zs); a tile holding any current-region key keeps a.nsplit.
+struct BwdBlock { int kt, g, z, zs; };
+template <bool LISTS> __device__ __forceinline__ BwdBlock bwd_block(const BwdArgs & a, int BN, int maxp) {
+    BwdBlock b{(int) blockIdx.x, (int) blockIdx.y, (int) blockIdx.z, a.nsplit};
+    if constexpr (LISTS) {
+        if (a.lists_order) {
+            const int per = (int) (gridDim.y * gridDim.z);
+            const int lin = (int) (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+            b.kt = min(maxp / BN, (int) gridDim.x - 1) - lin / per;
+            b.g = (lin % per) / (int) gridDim.z;
+            b.z = lin % (int) gridDim.z;
+        }
+        const int cur0 = a.lists.pos[0] / a.P * a.P;
+        if (b.kt < 0) b.z = b.zs;  // past the last key tile: nothing to do
+        else if ((b.kt + 1) * BN <= cur0 && cur0 / BN * (int) gridDim.y >= a.hist_fill) b.zs = 1;
+    }
+    return b;
+}
 
 // The LISTS backward's view of one key tile [k0, k0 + BN) (paged-attn-lists.cuh): which row tiles
 // it visits and, per visited row tile, each row's bits over the pages the tile touches. Under
@@ -326,10 +359,18 @@ struct BwdArgs {
 struct BwdListsTile {
     int c0, cur0;          // first current page, its first position
     bool hist, has_cur;    // per-row page bits needed (keys before cur0, or a window edge in the tile) / current-region keys in the window
+    bool one_page;         // a.lists.whole and the tile in one page (page_bits)
     int cur_lo;            // first current-region key of the tile in the window
     int lp_a, n_tp;        // first page, pages touched (<= 32: P >= 32 on the fast path)
     uint32_t win;          // bit i: page lp_a + i lies in the window
     const uint32_t * bits; // this key tile's row-tile bitmap (hist only)
+    // Row bits from query-tile masks (config.lists_bwd bit 2): qmask[i * QM_WORDS + w] bit b: query tile
+    // 32 w + b chose page lp_a + i, built once per block (qmasks) by one search per (page, query tile),
+    // so a row's bits are shared-memory lookups; without them (more than 2 pages or 32 QM_WORDS query
+    // tiles, or the bit off) each row searches its own list per row tile: dependent global loads on the
+    // row-tile loop's critical path.
+    static constexpr int QM_WORDS = 8;
+    const uint32_t * qmask; // shared memory [2 * QM_WORDS], or NULL: the per-row search
 
     __device__ __forceinline__ void init(const BwdArgs & a, int k0, int BN, int maxp) {
         const PaLists & L = a.lists;
@@ -345,17 +386,43 @@ struct BwdListsTile {
         win = 0;
         for (int i = 0; i < n_tp; i++) win |= (uint32_t) pa_lists_in_window(L, lp_a + i) << i;
         bits = L.bits + (int64_t) (k0 / BN) * L.n_words;
+        one_page = L.whole && n_tp == 1;
     }
-    // init, and whether this block (blockIdx.z's share of the row tiles) has a row tile to visit;
+    // init, and whether this block (share z of zs of the row tiles, bwd_block) has a row tile to visit;
     // kpi: the page index (from lp_a) of the thread's keys k and k + 8
-    __device__ __forceinline__ bool begin(const BwdArgs & a, int k0, int BN, int maxp, int k, int (&kpi)[2]) {
+    __device__ __forceinline__ bool begin(const BwdArgs & a, int k0, int BN, int maxp, int k, int (&kpi)[2], int z, int zs) {
         init(a, k0, BN, maxp);
         if (!win) return false;  // no page of the tile in the window
-        int j = (int) blockIdx.z;
-        while (j < a.n_rt && !needed(a, j)) j += a.nsplit;
+        int j = z;
+        while (j < a.n_rt && !needed(a, j)) j += zs;
         kpi[0] = k / a.P - lp_a;
         kpi[1] = (k + 8) / a.P - lp_a;
         return j < a.n_rt;
+    }
+    // The query-tile masks into s ([2 * QM_WORDS] shared), where they apply (hist, n_tp <= 2, few query
+    // tiles, on); every thread of the block calls it (it holds barriers; the conditions are the
+    // block's).
+    __device__ __forceinline__ void qmasks(const BwdArgs & a, int tid, int nt, uint32_t * s) {
+        const PaLists & L = a.lists;
+        qmask = nullptr;
+        if (!hist || !a.lists_qmask || n_tp > 2 || L.n_qtiles > 32 * QM_WORDS) return;
+        // one page and a page-aligned chunk: a row tile (64 rows, a divisor of P G) lies in one query tile
+        // whenever positions run on, so page_bits asks for bits only of scattered positions (then searched)
+        if (one_page && L.pos[0] % a.P == 0) return;
+        for (int w = tid; w < 2 * QM_WORDS; w += nt) s[w] = 0u;
+        __syncthreads();
+        for (int t = tid; t < n_tp * L.n_qtiles; t += nt) {
+            const int i = t / L.n_qtiles, qt = t % L.n_qtiles, lp = lp_a + i;
+            if (lp < c0 && oomb::pa_list_has(L.pages, L.offsets[qt], L.offsets[qt + 1], lp)) atomicOr(&s[i * QM_WORDS + (qt >> 5)], 1u << (qt & 31));
+        }
+        __syncthreads();
+        qmask = s;
+    }
+    // Does row tile j need its rows' page bits (and the page mask)? A history tile does, unless it is one
+    // page (one_page) and j's rows lie in one query tile: the bitmap visits j only if that tile chose the
+    // page, so every row sees every key (as in a dense tile below the rows' positions).
+    __device__ __forceinline__ bool page_bits(const BwdArgs & a, int j) const {
+        return hist && !(one_page && a.rt_min[j] / a.P == a.rt_max[j] / a.P);
     }
     // does row tile j have rows attending this key tile?
     __device__ __forceinline__ bool needed(const BwdArgs & a, int j) const {
@@ -369,9 +436,11 @@ struct BwdListsTile {
             uint32_t b = 0;
             if (p >= 0) {
                 const int qt = p / a.P - c0;
+                const bool qt_in = qt >= 0 && qt < a.lists.n_qtiles;
                 for (int i = 0; i < n_tp; i++) {
                     const int lp = lp_a + i;
-                    if (((win >> i) & 1u) && (lp >= c0 || pa_lists_has(a.lists, qt, lp))) b |= 1u << i;
+                    const bool chose = qmask ? qt_in && ((qmask[i * QM_WORDS + (qt >> 5)] >> (qt & 31)) & 1u) : pa_lists_has(a.lists, qt, lp);
+                    if (((win >> i) & 1u) && (lp >= c0 || chose)) b |= 1u << i;
                 }
             }
             s[r] = b;
@@ -407,17 +476,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
     float * sDl = sL + 2 * BM;               // [2][BM]
     int * sRp = (int *) (sDl + 2 * BM);      // [2][BM]
 
-    const int g = blockIdx.y;
-    const int k0 = blockIdx.x * BN;
     const int maxp = *a.maxpos;
+    const BwdBlock blk = bwd_block<LISTS>(a, BN, maxp);
+    if (blk.z >= blk.zs) return;
+    const int g = blk.g;
+    const int k0 = blk.kt * BN;
     if (k0 > maxp) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int TG = a.T * a.G;
     BwdListsTile lt;
     __shared__ uint32_t sSee[LISTS ? BM : 1];  // LISTS: row bits of the current row tile (lt.row_bits)
+    __shared__ uint32_t sQm[LISTS ? 2 * BwdListsTile::QM_WORDS : 1];  // LISTS: query-tile masks (lt.qmasks)
     int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
     if constexpr (LISTS) {
-        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi)) return;  // no row chose these keys: nothing to do
+        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi, blk.z, blk.zs)) return;  // no row chose these keys
+        lt.qmasks(a, tid, NT, sQm);
     }
 
     // K/V tile (zero rows past the last attended key)
@@ -439,8 +512,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
     }
     cp_async_commit();
 
-    // this block's row tiles: z, z + nsplit, z + 2 nsplit, ... (those attending this key tile)
-    const int zs = a.nsplit;
+    // this block's row tiles: z, z + zs, z + 2 zs, ... (those attending this key tile)
+    const int zs = blk.zs;
     auto rt_needed = [&](int j) -> bool {
         if constexpr (LISTS) return lt.needed(a, j);
         else return a.rt_max[j] >= k0;
@@ -472,7 +545,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
         for (int e = 0; e < 4; e++) dk[nb][e] = dv[nb][e] = 0.0f;
 
     const int krow0 = warp * 16;
-    int j = next_rt((int) blockIdx.z);
+    int j = next_rt(blk.z);
     int jn = j < a.n_rt ? next_rt(j + zs) : a.n_rt;
     if (j < a.n_rt) load_rows(j, 0);
     cp_async_commit();
@@ -486,8 +559,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
         bool cand_ok = false;  // LISTS: whether cand is needed (DENSE: cand_max >= k0, tested after the math)
         if constexpr (LISTS) cand_ok = cand < a.n_rt && lt.needed(a, cand);
         const int rt_min_j = a.rt_min[j];
+        bool pb = false;  // LISTS: the rows' page bits apply
         if constexpr (LISTS) {
-            if (lt.hist) lt.row_bits(a, j, BM, tid, NT, sSee);  // the previous step's readers passed its last barrier
+            pb = lt.page_bits(a, j);
+            if (pb) lt.row_bits(a, j, BM, tid, NT, sSee);  // the previous step's readers passed its last barrier
         }
         cp_async_wait<1>();
         __syncthreads();
@@ -496,7 +571,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
         const float * cL = sL + buf * BM;
         const float * cDl = sDl + buf * BM;
         const int * cRp = sRp + buf * BM;
-        const bool need_mask = (LISTS && lt.hist) || rt_min_j < k0 + BN - 1;
+        const bool need_mask = pb || rt_min_j < k0 + BN - 1;
 
         // S^T = K Q^T and dP^T = V dO^T for this warp's 16 keys and all BM rows
         float st[BM / 8][4], dpt[BM / 8][4];
@@ -531,7 +606,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
                 const int kp = k0 + krow0 + (lane >> 2) + ((e >> 1) << 3);
                 float p = ex2(st[nb][e] * a.c - cL[qc]);
                 if constexpr (LISTS) {
-                    if (need_mask && (kp > cRp[qc] || (lt.hist && !((sSee[qc] >> kpi[e >> 1]) & 1u)))) p = 0.0f;
+                    if (need_mask && (kp > cRp[qc] || (pb && !((sSee[qc] >> kpi[e >> 1]) & 1u)))) p = 0.0f;
                 } else {
                     if (need_mask && kp > cRp[qc]) p = 0.0f;
                 }
@@ -611,8 +686,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
     }
     cp_async_wait<0>();
 
-    // add dK/dV into the gradient pages (with nsplit == 1 this block alone owns these rows in this
-    // launch; otherwise the nsplit blocks of the key tile add with atomics)
+    // add dK/dV into the gradient pages (with zs == 1 this block alone owns these rows in this
+    // launch; otherwise the zs blocks of the key tile add with atomics)
     const uint32_t sk = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_k, a.gsr.pos[0]) : 0u;
     const uint32_t sv = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_v, a.gsr.pos[0]) : 0u;
 #pragma unroll

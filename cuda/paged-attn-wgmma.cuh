@@ -320,10 +320,10 @@ __global__ void pa_dq_acc_kernel(const float4 * __restrict__ acc, int64_t n_quad
 }
 
 // The block's dK, dV added into the gradient pages: bf16 pages read-add-round (one block per key
-// tile), f32 pages with atomics when several blocks share the key tile (nsplit > 1), else read-add.
+// tile), f32 pages with atomics when several blocks share the key tile (zs > 1, bwd_block), else read-add.
 template <int D>
 __device__ __forceinline__ void bwd_store_dkdv(const BwdArgs & a, const float (&dk)[D / 2], const float (&dv)[D / 2], int g, int k0, int krow0,
-                                               int maxp, int lane) {
+                                               int maxp, int lane, int zs) {
     const uint32_t sk = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_k, a.gsr.pos[0]) : 0u;  // bf16 gradient pages
     const uint32_t sv = a.gsr.bf16 ? oomb::sr_kv_salt(a.gsr.seed_v, a.gsr.pos[0]) : 0u;
 #pragma unroll
@@ -344,7 +344,7 @@ __device__ __forceinline__ void bwd_store_dkdv(const BwdArgs & a, const float (&
         }
         float * dkr = a.dkp + off;
         float * dvr = a.dvp + off;
-        if (a.nsplit > 1) {
+        if (zs > 1) {
 #pragma unroll
             for (int nb = 0; nb < D / 8; nb++) {
                 atomicAdd((float2 *) (dkr + nb * 8), make_float2(dk[4 * nb + hf * 2], dk[4 * nb + hf * 2 + 1]));
@@ -387,23 +387,27 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     int * sRp = (int *) (sDl + 2 * BM);     // [2][BM]
     const uint32_t aK = base_s, aV = aK + W::tile_kv, aQ = aV + W::tile_kv, adO = aQ + 2 * W::tile_q, adS = adO + 2 * W::tile_q;
 
-    const int g = blockIdx.y;
-    const int k0 = blockIdx.x * BN;
     const int maxp = *a.maxpos;
+    const BwdBlock blk = bwd_block<LISTS>(a, BN, maxp);
+    if (blk.z >= blk.zs) return;
+    const int g = blk.g;
+    const int k0 = blk.kt * BN;
     if (k0 > maxp) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = tid >> 7;               // warpgroup: keys 64 wg .. 64 wg + 63 of the tile
     BwdListsTile lt;
     __shared__ uint32_t sSee[LISTS ? BM : 1];  // LISTS: row bits of the current row tile (lt.row_bits)
+    __shared__ uint32_t sQm[LISTS ? 2 * BwdListsTile::QM_WORDS : 1];  // LISTS: query-tile masks (lt.qmasks)
     int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
     if constexpr (LISTS) {
-        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi)) return;  // no row chose these keys: nothing to do
+        if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi, blk.z, blk.zs)) return;  // no row chose these keys
+        lt.qmasks(a, tid, NT, sQm);
     }
 
     bwd_load_kv<D>(a, g, k0, maxp, sK, sV, tid);
     cp_async_commit();
 
-    const int zs = a.nsplit;
+    const int zs = blk.zs;
     auto rt_needed = [&](int j) -> bool {
         if constexpr (LISTS) return lt.needed(a, j);
         else return a.rt_max[j] >= k0;
@@ -421,7 +425,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     for (int i = 0; i < D / 2; i++) dk[i] = dv[i] = 0.0f;
 
     const int krow0 = warp * 16;  // this warp's first key of the tile (= 64 wg + 16 (warp % 4))
-    int j = next_rt((int) blockIdx.z);
+    int j = next_rt(blk.z);
     int jn = j < a.n_rt ? next_rt(j + zs) : a.n_rt;
     if (j < a.n_rt) load_rows(j, 0);
     cp_async_commit();
@@ -434,8 +438,10 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         bool cand_ok = false;  // LISTS: whether cand is needed (DENSE: cand_max >= k0, tested after the math)
         if constexpr (LISTS) cand_ok = cand < a.n_rt && lt.needed(a, cand);
         const int rt_min_j = a.rt_min[j];
+        bool pb = false;  // LISTS: the rows' page bits apply
         if constexpr (LISTS) {
-            if (lt.hist) lt.row_bits(a, j, BM, tid, NT, sSee);  // the previous step's readers passed its last barrier
+            pb = lt.page_bits(a, j);
+            if (pb) lt.row_bits(a, j, BM, tid, NT, sSee);  // the previous step's readers passed its last barrier
         }
         cp_async_wait<1>();
         fence_proxy_async();   // the cp.async data is read by wgmma (async proxy)
@@ -444,12 +450,12 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         const float * cDl = sDl + buf * BM;
         const int * cRp = sRp + buf * BM;
         const uint32_t cQ = aQ + buf * W::tile_q, cdO = adO + buf * W::tile_q;
-        const bool need_mask = (LISTS && lt.hist) || rt_min_j < k0 + BN - 1;
+        const bool need_mask = pb || rt_min_j < k0 + BN - 1;
 
         float st[BM / 2], dpt[BM / 2];
         bwd_issue_sdp<D>(st, dpt, aK, aV, cQ, cdO, wg);
         wgmma_wait<0>();
-        bwd_softmax<LISTS>(st, dpt, a, cL, cDl, cRp, k0 + krow0 + (lane >> 2), need_mask, LISTS ? lt.hist : false, sSee, kpi, lane);
+        bwd_softmax<LISTS>(st, dpt, a, cL, cDl, cRp, k0 + krow0 + (lane >> 2), need_mask, pb, sSee, kpi, lane);
         uint32_t pa[BM / 16][4], da[BM / 16][4];
         bwd_pack(st, pa);
         bwd_pack(dpt, da);
@@ -468,7 +474,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
         buf ^= 1;
     }
     cp_async_wait<0>();
-    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane);
+    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane, zs);
 #else
     __trap();  // launched only where wgmma_available() said the sm_90a code is there
 #endif
@@ -516,20 +522,24 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     int * sRp = (int *) (sDl + 3 * BM);          // [3][BM]
     const uint32_t aK = base_s, aV = aK + W::tile_kv, aQ = aV + W::tile_kv, adO = aQ + 3 * W::tile_q, adS = adO + 3 * W::tile_q;
 
-    const int g = blockIdx.y;
-    const int k0 = blockIdx.x * BN;
     const int maxp = *a.maxpos;
+    const BwdBlock blk = bwd_block<LISTS>(a, BN, maxp);
+    if (blk.z >= blk.zs) return;
+    const int g = blk.g;
+    const int k0 = blk.kt * BN;
     if (k0 > maxp) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = tid >> 7;
     const int krow0 = warp * 16;
     BwdListsTile lt{};  // (set by begin under LISTS; {}: the lambdas below capture it)
     __shared__ uint32_t sSee[LISTS ? 2 * BM : 1];  // LISTS: row bits, one slot per dS^T buffer
+    __shared__ uint32_t sQm[LISTS ? 2 * BwdListsTile::QM_WORDS : 1];  // LISTS: query-tile masks (lt.qmasks)
     int kpi[2] = {0, 0};
     if constexpr (LISTS) {
-        if (!lt.begin(a, k0, BN, maxp, k0 + krow0 + (lane >> 2), kpi)) return;
+        if (!lt.begin(a, k0, BN, maxp, k0 + krow0 + (lane >> 2), kpi, blk.z, blk.zs)) return;
+        lt.qmasks(a, tid, NT, sQm);
     }
-    const int zs = a.nsplit;
+    const int zs = blk.zs;
     auto rt_needed = [&](int j) -> bool {
         if constexpr (LISTS) return lt.needed(a, j);
         else return a.rt_max[j] >= k0;
@@ -538,7 +548,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
         while (j < a.n_rt && !rt_needed(j)) j += zs;
         return j;
     };
-    int j = next_rt((int) blockIdx.z);
+    int j = next_rt(blk.z);
     if (j >= a.n_rt) return;  // no row tile of this split attends the keys: no gradient to add
     auto load_rows = [&](int jj, int b) {
         bwd_load_rows<D>(a, g, jj, sQ + b * BM * D, sdO + b * BM * D, sL + b * BM, sDl + b * BM, sRp + b * BM, tid);
@@ -552,7 +562,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     if (jn < a.n_rt) load_rows(jn, 1);
     cp_async_commit();
     if constexpr (LISTS) {
-        if (lt.hist) lt.row_bits(a, j, BM, tid, NT, sSee);
+        if (lt.page_bits(a, j)) lt.row_bits(a, j, BM, tid, NT, sSee);
     }
     cp_async_wait<1>();   // K, V, row tile j
     fence_proxy_async();
@@ -586,9 +596,10 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
         const float * cDl = sDl + bq * BM;
         const int * cRp = sRp + bq * BM;
         const uint32_t cQ = aQ + bq * W::tile_q, cdO = adO + bq * W::tile_q;
-        const bool need_mask = (LISTS && lt.hist) || a.rt_min[j] < k0 + BN - 1;
+        const bool pb = LISTS && lt.page_bits(a, j);  // the rows' page bits apply
+        const bool need_mask = pb || a.rt_min[j] < k0 + BN - 1;
         const int kq = k0 + krow0 + (lane >> 2);
-        bwd_softmax<LISTS>(st, dpt, a, cL, cDl, cRp, kq, need_mask, LISTS ? lt.hist : false, sSee + bs * BM, kpi, lane);  // under dQ(jp)
+        bwd_softmax<LISTS>(st, dpt, a, cL, cDl, cRp, kq, need_mask, pb, sSee + bs * BM, kpi, lane);  // under dQ(jp)
         wgmma_wait<0>();
         add_dq(jp);  // (jp < 0: nothing)
         uint32_t pa[BM / 16][4], da[BM / 16][4];
@@ -597,7 +608,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
         bwd_issue_dkdv<D>(dk, dv, pa, da, cQ, cdO);
         bwd_store_ds(sdS + bs * BN * BM, da, krow0, lane);
         if constexpr (LISTS && !LAST) {
-            if (lt.hist) lt.row_bits(a, jn, BM, tid, NT, sSee + (bs ^ 1) * BM);  // its slot's readers (tile jp) passed the last barrier
+            if (lt.page_bits(a, jn)) lt.row_bits(a, jn, BM, tid, NT, sSee + (bs ^ 1) * BM);  // its slot's readers (tile jp) passed the last barrier
         }
         cp_async_wait<0>();   // row tile jn (this thread's copies)
         fence_proxy_async();  // dS^T and the copies, read by wgmma
@@ -628,7 +639,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     step(BwdLast<true>{});
     wgmma_wait<0>();
     add_dq(jp);
-    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane);
+    bwd_store_dkdv<D>(a, dk, dv, g, k0, krow0, maxp, lane, zs);
 #else
     __trap();  // launched only where wgmma_available() said the sm_90a code is there
 #endif
@@ -936,8 +947,8 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
     auto softmax_pv = [&](float (&s)[BN / 2], int it) {
         const int k0 = tile_k0(it);
         const uint32_t cV = aV + (it % NBUF) * W::tile_kv;
-        // LISTS history tile: every key is before every row; a row sees all of it or none
-        const bool hist = LISTS && lt.hist(it);
+        // LISTS history tile: every key is before every row; a row sees all of it or none (all: single)
+        const bool hist = LISTS && lt.hist_masked(it);
         const int4 ue = hist ? lt.uni[it / lt.tpp] : make_int4(0, 0, 0, 0);
         const bool need_mask = hist || k0 + BN - 1 > minp;
         int lim[2] = {prow[0], prow[1]};  // keys kp > lim are masked

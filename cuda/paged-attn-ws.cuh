@@ -210,8 +210,8 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
             fence_proxy_async();
             bar_sync(BAR_CONSUMERS, NCT);
         }
-        // LISTS history tile: every key is before every row; a row sees all of it or none
-        const bool hist = LISTS && lt.hist(it);
+        // LISTS history tile: every key is before every row; a row sees all of it or none (all: single)
+        const bool hist = LISTS && lt.hist_masked(it);
         int lim_t[2] = {lim[0], lim[1]};
         if constexpr (LISTS) {
             if (hist) {

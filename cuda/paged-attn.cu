@@ -550,6 +550,7 @@ PaLists lists_view(const oomb_page_schedule & s, const Geom & G) {
     L.win_last = windowed ? std::max<int>(s.last, L.win_first) : INT_MAX;
     // a row tile's union holds at most one entry per list entry
     L.cap = (int) std::max<int64_t>(1, oomb_nelements(s.pages));
+    L.whole = (cfg().lists_bwd & 8) ? 1 : 0;
     return L;
 }
 int lists_fwd_rt(const Geom & G) { return (G.T * G.G + LISTS_FWD_BM - 1) / LISTS_FWD_BM; }
@@ -642,6 +643,15 @@ oomb_paged_attn_config oomb_paged_attn_config_from_env() {
     if ((d = env_digit("OOMB_PAGED_ATTN_FWDWG3", 2, "0-2 (head dim 64, the warp-specialised forward's consumer warpgroups: 0: two, 1: three, 2: three where the blocks fill the waves)")) >= 0) c.fwd_wg3 = d;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDKVR", 1, "0 or 1 (1: head dim 64, K and V of the pipelined backward in registers)")) >= 0) c.bwd_kvr = d == 1;
     if ((d = env_digit("OOMB_PAGED_ATTN_BWDDQACC", 1, "0 or 1 (1: the pipelined backward adds dQ into a tile-contiguous accumulator; 0: into dq's rows)")) >= 0) c.bwd_dqacc = d == 1;
+    if (const char * e = getenv("OOMB_PAGED_ATTN_LISTSBWD"); e && *e) {
+        char * end = nullptr;
+        const long v = strtol(e, &end, 10);
+        if (*end || v < 0 || v > 15)
+            oomb_error("OOMB_PAGED_ATTN_LISTSBWD must be 0-15 (page lists, bit 0: backward blocks heaviest first, bit 1: history key "
+                       "tiles unsplit, bit 2: row bits from query-tile masks, bit 3: no page mask for rows of one query tile), got '%s'", e);
+        c.lists_bwd = (int) v;
+    }
+    c.lists_hist_fill = env_int("OOMB_PAGED_ATTN_LISTSFILL", c.lists_hist_fill);
     return c;
 }
 
@@ -955,6 +965,11 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             a.lists = L;
             // bf16 gradient pages: one block per key tile owns its rows (read-add-round, no atomics)
             a.nsplit = grad_bf16 ? 1 : bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt, (int64_t) G.T * G.G);
+            // page lists (bwd_block): the current region's tiles first; a history tile unsplit once the history's
+            // tiles alone make two waves of blocks (config.lists_bwd, lists_hist_fill)
+            a.lists_order = lists && (cfg().lists_bwd & 1) ? 1 : 0;
+            a.hist_fill = !(cfg().lists_bwd & 2) ? INT_MAX : cfg().lists_hist_fill >= 0 ? cfg().lists_hist_fill : 2 * sm_count();
+            a.lists_qmask = (cfg().lists_bwd & 4) ? 1 : 0;
             if (n_key_tiles == 0) {
                 // an empty page range: no key, no gradient
             } else if (lists) {

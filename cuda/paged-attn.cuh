@@ -61,10 +61,20 @@ struct oomb_paged_attn_config {
                             //   the products' fragment order (whole lines per warp), then into dq by a small kernel;
                             //   0: float2 atomics into dq's rows from the warpgroups' registers. The accumulator is
                             //   workspace of dq's size (rows padded to 128 per KV head): 117 MB at 0.5B, one chunk of 32K
+    int lists_bwd = 13;     // LISTSBWD 0-15: the page-list kernels (paged-attn-mma.cuh, paged-attn-lists.cuh): bit 0 the
+                            //   backward's blocks heaviest first (the current region's key tiles; bwd_block), bit 1 a
+                            //   history key tile unsplit where the history's tiles x KV heads reach lists_hist_fill, bit 2
+                            //   the rows' page bits from query-tile masks built once per block (BwdListsTile::qmasks),
+                            //   bit 3 no page mask (nor bits) for a tile of rows of one query tile, forward and backward
+                            //   (FwdListsTiles::single, BwdListsTile::page_bits); 0: as before (the dense order and split,
+                            //   a search per row and row tile, the mask on every history tile). Default 13: bit 1 measured
+                            //   slower (H100, 7B layer at 128K, sparse 64: backward 198 ms at 0, 210 with bit 1 alone,
+                            //   156 with bit 3 alone, 147 with 1 + 4 + 8; bench/NOTES.md)
+    int lists_hist_fill = -1;  // LISTSFILL: that threshold in blocks; -1: two waves (2 x the SM count)
 };
 /// The defaults overridden by the OOMB_PAGED_ATTN_* variables that are set (GENERIC: set at all;
-/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDWG3: 0-2; FWDPIPE, BWDPIPE, BWDKVR, BWDDQACC, LISTS_RANGE_FAST: 0 or 1, else an error naming the variable; FWD, BWD,
-/// FWD64, BWD64, SPLIT, FWDSPLIT: an integer, as atoi).
+/// WGMMA, OCC64: one digit 0-3; FWDWS: 0-3; FWDWG3: 0-2; FWDPIPE, BWDPIPE, BWDKVR, BWDDQACC, LISTS_RANGE_FAST: 0 or 1; LISTSBWD: 0-15; else an error naming the variable; FWD, BWD,
+/// FWD64, BWD64, SPLIT, FWDSPLIT, LISTSFILL: an integer, as atoi).
 oomb_paged_attn_config oomb_paged_attn_config_from_env();
 /// The configuration the kernels use: oomb_paged_attn_config_from_env() read at the first call,
 /// unless set. set_config(NULL): read the environment again now (an error there is reported now).

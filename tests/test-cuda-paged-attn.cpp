@@ -892,6 +892,20 @@ TEST(CudaPagedAttn, ListsFastKernels) {
         printf("[ kernels ] page lists, config.bwd_dqacc = %d\n", (int) dqacc);
         for (const Case & c : cases) run_case(c, seed++);
     }
+    // the page-list backward's options (config.lists_bwd): each block order, history key tiles split or
+    // always unsplit (lists_hist_fill 0) while the current region's tiles split 3 ways (atomics beside
+    // read-add stores in one launch), the rows' page bits by search or from query-tile masks, on the
+    // three backward kernels (pipelined wgmma, wgmma, mma.sync)
+    for (int ord : {0, 3, 4, 8, 15})
+        for (int fam : {0, 1, 2}) {
+            ConfigScope cs([&](oomb_paged_attn_config & cf) {
+                cf.lists_bwd = ord; cf.lists_hist_fill = 0; cf.split = 3;
+                cf.wgmma = fam == 2 ? 1 : 3; cf.bwd_pipe = fam == 0;
+            });
+            printf("[ kernels ] page lists, config.lists_bwd = %d, split 3, backward %s\n", ord,
+                   fam == 0 ? "wgmma pipelined" : fam == 1 ? "wgmma" : "mma.sync");
+            for (const Case & c : cases) run_case(c, seed++);
+        }
 #endif
 }
 
@@ -954,6 +968,14 @@ TEST(CudaPagedAttn, ListsRangeFastKernels) {
         ConfigScope cs([](oomb_paged_attn_config & cf) { cf.split = 3; cf.lists_range_fast = true; });
         printf("[ kernels ] page lists in a window, config.split = 3\n");
         for (int i = 0; i < 5; i++) run_case(cases[i], seed++);
+    }
+    for (int ord : {0, 1, 2, 4, 8, 15}) {
+        // the backward's blocks (config.lists_bwd): each order, history tiles split or always unsplit, row bits
+        ConfigScope cs([&](oomb_paged_attn_config & cf) {
+            cf.lists_bwd = ord; cf.lists_hist_fill = 0; cf.split = 3; cf.lists_range_fast = true;
+        });
+        printf("[ kernels ] page lists in a window, config.lists_bwd = %d, split 3\n", ord);
+        for (const Case & c : cases) run_case(c, seed++);
     }
     for (int ws : {0, 3}) {
         // the two-warpgroup wgmma forward, the warp-specialised one with 2 stages and without the

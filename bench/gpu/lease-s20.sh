@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Session 20 on the GPU machine (2026-12-06, third session): the page-list backward's block order
+# (bwd_block, config.lists_bwd_order) against the old order, and the figures the H200 still owes.
+#   pa       test-cuda-paged-attn (the page-list kernels against the CPU, every option), then the attention alone
+#            (oomb-bench-attn, 7B layer shapes, chunk 2048, page 128): sparse 64 at 32K and 128K with each
+#            OOMB_PAGED_ATTN_LISTSBWD of 0 1 2 4 8 12 14 15 (bits: order, unsplit history, query-tile masks, no
+#            page mask for rows of one query tile), twice; dense 128K
+#   pa2      the attention alone, sparse 64 at 32K and 128K: LISTSBWD in VARS (default 0 8 9 13 0 8 9 13)
+#   h200     on the H200: the attention alone at 128K with LISTSBWD 0, NEW (default 13), 8, 9; 7B sparse 64 pages 128K
+#            with LISTSBWD=NEW (profiled), then 0 (the issue-13 figure, A/B);
+#            0.5B one chunk of 32K and HF + SDPA (the issue-16 ratio)
+#   fixtures test-cuda-qwen2 against the HF fixtures (carry build-carry alone)
+usage="usage: $0 pa | pa2 | h200 | fixtures"
+case ${1:-} in pa|pa2|h200|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05
+nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,driver_version --format=csv,noheader
+if [ "$1" = fixtures ]; then
+    tar -xJf build-carry/tests-bins.tar.xz -C $B && rm -rf $K/fixtures && mkdir -p $K/fixtures \
+        && tar -xJf build-carry/fq.tar.xz -C $K/fixtures --strip-components=1 || exit 1
+    cat build-carry/bins-commit.txt
+    export OOMB_FIXTURES=$K/fixtures OOMB_SOURCE_DIR=$PWD OOMB_BIN_DIR=$B
+    tests test-cuda-qwen2:400
+    exit 0
+fi
+[ -x $B/oomb-train ] || unpack || exit 1
+s7b() {  # s7b LABEL [ENV...]: 7B sparse 64 pages at 128K, one step
+    local lab=$1; shift
+    rm -rf /tmp/s7b
+    env "$@" timeout 280 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
+        --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
+        --offload off --attn-cache --attn-cache-type bf16 --sparse-pages 64 --sparse-score mean --sparse-sink 0 --sparse-local 0 \
+        -o /tmp/s7b > $R/7b-128k-sparse64-$lab.log 2>&1
+    echo "7b 128K sparse64 $lab rc=$?"; grep -E "^step|error|page_select|paged_attn|mul_mat |GPU time" $R/7b-128k-sparse64-$lab.log | head -8
+}
+bat() {  # bat LABEL ENV... -- ARGS...: oomb-bench-attn, 7B layer shapes
+    local lab=$1; shift
+    local envs=()
+    while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
+    env "${envs[@]}" timeout 200 $B/oomb-bench-attn --chunk 2048 --page 128 --heads 28 --kv-heads 4 --dim 128 "$@" 2>&1 \
+        | tee -a $R/bench-attn.jsonl | sed "s/^/$lab /"
+}
+case $1 in
+pa)
+    tests test-cuda-paged-attn:300
+    for rep in 1 2; do
+        for v in 0 1 2 4 8 12 14 15; do bat v$v.$rep OOMB_PAGED_ATTN_LISTSBWD=$v -- --seq 32768,131072 --sparse 64 --reps 2; done
+    done
+    bat dense X=1 -- --seq 131072 --reps 2 ;;
+pa2)
+    for v in ${VARS:-0 8 9 13 0 8 9 13}; do bat v$v OOMB_PAGED_ATTN_LISTSBWD=$v -- --seq 32768,131072 --sparse 64 --reps 3; done ;;
+h200)
+    rand_ids
+    NEW=${NEW:-13}   # the LISTSBWD to compare against 0
+    for v in 0 $NEW 8 9; do bat v$v OOMB_PAGED_ATTN_LISTSBWD=$v -- --seq 131072 --sparse 64 --reps 2; done
+    s7b new OOMB_PAGED_ATTN_LISTSBWD=$NEW OOMB_CUDA_PROFILE=1
+    s7b old OOMB_PAGED_ATTN_LISTSBWD=0
+    r05 new
+    PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    r05 new2 ;;
+esac
