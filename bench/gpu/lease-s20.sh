@@ -7,7 +7,7 @@
 #            page mask for rows of one query tile), twice; dense 128K
 #   pa2      the attention alone, sparse 64 at 32K and 128K: LISTSBWD in VARS (default 0 8 9 13 0 8 9 13)
 #   h200     on the H200: the attention alone at 128K with LISTSBWD 0, NEW (default 13), 8, 9; 7B sparse 64 pages 128K
-#            with LISTSBWD=NEW (profiled), then 0 (the issue-13 figure, A/B);
+#            with LISTSBWD=NEW (profiled), then 0 (the issue-13 figure, A/B); then test-cuda-paged-attn;
 #            0.5B one chunk of 32K and HF + SDPA (the issue-16 ratio)
 #   fixtures test-cuda-qwen2 against the HF fixtures (carry build-carry alone)
 usage="usage: $0 pa | pa2 | h200 | fixtures"
@@ -55,6 +55,7 @@ h200)
     s7b new OOMB_PAGED_ATTN_LISTSBWD=$NEW OOMB_CUDA_PROFILE=1
     s7b old OOMB_PAGED_ATTN_LISTSBWD=0
     r05 new
-    PYTHONUNBUFFERED=1 timeout 200 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
-    r05 new2 ;;
+    PYTHONUNBUFFERED=1 timeout 150 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    r05 new2
+    tests test-cuda-paged-attn:200 ;;
 esac
