@@ -420,7 +420,9 @@ struct BwdListsTile {
     }
     // Does row tile j need its rows' page bits (and the page mask)? A history tile does, unless it is one
     // page (one_page) and j's rows lie in one query tile: the bitmap visits j only if that tile chose the
-    // page, so every row sees every key (as in a dense tile below the rows' positions).
+    // page, so every row sees every key (as in a dense tile below the rows' positions). A row tile with
+    // padding rows has rt_min -1 (pa_meta_kernel), so it keeps the mask (and c0 >= 1 here); unmasked, its
+    // padding rows would add nothing anyway (zero q, dO, LSE and delta).
     __device__ __forceinline__ bool page_bits(const BwdArgs & a, int j) const {
         return hist && !(one_page && a.rt_min[j] / a.P == a.rt_max[j] / a.P);
     }
@@ -490,7 +492,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
     int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
     if constexpr (LISTS) {
         if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi, blk.z, blk.zs)) return;  // no row chose these keys
-        lt.qmasks(a, tid, NT, sQm);
     }
 
     // K/V tile (zero rows past the last attended key)
@@ -511,6 +512,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_bwd_kernel(const BwdArgs a) 
         cp_async16(smem_u32(sV + swz<D>(row, ch * 8)), srcV, sz);
     }
     cp_async_commit();
+    if constexpr (LISTS) lt.qmasks(a, tid, NT, sQm);  // (its barriers and searches under the K/V copies)
 
     // this block's row tiles: z, z + zs, z + 2 zs, ... (those attending this key tile)
     const int zs = blk.zs;

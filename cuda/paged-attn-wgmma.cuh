@@ -401,11 +401,11 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     int kpi[2] = {0, 0};                       // LISTS: page index (from lt.lp_a) of this thread's two keys
     if constexpr (LISTS) {
         if (!lt.begin(a, k0, BN, maxp, k0 + warp * 16 + (lane >> 2), kpi, blk.z, blk.zs)) return;  // no row chose these keys
-        lt.qmasks(a, tid, NT, sQm);
     }
 
     bwd_load_kv<D>(a, g, k0, maxp, sK, sV, tid);
     cp_async_commit();
+    if constexpr (LISTS) lt.qmasks(a, tid, NT, sQm);  // (its barriers and searches under the K/V copies)
 
     const int zs = blk.zs;
     auto rt_needed = [&](int j) -> bool {
@@ -537,7 +537,6 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     int kpi[2] = {0, 0};
     if constexpr (LISTS) {
         if (!lt.begin(a, k0, BN, maxp, k0 + krow0 + (lane >> 2), kpi, blk.z, blk.zs)) return;
-        lt.qmasks(a, tid, NT, sQm);
     }
     const int zs = blk.zs;
     auto rt_needed = [&](int j) -> bool {
@@ -562,6 +561,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     if (jn < a.n_rt) load_rows(jn, 1);
     cp_async_commit();
     if constexpr (LISTS) {
+        lt.qmasks(a, tid, NT, sQm);  // (its barriers and searches under the copies)
         if (lt.page_bits(a, j)) lt.row_bits(a, j, BM, tid, NT, sSee);
     }
     cp_async_wait<1>();   // K, V, row tile j

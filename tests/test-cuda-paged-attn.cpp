@@ -604,6 +604,9 @@ TEST(CudaPagedAttn, ConfigFromEnv) {
     digit_var("BWDDQACC", "2", "0 or 1", 0, 1, [](const oomb_paged_attn_config & c) { return (int) c.bwd_dqacc; },
               "dQ into the tile-contiguous accumulator by default");
     digit_var("FWDWS", "4", "0-3", 0, 1, [](const oomb_paged_attn_config & c) { return c.fwd_ws; }, "the warp-specialised forward is the default");
+    for (const char * bad : {"16", "x", "-1", "1x"})
+        digit_var("LISTSBWD", bad, "0-15", 9, 13, [](const oomb_paged_attn_config & c) { return c.lists_bwd; },
+                  "page lists: order, query-tile masks and unmasked single-tile rows by default");
     EXPECT_EQ(oomb_paged_attn_config_from_env().fwd_split, -1) << "the forward's key split is chosen per call by default";
     setenv("OOMB_PAGED_ATTN_FWDSPLIT", "2", 1);
     {
@@ -859,6 +862,13 @@ TEST(CudaPagedAttn, ListsFastKernels) {
     cases.push_back({128, 192, 8, 4, 100, 900, B, 1, false, L, -1, 1});    // page 192: mma.sync forward, wgmma backward
     cases.push_back({64, 128, 7, 7, 1, 3000, B, 1, false, L, -1, 1});      // one query
     cases.push_back({128, 48, 14, 2, 100, 500, B, 1, false, L, -1, 1});    // page 48: the generic kernels
+    // page-aligned chunks (every row tile in one query tile: the backward's and forward's unmasked history
+    // tiles, config.lists_bwd bit 3, and the skipped query-tile masks), G 7 and G 1; pages 256 and 192 (c0 3:
+    // a 128-key tile holding the last history keys and the first current ones)
+    cases.push_back({128, 128, 28, 4, 300, 1024, B, 0, false, L, -1, 1});
+    cases.push_back({64, 128, 8, 8, 256, 1280, B, 1, false, L, -1, 0});
+    cases.push_back({128, 256, 28, 4, 300, 1100, B, 1, false, L, -1, 1});
+    cases.push_back({128, 192, 8, 4, 200, 626, B, 0, false, L, -1, 1});
     uint32_t seed = 1313;
     for (int w : {3, 0}) {
         ConfigScope cs([&](oomb_paged_attn_config & cf) { cf.wgmma = w; });
@@ -906,6 +916,21 @@ TEST(CudaPagedAttn, ListsFastKernels) {
                    fam == 0 ? "wgmma pipelined" : fam == 1 ? "wgmma" : "mma.sync");
             for (const Case & c : cases) run_case(c, seed++);
         }
+    {
+        // more than 32 query tiles in a chunk (G 1, page 64: ~34 tiles): the query-tile masks' later words, each
+        // backward kernel; and past 256 tiles (page 64, 300 x 64 = 19,200 tokens would be slow on the CPU: instead
+        // the masks are off, bit 2 clear, for the same case: the per-row search)
+        const Case big{64, 64, 8, 8, 2150, 1032, B, 0, false, L, -1, 1};
+        for (int ord : {13, 9})
+            for (int fam : {0, 2}) {
+                ConfigScope cs([&](oomb_paged_attn_config & cf) {
+                    cf.lists_bwd = ord; cf.wgmma = fam == 2 ? 1 : 3; cf.bwd_pipe = fam == 0;
+                });
+                printf("[ kernels ] page lists, %d query tiles, config.lists_bwd = %d, backward %s\n", (2150 + 63) / 64, ord,
+                       fam == 0 ? "wgmma pipelined" : "mma.sync");
+                run_case(big, seed++);
+            }
+    }
 #endif
 }
 

@@ -93,8 +93,8 @@ int main(int argc, char ** argv) {
         else if (a == "--sparse") sparse_k = atoll(next());
         else { fprintf(stderr, "unknown option %s\n", a.c_str()); return 2; }
     }
-    if (sparse_k < 0 || chunk <= 0 || page <= 0 || chunk % page != 0) {
-        fprintf(stderr, "--sparse must be >= 0, --chunk a positive multiple of --page\n");
+    if (sparse_k < 0 || (sparse_k > 0 && (chunk <= 0 || page <= 0 || chunk % page != 0))) {
+        fprintf(stderr, "--sparse must be >= 0, and with --sparse --chunk a positive multiple of --page\n");
         return 2;
     }
     cudaDeviceProp prop;

@@ -6,12 +6,14 @@
 #            OOMB_PAGED_ATTN_LISTSBWD of 0 1 2 4 8 12 14 15 (bits: order, unsplit history, query-tile masks, no
 #            page mask for rows of one query tile), twice; dense 128K
 #   pa2      the attention alone, sparse 64 at 32K and 128K: LISTSBWD in VARS (default 0 8 9 13 0 8 9 13)
-#   h200     on the H200: the attention alone at 128K with LISTSBWD 0, NEW (default 13), 8, 9; 7B sparse 64 pages 128K
+#   h100     test-cuda-paged-attn, then Qwen2.5-3B --trainable linear sparse 64 pages at 128K (fits an 80 GB card
+#            without --attn-cache), one step each with LISTSBWD 13, 0, 13 (end to end A/B on the H100)
+#   h200     on the H200: (BENCH=1: the attention alone at 128K with LISTSBWD 0, NEW (default 13)); 7B sparse 64 pages 128K
 #            with LISTSBWD=NEW (profiled), then 0 (the issue-13 figure, A/B); then test-cuda-paged-attn;
 #            0.5B one chunk of 32K and HF + SDPA (the issue-16 ratio)
 #   fixtures test-cuda-qwen2 against the HF fixtures (carry build-carry alone)
-usage="usage: $0 pa | pa2 | h200 | fixtures"
-case ${1:-} in pa|pa2|h200|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+usage="usage: $0 pa | pa2 | h100 | h200 | fixtures"
+case ${1:-} in pa|pa2|h100|h200|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,driver_version --format=csv,noheader
 if [ "$1" = fixtures ]; then
@@ -46,12 +48,27 @@ pa)
         for v in 0 1 2 4 8 12 14 15; do bat v$v.$rep OOMB_PAGED_ATTN_LISTSBWD=$v -- --seq 32768,131072 --sparse 64 --reps 2; done
     done
     bat dense X=1 -- --seq 131072 --reps 2 ;;
+h100)
+    tests test-cuda-paged-attn:200
+    rand_ids
+    s3b() {
+        local lab=$1; shift
+        rm -rf /tmp/s3b
+        env "$@" timeout 150 $B/oomb-train --preset qwen2.5-3b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
+            --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
+            --offload off --sparse-pages 64 --sparse-score mean -o /tmp/s3b > $R/3b-128k-sparse64-$lab.log 2>&1
+        echo "3b 128K sparse64 $lab rc=$?"; grep -E "^step|error|device total|paged_attn|mul_mat " $R/3b-128k-sparse64-$lab.log | head -8
+    }
+    s3b v13 OOMB_PAGED_ATTN_LISTSBWD=13 OOMB_CUDA_PROFILE=1
+    s3b v0 OOMB_PAGED_ATTN_LISTSBWD=0 OOMB_CUDA_PROFILE=1
+    s3b v13b OOMB_PAGED_ATTN_LISTSBWD=13
+    s3b v0b OOMB_PAGED_ATTN_LISTSBWD=0 ;;
 pa2)
     for v in ${VARS:-0 8 9 13 0 8 9 13}; do bat v$v OOMB_PAGED_ATTN_LISTSBWD=$v -- --seq 32768,131072 --sparse 64 --reps 3; done ;;
 h200)
     rand_ids
     NEW=${NEW:-13}   # the LISTSBWD to compare against 0
-    for v in 0 $NEW 8 9; do bat v$v OOMB_PAGED_ATTN_LISTSBWD=$v -- --seq 131072 --sparse 64 --reps 2; done
+    [ -n "${BENCH:-}" ] && for v in 0 $NEW; do bat v$v OOMB_PAGED_ATTN_LISTSBWD=$v -- --seq 131072 --sparse 64 --reps 2; done
     s7b new OOMB_PAGED_ATTN_LISTSBWD=$NEW OOMB_CUDA_PROFILE=1
     s7b old OOMB_PAGED_ATTN_LISTSBWD=0
     r05 new
