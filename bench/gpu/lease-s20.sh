@@ -6,14 +6,15 @@
 #            OOMB_PAGED_ATTN_LISTSBWD of 0 1 2 4 8 12 14 15 (bits: order, unsplit history, query-tile masks, no
 #            page mask for rows of one query tile), twice; dense 128K
 #   pa2      the attention alone, sparse 64 at 32K and 128K: LISTSBWD in VARS (default 0 8 9 13 0 8 9 13)
+#   tpa      test-cuda-paged-attn alone
 #   h100     test-cuda-paged-attn, then Qwen2.5-3B --trainable linear sparse 64 pages at 128K (fits an 80 GB card
 #            without --attn-cache), one step each with LISTSBWD 13, 0, 13 (end to end A/B on the H100)
 #   h200     on the H200: (BENCH=1: the attention alone at 128K with LISTSBWD 0, NEW (default 13)); 7B sparse 64 pages 128K
-#            with LISTSBWD=NEW (profiled), then 0 (the issue-13 figure, A/B); then test-cuda-paged-attn;
+#            with LISTSBWD=NEW (profiled), then 0 (the issue-13 figure, A/B); (TESTS=1: then test-cuda-paged-attn);
 #            0.5B one chunk of 32K and HF + SDPA (the issue-16 ratio)
 #   fixtures test-cuda-qwen2 against the HF fixtures (carry build-carry alone)
-usage="usage: $0 pa | pa2 | h100 | h200 | fixtures"
-case ${1:-} in pa|pa2|h100|h200|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+usage="usage: $0 pa | pa2 | tpa | h100 | h200 | fixtures"
+case ${1:-} in pa|pa2|tpa|h100|h200|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,driver_version --format=csv,noheader
 if [ "$1" = fixtures ]; then
@@ -63,6 +64,8 @@ h100)
     s3b v0 OOMB_PAGED_ATTN_LISTSBWD=0 OOMB_CUDA_PROFILE=1
     s3b v13b OOMB_PAGED_ATTN_LISTSBWD=13
     s3b v0b OOMB_PAGED_ATTN_LISTSBWD=0 ;;
+tpa)
+    tests test-cuda-paged-attn:300 ;;
 pa2)
     for v in ${VARS:-0 8 9 13 0 8 9 13}; do bat v$v OOMB_PAGED_ATTN_LISTSBWD=$v -- --seq 32768,131072 --sparse 64 --reps 3; done ;;
 h200)
@@ -74,5 +77,5 @@ h200)
     r05 new
     PYTHONUNBUFFERED=1 timeout 150 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
     r05 new2
-    tests test-cuda-paged-attn:200 ;;
+    [ -n "${TESTS:-}" ] && tests test-cuda-paged-attn:200 ;;
 esac
