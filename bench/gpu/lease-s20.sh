@@ -12,9 +12,11 @@
 #   h200     on the H200: (BENCH=1: the attention alone at 128K with LISTSBWD 0, NEW (default 13)); 7B sparse 64 pages 128K
 #            with LISTSBWD=NEW (profiled), then 0 (the issue-13 figure, A/B); (TESTS=1: then test-cuda-paged-attn);
 #            0.5B one chunk of 32K and HF + SDPA (the issue-16 ratio)
+#   h200min  the H200's figures in the least device time: 7B sparse 64 at 128K (default LISTSBWD), the 0.5B one
+#            chunk of 32K and HF + SDPA, then the 7B step with LISTSBWD=0
 #   fixtures test-cuda-qwen2 against the HF fixtures (carry build-carry alone)
-usage="usage: $0 pa | pa2 | tpa | h100 | h200 | fixtures"
-case ${1:-} in pa|pa2|tpa|h100|h200|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+usage="usage: $0 pa | pa2 | tpa | h100 | h200 | h200min | fixtures"
+case ${1:-} in pa|pa2|tpa|h100|h200|h200min|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,driver_version --format=csv,noheader
 if [ "$1" = fixtures ]; then
@@ -66,6 +68,12 @@ h100)
     s3b v0b OOMB_PAGED_ATTN_LISTSBWD=0 ;;
 tpa)
     tests test-cuda-paged-attn:300 ;;
+h200min)
+    rand_ids
+    s7b new
+    r05 new
+    PYTHONUNBUFFERED=1 timeout 150 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    s7b old OOMB_PAGED_ATTN_LISTSBWD=0 ;;
 pa2)
     for v in ${VARS:-0 8 9 13 0 8 9 13}; do bat v$v OOMB_PAGED_ATTN_LISTSBWD=$v -- --seq 32768,131072 --sparse 64 --reps 3; done ;;
 h200)
