@@ -155,6 +155,7 @@ int main(int argc, char ** argv) {
         std::vector<oomb_tensor *> fwd, bwd;
         std::vector<void *> list_bufs;  // device memory of the page lists (--sparse)
         double pairs = 0.0;             // (query, key) pairs attended per head
+        bool any_sparse = false;        // some chunk ran page lists (else the FLOPs are the dense count)
         std::mt19937 lrng(7);
         for (int64_t c = 0; c < n_chunks; c++) {
             const int64_t t0 = c * chunk, T = std::min(chunk, S - t0);
@@ -198,6 +199,7 @@ int main(int argc, char ** argv) {
                     lt[i]->data = d;
                 }
                 pa.schedule = oomb_schedule_lists(lt[0], lt[1], lt[2], lt[3]);
+                any_sparse = true;
                 pairs -= (double) T * (t0 - sparse_k * page);
             }
             // the op's node is the packed one (the view oomb_paged_attn_ext returns is its out part)
@@ -229,7 +231,7 @@ int main(int argc, char ** argv) {
             for (float x : h) if (!std::isfinite(x)) { fprintf(stderr, "non-finite output at S=%lld\n", (long long) S); exit(1); }
         }
         // dense: FlashAttention's causal count; sparse: the pairs attended
-        const double flop_fwd = sparse_k > 0 ? 4.0 * pairs * H * D : 2.0 * (double) S * S * H * D;
+        const double flop_fwd = any_sparse ? 4.0 * pairs * H * D : 2.0 * (double) S * S * H * D;
         printf("{\"seq\": %lld, \"chunk\": %lld, \"page\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"dim\": %lld, "
                "\"sparse\": %lld, \"keys_per_query\": %.0f, \"lse\": \"%s\", \"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"fwdbwd_ms\": %.3f, \"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f, \"fwdbwd_tflops\": %.1f}\n",
                (long long) S, (long long) chunk, (long long) page, (long long) H, (long long) Hkv, (long long) D, (long long) sparse_k,
