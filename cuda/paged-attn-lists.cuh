@@ -32,6 +32,12 @@
 //     backward's key tile masks, through the per-row page bits, the pages outside the window
 //     (a 128-key tile can straddle an edge when P = 64) and skips a tile wholly outside it. LISTS
 //     is the window [0, INT_MAX) (PaLists::win_first / win_last), which changes nothing.
+//   - Rows of one query tile (config.lists_bwd bit 3, the default): a forward block or backward row tile
+//     whose rows all lie in one query tile (every one, at page 128 of a page-aligned chunk) visits only
+//     history pages that tile chose, so its history tiles take no page mask at all (FwdListsTiles::single,
+//     BwdListsTile::page_bits in paged-attn-mma.cuh): the unmasked softmax of a dense tile. The backward
+//     also starts the current region's key tiles first (bwd_block) and, where rows still need page bits,
+//     builds them from per-block query-tile masks (BwdListsTile::qmasks) rather than a search per row.
 // Neither kernel validates the lists (the CPU kernels do, oomb-schedule.h): entries outside
 // [0, c0) are skipped (the current region already covers pages >= c0).
 #pragma once

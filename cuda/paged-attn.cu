@@ -965,8 +965,9 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             a.lists = L;
             // bf16 gradient pages: one block per key tile owns its rows (read-add-round, no atomics)
             a.nsplit = grad_bf16 ? 1 : bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt, (int64_t) G.T * G.G);
-            // page lists (bwd_block): the current region's tiles first; a history tile unsplit once the history's
-            // tiles alone make two waves of blocks (config.lists_bwd, lists_hist_fill)
+            // page lists (bwd_block, config.lists_bwd): the current region's tiles first (bit 0); a history tile
+            // unsplit once the history's tiles alone make two waves of blocks (bit 1, lists_hist_fill; off by
+            // default: measured slower); the rows' page bits from per-block query-tile masks (bit 2)
             a.lists_order = lists && (cfg().lists_bwd & 1) ? 1 : 0;
             a.hist_fill = !(cfg().lists_bwd & 2) ? INT_MAX : cfg().lists_hist_fill >= 0 ? cfg().lists_hist_fill : 2 * sm_count();
             a.lists_qmask = (cfg().lists_bwd & 4) ? 1 : 0;
