@@ -30,7 +30,8 @@ bg_wait() {
     alive $K/bg.pid && log "still running" || log "done"; cat $K/bg.out
 }
 # unpack: the binaries of .devcarry/gpu-bins.tar.xz into B (and OOMB_BIN_DIR); r05 LABEL [ENV...]: the 0.5B one
-# chunk of 32K, 3 steps; r7b LABEL [ENV...]: 7B --trainable linear dense 128K, one step, profiled (logs in R).
+# chunk of 32K, 3 steps; r7b LABEL [ENV...]: 7B --trainable linear dense 128K, one step, profiled (logs in R);
+# s7b: the same 7B sparse 64 pages; fixtures_qwen2: test-cuda-qwen2 on the HF fixtures.
 # A driver that defines its own after sourcing this one uses its own.
 unpack() {
     cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || return 1
@@ -51,4 +52,22 @@ r7b() {  # r7b LABEL [ENV...]
         --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
         --offload off --attn-cache --attn-cache-type bf16 -o /tmp/r7b > $R/7b-128k-dense-$lab.log 2>&1
     echo "7b 128K dense $lab rc=$?"; grep -E "^step|error|linear_cross|paged_attn |mul_mat |^  add |add_inplace|GPU time" $R/7b-128k-dense-$lab.log | head -9
+}
+# fixtures_qwen2: test-cuda-qwen2 against the HF fixtures, from build-carry/ (tests-bins.tar.xz, fq.tar.xz, bins-commit.txt;
+# a call that carries build-carry alone: the two archives and the checkout pass 64 MiB together with .devcarry)
+fixtures_qwen2() {
+    tar -xJf build-carry/tests-bins.tar.xz -C $B && rm -rf $K/fixtures && mkdir -p $K/fixtures \
+        && tar -xJf build-carry/fq.tar.xz -C $K/fixtures --strip-components=1 || return 1
+    cat build-carry/bins-commit.txt
+    export OOMB_FIXTURES=$K/fixtures OOMB_SOURCE_DIR=$PWD OOMB_BIN_DIR=$B
+    tests test-cuda-qwen2:400
+}
+s7b() {  # s7b LABEL [ENV...]: 7B --trainable linear sparse 64 pages at 128K with the bf16 attention cache, one step (the issue-13 figure)
+    local lab=$1; shift
+    rm -rf /tmp/s7b
+    env "$@" timeout 280 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
+        --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
+        --offload off --attn-cache --attn-cache-type bf16 --sparse-pages 64 --sparse-score mean --sparse-sink 0 --sparse-local 0 \
+        -o /tmp/s7b > $R/7b-128k-sparse64-$lab.log 2>&1
+    echo "7b 128K sparse64 $lab rc=$?"; grep -E "^step|error|page_select|paged_attn|mul_mat |GPU time" $R/7b-128k-sparse64-$lab.log | head -8
 }

@@ -16,32 +16,15 @@
 #            128K with the new binary, one step, not profiled
 usage="usage: $0 prof | a05 | e2e7b | tests | ab | fixtures | h200"
 case ${1:-} in prof|a05|e2e7b|tests|ab|fixtures|h200) ;; *) echo "$usage"; exit 2 ;; esac
-source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, r7b
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, r7b, s7b, fixtures_qwen2
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,driver_version --format=csv,noheader
-if [ "$1" = fixtures ]; then
-    tar -xJf build-carry/tests-bins.tar.xz -C $B && rm -rf $K/fixtures && mkdir -p $K/fixtures \
-        && tar -xJf build-carry/fq.tar.xz -C $K/fixtures --strip-components=1 || exit 1
-    cat build-carry/bins-commit.txt
-    export OOMB_FIXTURES=$K/fixtures OOMB_SOURCE_DIR=$PWD OOMB_BIN_DIR=$B
-    tests test-cuda-qwen2:400
-    exit 0
-fi
+if [ "$1" = fixtures ]; then fixtures_qwen2; exit; fi
 [ -x $B/oomb-train ] || unpack || exit 1
 OLD=${OLD:-}
 # HF + SDPA and the 7B runs need the H200's memory: on by default only on a card of more than 100 GB
 big=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 [ "${big:-0}" -gt 100000 ] && big=1 || big=0
 HF=${HF:-$big}; S7B=${S7B:-$big}
-# s7b LABEL [ENV...]: 7B sparse 64 pages at 128K, one step (r7b's flags plus the sparse ones)
-s7b() {
-    local lab=$1; shift
-    rm -rf /tmp/s7b
-    env "$@" timeout 280 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
-        --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
-        --offload off --attn-cache --attn-cache-type bf16 --sparse-pages 64 --sparse-score mean --sparse-sink 0 --sparse-local 0 \
-        -o /tmp/s7b > $R/7b-128k-sparse64-$lab.log 2>&1
-    echo "7b 128K sparse64 $lab rc=$?"; grep -E "^step|error|page_select|paged_attn|mul_mat |GPU time" $R/7b-128k-sparse64-$lab.log | head -8
-}
 case $1 in
 prof)
     rand_ids

@@ -17,26 +17,10 @@
 #   fixtures test-cuda-qwen2 against the HF fixtures (carry build-carry alone)
 usage="usage: $0 pa | pa2 | tpa | h100 | h200 | h200min | fixtures"
 case ${1:-} in pa|pa2|tpa|h100|h200|h200min|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
-source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, s7b, fixtures_qwen2
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,driver_version --format=csv,noheader
-if [ "$1" = fixtures ]; then
-    tar -xJf build-carry/tests-bins.tar.xz -C $B && rm -rf $K/fixtures && mkdir -p $K/fixtures \
-        && tar -xJf build-carry/fq.tar.xz -C $K/fixtures --strip-components=1 || exit 1
-    cat build-carry/bins-commit.txt
-    export OOMB_FIXTURES=$K/fixtures OOMB_SOURCE_DIR=$PWD OOMB_BIN_DIR=$B
-    tests test-cuda-qwen2:400
-    exit 0
-fi
+if [ "$1" = fixtures ]; then fixtures_qwen2; exit; fi
 [ -x $B/oomb-train ] || unpack || exit 1
-s7b() {  # s7b LABEL [ENV...]: 7B sparse 64 pages at 128K, one step
-    local lab=$1; shift
-    rm -rf /tmp/s7b
-    env "$@" timeout 280 $B/oomb-train --preset qwen2.5-7b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
-        --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
-        --offload off --attn-cache --attn-cache-type bf16 --sparse-pages 64 --sparse-score mean --sparse-sink 0 --sparse-local 0 \
-        -o /tmp/s7b > $R/7b-128k-sparse64-$lab.log 2>&1
-    echo "7b 128K sparse64 $lab rc=$?"; grep -E "^step|error|page_select|paged_attn|mul_mat |GPU time" $R/7b-128k-sparse64-$lab.log | head -8
-}
 bat() {  # bat LABEL ENV... -- ARGS...: oomb-bench-attn, 7B layer shapes
     local lab=$1; shift
     local envs=()
