@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Session 21 on the GPU machine (2026-12-06, fourth session): the figures the H200 still owes after session 20
+# (the page-list kernels' LISTSBWD default 13: measured on the H100 only).
+#   h200   7B --trainable linear sparse 64 pages at 128K: LISTSBWD default (per-shape profile, OOMB_CUDA_PROFILE=2),
+#          then 0 (the old kernels, A/B), then the default again unprofiled (the issue-13 figure); the 0.5B one chunk
+#          of 32K, HF + SDPA, the 0.5B again (the issue-16 ratio); (TESTS=1: then test-cuda-paged-attn)
+#   tpa    test-cuda-paged-attn alone
+usage="usage: $0 h200 | tpa"
+case ${1:-} in h200|tpa) ;; *) echo "$usage"; exit 2 ;; esac
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, s7b
+nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,power.limit,driver_version --format=csv,noheader
+[ -x $B/oomb-train ] || unpack || exit 1
+case $1 in
+h200)
+    rand_ids
+    log start
+    s7b new-prof2 OOMB_CUDA_PROFILE=2
+    s7b old OOMB_PAGED_ATTN_LISTSBWD=0
+    s7b new
+    r05 new
+    PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    r05 new2
+    log end
+    [ -n "${TESTS:-}" ] && tests test-cuda-paged-attn:200 ;;
+tpa)
+    tests test-cuda-paged-attn:300 ;;
+esac
