@@ -341,7 +341,14 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
                                     oomb_cuda_sum(c, node, s[0]); break;
         case OOMB_OP_GET_ROWS:      oomb_cuda_get_rows(c, node, s[0], s[1]); break;
         case OOMB_OP_GET_ROWS_BACK: oomb_cuda_get_rows_back(c, node, s[0], s[1]); break;
-        case OOMB_OP_MUL_MAT:       oomb_cuda_mul_mat(c, node, s[0], s[1], c.fuse_acc.empty() ? nullptr : c.fuse_acc[(size_t) c.cur_node]); break;
+        case OOMB_OP_MUL_MAT:
+        {
+            const size_t i = (size_t) c.cur_node;
+            const oomb_cuda_ctx::epilogue * epi = c.fuse_epi.empty() || !c.fuse_epi[i].add ? nullptr : &c.fuse_epi[i];
+            // a product whose epilogue cuBLASLt could not run wrote its own bytes: its ADD runs after all
+            if (!oomb_cuda_mul_mat(c, node, s[0], s[1], c.fuse_acc.empty() ? nullptr : c.fuse_acc[i], epi) && epi) c.fuse_skip[epi->at] = 0;
+            break;
+        }
         case OOMB_OP_RMS_NORM:      oomb_cuda_rms_norm(c, node, s[0]); break;
         case OOMB_OP_RMS_NORM_BACK: oomb_cuda_rms_norm_back(c, node, s[0], s[1]); break;
         case OOMB_OP_RMS_NORM_MUL:  oomb_cuda_rms_norm_mul(c, node, s[0], s[1]); break;
@@ -548,6 +555,74 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
     }
 }
 
+// Sums and biases in the GEMM's epilogue (cuBLASLt, cuda/mul-mat.cu): an ADD node A = add(X, M) or
+// add(M, X), with M a MUL_MAT product and X of M's shape, or A = add(M, b) with b an f32 vector of M's rows
+// (broadcast over the columns: the q / k / v biases), runs as M's GEMM writing A's bytes: D = product + X
+// (cuBLASLt's C apart from D) or + b (its bias epilogue). This takes the sums version 16's beta = 1 cannot:
+// A not placed in X's bytes because X stays live (the residual adds, whose input the norms' backward
+// reads) and the bias adds (a vector, not a matrix of M's shape). Conditions: the graph is whole; A is
+// contiguous f32, not a view, and not already fused; M is a contiguous f32 arena product (its bytes are
+// never written now, so nothing else may read them), read only by A, unpinned, of A's shape, a single GEMM
+// (a 2-D); A's bytes overlap neither M's operands nor X (A in X's bytes is the in-place case above); and
+// only views lie between M and A. That last condition is what makes the early write safe: A's bytes may
+// hold a tensor until A's own turn (the allocator reuses memory by position), and with no computing node
+// between, the only tensors alive there until A are A's operands, M's operands and whatever M's own bytes
+// are. Per node of M: c.fuse_epi; A goes in c.fuse_skip (cleared again by the product if cuBLASLt has no
+// algorithm for its shape: then M runs unfused and A runs). OOMB_CUDA_FUSE_EPI=0 (or OOMB_CUDA_FUSE=0)
+// turns it off. bench/NOTES.md "Sums and biases in the GEMM's epilogue".
+void fuse_epilogues(oomb_cuda_ctx & c, const oomb_cgraph * g) {
+    c.fuse_epi.clear();
+    if (g->is_view || env_flag_off("OOMB_CUDA_FUSE") || env_flag_off("OOMB_CUDA_FUSE_EPI")) return;
+    const size_t n = g->nodes.size();
+    std::unordered_map<const oomb_tensor *, int> readers;
+    std::unordered_map<const oomb_tensor *, size_t> index;
+    for (size_t i = 0; i < n; i++) {
+        const oomb_tensor * t = g->nodes[i];
+        index[t] = i;
+        for (int k = 0; k < OOMB_MAX_SRC; k++)
+            if (t->src[k]) readers[t->src[k]]++;
+        if (t->view_src) readers[t->view_src]++;
+    }
+    const int32_t pinned = OOMB_TENSOR_FLAG_INPUT | OOMB_TENSOR_FLAG_OUTPUT | OOMB_TENSOR_FLAG_PARAM | OOMB_TENSOR_FLAG_LOSS;
+    for (size_t j = 0; j < n; j++) {
+        const oomb_tensor * A = g->nodes[j];
+        if (A->op != OOMB_OP_ADD || A->view_src || !A->data || A->type != OOMB_TYPE_F32 || !oomb_is_contiguous(A)) continue;
+        if (!c.fuse_skip.empty() && c.fuse_skip[j]) continue;
+        for (int w = 1; w >= 0; w--) {
+            const oomb_tensor * M = A->src[w], * X = A->src[1 - w];
+            if (!M || !X || M->op != OOMB_OP_MUL_MAT || M->view_src || (M->flags & pinned) || readers[M] != 1) continue;
+            if (!M->buffer || !M->buffer->arena || !M->data || M->type != OOMB_TYPE_F32 || !oomb_is_contiguous(M) ||
+                !oomb_are_same_shape(M, A))
+                continue;
+            const oomb_tensor * a = M->src[0];
+            if (!a || a->ne[2] != 1 || a->ne[3] != 1) continue;  // a batched product is several GEMMs
+            if (X->type != OOMB_TYPE_F32 || !X->data || !oomb_is_contiguous(X)) continue;
+            const bool full = oomb_are_same_shape(X, M);
+            const bool bias = !full && w == 0 && X->ne[0] == M->ne[0] && oomb_nelements(X) == X->ne[0];
+            if (!full && !bias) continue;
+            auto it = index.find(M);
+            if (it == index.end() || it->second >= j) continue;
+            const size_t i = it->second;
+            if (!c.fuse_acc.empty() && c.fuse_acc[i]) continue;
+            bool between = false;
+            for (size_t k = i + 1; k < j && !between; k++) between = !op_is_layout_only(g->nodes[k]->op);
+            if (between || oomb::tensors_overlap(A, X)) continue;
+            bool operand = false;
+            for (int q = 0; q < OOMB_MAX_SRC; q++) operand = operand || (M->src[q] && oomb::tensors_overlap(M->src[q], A));
+            if (operand) continue;
+            if (c.fuse_epi.empty()) c.fuse_epi.assign(n, oomb_cuda_ctx::epilogue{});
+            if (c.fuse_skip.empty()) c.fuse_skip.assign(n, 0);
+            oomb_cuda_ctx::epilogue & e = c.fuse_epi[i];
+            e.add = A;
+            e.at = j;
+            e.c = full ? (const float *) X->data : nullptr;
+            e.bias = bias ? (const float *) X->data : nullptr;
+            c.fuse_skip[j] = 1;
+            break;
+        }
+    }
+}
+
 // Fused linear cross-entropy: a LINEAR_CROSS_ENTROPY node F and the LINEAR_CROSS_ENTROPY_BACK node B
 // that reads F's log-sum-exp tail run as one pass at B (oomb_cuda_linear_ce_fused): the logits are
 // computed once for the loss and the gradients, not once in F and again in B's tiles (7B at chunk
@@ -620,6 +695,7 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
         c->check_err = false;
     }
     fuse_accumulations(*c, g);
+    fuse_epilogues(*c, g);
     fuse_linear_ce(*c, g);
     if (c->profile) {
         while (c->prof_events.size() < 2 * g->nodes.size()) {
@@ -640,6 +716,7 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
         if (c->fuse_skip.empty() || !c->fuse_skip[i]) compute_node(*c, node);  // (a fused add_inplace: its product added already)
         c->bf16_copies_after(node);
         if (!c->fuse_at.empty() && c->fuse_at[i]) c->bf16_copies_after(c->fuse_at[i]);  // a fused product wrote C's bytes here
+        if (!c->fuse_epi.empty() && c->fuse_epi[i].add) c->bf16_copies_after(c->fuse_epi[i].add);  // and A's (epilogue)
         if (!c->fuse_lce.empty() && c->fuse_lce[i]) c->bf16_copies_after(c->fuse_lce[i]);  // and a fused forward's
         if (c->profile) CUDA_CHECK(cudaEventRecord(c->prof_events[2 * i + 1], c->stream));
     }
@@ -698,6 +775,8 @@ void cuda_free_backend(oomb_backend_t b) {
         if (c->slot_ptr[i]) cudaFreeAsync(c->slot_ptr[i], c->stream);
     }
     cudaStreamSynchronize(c->stream);
+    c->lt_plans.clear();
+    if (c->cublaslt) cublasLtDestroy(c->cublaslt);
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->cublas_ws) cudaFree(c->cublas_ws);
     if (c->d_err) cudaFree(c->d_err);
@@ -781,6 +860,7 @@ oomb_backend_t oomb_backend_cuda_init(int device) {
     c->cublas_ws_size = (size_t) 32 << 20;
     CUDA_CHECK(cudaMalloc(&c->cublas_ws, c->cublas_ws_size));
     CUBLAS_CHECK(cublasSetWorkspace(c->cublas, c->cublas_ws, c->cublas_ws_size));
+    CUBLAS_CHECK(cublasLtCreate(&c->cublaslt));
     CUDA_CHECK(cudaMalloc((void **) &c->d_err, sizeof(oomb_cuda_err_rec)));
     CUDA_CHECK(cudaMemsetAsync(c->d_err, 0, sizeof(oomb_cuda_err_rec), c->stream));
     CUDA_CHECK(cudaStreamSynchronize(c->stream));
@@ -815,6 +895,8 @@ int64_t oomb_cuda_debug_last_lce_rows(oomb_backend_t backend) { return oomb_cuda
 // (fuse_accumulations); oomb_cuda_debug_fused_add_count: of them, the in-place adds.
 int64_t oomb_cuda_debug_fused_count(oomb_backend_t backend) { return oomb_cuda_ctx_of(backend).n_fused; }
 int64_t oomb_cuda_debug_fused_add_count(oomb_backend_t backend) { return oomb_cuda_ctx_of(backend).n_fused_add; }
+// oomb_cuda_debug_fused_epi_count: products that wrote their ADD's result through the epilogue (fuse_epilogues).
+int64_t oomb_cuda_debug_fused_epi_count(oomb_backend_t backend) { return oomb_cuda_ctx_of(backend).n_fused_epi; }
 
 // Test hook: how many linear_cross_entropy forward / backward pairs this backend has run as one pass
 // (fuse_linear_ce).

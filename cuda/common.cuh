@@ -18,13 +18,16 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 
 #include "oomb-impl.h"
 
@@ -129,6 +132,21 @@ struct oomb_cuda_ctx {
     std::vector<char> fuse_skip;
     int64_t n_fused = 0;
     int64_t n_fused_add = 0;  // of them, ADD nodes run in place on their first operand
+    // Sums and biases in the epilogue (fuse_accumulations, cuBLASLt): per node index of a MUL_MAT M, the
+    // ADD node A it computes too: M's GEMM writes A's bytes, D = product + X (epi_c) or + a bias vector
+    // of M's rows (epi_bias); A is in fuse_skip. n_fused_epi counts the products run so (tests); a
+    // product whose shape cuBLASLt has no algorithm for runs unfused and clears A's fuse_skip.
+    struct epilogue {
+        const oomb_tensor * add = nullptr;  // A
+        size_t at = 0;                      // A's node index
+        const float * c = nullptr;          // X (D = product + X), or
+        const float * bias = nullptr;       // the bias vector (D = product + bias broadcast over columns)
+    };
+    std::vector<epilogue> fuse_epi;
+    int64_t n_fused_epi = 0;
+    cublasLtHandle_t cublaslt = nullptr;
+    struct lt_plan;  // mul-mat.cu: the descriptors and algorithm of one shape and epilogue
+    std::unordered_map<std::string, std::shared_ptr<lt_plan>> lt_plans;
     // Fused linear cross-entropy (fuse_linear_ce): per node index of a linear_cross_entropy_back, the
     // forward node it computes too (whose own index is in fuse_skip); n_fused_lce counts the passes
     // run, last_lce_rows is the last one's rows per block (tests).

@@ -103,16 +103,106 @@ const __nv_bfloat16 * to_bf16_transposed(oomb_cuda_ctx & c, const oomb_tensor * 
 
 bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
 
+// The largest power of two (at most 256) that divides the address: cuBLASLt picks its kernels by the
+// operands' alignment, so a plan is made for the alignments it will see.
+uint32_t align_of(const void * p) {
+    const uintptr_t v = (uintptr_t) p;
+    uint32_t a = 1;
+    while (a < 256 && v % (2 * a) == 0) a *= 2;
+    return a;
+}
+
 } // namespace
 
-void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b, float * acc) {
+// One cuBLASLt problem (shape, operations, leading dimensions, epilogue, alignments): its descriptors and
+// the heuristic's first algorithm; ok false when cuBLASLt offers none (the product then runs unfused).
+struct oomb_cuda_ctx::lt_plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;
+    ~lt_plan() {
+        if (la) cublasLtMatrixLayoutDestroy(la);
+        if (lb) cublasLtMatrixLayoutDestroy(lb);
+        if (lc) cublasLtMatrixLayoutDestroy(lc);
+        if (op) cublasLtMatmulDescDestroy(op);
+    }
+};
+
+namespace {
+
+// D [M, NN] f32 = op(A) op(B) + C (epi->c, beta = 1) or + bias (epi->bias, the bias epilogue), bf16 operands
+// with f32 accumulation as cublasGemmEx's; D is epi->add's bytes. False (nothing queued) when cuBLASLt has
+// no algorithm or refuses the call.
+bool lt_gemm(oomb_cuda_ctx & c, cublasOperation_t opa, cublasOperation_t opb, int64_t M, int64_t NN, int64_t K, const __nv_bfloat16 * A,
+             int64_t lda, const __nv_bfloat16 * B, int64_t ldb, const oomb_cuda_ctx::epilogue & epi) {
+    float * D = (float *) epi.add->data;
+    const bool bias = epi.bias != nullptr;
+    const void * C = bias ? (const void *) D : (const void *) epi.c;
+    const uint32_t aA = align_of(A), aB = align_of(B), aC = align_of(C), aD = align_of(D), aE = bias ? align_of(epi.bias) : 0;
+    char key[256];
+    snprintf(key, sizeof key, "%d %d %lld %lld %lld %lld %lld %d %u %u %u %u %u", (int) opa, (int) opb, (long long) M, (long long) NN,
+             (long long) K, (long long) lda, (long long) ldb, bias ? 1 : 0, aA, aB, aC, aD, aE);
+    std::shared_ptr<oomb_cuda_ctx::lt_plan> & slot = c.lt_plans[key];
+    if (!slot) {
+        auto p = std::make_shared<oomb_cuda_ctx::lt_plan>();
+        slot = p;
+        bool good = cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS;
+        const int32_t ta = (int32_t) opa, tb = (int32_t) opb;
+        good = good && cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS;
+        good = good && cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS;
+        if (bias) {
+            const cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+            const int32_t bt = (int32_t) CUDA_R_32F;
+            good = good && cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep) == CUBLAS_STATUS_SUCCESS;
+            good = good && cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt) == CUBLAS_STATUS_SUCCESS;
+            good = good && cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi.bias, sizeof epi.bias) ==
+                               CUBLAS_STATUS_SUCCESS;
+        }
+        // column-major: op(A) is M x K, op(B) K x NN, C and D M x NN
+        good = good && cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, opa == CUBLAS_OP_N ? M : K, opa == CUBLAS_OP_N ? K : M, lda) ==
+                           CUBLAS_STATUS_SUCCESS;
+        good = good && cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, opb == CUBLAS_OP_N ? K : NN, opb == CUBLAS_OP_N ? NN : K, ldb) ==
+                           CUBLAS_STATUS_SUCCESS;
+        good = good && cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, M, NN, M) == CUBLAS_STATUS_SUCCESS;
+        cublasLtMatmulPreference_t pref = nullptr;
+        good = good && cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS;
+        const uint64_t ws = c.cublas_ws_size;
+        good = good && cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == CUBLAS_STATUS_SUCCESS;
+        const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> al[] = {
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, aA}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, aB},
+            {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, aC}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, aD}};
+        for (const auto & x : al) good = good && cublasLtMatmulPreferenceSetAttribute(pref, x.first, &x.second, sizeof x.second) == CUBLAS_STATUS_SUCCESS;
+        cublasLtMatmulHeuristicResult_t res{};
+        int found = 0;
+        good = good && cublasLtMatmulAlgoGetHeuristic(c.cublaslt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found) ==
+                           CUBLAS_STATUS_SUCCESS;
+        if (pref) cublasLtMatmulPreferenceDestroy(pref);
+        p->ok = good && found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+        if (p->ok) p->algo = res.algo;
+    }
+    oomb_cuda_ctx::lt_plan & p = *slot;
+    if (!p.ok) return false;
+    if (bias && cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &epi.bias, sizeof epi.bias) != CUBLAS_STATUS_SUCCESS)
+        return false;
+    const float alpha = 1.0f, beta = bias ? 0.0f : 1.0f;
+    return cublasLtMatmul(c.cublaslt, p.op, &alpha, A, p.la, B, p.lb, &beta, C, p.lc, D, p.lc, &p.algo, c.cublas_ws, c.cublas_ws_size,
+                          c.stream) == CUBLAS_STATUS_SUCCESS;
+}
+
+} // namespace
+
+bool oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b, float * acc,
+                       const oomb_cuda_ctx::epilogue * epi) {
     const int64_t K = a->ne[0], M = a->ne[1], N = b->ne[1];
     const int64_t A2 = a->ne[2], A3 = a->ne[3], B2 = b->ne[2], B3 = b->ne[3];  // operands: check_op_operands (op-checks.cpp)
-    if (oomb_nelements(dst) == 0) return;
+    if (epi && (acc || dst->type != OOMB_TYPE_F32)) oomb_error("mul_mat: internal: an epilogue with an accumulation or a non-f32 result");
+    // (with an epilogue: false, and its add runs, here A = X + 0)
+    if (oomb_nelements(dst) == 0) return epi == nullptr;
     if (K == 0) {
-        if (acc) return;  // acc += 0
+        if (acc) return true;  // acc += 0
         CUDA_CHECK(cudaMemsetAsync(dst->data, 0, oomb_nbytes(dst), c.stream));
-        return;
+        return epi == nullptr;
     }
     const int64_t r2 = B2 / A2, r3 = B3 / A3;
 
@@ -192,9 +282,13 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
             oomb_error("mul_mat: sizes exceed cuBLAS's int range: a %s, b %s", shape_str(a).c_str(), shape_str(b).c_str());
         }
         if (!fits_int(ldb)) oomb_error("mul_mat: sizes exceed cuBLAS's int range: b %s", shape_str(b).c_str());
+        if (epi && lt_gemm(c, opa, opb, M, NN, K, A, lda, B, ldb, *epi)) {
+            c.n_fused_epi++;
+            return true;
+        }
         CUBLAS_CHECK(cublasGemmEx(c.cublas, opa, opb, (int) M, (int) NN, (int) K, &alpha, A, CUDA_R_16BF, (int) lda, B,
                                   CUDA_R_16BF, (int) ldb, &beta, C, ctype, (int) M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-        return;
+        return epi == nullptr;
     }
     const int64_t NN = N * r2;
     if (!fits_int(M) || !fits_int(NN) || !fits_int(K) || !fits_int(lda) || !fits_int(A2)) {
@@ -210,4 +304,5 @@ void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor *
                                                 (long long) (K * NN), &beta, (char *) C + (size_t) (i3 * M * N * B2) * ces, ctype, (int) M,
                                                 (long long) (M * NN), (int) A2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     }
+    return epi == nullptr;
 }

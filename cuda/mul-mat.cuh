@@ -18,4 +18,11 @@
 // acc (optional): f32 memory of dst's shape, contiguous, that receives acc += the product instead
 // of dst = the product (cuBLAS beta = 1; dst's own memory is not written): the CUDA backend's fused
 // accumulation of a product that only an add_inplace reads (backend-cuda.cu, fuse_accumulations).
-void oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b, float * acc = nullptr);
+// epi (optional, f32 dst, one GEMM, no acc): the product is written to epi->add's bytes (f32, dst's shape,
+// contiguous) plus epi->c (f32 of dst's shape) or plus epi->bias (f32 [dst->ne[0]], broadcast over the
+// columns), through cuBLASLt (C apart from D; its bias epilogue), and dst's own memory is not written
+// (backend-cuda.cu, fuse_epilogues). Returns false when epi was given but not applied (cuBLASLt has no
+// algorithm for the shape, alignments or epilogue, or the product is batched): dst then holds the product
+// as without epi. Returns true otherwise.
+bool oomb_cuda_mul_mat(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * b, float * acc = nullptr,
+                       const oomb_cuda_ctx::epilogue * epi = nullptr);

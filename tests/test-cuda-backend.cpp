@@ -24,6 +24,8 @@ void oomb_cuda_debug_fail_next_copy(oomb_backend_t backend, int cuda_error);
 int64_t oomb_cuda_debug_fused_count(oomb_backend_t backend);
 // of them, add nodes the allocator placed in their first operand's bytes
 int64_t oomb_cuda_debug_fused_add_count(oomb_backend_t backend);
+// products that wrote their add's result through cuBLASLt's epilogue (fuse_epilogues)
+int64_t oomb_cuda_debug_fused_epi_count(oomb_backend_t backend);
 #endif
 
 namespace {
@@ -460,6 +462,121 @@ TEST_F(CudaBackend, FusedSumIntoProducts) {
         oomb_free(gc);
         oomb_buffer_free(buf);
         oomb_free(pc);
+    }
+#endif
+}
+
+// An add of a product and a tensor that stays live, or of a product and a bias vector, runs as the
+// product's GEMM writing the add's bytes (cuBLASLt: C apart from D, or the bias epilogue; backend-cuda.cu,
+// fuse_epilogues). Sums against the host in double (bf16 operands: 1e-2 of the largest value), rows that do
+// and do not divide the GEMM tiles (48, 45), and the number of products run so. Cases: X read after the add
+// (the residual: A in new bytes); the product first (A in the product's bytes); a bias vector; a graph
+// input as X (unchanged after); a computing node between the product and the add (not fused); the product
+// read twice (not fused); a batched product (not fused); OOMB_CUDA_FUSE_EPI=0 (not fused).
+TEST_F(CudaBackend, FusedEpilogues) {
+#ifdef OOMB_USE_CUDA
+    enum Mode { RESIDUAL, PRODUCT_FIRST, BIAS, X_INPUT, NODE_BETWEEN, M_READ_TWICE, BATCHED, TURNED_OFF, N_MODES };
+    const char * names[] = {"residual (X read after)", "product first", "bias vector", "X a graph input", "a node between",
+                            "M read twice", "batched", "turned off"};
+    struct EpiEnv {  // OOMB_CUDA_FUSE_EPI=0 for a case, unset on every way out
+        explicit EpiEnv(bool on) { if (on) unsetenv("OOMB_CUDA_FUSE_EPI"); else setenv("OOMB_CUDA_FUSE_EPI", "0", 1); }
+        ~EpiEnv() { unsetenv("OOMB_CUDA_FUSE_EPI"); }
+    };
+    for (const int M : {48, 45}) {
+        const int K = 37, N = 29, NB = 2;  // NB: batches of the batched case
+        const auto av = random_floats((size_t) K * M * NB, 31), bv = random_floats((size_t) K * N * NB, 32);
+        const auto a0v = random_floats((size_t) K * M, 33), xv = random_floats((size_t) M * N * NB, 34), biasv = random_floats((size_t) M, 35);
+        for (int mode = 0; mode < N_MODES; mode++) {
+            SCOPED_TRACE(std::string(names[mode]) + ", rows " + std::to_string(M));
+            EpiEnv env(mode != TURNED_OFF);
+            const int nb = mode == BATCHED ? NB : 1;
+            oomb_context * pc = oomb_init({0, true});
+            oomb_tensor * a = oomb_new_tensor_3d(pc, OOMB_TYPE_F32, K, M, nb), * b = oomb_new_tensor_3d(pc, OOMB_TYPE_F32, K, N, nb);
+            oomb_tensor * a0 = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M), * x = oomb_new_tensor_3d(pc, OOMB_TYPE_F32, M, N, nb);
+            oomb_tensor * bias = oomb_new_tensor_1d(pc, OOMB_TYPE_F32, M);
+            oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(pc, cu);
+            ASSERT_NE(buf, nullptr);
+            oomb_tensor_set(a, av.data(), 0, (size_t) K * M * nb * 4);
+            oomb_tensor_set(b, bv.data(), 0, (size_t) K * N * nb * 4);
+            oomb_tensor_set(a0, a0v.data(), 0, a0v.size() * 4);
+            oomb_tensor_set(x, xv.data(), 0, (size_t) M * N * nb * 4);
+            oomb_tensor_set(bias, biasv.data(), 0, biasv.size() * 4);
+            oomb_context * gc = oomb_init({0, true});
+            oomb_cgraph * g = oomb_new_graph(gc);
+            // X: a product of its own (read again after the add: it stays live), or the input x
+            oomb_tensor * X = mode == X_INPUT || mode == BATCHED ? x : oomb_scale(gc, oomb_mul_mat(gc, a0, b), 1.0f);
+            if (mode == BATCHED) X = x;
+            oomb_build_forward_expand(g, X);
+            oomb_tensor * p = oomb_mul_mat(gc, a, b);
+            oomb_build_forward_expand(g, p);
+            oomb_tensor * side = nullptr;
+            if (mode == NODE_BETWEEN) side = oomb_scale(gc, a0, 2.0f);  // computed between p and the add
+            if (mode == M_READ_TWICE) side = oomb_scale(gc, p, 2.0f);
+            if (side) {
+                oomb_set_output(side);
+                oomb_build_forward_expand(g, side);
+            }
+            oomb_tensor * sum = mode == BIAS ? oomb_add(gc, p, bias) : mode == PRODUCT_FIRST ? oomb_add(gc, p, X) : oomb_add(gc, X, p);
+            oomb_tensor * out = oomb_scale(gc, sum, 1.0f);
+            oomb_set_output(out);
+            oomb_build_forward_expand(g, out);
+            oomb_tensor * after = nullptr;  // X read after the add
+            if (X != x) {
+                after = oomb_scale(gc, X, 3.0f);
+                oomb_set_output(after);
+                oomb_build_forward_expand(g, after);
+            }
+            oomb_gallocr_t ga = oomb_gallocr_new(cu);
+            ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+            const int64_t before = oomb_cuda_debug_fused_epi_count(cu);
+            const oomb_status st = oomb_backend_graph_compute(cu, g);
+            ASSERT_EQ(st, OOMB_STATUS_OK) << oomb_backend_last_error(cu);
+            const int64_t fused = oomb_cuda_debug_fused_epi_count(cu) - before;
+            const bool want_fused = mode == RESIDUAL || mode == PRODUCT_FIRST || mode == BIAS || mode == X_INPUT;
+            if (M % 8 == 0) EXPECT_EQ(fused, want_fused ? 1 : 0);
+            else EXPECT_LE(fused, want_fused ? 1 : 0);  // an odd row count may have no cuBLASLt algorithm: then unfused
+            std::vector<double> want((size_t) M * N * nb), want_x((size_t) M * N * nb);
+            double mx = 0;
+            for (int q = 0; q < nb; q++)
+                for (int nn = 0; nn < N; nn++)
+                    for (int m = 0; m < M; m++) {
+                        double pr = 0, x0 = 0;
+                        for (int k = 0; k < K; k++) {
+                            pr += (double) av[((size_t) q * M + m) * K + k] * bv[((size_t) q * N + nn) * K + k];
+                            x0 += (double) a0v[(size_t) m * K + k] * bv[(size_t) nn * K + k];
+                        }
+                        const size_t i = ((size_t) q * N + nn) * M + m;
+                        const double xx = X == x ? (double) xv[i] : x0;
+                        want_x[i] = xx;
+                        want[i] = pr + (mode == BIAS ? (double) biasv[m] : xx);
+                        mx = std::max(mx, std::fabs(want[i]));
+                    }
+            std::vector<float> got((size_t) M * N * nb);
+            oomb_tensor_get(out, got.data(), 0, got.size() * 4);
+            double err = 0;
+            for (size_t i = 0; i < got.size(); i++) err = std::max(err, std::fabs(got[i] - want[i]));
+            EXPECT_LT(err, 1e-2 * mx) << "the sum: largest error " << err << " of " << mx;
+            if (after) {  // X intact after the add
+                oomb_tensor_get(after, got.data(), 0, got.size() * 4);
+                double xerr = 0;
+                for (size_t i = 0; i < got.size(); i++) xerr = std::max(xerr, std::fabs(got[i] - 3.0 * want_x[i]));
+                EXPECT_LT(xerr, 3e-2 * mx) << "X read after the add";
+            }
+            if (X == x) {  // the input itself is unchanged
+                oomb_tensor_get(x, got.data(), 0, got.size() * 4);
+                for (size_t i = 0; i < got.size(); i++) ASSERT_EQ(got[i], xv[i]);
+            }
+            if (mode == M_READ_TWICE) {
+                oomb_tensor_get(side, got.data(), 0, got.size() * 4);
+                double serr = 0;
+                for (size_t i = 0; i < got.size(); i++) serr = std::max(serr, std::fabs(got[i] - 2.0 * (want[i] - want_x[i])));
+                EXPECT_LT(serr, 2e-2 * mx) << "the second reader of the product";
+            }
+            oomb_gallocr_free(ga);
+            oomb_free(gc);
+            oomb_buffer_free(buf);
+            oomb_free(pc);
+        }
     }
 #endif
 }
