@@ -5,8 +5,12 @@
 #          then 0 (the old kernels, A/B), then the default again unprofiled (the issue-13 figure); the 0.5B one chunk
 #          of 32K, HF + SDPA, the 0.5B again (the issue-16 ratio); (TESTS=1: then test-cuda-paged-attn)
 #   tpa    test-cuda-paged-attn alone
-usage="usage: $0 h200 | tpa"
-case ${1:-} in h200|tpa) ;; *) echo "$usage"; exit 2 ;; esac
+#   epi    the sums and biases in the GEMM's epilogue (bench/NOTES.md): test-cuda-backend, test-cuda-ops, then the 0.5B
+#          one chunk of 32K with and without them (OOMB_CUDA_FUSE_EPI=0), twice, interleaved, and once profiled
+#          (OOMB_CUDA_PROFILE=2); on an H200 (HF=1) HF + SDPA after
+#   e7b    on the H200: 7B sparse 64 at 128K: the default (profiled, 2), OOMB_CUDA_FUSE_EPI=0, OOMB_PAGED_ATTN_LISTSBWD=0
+usage="usage: $0 h200 | tpa | epi | e7b"
+case ${1:-} in h200|tpa|epi|e7b) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, s7b
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,power.limit,driver_version --format=csv,noheader
 [ -x $B/oomb-train ] || unpack || exit 1
@@ -24,4 +28,22 @@ h200)
     [ -n "${TESTS:-}" ] && tests test-cuda-paged-attn:200 ;;
 tpa)
     tests test-cuda-paged-attn:300 ;;
+epi)
+    tests test-cuda-backend:120 test-cuda-ops:300
+    rand_ids
+    r05 epi
+    r05 noepi OOMB_CUDA_FUSE_EPI=0
+    r05 epi2
+    r05 noepi2 OOMB_CUDA_FUSE_EPI=0
+    r05 prof2 OOMB_CUDA_PROFILE=2
+    grep -E "add |mul_mat " $R/05b-32k-1chunk-prof2.log | head -20
+    [ -n "${HF:-}" ] && PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    log end ;;
+e7b)
+    rand_ids
+    s7b new-prof2 OOMB_CUDA_PROFILE=2
+    s7b noepi OOMB_CUDA_FUSE_EPI=0
+    s7b oldlists OOMB_PAGED_ATTN_LISTSBWD=0
+    s7b new
+    log end ;;
 esac
