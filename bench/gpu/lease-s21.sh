@@ -9,11 +9,20 @@
 #          one chunk of 32K with and without them (OOMB_CUDA_FUSE_EPI=0), twice, interleaved, and once profiled
 #          (OOMB_CUDA_PROFILE=2); on an H200 (HF=1) HF + SDPA after
 #   e7b    on the H200: 7B sparse 64 at 128K: the default (profiled, 2), OOMB_CUDA_FUSE_EPI=0, OOMB_PAGED_ATTN_LISTSBWD=0
-usage="usage: $0 h200 | tpa | epi | e7b"
-case ${1:-} in h200|tpa|epi|e7b) ;; *) echo "$usage"; exit 2 ;; esac
+#   h200b  on the H200, in the least device time: 7B sparse 64 at 128K (default, then LISTSBWD=0), the 0.5B one chunk of
+#          32K for 6 steps with and without the epilogue fusion (twice, interleaved), HF + SDPA, the 7B step profiled
+usage="usage: $0 h200 | tpa | epi | e7b | h200b"
+case ${1:-} in h200|tpa|epi|e7b|h200b) ;; *) echo "$usage"; exit 2 ;; esac
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, s7b
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,power.limit,driver_version --format=csv,noheader
 [ -x $B/oomb-train ] || unpack || exit 1
+r05n() {  # r05n LABEL STEPS [ENV...]: the 0.5B one-chunk run for STEPS steps (tok/s of steps 2.. in the log)
+    local lab=$1 st=$2; shift 2
+    rm -rf /tmp/r05
+    env "$@" timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps $st --warmup 1 \
+      --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $R/05b-32k-1chunk-$lab.log 2>&1
+    echo "0.5b 32K one chunk $lab rc=$? tok/s: $(grep -oE '[0-9]+ tok/s' $R/05b-32k-1chunk-$lab.log | head -$st | tail -n +2 | awk '{print $1}' | tr '\n' ' ')"
+}
 case $1 in
 h200)
     rand_ids
@@ -38,6 +47,17 @@ epi)
     r05 prof2 OOMB_CUDA_PROFILE=2
     grep -E "add |mul_mat " $R/05b-32k-1chunk-prof2.log | head -20
     [ -n "${HF:-}" ] && PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    log end ;;
+h200b)
+    rand_ids
+    s7b new
+    s7b oldlists OOMB_PAGED_ATTN_LISTSBWD=0
+    r05n epi 6
+    r05n noepi 6 OOMB_CUDA_FUSE_EPI=0
+    r05n epi2 6
+    r05n noepi2 6 OOMB_CUDA_FUSE_EPI=0
+    PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    s7b new-prof2 OOMB_CUDA_PROFILE=2
     log end ;;
 e7b)
     rand_ids
