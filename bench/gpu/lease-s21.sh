@@ -58,6 +58,8 @@ h200b)
     r05n noepi2 6 OOMB_CUDA_FUSE_EPI=0
     PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
     s7b new-prof2 OOMB_CUDA_PROFILE=2
+    r05n prof-epi 6 OOMB_CUDA_PROFILE=2
+    r05n prof-noepi 6 OOMB_CUDA_PROFILE=2 OOMB_CUDA_FUSE_EPI=0
     log end ;;
 e7b)
     rand_ids
