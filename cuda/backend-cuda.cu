@@ -338,7 +338,7 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
         case OOMB_OP_REPEAT:        oomb_cuda_repeat(c, node, s[0]); break;
         case OOMB_OP_REPEAT_BACK:   oomb_cuda_repeat_back(c, node, s[0]); break;
         case OOMB_OP_SUM: case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ:
-                                    oomb_cuda_sum(c, node, s[0]); break;
+                                    oomb_cuda_sum(c, node, s); break;
         case OOMB_OP_GET_ROWS:      oomb_cuda_get_rows(c, node, s[0], s[1]); break;
         case OOMB_OP_GET_ROWS_BACK: oomb_cuda_get_rows_back(c, node, s[0], s[1]); break;
         case OOMB_OP_MUL_MAT:

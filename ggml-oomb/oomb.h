@@ -357,6 +357,13 @@ struct oomb_tensor * oomb_swiglu_back_ext(struct oomb_context * ctx, struct oomb
 struct oomb_tensor * oomb_sum(struct oomb_context * ctx, struct oomb_tensor * a);
 struct oomb_tensor * oomb_mean(struct oomb_context * ctx, struct oomb_tensor * a);
 struct oomb_tensor * oomb_sum_sq(struct oomb_context * ctx, struct oomb_tensor * a);
+/// Sum of squares of all elements of n tensors together: result f32 [1] = sum over k of sum(a[k]^2),
+/// accumulated in double (per tensor in order, as n oomb_sum_sq added in that order would be, up to the
+/// f32 roundings of the partial sums). a[0..n): f32, any shapes and strides; 1 <= n <= OOMB_MAX_SRC.
+/// One node (an OOMB_OP_SUM_SQ with n sources) instead of n and n - 1 adds: the optimizers' gradient
+/// norm over hundreds of parameters (a LoRA fine-tune's adapters) in a few kernel launches.
+/// Errors: n out of range, a NULL or non-f32 tensor. Gradient: 2 a[k] dy for each k.
+struct oomb_tensor * oomb_sum_sq_n(struct oomb_context * ctx, struct oomb_tensor ** a, int n);
 
 /// Embedding lookup. a: [n_embd, n_rows] (f32, f16 or bf16); ids: i32 [n] or [n, m].
 /// Result f32 [n_embd, n] or [n_embd, n, m]: row ids[i] of a. Ids out of range are an error at compute.

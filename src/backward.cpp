@@ -55,7 +55,13 @@ int diff_srcs(const oomb_tensor * t) {
         case OOMB_OP_VIEW: case OOMB_OP_RESHAPE: case OOMB_OP_PERMUTE: case OOMB_OP_TRANSPOSE:
         case OOMB_OP_CONT: case OOMB_OP_CPY: case OOMB_OP_CAST:
         case OOMB_OP_SCALE: case OOMB_OP_REPEAT: case OOMB_OP_REPEAT_BACK: case OOMB_OP_SILU:
-        case OOMB_OP_SUM: case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ:
+        case OOMB_OP_SUM_SQ: {  // every source (oomb_sum_sq_n)
+            int m = 0;
+            for (int i = 0; i < OOMB_MAX_SRC; i++)
+                if (t->src[i]) m |= 1 << i;
+            return m;
+        }
+        case OOMB_OP_SUM: case OOMB_OP_MEAN:
         case OOMB_OP_GET_ROWS: case OOMB_OP_RMS_NORM: case OOMB_OP_ROPE: case OOMB_OP_SOFT_MAX:
         case OOMB_OP_CROSS_ENTROPY:
             return 1;
@@ -383,9 +389,16 @@ struct Builder {
             case OOMB_OP_MEAN:
                 if (need(a)) add_grad(a, oomb_repeat(ctx, oomb_scale(ctx, dy, 1.0f / (float) oomb_nelements(a)), a));
                 break;
-            case OOMB_OP_SUM_SQ:
-                if (need(a)) add_grad(a, oomb_mul(ctx, a, oomb_scale(ctx, dy, 2.0f)));
+            case OOMB_OP_SUM_SQ: {  // d/da_k sum_k sum(a_k^2) = 2 a_k dy, for each source (oomb_sum_sq_n)
+                oomb_tensor * dy2 = nullptr;
+                for (int i = 0; i < OOMB_MAX_SRC; i++) {
+                    oomb_tensor * s = t->src[i];
+                    if (!s || !need(s)) continue;
+                    if (!dy2) dy2 = oomb_scale(ctx, dy, 2.0f);
+                    add_grad(s, oomb_mul(ctx, s, dy2));
+                }
                 break;
+            }
             case OOMB_OP_GET_ROWS:
                 if (need(a)) add_grad(a, oomb_get_rows_back(ctx, dy, b, a->ne[1]));
                 break;

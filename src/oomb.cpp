@@ -742,6 +742,17 @@ struct oomb_tensor * oomb_sum_sq(struct oomb_context * ctx, struct oomb_tensor *
     require_f32(a, "sum_sq", "a");
     return new_op(ctx, OOMB_OP_SUM_SQ, OOMB_TYPE_F32, k_scalar_ne, a);
 }
+struct oomb_tensor * oomb_sum_sq_n(struct oomb_context * ctx, struct oomb_tensor ** a, int n) {
+    OOMB_CHECK(a && n >= 1 && n <= OOMB_MAX_SRC, "sum_sq_n", "takes 1 to %d tensors, got %d", OOMB_MAX_SRC, a ? n : 0);
+    for (int k = 0; k < n; k++) {
+        char what[16];
+        snprintf(what, sizeof what, "a[%d]", k);
+        require_f32(a[k], "sum_sq_n", what);
+    }
+    oomb_tensor * t = new_op(ctx, OOMB_OP_SUM_SQ, OOMB_TYPE_F32, k_scalar_ne, a[0]);
+    for (int k = 1; k < n; k++) t->src[k] = a[k];
+    return t;
+}
 
 struct oomb_tensor * oomb_get_rows(struct oomb_context * ctx, struct oomb_tensor * a, struct oomb_tensor * ids) {
     require_float(a, "get_rows", "a");

@@ -73,11 +73,15 @@ oomb_optimizer_t oomb_opt_init(oomb_backend_t backend, struct oomb_tensor ** par
     }
     opt->buf = oomb_backend_alloc_ctx_tensors(opt->ctx, backend); // zero-filled
 
-    // norm graph: sum over params of sum(grad^2)
+    // norm graph: sum over params of sum(grad^2), OOMB_MAX_SRC gradients per node (a few launches, not
+    // three per parameter: hundreds of LoRA adapters)
     opt->g_norm = oomb_new_graph(opt->ctx);
     oomb_tensor * acc = nullptr;
-    for (oomb_tensor * w : opt->params) {
-        oomb_tensor * s = oomb_sum_sq(opt->ctx, w->grad);
+    for (size_t i = 0; i < opt->params.size(); i += OOMB_MAX_SRC) {
+        oomb_tensor * grads[OOMB_MAX_SRC];
+        int n = 0;
+        for (size_t j = i; j < opt->params.size() && n < OOMB_MAX_SRC; j++) grads[n++] = opt->params[j]->grad;
+        oomb_tensor * s = oomb_sum_sq_n(opt->ctx, grads, n);
         acc = acc ? oomb_add(opt->ctx, acc, s) : s;
     }
     opt->norm_sq = acc;

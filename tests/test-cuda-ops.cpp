@@ -545,6 +545,17 @@ TEST_F(CudaOps, SumMeanSumSq) {
             }, k_f32);
         }
     }
+    // several tensors in one node (oomb_sum_sq_n): every source contiguous (one launch over the list), or one
+    // transposed (a launch per source), sizes past the grid cap (300007 x 3) and of one element
+    for (int view = 0; view < 2; view++) {
+        expect_case(view ? "sum_sq_n, one source transposed" : "sum_sq_n, contiguous sources", [view](Builder & B) -> std::vector<oomb_tensor *> {
+            oomb_tensor * ts[OOMB_MAX_SRC];
+            const int64_t ne0[OOMB_MAX_SRC] = {1, 37, 1000, 300007, 129, 5, 4099, 1, 64, 65, 33, 7, 2};
+            for (int k = 0; k < OOMB_MAX_SRC; k++) ts[k] = B.input(OOMB_TYPE_F32, ne0[k], k % 4 + 1, 1, 1, 0.0f, 1.0f);
+            if (view) ts[4] = oomb_transpose(B.ctx, B.input(OOMB_TYPE_F32, 33, 129, 1, 1, 0.0f, 1.0f));
+            return {oomb_sum_sq_n(B.ctx, ts, OOMB_MAX_SRC), oomb_sum_sq_n(B.ctx, ts + 3, 2)};
+        }, k_f32);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1421,8 +1432,9 @@ TEST_F(CudaOps, AdamwAndSgd) {
     const oomb_type types[2] = {OOMB_TYPE_F32, OOMB_TYPE_BF16};
     for (oomb_type t : types) {
         const double tol = t == OOMB_TYPE_F32 ? k_f32 : 1e-3;
-        // [333, 7], and more elements than the kernel's threads (4096 blocks x 256: grid-stride)
-        const int64_t shapes[2][2] = {{333, 7}, {1100, 1000}};
+        // [333, 7] (scalar), [1100, 1000] (four at a time), and more element quads than the kernel's threads
+        // (4096 blocks x 256: grid-stride)
+        const int64_t shapes[3][2] = {{333, 7}, {1100, 1000}, {4100, 1100}};
         std::string name;
         for (const auto & sh : shapes) {
             name = std::string("adamw_step param ") + oomb_type_name(t) + " [" + std::to_string(sh[0]) + ", " + std::to_string(sh[1]) + "]";
@@ -1437,17 +1449,22 @@ TEST_F(CudaOps, AdamwAndSgd) {
             }, tol);
         }
         // bf16 moments (stochastic rounding with the same hash on both backends: equal up to an
-        // ulp where the f32 arithmetic differs in the last bit)
-        name = std::string("adamw_step bf16 state, param ") + oomb_type_name(t) + " [333, 7]";
-        expect_case(name.c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
-            oomb_tensor * p = B.input(t, 333, 7);
-            oomb_tensor * g = B.input(OOMB_TYPE_F32, 333, 7);
-            oomb_tensor * m = B.input(OOMB_TYPE_BF16, 333, 7, 1, 1, -0.1f, 0.1f);
-            oomb_tensor * v = B.input(OOMB_TYPE_BF16, 333, 7, 1, 1, 0.001f, 0.01f);
-            // hp[8]: the step number, the seed of the stochastic rounding
-            oomb_tensor * hp = B.consts({1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.729f, 1.0f - 0.997002999f, 3.0f});
-            return {oomb_adamw_step(B.ctx, p, g, m, v, hp), m, v};
-        }, 4e-3);
+        // ulp where the f32 arithmetic differs in the last bit); [333, 7]: the scalar kernel (n % 4 = 3);
+        // [64, 33] and [4100, 1100] four at a time, the last past one element-quad per thread (grid-stride)
+        const int64_t bshapes[3][2] = {{333, 7}, {64, 33}, {4100, 1100}};
+        for (const auto & sh : bshapes) {
+            name = std::string("adamw_step bf16 state, param ") + oomb_type_name(t) + " [" + std::to_string(sh[0]) + ", " +
+                   std::to_string(sh[1]) + "]";
+            expect_case(name.c_str(), [t, &sh](Builder & B) -> std::vector<oomb_tensor *> {
+                oomb_tensor * p = B.input(t, sh[0], sh[1]);
+                oomb_tensor * g = B.input(OOMB_TYPE_F32, sh[0], sh[1]);
+                oomb_tensor * m = B.input(OOMB_TYPE_BF16, sh[0], sh[1], 1, 1, -0.1f, 0.1f);
+                oomb_tensor * v = B.input(OOMB_TYPE_BF16, sh[0], sh[1], 1, 1, 0.001f, 0.01f);
+                // hp[8]: the step number, the seed of the stochastic rounding
+                oomb_tensor * hp = B.consts({1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 0.5f, 1.0f - 0.729f, 1.0f - 0.997002999f, 3.0f});
+                return {oomb_adamw_step(B.ctx, p, g, m, v, hp), m, v};
+            }, 4e-3);
+        }
         name = std::string("sgd_step param ") + oomb_type_name(t) + " [1001, 3]";
         expect_case(name.c_str(), [t](Builder & B) -> std::vector<oomb_tensor *> {
             oomb_tensor * p = B.input(t, 1001, 3);

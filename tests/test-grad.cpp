@@ -259,6 +259,12 @@ TEST(Grad, Reductions) {
     { Harness H; H.check(oomb_sum(H.ctx, H.param("a", {5, 4, 3}))); }
     { Harness H; H.check(oomb_mean(H.ctx, H.param("a", {5, 4, 3}))); }
     { Harness H; H.check(oomb_sum_sq(H.ctx, H.param("a", {5, 4, 3}))); }
+    { // several tensors in one node (oomb_sum_sq_n): a parameter, a transposed one, one element, the first again
+        Harness H;
+        oomb_tensor * a = H.param("a", {5, 4, 3}), * b = H.param("b", {4, 6}), * c = H.param("c", {1});
+        oomb_tensor * ts[4] = {a, oomb_transpose(H.ctx, b), c, a};
+        H.check(oomb_sum_sq_n(H.ctx, ts, 4));
+    }
     { // non-contiguous inputs
         Harness H;
         oomb_tensor * a = H.param("a", {4, 6});

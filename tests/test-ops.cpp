@@ -303,6 +303,37 @@ TEST_F(Ops, Reductions) {
     }
 }
 
+// oomb_sum_sq_n: the sum of squares of up to OOMB_MAX_SRC tensors (contiguous, permuted, one element) in
+// one node, against double sums; one tensor equals oomb_sum_sq; bad arguments are errors that name them.
+TEST_F(Ops, SumSqOfSeveralTensors) {
+    std::vector<oomb_tensor *> ts;
+    for (int k = 0; k < OOMB_MAX_SRC; k++) {
+        if (k % 3 == 1) ts.push_back(oomb_permute(ctx, rnd(OOMB_TYPE_F32, 7 + k, 5, 3), 2, 0, 1, 3));
+        else if (k == 5) ts.push_back(rnd(OOMB_TYPE_F32, 1));
+        else ts.push_back(rnd(OOMB_TYPE_F32, 101 * k + 3, 2));
+    }
+    for (int n : {1, 2, 7, OOMB_MAX_SRC}) {
+        oomb_tensor * q = oomb_sum_sq_n(ctx, ts.data(), n);
+        compute(q);
+        double want = 0;
+        for (int k = 0; k < n; k++)
+            for (double x : to_vector(ts[k])) want += x * x;
+        EXPECT_NEAR(oomb_get_f32_1d(q, 0), want, 1e-6 * want) << n << " tensors";
+        if (n == 1) {
+            oomb_tensor * q1 = oomb_sum_sq(ctx, ts[0]);
+            compute(q1);
+            EXPECT_EQ(oomb_get_f32_1d(q1, 0), oomb_get_f32_1d(q, 0));
+        }
+    }
+    oomb_tensor * bad[2] = {ts[0], oomb_new_tensor_1d(ctx, OOMB_TYPE_BF16, 4)};
+    EXPECT_OOMB_ERROR(oomb_sum_sq_n(ctx, bad, 2), "sum_sq_n: a[1] must be f32");
+    EXPECT_OOMB_ERROR(oomb_sum_sq_n(ctx, ts.data(), 0), "takes 1 to");
+    std::vector<oomb_tensor *> many(OOMB_MAX_SRC + 1, ts[0]);
+    EXPECT_OOMB_ERROR(oomb_sum_sq_n(ctx, many.data(), OOMB_MAX_SRC + 1), "takes 1 to");
+    bad[1] = nullptr;
+    EXPECT_OOMB_ERROR(oomb_sum_sq_n(ctx, bad, 2), "a[1] is NULL");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Embeddings
 // ---------------------------------------------------------------------------------------------

@@ -171,7 +171,8 @@ void compute_forward_swiglu(exec_ctx & c, oomb_tensor * dst, const oomb_tensor *
 void compute_forward_swiglu_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * g, const oomb_tensor * u, const oomb_tensor * dy);
 void compute_forward_repeat(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a);
 void compute_forward_repeat_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a);
-void compute_forward_sum(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a);
+// sum / mean of s[0]; sum_sq of s[0] and of every further source (oomb_sum_sq_n), in that order
+void compute_forward_sum(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * const * s);
 void compute_forward_get_rows(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a, const oomb_tensor * ids);
 void compute_forward_get_rows_back(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * dy, const oomb_tensor * ids);
 // ops-matmul.cpp

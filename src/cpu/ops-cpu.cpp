@@ -95,7 +95,7 @@ void compute_forward(exec_ctx & c, oomb_tensor * node) {
         case OOMB_OP_SWIGLU:        compute_forward_swiglu(c, node, s[0], s[1]); break;
         case OOMB_OP_SWIGLU_BACK:   compute_forward_swiglu_back(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_SUM: case OOMB_OP_MEAN: case OOMB_OP_SUM_SQ:
-                                    compute_forward_sum(c, node, s[0]); break;
+                                    compute_forward_sum(c, node, s); break;
         case OOMB_OP_GET_ROWS:      compute_forward_get_rows(c, node, s[0], s[1]); break;
         case OOMB_OP_GET_ROWS_BACK: compute_forward_get_rows_back(c, node, s[0], s[1]); break;
         case OOMB_OP_MUL_MAT:       compute_forward_mul_mat(c, node, s[0], s[1]); break;

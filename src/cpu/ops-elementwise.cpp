@@ -350,9 +350,21 @@ void compute_forward_repeat_back(exec_ctx & c, oomb_tensor * dst, const oomb_ten
 // ---------------------------------------------------------------------------------------------
 
 // sum / mean / sum_sq over all elements (any strides), in double, deterministic for any thread count.
-void compute_forward_sum(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a) {
-    const int64_t nrows = oomb_nrows(a), ne0 = a->ne[0];
+// sum_sq of several sources (oomb_sum_sq_n): the per-source sums in double, added in source order.
+static double sum_all(exec_ctx & c, const oomb_tensor * a, bool sq);
+void compute_forward_sum(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * const * s) {
     const bool sq = dst->op == OOMB_OP_SUM_SQ;
+    double total = 0.0;
+    for (int k = 0; k < OOMB_MAX_SRC && (k == 0 || sq); k++) {
+        if (!s[k]) continue;
+        if (s[k]->type != OOMB_TYPE_F32) oomb_error("%s: source %d %s must be f32", oomb_op_name(dst->op), k, shape_str(s[k]).c_str());
+        total += sum_all(c, s[k], sq);
+    }
+    if (dst->op == OOMB_OP_MEAN) total /= (double) oomb_nelements(s[0]);
+    *(float *) dst->data = (float) total;
+}
+static double sum_all(exec_ctx & c, const oomb_tensor * a, bool sq) {
+    const int64_t nrows = oomb_nrows(a), ne0 = a->ne[0];
     double * part = (double *) c.slot(N_PREP_SLOTS_END, (size_t) std::max<int64_t>(nrows, 1) * sizeof(double));
     parallel_for(c, nrows, ne0, [&](int64_t r0, int64_t r1, int) {
         const int64_t sa = (int64_t) a->nb[0];
@@ -373,8 +385,7 @@ void compute_forward_sum(exec_ctx & c, oomb_tensor * dst, const oomb_tensor * a)
     });
     double total = 0.0;
     for (int64_t r = 0; r < nrows; r++) total += part[r];
-    if (dst->op == OOMB_OP_MEAN) total /= (double) oomb_nelements(a);
-    *(float *) dst->data = (float) total;
+    return total;
 }
 
 // ---------------------------------------------------------------------------------------------
