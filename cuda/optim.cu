@@ -96,7 +96,8 @@ void oomb_cuda_adamw_step(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tenso
     // four elements per thread where every operand is aligned to its 4-element vector
     auto al = [](const void * q, size_t bytes) { return (uintptr_t) q % bytes == 0; };
     const size_t ws = oomb_type_size(p->type), ss = sbf ? 2 : 4;
-    const bool vec = n % 4 == 0 && al(dst->data, 4 * ws) && al(g, 16) && al(m->data, 4 * ss) && al(v->data, 4 * ss);
+    static const bool vec_on = getenv("OOMB_CUDA_ADAMW_VEC") == nullptr || atoi(getenv("OOMB_CUDA_ADAMW_VEC")) != 0;  // 0: scalar (A/B)
+    const bool vec = vec_on && n % 4 == 0 && al(dst->data, 4 * ws) && al(g, 16) && al(m->data, 4 * ss) && al(v->data, 4 * ss);
     const unsigned grid = oomb_cuda_grid(vec ? n / 4 : n, k_threads, 4096);
     auto launch = [&](auto * w) {
         using P = std::remove_pointer_t<decltype(w)>;

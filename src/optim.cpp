@@ -6,6 +6,7 @@
 #include "oomb-opt.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 struct oomb_optimizer {
@@ -75,12 +76,18 @@ oomb_optimizer_t oomb_opt_init(oomb_backend_t backend, struct oomb_tensor ** par
 
     // norm graph: sum over params of sum(grad^2), OOMB_MAX_SRC gradients per node (a few launches, not
     // three per parameter: hundreds of LoRA adapters)
+    // (OOMB_OPT_NORM_GROUP=k: k per node, 1 the old graph, for comparisons)
     opt->g_norm = oomb_new_graph(opt->ctx);
     oomb_tensor * acc = nullptr;
-    for (size_t i = 0; i < opt->params.size(); i += OOMB_MAX_SRC) {
+    int group = OOMB_MAX_SRC;
+    if (const char * e = getenv("OOMB_OPT_NORM_GROUP")) {
+        group = atoi(e);
+        if (group < 1 || group > OOMB_MAX_SRC) oomb_error("OOMB_OPT_NORM_GROUP=%s: must be 1 to %d", e, OOMB_MAX_SRC);
+    }
+    for (size_t i = 0; i < opt->params.size(); i += (size_t) group) {
         oomb_tensor * grads[OOMB_MAX_SRC];
         int n = 0;
-        for (size_t j = i; j < opt->params.size() && n < OOMB_MAX_SRC; j++) grads[n++] = opt->params[j]->grad;
+        for (size_t j = i; j < opt->params.size() && n < group; j++) grads[n++] = opt->params[j]->grad;
         oomb_tensor * s = oomb_sum_sq_n(opt->ctx, grads, n);
         acc = acc ? oomb_add(opt->ctx, acc, s) : s;
     }

@@ -11,8 +11,13 @@
 #   e7b    on the H200: 7B sparse 64 at 128K: the default (profiled, 2), OOMB_CUDA_FUSE_EPI=0, OOMB_PAGED_ATTN_LISTSBWD=0
 #   h200b  on the H200, in the least device time: 7B sparse 64 at 128K (default, then LISTSBWD=0), the 0.5B one chunk of
 #          32K for 6 steps with and without the epilogue fusion (twice, interleaved), HF + SDPA, the 7B step profiled
-usage="usage: $0 h200 | tpa | epi | e7b | h200b"
-case ${1:-} in h200|tpa|epi|e7b|h200b) ;; *) echo "$usage"; exit 2 ;; esac
+#   ab05   (TESTS=1: test-cuda-ops, test-cuda-backend) the 0.5B one chunk of 32K, 6 steps: everything new, everything
+#          off (OOMB_CUDA_FUSE_EPI=0 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0), twice interleaved, then each part
+#          off alone; (PROF=1: new and off profiled, OOMB_CUDA_PROFILE=2); (HF=1: HF + SDPA)
+#   s7     on the H200: 7B sparse 64 at 128K: default, LISTSBWD=0, everything of ab05 off, the default profiled (2)
+usage="usage: $0 h200 | tpa | epi | e7b | h200b | ab05 | s7"
+case ${1:-} in h200|tpa|epi|e7b|h200b|ab05|s7) ;; *) echo "$usage"; exit 2 ;; esac
+OFF="OOMB_CUDA_FUSE_EPI=0 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0"
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, s7b
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,power.limit,driver_version --format=csv,noheader
 [ -x $B/oomb-train ] || unpack || exit 1
@@ -47,6 +52,28 @@ epi)
     r05 prof2 OOMB_CUDA_PROFILE=2
     grep -E "add |mul_mat " $R/05b-32k-1chunk-prof2.log | head -20
     [ -n "${HF:-}" ] && PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    log end ;;
+ab05)
+    [ -n "${TESTS:-}" ] && tests test-cuda-ops:300 test-cuda-backend:120
+    rand_ids
+    r05n new 6
+    r05n off 6 $OFF
+    r05n new2 6
+    r05n off2 6 $OFF
+    r05n noepi 6 OOMB_CUDA_FUSE_EPI=0
+    r05n noopt 6 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0
+    if [ -n "${PROF:-}" ]; then
+        r05n prof-new 6 OOMB_CUDA_PROFILE=2
+        r05n prof-off 6 OOMB_CUDA_PROFILE=2 $OFF
+    fi
+    [ -n "${HF:-}" ] && PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    log end ;;
+s7)
+    rand_ids
+    s7b new
+    s7b oldlists OOMB_PAGED_ATTN_LISTSBWD=0
+    s7b off $OFF
+    s7b new-prof2 OOMB_CUDA_PROFILE=2
     log end ;;
 h200b)
     rand_ids
