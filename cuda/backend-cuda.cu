@@ -352,7 +352,8 @@ void compute_node(oomb_cuda_ctx & c, oomb_tensor * node) {
         case OOMB_OP_RMS_NORM:      oomb_cuda_rms_norm(c, node, s[0]); break;
         case OOMB_OP_RMS_NORM_BACK: oomb_cuda_rms_norm_back(c, node, s[0], s[1]); break;
         case OOMB_OP_RMS_NORM_MUL:  oomb_cuda_rms_norm_mul(c, node, s[0], s[1]); break;
-        case OOMB_OP_RMS_NORM_MUL_BACK: oomb_cuda_rms_norm_mul_back(c, node, s[0], s[1], s[2]); break;
+        case OOMB_OP_RMS_NORM_MUL_BACK:  // dx added into a gradient sum (fuse_accumulations)
+            oomb_cuda_rms_norm_mul_back(c, node, s[0], s[1], s[2], c.fuse_acc.empty() ? nullptr : c.fuse_acc[(size_t) c.cur_node]); break;
         case OOMB_OP_ROPE: case OOMB_OP_ROPE_BACK:
                                     oomb_cuda_rope(c, node, s[0], s[1], s[2]); break;
         case OOMB_OP_SOFT_MAX:      oomb_cuda_soft_max(c, node, s[0]); break;
@@ -462,6 +463,10 @@ bool env_flag_off(const char * name) {
 // f32 block: 2.2 GB per chunk at 7B): A = add_inplace(C, M) with M the view of P's dw part, when M is
 // read only by A and P's other readers are views of its dx part; P's dw products then add into C
 // (not with OOMB_CUDA_FUSE_LCE=0, as fuse_linear_ce).
+// The same for the dx of an RMS_NORM_MUL_BACK node P (the norms' input gradients, summed into the residual
+// stream's gradient by the autodiff: add(earlier sum, dx)): M is P itself (dx alone) or the view of its dx
+// part (packed with dw, P's other readers views of the dw part); P's kernel then adds dx into C and writes
+// only dw, if packed (OOMB_CUDA_FUSE_NORM=0: not these).
 // The same for A = add(C, M) (not add_inplace) that the allocator placed in C's bytes (src/alloc.cpp:
 // an ADD runs in place on src[0] when nothing reads src[0] after it): the autodiff's gradient sums
 // (dX of the Q, K and V products, of gate and up; add_grad in src/backward.cpp) and residual adds whose
@@ -490,6 +495,7 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
         if (t->view_src) readers[t->view_src]++;
     }
     const bool add_on = !env_flag_off("OOMB_CUDA_FUSE_ADD");
+    const bool norm_on = !env_flag_off("OOMB_CUDA_FUSE_NORM");
     for (size_t j = 0; j < n; j++) {
         const oomb_tensor * A = g->nodes[j];
         const oomb_tensor * C = A->src[0], * M = A->src[1];
@@ -519,6 +525,23 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
                 other = reads && (t->op != OOMB_OP_VIEW || t->view_src != P || oomb::tensors_overlap(t, M));
             }
             if (other) continue;
+        } else if (M->op == OOMB_OP_VIEW && M->view_src && M->view_src->op == OOMB_OP_RMS_NORM_MUL_BACK) {
+            // the dx part (at offset 0, x's element count) of an rms_norm_mul_back packed with dw; P's other readers
+            // only views of its dw part
+            if (!norm_on) continue;
+            P = M->view_src;
+            if (!P->op_params[1] || M->view_offs != 0 || !P->src[0] || oomb_nelements(M) != oomb_nelements(P->src[0])) continue;
+            bool other = false;
+            for (size_t k = 0; k < n && !other; k++) {
+                const oomb_tensor * t = g->nodes[k];
+                if (t == M) continue;
+                bool reads = t->view_src == P;
+                for (int q = 0; q < OOMB_MAX_SRC; q++) reads = reads || t->src[q] == P;
+                other = reads && (t->op != OOMB_OP_VIEW || t->view_src != P || oomb::tensors_overlap(t, M));
+            }
+            if (other) continue;
+        } else if (M->op == OOMB_OP_RMS_NORM_MUL_BACK && !M->view_src) {
+            if (!norm_on || M->op_params[1]) continue;  // dx alone: M itself
         } else if (M->op != OOMB_OP_MUL_MAT || M->view_src) {
             continue;
         }

@@ -37,7 +37,9 @@ __global__ void k_rms_norm(oomb_tv dst, oomb_tv a, const float * __restrict__ w,
 // on this kernel's own double sums (the forward may have taken the other kernel, whose sums add in
 // another order: s can then differ in its last bit on a rare row, which moves dw by far less than
 // its own rounding)
-template <bool W>
+// ACC: dst += dx (the fused accumulation of dx into a gradient sum, backend-cuda.cu fuse_accumulations: the
+// same f32 dx, then one f32 add, as the separate add node would do)
+template <bool W, bool ACC = false>
 __global__ void k_rms_norm_back(oomb_tv dst, oomb_tv xa, oomb_tv dya, const float * __restrict__ w, float * __restrict__ srow, float eps) {
     __shared__ double sh[32];
     const int64_t r = blockIdx.x;
@@ -59,7 +61,10 @@ __global__ void k_rms_norm_back(oomb_tv dst, oomb_tv xa, oomb_tv dya, const floa
     if (W && srow && threadIdx.x == 0) srow[r] = c1;
     // separately rounded products (no FMA contraction), as the CPU kernel computes them: for short rows
     // the two terms nearly cancel and a fused multiply-add would round differently
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) d[i] = __fsub_rn(__fmul_rn(c1, g(i)), __fmul_rn(c2, x[i]));
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = __fsub_rn(__fmul_rn(c1, g(i)), __fmul_rn(c2, x[i]));
+        d[i] = ACC ? __fadd_rn(d[i], v) : v;
+    }
 }
 
 // One warp per row for rows of packed, 16-byte aligned float4s (ne0 % 4 == 0): the block-per-row
@@ -79,7 +84,7 @@ template <typename TO> __device__ __forceinline__ void st_out4(char * p, int64_t
         ((uint2 *) p)[i4] = u;
     }
 }
-template <bool BACK, typename TO, bool W>
+template <bool BACK, typename TO, bool W, bool ACC = false>
 __global__ void k_rms_norm_warp(oomb_tv dst, oomb_tv xa, oomb_tv dya, const float * __restrict__ w, float * __restrict__ srow, int64_t nr,
                                 float eps) {
     const int64_t r = blockIdx.x * (int64_t) (blockDim.x / 32) + threadIdx.x / 32;
@@ -118,8 +123,13 @@ __global__ void k_rms_norm_warp(oomb_tv dst, oomb_tv xa, oomb_tv dya, const floa
         float4 * d4 = (float4 *) d;
         for (int64_t i = lane; i < n4; i += 32) {
             const float4 v = x[i], q = g(i);
-            d4[i] = make_float4(__fsub_rn(__fmul_rn(c1, q.x), __fmul_rn(c2, v.x)), __fsub_rn(__fmul_rn(c1, q.y), __fmul_rn(c2, v.y)),
-                                __fsub_rn(__fmul_rn(c1, q.z), __fmul_rn(c2, v.z)), __fsub_rn(__fmul_rn(c1, q.w), __fmul_rn(c2, v.w)));
+            float4 o = make_float4(__fsub_rn(__fmul_rn(c1, q.x), __fmul_rn(c2, v.x)), __fsub_rn(__fmul_rn(c1, q.y), __fmul_rn(c2, v.y)),
+                                   __fsub_rn(__fmul_rn(c1, q.z), __fmul_rn(c2, v.z)), __fsub_rn(__fmul_rn(c1, q.w), __fmul_rn(c2, v.w)));
+            if constexpr (ACC) {
+                const float4 a = d4[i];
+                o = make_float4(__fadd_rn(a.x, o.x), __fadd_rn(a.y, o.y), __fadd_rn(a.z, o.z), __fadd_rn(a.w, o.w));
+            }
+            d4[i] = o;
         }
     }
 }
@@ -179,16 +189,17 @@ void launch_forward(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * a,
     }
 }
 
-// dx (into dxv, a tensor of x's shape) of rms_norm_back (w null) or rms_norm_mul_back; srow as above
-template <bool W>
+// dx (into dxv, a tensor of x's shape) of rms_norm_back (w null) or rms_norm_mul_back; srow as above;
+// ACC: dxv += dx
+template <bool W, bool ACC = false>
 void launch_back(oomb_cuda_ctx & c, oomb_tensor * dxv, const oomb_tensor * x, const oomb_tensor * dy, const float * w, float * srow, int64_t nr,
                  float eps) {
     if (rows_vec4(x) && rows_vec4(dy) && rows_vec4(dxv) && (uintptr_t) w % 16 == 0 && x->ne[0] <= 4096) {
-        k_rms_norm_warp<true, float, W><<<(unsigned) ((nr + 7) / 8), 256, 0, c.stream>>>(oomb_make_tv(dxv), oomb_make_tv(x), oomb_make_tv(dy), w,
-                                                                                       srow, nr, eps);
+        k_rms_norm_warp<true, float, W, ACC><<<(unsigned) ((nr + 7) / 8), 256, 0, c.stream>>>(oomb_make_tv(dxv), oomb_make_tv(x),
+                                                                                            oomb_make_tv(dy), w, srow, nr, eps);
     } else {
-        k_rms_norm_back<W><<<(unsigned) nr, oomb_cuda_row_threads(x->ne[0]), 0, c.stream>>>(oomb_make_tv(dxv), oomb_make_tv(x), oomb_make_tv(dy),
-                                                                                           w, srow, eps);
+        k_rms_norm_back<W, ACC><<<(unsigned) nr, oomb_cuda_row_threads(x->ne[0]), 0, c.stream>>>(oomb_make_tv(dxv), oomb_make_tv(x),
+                                                                                                oomb_make_tv(dy), w, srow, eps);
     }
 }
 
@@ -226,30 +237,36 @@ void oomb_cuda_rms_norm_mul(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_ten
     OOMB_CUDA_LAUNCHED(c, "rms_norm_mul");
 }
 
-void oomb_cuda_rms_norm_mul_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * x, const oomb_tensor * w, const oomb_tensor * dy) {
+void oomb_cuda_rms_norm_mul_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_tensor * x, const oomb_tensor * w, const oomb_tensor * dy,
+                                 float * acc_dx) {
     const int64_t nr = oomb_nrows(x), ne0 = x->ne[0];
     if (ne0 == 0) return;
     if (nr > 0x7fffffffll) oomb_error("rms_norm_mul_back: too many rows in %s", shape_str(x).c_str());
     const float eps = oomb::get_op_f32(dst, 0);
     const bool with_dw = dst->op_params[1] != 0;
+    // dx: a contiguous tensor of x's shape at the start of dst (packed [ne0, nr + 1] with dw, or dst itself),
+    // or the accumulation it adds into
+    oomb_tensor dxv = *x;
+    dxv.data = acc_dx ? (void *) acc_dx : dst->data;
+    dxv.view_src = nullptr;
+    oomb::set_contiguous_nb(&dxv);
+    auto back = [&](float * srow) {
+        if (acc_dx) launch_back<true, true>(c, &dxv, x, dy, (const float *) w->data, srow, nr, eps);
+        else launch_back<true>(c, with_dw ? &dxv : dst, x, dy, (const float *) w->data, srow, nr, eps);
+    };
     if (!with_dw) {
         if (nr == 0) return;
-        launch_back<true>(c, dst, x, dy, (const float *) w->data, nullptr, nr, eps);
+        back(nullptr);
         OOMB_CUDA_LAUNCHED(c, "rms_norm_mul_back");
         return;
     }
-    // packed [ne0, nr + 1]: dx as a contiguous tensor of x's shape at the start, dw the last row
-    oomb_tensor dxv = *x;
-    dxv.data = dst->data;
-    dxv.view_src = nullptr;
-    oomb::set_contiguous_nb(&dxv);
     float * dw = (float *) dst->data + nr * ne0;
     if (nr == 0) {
         CUDA_CHECK(cudaMemsetAsync(dw, 0, (size_t) ne0 * sizeof(float), c.stream));
         return;
     }
     float * srow = (float *) c.scratch(oomb_cuda_ctx::SLOT_K0, (size_t) nr * sizeof(float));
-    launch_back<true>(c, &dxv, x, dy, (const float *) w->data, srow, nr, eps);
+    back(srow);
     OOMB_CUDA_LAUNCHED(c, "rms_norm_mul_back (dx)");
     const int64_t n_part = std::max<int64_t>(1, std::min<int64_t>(512, nr / (k_dw_rows * 16)));
     double * partial = (double *) c.scratch(oomb_cuda_ctx::SLOT_K0 + 1, (size_t) n_part * (size_t) ne0 * sizeof(double));

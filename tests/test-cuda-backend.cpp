@@ -580,3 +580,97 @@ TEST_F(CudaBackend, FusedEpilogues) {
     }
 #endif
 }
+
+// The norms' input gradient added into the residual stream's gradient sum inside rms_norm_mul_back
+// (backend-cuda.cu fuse_accumulations: A = add(C, dx) placed in C's bytes, dx the node itself or the dx view
+// of its packed [dx; dw]). The same graph on the CPU backend is the reference (the sums in one f32 add
+// either way: 1e-5 relative); rows of float4s (64: the warp kernel) and odd rows (37: the block kernel); dw
+// read after; OOMB_CUDA_FUSE_NORM=0 (not fused); C read after the add (not in place: not fused).
+TEST_F(CudaBackend, FusedNormGradientSum) {
+#ifdef OOMB_USE_CUDA
+    struct NormEnv {
+        explicit NormEnv(bool on) { if (on) unsetenv("OOMB_CUDA_FUSE_NORM"); else setenv("OOMB_CUDA_FUSE_NORM", "0", 1); }
+        ~NormEnv() { unsetenv("OOMB_CUDA_FUSE_NORM"); }
+    };
+    enum Mode { FUSED, C_READ_AFTER, TURNED_OFF, N_MODES };
+    const char * names[] = {"fused", "C read after", "turned off"};
+    for (const int ne0 : {64, 37})
+    for (const bool with_dw : {true, false})
+    for (int mode = 0; mode < N_MODES; mode++) {
+        SCOPED_TRACE(std::string(names[mode]) + ", row " + std::to_string(ne0) + (with_dw ? ", with dw" : ", dx alone"));
+        NormEnv env(mode != TURNED_OFF);
+        const int nr = 29;
+        const auto xv = random_floats((size_t) ne0 * nr, 41), dyv = random_floats((size_t) ne0 * nr, 42);
+        const auto wv = random_floats((size_t) ne0, 43), cv = random_floats((size_t) ne0 * nr, 44);
+        std::vector<float> got[2], got_dw[2], got_c[2];
+        int64_t fused = -1;
+        for (int be = 0; be < 2; be++) {  // 0: CUDA, 1: CPU
+            oomb_backend_t bk = be == 0 ? cu : cpu;
+            oomb_context * pc = oomb_init({0, true});
+            oomb_tensor * x = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, ne0, nr), * dy = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, ne0, nr);
+            oomb_tensor * w = oomb_new_tensor_1d(pc, OOMB_TYPE_F32, ne0), * c0 = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, ne0, nr);
+            oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(pc, bk);
+            ASSERT_NE(buf, nullptr);
+            oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
+            oomb_tensor_set(dy, dyv.data(), 0, dyv.size() * 4);
+            oomb_tensor_set(w, wv.data(), 0, wv.size() * 4);
+            oomb_tensor_set(c0, cv.data(), 0, cv.size() * 4);
+            oomb_context * gc = oomb_init({0, true});
+            oomb_cgraph * g = oomb_new_graph(gc);
+            oomb_tensor * C = oomb_scale(gc, c0, 1.5f);  // an arena tensor the sum can be placed over
+            oomb_build_forward_expand(g, C);
+            oomb_tensor * P = oomb_rms_norm_mul_back(gc, x, w, dy, 1e-6f, with_dw);
+            oomb_build_forward_expand(g, P);
+            oomb_tensor * dx = with_dw ? oomb_view_2d(gc, P, ne0, nr, (size_t) ne0 * 4, 0) : P;
+            oomb_tensor * dw = with_dw ? oomb_view_1d(gc, P, ne0, (size_t) ne0 * nr * 4) : nullptr;
+            oomb_tensor * sum = oomb_add(gc, C, dx);
+            oomb_tensor * out = oomb_scale(gc, sum, 1.0f);
+            oomb_set_output(out);
+            oomb_build_forward_expand(g, out);
+            oomb_tensor * dw_out = nullptr, * c_out = nullptr;
+            if (dw) {
+                dw_out = oomb_scale(gc, dw, 1.0f);
+                oomb_set_output(dw_out);
+                oomb_build_forward_expand(g, dw_out);
+            }
+            if (mode == C_READ_AFTER) {
+                c_out = oomb_scale(gc, C, 1.0f);
+                oomb_set_output(c_out);
+                oomb_build_forward_expand(g, c_out);
+            }
+            oomb_gallocr_t ga = oomb_gallocr_new(bk);
+            ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+            const int64_t before = be == 0 ? oomb_cuda_debug_fused_count(cu) : 0;
+            ASSERT_EQ(oomb_backend_graph_compute(bk, g), OOMB_STATUS_OK) << oomb_backend_last_error(bk);
+            if (be == 0) fused = oomb_cuda_debug_fused_count(cu) - before;
+            got[be].resize((size_t) ne0 * nr);
+            oomb_tensor_get(out, got[be].data(), 0, got[be].size() * 4);
+            if (dw_out) {
+                got_dw[be].resize(ne0);
+                oomb_tensor_get(dw_out, got_dw[be].data(), 0, got_dw[be].size() * 4);
+            }
+            if (c_out) {
+                got_c[be].resize((size_t) ne0 * nr);
+                oomb_tensor_get(c_out, got_c[be].data(), 0, got_c[be].size() * 4);
+            }
+            oomb_gallocr_free(ga);
+            oomb_free(gc);
+            oomb_buffer_free(buf);
+            oomb_free(pc);
+        }
+        EXPECT_EQ(fused, mode == FUSED ? 1 : 0);
+        auto close = [](const std::vector<float> & a, const std::vector<float> & b, const char * what) {
+            ASSERT_EQ(a.size(), b.size());
+            double mx = 0, err = 0;
+            for (size_t i = 0; i < a.size(); i++) {
+                mx = std::max(mx, (double) std::fabs(b[i]));
+                err = std::max(err, (double) std::fabs(a[i] - b[i]));
+            }
+            EXPECT_LE(err, 1e-5 * std::max(mx, 1.0)) << what << ": largest difference " << err << " of " << mx;
+        };
+        close(got[0], got[1], "the sum");
+        if (with_dw) close(got_dw[0], got_dw[1], "dw");
+        if (mode == C_READ_AFTER) close(got_c[0], got_c[1], "C after the add");
+    }
+#endif
+}

@@ -12,12 +12,12 @@
 #   h200b  on the H200, in the least device time: 7B sparse 64 at 128K (default, then LISTSBWD=0), the 0.5B one chunk of
 #          32K for 6 steps with and without the epilogue fusion (twice, interleaved), HF + SDPA, the 7B step profiled
 #   ab05   (TESTS=1: test-cuda-ops, test-cuda-backend) the 0.5B one chunk of 32K, 6 steps: everything new, everything
-#          off (OOMB_CUDA_FUSE_EPI=0 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0), twice interleaved, then each part
+#          off ($OFF), twice interleaved, then each part
 #          off alone; (PROF=1: new and off profiled, OOMB_CUDA_PROFILE=2); (HF=1: HF + SDPA)
 #   s7     on the H200: 7B sparse 64 at 128K: default, LISTSBWD=0, everything of ab05 off, the default profiled (2)
 usage="usage: $0 h200 | tpa | epi | e7b | h200b | ab05 | s7"
 case ${1:-} in h200|tpa|epi|e7b|h200b|ab05|s7) ;; *) echo "$usage"; exit 2 ;; esac
-OFF="OOMB_CUDA_FUSE_EPI=0 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0"
+OFF="OOMB_CUDA_FUSE_EPI=0 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0 OOMB_CUDA_FUSE_NORM=0"
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, s7b
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,power.limit,driver_version --format=csv,noheader
 [ -x $B/oomb-train ] || unpack || exit 1
@@ -62,6 +62,7 @@ ab05)
     r05n off2 6 $OFF
     r05n noepi 6 OOMB_CUDA_FUSE_EPI=0
     r05n noopt 6 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0
+    r05n nonorm 6 OOMB_CUDA_FUSE_NORM=0
     if [ -n "${PROF:-}" ]; then
         r05n prof-new 6 OOMB_CUDA_PROFILE=2
         r05n prof-off 6 OOMB_CUDA_PROFILE=2 $OFF
