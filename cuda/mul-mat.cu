@@ -143,6 +143,7 @@ bool lt_gemm(oomb_cuda_ctx & c, cublasOperation_t opa, cublasOperation_t opb, in
     char key[256];
     snprintf(key, sizeof key, "%d %d %lld %lld %lld %lld %lld %d %u %u %u %u %u", (int) opa, (int) opb, (long long) M, (long long) NN,
              (long long) K, (long long) lda, (long long) ldb, bias ? 1 : 0, aA, aB, aC, aD, aE);
+    if (c.lt_plans.size() >= 4096 && !c.lt_plans.count(key)) c.lt_plans.clear();  // (many sequence lengths: a bound)
     std::shared_ptr<oomb_cuda_ctx::lt_plan> & slot = c.lt_plans[key];
     if (!slot) {
         auto p = std::make_shared<oomb_cuda_ctx::lt_plan>();
