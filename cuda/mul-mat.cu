@@ -174,13 +174,45 @@ bool lt_gemm(oomb_cuda_ctx & c, cublasOperation_t opa, cublasOperation_t opb, in
             {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, aA}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, aB},
             {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, aC}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, aD}};
         for (const auto & x : al) good = good && cublasLtMatmulPreferenceSetAttribute(pref, x.first, &x.second, sizeof x.second) == CUBLAS_STATUS_SUCCESS;
-        cublasLtMatmulHeuristicResult_t res{};
+        constexpr int k_cand = 8;
+        cublasLtMatmulHeuristicResult_t res[k_cand] = {};
         int found = 0;
-        good = good && cublasLtMatmulAlgoGetHeuristic(c.cublaslt, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &res, &found) ==
+        good = good && cublasLtMatmulAlgoGetHeuristic(c.cublaslt, p->op, p->la, p->lb, p->lc, p->lc, pref, k_cand, res, &found) ==
                            CUBLAS_STATUS_SUCCESS;
         if (pref) cublasLtMatmulPreferenceDestroy(pref);
-        p->ok = good && found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
-        if (p->ok) p->algo = res.algo;
+        p->ok = good && found > 0 && res[0].state == CUBLAS_STATUS_SUCCESS;
+        if (p->ok) p->algo = res[0].algo;
+        // The heuristic's first choice was measured slower than cublasGemmEx's for some shapes (bench/NOTES.md): on
+        // large products, time each candidate once on these operands (D = product + C or + bias: each run writes
+        // the same D, so the trials are harmless) and keep the fastest. OOMB_CUDA_LT_TUNE=0: the first choice.
+        static const bool tune = getenv("OOMB_CUDA_LT_TUNE") == nullptr || atoi(getenv("OOMB_CUDA_LT_TUNE")) != 0;
+        if (p->ok && tune && found > 1 && (double) M * (double) NN * (double) K >= 4294967296.0) {
+            const float alpha = 1.0f, beta = bias ? 0.0f : 1.0f;
+            cudaEvent_t e0 = nullptr, e1 = nullptr;
+            CUDA_CHECK(cudaEventCreate(&e0));
+            CUDA_CHECK(cudaEventCreate(&e1));
+            float best = 0.0f;
+            for (int r = 0; r < found; r++) {
+                if (res[r].state != CUBLAS_STATUS_SUCCESS || res[r].workspaceSize > c.cublas_ws_size) continue;
+                auto run = [&] {
+                    return cublasLtMatmul(c.cublaslt, p->op, &alpha, A, p->la, B, p->lb, &beta, C, p->lc, D, p->lc, &res[r].algo,
+                                          c.cublas_ws, c.cublas_ws_size, c.stream) == CUBLAS_STATUS_SUCCESS;
+                };
+                if (!run()) continue;  // (a first run loads the kernel)
+                CUDA_CHECK(cudaEventRecord(e0, c.stream));
+                const bool ran = run();
+                CUDA_CHECK(cudaEventRecord(e1, c.stream));
+                CUDA_CHECK(cudaEventSynchronize(e1));
+                float ms = 0.0f;
+                CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                if (ran && (best == 0.0f || ms < best)) {
+                    best = ms;
+                    p->algo = res[r].algo;
+                }
+            }
+            cudaEventDestroy(e0);
+            cudaEventDestroy(e1);
+        }
     }
     oomb_cuda_ctx::lt_plan & p = *slot;
     if (!p.ok) return false;

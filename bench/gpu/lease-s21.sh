@@ -63,6 +63,8 @@ ab05)
     r05n noepi 6 OOMB_CUDA_FUSE_EPI=0
     r05n noopt 6 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0
     r05n nonorm 6 OOMB_CUDA_FUSE_NORM=0
+    r05n notune 6 OOMB_CUDA_LT_TUNE=0
+    r05n new3 6
     if [ -n "${PROF:-}" ]; then
         r05n prof-new 6 OOMB_CUDA_PROFILE=2
         r05n prof-off 6 OOMB_CUDA_PROFILE=2 $OFF
