@@ -578,6 +578,57 @@ TEST_F(CudaBackend, FusedEpilogues) {
             oomb_free(pc);
         }
     }
+    // A product large enough (>= 2^32 multiply-adds) for the first call to time cuBLASLt's candidates: the residual
+    // and the bias forms against the same graph unfused (OOMB_CUDA_FUSE_EPI=0), on the GPU both times.
+    {
+        const int K = 2048, M = 1024, N = 2048;
+        const auto av = random_floats((size_t) K * M, 51), bv = random_floats((size_t) K * N, 52), xv = random_floats((size_t) M * N, 53);
+        const auto biasv = random_floats((size_t) M, 54);
+        for (const bool bias_form : {false, true}) {
+            SCOPED_TRACE(bias_form ? "large, bias" : "large, residual");
+            std::vector<float> res[2];
+            int64_t fused[2] = {0, 0};
+            for (int on = 1; on >= 0; on--) {
+                EpiEnv env(on == 1);
+                oomb_context * pc = oomb_init({0, true});
+                oomb_tensor * a = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M), * b = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, N);
+                oomb_tensor * x = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, M, N), * bias = oomb_new_tensor_1d(pc, OOMB_TYPE_F32, M);
+                oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(pc, cu);
+                ASSERT_NE(buf, nullptr);
+                oomb_tensor_set(a, av.data(), 0, av.size() * 4);
+                oomb_tensor_set(b, bv.data(), 0, bv.size() * 4);
+                oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
+                oomb_tensor_set(bias, biasv.data(), 0, biasv.size() * 4);
+                oomb_context * gc = oomb_init({0, true});
+                oomb_cgraph * g = oomb_new_graph(gc);
+                oomb_tensor * p = oomb_mul_mat(gc, a, b);
+                oomb_tensor * out = oomb_scale(gc, bias_form ? oomb_add(gc, p, bias) : oomb_add(gc, x, p), 1.0f);
+                oomb_set_output(out);
+                oomb_build_forward_expand(g, out);
+                oomb_gallocr_t ga = oomb_gallocr_new(cu);
+                ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+                for (int rep = 0; rep < 2; rep++) {  // the second run uses the kept plan
+                    const int64_t before = oomb_cuda_debug_fused_epi_count(cu);
+                    ASSERT_EQ(oomb_backend_graph_compute(cu, g), OOMB_STATUS_OK) << oomb_backend_last_error(cu);
+                    fused[on] += oomb_cuda_debug_fused_epi_count(cu) - before;
+                }
+                res[on].resize((size_t) M * N);
+                oomb_tensor_get(out, res[on].data(), 0, res[on].size() * 4);
+                oomb_gallocr_free(ga);
+                oomb_free(gc);
+                oomb_buffer_free(buf);
+                oomb_free(pc);
+            }
+            EXPECT_EQ(fused[1], 2);
+            EXPECT_EQ(fused[0], 0);
+            double mx = 0, err = 0;
+            for (size_t i = 0; i < res[0].size(); i++) {
+                mx = std::max(mx, (double) std::fabs(res[0][i]));
+                err = std::max(err, (double) std::fabs(res[1][i] - res[0][i]));
+            }
+            EXPECT_LT(err, 1e-4 * mx) << "fused against unfused: largest difference " << err << " of " << mx;
+        }
+    }
 #endif
 }
 
