@@ -15,8 +15,11 @@
 #          off ($OFF), twice interleaved, then each part
 #          off alone; (PROF=1: new and off profiled, OOMB_CUDA_PROFILE=2); (HF=1: HF + SDPA)
 #   s7     on the H200: 7B sparse 64 at 128K: default, LISTSBWD=0, everything of ab05 off, the default profiled (2)
-usage="usage: $0 h200 | tpa | epi | e7b | h200b | ab05 | s7"
-case ${1:-} in h200|tpa|epi|e7b|h200b|ab05|s7) ;; *) echo "$usage"; exit 2 ;; esac
+#   h100b  test-cuda-ops, test-cuda-backend; the 0.5B one chunk of 32K, 6 steps, with and without the timing of cuBLASLt's
+#          candidates (OOMB_CUDA_LT_TUNE=0), twice; Qwen2.5-3B --trainable linear sparse 64 at 128K, new and $OFF
+#   h200c  on the H200, lean: the 0.5B new, HF + SDPA, the 0.5B new again, 7B sparse 64 at 128K new, then $OFF
+usage="usage: $0 h200 | tpa | epi | e7b | h200b | ab05 | s7 | h100b | h200c"
+case ${1:-} in h200|tpa|epi|e7b|h200b|ab05|s7|h100b|h200c) ;; *) echo "$usage"; exit 2 ;; esac
 OFF="OOMB_CUDA_FUSE_EPI=0 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0 OOMB_CUDA_FUSE_NORM=0"
 source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, s7b
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,power.limit,driver_version --format=csv,noheader
@@ -52,6 +55,32 @@ epi)
     r05 prof2 OOMB_CUDA_PROFILE=2
     grep -E "add |mul_mat " $R/05b-32k-1chunk-prof2.log | head -20
     [ -n "${HF:-}" ] && PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    log end ;;
+h100b)
+    tests test-cuda-ops:300 test-cuda-backend:120
+    rand_ids
+    r05n new 6
+    r05n notune 6 OOMB_CUDA_LT_TUNE=0
+    r05n new2 6
+    r05n notune2 6 OOMB_CUDA_LT_TUNE=0
+    s3b() {
+        local lab=$1; shift
+        rm -rf /tmp/s3b
+        env "$@" timeout 150 $B/oomb-train --preset qwen2.5-3b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
+            --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
+            --offload off --sparse-pages 64 --sparse-score mean -o /tmp/s3b > $R/3b-128k-sparse64-$lab.log 2>&1
+        echo "3b 128K sparse64 $lab rc=$?"; grep -E "^step|error" $R/3b-128k-sparse64-$lab.log | head -3
+    }
+    s3b new
+    s3b off $OFF
+    log end ;;
+h200c)
+    rand_ids
+    r05n new 6
+    PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json
+    r05n new2 6
+    s7b new
+    s7b off $OFF
     log end ;;
 ab05)
     [ -n "${TESTS:-}" ] && tests test-cuda-ops:300 test-cuda-backend:120
