@@ -140,6 +140,9 @@ bool lt_gemm(oomb_cuda_ctx & c, cublasOperation_t opa, cublasOperation_t opb, in
     const bool bias = epi.bias != nullptr;
     const void * C = bias ? (const void *) D : (const void *) epi.c;
     const uint32_t aA = align_of(A), aB = align_of(B), aC = align_of(C), aD = align_of(D), aE = bias ? align_of(epi.bias) : 0;
+    // cuBLASLt's preferences take no bias alignment and some of its bias kernels assume 16 bytes (a misaligned
+    // access would end the CUDA context, not fail the call): a bias sliced out of a larger tensor runs unfused
+    if (bias && aE < 16) return false;
     char key[256];
     snprintf(key, sizeof key, "%d %d %lld %lld %lld %lld %lld %d %u %u %u %u %u", (int) opa, (int) opb, (long long) M, (long long) NN,
              (long long) K, (long long) lda, (long long) ldb, bias ? 1 : 0, aA, aB, aC, aD, aE);

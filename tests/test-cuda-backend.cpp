@@ -475,9 +475,9 @@ TEST_F(CudaBackend, FusedSumIntoProducts) {
 // read twice (not fused); a batched product (not fused); OOMB_CUDA_FUSE_EPI=0 (not fused).
 TEST_F(CudaBackend, FusedEpilogues) {
 #ifdef OOMB_USE_CUDA
-    enum Mode { RESIDUAL, PRODUCT_FIRST, BIAS, X_INPUT, NODE_BETWEEN, M_READ_TWICE, BATCHED, TURNED_OFF, N_MODES };
-    const char * names[] = {"residual (X read after)", "product first", "bias vector", "X a graph input", "a node between",
-                            "M read twice", "batched", "turned off"};
+    enum Mode { RESIDUAL, PRODUCT_FIRST, BIAS, BIAS_MISALIGNED, X_INPUT, NODE_BETWEEN, M_READ_TWICE, BATCHED, TURNED_OFF, N_MODES };
+    const char * names[] = {"residual (X read after)", "product first", "bias vector", "bias 4 bytes into a tensor (not fused)",
+                            "X a graph input", "a node between", "M read twice", "batched", "turned off"};
     struct EpiEnv {  // OOMB_CUDA_FUSE_EPI=0 for a case, unset on every way out
         explicit EpiEnv(bool on) { if (on) unsetenv("OOMB_CUDA_FUSE_EPI"); else setenv("OOMB_CUDA_FUSE_EPI", "0", 1); }
         ~EpiEnv() { unsetenv("OOMB_CUDA_FUSE_EPI"); }
@@ -493,7 +493,8 @@ TEST_F(CudaBackend, FusedEpilogues) {
             oomb_context * pc = oomb_init({0, true});
             oomb_tensor * a = oomb_new_tensor_3d(pc, OOMB_TYPE_F32, K, M, nb), * b = oomb_new_tensor_3d(pc, OOMB_TYPE_F32, K, N, nb);
             oomb_tensor * a0 = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M), * x = oomb_new_tensor_3d(pc, OOMB_TYPE_F32, M, N, nb);
-            oomb_tensor * bias = oomb_new_tensor_1d(pc, OOMB_TYPE_F32, M);
+            oomb_tensor * biasbuf = oomb_new_tensor_1d(pc, OOMB_TYPE_F32, M + 1);
+            oomb_tensor * bias = oomb_view_1d(pc, biasbuf, M, mode == BIAS_MISALIGNED ? 4 : 0);
             oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(pc, cu);
             ASSERT_NE(buf, nullptr);
             oomb_tensor_set(a, av.data(), 0, (size_t) K * M * nb * 4);
@@ -516,7 +517,8 @@ TEST_F(CudaBackend, FusedEpilogues) {
                 oomb_set_output(side);
                 oomb_build_forward_expand(g, side);
             }
-            oomb_tensor * sum = mode == BIAS ? oomb_add(gc, p, bias) : mode == PRODUCT_FIRST ? oomb_add(gc, p, X) : oomb_add(gc, X, p);
+            const bool bias_mode = mode == BIAS || mode == BIAS_MISALIGNED;
+            oomb_tensor * sum = bias_mode ? oomb_add(gc, p, bias) : mode == PRODUCT_FIRST ? oomb_add(gc, p, X) : oomb_add(gc, X, p);
             oomb_tensor * out = oomb_scale(gc, sum, 1.0f);
             oomb_set_output(out);
             oomb_build_forward_expand(g, out);
@@ -548,7 +550,7 @@ TEST_F(CudaBackend, FusedEpilogues) {
                         const size_t i = ((size_t) q * N + nn) * M + m;
                         const double xx = X == x ? (double) xv[i] : x0;
                         want_x[i] = xx;
-                        want[i] = pr + (mode == BIAS ? (double) biasv[m] : xx);
+                        want[i] = pr + (bias_mode ? (double) biasv[m] : xx);
                         mx = std::max(mx, std::fabs(want[i]));
                     }
             std::vector<float> got((size_t) M * N * nb);

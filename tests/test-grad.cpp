@@ -1435,3 +1435,27 @@ TEST(Grad, ReviewS19RmsNormMulNodes) {
         (void) 0;
     }
 }
+
+// oomb_sum_sq_n with a source repeated, overlapping partial views, computed sources, 13 sources (from a review)
+TEST(Grad, SumSqNRepeatedAndViews) {
+    { Harness H; oomb_tensor * a = H.param("a", {5, 4}); oomb_tensor * ts[3] = {a, a, a}; H.check(oomb_sum_sq_n(H.ctx, ts, 3)); }
+    {
+        Harness H;
+        oomb_tensor * a = H.param("a", {5, 4});
+        oomb_tensor * v1 = oomb_view_2d(H.ctx, a, 5, 2, a->nb[1], a->nb[1]);      // rows 1..2
+        oomb_tensor * v2 = oomb_view_1d(H.ctx, a, 7, 3 * sizeof(float));          // elements 3..9
+        oomb_tensor * ts[4] = {v1, a, v2, oomb_transpose(H.ctx, a)};
+        H.check(oomb_sum_sq_n(H.ctx, ts, 4));
+    }
+    {
+        Harness H;
+        oomb_tensor * a = H.param("a", {3, 4}), * c = H.param("c", {3, 4}), * d = H.param("d", {2});
+        std::vector<oomb_tensor *> ts;
+        for (int k = 0; k < OOMB_MAX_SRC; k++) {
+            if (k % 3 == 0) ts.push_back(oomb_mul(H.ctx, a, c));
+            else if (k % 3 == 1) ts.push_back(oomb_view_1d(H.ctx, c, 5, (size_t) (k % 4) * sizeof(float)));
+            else ts.push_back(d);
+        }
+        H.check(oomb_sum_sq_n(H.ctx, ts.data(), (int) ts.size()));
+    }
+}
