@@ -15,8 +15,8 @@
 #          off ($OFF), twice interleaved, then each part
 #          off alone; (PROF=1: new and off profiled, OOMB_CUDA_PROFILE=2); (HF=1: HF + SDPA)
 #   s7     on the H200: 7B sparse 64 at 128K: default, LISTSBWD=0, everything of ab05 off, the default profiled (2)
-#   h100b  test-cuda-ops, test-cuda-backend; the 0.5B one chunk of 32K, 6 steps, with and without the timing of cuBLASLt's
-#          candidates (OOMB_CUDA_LT_TUNE=0), twice; Qwen2.5-3B --trainable linear sparse 64 at 128K, new and $OFF
+#   h100b  test-cuda-ops, test-cuda-backend; the 0.5B one chunk of 32K, 6 steps, without and with the timing of cuBLASLt's
+#          candidates (OOMB_CUDA_LT_TUNE=1), twice; Qwen2.5-3B --trainable linear sparse 64 at 128K, new and $OFF
 #   h200c  on the H200, lean: the 0.5B new, HF + SDPA, the 0.5B new again, 7B sparse 64 at 128K new, then $OFF
 usage="usage: $0 h200 | tpa | epi | e7b | h200b | ab05 | s7 | h100b | h200c"
 case ${1:-} in h200|tpa|epi|e7b|h200b|ab05|s7|h100b|h200c) ;; *) echo "$usage"; exit 2 ;; esac
@@ -60,9 +60,9 @@ h100b)
     tests test-cuda-ops:300 test-cuda-backend:120
     rand_ids
     r05n new 6
-    r05n notune 6 OOMB_CUDA_LT_TUNE=0
+    r05n tune 6 OOMB_CUDA_LT_TUNE=1
     r05n new2 6
-    r05n notune2 6 OOMB_CUDA_LT_TUNE=0
+    r05n tune2 6 OOMB_CUDA_LT_TUNE=1
     s3b() {
         local lab=$1; shift
         rm -rf /tmp/s3b
