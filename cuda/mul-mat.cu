@@ -190,7 +190,7 @@ bool lt_gemm(oomb_cuda_ctx & c, cublasOperation_t opa, cublasOperation_t opb, in
         // + bias: each run writes the same D, so the trials are harmless) and keep the fastest. Off by default: the
         // winner can differ between processes, and so then would the products' last bits (a resumed run would
         // not repeat an uninterrupted one exactly); not yet measured to gain.
-        static const bool tune = getenv("OOMB_CUDA_LT_TUNE") != nullptr && atoi(getenv("OOMB_CUDA_LT_TUNE")) != 0;
+        const bool tune = getenv("OOMB_CUDA_LT_TUNE") != nullptr && atoi(getenv("OOMB_CUDA_LT_TUNE")) != 0;  // (per new plan)
         if (p->ok && tune && found > 1 && (double) M * (double) NN * (double) K >= 4294967296.0) {
             const float alpha = 1.0f, beta = bias ? 0.0f : 1.0f;
             cudaEvent_t e0 = nullptr, e1 = nullptr;

@@ -583,7 +583,10 @@ TEST_F(CudaBackend, FusedEpilogues) {
     // A product large enough (>= 2^32 multiply-adds) for the first call to time cuBLASLt's candidates (with
     // OOMB_CUDA_LT_TUNE=1): the residual and the bias forms against the same graph unfused (OOMB_CUDA_FUSE_EPI=0),
     // on the GPU both times.
-    setenv("OOMB_CUDA_LT_TUNE", "1", 1);  // (read once per process: the first large product of this test binary)
+    struct TuneEnv {
+        TuneEnv() { setenv("OOMB_CUDA_LT_TUNE", "1", 1); }
+        ~TuneEnv() { unsetenv("OOMB_CUDA_LT_TUNE"); }
+    } tune_env;
     {
         const int K = 2048, M = 1024, N = 2048;
         const auto av = random_floats((size_t) K * M, 51), bv = random_floats((size_t) K * N, 52), xv = random_floats((size_t) M * N, 53);
