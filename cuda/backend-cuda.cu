@@ -447,6 +447,34 @@ bool env_flag_off(const char * name) {
     return false;
 }
 
+// The fusion passes' view of a graph, built once per graph_compute: each node's position and how many nodes
+// read it (as a source or a view source).
+struct graph_uses {
+    std::unordered_map<const oomb_tensor *, int> readers;
+    std::unordered_map<const oomb_tensor *, size_t> index;
+    void build(const oomb_cgraph * g) {
+        for (size_t i = 0; i < g->nodes.size(); i++) {
+            const oomb_tensor * t = g->nodes[i];
+            index[t] = i;
+            for (int k = 0; k < OOMB_MAX_SRC; k++)
+                if (t->src[k]) readers[t->src[k]]++;
+            if (t->view_src) readers[t->view_src]++;
+        }
+    }
+};
+
+// Whether a node of g other than M reads P except through views of P disjoint from M (M: a view of one part
+// of P's packed result, which a fused kernel leaves unwritten).
+bool read_besides_view(const oomb_cgraph * g, const oomb_tensor * P, const oomb_tensor * M) {
+    for (const oomb_tensor * t : g->nodes) {
+        if (t == M) continue;
+        bool reads = t->view_src == P;
+        for (int q = 0; q < OOMB_MAX_SRC; q++) reads = reads || t->src[q] == P;
+        if (reads && (t->op != OOMB_OP_VIEW || t->view_src != P || oomb::tensors_overlap(t, M))) return true;
+    }
+    return false;
+}
+
 // Fused accumulation: c += mul_mat(a, b) as one GEMM with beta = 1 into c. The autodiff appends
 // every parameter's accumulation param->grad += gradient (src/backward.cpp) as an add_inplace whose
 // gradient is, for a weight read once, the dW product itself; unfused, that product's f32 result is
@@ -477,7 +505,7 @@ bool env_flag_off(const char * name) {
 // On by default; OOMB_CUDA_FUSE=0 turns it off (the unfused graph, for comparison). Measured on the
 // H200 (bench/NOTES.md version 16): 7B sparse 128K, add_inplace 1.28 -> 0.11 s, step -0.74 s, same
 // loss and gradient norm.
-void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
+void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g, graph_uses & u) {
     c.fuse_acc.clear();
     c.fuse_at.clear();
     c.fuse_skip.clear();
@@ -485,15 +513,8 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
     if (g->is_view || env_flag_off("OOMB_CUDA_FUSE")) return;
     const size_t n = g->nodes.size();
     auto base = [](const oomb_tensor * t) { return t->view_src ? t->view_src : t; };
-    std::unordered_map<const oomb_tensor *, int> readers;  // node -> nodes reading it (sources, view sources)
-    std::unordered_map<const oomb_tensor *, size_t> index;
-    for (size_t i = 0; i < n; i++) {
-        const oomb_tensor * t = g->nodes[i];
-        index[t] = i;
-        for (int k = 0; k < OOMB_MAX_SRC; k++)
-            if (t->src[k]) readers[t->src[k]]++;
-        if (t->view_src) readers[t->view_src]++;
-    }
+    auto & readers = u.readers;
+    auto & index = u.index;
     const bool add_on = !env_flag_off("OOMB_CUDA_FUSE_ADD");
     const bool norm_on = !env_flag_off("OOMB_CUDA_FUSE_NORM");
     for (size_t j = 0; j < n; j++) {
@@ -516,30 +537,14 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
             const oomb_tensor * x = P->src[1], * w = P->src[0];
             const size_t off = (grads & OOMB_LCE_GRAD_X) ? sizeof(float) * (size_t) (w->ne[0] * oomb_nrows(x)) : 0;
             if (!(grads & OOMB_LCE_GRAD_W) || M->view_offs != off || oomb_nelements(M) != w->ne[0] * w->ne[1]) continue;
-            bool other = false;
-            for (size_t k = 0; k < n && !other; k++) {
-                const oomb_tensor * t = g->nodes[k];
-                if (t == M) continue;
-                bool reads = t->view_src == P;
-                for (int q = 0; q < OOMB_MAX_SRC; q++) reads = reads || t->src[q] == P;
-                other = reads && (t->op != OOMB_OP_VIEW || t->view_src != P || oomb::tensors_overlap(t, M));
-            }
-            if (other) continue;
+            if (read_besides_view(g, P, M)) continue;
         } else if (M->op == OOMB_OP_VIEW && M->view_src && M->view_src->op == OOMB_OP_RMS_NORM_MUL_BACK) {
             // the dx part (at offset 0, x's element count) of an rms_norm_mul_back packed with dw; P's other readers
             // only views of its dw part
             if (!norm_on) continue;
             P = M->view_src;
             if (!P->op_params[1] || M->view_offs != 0 || !P->src[0] || oomb_nelements(M) != oomb_nelements(P->src[0])) continue;
-            bool other = false;
-            for (size_t k = 0; k < n && !other; k++) {
-                const oomb_tensor * t = g->nodes[k];
-                if (t == M) continue;
-                bool reads = t->view_src == P;
-                for (int q = 0; q < OOMB_MAX_SRC; q++) reads = reads || t->src[q] == P;
-                other = reads && (t->op != OOMB_OP_VIEW || t->view_src != P || oomb::tensors_overlap(t, M));
-            }
-            if (other) continue;
+            if (read_besides_view(g, P, M)) continue;
         } else if (M->op == OOMB_OP_RMS_NORM_MUL_BACK && !M->view_src) {
             if (!norm_on || M->op_params[1]) continue;  // dx alone: M itself
         } else if (M->op != OOMB_OP_MUL_MAT || M->view_src) {
@@ -593,19 +598,12 @@ void fuse_accumulations(oomb_cuda_ctx & c, const oomb_cgraph * g) {
 // are. Per node of M: c.fuse_epi; A goes in c.fuse_skip (cleared again by the product if cuBLASLt has no
 // algorithm for its shape: then M runs unfused and A runs). OOMB_CUDA_FUSE_EPI=0 (or OOMB_CUDA_FUSE=0)
 // turns it off. bench/NOTES.md "Sums and biases in the GEMM's epilogue".
-void fuse_epilogues(oomb_cuda_ctx & c, const oomb_cgraph * g) {
+void fuse_epilogues(oomb_cuda_ctx & c, const oomb_cgraph * g, graph_uses & u) {
     c.fuse_epi.clear();
     if (g->is_view || env_flag_off("OOMB_CUDA_FUSE") || env_flag_off("OOMB_CUDA_FUSE_EPI")) return;
     const size_t n = g->nodes.size();
-    std::unordered_map<const oomb_tensor *, int> readers;
-    std::unordered_map<const oomb_tensor *, size_t> index;
-    for (size_t i = 0; i < n; i++) {
-        const oomb_tensor * t = g->nodes[i];
-        index[t] = i;
-        for (int k = 0; k < OOMB_MAX_SRC; k++)
-            if (t->src[k]) readers[t->src[k]]++;
-        if (t->view_src) readers[t->view_src]++;
-    }
+    auto & readers = u.readers;
+    auto & index = u.index;
     const int32_t pinned = OOMB_TENSOR_FLAG_INPUT | OOMB_TENSOR_FLAG_OUTPUT | OOMB_TENSOR_FLAG_PARAM | OOMB_TENSOR_FLAG_LOSS;
     for (size_t j = 0; j < n; j++) {
         const oomb_tensor * A = g->nodes[j];
@@ -717,8 +715,14 @@ void cuda_graph_compute(oomb_backend_t b, oomb_cgraph * g) {
         CUDA_CHECK(cudaMemsetAsync(c->d_err, 0, sizeof(oomb_cuda_err_rec), c->stream));
         c->check_err = false;
     }
-    fuse_accumulations(*c, g);
-    fuse_epilogues(*c, g);
+    {
+        // the fusion passes' maps, only where they can fuse (not for the parts of a split graph)
+        const bool fuse = !g->is_view && !env_flag_off("OOMB_CUDA_FUSE");
+        graph_uses u;
+        if (fuse) u.build(g);
+        fuse_accumulations(*c, g, u);
+        fuse_epilogues(*c, g, u);
+    }
     fuse_linear_ce(*c, g);
     if (c->profile) {
         while (c->prof_events.size() < 2 * g->nodes.size()) {

@@ -31,7 +31,7 @@ bg_wait() {
 }
 # unpack: the binaries of .devcarry/gpu-bins.tar.xz into B (and OOMB_BIN_DIR); r05 LABEL [ENV...]: the 0.5B one
 # chunk of 32K, 3 steps; r7b LABEL [ENV...]: 7B --trainable linear dense 128K, one step, profiled (logs in R);
-# s7b: the same 7B sparse 64 pages; fixtures_qwen2: test-cuda-qwen2 on the HF fixtures.
+# s7b: the same 7B sparse 64 pages; s3b: Qwen2.5-3B sparse 64 pages (an 80 GB card); fixtures_qwen2: test-cuda-qwen2 on the HF fixtures.
 # A driver that defines its own after sourcing this one uses its own.
 unpack() {
     cp .devcarry/gpu-bins.tar.xz .devcarry/bins-commit.txt $K/ && tar -xJf $K/gpu-bins.tar.xz -C $B || return 1
@@ -70,4 +70,12 @@ s7b() {  # s7b LABEL [ENV...]: 7B --trainable linear sparse 64 pages at 128K wit
         --offload off --attn-cache --attn-cache-type bf16 --sparse-pages 64 --sparse-score mean --sparse-sink 0 --sparse-local 0 \
         -o /tmp/s7b > $R/7b-128k-sparse64-$lab.log 2>&1
     echo "7b 128K sparse64 $lab rc=$?"; grep -E "^step|error|page_select|paged_attn|mul_mat |GPU time" $R/7b-128k-sparse64-$lab.log | head -8
+}
+s3b() {  # s3b LABEL [ENV...]: Qwen2.5-3B --trainable linear sparse 64 pages at 128K, no attention cache (fits an 80 GB card), one step
+    local lab=$1; shift
+    rm -rf /tmp/s3b
+    env "$@" timeout 150 $B/oomb-train --preset qwen2.5-3b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
+        --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
+        --offload off --sparse-pages 64 --sparse-score mean -o /tmp/s3b > $R/3b-128k-sparse64-$lab.log 2>&1
+    echo "3b 128K sparse64 $lab rc=$?"; grep -E "^step|error|device total|paged_attn|mul_mat " $R/3b-128k-sparse64-$lab.log | head -8
 }

@@ -17,7 +17,7 @@
 #   fixtures test-cuda-qwen2 against the HF fixtures (carry build-carry alone)
 usage="usage: $0 pa | pa2 | tpa | h100 | h200 | h200min | fixtures"
 case ${1:-} in pa|pa2|tpa|h100|h200|h200min|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
-source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, s7b, fixtures_qwen2
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, s7b, s3b, fixtures_qwen2
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,driver_version --format=csv,noheader
 if [ "$1" = fixtures ]; then fixtures_qwen2; exit; fi
 [ -x $B/oomb-train ] || unpack || exit 1
@@ -38,14 +38,6 @@ pa)
 h100)
     tests test-cuda-paged-attn:200
     rand_ids
-    s3b() {
-        local lab=$1; shift
-        rm -rf /tmp/s3b
-        env "$@" timeout 150 $B/oomb-train --preset qwen2.5-3b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
-            --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
-            --offload off --sparse-pages 64 --sparse-score mean -o /tmp/s3b > $R/3b-128k-sparse64-$lab.log 2>&1
-        echo "3b 128K sparse64 $lab rc=$?"; grep -E "^step|error|device total|paged_attn|mul_mat " $R/3b-128k-sparse64-$lab.log | head -8
-    }
     s3b v13 OOMB_PAGED_ATTN_LISTSBWD=13 OOMB_CUDA_PROFILE=1
     s3b v0 OOMB_PAGED_ATTN_LISTSBWD=0 OOMB_CUDA_PROFILE=1
     s3b v13b OOMB_PAGED_ATTN_LISTSBWD=13

@@ -21,7 +21,7 @@
 usage="usage: $0 h200 | tpa | epi | e7b | h200b | ab05 | s7 | h100b | h200c"
 case ${1:-} in h200|tpa|epi|e7b|h200b|ab05|s7|h100b|h200c) ;; *) echo "$usage"; exit 2 ;; esac
 OFF="OOMB_CUDA_FUSE_EPI=0 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0 OOMB_CUDA_FUSE_NORM=0"
-source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, s7b
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05, s7b, s3b
 nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,power.limit,driver_version --format=csv,noheader
 [ -x $B/oomb-train ] || unpack || exit 1
 r05n() {  # r05n LABEL STEPS [ENV...]: the 0.5B one-chunk run for STEPS steps (tok/s of steps 2.. in the log)
@@ -63,14 +63,6 @@ h100b)
     r05n tune 6 OOMB_CUDA_LT_TUNE=1
     r05n new2 6
     r05n tune2 6 OOMB_CUDA_LT_TUNE=1
-    s3b() {
-        local lab=$1; shift
-        rm -rf /tmp/s3b
-        env "$@" timeout 150 $B/oomb-train --preset qwen2.5-3b --device cuda --ctx 131072 --chunk 2048 --page 128 --steps 1 \
-            --warmup 1 --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable linear --opt-state bf16 \
-            --offload off --sparse-pages 64 --sparse-score mean -o /tmp/s3b > $R/3b-128k-sparse64-$lab.log 2>&1
-        echo "3b 128K sparse64 $lab rc=$?"; grep -E "^step|error" $R/3b-128k-sparse64-$lab.log | head -3
-    }
     s3b new
     s3b off $OFF
     log end ;;
