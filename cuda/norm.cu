@@ -2,6 +2,9 @@
 
 #include "norm.cuh"
 
+#include <cstdlib>
+#include <type_traits>
+
 using oomb::shape_str;
 
 namespace {
@@ -169,6 +172,77 @@ __global__ void k_rms_norm_dw_final(const double * partial, int64_t n_part, int6
     dw[j] = (float) t;
 }
 
+// rms_norm_mul_back's dx and dw in one pass over x and dy, for rows of at most 128 * NV floats (ne0 % 4 == 0,
+// rows 16-byte aligned): the separate dw pass above re-reads x and dy (at 0.5B, [896, 32768] each: ~40 % of the
+// op's bytes). Block b's warp w takes the rows b * 8 + w + k * (n_part * 8), k = 0, 1, ..., exactly the rows
+// k_rms_norm_dw_partial's thread (column, threadIdx.y = w) of block y = b sums, in the same order; lane l keeps
+// its columns 4 * (l + 32 k) .. +3 in double, and the warps' sums are added in warp order 0..7, as that kernel
+// adds its threadIdx.y rows: partial[b][col] and so dw are bit-identical to the two-pass path, with c1 (the f32
+// s of the row) computed by the same code as k_rms_norm_warp's. dx as k_rms_norm_warp<true, float, true, ACC>.
+template <int NV, bool ACC>
+__global__ void __launch_bounds__(256) k_rms_norm_back_dw(oomb_tv dst, oomb_tv xa, oomb_tv dya, const float * __restrict__ w, int64_t nr,
+                                                          float eps, double * partial) {
+    __shared__ double sh[128 * NV];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int64_t n4 = xa.ne[0] / 4;
+    const float4 * w4 = (const float4 *) w;
+    double acc[NV][4];
+#pragma unroll
+    for (int k = 0; k < NV; k++) acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = 0.0;
+    const double n = (double) xa.ne[0];
+    for (int64_t r = blockIdx.x * (int64_t) 8 + warp; r < nr; r += (int64_t) gridDim.x * 8) {
+        const float4 * x = (const float4 *) (xa.d + oomb_row_off(xa, r));
+        const float4 * dy = (const float4 *) (dya.d + oomb_row_off(dya, r));
+        double ss = 0.0, xg = 0.0;
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t i = lane + 32 * k;
+            if (i < n4) {
+                const float4 v = x[i], q = mul4(dy[i], w4[i]);
+                ss += (double) v.x * v.x + (double) v.y * v.y + (double) v.z * v.z + (double) v.w * v.w;
+                xg += (double) v.x * q.x + (double) v.y * q.y + (double) v.z * q.z + (double) v.w * q.w;
+            }
+        }
+        ss = oomb_warp_sum(ss);
+        xg = oomb_warp_sum(xg);
+        const double sd = 1.0 / sqrt(ss / n + (double) eps);
+        const float c1 = (float) sd;
+        const float c2 = (float) (sd * sd * sd / n * xg);
+        float4 * d4 = (float4 *) (dst.d + oomb_row_off(dst, r));
+#pragma unroll
+        for (int k = 0; k < NV; k++) {
+            const int64_t i = lane + 32 * k;
+            if (i < n4) {
+                const float4 v = x[i], g = dy[i], q = mul4(g, w4[i]);
+                float4 o = make_float4(__fsub_rn(__fmul_rn(c1, q.x), __fmul_rn(c2, v.x)), __fsub_rn(__fmul_rn(c1, q.y), __fmul_rn(c2, v.y)),
+                                       __fsub_rn(__fmul_rn(c1, q.z), __fmul_rn(c2, v.z)), __fsub_rn(__fmul_rn(c1, q.w), __fmul_rn(c2, v.w)));
+                if constexpr (ACC) {
+                    const float4 a = d4[i];
+                    o = make_float4(__fadd_rn(a.x, o.x), __fadd_rn(a.y, o.y), __fadd_rn(a.z, o.z), __fadd_rn(a.w, o.w));
+                }
+                d4[i] = o;
+                acc[k][0] += (double) __fmul_rn(g.x, __fmul_rn(v.x, c1));
+                acc[k][1] += (double) __fmul_rn(g.y, __fmul_rn(v.y, c1));
+                acc[k][2] += (double) __fmul_rn(g.z, __fmul_rn(v.z, c1));
+                acc[k][3] += (double) __fmul_rn(g.w, __fmul_rn(v.w, c1));
+            }
+        }
+    }
+    // the warps' sums in warp order (0 + warp 0 + warp 1 ...: k_rms_norm_dw_partial's order over threadIdx.y)
+    for (int i = threadIdx.x; i < 128 * NV; i += blockDim.x) sh[i] = 0.0;
+    __syncthreads();
+    for (int wi = 0; wi < 8; wi++) {
+        if (warp == wi) {
+#pragma unroll
+            for (int k = 0; k < NV; k++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sh[4 * (lane + 32 * k) + e] += acc[k][e];
+        }
+        __syncthreads();
+    }
+    for (int64_t j = threadIdx.x; j < xa.ne[0]; j += blockDim.x) partial[blockIdx.x * xa.ne[0] + j] = sh[j];
+}
+
 // rows usable by k_rms_norm_warp: unit stride, ne0 % 4 == 0, rows 16-byte aligned (8-byte for a
 // bf16 result: es = its element size)
 bool rows_vec4(const oomb_tensor * t, size_t es = sizeof(float)) {
@@ -265,11 +339,38 @@ void oomb_cuda_rms_norm_mul_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oom
         CUDA_CHECK(cudaMemsetAsync(dw, 0, (size_t) ne0 * sizeof(float), c.stream));
         return;
     }
+    const int64_t n_part = std::max<int64_t>(1, std::min<int64_t>(512, nr / (k_dw_rows * 16)));
+    double * partial = (double *) c.scratch(oomb_cuda_ctx::SLOT_K0 + 1, (size_t) n_part * (size_t) ne0 * sizeof(double));
+    // dx and dw's partial sums in one pass (k_rms_norm_back_dw) for rows of up to 1,024 floats; OOMB_CUDA_NORM_ONEPASS=0:
+    // two passes (the same bits)
+    static const bool one_pass_on = !getenv("OOMB_CUDA_NORM_ONEPASS") || atoi(getenv("OOMB_CUDA_NORM_ONEPASS")) != 0;
+    oomb_tensor * dxo = &dxv;  // the dx rows: dst's start, or the accumulation (acc_dx)
+    if (one_pass_on && ne0 <= 1024 && rows_vec4(x) && rows_vec4(dy) && rows_vec4(dxo) && (uintptr_t) w->data % 16 == 0) {
+        const int nv = (int) ((ne0 / 4 + 31) / 32);
+        const float * wd = (const float *) w->data;
+        auto go = [&](auto NVc) {
+            constexpr int NV = decltype(NVc)::value;
+            if (acc_dx) k_rms_norm_back_dw<NV, true><<<(unsigned) n_part, 256, 0, c.stream>>>(oomb_make_tv(dxo), oomb_make_tv(x), oomb_make_tv(dy), wd, nr, eps, partial);
+            else k_rms_norm_back_dw<NV, false><<<(unsigned) n_part, 256, 0, c.stream>>>(oomb_make_tv(dxo), oomb_make_tv(x), oomb_make_tv(dy), wd, nr, eps, partial);
+        };
+        switch (nv) {
+            case 1: go(std::integral_constant<int, 1>()); break;
+            case 2: go(std::integral_constant<int, 2>()); break;
+            case 3: go(std::integral_constant<int, 3>()); break;
+            case 4: go(std::integral_constant<int, 4>()); break;
+            case 5: go(std::integral_constant<int, 5>()); break;
+            case 6: go(std::integral_constant<int, 6>()); break;
+            case 7: go(std::integral_constant<int, 7>()); break;
+            default: go(std::integral_constant<int, 8>()); break;
+        }
+        OOMB_CUDA_LAUNCHED(c, "rms_norm_mul_back (dx and dw partial sums)");
+        k_rms_norm_dw_final<<<(unsigned) ((ne0 + 255) / 256), 256, 0, c.stream>>>(partial, n_part, ne0, dw);
+        OOMB_CUDA_LAUNCHED(c, "rms_norm_mul_back (dw)");
+        return;
+    }
     float * srow = (float *) c.scratch(oomb_cuda_ctx::SLOT_K0, (size_t) nr * sizeof(float));
     back(srow);
     OOMB_CUDA_LAUNCHED(c, "rms_norm_mul_back (dx)");
-    const int64_t n_part = std::max<int64_t>(1, std::min<int64_t>(512, nr / (k_dw_rows * 16)));
-    double * partial = (double *) c.scratch(oomb_cuda_ctx::SLOT_K0 + 1, (size_t) n_part * (size_t) ne0 * sizeof(double));
     const dim3 grid1((unsigned) ((ne0 + k_dw_cols - 1) / k_dw_cols), (unsigned) n_part), block1(k_dw_cols, k_dw_rows);
     auto flat = [](const oomb_tensor * t) { return t->nb[2] == t->nb[1] * (size_t) t->ne[1] && t->nb[3] == t->nb[2] * (size_t) t->ne[2]; };
     if (flat(x) && flat(dy)) k_rms_norm_dw_partial<true><<<grid1, block1, 0, c.stream>>>(oomb_make_tv(x), oomb_make_tv(dy), srow, nr, partial);

@@ -809,10 +809,12 @@ TEST_F(CudaOps, RmsNormAndBack) {
 // rms_norm_mul (f32 and bf16 results) and rms_norm_mul_back (dx alone; dx and dw packed): the warp-
 // per-row kernels (ne0 % 4 == 0, up to 4096) and the block-per-row ones (37, 1, 4100, 898), dw's
 // column sums over one partial (few rows) and many (3,000 rows: 23 partials), transposed inputs.
+// Rows of up to 1,024 floats with dw take the one-pass kernel (k_rms_norm_back_dw: 896, 64, 100, 1024,
+// 132 (33 float4 per row: a second, almost empty column group per lane), 512 over 2,100 / 257 rows).
 TEST_F(CudaOps, RmsNormMulAndBack) {
     REQUIRE_CUDA();
     const int64_t shapes[][3] = {{896, 13, 1}, {37, 5, 3}, {1, 9, 1}, {3000, 4, 2}, {4096, 3, 1}, {4100, 3, 1}, {898, 5, 1},
-                                 {64, 3000, 1}, {100, 1001, 1}};
+                                 {64, 3000, 1}, {100, 1001, 1}, {1024, 2100, 1}, {132, 700, 1}, {512, 257, 1}};
     for (const auto & s : shapes) {
         for (int view = 0; view < 3; view++) {
             char name[128];
