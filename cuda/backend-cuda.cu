@@ -23,6 +23,7 @@
 #include <string>
 #include <cstdio>
 #include <unordered_map>
+#include <unordered_set>
 #include <cstdlib>
 #include <cstring>
 
@@ -90,6 +91,7 @@ void oomb_cuda_ctx::bf16_copies_after(const oomb_tensor * node) {
 
 void * oomb_cuda_ctx::try_scratch(int slot, size_t bytes) {
     if (slot < 0 || slot >= N_SLOTS) oomb_error("cuda: scratch slot %d out of range", slot);
+    slot_req[slot] = std::max(slot_req[slot], bytes);
     // oomb_cuda_debug_set_scratch_limit (tests): a request above the limit takes the allocation path
     // below, where blocks above the limit fail as cudaMallocAsync would out of memory
     const bool over = debug_scratch_limit && bytes > debug_scratch_limit;
@@ -107,8 +109,7 @@ void * oomb_cuda_ctx::try_scratch(int slot, size_t bytes) {
         return cudaMallocAsync(q, n, stream);
     };
     const size_t exact = (std::max<size_t>(bytes, 256) + 255) & ~(size_t) 255;
-    size_t sz = exact + exact / 4; // headroom for slowly growing requests
-    sz = (sz + 255) & ~(size_t) 255;
+    size_t sz = scratch_block_bytes(bytes);
     void * p = nullptr;
     cudaError_t e = alloc(sz, &p);
     if (e != cudaSuccess) {
@@ -123,6 +124,12 @@ void * oomb_cuda_ctx::try_scratch(int slot, size_t bytes) {
     slot_ptr[slot] = p;
     slot_cap[slot] = sz;
     return p;
+}
+
+size_t oomb_cuda_ctx::scratch_block_bytes(size_t bytes) {
+    const size_t exact = (std::max<size_t>(bytes, 256) + 255) & ~(size_t) 255;
+    const size_t sz = exact + std::min<size_t>(exact / 4, (size_t) 64 << 20);
+    return (sz + 255) & ~(size_t) 255;
 }
 
 void * oomb_cuda_ctx::scratch(int slot, size_t bytes) {
@@ -814,6 +821,34 @@ void cuda_free_backend(oomb_backend_t b) {
     delete b;
 }
 
+// oomb_backend_graph_scratch: the linear_cross_entropy kernels' slots (the largest request of each over
+// g's nodes, as scratch blocks); a backward whose lse is a view of a forward of g counts as fused when
+// fusion is on (fuse_linear_ce may still keep the pair apart: then the tiled path asks for less).
+size_t cuda_graph_scratch(oomb_backend_t, const oomb_cgraph * g) {
+    size_t slot[5] = {0, 0, 0, 0, 0};
+    const bool fuse = !g->is_view && !env_flag_off("OOMB_CUDA_FUSE") && !env_flag_off("OOMB_CUDA_FUSE_LCE");
+    std::unordered_set<const oomb_tensor *> nodes(g->nodes.begin(), g->nodes.end()), fused_fwd;
+    auto count = [&](const oomb_tensor * t, const oomb_tensor * F) {
+        size_t b[5];
+        oomb_cuda_linear_ce_scratch(t, F, b);
+        for (int i = 0; i < 5; i++) slot[i] = std::max(slot[i], b[i]);
+    };
+    for (const oomb_tensor * t : g->nodes) {
+        if (t->op != OOMB_OP_LINEAR_CROSS_ENTROPY_BACK) continue;
+        const oomb_tensor * lse = t->src[4];
+        const oomb_tensor * F = lse && lse->op == OOMB_OP_VIEW ? lse->view_src : nullptr;
+        const bool fused = fuse && F && F->op == OOMB_OP_LINEAR_CROSS_ENTROPY && nodes.count(F) && oomb_cuda_linear_ce_fusable(t->src[0]);
+        count(t, fused ? F : nullptr);
+        if (fused) fused_fwd.insert(F);
+    }
+    for (const oomb_tensor * t : g->nodes)
+        if (t->op == OOMB_OP_LINEAR_CROSS_ENTROPY && !fused_fwd.count(t)) count(t, nullptr);
+    size_t sum = 0;
+    for (size_t b : slot)
+        if (b) sum += oomb_cuda_ctx::scratch_block_bytes(b);
+    return sum;
+}
+
 const oomb_backend_i k_cuda_iface = {
     /* name          */ cuda_name,
     /* is_host       */ cuda_is_host,
@@ -839,6 +874,7 @@ const oomb_backend_i k_cuda_iface = {
     /* event_query   */ cuda_event_query,
     /* event_new_timed */ cuda_event_new_timed,
     /* event_elapsed_ms */ cuda_event_elapsed_ms,
+    /* graph_scratch */ cuda_graph_scratch,
 };
 
 } // namespace
@@ -913,6 +949,18 @@ void oomb_cuda_debug_set_scratch_limit(oomb_backend_t backend, size_t bytes) {
     oomb_cuda_ctx & c = oomb_cuda_ctx_of(backend);
     c.debug_scratch_limit = bytes;
     c.lce_bytes_fit = 0;
+}
+
+// Test hook: the scratch blocks the linear_cross_entropy kernels' slots (SLOT_K0..SLOT_K0 + 4; others share the first
+// two with small requests) asked for since the last reset, as oomb_backend_graph_scratch counts them; reset: forget them.
+size_t oomb_cuda_debug_lce_scratch(oomb_backend_t backend, bool reset) {
+    oomb_cuda_ctx & c = oomb_cuda_ctx_of(backend);
+    size_t sum = 0;
+    for (int s = oomb_cuda_ctx::SLOT_K0; s < oomb_cuda_ctx::SLOT_K0 + 5; s++) {
+        if (c.slot_req[s]) sum += oomb_cuda_ctx::scratch_block_bytes(c.slot_req[s]);
+        if (reset) c.slot_req[s] = 0;
+    }
+    return sum;
 }
 
 // Test hook: the rows per block of the last fused linear cross-entropy pass (0: none ran).

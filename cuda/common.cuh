@@ -88,6 +88,7 @@ struct oomb_cuda_ctx {
     static_assert(SLOT_SELECT < SLOT_BF16, "kernels use scratch slots up to SLOT_K0 + 4 (linear_cross_entropy), then SLOT_PAGED, SLOT_SELECT");
     void * slot_ptr[N_SLOTS] = {nullptr};
     size_t slot_cap[N_SLOTS] = {0};
+    size_t slot_req[N_SLOTS] = {0};  // the largest request per slot since the last oomb_cuda_debug_lce_scratch(reset) (tests)
 
     oomb_cuda_err_rec * d_err = nullptr; // device memory
     bool check_err = false;              // a kernel that records errors ran since the last check
@@ -109,6 +110,9 @@ struct oomb_cuda_ctx {
     // The same, but nullptr when the device has no block of that size (after trying without the
     // headroom): for callers that can work in smaller pieces. Any earlier block of the slot is gone.
     void * try_scratch(int slot, size_t bytes);
+    // The block a slot allocates for a request of `bytes`: 256-byte granules plus headroom for slowly
+    // growing requests (a quarter, at most 64 MiB: a 1.2 GiB logits block keeps 64 MiB, not 300).
+    static size_t scratch_block_bytes(size_t bytes);
     size_t debug_scratch_limit = 0;  // oomb_cuda_debug_set_scratch_limit (tests): larger blocks fail to allocate
 
     // bf16 copies of f32 GEMM operands (mul-mat.cu) in scratch slots SLOT_BF16..: a copy is reused

@@ -376,6 +376,25 @@ void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_t
 
 bool oomb_cuda_linear_ce_fusable(const oomb_tensor * w) { return w_in_place(w); }
 
+void oomb_cuda_linear_ce_scratch(const oomb_tensor * node, const oomb_tensor * fused_fwd, size_t bytes[5]) {
+    const oomb_tensor * w = node->src[0], * x = node->src[1];
+    const size_t E = (size_t) w->ne[0], V = (size_t) w->ne[1], N = (size_t) oomb_nrows(x);
+    for (int i = 0; i < 5; i++) bytes[i] = 0;
+    if (N == 0) return;
+    static_assert(SLOT_C == SLOT_X + 1 && SLOT_W == SLOT_X + 2 && SLOT_G == SLOT_X + 3 && SLOT_S == SLOT_X + 4, "bytes[] follows the slots");
+    bytes[0] = E * N * 2;
+    bytes[4] = N * (3 * sizeof(double) + 3 * sizeof(float));
+    if (fused_fwd) {  // as oomb_cuda_linear_ce_fused (before any fallback to smaller blocks)
+        const int64_t tile = oomb_linear_cross_entropy_tile_request(std::max<int64_t>(fused_fwd->op_params[1], node->op_params[1]));
+        bytes[1] = V * (size_t) oomb_cuda_linear_ce_fused_rows((int64_t) V, (int64_t) N, tile) * sizeof(float);
+        return;
+    }
+    const size_t vt = (size_t) oomb_linear_cross_entropy_tile((int64_t) V, (int64_t) N, node->op_params[1]);  // as take_scratch
+    bytes[1] = vt * N * sizeof(float);
+    if (!w_in_place(w)) bytes[2] = E * vt * 2;
+    if (node->op == OOMB_OP_LINEAR_CROSS_ENTROPY_BACK) bytes[3] = vt * N * 2;
+}
+
 int64_t oomb_cuda_linear_ce_fused_rows(int64_t V, int64_t N, int64_t tile) {
     if (V <= 0 || N <= 0) return 0;
     int64_t r = 0;

@@ -42,6 +42,11 @@ void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_t
 void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor * back, const oomb_tensor * w, const oomb_tensor * x,
                                const oomb_tensor * labels, const oomb_tensor * dloss, float * acc_dw);
 bool oomb_cuda_linear_ce_fusable(const oomb_tensor * w);
+// The scratch requests of one node, per slot of the linear_cross_entropy kernels (bytes[0..4]: x in bf16,
+// the logits block, w's converted rows, dlogits, the row state), as its launch will make them: node a
+// linear_cross_entropy or a linear_cross_entropy_back run apart, or (fused_fwd its forward) the backward of
+// a fused pair. For oomb_backend_graph_scratch.
+void oomb_cuda_linear_ce_scratch(const oomb_tensor * node, const oomb_tensor * fused_fwd, size_t bytes[5]);
 // Rows per block of the fused pass for V classes and N rows: the most whose [V, rows] f32 logits
 // fit 1.25 GiB, or, with tile > 0 (a vocabulary tile set on the op or OOMB_LCE_TILE), the tiled
 // path's [min(tile, V), N] (at least one row); OOMB_LCE_ROWS > 0 instead, for tests; at most N, then

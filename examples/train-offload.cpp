@@ -94,7 +94,7 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     size_t used0 = 0, total = 0;
     const bool has_dev = oomb_backend_memory(be, &used0, &total);
     // the chunk arena: plan the graphs of one chunk once (stage 2's and stage 1's when chunked)
-    size_t arena = 0;
+    size_t arena = 0, scratch = 0;  // scratch: the backend's beside the arena (the LM head's logits block on CUDA)
     {
         ChunkParams probe = *tp;
         probe.max_tokens = std::min(tp->chunk, tp->max_tokens) + (chunked ? 1 : 0);
@@ -105,6 +105,9 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
         if (!tp->with_grad) arena = d.planned_bytes(T, ChunkKind::Loss);
         else if (chunked) arena = d.planned_bytes(T, ChunkKind::Backward) + d.planned_bytes(T, ChunkKind::Fill);
         else arena = d.planned_bytes(T, ChunkKind::BackwardStore);
+        if (!tp->with_grad) scratch = d.backend_scratch_bytes(T, ChunkKind::Loss);
+        else if (chunked) scratch = std::max(d.backend_scratch_bytes(T, ChunkKind::Backward), d.backend_scratch_bytes(T, ChunkKind::Fill));
+        else scratch = d.backend_scratch_bytes(T, ChunkKind::BackwardStore);
     }
     const double attn_cache = tp->cache_attn && tp->with_grad && chunked
                                   ? (double) oomb_paged_attn_cache_row(c.head_dim, c.n_head, tp->cache_attn_type) *
@@ -120,7 +123,7 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     const double sparse_tables = tp->sparse.pages > 0 ? 4.0 * (double) n_pages * 6.0 * (double) c.n_layer : 0.0;
     const double margin = has_dev ? 1.0 * (1 << 30) + 0.03 * (double) total : 0.0;
     const double free_kv =
-        has_dev ? (double) total - (double) used0 - (double) arena - attn_cache - summaries - sparse_tables - margin : 1e300;
+        has_dev ? (double) total - (double) used0 - (double) arena - (double) scratch - attn_cache - summaries - sparse_tables - margin : 1e300;
     const double all_kv = page_bytes * (double) n_pages;
     const bool budget_given = oo.gpu_kv_budget >= 0;
     const double budget = budget_given ? std::max(0.0, oo.gpu_kv_budget * (double) (1ull << 30)) : free_kv;  // -0 prints as 0
@@ -197,10 +200,11 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
                                         (tp->with_grad ? (double) std::max(used.block_pages, used.chunk_pages) * page_elems / (double) c.n_layer * grad_es : 0.0)
                                   : 0.0;
     const std::string dev = oomb_backend_name(be);
-    printf("memory plan (%s%s): %s %s | chunk arena %s (chunk %" PRId64 ")%s\n", dev.c_str(),
+    printf("memory plan (%s%s): %s %s | chunk arena %s (chunk %" PRId64 ")%s%s\n", dev.c_str(),
            has_dev ? (", " + fmt_bytes((double) total)).c_str() : "", !tp->with_grad ? "weights" : optimizer ? "weights, gradients and optimizer state" : "weights and gradients",
            fmt_bytes(has_dev ? (double) used0 : (double) rss_bytes()).c_str(),
            fmt_bytes((double) arena).c_str(), std::min(tp->chunk, tp->max_tokens),
+           scratch > 0 ? (" + LM-head scratch " + fmt_bytes((double) scratch)).c_str() : "",
            attn_cache > 0 ? (" | attention cache " + fmt_bytes(attn_cache)).c_str() : "");
     printf("             KV cache %" PRId64 " pages of %" PRId64 " tokens, %s per page over %" PRId64 " layers (K/V %s%s): ", n_pages, P,
            fmt_bytes(page_bytes).c_str(), c.n_layer, oomb_type_name(tp->kv_type), tp->with_grad ? (std::string(" + ") + oomb_type_name(tp->kv_grad_type) + " gradients").c_str() : "");
@@ -216,7 +220,7 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
                tiered ? (" + page tables of the streamed nodes " + fmt_bytes(sparse_tables)).c_str() : "",
                tiered ? "; only the selected history pages stream" : "");
     if (has_dev) {
-        const double need = (double) used0 + (double) arena + attn_cache + dev_kv + sparse_dev;
+        const double need = (double) used0 + (double) arena + (double) scratch + attn_cache + dev_kv + sparse_dev;
         printf("             device total %s of %s%s\n", fmt_bytes(need).c_str(), fmt_bytes((double) total).c_str(),
                budget_given ? (" (KV budget " + fmt_bytes(budget) + ")").c_str() : "");
         if (need + 0.5 * margin > (double) total) {

@@ -217,6 +217,9 @@ public:
 
     /// Arena bytes planned for the chunk graph of length T and kind; plans it if needed.
     size_t planned_bytes(int64_t T, ChunkKind kind);
+    /// Device scratch the backend will hold for that graph beyond the arena (oomb_backend_graph_scratch:
+    /// the LM head's logits blocks on CUDA; 0 on the CPU); plans the graph if needed.
+    size_t backend_scratch_bytes(int64_t T, ChunkKind kind);
     oomb_kv_cache_t kv_cache() const { return kv_; }
     /// Bytes of the attention-result cache (0 unless ChunkParams::cache_attn).
     size_t attn_cache_bytes() const;

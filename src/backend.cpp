@@ -35,6 +35,10 @@ bool oomb_backend_memory(oomb_backend_t backend, size_t * used, size_t * total) 
     if (total) *total = ok ? t : 0;
     return ok;
 }
+size_t oomb_backend_graph_scratch(oomb_backend_t backend, const struct oomb_cgraph * graph) {
+    if (!backend || !graph || !backend->iface->graph_scratch) return 0;
+    return backend->iface->graph_scratch(backend, graph);
+}
 const char * oomb_status_name(enum oomb_status status) {
     switch (status) {
         case OOMB_STATUS_OK: return "ok";

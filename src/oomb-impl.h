@@ -66,6 +66,8 @@ struct oomb_backend_i {
     bool   (*event_query)(oomb_backend_t b, void * ev);
     void * (*event_new_timed)(oomb_backend_t b);              // an event that records a time
     float  (*event_elapsed_ms)(oomb_backend_t b, void * start, void * end);
+    // --- v3 (NULL: 0) ---
+    size_t (*graph_scratch)(oomb_backend_t b, const oomb_cgraph * g);  // oomb_backend_graph_scratch
 };
 
 struct oomb_buffer_type {

@@ -218,6 +218,16 @@ TEST_F(Backend, HugeAllocationFailsAndNullHandlesAreErrors) {
     EXPECT_OOMB_ERROR(oomb_tensor_alloc(nullptr, t, 0), "buffer is NULL");
     EXPECT_OOMB_ERROR(oomb_tensor_set(t, nullptr, 0, 16), "data is NULL");
     EXPECT_OOMB_ERROR(oomb_tensor_get(t, nullptr, 0, 16), "data is NULL");
+    // the kernels' scratch beside a graph (a memory plan's term): none on the CPU, none for no graph
+    {
+        oomb_tensor * w = oomb_new_tensor_2d(ctx, OOMB_TYPE_F32, 4, 50), * x = oomb_new_tensor_2d(ctx, OOMB_TYPE_F32, 4, 3);
+        oomb_tensor * lab = oomb_new_tensor_1d(ctx, OOMB_TYPE_I32, 3);
+        oomb_cgraph * g = oomb_new_graph(ctx);
+        oomb_build_forward_expand(g, oomb_linear_cross_entropy(ctx, w, x, lab, -100));
+        EXPECT_EQ(oomb_backend_graph_scratch(be, g), 0u);
+        EXPECT_EQ(oomb_backend_graph_scratch(be, nullptr), 0u);
+        EXPECT_EQ(oomb_backend_graph_scratch(nullptr, g), 0u);
+    }
     // overlapping views of one tensor cannot be copied onto each other
     oomb_tensor * a = oomb_view_1d(ctx, t, 8, 0);
     oomb_tensor * b = oomb_view_1d(ctx, t, 8, 4 * sizeof(float));

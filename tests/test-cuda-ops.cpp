@@ -31,6 +31,8 @@ int64_t oomb_cuda_debug_fused_lce_count(oomb_backend_t backend);
 // scratch requests above a limit fail as if out of memory; the last fused pass's rows per block
 void oomb_cuda_debug_set_scratch_limit(oomb_backend_t backend, size_t bytes);
 int64_t oomb_cuda_debug_last_lce_rows(oomb_backend_t backend);
+// the linear_cross_entropy slots' blocks asked for since the last reset (as oomb_backend_graph_scratch counts them)
+size_t oomb_cuda_debug_lce_scratch(oomb_backend_t backend, bool reset);
 #endif
 
 namespace {
@@ -1251,10 +1253,22 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
                     if (with_acc) oomb_tensor_set(dx_out, junk.data(), 0, (size_t) (E * N) * 4);
                     oomb_tensor_set(l->view_src, junk.data(), 0, (size_t) (N + 2) * 4);
                     if (with_acc) oomb_tensor_set(acc, acc0.data(), 0, acc0.size() * 4);
+#ifdef OOMB_USE_CUDA
+                    // the memory plan's estimate of the kernels' scratch (oomb_backend_graph_scratch), made before
+                    const size_t scratch_est = real ? oomb_backend_graph_scratch(cu, g) : 0;
+                    if (real) oomb_cuda_debug_lce_scratch(cu, true);
+#endif
                     oomb_backend_graph_compute(cu, g);
                     oomb_backend_synchronize(cu);
 #ifdef OOMB_USE_CUDA
                     if (real) {
+                        // exact where the estimate's fusion guess holds; where fuse_linear_ce keeps the pair apart
+                        // (a loss read or dloss of F between them: modes 1, 3, 4) an upper bound; with the scratch
+                        // limit (oom) the pass takes smaller blocks than planned
+                        const size_t scratch_used = oomb_cuda_debug_lce_scratch(cu, true);
+                        if (!oom && (fused || setting != 0)) EXPECT_EQ(scratch_est, scratch_used) << "mode " << mode << " setting " << setting;
+                        else EXPECT_GE(scratch_est, scratch_used) << "mode " << mode << " setting " << setting;
+                        EXPECT_GT(scratch_used, 0u);
                         oomb_cuda_debug_set_scratch_limit(cu, 0);
                         EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cu) - before, fused ? 1 : 0)
                             << "V " << V << " rows '" << rows << "' setting " << setting << " mode " << mode;

@@ -278,6 +278,8 @@ ChunkDriver::Graph & ChunkDriver::graph(int64_t T, ChunkKind kind, bool lists) {
 
 size_t ChunkDriver::planned_bytes(int64_t T, ChunkKind kind) { return oomb_gallocr_planned_size(graph(T, kind).galloc); }
 
+size_t ChunkDriver::backend_scratch_bytes(int64_t T, ChunkKind kind) { return oomb_backend_graph_scratch(shape_.backend, graph(T, kind).g); }
+
 size_t ChunkDriver::arena_allocated_bytes() const {
     std::set<oomb_gallocr_t> seen;
     size_t sum = 0;
