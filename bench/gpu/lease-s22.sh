@@ -2,10 +2,10 @@
 # Session 22 on the GPU machine (2026-12-06, fifth session): the figures of sessions 20-21 that no GPU has run yet.
 # The runs go in the background (setsid: longer than one 10-minute command); every call tars the results so far into
 # $OUT/s22.tgz (a call brings back at most 8 files).
-#   start h200   on the H200: the 0.5B one chunk of 32K (6 steps), HF + SDPA, the 0.5B again (the issue-16 ratio);
+#   start h200   on the H200: test-cuda-ops, test-cuda-backend; the 0.5B one chunk of 32K (6 steps), HF + SDPA, the 0.5B again (the issue-16 ratio);
 #                7B --trainable linear sparse 64 at 128K (the issue-13 figure); (FULL=1: then the 0.5B with the norm's
 #                two passes (OOMB_CUDA_NORM_ONEPASS=0), the 7B step with everything of session 21 off ($OFF), and
-#                test-cuda-ops, test-cuda-backend, test-cuda-paged-attn)
+#                test-cuda-paged-attn)
 #   start h100   on an H100: test-cuda-ops, test-cuda-backend; the 0.5B one chunk of 32K: new, with the timing of
 #                cuBLASLt's candidates (OOMB_CUDA_LT_TUNE=1), with the norm's two passes (OOMB_CUDA_NORM_ONEPASS=0),
 #                twice; Qwen2.5-3B sparse 64 at 128K new and $OFF
@@ -42,12 +42,13 @@ rand_ids
 log start
 case $2 in
 h200)
+    tests test-cuda-ops:300 test-cuda-backend:150
     r05n new 6; hf; r05n new2 6
     s7b new
     if [ -n "\${FULL:-}" ]; then
         r05n twopass 6 OOMB_CUDA_NORM_ONEPASS=0
         s7b off \$OFF
-        tests test-cuda-ops:300 test-cuda-backend:150 test-cuda-paged-attn:300
+        tests test-cuda-paged-attn:300
     fi ;;
 h100)
     tests test-cuda-ops:300 test-cuda-backend:150
