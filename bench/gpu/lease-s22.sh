@@ -9,9 +9,11 @@
 #   start h100   on an H100: test-cuda-ops, test-cuda-backend; the 0.5B one chunk of 32K: new, with the timing of
 #                cuBLASLt's candidates (OOMB_CUDA_LT_TUNE=1), with the norm's two passes (OOMB_CUDA_NORM_ONEPASS=0),
 #                twice; Qwen2.5-3B sparse 64 at 128K new and $OFF
+#   start ratio  the H200 mode's first part alone (the tests, the 0.5B, HF + SDPA, the 0.5B: the issue-16 ratio), for
+#                a lease with little device time left
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
 #   fixtures     test-cuda-qwen2 against the HF fixtures (carry build-carry alone; after the background run is done)
-usage="usage: $0 start h200|h100 | wait [S] | fixtures"
+usage="usage: $0 start h200|h100|ratio | wait [S] | fixtures"
 case ${1:-} in start|wait|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 export OFF="OOMB_CUDA_FUSE_EPI=0 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0 OOMB_CUDA_FUSE_NORM=0"
 OUT0=${OUT:-out}
@@ -50,6 +52,9 @@ h200)
         s7b off \$OFF
         tests test-cuda-paged-attn:300
     fi ;;
+ratio)
+    tests test-cuda-ops:300 test-cuda-backend:150
+    r05n new 6; hf; r05n new2 6 ;;
 h100)
     tests test-cuda-ops:300 test-cuda-backend:150
     r05n new 6; r05n tune 6 OOMB_CUDA_LT_TUNE=1; r05n twopass 6 OOMB_CUDA_NORM_ONEPASS=0
