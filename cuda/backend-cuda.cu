@@ -822,12 +822,16 @@ void cuda_free_backend(oomb_backend_t b) {
 }
 
 // oomb_backend_graph_scratch: the linear_cross_entropy kernels' slots (the largest request of each over
-// g's nodes, as scratch blocks); a backward whose lse is a view of a forward of g counts as fused when
-// fusion is on (fuse_linear_ce may still keep the pair apart: then the tiled path asks for less).
+// g's nodes, as scratch blocks). A backward whose lse is a view of a forward of g may run fused or apart
+// (fuse_linear_ce decides at compute, from more than the shapes: a node between them touching the forward,
+// dloss of the forward's bytes, a graph computed in oomb_graph_view parts as a streamed KV cache does), so
+// it counts both ways, slot by slot: an upper bound (at production sizes the tiled dlogits slot adds at
+// most 128 MiB to the fused pass's block; a streamed graph, never fused, is over-counted by up to the
+// fused block less the tiles, ~0.9 GiB at V = 152K and chunk 2048).
 size_t cuda_graph_scratch(oomb_backend_t, const oomb_cgraph * g) {
     size_t slot[5] = {0, 0, 0, 0, 0};
     const bool fuse = !g->is_view && !env_flag_off("OOMB_CUDA_FUSE") && !env_flag_off("OOMB_CUDA_FUSE_LCE");
-    std::unordered_set<const oomb_tensor *> nodes(g->nodes.begin(), g->nodes.end()), fused_fwd;
+    std::unordered_set<const oomb_tensor *> nodes(g->nodes.begin(), g->nodes.end());
     auto count = [&](const oomb_tensor * t, const oomb_tensor * F) {
         size_t b[5];
         oomb_cuda_linear_ce_scratch(t, F, b);
@@ -838,11 +842,11 @@ size_t cuda_graph_scratch(oomb_backend_t, const oomb_cgraph * g) {
         const oomb_tensor * lse = t->src[4];
         const oomb_tensor * F = lse && lse->op == OOMB_OP_VIEW ? lse->view_src : nullptr;
         const bool fused = fuse && F && F->op == OOMB_OP_LINEAR_CROSS_ENTROPY && nodes.count(F) && oomb_cuda_linear_ce_fusable(t->src[0]);
-        count(t, fused ? F : nullptr);
-        if (fused) fused_fwd.insert(F);
+        count(t, nullptr);  // apart (the forward's tiles: below)
+        if (fused) count(t, F);
     }
     for (const oomb_tensor * t : g->nodes)
-        if (t->op == OOMB_OP_LINEAR_CROSS_ENTROPY && !fused_fwd.count(t)) count(t, nullptr);
+        if (t->op == OOMB_OP_LINEAR_CROSS_ENTROPY) count(t, nullptr);
     size_t sum = 0;
     for (size_t b : slot)
         if (b) sum += oomb_cuda_ctx::scratch_block_bytes(b);

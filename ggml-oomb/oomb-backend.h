@@ -92,7 +92,8 @@ bool oomb_backend_memory(oomb_backend_t backend, size_t * used, size_t * total);
 /// the kernels' temporaries, which a backend keeps between graphs (CUDA: per-slot buffers that only
 /// grow), so a memory plan adds them to the arenas. Counts the large ones only (CUDA: the
 /// linear_cross_entropy passes' logits blocks, the LM head's [V, rows] f32 of up to 1.25 GiB, and their
-/// row state); other kernels' scratch (tens of MiB) is not counted. 0 for a backend without device
+/// row state; a forward / backward pair counted both fused and apart, an upper bound); other kernels'
+/// scratch (tens of MiB) is not counted. 0 for a backend without device
 /// memory (CPU) or a NULL graph. Shapes only: the graph need not be allocated.
 size_t oomb_backend_graph_scratch(oomb_backend_t backend, const struct oomb_cgraph * graph);
 /// Computes every node of g in order. All tensors must have data in this backend's memory.
