@@ -343,7 +343,8 @@ void oomb_cuda_rms_norm_mul_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oom
     double * partial = (double *) c.scratch(oomb_cuda_ctx::SLOT_K0 + 1, (size_t) n_part * (size_t) ne0 * sizeof(double));
     // dx and dw's partial sums in one pass (k_rms_norm_back_dw) for rows of up to 1,024 floats; OOMB_CUDA_NORM_ONEPASS=0:
     // two passes (the same bits)
-    static const bool one_pass_on = !getenv("OOMB_CUDA_NORM_ONEPASS") || atoi(getenv("OOMB_CUDA_NORM_ONEPASS")) != 0;
+    const char * op_env = getenv("OOMB_CUDA_NORM_ONEPASS");  // read per call (49 calls per 0.5B step): tests switch it
+    const bool one_pass_on = !op_env || atoi(op_env) != 0;
     oomb_tensor * dxo = &dxv;  // the dx rows: dst's start, or the accumulation (acc_dx)
     if (one_pass_on && ne0 <= 1024 && rows_vec4(x) && rows_vec4(dy) && rows_vec4(dxo) && (uintptr_t) w->data % 16 == 0) {
         const int nv = (int) ((ne0 / 4 + 31) / 32);

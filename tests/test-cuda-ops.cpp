@@ -840,6 +840,63 @@ TEST_F(CudaOps, RmsNormMulAndBack) {
     }
 }
 
+// rms_norm_mul_back with dw: the one-pass kernel (k_rms_norm_back_dw, rows of up to 1,024 floats) gives the two
+// passes' bits exactly (OOMB_CUDA_NORM_ONEPASS=0), dx and dw, written and added into an accumulation (as
+// fuse_accumulations runs it), on rows that do not fill a lane's last column group and row counts not a multiple
+// of the 8 warps.
+TEST_F(CudaOps, RmsNormMulBackOnePassBitIdentical) {
+    REQUIRE_CUDA();
+    oomb_backend_t cu = cuda_backend();
+    oombtest::ScopedEnv env({"OOMB_CUDA_NORM_ONEPASS"});
+    const int64_t shapes[][2] = {{896, 301}, {132, 700}, {1024, 2100}, {64, 3000}, {576, 5}};
+    for (const auto & s : shapes) {
+        const int64_t ne0 = s[0], nr = s[1];
+        oomb_context * ctx = oomb_init({0, true});
+        oomb_tensor * x = oomb_new_tensor_2d(ctx, OOMB_TYPE_F32, ne0, nr), * dy = oomb_new_tensor_2d(ctx, OOMB_TYPE_F32, ne0, nr);
+        oomb_tensor * w = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, ne0), * c0 = oomb_new_tensor_2d(ctx, OOMB_TYPE_F32, ne0, nr);
+        oomb_tensor * back = oomb_rms_norm_mul_back(ctx, x, w, dy, 1e-6f, true);  // [dx; dw] packed
+        oomb_tensor * dx = oomb_view_2d(ctx, back, ne0, nr, (size_t) ne0 * sizeof(float), 0);
+        oomb_tensor * sum = oomb_add(ctx, c0, dx);  // the residual-gradient sum (fused into the kernel on the GPU)
+        oomb_tensor * dw = oomb_cont(ctx, oomb_view_1d(ctx, back, ne0, (size_t) (ne0 * nr) * sizeof(float)));
+        oomb_set_output(sum);
+        oomb_set_output(dw);
+        oomb_tensor * back2 = oomb_rms_norm_mul_back(ctx, x, w, dy, 1e-6f, true);  // written, not added
+        oomb_set_output(back2);
+        oomb_cgraph * g = oomb_new_graph(ctx);
+        oomb_build_forward_expand(g, sum);
+        oomb_build_forward_expand(g, dw);
+        oomb_build_forward_expand(g, back2);
+        oomb_gallocr_t ga = oomb_gallocr_new(cu);
+        ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+        std::mt19937 rng(7 + (unsigned) ne0);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        auto fill = [&](oomb_tensor * t, float lo, float hi) {
+            std::vector<float> v((size_t) oomb_nelements(t));
+            for (auto & e : v) e = lo + (hi - lo) * (0.5f * (u(rng) + 1.0f));
+            oomb_tensor_set(t, v.data(), 0, v.size() * 4);
+        };
+        fill(x, -2.0f, 2.0f);
+        fill(dy, -1.0f, 1.0f);
+        fill(w, 0.5f, 1.5f);
+        fill(c0, -1.0f, 1.0f);
+        std::vector<std::vector<uint8_t>> got[2];
+        for (int two = 0; two < 2; two++) {
+            if (two) env.set("OOMB_CUDA_NORM_ONEPASS", "0"); else env.unset("OOMB_CUDA_NORM_ONEPASS");
+            oomb_backend_graph_compute(cu, g);
+            oomb_backend_synchronize(cu);
+            for (const oomb_tensor * t : {sum, dw, back2}) {
+                std::vector<uint8_t> b(oomb_nbytes(t));
+                oomb_tensor_get(t, b.data(), 0, b.size());
+                got[two].push_back(std::move(b));
+            }
+        }
+        const char * names[] = {"dx added into the sum", "dw (with the sum)", "[dx; dw] written"};
+        for (int k = 0; k < 3; k++) EXPECT_TRUE(got[0][k] == got[1][k]) << names[k] << ", rows of " << ne0 << " x " << nr;
+        oomb_gallocr_free(ga);
+        oomb_free(ctx);
+    }
+}
+
 // rope / rope_back, or with freq factors in [1, 32] (Llama 3's range) rope_ext / rope_back_ext, and
 // the round trip, on each case as given and on a permuted input.
 struct RopeCase { int64_t D, H, T, B; int n_dims; float theta; int32_t pmax; };
