@@ -76,6 +76,23 @@ __global__ void k_rms_norm_back(oomb_tv dst, oomb_tv xa, oomb_tv dya, const floa
 __device__ __forceinline__ float4 mul4(float4 a, float4 b) {
     return make_float4(__fmul_rn(a.x, b.x), __fmul_rn(a.y, b.y), __fmul_rn(a.z, b.z), __fmul_rn(a.w, b.w));
 }
+// The backward's row coefficients from the row's double sums ss = sum x^2, xg = sum x g (g = dy or dy * w):
+// dx = c1 g - c2 x with c1 = s (the f32 s the dw sums take), c2 = s^3 / n * xg.
+__device__ __forceinline__ void rms_back_coefs(double ss, double xg, double n, float eps, float & c1, float & c2) {
+    const double sd = 1.0 / sqrt(ss / n + (double) eps);
+    c1 = (float) sd;
+    c2 = (float) (sd * sd * sd / n * xg);
+}
+// Stores dx = c1 q - c2 v at d4[i] (ACC: adds it to what is there), rounded as every warp-per-row backward rounds it.
+template <bool ACC> __device__ __forceinline__ void st_dx4(float4 * d4, int64_t i, float c1, float c2, float4 q, float4 v) {
+    float4 o = make_float4(__fsub_rn(__fmul_rn(c1, q.x), __fmul_rn(c2, v.x)), __fsub_rn(__fmul_rn(c1, q.y), __fmul_rn(c2, v.y)),
+                           __fsub_rn(__fmul_rn(c1, q.z), __fmul_rn(c2, v.z)), __fsub_rn(__fmul_rn(c1, q.w), __fmul_rn(c2, v.w)));
+    if constexpr (ACC) {
+        const float4 a = d4[i];
+        o = make_float4(__fadd_rn(a.x, o.x), __fadd_rn(a.y, o.y), __fadd_rn(a.z, o.z), __fadd_rn(a.w, o.w));
+    }
+    d4[i] = o;
+}
 template <typename TO> __device__ __forceinline__ void st_out4(char * p, int64_t i4, float4 v) {
     if constexpr (sizeof(TO) == 4) {
         ((float4 *) p)[i4] = v;
@@ -119,21 +136,11 @@ __global__ void k_rms_norm_warp(oomb_tv dst, oomb_tv xa, oomb_tv dya, const floa
         }
     } else {
         xg = oomb_warp_sum(xg);
-        const double sd = 1.0 / sqrt(ss / n + (double) eps);
-        const float c1 = (float) sd;
-        const float c2 = (float) (sd * sd * sd / n * xg);
+        float c1, c2;
+        rms_back_coefs(ss, xg, n, eps, c1, c2);
         if (W && srow && lane == 0) srow[r] = c1;
         float4 * d4 = (float4 *) d;
-        for (int64_t i = lane; i < n4; i += 32) {
-            const float4 v = x[i], q = g(i);
-            float4 o = make_float4(__fsub_rn(__fmul_rn(c1, q.x), __fmul_rn(c2, v.x)), __fsub_rn(__fmul_rn(c1, q.y), __fmul_rn(c2, v.y)),
-                                   __fsub_rn(__fmul_rn(c1, q.z), __fmul_rn(c2, v.z)), __fsub_rn(__fmul_rn(c1, q.w), __fmul_rn(c2, v.w)));
-            if constexpr (ACC) {
-                const float4 a = d4[i];
-                o = make_float4(__fadd_rn(a.x, o.x), __fadd_rn(a.y, o.y), __fadd_rn(a.z, o.z), __fadd_rn(a.w, o.w));
-            }
-            d4[i] = o;
-        }
+        for (int64_t i = lane; i < n4; i += 32) st_dx4<ACC>(d4, i, c1, c2, g(i), x[i]);
     }
 }
 
@@ -178,7 +185,7 @@ __global__ void k_rms_norm_dw_final(const double * partial, int64_t n_part, int6
 // k_rms_norm_dw_partial's thread (column, threadIdx.y = w) of block y = b sums, in the same order; lane l keeps
 // its columns 4 * (l + 32 k) .. +3 in double, and the warps' sums are added in warp order 0..7, as that kernel
 // adds its threadIdx.y rows: partial[b][col] and so dw are bit-identical to the two-pass path, with c1 (the f32
-// s of the row) computed by the same code as k_rms_norm_warp's. dx as k_rms_norm_warp<true, float, true, ACC>.
+// s of the row) and dx by the same helpers as k_rms_norm_warp's (rms_back_coefs, st_dx4).
 template <int NV, bool ACC>
 __global__ void __launch_bounds__(256) k_rms_norm_back_dw(oomb_tv dst, oomb_tv xa, oomb_tv dya, const float * __restrict__ w, int64_t nr,
                                                           float eps, double * partial) {
@@ -205,22 +212,15 @@ __global__ void __launch_bounds__(256) k_rms_norm_back_dw(oomb_tv dst, oomb_tv x
         }
         ss = oomb_warp_sum(ss);
         xg = oomb_warp_sum(xg);
-        const double sd = 1.0 / sqrt(ss / n + (double) eps);
-        const float c1 = (float) sd;
-        const float c2 = (float) (sd * sd * sd / n * xg);
+        float c1, c2;
+        rms_back_coefs(ss, xg, n, eps, c1, c2);
         float4 * d4 = (float4 *) (dst.d + oomb_row_off(dst, r));
 #pragma unroll
         for (int k = 0; k < NV; k++) {
             const int64_t i = lane + 32 * k;
             if (i < n4) {
-                const float4 v = x[i], g = dy[i], q = mul4(g, w4[i]);
-                float4 o = make_float4(__fsub_rn(__fmul_rn(c1, q.x), __fmul_rn(c2, v.x)), __fsub_rn(__fmul_rn(c1, q.y), __fmul_rn(c2, v.y)),
-                                       __fsub_rn(__fmul_rn(c1, q.z), __fmul_rn(c2, v.z)), __fsub_rn(__fmul_rn(c1, q.w), __fmul_rn(c2, v.w)));
-                if constexpr (ACC) {
-                    const float4 a = d4[i];
-                    o = make_float4(__fadd_rn(a.x, o.x), __fadd_rn(a.y, o.y), __fadd_rn(a.z, o.z), __fadd_rn(a.w, o.w));
-                }
-                d4[i] = o;
+                const float4 v = x[i], g = dy[i];
+                st_dx4<ACC>(d4, i, c1, c2, mul4(g, w4[i]), v);
                 acc[k][0] += (double) __fmul_rn(g.x, __fmul_rn(v.x, c1));
                 acc[k][1] += (double) __fmul_rn(g.y, __fmul_rn(v.y, c1));
                 acc[k][2] += (double) __fmul_rn(g.z, __fmul_rn(v.z, c1));
