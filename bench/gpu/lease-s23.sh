@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Session 23 on the GPU machine (2026-12-07): the figures of sessions 20-22 that no GPU has run yet
+# (the H200 was refused through sessions 21-22).
+# The runs go in the background (setsid: longer than one 10-minute command); every call tars the results so far into
+# $OUT/s23.tgz (a call brings back at most 8 files).
+#   start h200   on the H200: test-cuda-ops, test-cuda-backend; the 0.5B one chunk of 32K (6 steps), HF + SDPA, the 0.5B
+#                again (the issue-16 ratio); 7B --trainable linear sparse 64 at 128K (issue 13), 7B dense 128K (issue 16's
+#                40 s); FULL=1 then test-cuda-paged-attn
+#   start h100   on an H100: test-cuda-ops, test-cuda-backend, test-cuda-paged-attn; the 0.5B one chunk of 32K twice;
+#                Qwen2.5-3B sparse 64 at 128K (the memory plan with the LM-head scratch against the GPU's use)
+#   start ratio  the H200 mode's first part alone (the tests, the 0.5B, HF + SDPA, the 0.5B)
+#   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
+#   fixtures     test-cuda-qwen2 against the HF fixtures (carry build-carry alone; after the background run is done)
+usage="usage: $0 start h200|h100|ratio | wait [S] | fixtures"
+case ${1:-} in start|wait|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+export OFF="OOMB_CUDA_FUSE_EPI=0 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0 OOMB_CUDA_FUSE_NORM=0"
+OUT0=${OUT:-out}
+export OUT=/tmp/keep/res   # R of lease-lib.sh: kept on the machine between calls, tarred into $OUT0 each call
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, s7b, s3b, fixtures_qwen2, bg_start, bg_wait
+pack_out() { tar -czf "$OUT0/s23.tgz" -C "$(dirname $R)" "$(basename $R)" $( [ -f $K/bg.out ] && echo ../keep/bg.out ) 2>/dev/null; }
+trap pack_out EXIT
+nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,power.limit,driver_version --format=csv,noheader
+case $1 in
+fixtures) fixtures_qwen2; exit ;;
+wait) bg_wait ${2:-540}; exit ;;
+esac
+[ -x $B/oomb-train ] || unpack || exit 1
+cat > $K/run.sh <<EOF
+cd $PWD
+export OUT=$R OFF="$OFF"
+source bench/gpu/lease-lib.sh
+export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+r05n() {  # r05n LABEL STEPS [ENV...]: the 0.5B one-chunk run for STEPS steps (tok/s of steps 2..)
+    local lab=\$1 st=\$2; shift 2
+    rm -rf /tmp/r05
+    env "\$@" timeout 200 \$B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps \$st --warmup 1 \
+      --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > \$R/05b-32k-1chunk-\$lab.log 2>&1
+    echo "0.5b 32K one chunk \$lab rc=\$? tok/s: \$(grep -oE '[0-9]+ tok/s' \$R/05b-32k-1chunk-\$lab.log | head -\$st | tail -n +2 | awk '{print \$1}' | tr '\n' ' ')"
+}
+hf() { PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee \$R/hf-05b-32k.json; }
+rand_ids
+log start
+case $2 in
+h200)
+    tests test-cuda-ops:300 test-cuda-backend:150
+    r05n new 6; hf; r05n new2 6
+    s7b new
+    r7b new
+    [ -n "\${FULL:-}" ] && tests test-cuda-paged-attn:300 ;;
+ratio)
+    tests test-cuda-ops:300 test-cuda-backend:150
+    r05n new 6; hf; r05n new2 6 ;;
+h100)
+    tests test-cuda-ops:300 test-cuda-backend:150 test-cuda-paged-attn:300
+    r05n new 6; r05n new2 6
+    s3b new ;;
+esac
+log end
+EOF
+bg_start $K/run.sh
+bg_wait ${3:-480}
