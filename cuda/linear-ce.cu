@@ -195,14 +195,38 @@ bool w_in_place(const oomb_tensor * w) {
            (w->ne[1] <= 1 || (int64_t) (w->nb[1] / 2) >= E);
 }
 
+// The fused pass's vocabulary-tile request: a tile set on either node (oomb_linear_cross_entropy_set_tile)
+// or OOMB_LCE_TILE caps the logits block as it caps the tiled path's.
+int64_t lce_fused_tile(const oomb_tensor * fwd, const oomb_tensor * back) {
+    return oomb_linear_cross_entropy_tile_request(std::max<int64_t>(fwd->op_params[1], back->op_params[1]));
+}
+
+// The one sizing of the scratch slots (bytes per slot, SLOT_X .. SLOT_S), read by take_scratch, the fused
+// pass and oomb_cuda_linear_ce_scratch (the memory plan), so that the plan counts what the passes take.
+// Tiled path: rows = N and cols = vt (the vocabulary tile); fused pass: cols = V and rows = R (the block's
+// rows), whose dlogits reuse the logits block in place (no SLOT_G, no SLOT_W: w is used in place).
+struct lce_slot_sizes {
+    size_t b[5] = {0, 0, 0, 0, 0};
+};
+lce_slot_sizes lce_slot_bytes(size_t E, size_t N, size_t cols, size_t rows, bool fused, bool w_conv, bool backward) {
+    lce_slot_sizes z;
+    z.b[SLOT_X - SLOT_X] = E * N * 2;                                          // x in bf16 [E, N]
+    z.b[SLOT_C - SLOT_X] = cols * rows * sizeof(float);                         // logits [cols, rows] f32
+    if (!fused && w_conv) z.b[SLOT_W - SLOT_X] = E * cols * 2;                  // w's tile rows in bf16 [E, vt]
+    if (!fused && backward) z.b[SLOT_G - SLOT_X] = cols * rows * 2;             // dlogits bf16 [vt, N]
+    z.b[SLOT_S - SLOT_X] = N * (3 * sizeof(double) + 3 * sizeof(float));        // row state (s, part, cnt; m, picked, lse)
+    return z;
+}
+
 lce_scratch take_scratch(oomb_cuda_ctx & c, const oomb_tensor * w, const lce_dims & d, int64_t vt, bool backward) {
     lce_scratch S;
-    const size_t N = (size_t) d.N, E = (size_t) d.E, T = (size_t) vt;
-    S.xb = (__nv_bfloat16 *) c.scratch(SLOT_X, E * N * 2);
-    S.C = (float *) c.scratch(SLOT_C, T * N * sizeof(float));
-    if (!w_in_place(w)) S.wt = (__nv_bfloat16 *) c.scratch(SLOT_W, E * T * 2);
-    if (backward) S.G = (__nv_bfloat16 *) c.scratch(SLOT_G, T * N * 2);
-    char * st = (char *) c.scratch(SLOT_S, N * (3 * sizeof(double) + 3 * sizeof(float)));
+    const size_t N = (size_t) d.N;
+    const lce_slot_sizes z = lce_slot_bytes((size_t) d.E, N, (size_t) vt, N, false, !w_in_place(w), backward);
+    S.xb = (__nv_bfloat16 *) c.scratch(SLOT_X, z.b[SLOT_X - SLOT_X]);
+    S.C = (float *) c.scratch(SLOT_C, z.b[SLOT_C - SLOT_X]);
+    if (z.b[SLOT_W - SLOT_X]) S.wt = (__nv_bfloat16 *) c.scratch(SLOT_W, z.b[SLOT_W - SLOT_X]);
+    if (z.b[SLOT_G - SLOT_X]) S.G = (__nv_bfloat16 *) c.scratch(SLOT_G, z.b[SLOT_G - SLOT_X]);
+    char * st = (char *) c.scratch(SLOT_S, z.b[SLOT_S - SLOT_X]);
     S.s = (double *) st;
     S.part = S.s + N;
     S.cnt = S.part + N;
@@ -382,17 +406,15 @@ void oomb_cuda_linear_ce_scratch(const oomb_tensor * node, const oomb_tensor * f
     for (int i = 0; i < 5; i++) bytes[i] = 0;
     if (N == 0) return;
     static_assert(SLOT_C == SLOT_X + 1 && SLOT_W == SLOT_X + 2 && SLOT_G == SLOT_X + 3 && SLOT_S == SLOT_X + 4, "bytes[] follows the slots");
-    bytes[0] = E * N * 2;
-    bytes[4] = N * (3 * sizeof(double) + 3 * sizeof(float));
+    lce_slot_sizes z;
     if (fused_fwd) {  // as oomb_cuda_linear_ce_fused (before any fallback to smaller blocks)
-        const int64_t tile = oomb_linear_cross_entropy_tile_request(std::max<int64_t>(fused_fwd->op_params[1], node->op_params[1]));
-        bytes[1] = V * (size_t) oomb_cuda_linear_ce_fused_rows((int64_t) V, (int64_t) N, tile) * sizeof(float);
-        return;
+        const int64_t R = oomb_cuda_linear_ce_fused_rows((int64_t) V, (int64_t) N, lce_fused_tile(fused_fwd, node));
+        z = lce_slot_bytes(E, N, V, (size_t) R, true, false, true);
+    } else {  // as take_scratch
+        const size_t vt = (size_t) oomb_linear_cross_entropy_tile((int64_t) V, (int64_t) N, node->op_params[1]);
+        z = lce_slot_bytes(E, N, vt, N, false, !w_in_place(w), node->op == OOMB_OP_LINEAR_CROSS_ENTROPY_BACK);
     }
-    const size_t vt = (size_t) oomb_linear_cross_entropy_tile((int64_t) V, (int64_t) N, node->op_params[1]);  // as take_scratch
-    bytes[1] = vt * N * sizeof(float);
-    if (!w_in_place(w)) bytes[2] = E * vt * 2;
-    if (node->op == OOMB_OP_LINEAR_CROSS_ENTROPY_BACK) bytes[3] = vt * N * 2;
+    for (int i = 0; i < 5; i++) bytes[i] = z.b[i];
 }
 
 int64_t oomb_cuda_linear_ce_fused_rows(int64_t V, int64_t N, int64_t tile) {
@@ -430,16 +452,15 @@ void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor
     float * dX = want_dx ? (float *) back->data : nullptr;
     float * dW = want_dw ? (acc_dw ? acc_dw : (float *) back->data + n_dx) : nullptr;
     const int32_t ignore = back->op_params[0];
-    // a vocabulary tile set on either node (oomb_linear_cross_entropy_set_tile) or OOMB_LCE_TILE caps the
-    // logits block as it caps the tiled path's
-    const int64_t tile = oomb_linear_cross_entropy_tile_request(std::max<int64_t>(fwd->op_params[1], back->op_params[1]));
+    const int64_t tile = lce_fused_tile(fwd, back);
     // scratch: x in bf16, the [V, R] f32 logits of a row block (its dlogits in place), the row state
     const size_t N = (size_t) d.N, E = (size_t) d.E;
-    __nv_bfloat16 * xb = (__nv_bfloat16 *) c.scratch(SLOT_X, E * N * 2);
-    char * st = (char *) c.scratch(SLOT_S, N * (3 * sizeof(double) + 3 * sizeof(float)));
-    // the logits block: where the device has no room for R rows (up to 1.25 GiB), twice the blocks of
-    // half the rows, down to one row, rather than a failed step (the same result: dw sums the blocks)
     const int64_t R0 = oomb_cuda_linear_ce_fused_rows(d.V, d.N, tile);
+    const lce_slot_sizes z = lce_slot_bytes(E, N, (size_t) d.V, (size_t) R0, true, false, true);
+    __nv_bfloat16 * xb = (__nv_bfloat16 *) c.scratch(SLOT_X, z.b[SLOT_X - SLOT_X]);
+    char * st = (char *) c.scratch(SLOT_S, z.b[SLOT_S - SLOT_X]);
+    // the logits block (z's SLOT_C at R0): where the device has no room for R rows (up to 1.25 GiB), twice
+    // the blocks of half the rows, down to one row, rather than a failed step (the same result: dw sums the blocks)
     int64_t R = R0;
     float * C = nullptr;
     // after a block did not fit: start from the size that did (not two failed allocations per step)
@@ -448,7 +469,7 @@ void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor
         R = (d.N + blocks - 1) / blocks;
     }
     for (;;) {
-        C = (float *) c.try_scratch(SLOT_C, (size_t) d.V * (size_t) R * sizeof(float));
+        C = (float *) c.try_scratch(SLOT_C, lce_slot_bytes(E, N, (size_t) d.V, (size_t) R, true, false, true).b[SLOT_C - SLOT_X]);
         if (C || R == 1) break;
         const int64_t blocks = 2 * ((d.N + R - 1) / R);
         R = (d.N + blocks - 1) / blocks;
