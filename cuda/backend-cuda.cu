@@ -782,7 +782,8 @@ void cuda_free_backend(oomb_backend_t b) {
     if (c->profile) {
         double total = 0;
         for (int op = 0; op < OOMB_OP_COUNT; op++) total += c->prof_ms[op];
-        fprintf(stderr, "oomb CUDA profile (GPU time per op, %.1f ms in all):\n", total);
+        fprintf(stderr, "oomb CUDA profile (GPU time per op, %.1f ms in all%s):\n", total,
+                c->prof_resets ? ", since the last oomb_backend_profile_reset" : "");
         for (int pass = 0; pass < OOMB_OP_COUNT; pass++) {
             int best = -1;
             for (int op = 0; op < OOMB_OP_COUNT; op++)
@@ -853,6 +854,22 @@ size_t cuda_graph_scratch(oomb_backend_t, const oomb_cgraph * g) {
     return sum;
 }
 
+// oomb_backend_profile_reset: the per-op times so far dropped (graph_compute has read its events before it
+// returned, so none is pending)
+bool cuda_profile_reset(oomb_backend_t b) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    if (!c->profile) return false;
+    CUDA_CHECK(cudaSetDevice(c->device));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    for (int op = 0; op < OOMB_OP_COUNT; op++) {
+        c->prof_ms[op] = 0.0;
+        c->prof_count[op] = 0;
+    }
+    c->prof_detail.clear();
+    c->prof_resets++;
+    return true;
+}
+
 const oomb_backend_i k_cuda_iface = {
     /* name          */ cuda_name,
     /* is_host       */ cuda_is_host,
@@ -879,6 +896,7 @@ const oomb_backend_i k_cuda_iface = {
     /* event_new_timed */ cuda_event_new_timed,
     /* event_elapsed_ms */ cuda_event_elapsed_ms,
     /* graph_scratch */ cuda_graph_scratch,
+    /* profile_reset */ cuda_profile_reset,
 };
 
 } // namespace

@@ -99,6 +99,7 @@ struct oomb_cuda_ctx {
     bool profile = false;
     int profile_level = 0;
     std::map<std::string, std::pair<double, int64_t>> prof_detail;
+    int prof_resets = 0;  // oomb_backend_profile_reset calls (the printed profile says it covers what ran after the last)
     std::vector<cudaEvent_t> prof_events;
     double prof_ms[OOMB_OP_COUNT] = {0};
     int64_t prof_count[OOMB_OP_COUNT] = {0};

@@ -96,6 +96,13 @@ bool oomb_backend_memory(oomb_backend_t backend, size_t * used, size_t * total);
 /// scratch (tens of MiB) is not counted. 0 for a backend without device
 /// memory (CPU) or a NULL graph. Shapes only: the graph need not be allocated.
 size_t oomb_backend_graph_scratch(oomb_backend_t backend, const struct oomb_cgraph * graph);
+/// Forgets the per-op GPU times gathered so far by a profiling backend (CUDA under OOMB_CUDA_PROFILE), so
+/// that the profile printed when the backend is freed covers only what runs after this call (oomb-train
+/// calls it after its first step: the first use of a kernel loads its module, cuBLAS picks and plans its
+/// algorithms, and those one-time costs, tens of ms per kernel, would be charged to the ops that ran
+/// first). Waits for the backend's queued work. Returns true when a profile was reset, false when the
+/// backend does not profile (CPU; CUDA without OOMB_CUDA_PROFILE) or backend is NULL.
+bool oomb_backend_profile_reset(oomb_backend_t backend);
 /// Computes every node of g in order. All tensors must have data in this backend's memory.
 /// Programming errors (a tensor without data or in another backend's memory, a stale allocation)
 /// go through the error handler before anything runs. Compute-time faults (ids or labels out of

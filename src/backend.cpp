@@ -35,6 +35,9 @@ bool oomb_backend_memory(oomb_backend_t backend, size_t * used, size_t * total) 
     if (total) *total = ok ? t : 0;
     return ok;
 }
+bool oomb_backend_profile_reset(oomb_backend_t backend) {
+    return backend && backend->iface->profile_reset && backend->iface->profile_reset(backend);
+}
 size_t oomb_backend_graph_scratch(oomb_backend_t backend, const struct oomb_cgraph * graph) {
     if (!backend || !graph || !backend->iface->graph_scratch) return 0;
     return backend->iface->graph_scratch(backend, graph);

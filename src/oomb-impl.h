@@ -68,6 +68,8 @@ struct oomb_backend_i {
     float  (*event_elapsed_ms)(oomb_backend_t b, void * start, void * end);
     // --- v3 (NULL: 0) ---
     size_t (*graph_scratch)(oomb_backend_t b, const oomb_cgraph * g);  // oomb_backend_graph_scratch
+    // --- v4 (NULL: nothing to do) ---
+    bool   (*profile_reset)(oomb_backend_t b);  // oomb_backend_profile_reset
 };
 
 struct oomb_buffer_type {

@@ -228,6 +228,9 @@ TEST_F(Backend, HugeAllocationFailsAndNullHandlesAreErrors) {
         EXPECT_EQ(oomb_backend_graph_scratch(be, nullptr), 0u);
         EXPECT_EQ(oomb_backend_graph_scratch(nullptr, g), 0u);
     }
+    // no profile to reset on the CPU, nor without a backend
+    EXPECT_FALSE(oomb_backend_profile_reset(be));
+    EXPECT_FALSE(oomb_backend_profile_reset(nullptr));
     // overlapping views of one tensor cannot be copied onto each other
     oomb_tensor * a = oomb_view_1d(ctx, t, 8, 0);
     oomb_tensor * b = oomb_view_1d(ctx, t, 8, 4 * sizeof(float));

@@ -264,6 +264,48 @@ TEST_F(CudaBackend, ComputeFaultIsAStatus) {
     oomb_free(ctx);
 }
 
+// oomb_backend_profile_reset: false without OOMB_CUDA_PROFILE; with it, the profile printed when the backend is
+// freed covers only the graphs computed after the last reset (the graph below: 3 computes, a reset, 1 compute, so
+// each of its ops shows 1 call) and says so.
+TEST_F(CudaBackend, ProfileReset) {
+    EXPECT_FALSE(oomb_backend_profile_reset(cu));  // the fixture's backend does not profile
+    const char * old = getenv("OOMB_CUDA_PROFILE");
+    const std::string saved = old ? old : "";
+    setenv("OOMB_CUDA_PROFILE", "1", 1);
+    oomb_backend_t pb = oomb_backend_cuda_init(0);
+    if (old) setenv("OOMB_CUDA_PROFILE", saved.c_str(), 1);
+    else unsetenv("OOMB_CUDA_PROFILE");
+    ASSERT_NE(pb, nullptr);
+    oomb_context * ctx = oomb_init({0, true});
+    oomb_tensor * x = oomb_new_tensor_1d(ctx, OOMB_TYPE_F32, 1000);
+    oomb_cgraph * g = oomb_new_graph(ctx);
+    oomb_build_forward_expand(g, build(ctx, x));
+    oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(ctx, pb);
+    ASSERT_NE(buf, nullptr);
+    const auto xv = random_floats(1000, 3);
+    oomb_tensor_set(x, xv.data(), 0, sizeof(float) * xv.size());
+    for (int i = 0; i < 3; i++) ASSERT_EQ(oomb_backend_graph_compute(pb, g), OOMB_STATUS_OK) << oomb_backend_last_error(pb);
+    EXPECT_TRUE(oomb_backend_profile_reset(pb));
+    ASSERT_EQ(oomb_backend_graph_compute(pb, g), OOMB_STATUS_OK) << oomb_backend_last_error(pb);
+    oomb_buffer_free(buf);
+    oomb_free(ctx);
+    ::testing::internal::CaptureStderr();
+    oomb_backend_free(pb);
+    const std::string prof = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(prof.find("since the last oomb_backend_profile_reset"), std::string::npos) << prof;
+    int lines = 0;
+    for (const char * op : {"silu", "mul", "scale", "add"}) {
+        // "  <op padded to 24> <ms> ms <pct>% <calls> calls"
+        const std::string key = "  " + std::string(op) + std::string(24 - strlen(op), ' ');
+        const size_t at = prof.find(key);
+        ASSERT_NE(at, std::string::npos) << op << " missing in\n" << prof;
+        const std::string line = prof.substr(at, prof.find('\n', at) - at);
+        EXPECT_NE(line.find(" 1 calls"), std::string::npos) << line;
+        lines++;
+    }
+    EXPECT_EQ(lines, 4);
+}
+
 // The fused accumulation (cuda/backend-cuda.cu, fuse_accumulations; on by default, OOMB_CUDA_FUSE=0
 // turns it off): C += mul_mat(a, b) as one GEMM with beta = 1 when the product is an arena tensor that only
 // the add_inplace reads. C against C0 + reps x a b computed on the host in double (bf16 operands on
