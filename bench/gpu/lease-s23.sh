@@ -4,9 +4,9 @@
 # The runs go in the background (setsid: longer than one 10-minute command); every call tars the results so far into
 # $OUT/s23.tgz (a call brings back at most 8 files).
 #   start h200   on the H200: test-cuda-ops, test-cuda-backend; the 0.5B one chunk of 32K (6 steps), HF + SDPA, the 0.5B
-#                again (the issue-16 ratio); 7B --trainable linear sparse 64 at 128K (issue 13), 7B dense 128K (issue 16's
+#                again (the issue-16 ratio), one profiled (steps 2-4); 7B --trainable linear sparse 64 at 128K (issue 13), 7B dense 128K (issue 16's
 #                40 s); FULL=1 then test-cuda-paged-attn
-#   start h100   on an H100: test-cuda-ops, test-cuda-backend, test-cuda-paged-attn; the 0.5B one chunk of 32K twice;
+#   start h100   on an H100: test-cuda-ops, test-cuda-backend, test-cuda-paged-attn; the 0.5B one chunk of 32K twice and profiled;
 #                Qwen2.5-3B sparse 64 at 128K (the memory plan with the LM-head scratch against the GPU's use)
 #   start ratio  the H200 mode's first part alone (the tests, the 0.5B, HF + SDPA, the 0.5B)
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
@@ -44,6 +44,7 @@ case $2 in
 h200)
     tests test-cuda-ops:300 test-cuda-backend:150
     r05n new 6; hf; r05n new2 6
+    r05n prof 4 OOMB_CUDA_PROFILE=2
     s7b new
     r7b new
     [ -n "\${FULL:-}" ] && tests test-cuda-paged-attn:300 ;;
@@ -53,6 +54,7 @@ ratio)
 h100)
     tests test-cuda-ops:300 test-cuda-backend:150 test-cuda-paged-attn:300
     r05n new 6; r05n new2 6
+    r05n prof 4 OOMB_CUDA_PROFILE=2
     s3b new ;;
 esac
 log end
