@@ -462,14 +462,15 @@ void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor
     // the logits block (z's SLOT_C at R0): where the device has no room for R rows (up to 1.25 GiB), twice
     // the blocks of half the rows, down to one row, rather than a failed step (the same result: dw sums the blocks)
     int64_t R = R0;
+    auto block_bytes = [&](int64_t rows) { return lce_slot_bytes(E, N, (size_t) d.V, (size_t) rows, true, false, true).b[SLOT_C - SLOT_X]; };
     float * C = nullptr;
     // after a block did not fit: start from the size that did (not two failed allocations per step)
-    while (c.lce_bytes_fit > 0 && (size_t) d.V * (size_t) R * sizeof(float) > c.lce_bytes_fit && R > 1) {
+    while (c.lce_bytes_fit > 0 && block_bytes(R) > c.lce_bytes_fit && R > 1) {
         const int64_t blocks = 2 * ((d.N + R - 1) / R);
         R = (d.N + blocks - 1) / blocks;
     }
     for (;;) {
-        C = (float *) c.try_scratch(SLOT_C, lce_slot_bytes(E, N, (size_t) d.V, (size_t) R, true, false, true).b[SLOT_C - SLOT_X]);
+        C = (float *) c.try_scratch(SLOT_C, block_bytes(R));
         if (C || R == 1) break;
         const int64_t blocks = 2 * ((d.N + R - 1) / R);
         R = (d.N + blocks - 1) / blocks;
@@ -483,7 +484,7 @@ void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor
                 (long long) R0, (double) d.V * (double) R0 * 4.0 / (double) (1ull << 30), (long long) R);
     }
     c.last_lce_rows = R;
-    if (R != R0) c.lce_bytes_fit = (size_t) d.V * (size_t) R * sizeof(float);
+    if (R != R0) c.lce_bytes_fit = block_bytes(R);
     double * s = (double *) st, * part = s + N, * cnt = part + N;
     float * m = (float *) (cnt + N), * picked = m + N;
     float * lse = out + 2;

@@ -100,7 +100,7 @@ size_t oomb_backend_graph_scratch(oomb_backend_t backend, const struct oomb_cgra
 /// that the profile printed when the backend is freed covers only what runs after this call (oomb-train
 /// calls it after its first step: the first use of a kernel loads its module, cuBLAS picks and plans its
 /// algorithms, and those one-time costs, tens of ms per kernel, would be charged to the ops that ran
-/// first). Waits for the backend's queued work. Returns true when a profile was reset, false when the
+/// first). When it profiles, waits for the work queued on the compute queue first. Returns true when a profile was reset, false when the
 /// backend does not profile (CPU; CUDA without OOMB_CUDA_PROFILE) or backend is NULL.
 bool oomb_backend_profile_reset(oomb_backend_t backend);
 /// Computes every node of g in order. All tensors must have data in this backend's memory.
