@@ -10,9 +10,10 @@
 #                (then profiled with OOMB_CUDA_LT_TUNE=1: do the epilogue GEMMs' algorithms explain their per-call times?)
 #                Qwen2.5-3B sparse 64 at 128K (the memory plan with the LM-head scratch against the GPU's use)
 #   start ratio  the H200 mode's first part alone (the tests, the 0.5B, HF + SDPA, the 0.5B)
+#   start quick  any card, little device time left: the tests, the profiled 0.5B, the 3B plan check
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
 #   fixtures     test-cuda-qwen2 against the HF fixtures (carry build-carry alone; after the background run is done)
-usage="usage: $0 start h200|h100|ratio | wait [S] | fixtures"
+usage="usage: $0 start h200|h100|ratio|quick | wait [S] | fixtures"
 case ${1:-} in start|wait|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 export OFF="OOMB_CUDA_FUSE_EPI=0 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0 OOMB_CUDA_FUSE_NORM=0"
 OUT0=${OUT:-out}
@@ -52,6 +53,10 @@ h200)
 ratio)
     tests test-cuda-ops:300 test-cuda-backend:150
     r05n new 6; hf; r05n new2 6 ;;
+quick)
+    tests test-cuda-ops:300 test-cuda-backend:150
+    r05n prof 4 OOMB_CUDA_PROFILE=2
+    s3b new ;;
 h100)
     tests test-cuda-ops:300 test-cuda-backend:150
     r05n new 6; r05n new2 6
