@@ -48,10 +48,11 @@ namespace {
 
 const char * PROG = TRAIN_PROG;
 
-// OOMB_PROFILE_FIRST_STEP=1: a profile (OOMB_CUDA_PROFILE) keeps the first step's one-time costs
+// OOMB_PROFILE_FIRST_STEP=1: a profile (OOMB_CUDA_PROFILE) keeps the first step's one-time costs (read as
+// OOMB_CUDA_PROFILE is: a number, 0 off)
 bool profile_first_step() {
     const char * e = getenv("OOMB_PROFILE_FIRST_STEP");
-    return e && *e && strcmp(e, "0") != 0;
+    return e && atoi(e) != 0;
 }
 
 double lr_at(const Options & o, int64_t step) {   // step: 0-based

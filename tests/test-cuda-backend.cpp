@@ -268,9 +268,8 @@ TEST_F(CudaBackend, ComputeFaultIsAStatus) {
 // freed covers only the graphs computed after the last reset (the graph below: 3 computes, a reset, 1 compute, so
 // each of its ops shows 1 call) and says so.
 TEST_F(CudaBackend, ProfileReset) {
-    const char * env = getenv("OOMB_CUDA_PROFILE");
-    if (!env || atoi(env) == 0) EXPECT_FALSE(oomb_backend_profile_reset(cu));  // the fixture's backend does not profile
     const char * old = getenv("OOMB_CUDA_PROFILE");
+    if (!old || atoi(old) == 0) EXPECT_FALSE(oomb_backend_profile_reset(cu));  // the fixture's backend does not profile
     const std::string saved = old ? old : "";
     setenv("OOMB_CUDA_PROFILE", "1", 1);
     oomb_backend_t pb = oomb_backend_cuda_init(0);
@@ -294,7 +293,6 @@ TEST_F(CudaBackend, ProfileReset) {
     oomb_backend_free(pb);
     const std::string prof = ::testing::internal::GetCapturedStderr();
     EXPECT_NE(prof.find("since the last oomb_backend_profile_reset"), std::string::npos) << prof;
-    int lines = 0;
     for (const char * op : {"silu", "mul", "scale", "add"}) {
         // "  <op padded to 24> <ms> ms <pct>% <calls> calls"
         const std::string key = "  " + std::string(op) + std::string(24 - strlen(op), ' ');
@@ -302,9 +300,7 @@ TEST_F(CudaBackend, ProfileReset) {
         ASSERT_NE(at, std::string::npos) << op << " missing in\n" << prof;
         const std::string line = prof.substr(at, prof.find('\n', at) - at);
         EXPECT_NE(line.find(" 1 calls"), std::string::npos) << line;
-        lines++;
     }
-    EXPECT_EQ(lines, 4);
 }
 
 // The fused accumulation (cuda/backend-cuda.cu, fuse_accumulations; on by default, OOMB_CUDA_FUSE=0

@@ -79,3 +79,27 @@ s3b() {  # s3b LABEL [ENV...]: Qwen2.5-3B --trainable linear sparse 64 pages at 
         --offload off --sparse-pages 64 --sparse-score mean -o /tmp/s3b > $R/3b-128k-sparse64-$lab.log 2>&1
     echo "3b 128K sparse64 $lab rc=$?"; grep -E "^step|error|device total|paged_attn|mul_mat " $R/3b-128k-sparse64-$lab.log | head -8
 }
+
+# lease_head TAG MODE [ARG]: what a background driver (lease-s22.sh and later) does first: the results so far tarred
+# into $OUT0/TAG.tgz at exit (a call brings back at most 8 files), the card's state, the `fixtures` and `wait [S]`
+# modes (which end the driver), the binaries unpacked. Set OUT0 (the call's $OUT) before sourcing this file.
+lease_head() {
+    LEASE_TAG=$1; shift
+    lease_pack() { tar -czf "$OUT0/$LEASE_TAG.tgz" -C "$(dirname $R)" "$(basename $R)" $( [ -f $K/bg.out ] && echo ../keep/bg.out ) 2>/dev/null; }
+    trap lease_pack EXIT
+    nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,power.limit,driver_version --format=csv,noheader
+    case $1 in
+    fixtures) fixtures_qwen2; exit ;;
+    wait) bg_wait ${2:-540}; exit ;;
+    esac
+    [ -x $B/oomb-train ] || unpack || exit 1
+}
+r05n() {  # r05n LABEL STEPS [ENV...]: the 0.5B one-chunk run of 32K for STEPS steps (prints the tok/s of steps 2..)
+    local lab=$1 st=$2; shift 2
+    rm -rf /tmp/r05
+    env "$@" timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps $st --warmup 1 \
+      --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $R/05b-32k-1chunk-$lab.log 2>&1
+    echo "0.5b 32K one chunk $lab rc=$? tok/s: $(grep -oE '[0-9]+ tok/s' $R/05b-32k-1chunk-$lab.log | head -$st | tail -n +2 | awk '{print $1}' | tr '\n' ' ')"
+}
+# hf: HF + SDPA on the same 0.5B one-chunk 32K run (.devcarry/hf_baseline.py), its JSON line in R
+hf() { PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json; }

@@ -18,28 +18,13 @@ case ${1:-} in start|wait|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 export OFF="OOMB_CUDA_FUSE_EPI=0 OOMB_OPT_NORM_GROUP=1 OOMB_CUDA_ADAMW_VEC=0 OOMB_CUDA_FUSE_NORM=0"
 OUT0=${OUT:-out}
 export OUT=/tmp/keep/res   # R of lease-lib.sh: kept on the machine between calls, tarred into $OUT0 each call
-source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, s7b, s3b, fixtures_qwen2, bg_start, bg_wait
-pack_out() { tar -czf "$OUT0/s23.tgz" -C "$(dirname $R)" "$(basename $R)" $( [ -f $K/bg.out ] && echo ../keep/bg.out ) 2>/dev/null; }
-trap pack_out EXIT
-nvidia-smi --query-gpu=name,clocks.sm,memory.used,power.draw,power.limit,driver_version --format=csv,noheader
-case $1 in
-fixtures) fixtures_qwen2; exit ;;
-wait) bg_wait ${2:-540}; exit ;;
-esac
-[ -x $B/oomb-train ] || unpack || exit 1
+source "$(dirname "$0")/lease-lib.sh"   # K, B, R, log, tests, rand_ids, unpack, r05n, hf, s7b, s3b, lease_head, bg_start, bg_wait
+lease_head s23 "$@"
 cat > $K/run.sh <<EOF
 cd $PWD
 export OUT=$R OFF="$OFF"
 source bench/gpu/lease-lib.sh
 export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
-r05n() {  # r05n LABEL STEPS [ENV...]: the 0.5B one-chunk run for STEPS steps (tok/s of steps 2..)
-    local lab=\$1 st=\$2; shift 2
-    rm -rf /tmp/r05
-    env "\$@" timeout 200 \$B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps \$st --warmup 1 \
-      --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > \$R/05b-32k-1chunk-\$lab.log 2>&1
-    echo "0.5b 32K one chunk \$lab rc=\$? tok/s: \$(grep -oE '[0-9]+ tok/s' \$R/05b-32k-1chunk-\$lab.log | head -\$st | tail -n +2 | awk '{print \$1}' | tr '\n' ' ')"
-}
-hf() { PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee \$R/hf-05b-32k.json; }
 rand_ids
 log start
 case $2 in
