@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Session 24 on the GPU machine (2026-12-07, second session): what sessions 21-23 could not measure (the H200 refused),
+# plus a sweep of the head-dim-64 attention settings at the 0.5B one-chunk shape (the kernels' choices were last swept
+# before the dQ accumulator of version 19 changed the backward).
+# The runs go in the background (setsid: longer than one 10-minute command); every call tars the results so far into
+# $OUT/s24.tgz (a call brings back at most 8 files).
+#   start h200   the tests; the issue-16 ratio (0.5B one chunk of 32K, 6 steps; HF + SDPA; the 0.5B again); 7B --trainable
+#                linear sparse 64 at 128K (issue 13) and dense 128K (issue 16's 40 s); the head-dim-64 sweep; bench_attn.py
+#                (ours beside SDPA flash and cuDNN, 7B layer and 0.5B layer); a profiled 0.5B run
+#   start h100   the tests, the head-dim-64 sweep, a profiled 0.5B run (HF and the 7B steps do not fit 80 GB)
+#   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
+#   fixtures     test-cuda-qwen2 against the HF fixtures (carry build-carry alone; after the background run is done)
+usage="usage: $0 start h200|h100 | wait [S] | fixtures"
+case ${1:-} in start|wait|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
+OUT0=${OUT:-out}
+export OUT=/tmp/keep/res   # R of lease-lib.sh: kept on the machine between calls, tarred into $OUT0 each call
+source "$(dirname "$0")/lease-lib.sh"
+lease_head s24 "$@"
+cat > $K/run.sh <<EOF
+cd $PWD
+export OUT=$R
+source bench/gpu/lease-lib.sh
+export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
+# sweep64: oomb-bench-attn on the 0.5B layer (14 / 2 heads, head dim 64) at one chunk of 32K, one process per setting
+sweep64() {
+    S="--seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64 --reps 3"
+    for set in "base=" "kvr0=OOMB_PAGED_ATTN_BWDKVR=0" "pipe0=OOMB_PAGED_ATTN_BWDPIPE=0" "pipe0occ=OOMB_PAGED_ATTN_BWDPIPE=0 OOMB_PAGED_ATTN_OCC64=2" \
+               "split2=OOMB_PAGED_ATTN_SPLIT=2" "split3=OOMB_PAGED_ATTN_SPLIT=3" "wg3=OOMB_PAGED_ATTN_FWDWG3=1" "ws2=OOMB_PAGED_ATTN_FWDWS=2" \
+               "ws3=OOMB_PAGED_ATTN_FWDWS=3" "ws0=OOMB_PAGED_ATTN_FWDWS=0" "base2="; do
+        lab=\${set%%=*}; e=\${set#*=}
+        env \$e timeout 120 $B/oomb-bench-attn \$S > $R/sweep64-\$lab.log 2>&1
+        echo "sweep64 \$lab rc=\$? \$(grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' $R/sweep64-\$lab.log | tr '\n' ' ')"
+    done
+}
+attn() {  # bench_attn.py: ours beside SDPA flash and cuDNN, the 7B layer at 8K / 32K / 128K, then the 0.5B layer at 32K
+    PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --out $R/attn7b 2>&1 | grep -v "^running" | tail -12
+    PYTHONUNBUFFERED=1 timeout 200 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --seqs 32768 --heads 14 --kv-heads 2 --dim 64 \
+        --out $R/attn05b 2>&1 | grep -v "^running" | tail -6
+}
+rand_ids
+log start
+case $2 in
+h200)
+    tests test-cuda-ops:300 test-cuda-backend:150
+    r05n new 6; hf; r05n new2 6
+    s7b new
+    r7b new
+    sweep64
+    mkdir -p $R/attn7b $R/attn05b; attn
+    r05n prof 4 OOMB_CUDA_PROFILE=2 ;;
+h100)
+    tests test-cuda-ops:300 test-cuda-backend:150
+    sweep64
+    r05n new 6
+    r05n prof 4 OOMB_CUDA_PROFILE=2 ;;
+esac
+log end
+EOF
+bg_start $K/run.sh
+bg_wait ${3:-480}
