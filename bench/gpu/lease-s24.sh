@@ -41,7 +41,7 @@ rand_ids
 log start
 case $2 in
 h200)
-    tests test-cuda-ops:300 test-cuda-backend:150
+    tests test-cuda-ops:300 test-cuda-backend:150; [ -x $B/test-cuda-linear-ce ] && tests test-cuda-linear-ce:200
     r05n new 6; hf; r05n new2 6
     s7b new
     r7b new
@@ -49,7 +49,7 @@ h200)
     mkdir -p $R/attn7b $R/attn05b; attn
     r05n prof 4 OOMB_CUDA_PROFILE=2 ;;
 h100)
-    tests test-cuda-ops:300 test-cuda-backend:150
+    tests test-cuda-ops:300 test-cuda-backend:150; [ -x $B/test-cuda-linear-ce ] && tests test-cuda-linear-ce:200
     sweep64
     r05n new 6
     r05n prof 4 OOMB_CUDA_PROFILE=2 ;;
