@@ -6,6 +6,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdio>
 
 using oomb::shape_str;
 
@@ -190,8 +191,10 @@ bool lt_gemm(oomb_cuda_ctx & c, cublasOperation_t opa, cublasOperation_t opb, in
         // + bias: each run writes the same D, so the trials are harmless) and keep the fastest. Off by default: the
         // winner can differ between processes, and so then would the products' last bits (a resumed run would
         // not repeat an uninterrupted one exactly); not yet measured to gain.
-        const bool tune = getenv("OOMB_CUDA_LT_TUNE") != nullptr && atoi(getenv("OOMB_CUDA_LT_TUNE")) != 0;  // (per new plan)
-        if (p->ok && tune && found > 1 && (double) M * (double) NN * (double) K >= 4294967296.0) {
+        // OOMB_CUDA_LT_TUNE=2 also prints each candidate's configuration and time to stderr (the data for a choice
+        // that does not depend on timing).
+        const int tune = getenv("OOMB_CUDA_LT_TUNE") != nullptr ? atoi(getenv("OOMB_CUDA_LT_TUNE")) : 0;  // (per new plan)
+        if (p->ok && tune != 0 && found > 1 && (double) M * (double) NN * (double) K >= 4294967296.0) {
             const float alpha = 1.0f, beta = bias ? 0.0f : 1.0f;
             cudaEvent_t e0 = nullptr, e1 = nullptr;
             CUDA_CHECK(cudaEventCreate(&e0));
@@ -210,6 +213,18 @@ bool lt_gemm(oomb_cuda_ctx & c, cublasOperation_t opa, cublasOperation_t opb, in
                 CUDA_CHECK(cudaEventSynchronize(e1));
                 float ms = 0.0f;
                 CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+                if (tune >= 2) {
+                    int32_t cfg[9] = {};  // CUBLASLT_ALGO_CONFIG_ID .. CLUSTER_SHAPE_ID
+                    for (int a = 0; a < 9; a++) {
+                        size_t got = 0;
+                        if (cublasLtMatmulAlgoConfigGetAttribute(&res[r].algo, (cublasLtMatmulAlgoConfigAttributes_t) a, &cfg[a], sizeof cfg[a],
+                                                                 &got) != CUBLAS_STATUS_SUCCESS)
+                            cfg[a] = -1;
+                    }
+                    fprintf(stderr, "lt-tune [%s] cand %d: %.4f ms%s | algo %d tile %d splitk %d reduction %d swizzle %d custom %d stages %d inner %d "
+                            "cluster %d | ws %zu waves %.2f\n", key, r, ms, ran ? "" : " (failed)", cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5],
+                            cfg[6], cfg[7], cfg[8], res[r].workspaceSize, res[r].wavesCount);
+                }
                 if (ran && (best == 0.0f || ms < best)) {
                     best = ms;
                     p->algo = res[r].algo;

@@ -6,7 +6,8 @@
 # $OUT/s24.tgz (a call brings back at most 8 files).
 #   start h200   the tests; the issue-16 ratio (0.5B one chunk of 32K, 6 steps; HF + SDPA; the 0.5B again); 7B --trainable
 #                linear sparse 64 at 128K (issue 13) and dense 128K (issue 16's 40 s); the head-dim-64 sweep; bench_attn.py
-#                (ours beside SDPA flash and cuDNN, 7B layer and 0.5B layer); a profiled 0.5B run
+#                (ours beside SDPA flash and cuDNN, 7B layer and 0.5B layer); a profiled 0.5B run, and one with
+#                OOMB_CUDA_LT_TUNE=2 (cuBLASLt's epilogue candidates, their configurations and times, in its log)
 #   start h100   the tests, the head-dim-64 sweep, a profiled 0.5B run (HF and the 7B steps do not fit 80 GB)
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
 #   fixtures     test-cuda-qwen2 against the HF fixtures (carry build-carry alone; after the background run is done)
@@ -47,12 +48,14 @@ h200)
     r7b new
     sweep64
     mkdir -p $R/attn7b $R/attn05b; attn
-    r05n prof 4 OOMB_CUDA_PROFILE=2 ;;
+    r05n prof 4 OOMB_CUDA_PROFILE=2
+    r05n tune2 4 OOMB_CUDA_PROFILE=2 OOMB_CUDA_LT_TUNE=2 ;;
 h100)
     tests test-cuda-ops:300 test-cuda-backend:150; [ -x $B/test-cuda-linear-ce ] && tests test-cuda-linear-ce:200
     sweep64
     r05n new 6
-    r05n prof 4 OOMB_CUDA_PROFILE=2 ;;
+    r05n prof 4 OOMB_CUDA_PROFILE=2
+    r05n tune2 4 OOMB_CUDA_PROFILE=2 OOMB_CUDA_LT_TUNE=2 ;;
 esac
 log end
 EOF
