@@ -138,6 +138,18 @@ void * oomb_cuda_ctx::scratch(int slot, size_t bytes) {
     return p;
 }
 
+// A default-on switch (common.cuh).
+bool oomb_cuda_env_flag_off(const char * name) {
+    const char * e = getenv(name);
+    if (!e || !*e) return false;
+    std::string v(e);
+    for (char & ch : v) ch = (char) tolower((unsigned char) ch);
+    if (v == "0" || v == "false" || v == "off" || v == "no") return true;
+    if (v == "1" || v == "true" || v == "on" || v == "yes") return false;
+    oomb_error("%s=%s: expected 0 or 1 (or false / true, off / on, no / yes)", name, e);
+    return false;
+}
+
 namespace {
 
 oomb_cuda_ctx * ctx_of(oomb_backend_t b) { return (oomb_cuda_ctx *) b->ctx; }
@@ -441,18 +453,7 @@ std::string profile_key(const oomb_tensor * n) {
     return k;
 }
 
-// A default-on switch (OOMB_CUDA_FUSE, OOMB_CUDA_FUSE_LCE): off for 0, false, off or no (any case),
-// on when unset, empty, 1, true, on or yes; any other value is an error naming the variable.
-bool env_flag_off(const char * name) {
-    const char * e = getenv(name);
-    if (!e || !*e) return false;
-    std::string v(e);
-    for (char & ch : v) ch = (char) tolower((unsigned char) ch);
-    if (v == "0" || v == "false" || v == "off" || v == "no") return true;
-    if (v == "1" || v == "true" || v == "on" || v == "yes") return false;
-    oomb_error("%s=%s: expected 0 or 1 (or false / true, off / on, no / yes)", name, e);
-    return false;
-}
+bool env_flag_off(const char * name) { return oomb_cuda_env_flag_off(name); }
 
 // The fusion passes' view of a graph, built once per graph_compute: each node's position and how many nodes
 // read it (as a source or a view source).

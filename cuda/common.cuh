@@ -168,6 +168,10 @@ struct oomb_cuda_ctx {
     void bf16_copies_after(const oomb_tensor * node);
 };
 
+// A default-on switch (OOMB_CUDA_FUSE, OOMB_CUDA_FUSE_LCE, OOMB_CUDA_LT_RULE): true (off) for 0, false, off or
+// no (any case); false (on) when unset, empty, 1, true, on or yes; any other value is an error naming the variable.
+bool oomb_cuda_env_flag_off(const char * name);
+
 // After every kernel launch: checks the launch (and, with sync_each, the execution).
 void oomb_cuda_after_launch(oomb_cuda_ctx & c, const char * kernel, const char * file, int line);
 #define OOMB_CUDA_LAUNCHED(c, name) oomb_cuda_after_launch((c), (name), __FILE__, __LINE__)

@@ -144,9 +144,10 @@ bool lt_gemm(oomb_cuda_ctx & c, cublasOperation_t opa, cublasOperation_t opb, in
     // cuBLASLt's preferences take no bias alignment and some of its bias kernels assume 16 bytes (a misaligned
     // access would end the CUDA context, not fail the call): a bias sliced out of a larger tensor runs unfused
     if (bias && aE < 16) return false;
+    const bool rule = !oomb_cuda_env_flag_off("OOMB_CUDA_LT_RULE");  // (below; part of the plan's key)
     char key[256];
-    snprintf(key, sizeof key, "%d %d %lld %lld %lld %lld %lld %d %u %u %u %u %u", (int) opa, (int) opb, (long long) M, (long long) NN,
-             (long long) K, (long long) lda, (long long) ldb, bias ? 1 : 0, aA, aB, aC, aD, aE);
+    snprintf(key, sizeof key, "%d %d %lld %lld %lld %lld %lld %d %u %u %u %u %u %d", (int) opa, (int) opb, (long long) M, (long long) NN,
+             (long long) K, (long long) lda, (long long) ldb, bias ? 1 : 0, aA, aB, aC, aD, aE, rule ? 1 : 0);
     if (c.lt_plans.size() >= 4096 && !c.lt_plans.count(key)) c.lt_plans.clear();  // (many sequence lengths: a bound)
     std::shared_ptr<oomb_cuda_ctx::lt_plan> & slot = c.lt_plans[key];
     if (!slot) {
@@ -186,6 +187,23 @@ bool lt_gemm(oomb_cuda_ctx & c, cublasOperation_t opa, cublasOperation_t opb, in
         if (pref) cublasLtMatmulPreferenceDestroy(pref);
         p->ok = good && found > 0 && res[0].state == CUBLAS_STATUS_SUCCESS;
         if (p->ok) p->algo = res[0].algo;
+        // The heuristic's first candidate was a 128 x 256 tile for every epilogue product of the 0.5B step and the
+        // slowest or nearly so among its eight (H100, OOMB_CUDA_LT_TUNE=2; bench/NOTES.md "Session 24"): the output
+        // projection with the residual 0.209 ms against 0.116 for 128 x 128, the q bias 0.111 / 0.089, the down
+        // projection with the residual 0.495 / 0.420. So a 128 x 128 candidate, where the list has one, is taken
+        // instead: a choice made from the list alone, the same in every process (OOMB_CUDA_LT_RULE=0: the first).
+        if (p->ok && rule) {
+            for (int r = 1; r < found; r++) {
+                int32_t tile = -1;
+                if (res[r].state == CUBLAS_STATUS_SUCCESS && res[r].workspaceSize <= c.cublas_ws_size &&
+                    cublasLtMatmulAlgoConfigGetAttribute(&res[r].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, nullptr) ==
+                        CUBLAS_STATUS_SUCCESS &&
+                    tile == CUBLASLT_MATMUL_TILE_128x128) {
+                    p->algo = res[r].algo;
+                    break;
+                }
+            }
+        }
         // The heuristic's first choice was measured slower than cublasGemmEx's for some shapes (bench/NOTES.md): with
         // OOMB_CUDA_LT_TUNE=1, on large products, time each candidate once on these operands (D = product + C or
         // + bias: each run writes the same D, so the trials are harmless) and keep the fastest. Off by default: the

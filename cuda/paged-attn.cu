@@ -125,13 +125,18 @@ int sm_count() {
 // 20, backward TFLOP/s with the split forced to 2 / 4 / 6 / 8): 7B layer at 128K, chunk 2048 (TG 14,336)
 // 460 / 448 / 435 / 422; 0.5B layer at 32K, chunk 4096 (TG 28,672) 337 / 353 / 353 / 351. (Lowering it
 // further on the device where a long history alone fills the waves measured slower: fewer, longer
-// blocks leave more of the last wave idle.)
-int bwd_split(int own_tiles, int n_rt, int64_t TG) {
+// blocks leave more of the last wave idle.) A long chunk whose own tiles already fill the waves still
+// splits in 2 (head dim 128; at 64 below 1,024 own tiles): measured (H100, bench/NOTES.md "Session 24"),
+// backward TFLOP/s unsplit -> split 2 at one chunk: 7B layer 16K 413 -> 439-452, 32K 424 -> 442-444,
+// 64K 442 -> 454-457; 0.5B layer 32K (512 own tiles) 352-357 -> 365-366, SmolLM2 32K (768) 366 -> 372,
+// 0.5B 64K (1,024) 374 -> 370 (kept unsplit).
+int bwd_split(int own_tiles, int n_rt, int64_t TG, int D) {
     int ns;
     if (cfg().split >= 0) ns = cfg().split;
     else {
         const int n_sm = sm_count();
         ns = (2 * n_sm + own_tiles - 1) / std::max(own_tiles, 1);
+        if (ns == 1 && (D == 128 || own_tiles < 1024)) ns = 2;
         ns = std::min<int64_t>({(int64_t) ns, 4, std::max<int64_t>(1, TG / 7168)});
     }
     return std::max(1, std::min(ns, std::max(n_rt, 1)));
@@ -964,7 +969,7 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             a.dq_acc = use_acc ? dq_acc : nullptr;
             a.lists = L;
             // bf16 gradient pages: one block per key tile owns its rows (read-add-round, no atomics)
-            a.nsplit = grad_bf16 ? 1 : bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt, (int64_t) G.T * G.G);
+            a.nsplit = grad_bf16 ? 1 : bwd_split((int) ((G.T + BN - 1) / BN) * G.Hkv, n_rt, (int64_t) G.T * G.G, G.D);
             // page lists (bwd_block, config.lists_bwd): the current region's tiles first (bit 0); a history tile
             // unsplit once the history's tiles alone make two waves of blocks (bit 1, lists_hist_fill; off by
             // default: measured slower); the rows' page bits from per-block query-tile masks (bit 2)

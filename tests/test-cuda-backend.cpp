@@ -619,6 +619,66 @@ TEST_F(CudaBackend, FusedEpilogues) {
             oomb_free(pc);
         }
     }
+    // The plan's algorithm from the heuristic's list (cuda/mul-mat.cu: a 128 x 128 tile where the list has one,
+    // OOMB_CUDA_LT_RULE=0 the list's first): the 0.5B output projection's shape with the residual and the bias,
+    // each choice against the unfused product, on the GPU; a value that is not a switch is an error naming it.
+    {
+        oombtest::ScopedEnv rule_env({"OOMB_CUDA_LT_RULE"});
+        const int K = 896, M = 896, N = 2051;
+        const auto av = random_floats((size_t) K * M, 41), bv = random_floats((size_t) K * N, 42), xv = random_floats((size_t) M * N, 43);
+        const auto biasv = random_floats((size_t) M, 44);
+        for (const bool bias_form : {false, true}) {
+            std::vector<float> res[3];  // the list's first, the rule's choice, unfused
+            int64_t fused[3] = {0, 0, 0};
+            for (int run = 0; run < 3; run++) {
+                SCOPED_TRACE(std::string(bias_form ? "bias" : "residual") + ", run " + std::to_string(run));
+                EpiEnv env(run < 2);
+                if (run == 0) rule_env.set("OOMB_CUDA_LT_RULE", "0");
+                else rule_env.unset("OOMB_CUDA_LT_RULE");
+                oomb_context * pc = oomb_init({0, true});
+                oomb_tensor * a = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M), * b = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, N);
+                oomb_tensor * x = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, M, N), * bias = oomb_new_tensor_1d(pc, OOMB_TYPE_F32, M);
+                oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(pc, cu);
+                ASSERT_NE(buf, nullptr);
+                oomb_tensor_set(a, av.data(), 0, av.size() * 4);
+                oomb_tensor_set(b, bv.data(), 0, bv.size() * 4);
+                oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
+                oomb_tensor_set(bias, biasv.data(), 0, biasv.size() * 4);
+                oomb_context * gc = oomb_init({0, true});
+                oomb_cgraph * g = oomb_new_graph(gc);
+                oomb_tensor * p = oomb_mul_mat(gc, a, b);
+                oomb_tensor * out = oomb_scale(gc, bias_form ? oomb_add(gc, p, bias) : oomb_add(gc, x, p), 1.0f);
+                oomb_set_output(out);
+                oomb_build_forward_expand(g, out);
+                oomb_gallocr_t ga = oomb_gallocr_new(cu);
+                ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+                const int64_t before = oomb_cuda_debug_fused_epi_count(cu);
+                ASSERT_EQ(oomb_backend_graph_compute(cu, g), OOMB_STATUS_OK) << oomb_backend_last_error(cu);
+                fused[run] = oomb_cuda_debug_fused_epi_count(cu) - before;
+                res[run].resize((size_t) M * N);
+                oomb_tensor_get(out, res[run].data(), 0, res[run].size() * 4);
+                if (run == 1 && !bias_form) {  // the variable is read for each product: a bad value fails the compute
+                    rule_env.set("OOMB_CUDA_LT_RULE", "maybe");
+                    EXPECT_OOMB_ERROR(oomb_backend_graph_compute(cu, g), "OOMB_CUDA_LT_RULE=maybe: expected 0 or 1");
+                }
+                oomb_gallocr_free(ga);
+                oomb_free(gc);
+                oomb_buffer_free(buf);
+                oomb_free(pc);
+            }
+            EXPECT_EQ(fused[0], 1);
+            EXPECT_EQ(fused[1], 1);
+            EXPECT_EQ(fused[2], 0);
+            for (int run = 0; run < 2; run++) {
+                double mx = 0, err = 0;
+                for (size_t i = 0; i < res[2].size(); i++) {
+                    mx = std::max(mx, (double) std::fabs(res[2][i]));
+                    err = std::max(err, (double) std::fabs(res[run][i] - res[2][i]));
+                }
+                EXPECT_LT(err, 1e-4 * mx) << (bias_form ? "bias" : "residual") << ", run " << run << ": largest difference " << err << " of " << mx;
+            }
+        }
+    }
     // A product large enough (>= 2^32 multiply-adds) for the first call to time cuBLASLt's candidates (with
     // OOMB_CUDA_LT_TUNE=1): the residual and the bias forms against the same graph unfused (OOMB_CUDA_FUSE_EPI=0),
     // on the GPU both times.

@@ -4,14 +4,15 @@
 # before the dQ accumulator of version 19 changed the backward).
 # The runs go in the background (setsid: longer than one 10-minute command); every call tars the results so far into
 # $OUT/s24.tgz (a call brings back at most 8 files).
-#   start h200   the tests; the issue-16 ratio (0.5B one chunk of 32K, 6 steps; HF + SDPA; the 0.5B again); 7B --trainable
-#                linear sparse 64 at 128K (issue 13) and dense 128K (issue 16's 40 s); the head-dim-64 sweep; bench_attn.py
-#                (ours beside SDPA flash and cuDNN, 7B layer and 0.5B layer); a profiled 0.5B run, and one with
-#                OOMB_CUDA_LT_TUNE=2 (cuBLASLt's epilogue candidates, their configurations and times, in its log)
-#   start h100   the tests, the head-dim-64 sweep, a profiled 0.5B run (HF and the 7B steps do not fit 80 GB)
+#   start h200   the tests (with test-cuda-paged-attn: the backward's split rule changed); the issue-16 ratio (0.5B one chunk
+#                of 32K, 6 steps, new; HF + SDPA; old = OLD below; new again); 7B --trainable linear sparse 64 at 128K
+#                (issue 13); 7B dense 128K new and old (the cuBLASLt rule changes its epilogue products)
+#   start h100   the tests, the 0.5B new / old twice, Qwen2.5-3B sparse 64 at 128K new / old, a profiled 0.5B run
+#   start first  what the session's first H100 call ran (binaries of c5a2e6e): the tests, a sweep of the head-dim-64
+#                attention settings at one chunk of 32K (sweep64), the 0.5B, profiled, and with OOMB_CUDA_LT_TUNE=2
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
 #   fixtures     test-cuda-qwen2 against the HF fixtures (carry build-carry alone; after the background run is done)
-usage="usage: $0 start h200|h100 | wait [S] | fixtures"
+usage="usage: $0 start h200|h100|first | wait [S] | fixtures"
 case ${1:-} in start|wait|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 OUT0=${OUT:-out}
 export OUT=/tmp/keep/res   # R of lease-lib.sh: kept on the machine between calls, tarred into $OUT0 each call
@@ -20,6 +21,8 @@ lease_head s24 "$@"
 cat > $K/run.sh <<EOF
 cd $PWD
 export OUT=$R
+# the A/B's old settings: the backward unsplit at one chunk (as before 2026-12-07's rule), the heuristic's first algorithm
+OLD="OOMB_PAGED_ATTN_SPLIT=1 OOMB_CUDA_LT_RULE=0"
 source bench/gpu/lease-lib.sh
 export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
 # sweep64: oomb-bench-attn on the 0.5B layer (14 / 2 heads, head dim 64) at one chunk of 32K, one process per setting
@@ -42,15 +45,17 @@ rand_ids
 log start
 case $2 in
 h200)
-    tests test-cuda-ops:300 test-cuda-backend:150; [ -x $B/test-cuda-linear-ce ] && tests test-cuda-linear-ce:200
-    r05n new 6; hf; r05n new2 6
+    tests test-cuda-ops:300 test-cuda-backend:150 test-cuda-paged-attn:300
+    r05n new 6; hf; r05n old 6 \$OLD; r05n new2 6
     s7b new
     r7b new
-    sweep64
-    mkdir -p $R/attn7b $R/attn05b; attn
-    r05n prof 4 OOMB_CUDA_PROFILE=2
-    r05n tune2 4 OOMB_CUDA_PROFILE=2 OOMB_CUDA_LT_TUNE=2 ;;
+    r7b old \$OLD ;;
 h100)
+    tests test-cuda-ops:300 test-cuda-backend:150 test-cuda-paged-attn:300
+    r05n new 6; r05n old 6 \$OLD; r05n new2 6; r05n old2 6 \$OLD
+    s3b new; s3b old \$OLD
+    r05n prof 4 OOMB_CUDA_PROFILE=2 ;;
+first)  # the first H100 call of this session (binaries of c5a2e6e)
     tests test-cuda-ops:300 test-cuda-backend:150; [ -x $B/test-cuda-linear-ce ] && tests test-cuda-linear-ce:200
     sweep64
     r05n new 6
