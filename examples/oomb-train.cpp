@@ -481,7 +481,12 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
                 printf("checkpoint: skipped at step %" PRId64 " (the last step was not finite)\n", T.step);
             } else {
                 const auto s0 = std::chrono::steady_clock::now();
-                if (!T.save(&err)) fail(PROG, "checkpoint: " + err);
+                // a save that fails (a weight its --out-type cannot hold, a NaN from the step, a full disk) leaves the previous
+                // checkpoint as it was, and the run stops: the weights it would go on from are the ones that could not be saved
+                if (!T.save(&err)) {
+                    T.plot();
+                    fail(PROG, "checkpoint: step " + std::to_string(T.step) + " not saved: " + err + "; " + kept_checkpoint());
+                }
                 last_good_ckpt = T.step;
                 printf("checkpoint: step %" PRId64 " -> %s, %s (%.1f s)\n", T.step, ckpt_model.c_str(),
                        T.path("state.safetensors").c_str(),

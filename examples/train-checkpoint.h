@@ -62,7 +62,9 @@ void lock_output_folder(const std::string & out);
 void remove_stale_temp_files(const std::string & out);
 
 /// Writes the checkpoint of the run (see the top of this file). false + *err on error; the
-/// previous checkpoint is then intact.
+/// previous checkpoint is then intact. A weight that is NaN or infinite, or that --out-type cannot
+/// hold (beyond F16's range, a Q8_0 block scale beyond f16), is such an error, naming the tensor and
+/// the type (qwen2_tensor_read_as, the one conversion of the weights for saving).
 bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string & vocab_src, oomb_optimizer_t opt, const Sampler & s,
                      uint64_t data_hash, const TrainProgress & p, std::string * err);
 

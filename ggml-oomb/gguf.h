@@ -106,6 +106,14 @@ size_t gguf_tensor_type_block_bytes(uint32_t type);
 gguf_status gguf_convert(uint32_t src_type, const void* src, uint32_t dst_type, void* dst,
                          int64_t n, std::string* err);
 
+// Checks that n f32 values x[0..n) stay finite in dst_type: false + *err ("element <index_base + i> is
+// NaN" / "is inf" / "is 1e+06, beyond F16's range (+-65504)") for the first that is NaN or infinite,
+// or, for F16 and BF16, a finite value that the rounding turns into an infinity. Writers of model files
+// call it before gguf_convert (which writes such values into F16 / BF16 / F32 as they are; the quantized
+// types refuse them and an overflowing block scale themselves): a file whose weights evaluate to NaN is
+// never written. The one check of oomb-export and oomb-train's checkpoints.
+bool gguf_check_finite_as(const float* x, int64_t n, int64_t index_base, uint32_t dst_type, std::string* err);
+
 // ---------------------------------------------------------------------------------------------
 // A metadata value: a scalar, a string, or an array (of scalars, of strings, or of arrays).
 class GGUFValue {

@@ -250,22 +250,9 @@ int main(int argc, char** argv) {
                         }
                     }
                     // the quantized types refuse non-finite values themselves; f32 / f16 / bf16 would write them (and f16
-                    // turns a finite |x| > 65504 into inf): a model that evaluates to NaN, so refuse those here too
-                    if (s == GGUF_OK && gguf_tensor_type_block_size(dst_type) == 1)
-                        for (int64_t j = 0; j < ne0; j++) {
-                            const float x = row[(size_t)j];
-                            if (std::isfinite(x) && (dst_type != GGUF_TENSOR_F16 || std::fabs(x) <= 65504.0f)) continue;
-                            char buf[200];
-                            if (!std::isfinite(x))
-                                snprintf(buf, sizeof buf, "element %lld is %s: a model with non-finite weights is not written",
-                                         (long long)j, std::isnan(x) ? "NaN" : (x > 0 ? "inf" : "-inf"));
-                            else
-                                snprintf(buf, sizeof buf, "element %lld is %g, beyond F16's range (+-65504): use --out-type bf16 or f32",
-                                         (long long)j, (double)x);
-                            m = buf;
-                            s = GGUF_ERR_ARG;
-                            break;
-                        }
+                    // turns a finite |x| > 65504 into inf): a model that evaluates to NaN, so refuse those here too (the
+                    // check oomb-train's checkpoints make)
+                    if (s == GGUF_OK && !gguf_check_finite_as(row.data(), ne0, 0, dst_type, &m)) s = GGUF_ERR_ARG;
                     if (s == GGUF_OK)
                         s = gguf_convert(GGUF_TENSOR_F32, row.data(), dst_type, (uint8_t*)dst + (size_t)(r - r0) * dst_row, ne0, &m);
                     if (s != GGUF_OK) {

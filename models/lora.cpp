@@ -275,6 +275,12 @@ bool lora_save_gguf(const Qwen2Model & m, const std::string & path, const std::s
         // Llama: B's output rows in the file's order of attn_q / attn_k (W_file = P W, so B_file = P B)
         const int64_t qk_heads = llama_qk_heads(m.cfg, kTargets[t].slot);
         if (is_b && qk_heads) llama_permute_qk_rows(v.data(), qk_heads, m.cfg.head_dim, (size_t) x->ne[0] * 4);
+        // as the model files' weights (qwen2_tensor_read_as): an adapter holding a NaN or an infinity is not written
+        std::string e;
+        if (!gguf_check_finite_as(v.data(), (int64_t) v.size(), 0, GGUF_TENSOR_F32, &e)) {
+            if (err) *err = std::string("cannot save tensor '") + x->name + "' as F32: " + e;
+            return false;
+        }
         return w.write_tensor(x->name, v.data(), v.size() * 4, err) == GGUF_OK;
     }) && w.finish(err) == GGUF_OK;
 }

@@ -121,11 +121,38 @@ gguf_tensor_type qwen2_saved_type(const Qwen2Model & m, size_t i, gguf_tensor_ty
 
 // A copy when the file's type is t's own; else converted through f32 in pieces of at most
 // kStagingBytes of f32 values (gguf_convert: the one rounding / quantization of every type), so
-// that nothing the size of t is allocated.
-void qwen2_tensor_read_as(const oomb_tensor * t, gguf_tensor_type type, void * dst, uint64_t off, size_t n) {
+// that nothing the size of t is allocated. Every value is checked in f32 on the way
+// (gguf_check_finite_as): a checkpoint or a model file never holds an infinity or a NaN.
+gguf_status qwen2_tensor_read_as(const oomb_tensor * t, gguf_tensor_type type, void * dst, uint64_t off, size_t n, std::string * err) {
+    auto fail = [&](const std::string & m) {
+        if (err) {
+            *err = std::string("cannot save tensor '") + t->name + "' as " + gguf_tensor_type_name(type) + ": " + m;
+            // the quantizers' own errors (an overflowing block scale) do not name the way out
+            if (m.find("--out-type") == std::string::npos && type != GGUF_TENSOR_F32)
+                *err += type == GGUF_TENSOR_BF16 ? ": use --out-type f32" : ": use --out-type bf16 or f32";
+        }
+        return GGUF_ERR_ARG;
+    };
+    std::string m;
     const bool same = (type == GGUF_TENSOR_F32 && t->type == OOMB_TYPE_F32) || (type == GGUF_TENSOR_BF16 && t->type == OOMB_TYPE_BF16) ||
                       (type == GGUF_TENSOR_F16 && t->type == OOMB_TYPE_F16);
-    if (same) { oomb_tensor_get(t, dst, (size_t) off, n); return; }
+    if (same) {
+        oomb_tensor_get(t, dst, (size_t) off, n);
+        // the copy checked as f32, a staging piece at a time
+        const size_t es = oomb_type_size(t->type);
+        if (type == GGUF_TENSOR_F32) {
+            if (!gguf_check_finite_as((const float *) dst, (int64_t) (n / 4), (int64_t) (off / 4), type, &m)) return fail(m);
+            return GGUF_OK;
+        }
+        const size_t step = kStagingBytes / 4;
+        std::vector<float> f(std::min(step, n / es));
+        for (size_t k = 0; k < n / es; k += step) {
+            const size_t ne = std::min(step, n / es - k);
+            gguf_convert(type, (const uint8_t *) dst + k * es, GGUF_TENSOR_F32, f.data(), (int64_t) ne, nullptr);
+            if (!gguf_check_finite_as(f.data(), (int64_t) ne, (int64_t) (off / es + k), type, &m)) return fail(m);
+        }
+        return GGUF_OK;
+    }
     const int64_t blk = gguf_tensor_type_block_size(type);
     const size_t bb = gguf_tensor_type_block_bytes(type), in_es = oomb_type_size(t->type);
     const size_t n_blk = n / bb, first_el = (size_t) (off / bb) * (size_t) blk;
@@ -140,8 +167,13 @@ void qwen2_tensor_read_as(const oomb_tensor * t, gguf_tensor_type type, void * d
             oomb_tensor_get(t, src.data(), el0 * in_es, ne * in_es);
             gguf_convert(t->type == OOMB_TYPE_BF16 ? GGUF_TENSOR_BF16 : GGUF_TENSOR_F16, src.data(), GGUF_TENSOR_F32, f.data(), (int64_t) ne, nullptr);
         }
-        gguf_convert(GGUF_TENSOR_F32, f.data(), type, (uint8_t *) dst + k * bb, (int64_t) ne, nullptr);
+        if (!gguf_check_finite_as(f.data(), (int64_t) ne, (int64_t) el0, type, &m)) return fail(m);
+        if (gguf_convert(GGUF_TENSOR_F32, f.data(), type, (uint8_t *) dst + k * bb, (int64_t) ne, &m) != GGUF_OK) {
+            // gguf_convert numbers elements from the piece's start
+            return fail(el0 ? m + " (counted from element " + std::to_string(el0) + ")" : m);
+        }
     }
+    return GGUF_OK;
 }
 
 void qwen2_init_random(Qwen2Model & m, uint64_t seed) {
@@ -388,8 +420,8 @@ bool qwen2_save_gguf(const Qwen2Model & m, const std::string & path, const std::
         const size_t row_bytes = (size_t) (t->ne[0] / gguf_tensor_type_block_size(ft[i])) * gguf_tensor_type_block_bytes(ft[i]);
         // Chunks of whole heads when rows are permuted (the permutation stays within a head).
         const size_t granule = qk_heads ? (size_t) c.head_dim * row_bytes : gguf_tensor_type_block_bytes(ft[i]);
-        auto fill = [&](void * dst, uint64_t off, size_t n, std::string *) {
-            qwen2_tensor_read_as(t, ft[i], dst, off, n);
+        auto fill = [&](void * dst, uint64_t off, size_t n, std::string * e) {
+            if (const gguf_status st = qwen2_tensor_read_as(t, ft[i], dst, off, n, e)) return st;
             if (qk_heads) llama_permute_qk_rows(dst, (int64_t) (n / granule), c.head_dim, row_bytes);
             return GGUF_OK;
         };

@@ -121,7 +121,11 @@ gguf_tensor_type qwen2_saved_type(const Qwen2Model & m, size_t i, gguf_tensor_ty
 /// Bytes [off, off + n) of t's data as a GGUF tensor of `type` (F32, F16, BF16 or Q8_0) holds them:
 /// a copy when `type` is t's own, else converted / quantized by gguf_convert through a bounded f32
 /// scratch (never the size of t). off and n: multiples of the type's block bytes (4, 2, 2, 34).
-void qwen2_tensor_read_as(const oomb_tensor * t, gguf_tensor_type type, void * dst, uint64_t off, size_t n);
+/// The one conversion of weights for saving, so also their check: a value that is NaN or infinite, or
+/// that `type` cannot hold (F16 / BF16 rounding it to an infinity, a Q8_0 block whose scale overflows),
+/// is GGUF_ERR_ARG with *err naming the tensor, the type, the element and the way out (--out-type).
+gguf_status qwen2_tensor_read_as(const oomb_tensor * t, gguf_tensor_type type, void * dst, uint64_t off, size_t n,
+                                 std::string * err = nullptr);
 /// Writes the model as a GGUF llama.cpp can load (2-D weights in `out_type`: F32, F16, BF16 or Q8_0,
 /// Q8_0 needing rows of a multiple of 32 values; norms and biases f32; another type is an error),
 /// with the <arch>.* keys of m.cfg.arch (a Llama model's attn_q / attn_k rows permuted to the file's

@@ -384,6 +384,28 @@ gguf_status gguf_convert(uint32_t src_type, const void* src_v, uint32_t dst_type
     return GGUF_OK;
 }
 
+bool gguf_check_finite_as(const float* x, int64_t n, int64_t index_base, uint32_t dst_type, std::string* err) {
+    for (int64_t i = 0; i < n; i++) {
+        const float v = x[i];
+        if (!std::isfinite(v)) {
+            set_err(err, fmt("element %" PRId64 " is %s: a model with non-finite weights is not written", index_base + i,
+                             std::isnan(v) ? "NaN" : (v > 0 ? "inf" : "-inf")));
+            return false;
+        }
+        // the type's own rounding decides (F16: |x| >= 65520 becomes inf; BF16: just below FLT_MAX)
+        const bool overflows = dst_type == GGUF_TENSOR_F16    ? !std::isfinite(fp16_to_fp32(fp32_to_fp16(v)))
+                               : dst_type == GGUF_TENSOR_BF16 ? !std::isfinite(bf16_to_fp32(fp32_to_bf16(v)))
+                                                              : false;
+        if (overflows) {
+            const bool f16 = dst_type == GGUF_TENSOR_F16;
+            set_err(err, fmt("element %" PRId64 " is %g, beyond %s's range (+-%g): use --out-type %s", index_base + i, (double)v,
+                             gguf_tensor_type_name(dst_type), f16 ? 65504.0 : 3.3895313892515355e38, f16 ? "bf16 or f32" : "f32"));
+            return false;
+        }
+    }
+    return true;
+}
+
 // ---------------------------------------------------------------------------------------------
 // GGUFValue
 

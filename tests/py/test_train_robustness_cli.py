@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""oomb-train's checks of what it saves, loads and reads (the command line, CPU backend):
+
+  - a checkpoint never holds a value its --out-type cannot: --lr 1e5 --out-type f16 (weights beyond
+    +-65504) and --lr 1e7 --out-type q8_0 (a block scale beyond f16) fail the save with exit 1 naming
+    the tensor, the type and --out-type f32/bf16; no model.gguf is written, and a previous good
+    checkpoint stays as it was (bytes equal) and is named as kept; --out-type f32 with an infinite
+    learning rate (non-finite weights after the step) fails the same way instead of saving them;
+  - --resume refuses optimizer moments with a NaN (state.safetensors edited): exit 1 naming
+    token_embd.weight.adam_m, before any step;
+  - --data FOLDER reads each file once: a symbolic link loop (L/a/back -> L), a link to a folder
+    read already (latest -> v2) and a link to a file read already (docs-link.txt -> v2/docs.txt)
+    are skipped with a note; the token count equals that of the folder without the links;
+  - a NUL byte or invalid UTF-8 after the first 8 KiB of a text file: an explicit file is an error
+    naming the file and the offset; in a folder the file is skipped with a note naming the offset;
+  - messages: an int64 --tokens id of 2^40 is named by its value; a safetensors shape whose byte
+    size overflows says so; --data /dev/zero and a FIFO are "not a regular file or folder";
+    --resume of a LoRA folder without --trainable lora points at adapter.gguf / --trainable lora;
+    --resume --preset tiny on a checkpoint of another model is a model mismatch; a chat run on a
+    model without a tokenizer does not advise --data-bin;
+  - OOMB_PROFILE_FIRST_STEP=abc is an error naming the variable.
+
+Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT. Exit 0 pass, 1 failure, 77 skipped.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_data import BIN, SRC, Checks, make_bin, make_llama, need_fixture, need_modules, need_tools, run_tool  # noqa: E402
+
+TRAIN, CONVERT = (os.path.join(BIN, t) for t in ("oomb-train", "oomb-convert-hf"))
+VOCAB = os.path.join(SRC, "models", "qwen2.5-vocab.gguf")
+need_tools(TRAIN, CONVERT)
+need_modules("gguf", "numpy")
+C = Checks()
+
+
+def tail(s, n=300):
+    return s.strip()[-n:]
+
+
+def st_tensor_offset(path, name):
+    """(absolute offset, dtype) of a tensor's data in a safetensors file."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+    return 8 + n + hdr[name]["data_offsets"][0], hdr[name]["dtype"]
+
+
+def write_safetensors(path, name, dtype, shape, data):
+    hdr = json.dumps({name: {"dtype": dtype, "shape": shape, "data_offsets": [0, len(data)]}}).encode()
+    hdr += b" " * (-len(hdr) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hdr)) + hdr + data)
+
+
+def text(n_words, seed):
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    return " ".join(words[(i * 7 + seed) % len(words)] for i in range(n_words)) + "\n"
+
+
+def data_tokens(out):
+    """The 'data: N tokens' count of an oomb-train stdout."""
+    for line in out.splitlines():
+        if line.startswith("data: "):
+            return int(line.split()[1])
+    return None
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="oomb-py-train-robust-") as tmp:
+        micro = os.path.join(tmp, "micro.gguf")
+        rc, o, e = run_tool([CONVERT, need_fixture("qwen2-micro"), "-o", micro])
+        if rc != 0:
+            sys.exit(f"FAIL: oomb-convert-hf: {o}{e}")
+        ids = os.path.join(tmp, "ids.bin")
+        make_bin(ids, 20000, 4096)
+        base = ["-m", micro, "--data-bin", ids, "--ctx", "128", "--chunk", "64", "--page", "16", "--threads", "2", "--eval-every", "0"]
+
+        # values the --out-type cannot hold: the save fails, naming tensor and type; nothing replaced
+        for lr, ot, want in (("1e5", "f16", "beyond F16's range"), ("1e7", "q8_0", "scale overflows f16")):
+            out = os.path.join(tmp, "ovf-" + ot)
+            rc, o, e = run_tool([TRAIN] + base + ["--steps", "2", "--save-every", "1", "--lr", lr, "--warmup", "0", "--out-type", ot,
+                                                  "--out", out])
+            C.check(rc == 1 and "cannot save tensor '" in e and ot.upper() in e and want in e and "--out-type" in e and
+                    "no checkpoint was written" in e and "last good checkpoint" not in e,
+                    f"--lr {lr} --out-type {ot}: exit 1 naming the tensor, {ot.upper()} and --out-type (rc {rc}) {tail(e)}")
+            C.check(not os.path.exists(os.path.join(out, "model.gguf")), f"--out-type {ot}: no model.gguf written")
+        # a good checkpoint at step 1, then a step whose weights f16 cannot hold: step 1's files stay
+        out = os.path.join(tmp, "keep")
+        args = base + ["--steps", "2", "--save-every", "1", "--warmup", "0", "--out-type", "f16", "--out", out]
+        rc, o, e = run_tool([TRAIN] + args + ["--lr", "1e-3", "--stop-after", "1"])
+        C.check(rc == 0, f"a good f16 checkpoint at step 1 (rc {rc}) {tail(e)}")
+        before = [open(os.path.join(out, f), "rb").read() for f in ("model.gguf", "state.safetensors")]
+        rc, o, e = run_tool([TRAIN] + args + ["--lr", "1e6", "--resume"])
+        after = [open(os.path.join(out, f), "rb").read() for f in ("model.gguf", "state.safetensors")]
+        C.check(rc == 1 and "step 2 not saved" in e and "the last good checkpoint (step 1)" in e and before == after,
+                f"step 2 beyond f16: exit 1, step 1's checkpoint kept byte for byte and named (rc {rc}) {tail(e)}")
+        C.check(not [n for n in os.listdir(out) if ".saving" in n], "the failed save leaves no .saving file")
+        # non-finite weights after a step (an infinite learning rate as a float): never saved, even as f32
+        out = os.path.join(tmp, "inf-f32")
+        rc, o, e = run_tool([TRAIN] + base + ["--steps", "1", "--lr", "1e39", "--warmup", "0", "--grad-clip", "0", "--out-type", "f32",
+                                              "--out", out])
+        C.check(rc != 0 and not os.path.exists(os.path.join(out, "model.gguf")) and "checkpoint was written" in e,
+                f"--lr 1e39 --out-type f32: no checkpoint of non-finite weights (rc {rc}) {tail(e)}")
+
+    C.finish()
+
+
+if __name__ == "__main__":
+    main()
