@@ -55,6 +55,33 @@ void sync_peft_files(const Options & o, const Qwen2Model & m, const std::string 
     printf("resume: %s %s: rewrote it and adapter_config.json from %s\n", st.c_str(), why.c_str(), path(o, "adapter.gguf").c_str());
 }
 
+// Index of the first NaN or infinite value among the n / es values (f32 when es is 4, bf16 when 2) at p; -1 when all are
+// finite. The exponent bits decide (all ones), so nothing is converted.
+int64_t first_non_finite(const uint8_t * p, size_t n, size_t es) {
+    for (size_t i = 0; i + es <= n; i += es) {
+        bool bad;
+        if (es == 4) {
+            uint32_t u;
+            memcpy(&u, p + i, 4);
+            bad = (u & 0x7f800000u) == 0x7f800000u;
+        } else {
+            uint16_t u;
+            memcpy(&u, p + i, 2);
+            bad = (u & 0x7f80u) == 0x7f80u;
+        }
+        if (bad) return (int64_t) (i / es);
+    }
+    return -1;
+}
+
+// "NaN", "inf" or "-inf" for the non-finite value at p (f32 or bf16, as first_non_finite)
+const char * non_finite_name(const uint8_t * p, size_t es) {
+    uint32_t u = 0;
+    if (es == 4) memcpy(&u, p, 4);
+    else { uint16_t h; memcpy(&h, p, 2); u = (uint32_t) h << 16; }
+    return (u & 0x007fffffu) ? "NaN" : (u >> 31) ? "-inf" : "inf";
+}
+
 } // namespace
 
 std::vector<int64_t> torch_shape(const oomb_tensor * t) {
@@ -351,9 +378,18 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
         if (st->dtype != want)
             fail(PROG, std::string("--resume: optimizer tensor '") + t->name + "' is " + safetensors_dtype_name(st->dtype) + " in " +
                            ckpt_state + ", this run keeps " + safetensors_dtype_name(want) + " moments (--opt-state)");
-        // in slices, each given back to the kernel once copied: the state file never becomes resident whole
+        // in slices, each given back to the kernel once copied: the state file never becomes resident whole.
+        // Every value is checked first: a NaN or an infinite moment would turn the first update's weights into
+        // NaN (then saved as a good checkpoint), so a damaged state is refused here, naming the tensor.
+        const size_t es = want == SafetensorsDtype::BF16 ? 2 : 4;
         for (size_t off = 0; off < st->nbytes; off += kStateSlice) {
             const size_t len = std::min(kStateSlice, st->nbytes - off);
+            if (const int64_t bad = first_non_finite(st->data + off, len, es); bad >= 0) {
+                const int64_t at = (int64_t) (off / es) + bad;
+                fail(PROG, std::string("--resume: optimizer tensor '") + t->name + "' in " + ckpt_state + " holds a non-finite value (" +
+                               non_finite_name(st->data + (size_t) at * es, es) + " at element " + std::to_string(at) +
+                               "): the state is damaged; resume from another checkpoint or start afresh");
+            }
             oomb_tensor_set(t, st->data + off, off, len);
             sf.release(st->data + off, len);
         }

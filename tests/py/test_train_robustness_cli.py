@@ -108,6 +108,22 @@ def main():
         C.check(rc != 0 and not os.path.exists(os.path.join(out, "model.gguf")) and "checkpoint was written" in e,
                 f"--lr 1e39 --out-type f32: no checkpoint of non-finite weights (rc {rc}) {tail(e)}")
 
+        # a NaN optimizer moment is refused at --resume, naming the tensor
+        out = os.path.join(tmp, "rs")
+        common = base + ["--steps", "6", "--lr", "1e-3", "--out", out]
+        rc, o, e = run_tool([TRAIN] + common + ["--stop-after", "3"])
+        C.check(rc == 0, f"checkpoint at step 3 (rc {rc}) {tail(e)}")
+        st = os.path.join(out, "state.safetensors")
+        off, dt = st_tensor_offset(st, "token_embd.weight.adam_m")
+        with open(st, "r+b") as f:
+            f.seek(off + 4 * 5)
+            f.write(struct.pack("<f", float("nan")) if dt == "F32" else b"\xc0\x7f")
+        model_before = open(os.path.join(out, "model.gguf"), "rb").read()
+        rc, o, e = run_tool([TRAIN] + common + ["--resume", "--save-every", "1"])
+        C.check(rc == 1 and "token_embd.weight.adam_m" in e and "NaN" in e and "element 5" in e and "step 4" not in o,
+                f"--resume with a NaN in adam_m: exit 1 naming the tensor before any step (rc {rc}) {tail(e)}")
+        C.check(open(os.path.join(out, "model.gguf"), "rb").read() == model_before, "the checkpoint is left as it was")
+
     C.finish()
 
 
