@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <map>
 #include <thread>
 #include <unistd.h>
 #include <zlib.h>
@@ -188,7 +189,17 @@ bool make_dirs(const std::string & p, std::string * err) {
     return true;
 }
 
-static void walk(const std::string & dir, std::vector<std::string> * out) {
+namespace {
+
+// A folder walk's record of what it has read, by device + inode (what a path resolves to): a file reached
+// twice through symbolic links (a link to a file, a link to a folder, a link back up that loops) is read
+// once, at its first path in sorted order, and a folder is entered once (which also ends a loop).
+struct WalkSeen {
+    std::map<std::pair<dev_t, ino_t>, std::string> files, dirs;  // -> the path first read / entered
+    std::vector<std::string> notes;                               // what was skipped, and why
+};
+
+void walk(const std::string & dir, std::vector<std::string> * out, WalkSeen * seen) {
     DIR * d = opendir(dir.c_str());
     if (!d) return;
     std::vector<std::string> names;
@@ -200,10 +211,29 @@ static void walk(const std::string & dir, std::vector<std::string> * out) {
     std::sort(names.begin(), names.end());
     for (const auto & n : names) {
         const std::string p = dir + "/" + n;
-        if (is_dir(p)) walk(p, out);
-        else if (is_file(p)) out->push_back(p);
+        struct stat st;
+        if (stat(p.c_str(), &st) != 0) continue;  // a dangling link
+        const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
+        if (S_ISDIR(st.st_mode)) {
+            auto [it, fresh] = seen->dirs.emplace(id, p);
+            if (!fresh) {
+                seen->notes.push_back("skipping folder '" + p + "': the same folder as '" + it->second +
+                                      "' (reached again through a link), whose files are read once");
+                continue;
+            }
+            walk(p, out, seen);
+        } else if (S_ISREG(st.st_mode)) {
+            auto [it, fresh] = seen->files.emplace(id, p);
+            if (!fresh) {
+                seen->notes.push_back("skipping '" + p + "': the same file as '" + it->second + "' (reached again through a link), read once");
+                continue;
+            }
+            out->push_back(p);
+        }
     }
 }
+
+} // namespace
 
 bool ends_with(const std::string & s, const std::string & suffix) {
     return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -221,7 +251,12 @@ bool list_files(const std::string & path, std::vector<std::string> * out, std::s
         return false;
     }
     std::vector<std::string> all;
-    walk(path, &all);
+    WalkSeen seen;
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0) seen.dirs.emplace(std::make_pair(st.st_dev, st.st_ino), path);
+    walk(path, &all, &seen);
+    for (const std::string & n : seen.notes) printf("note: %s\n", n.c_str());
+    if (!seen.notes.empty()) fflush(stdout);
     if (all.empty()) {
         if (err) *err = "folder '" + path + "' holds no file";
         return false;

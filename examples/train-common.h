@@ -57,6 +57,8 @@ bool make_dirs(const std::string & p, std::string * err);
 
 // Every regular file under `path` (itself when it is a file; recursively, sorted by path when it
 // is a folder; hidden entries skipped). Error when the path does not exist or holds no file.
+// In a folder each file is listed once and each folder entered once, by device + inode: symbolic
+// links to a file or folder read already (or a link back up, a loop) are skipped with a note.
 // folder_exts (e.g. {".jsonl", ".jsonl.gz"}): when not empty, a folder's files are listed only when
 // their names end with one of them (a file named explicitly always is); the others are appended to
 // *skipped (when given), and a folder with none of them is an error naming the extensions.

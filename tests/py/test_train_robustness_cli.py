@@ -124,6 +124,29 @@ def main():
                 f"--resume with a NaN in adam_m: exit 1 naming the tensor before any step (rc {rc}) {tail(e)}")
         C.check(open(os.path.join(out, "model.gguf"), "rb").read() == model_before, "the checkpoint is left as it was")
 
+        # symbolic links in a --data folder: each file read once, loops not re-entered, a note
+        tiny = ["--preset", "tiny", "--vocab", VOCAB, "--ctx", "32", "--chunk", "32", "--page", "16", "--steps", "1", "--threads", "2",
+                "--eval-every", "0", "--eval-split", "0", "--save-every", "-1"]
+        plain = os.path.join(tmp, "plain")
+        os.makedirs(os.path.join(plain, "v2"))
+        os.makedirs(os.path.join(plain, "a"))
+        with open(os.path.join(plain, "v2", "docs.txt"), "w") as f:
+            f.write(text(400, 1))
+        with open(os.path.join(plain, "a", "other.txt"), "w") as f:
+            f.write(text(300, 2))
+        rc, o, e = run_tool([TRAIN] + tiny + ["--data", plain, "--out", os.path.join(tmp, "o-plain")])
+        n_plain = data_tokens(o)
+        C.check(rc == 0 and n_plain, f"--data folder without links (rc {rc}, {n_plain} tokens) {tail(e)}")
+        os.symlink(plain, os.path.join(plain, "a", "back"))
+        os.symlink("v2", os.path.join(plain, "latest"))
+        os.symlink("v2/docs.txt", os.path.join(plain, "docs-link.txt"))
+        rc, o, e = run_tool([TRAIN] + tiny + ["--data", plain, "--out", os.path.join(tmp, "o-links")])
+        n_links = data_tokens(o)
+        C.check(rc == 0 and n_links == n_plain, f"--data folder with a link loop and links to a read file / folder: {n_links} tokens, "
+                                                f"as without them ({n_plain}) (rc {rc}) {tail(e)}")
+        C.check("note: skipping folder '" in o and "a/back" in o and "the same file as" in o,
+                f"the skipped links are noted: {[l for l in o.splitlines() if 'skipping' in l]}")
+
     C.finish()
 
 
