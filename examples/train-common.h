@@ -67,7 +67,8 @@ bool list_files(const std::string & path, std::vector<std::string> * out, std::s
 // Reads a whole file; files ending in ".gz" are decompressed (zlib).
 bool read_text_file(const std::string & path, std::string * out, std::string * err);
 
-// "" when the first 8 KiB of `text` look like text; otherwise why not (a NUL byte, invalid UTF-8).
+// "" when `text` is text (UTF-8 without NUL bytes), all of it; otherwise why not: "a NUL byte at offset N",
+// "invalid UTF-8 at offset N" (the first such byte). One pass, ASCII 8 bytes at a time.
 std::string not_text_reason(const std::string & text);
 
 // Tokenizes text files/folders (in folders, hidden entries are not read and non-text files are

@@ -147,6 +147,22 @@ def main():
         C.check("note: skipping folder '" in o and "a/back" in o and "the same file as" in o,
                 f"the skipped links are noted: {[l for l in o.splitlines() if 'skipping' in l]}")
 
+        # bytes that are not text after the first 8 KiB
+        head = text(2000, 3).encode()[:10000]
+        for what, bad, want in (("NUL", b"\0", "a NUL byte at offset 10000"), ("UTF-8", b"\xff", "invalid UTF-8 at offset 10000")):
+            d = os.path.join(tmp, "bad-" + what)
+            os.makedirs(d)
+            p = os.path.join(d, "late.txt")
+            with open(p, "wb") as f:
+                f.write(head + bad + head)
+            with open(os.path.join(d, "good.txt"), "w") as f:
+                f.write(text(400, 4))
+            rc, o, e = run_tool([TRAIN] + tiny + ["--data", p, "--out", os.path.join(tmp, "o-bad")])
+            C.check(rc == 1 and p in e and want in e, f"{what} at offset 10000 of an explicit file: exit 1 naming file and offset (rc {rc}) {tail(e)}")
+            rc, o, e = run_tool([TRAIN] + tiny + ["--data", d, "--out", os.path.join(tmp, "o-bad")])
+            C.check(rc == 0 and f"note: skipping '{p}': not a text file ({want})" in o,
+                    f"{what} at offset 10000 of a folder's file: skipped with a note (rc {rc}) {tail(o)}")
+
     C.finish()
 
 
