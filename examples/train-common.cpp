@@ -240,14 +240,27 @@ bool ends_with(const std::string & s, const std::string & suffix) {
 }
 
 std::string not_a_file(const std::string & p) {
-    return is_dir(p) ? "'" + p + "' is a folder, not a file" : "'" + p + "': no such file";
+    struct stat st;
+    if (stat(p.c_str(), &st) != 0) return "'" + p + "': no such file";
+    return S_ISDIR(st.st_mode) ? "'" + p + "' is a folder, not a file" : "'" + p + "' is not a regular file (" + file_kind(st.st_mode) + ")";
+}
+
+std::string file_kind(unsigned mode) {
+    return S_ISREG(mode) ? "a regular file" : S_ISDIR(mode) ? "a folder" : S_ISCHR(mode) ? "a character device" : S_ISBLK(mode) ? "a block device"
+           : S_ISFIFO(mode) ? "a FIFO" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+}
+
+std::string not_a_file_or_folder(const std::string & p) {
+    struct stat st;
+    if (stat(p.c_str(), &st) != 0) return "'" + p + "': no such file or folder";
+    return "'" + p + "' is not a regular file or folder (" + file_kind(st.st_mode) + ")";
 }
 
 bool list_files(const std::string & path, std::vector<std::string> * out, std::string * err, const std::vector<std::string> & folder_exts,
                 std::vector<std::string> * skipped) {
     if (is_file(path)) { out->push_back(path); return true; }
     if (!is_dir(path)) {
-        if (err) *err = "'" + path + "': no such file or folder";
+        if (err) *err = not_a_file_or_folder(path);
         return false;
     }
     std::vector<std::string> all;

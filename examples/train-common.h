@@ -51,6 +51,11 @@ bool is_file(const std::string & p);
 /// Why `p` is not a readable regular file, for an error message: "'p': no such file", or
 /// "'p' is a folder, not a file" (e.g. an output folder given where its adapter.gguf is meant).
 std::string not_a_file(const std::string & p);
+/// Why `p` is neither a regular file nor a folder: "'p': no such file or folder", or "'p' is not a regular
+/// file or folder (a character device)" (/dev/zero, a FIFO: never read as data).
+std::string not_a_file_or_folder(const std::string & p);
+/// "a character device", "a FIFO", ... for a stat st_mode.
+std::string file_kind(unsigned mode);
 /// Whether s ends with suffix (file extensions: ".jsonl", ".gz").
 bool ends_with(const std::string & s, const std::string & suffix);
 bool make_dirs(const std::string & p, std::string * err);

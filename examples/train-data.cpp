@@ -18,9 +18,9 @@ const char * PROG = TRAIN_PROG;
 
 void check_data_paths(const Options & o) {
     for (const auto & p : o.data)
-        if (!is_file(p) && !is_dir(p)) fail(PROG, "--data: '" + p + "': no such file or folder");
+        if (!is_file(p) && !is_dir(p)) fail(PROG, "--data: " + not_a_file_or_folder(p));
     for (const auto & p : o.eval_data)
-        if (!is_file(p) && !is_dir(p)) fail(PROG, "--eval-data: '" + p + "': no such file or folder");
+        if (!is_file(p) && !is_dir(p)) fail(PROG, "--eval-data: " + not_a_file_or_folder(p));
     if (!o.data_bin.empty() && !is_file(o.data_bin)) fail(PROG, "--data-bin: " + not_a_file(o.data_bin));
 }
 

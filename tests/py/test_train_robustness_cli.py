@@ -163,6 +163,13 @@ def main():
             C.check(rc == 0 and f"note: skipping '{p}': not a text file ({want})" in o,
                     f"{what} at offset 10000 of a folder's file: skipped with a note (rc {rc}) {tail(o)}")
 
+        # a device or a FIFO given to --data
+        fifo = os.path.join(tmp, "fifo")
+        os.mkfifo(fifo)
+        for p, kind in (("/dev/zero", "a character device"), (fifo, "a FIFO")):
+            rc, o, e = run_tool([TRAIN] + tiny + ["--data", p, "--out", os.path.join(tmp, "o-dev")])
+            C.check(rc == 1 and f"'{p}' is not a regular file or folder ({kind})" in e and "no such file" not in e,
+                    f"--data {p}: not a regular file or folder (rc {rc}) {tail(e)}")
     C.finish()
 
 
