@@ -26,6 +26,7 @@
 
 #include "oomb-chunk.h"
 #include "oomb-opt.h"
+#include "gguf.h"
 #include "model.h"
 #include "tokenizer.h"
 
@@ -142,8 +143,16 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     // ---- output folder
     const bool lora = o.trainable == "lora";
     const std::string ckpt_name = checkpoint_model_name(o);  // adapter.gguf with --trainable lora, else model.gguf
-    if (o.resume && !is_file(o.out + "/" + ckpt_name))
+    if (o.resume && !is_file(o.out + "/" + ckpt_name)) {
+        // the other kind of checkpoint there: say which option continues it (not just that the file is missing)
+        if (!lora && is_file(o.out + "/adapter.gguf"))
+            fail(PROG, "--resume: '" + o.out + "' holds a LoRA checkpoint (" + o.out + "/adapter.gguf), not a full model's (model.gguf): "
+                       "give --trainable lora (with the same -m base) to continue it");
+        if (lora && is_file(o.out + "/model.gguf"))
+            fail(PROG, "--resume: '" + o.out + "' holds a full model's checkpoint (" + o.out + "/model.gguf), not a LoRA adapter "
+                       "(adapter.gguf): continue it with the --trainable it was trained with (all or linear), not lora");
         fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + o.out + "/" + ckpt_name + " not found)");
+    }
     if (!make_dirs(o.out, &err)) fail(PROG, err);
     lock_output_folder(o.out);
     remove_stale_temp_files(o.out);
@@ -169,6 +178,29 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         if (!is_file(ckpt_model)) fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + ckpt_model + " not found)");
         T.model = model_load_gguf(ckpt_model, T.be, compute_type(T.be), &err);
         if (!T.model) fail(PROG, "--resume: " + err);
+        // the checkpoint continues the model the options name: one of another shape (another --preset or -m) is a
+        // model mismatch, said here before the tokenizer or the optimizer state disagree with it in their own terms
+        Qwen2Config want;
+        std::string named, e;
+        if (!o.model.empty()) {
+            GGUFReader r;
+            std::string an;
+            DecoderArch arch;
+            if (r.open(o.model, &e) == GGUF_OK && r.get_string("general.architecture", &an, &e) == GGUF_OK && decoder_arch_from_name(an, &arch) &&
+                decoder_read_config(r, arch, &want, &e) == GGUF_OK)
+                named = "-m " + o.model;
+        } else if (o.preset_given && qwen2_preset(o.preset, &want)) {
+            named = "--preset " + o.preset;
+        }
+        const Qwen2Config & c = T.model->cfg;
+        auto shape = [](const Qwen2Config & x) {
+            return std::string(decoder_arch_name(x.arch)) + ", vocab " + std::to_string(x.n_vocab) + ", embd " + std::to_string(x.n_embd) +
+                   ", ff " + std::to_string(x.n_ff) + ", layers " + std::to_string(x.n_layer) + ", heads " + std::to_string(x.n_head) + "/" +
+                   std::to_string(x.n_head_kv) + ", head dim " + std::to_string(x.head_dim);
+        };
+        if (!named.empty() && shape(c) != shape(want))
+            fail(PROG, "--resume: the checkpoint " + ckpt_model + " is another model than " + named + " (checkpoint: " + shape(c) + "; " + named +
+                           ": " + shape(want) + "): give the -m or --preset the checkpoint was trained from");
     } else if (!o.model.empty()) {  // with lora also on --resume: the frozen base
         if (!is_file(o.model)) fail(PROG, "-m: " + not_a_file(o.model));
         T.model = model_load_gguf(o.model, T.be, base_weight_type(o.base_type, T.be), &err, lora && o.base_type == "keep");
@@ -245,8 +277,10 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
                            std::to_string(M.cfg.n_vocab) + " embedding rows");
         T.vocab_src = tok_src;
     } else if (o.data_bin.empty()) {
+        // chat data are text only (--data-bin is refused with --data-format chat): advise only what works
         fail(PROG, o.model.empty() ? "no vocabulary: give --vocab FILE.gguf (default models/qwen2.5-vocab.gguf was not found)"
-                                   : "'" + o.model + "' has no tokenizer: give --vocab FILE.gguf or use --data-bin");
+                                   : "'" + o.model + "' has no tokenizer: give --vocab FILE.gguf" +
+                                         (o.data_format == "chat" ? " (chat data are tokenized: --data-format chat needs one)" : " or use --data-bin"));
     } else {
         printf("note: no tokenizer; saved models will carry no tokenizer keys\n");
     }

@@ -289,6 +289,7 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     }
 
     if (!o.model.empty() && !o.preset.empty()) fail(PROG, "give either -m MODEL.gguf or --preset NAME, not both");
+    o.preset_given = !o.preset.empty();
     if (!o.data.empty() && !o.data_bin.empty()) fail(PROG, "give either --data or --data-bin, not both");
     if (!o.preset.empty()) {
         Qwen2Config c;

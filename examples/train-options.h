@@ -36,6 +36,7 @@ inline bool base_type_is_block(const std::string & t) { return qwen2_random_base
 
 struct Options {
     std::string model, preset, vocab;
+    bool preset_given = false;  // --preset on the command line (not the default run's or "no model given"'s tiny)
     std::vector<std::string> data;
     std::string data_bin;
     std::vector<std::string> eval_data;

@@ -37,19 +37,23 @@ std::vector<int32_t> read_input_ids(const Options & o, int64_t n_vocab, int64_t 
     if (it->shape.empty() || it->shape.size() > 2) fail(PROG, o.tokens + ": input_ids must be [B, T] or [T]");
     const int64_t B = it->shape.size() == 2 ? it->shape[0] : 1, T = it->shape.back();
     if (T < 2 || B < 1) fail(PROG, o.tokens + ": input_ids needs at least one sequence of 2 tokens");
+    if (it->dtype != SafetensorsDtype::I32 && it->dtype != SafetensorsDtype::I64) fail(PROG, o.tokens + ": input_ids must be I32 or I64");
+    // every id checked as the file holds it (an int64 beyond int32 is named by its own value, not a narrowed one)
     std::vector<int32_t> ids((size_t) (B * T));
-    if (it->dtype == SafetensorsDtype::I32) memcpy(ids.data(), it->data, ids.size() * 4);
-    else if (it->dtype == SafetensorsDtype::I64) {
-        for (size_t i = 0; i < ids.size(); i++) {
-            int64_t v;
+    for (size_t i = 0; i < ids.size(); i++) {
+        int64_t v;
+        if (it->dtype == SafetensorsDtype::I32) {
+            int32_t x;
+            memcpy(&x, it->data + 4 * i, 4);
+            v = x;
+        } else {
             memcpy(&v, it->data + 8 * i, 8);
-            ids[i] = (v < INT32_MIN || v > INT32_MAX) ? -1 : (int32_t) v;
         }
-    } else fail(PROG, o.tokens + ": input_ids must be I32 or I64");
-    for (size_t i = 0; i < ids.size(); i++)
-        if (ids[i] < 0 || ids[i] >= n_vocab)
-            fail(PROG, o.tokens + ": token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+        if (v < 0 || v >= n_vocab)
+            fail(PROG, o.tokens + ": token id " + std::to_string(v) + " at position " + std::to_string(i) +
                            " is outside the model's vocabulary (" + std::to_string(n_vocab) + " entries)");
+        ids[i] = (int32_t) v;
+    }
     *B_out = B;
     *T_out = T;
     return ids;

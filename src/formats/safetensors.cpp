@@ -240,9 +240,12 @@ gguf_status SafetensorsFile::open(const std::string& path, std::string* err) {
             return fail(GGUF_ERR_FORMAT, nm + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(en) +
                                              ") outside the " + std::to_string(data_size) + " data bytes (file truncated?)");
         uint64_t need;
-        if (__builtin_mul_overflow((uint64_t)n, (uint64_t)safetensors_dtype_size(t.dtype), &need) || need != en - b)
-            return fail(GGUF_ERR_FORMAT, nm + ": holds " + std::to_string(en - b) + " bytes, shape x dtype needs " +
-                                             std::to_string((uint64_t)n * safetensors_dtype_size(t.dtype)));
+        // an element count whose byte size overflows 64 bits is named as such (its wrapped product would read as a size)
+        if (__builtin_mul_overflow((uint64_t)n, (uint64_t)safetensors_dtype_size(t.dtype), &need))
+            return fail(GGUF_ERR_FORMAT, nm + ": the byte size of shape x dtype (" + std::to_string(n) + " elements of " +
+                                             std::to_string(safetensors_dtype_size(t.dtype)) + " bytes) overflows 64 bits");
+        if (need != en - b)
+            return fail(GGUF_ERR_FORMAT, nm + ": holds " + std::to_string(en - b) + " bytes, shape x dtype needs " + std::to_string(need));
         t.data = data + b;
         t.nbytes = (size_t)(en - b);
         ranges.emplace_back(b, en);

@@ -170,6 +170,41 @@ def main():
             rc, o, e = run_tool([TRAIN] + tiny + ["--data", p, "--out", os.path.join(tmp, "o-dev")])
             C.check(rc == 1 and f"'{p}' is not a regular file or folder ({kind})" in e and "no such file" not in e,
                     f"--data {p}: not a regular file or folder (rc {rc}) {tail(e)}")
+        # an int64 --tokens id beyond int32 is named by its value
+        tok = os.path.join(tmp, "tokens.safetensors")
+        write_safetensors(tok, "input_ids", "I64", [1, 4], struct.pack("<4q", 1, 2, 1 << 40, 3))
+        rc, o, e = run_tool([TRAIN, "-m", micro, "--dump-grads", os.path.join(tmp, "g.safetensors"), "--tokens", tok])
+        C.check(rc == 1 and "token id 1099511627776 at position 2" in e, f"--tokens id 2^40: named by its value (rc {rc}) {tail(e)}")
+        # a shape whose byte size overflows 64 bits
+        write_safetensors(tok, "input_ids", "I64", [(1 << 61) + 32], b"\0" * 256)
+        rc, o, e = run_tool([TRAIN, "-m", micro, "--dump-grads", os.path.join(tmp, "g.safetensors"), "--tokens", tok])
+        C.check(rc == 1 and "overflows" in e and "needs 256" not in e, f"--tokens shape x dtype overflowing: said so (rc {rc}) {tail(e)}")
+        # --resume of a LoRA folder without --trainable lora
+        llama = os.path.join(tmp, "llama.gguf")
+        make_llama(llama)
+        lids = os.path.join(tmp, "lids.bin")
+        make_bin(lids, 4000, 512)
+        lora_args = ["-m", llama, "--data-bin", lids, "--ctx", "64", "--chunk", "32", "--page", "16", "--threads", "2", "--eval-every", "0",
+                     "--steps", "2", "--out", os.path.join(tmp, "lora")]
+        rc, o, e = run_tool([TRAIN] + lora_args + ["--trainable", "lora", "--stop-after", "1"])
+        C.check(rc == 0, f"a LoRA checkpoint (rc {rc}) {tail(e)}")
+        rc, o, e = run_tool([TRAIN] + lora_args + ["--resume"])
+        C.check(rc == 1 and "adapter.gguf" in e and "--trainable lora" in e, f"--resume of a LoRA folder without --trainable lora (rc {rc}) {tail(e)}")
+        # --resume --preset tiny on a checkpoint of another model (micro)
+        out = os.path.join(tmp, "micro-ck")
+        rc, o, e = run_tool([TRAIN] + base + ["--steps", "2", "--stop-after", "1", "--lr", "1e-3", "--out", out])
+        C.check(rc == 0, f"a checkpoint of micro (rc {rc}) {tail(e)}")
+        rc, o, e = run_tool([TRAIN, "--preset", "tiny", "--data-bin", ids, "--ctx", "128", "--chunk", "64", "--page", "16", "--steps", "2",
+                             "--resume", "--out", out])
+        C.check(rc == 1 and "another model than --preset tiny" in e and "tokenizer has" not in e,
+                f"--resume --preset tiny on micro's checkpoint: a model mismatch (rc {rc}) {tail(e)}")
+        # chat data on a model without a tokenizer: advice that works (not --data-bin)
+        chat = os.path.join(tmp, "chat.jsonl")
+        with open(chat, "w") as f:
+            f.write(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n")
+        rc, o, e = run_tool([TRAIN, "-m", micro, "--data-format", "chat", "--data", chat, "--ctx", "32", "--out", os.path.join(tmp, "o-chat")])
+        C.check(rc == 1 and "--vocab" in e and "--data-bin" not in e, f"chat run, model without tokenizer: no --data-bin advice (rc {rc}) {tail(e)}")
+
     C.finish()
 
 
