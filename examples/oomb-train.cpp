@@ -34,6 +34,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -49,11 +50,18 @@ namespace {
 
 const char * PROG = TRAIN_PROG;
 
-// OOMB_PROFILE_FIRST_STEP=1: a profile (OOMB_CUDA_PROFILE) keeps the first step's one-time costs (read as
-// OOMB_CUDA_PROFILE is: a number, 0 off)
+// OOMB_PROFILE_FIRST_STEP=1: a profile (OOMB_CUDA_PROFILE) keeps the first step's one-time costs (a number, 0
+// off; unset or empty: off). Anything else is an error naming the variable, read before the first step: a
+// typo never passes for 0 (atoi's reading) after a step's work.
 bool profile_first_step() {
     const char * e = getenv("OOMB_PROFILE_FIRST_STEP");
-    return e && atoi(e) != 0;
+    if (!e || !*e) return false;
+    long long v = 0;
+    const char * end = e + strlen(e);
+    const auto r = std::from_chars(e, end, v);
+    if (r.ec != std::errc() || r.ptr != end)
+        fail(PROG, std::string("OOMB_PROFILE_FIRST_STEP=") + e + ": expected a number (0: off, 1: keep the first step in the profile)");
+    return v != 0;
 }
 
 double lr_at(const Options & o, int64_t step) {   // step: 0-based
@@ -140,6 +148,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     std::string err;
     const int threads = threads_default(o.threads);
 
+    const bool keep_first_step_profile = profile_first_step();  // its errors before any work
     // ---- output folder
     const bool lora = o.trainable == "lora";
     const std::string ckpt_name = checkpoint_model_name(o);  // adapter.gguf with --trainable lora, else model.gguf
@@ -489,7 +498,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         if (std::isfinite(loss)) T.history.push_back({T.step, loss, false});
         // a profiling backend (OOMB_CUDA_PROFILE) reports the steps after the first: the first step's one-time costs
         // (kernel modules loaded, cuBLAS's algorithm choices) would be charged to whichever ops ran first
-        if (steps_run == 1 && T.step < stop_at && !profile_first_step() && oomb_backend_profile_reset(T.be))
+        if (steps_run == 1 && T.step < stop_at && !keep_first_step_profile && oomb_backend_profile_reset(T.be))
             fprintf(stderr, "%s: profile: from step %" PRId64 " on (the first step's one-time costs left out; OOMB_PROFILE_FIRST_STEP=1 keeps them)\n",
                     PROG, T.step + 1);
         if (T.bad_run >= o.max_bad_steps) {

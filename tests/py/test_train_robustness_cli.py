@@ -205,6 +205,11 @@ def main():
         rc, o, e = run_tool([TRAIN, "-m", micro, "--data-format", "chat", "--data", chat, "--ctx", "32", "--out", os.path.join(tmp, "o-chat")])
         C.check(rc == 1 and "--vocab" in e and "--data-bin" not in e, f"chat run, model without tokenizer: no --data-bin advice (rc {rc}) {tail(e)}")
 
+        # OOMB_PROFILE_FIRST_STEP must be a number
+        env = dict(os.environ, OOMB_PROFILE_FIRST_STEP="abc")
+        r = subprocess.run([TRAIN] + base + ["--steps", "1", "--out", os.path.join(tmp, "o-prof")], capture_output=True, text=True, env=env)
+        C.check(r.returncode == 1 and "OOMB_PROFILE_FIRST_STEP=abc" in r.stderr and "step 1" not in r.stdout,
+                f"OOMB_PROFILE_FIRST_STEP=abc: an error naming it, before any step (rc {r.returncode}) {tail(r.stderr)}")
     C.finish()
 
 
