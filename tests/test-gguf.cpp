@@ -414,6 +414,31 @@ TEST(GGUF, KnownQuantizedValues) {
     EXPECT_NE(err.find("IQ2_XS"), std::string::npos) << err;
 }
 
+// The model writers' check (oomb-export, oomb-train's checkpoints): NaN / inf anywhere, and for F16 / BF16 a
+// finite value their rounding turns into an infinity, named by element; what the type holds passes.
+TEST(GGUF, CheckFiniteAsNamesWhatTheTypeCannotHold) {
+    std::string err;
+    const float ok[4] = {1.0f, -65504.0f, 65519.0f, 1e30f};
+    EXPECT_TRUE(gguf_check_finite_as(ok, 3, 0, GGUF_TENSOR_F16, &err)) << err;  // 65519 rounds to 65504
+    EXPECT_TRUE(gguf_check_finite_as(ok, 4, 0, GGUF_TENSOR_BF16, &err)) << err;
+    EXPECT_TRUE(gguf_check_finite_as(ok, 4, 0, GGUF_TENSOR_F32, &err)) << err;
+    const float big[3] = {1.0f, 2.0f, 70000.0f};
+    EXPECT_FALSE(gguf_check_finite_as(big, 3, 100, GGUF_TENSOR_F16, &err));
+    EXPECT_NE(err.find("element 102 is 70000, beyond F16's range"), std::string::npos) << err;
+    EXPECT_NE(err.find("--out-type bf16 or f32"), std::string::npos) << err;
+    EXPECT_TRUE(gguf_check_finite_as(big, 3, 0, GGUF_TENSOR_BF16, &err)) << err;
+    const float huge[1] = {3.4e38f};  // finite in f32, rounds to inf in bf16
+    EXPECT_FALSE(gguf_check_finite_as(huge, 1, 0, GGUF_TENSOR_BF16, &err));
+    EXPECT_NE(err.find("beyond BF16's range"), std::string::npos) << err;
+    for (uint32_t t : {GGUF_TENSOR_F32, GGUF_TENSOR_F16, GGUF_TENSOR_BF16, GGUF_TENSOR_Q8_0}) {
+        const float bad[3] = {0.0f, NAN, -INFINITY};
+        EXPECT_FALSE(gguf_check_finite_as(bad, 3, 0, t, &err));
+        EXPECT_NE(err.find("element 1 is NaN"), std::string::npos) << err;
+        EXPECT_FALSE(gguf_check_finite_as(bad + 2, 1, 7, t, &err));
+        EXPECT_NE(err.find("element 7 is -inf"), std::string::npos) << err;
+    }
+}
+
 TEST(GGUF, StreamingWritesInArbitraryPieces) {
     const Sample s = make_sample();
     std::string all;
