@@ -71,6 +71,10 @@ const char * oomb_status_name(enum oomb_status status);
 /// (status OOMB_STATUS_ABORTED).
 typedef bool (*oomb_abort_callback_t)(void * data);
 
+/// The most CPU threads a backend takes (a typo such as 100000 would exhaust the process's threads):
+/// more is an oomb_error. Programs check their thread options against it, so that they report the
+/// option instead.
+#define OOMB_CPU_MAX_THREADS 1024
 /// CPU backend. n_threads <= 0 uses every hardware thread. Matrix products go through OpenBLAS.
 oomb_backend_t oomb_backend_cpu_init(int n_threads);
 void oomb_backend_cpu_set_n_threads(oomb_backend_t backend, int n_threads);

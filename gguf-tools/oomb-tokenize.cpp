@@ -12,6 +12,7 @@
 // for a few control bytes and for 0xf1-0xff) are left out, as HF does, with a warning on stderr
 // that counts them: only then does --decode of the ids not give the input back.
 #include "tokenizer.h"
+#include "oomb-backend.h"
 
 #include <CLI/CLI.hpp>
 #include "tool-cli.h"
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
     app.add_flag("--no-special", no_special, "tokenize added/special token text as plain text");
     app.add_flag("--stats", stats, "print bytes, tokens and encoding speed (MB/s) to stderr");
     app.add_option("-t,--threads", threads, "with --jsonl: encode lines on this many threads (default 1)")
-        ->check(CLI::Range(1, 1024));
+        ->check(CLI::Range(1, OOMB_CPU_MAX_THREADS));  // the CPU backend's cap, as the other tools
     OOMB_TOOL_PARSE(app, argc, argv);
 
     auto fail = [](const std::string& m) {

@@ -19,9 +19,6 @@ struct cpu_backend_ctx {
     oomb::cpu::exec_ctx exec;
 };
 
-// Upper bound on the CPU thread count (a typo such as 100000 would exhaust the process's threads).
-constexpr int OOMB_CPU_MAX_THREADS = 1024;
-
 int resolve_threads(int n) {
     if (n > OOMB_CPU_MAX_THREADS) {
         oomb_error("backend_cpu: %d threads requested; at most %d are supported", n, OOMB_CPU_MAX_THREADS);
