@@ -103,6 +103,12 @@ int main(int argc, char** argv) {
     };
     if (!is_dir(dir)) return fail(dir + ": not a directory");
     if (const std::string e = output_path_error(out); !e.empty()) return fail(e);  // before any work
+    // The output is renamed over -o at the end: refuse a path that is one of the files read (the
+    // weight shards, named by the index, are checked once it is read).
+    std::vector<std::string> inputs;
+    for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors.index.json", "model.safetensors"})
+        inputs.push_back(dir + "/" + f);
+    if (const std::string e = output_is_input_error("-o/--output", out, inputs); !e.empty()) return fail(e);
     const bool has_tok = is_file(dir + "/tokenizer.json");
     const bool has_config = is_file(dir + "/config.json");
 
@@ -134,6 +140,8 @@ int main(int argc, char** argv) {
 
     SafetensorsModel st;
     if (st.open(dir, &err)) return fail(err);
+    for (const auto& f : st.files())
+        if (const std::string e = output_is_input_error("-o/--output", out, {f->path()}); !e.empty()) return fail(e);
 
     // Map every checkpoint tensor to its GGUF name. Tensors of layers at or beyond
     // num_hidden_layers are an error (llama.cpp rejects a file whose blk.N tensors disagree with

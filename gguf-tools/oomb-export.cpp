@@ -33,6 +33,7 @@
 // rename; removed on error, Ctrl-C or SIGTERM; one a SIGKILL left is removed by the next run
 // writing the same OUT, once its process is gone).
 #include "gguf.h"
+#include "oomb-backend.h"
 
 #include <CLI/CLI.hpp>
 #include "tool-cli.h"
@@ -42,7 +43,6 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <sys/stat.h>
 #include <thread>
 
 using namespace oomb;
@@ -170,13 +170,12 @@ int main(int argc, char** argv) {
         fprintf(stderr, "oomb-export: error: %s\n", m.c_str());
         return 1;
     };
-    if (o_threads->count() && threads < 1) return fail("-t/--threads must be at least 1, not " + std::to_string(threads));
+    if (o_threads->count() && (threads < 1 || threads > OOMB_CPU_MAX_THREADS))  // the CPU backend's cap, as the other tools
+        return fail("-t/--threads must be from 1 to " + std::to_string(OOMB_CPU_MAX_THREADS) + ", not " + std::to_string(threads));
     // checked before any work: otherwise the whole file is converted into OUT.tmp.<pid> and only the final rename fails
     if (const std::string e = tools::output_path_error(out_path); !e.empty()) return fail(e);
-    for (const std::string* in : {&base_path, &lora_path})  // the same file (also through another path or a link)
-        if (struct stat so, si; !in->empty() && stat(out_path.c_str(), &so) == 0 && stat(in->c_str(), &si) == 0 && so.st_dev == si.st_dev &&
-                                so.st_ino == si.st_ino)
-            return fail("-o/--output " + out_path + " is the input " + *in + ": write the result to another file");
+    // the same file (also through another path or a link)
+    if (const std::string e = tools::output_is_input_error("-o/--output", out_path, {base_path, lora_path}); !e.empty()) return fail(e);
     tools::remove_orphan_outputs("oomb-export", out_path);  // a run killed by SIGKILL left OUT.tmp.<pid>
     const OutType& ot = *std::find_if(std::begin(kOutTypes), std::end(kOutTypes), [&](const OutType& o) { return out_type == o.name; });
 

@@ -16,6 +16,10 @@
 #include <CLI/CLI.hpp>
 #include "tool-cli.h"
 
+#include "oomb-backend.h"
+
+#include <atomic>
+#include <cfloat>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -80,8 +84,13 @@ int main(int argc, char** argv) {
     for (auto& o : pos_opts)
         if (o.first->count() && !(std::isfinite((float)o.second) && (float)o.second > 0.0f))
             return fail(o.first->get_name() + " must be a finite number greater than 0, not " + o.first->as<std::string>());
-    if (o_threads->count() && threads < 1)
-        return fail("-t/--threads must be at least 1, not " + std::to_string(threads));
+    // the CPU backend's cap (oomb-train, oomb-eval, oomb-tokenize take the same): a typo such as
+    // -t 100000 is an error, not a process that runs out of threads
+    if (o_threads->count() && (threads < 1 || threads > OOMB_CPU_MAX_THREADS))
+        return fail("-t/--threads must be from 1 to " + std::to_string(OOMB_CPU_MAX_THREADS) + ", not " + std::to_string(threads));
+    threads = std::min(threads, OOMB_CPU_MAX_THREADS);  // the default (every core) too
+    // The file is renamed over -o at the end: -o naming --vocab would replace the vocabulary read.
+    if (const std::string e = output_is_input_error("-o/--output", out, {vocab}); !e.empty()) return fail(e);
 
     Qwen2Config m;  // a preset (models/qwen2-layout.h), or only the options
     m.n_vocab = m.n_embd = m.n_ff = m.n_layer = m.n_head = m.n_head_kv = 0;
@@ -120,6 +129,19 @@ int main(int argc, char** argv) {
     if (!qwen2_config_valid(m, &err)) return fail(err);
 
     const uint32_t wtype = outtype == "f32" ? GGUF_TENSOR_F32 : outtype == "f16" ? GGUF_TENSOR_F16 : GGUF_TENSOR_BF16;
+    // Every weight must be finite in the output type. fill_normal's samples stay within
+    // kInitNormalMaxZ standard deviations, so a std up to type_max / kInitNormalMaxZ cannot overflow;
+    // a larger one would (for f16, --init-std 30000 gave thousands of infs), whatever the model size.
+    const double type_max = wtype == GGUF_TENSOR_F16 ? 65504.0 : wtype == GGUF_TENSOR_BF16 ? 3.3895313892515355e38 : FLT_MAX;
+    char std_str[32];
+    snprintf(std_str, sizeof std_str, "%g", (double)init_std);
+    if ((double)init_std * kInitNormalMaxZ > type_max) {
+        char b[320];
+        snprintf(b, sizeof b, "--init-std %s is too large for --outtype %s: weights up to %.2f x %s = %.6g can be drawn, beyond "
+                              "%s's largest value %.6g (use at most %.6g)", std_str, outtype.c_str(), (double)kInitNormalMaxZ, std_str,
+                 init_std * (double)kInitNormalMaxZ, outtype.c_str(), type_max, type_max / kInitNormalMaxZ);
+        return fail(b);
+    }
     GGUFWriter w;
     w.set_string("general.architecture", QWEN2_ARCH);
     w.set_string("general.type", "model");
@@ -143,10 +165,24 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     remove_orphan_outputs("oomb-gguf-init", out);  // a run killed by SIGKILL left OUT.tmp.<pid>
     if (w.open(out, &err)) return fail(err);
+    // before the data: a model too large for the disk fails now, not after hours of writing
+    const GGUFTensorInfo& last = w.tensors().back();
+    if (const std::string e = disk_space_error(out, last.offset + last.nbytes); !e.empty()) return fail(e);
 
+    // One pair of chunk buffers per thread that has work: no more threads than the largest tensor
+    // has chunks, no longer than its values. The f32 values are written as they are (f32 tensors,
+    // norms and biases included); a conversion buffer only for an f16 / bf16 --outtype.
     constexpr int64_t kChunk = kInitChunk;
-    std::vector<std::vector<float>> f32((size_t)threads, std::vector<float>(kChunk));
-    std::vector<std::vector<uint8_t>> conv((size_t)threads, std::vector<uint8_t>(kChunk * 4));
+    int64_t max_n = 0;
+    for (auto& t : w.tensors()) max_n = std::max(max_n, t.nelements());
+    const int64_t buf_n = std::min(kChunk, max_n);
+    threads = (int)std::min<int64_t>(threads, (max_n + kChunk - 1) / kChunk);
+    std::vector<std::vector<float>> f32((size_t)threads, std::vector<float>((size_t)buf_n));
+    std::vector<std::vector<uint8_t>> conv(wtype == GGUF_TENSOR_F32 ? 0 : (size_t)threads,
+                                           std::vector<uint8_t>((size_t)buf_n * gguf_tensor_type_block_bytes(wtype)));
+    // a weight beyond the output type's range: the check of --init-std above rules it out; this is
+    // the last guard (the generator's float arithmetic could still overflow for a huge f32 std)
+    std::atomic<bool> out_of_range{false};
     for (size_t ti = 0; ti < plan.size(); ti++) {
         const Qwen2TensorSpec& p = plan[ti];
         const GGUFTensorInfo& info = w.tensors()[ti];
@@ -162,15 +198,20 @@ int main(int argc, char** argv) {
                 if (is_norm) std::fill(v, v + len, 1.0f);
                 else if (is_bias) std::fill(v, v + len, 0.0f);
                 else fill_normal(init_chunk_seed(seed, p.name, c), init_std, v, len);
-                gguf_convert(GGUF_TENSOR_F32, v, info.type, conv[(size_t)k].data(), len, nullptr);
+                for (int64_t i = 0; i < len; i++)
+                    if (!(std::fabs(v[i]) <= type_max)) out_of_range = true;
+                if (info.type != GGUF_TENSOR_F32) gguf_convert(GGUF_TENSOR_F32, v, info.type, conv[(size_t)k].data(), len, nullptr);
             };
             std::vector<std::thread> pool;
             for (int k = 1; k < nt; k++) pool.emplace_back(work, k);
             work(0);
             for (auto& th : pool) th.join();
+            if (out_of_range)  // the temporary file is removed: no model with infinite weights
+                return fail(std::string("--init-std ") + std_str + ": tensor " + p.name + " has values beyond " + outtype + "'s range");
             for (int k = 0; k < nt; k++) {
                 const int64_t len = std::min(kChunk, n - (c0 + k) * kChunk);
-                if (w.write_data(conv[(size_t)k].data(), (size_t)len * esz, &err)) return fail(err);
+                const void* data = info.type == GGUF_TENSOR_F32 ? (const void*)f32[(size_t)k].data() : conv[(size_t)k].data();
+                if (w.write_data(data, (size_t)len * esz, &err)) return fail(err);
             }
         }
     }

@@ -1,6 +1,7 @@
-// Command-line parsing of the gguf-tools: CLI11_PARSE with the project's exit codes (--help: 0,
-// a bad option or value: 1 with CLI11's message; CLI11's own codes are 100 and up); and the clean-up
-// of an earlier killed write of the tool's output file.
+// Command-line parsing of the gguf-tools (and the bench programs): CLI11_PARSE with the project's
+// exit codes (--help: 0, a bad option or value: 1 with CLI11's message; CLI11's own codes are 100
+// and up); checks of the output path (not a folder, not one of the inputs, room on its file system);
+// and the clean-up of an earlier killed write of the tool's output file.
 #pragma once
 
 #include "gguf.h"
@@ -8,9 +9,12 @@
 #include <CLI/CLI.hpp>
 
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace oomb {
 namespace tools {
@@ -35,14 +39,58 @@ inline std::string output_path_error(const std::string & out_path) {
     return "";
 }
 
+// True when a and b both exist and are the same file: the same device and inode, so also through
+// another spelling of the path, a symbolic link or a hard link.
+inline bool same_file(const std::string & a, const std::string & b) {
+    struct stat sa, sb;
+    return !a.empty() && !b.empty() && stat(a.c_str(), &sa) == 0 && stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+// "" when the output `out_path` (given to option `opt`) is none of `inputs`, else the error naming
+// the input. The outputs are written to OUT.tmp.<pid> and renamed over OUT at the end, so an output
+// naming an input would silently replace it (also when the input is still being read).
+inline std::string output_is_input_error(const std::string & opt, const std::string & out_path,
+                                         const std::vector<std::string> & inputs) {
+    for (const std::string & in : inputs)
+        if (same_file(out_path, in))
+            return opt + " " + out_path + " is the input " + in + ": write the result to another file";
+    return "";
+}
+
+// "" when the file system of out_path has room for `bytes` more (statvfs: the blocks an unprivileged
+// writer may use), else the error. A file system that cannot be asked is not refused (the write
+// itself then reports a full disk).
+inline std::string disk_space_error(const std::string & out_path, uint64_t bytes) {
+    const size_t sl = out_path.rfind('/');
+    const std::string dir = sl == std::string::npos ? "." : sl == 0 ? "/" : out_path.substr(0, sl);
+    struct statvfs fs;
+    if (statvfs(dir.c_str(), &fs) != 0) return "";
+    const uint64_t avail = (uint64_t) fs.f_bavail * (uint64_t) fs.f_frsize;
+    if (bytes <= avail) return "";
+    char b[256];
+    snprintf(b, sizeof b, "%s needs %.2f GB but its file system (%s) has %.2f GB free", out_path.c_str(), bytes / 1e9,
+             dir.c_str(), avail / 1e9);
+    return b;
+}
+
+// The exit status of a failed parse (CLI11's message printed): 0 for --help, else 1. CLI11 checks
+// the required options before the unexpected arguments, so a misspelt option (--ouput) would be
+// reported as "--output is required": the unexpected arguments are named first.
+inline int parse_error_exit(const CLI::App & app, const CLI::ParseError & e) {
+    if (dynamic_cast<const CLI::RequiredError *>(&e) && !app.get_allow_extras() && !app.remaining().empty())
+        return app.exit(CLI::ExtrasError(app.remaining())) == 0 ? 0 : 1;
+    return app.exit(e) == 0 ? 0 : 1;
+}
+
 }  // namespace tools
 }  // namespace oomb
 
-#define OOMB_TOOL_PARSE(app, argc, argv)                        \
-    do {                                                        \
-        try {                                                   \
-            (app).parse((argc), (argv));                        \
-        } catch (const CLI::ParseError & e_) {                  \
-            return (app).exit(e_) == 0 ? 0 : 1;                 \
-        }                                                       \
+#define OOMB_TOOL_PARSE(app, argc, argv)                           \
+    do {                                                           \
+        try {                                                      \
+            (app).parse((argc), (argv));                           \
+        } catch (const CLI::ParseError & e_) {                     \
+            return oomb::tools::parse_error_exit((app), e_);       \
+        }                                                          \
     } while (0)

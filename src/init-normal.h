@@ -42,6 +42,11 @@ inline uint64_t init_chunk_seed(uint64_t seed, const std::string & name, int64_t
     return (seed * 0x9E3779B97F4A7C15ull ^ fnv1a(name)) + (uint64_t) c * 0xD1B54A32D192ED03ull;
 }
 
+// The largest |sample| / std that fill_normal can give: |u * sqrt(-2 ln s / s)| <= sqrt(-2 ln s),
+// and s = u^2 + v^2 >= 2^-62 (u, v are multiples of 2^-31), so sqrt(2 * 62 * ln 2) = 9.2706, plus
+// a margin for float rounding. oomb-gguf-init bounds --init-std with it.
+constexpr float kInitNormalMaxZ = 9.28f;
+
 // n normal(0, std) samples by Marsaglia's polar method (no trigonometry), in float.
 inline void fill_normal(uint64_t seed, float std, float * out, int64_t n) {
     InitRng g(seed);

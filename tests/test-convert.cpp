@@ -17,6 +17,7 @@
 #include <fstream>
 #include <sstream>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -53,6 +54,20 @@ int run(const std::string& cmd, std::string* out = nullptr) {
     const int st = pclose(p);
     if (out) *out = o;
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+// Runs a shell command with its output discarded; returns the peak resident set of the command
+// (the shell's largest child, KiB), or -1 when it did not exit with status 0.
+long peak_rss_kb(const std::string& cmd) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", ("exec " + cmd + " >/dev/null 2>&1").c_str(), (char*)nullptr);
+        _exit(127);
+    }
+    int st = 0;
+    struct rusage ru;
+    if (pid < 0 || wait4(pid, &st, 0, &ru) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return -1;
+    return ru.ru_maxrss;
 }
 
 std::string read_all(const std::string& path) {
@@ -488,6 +503,11 @@ TEST(Init, RejectsBadOptions) {
         {ok + "--rope-theta nan", "--rope-theta"},
         {ok + "-t 0", "--threads"},
         {ok + "-t -5", "--threads"},
+        {ok + "-t 1025", "-t/--threads must be from 1 to 1024, not 1025"}, // the CPU backend's cap (was: none)
+        // weights that would not be finite in the output type (were written as inf, exit 0)
+        {ok + "--init-std 30000 --outtype f16", "--init-std 30000 is too large for --outtype f16"},
+        {ok + "--init-std 1e38 --outtype f32", "--init-std 1e+38 is too large for --outtype f32"},
+        {ok + "--init-std 1e38 --outtype bf16", "--init-std 1e+38 is too large for --outtype bf16"},
         {ok + "--kv-heads 0", "--kv-heads"},
         {ok + "--ctx 0", "--ctx"},
         {"--vocab-size 256 --ffn 96 --layers 1 --hidden 0 --heads 2", "--hidden"},
@@ -519,6 +539,118 @@ TEST(Init, RejectsBadOptions) {
         EXPECT_EQ(run(tool("oomb-convert-hf") + " " + dir + " -o " + out, &log), 1) << log;
         EXPECT_NE(log.find(c.first), std::string::npos) << log;
         EXPECT_NE(access(out.c_str(), F_OK), 0);
+    }
+}
+
+// -t up to the cap: no more chunk buffers than the model has chunks (was: 2 MB per thread, 10 GB
+// for -t 5000); the largest --init-std an f16 file takes gives finite weights.
+TEST(Init, ThreadsCostOnlyWhatTheModelNeeds) {
+    REQUIRE_TOOLS();
+    const std::string out = tmp_dir() + "/init-threads.gguf";
+    const std::string init = tool("oomb-gguf-init") + " -o " + out + " --vocab-size 256 --ffn 96 --layers 1 --hidden 64 --heads 2 ";
+    const long kb = peak_rss_kb(init + "-t 1024");
+    ASSERT_GT(kb, 0) << "oomb-gguf-init -t 1024 failed";
+    EXPECT_LT(kb, 200 * 1024) << "peak RSS " << kb << " KiB for a 40 KB model";
+    std::string log, err;
+    ASSERT_EQ(run(init + "-t 4 --init-std 7000 --outtype f16", &log), 0) << log;  // 7000 * 9.28 < 65504
+    GGUFReader r;
+    ASSERT_EQ(r.open(out, &err), GGUF_OK) << err;
+    size_t n = 0;
+    for (auto& t : r.tensors()) {
+        std::vector<float> v;
+        ASSERT_EQ(r.read_tensor_f32(t.name, &v, &err), GGUF_OK) << err;
+        for (float x : v) n += !std::isfinite(x);
+    }
+    EXPECT_EQ(n, 0u);
+}
+
+// The free space of the output's file system is checked before the data is written (a
+// 140,042 GB model used to start writing). The file size limit makes a run without the check
+// fail fast (SIGXFSZ) instead of filling the disk.
+TEST(Init, RefusesAModelLargerThanTheFreeDiskSpace) {
+    REQUIRE_TOOLS();
+    const std::string out = tmp_dir() + "/huge.gguf";
+    std::string log;
+    EXPECT_EQ(run("ulimit -f 65536; " + tool("oomb-gguf-init") + " -o " + out +
+                      " --vocab-size 1000000 --hidden 16384 --ffn 1000000 --layers 200 --heads 128 -t 2", &log), 1) << log;
+    EXPECT_NE(log.find("needs"), std::string::npos) << log;
+    EXPECT_NE(log.find("GB free"), std::string::npos) << log;
+    EXPECT_NE(access(out.c_str(), F_OK), 0);
+    EXPECT_EQ(run("ls " + tmp_dir() + " | grep -c 'huge.gguf.tmp'", &log), 1) << "temporary file left: " << log;
+}
+
+// An output that is one of the tool's inputs (also through a symbolic or a hard link) is refused
+// before any work, and the input is left as it was: the output is renamed over its path at the end,
+// so it used to replace the source weights or config.json (exit 0).
+TEST(Tools, OutputThatIsAnInputIsRefused) {
+    REQUIRE_TOOLS();
+    const std::string dir = tmp_dir() + "/own-input";
+    ASSERT_EQ(run("rm -rf '" + dir + "' && cp -r '" + oombtest::fixture_path("qwen2-micro") + "' '" + dir + "'"), 0);
+    ASSERT_EQ(symlink((dir + "/model.safetensors").c_str(), (tmp_dir() + "/own-link.safetensors").c_str()), 0);
+    ASSERT_EQ(link((dir + "/config.json").c_str(), (tmp_dir() + "/own-hard.json").c_str()), 0);
+    write_all(dir + "/tokenizer.json", read_all(oombtest::fixture_path("qwen-tokenizer/tokenizer.json")));
+    const std::string weights = read_all(dir + "/model.safetensors"), config = read_all(dir + "/config.json");
+    std::string log;
+    for (const std::string out : {dir + "/model.safetensors", dir + "/config.json", dir + "/tokenizer.json",
+                                  dir + "/../own-input/model.safetensors", tmp_dir() + "/own-link.safetensors",
+                                  tmp_dir() + "/own-hard.json"}) {
+        EXPECT_EQ(run(tool("oomb-convert-hf") + " " + dir + " -o " + out, &log), 1) << out << ": " << log;
+        EXPECT_NE(log.find("oomb-convert-hf: error: -o/--output " + out + " is the input " + dir + "/"), std::string::npos)
+            << out << ": " << log;
+    }
+    EXPECT_EQ(run(tool("oomb-convert-hf") + " " + dir + " --vocab-only -o " + dir + "/tokenizer.json", &log), 1) << log;
+    EXPECT_NE(log.find("is the input"), std::string::npos) << log;
+    EXPECT_TRUE(read_all(dir + "/model.safetensors") == weights);
+    EXPECT_EQ(read_all(dir + "/config.json"), config);
+    unlink((dir + "/tokenizer.json").c_str());  // (Qwen's 151k tokens do not fit the fixture's 4096 rows)
+    ASSERT_EQ(run(tool("oomb-convert-hf") + " " + dir + " -o " + dir + "/model.gguf", &log), 0) << log;  // beside them: fine
+    // a shard named by the index
+    const std::string sh = tmp_dir() + "/own-input-sharded";
+    write_synthetic(sh, 64, 8, 16, 2, 1, false);
+    ASSERT_EQ(rename((sh + "/model.safetensors").c_str(), (sh + "/weights-1.safetensors").c_str()), 0);
+    SafetensorsFile f;
+    std::string err;
+    ASSERT_EQ(f.open(sh + "/weights-1.safetensors", &err), GGUF_OK) << err;
+    nlohmann::json index = {{"weight_map", nlohmann::json::object()}};
+    for (auto& t : f.tensors()) index["weight_map"][t.name] = "weights-1.safetensors";
+    write_all(sh + "/model.safetensors.index.json", index.dump());
+    EXPECT_EQ(run(tool("oomb-convert-hf") + " " + sh + " -o " + sh + "/weights-1.safetensors", &log), 1) << log;
+    EXPECT_NE(log.find("is the input " + sh + "/weights-1.safetensors"), std::string::npos) << log;
+    EXPECT_EQ(run(tool("oomb-convert-hf") + " " + sh + " -o " + sh + "/model.safetensors.index.json", &log), 1) << log;
+    EXPECT_NE(log.find("is the input"), std::string::npos) << log;
+    // oomb-gguf-init reads --vocab
+    const std::string vocab = tmp_dir() + "/own-vocab.gguf";
+    write_all(vocab, read_all(oombtest::source_dir() + "/models/qwen2.5-vocab.gguf"));
+    const std::string before = read_all(vocab);
+    EXPECT_EQ(run(tool("oomb-gguf-init") + " --vocab-size 151936 --hidden 64 --ffn 96 --layers 1 --heads 2 --vocab " + vocab +
+                      " -o " + vocab, &log), 1) << log;
+    EXPECT_NE(log.find("-o/--output " + vocab + " is the input " + vocab), std::string::npos) << log;
+    EXPECT_TRUE(read_all(vocab) == before);
+}
+
+// An unknown option is named even when a required one is missing too (was: "--output is required",
+// which hides the misspelt --ouput); exit 1.
+TEST(Tools, UnknownOptionNamedBeforeMissingRequired) {
+    REQUIRE_TOOLS();
+    std::string log;
+    const std::string micro = oombtest::fixture_path("qwen2-micro");
+    const std::pair<std::string, const char*> cases[] = {{tool("oomb-convert-hf") + " " + micro + " --ouput x.gguf", "--ouput"},
+                                                         {tool("oomb-convert-hf") + " --bogus", "--bogus"},
+                                                         {tool("oomb-gguf-dump") + " --bogus", "--bogus"},
+                                                         {tool("oomb-tokenize") + " -m x.gguf --bogus", "--bogus"},
+                                                         {tool("oomb-gguf-init") + " --bogus", "--bogus"},
+                                                         {tool("oomb-export") + " -m x.gguf --bogus", "--bogus"}};
+    for (auto& c : cases) {
+        if (c.first.find("oomb-export") != std::string::npos && access(tool("oomb-export").c_str(), X_OK) != 0) continue;
+        EXPECT_EQ(run(c.first, &log), 1) << c.first << ": " << log;
+        EXPECT_NE(log.find("not expected: "), std::string::npos) << c.first << ": " << log;
+        EXPECT_NE(log.find(c.second), std::string::npos) << c.first << ": " << log;
+        EXPECT_EQ(log.find("is required"), std::string::npos) << c.first << ": " << log;
+    }
+    // the threads option of oomb-export has the same cap as the others
+    if (access(tool("oomb-export").c_str(), X_OK) == 0) {
+        EXPECT_EQ(run(tool("oomb-export") + " -m x.gguf --out-type f16 -o y.gguf -t 1025", &log), 1) << log;
+        EXPECT_NE(log.find("-t/--threads must be from 1 to 1024"), std::string::npos) << log;
     }
 }
 
