@@ -1,8 +1,11 @@
 #include "bench-common.h"
 
+#include "oomb-backend.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -47,6 +50,32 @@ std::unique_ptr<oomb::Qwen2Model> make_model(const ModelOptions & o, oomb_backen
     auto m = oomb::qwen2_create(c, be, OOMB_TYPE_F32);
     oomb::qwen2_init_random(*m, o.seed);
     return m;
+}
+
+std::string step_options_error(int64_t ctx, int64_t chunk, int page, int threads) {
+    auto bad = [](const char * opt, int64_t v, const std::string & range) {
+        return std::string(opt) + " " + std::to_string(v) + " is out of range: it must be " + range;
+    };
+    if (ctx < 2) return bad("--ctx", ctx, ">= 2 (one token has no next token to predict)");
+    if (chunk < 1) return bad("--chunk", chunk, ">= 1");
+    if (page < 1 || page > ctx) return bad("--page", page, "from 1 to --ctx (" + std::to_string(ctx) + ")");
+    if (threads < 1 || threads > OOMB_CPU_MAX_THREADS)
+        return bad("--threads", threads, "from 1 to " + std::to_string(OOMB_CPU_MAX_THREADS));
+    return "";
+}
+
+namespace {
+const char * g_prog = "oomb-bench";
+[[noreturn]] void error_exit(const char * msg, void *) {
+    fflush(stdout);
+    fprintf(stderr, "%s: error: %s\n", g_prog, msg);
+    exit(1);
+}
+} // namespace
+
+void exit_on_oomb_error(const char * prog) {
+    g_prog = prog;
+    oomb_set_error_handler(error_exit, nullptr);
 }
 
 std::vector<int32_t> make_ids(int64_t n, int64_t vocab) {

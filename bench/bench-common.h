@@ -25,6 +25,15 @@ struct ModelOptions {
 
 std::unique_ptr<oomb::Qwen2Model> make_model(const ModelOptions & o, oomb_backend_t be);
 
+/// "" when the options of one training step are valid, else the error naming the first bad one:
+/// --ctx >= 2 (one token has nothing to predict), --chunk >= 1, --page from 1 to --ctx, --threads
+/// from 1 to OOMB_CPU_MAX_THREADS (the rules oomb-train applies).
+std::string step_options_error(int64_t ctx, int64_t chunk, int page, int threads);
+
+/// An oomb_error (e.g. memory that cannot be allocated) prints "<prog>: error: <message>" and exits
+/// with status 1, as the other tools do, instead of aborting.
+void exit_on_oomb_error(const char * prog);
+
 /// ids[i] = ((i * 2654435761 + 12345) mod 2^32) mod vocab: the formula bench_torch.py uses too.
 std::vector<int32_t> make_ids(int64_t n, int64_t vocab);
 

@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include "../gguf-tools/tool-cli.h"
 
 #include <cstdio>
 
@@ -35,7 +36,12 @@ int main(int argc, char ** argv) {
     app.add_option("--offload-block", block, "host offload: pages per streamed block");
     std::string kv_grad = "f32";
     app.add_option("--kv-grad-type", kv_grad, "KV-gradient pages: f32 or bf16 (stochastic rounding)")->check(CLI::IsMember({"f32", "bf16"}));
-    CLI11_PARSE(app, argc, argv);
+    OOMB_TOOL_PARSE(app, argc, argv);  // a bad option: exit 1, as every tool
+    if (const std::string bad = bench::step_options_error(ctx, chunk, page, threads); !bad.empty()) {
+        fprintf(stderr, "oomb-bench-memory: error: %s\n", bad.c_str());
+        return 1;
+    }
+    bench::exit_on_oomb_error("oomb-bench-memory");
 
     try {
         const size_t rss0 = bench::cur_rss_bytes();

@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include "../gguf-tools/tool-cli.h"
 
 #include <algorithm>
 #include <cmath>
@@ -41,8 +42,16 @@ int main(int argc, char ** argv) {
     app.add_option("--reps", reps, "timed steps");
     app.add_option("--warmup", warmup, "untimed steps first");
     app.add_flag("--time-forward", time_fwd, "also time the stage-1 forward alone");
-    CLI11_PARSE(app, argc, argv);
-    if (chunk <= 0) chunk = ctx;
+    OOMB_TOOL_PARSE(app, argc, argv);  // a bad option: exit 1, as every tool
+    if (!app.count("--chunk")) chunk = ctx;
+    std::string bad = bench::step_options_error(ctx, chunk, page, threads);
+    if (bad.empty() && reps < 1) bad = "--reps " + std::to_string(reps) + " is out of range: it must be >= 1 (the median of no steps)";
+    if (bad.empty() && warmup < 0) bad = "--warmup " + std::to_string(warmup) + " is out of range: it must be >= 0";
+    if (!bad.empty()) {
+        fprintf(stderr, "oomb-bench-train: error: %s\n", bad.c_str());
+        return 1;
+    }
+    bench::exit_on_oomb_error("oomb-bench-train");
 
     try {
         oomb_backend_t be = oomb_backend_cpu_init(threads);

@@ -10,6 +10,8 @@
 #include "oomb-backend.h"
 #include "oomb-opt.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -22,15 +24,32 @@ static float frand(unsigned * s) {
     return (float) ((*s >> 8) & 0xffffff) / (float) 0x1000000 * 2.0f - 1.0f;
 }
 
+/* argument `s` as an integer in [1, max], or 0 when it is not one (atoi would read "1e3" as 1 and
+ * "5abc" as 5) */
+static int parse_count(const char * s, long max) {
+    char * end;
+    errno = 0;
+    const long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < 1 || v > max) return 0;
+    return (int) v;
+}
+
 int main(int argc, char ** argv) {
     if (argc > 1 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
         printf("usage: %s [steps > 0] [threads > 0]\ntrains a small MLP (y = sin(3a) cos(2b)) with AdamW on the CPU backend of liboomb\n", argv[0]);
         return 0;
     }
-    const int steps   = argc > 1 ? atoi(argv[1]) : 600;
-    const int threads = argc > 2 ? atoi(argv[2]) : 2;
-    if (steps <= 0 || threads <= 0) {
-        fprintf(stderr, "usage: %s [steps > 0] [threads > 0]\n", argv[0]);
+    if (argc > 3) {
+        fprintf(stderr, "oomb-embed-example: error: unexpected argument '%s'\nusage: %s [steps > 0] [threads > 0]\n", argv[3], argv[0]);
+        return 1;
+    }
+    const int steps   = argc > 1 ? parse_count(argv[1], INT_MAX) : 600;
+    /* the CPU backend takes at most OOMB_CPU_MAX_THREADS threads (more would be its fatal error) */
+    const int threads = argc > 2 ? parse_count(argv[2], OOMB_CPU_MAX_THREADS) : 2;
+    if (steps == 0 || threads == 0) {
+        fprintf(stderr, "oomb-embed-example: error: %s '%s' is not a whole number from 1 to %ld\nusage: %s [steps > 0] [threads > 0]\n",
+                steps == 0 ? "steps" : "threads", steps == 0 ? argv[1] : argv[2], steps == 0 ? (long) INT_MAX : (long) OOMB_CPU_MAX_THREADS,
+                argv[0]);
         return 1;
     }
     oomb_backend_t cpu = oomb_backend_cpu_init(threads);
