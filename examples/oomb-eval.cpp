@@ -26,6 +26,7 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include "../gguf-tools/tool-cli.h"  // output_is_input_error
 
 #include <algorithm>
 #include <chrono>
@@ -91,6 +92,10 @@ int main(int argc, char ** argv) {
         const std::string dir = sl == std::string::npos ? "." : (sl == 0 ? "/" : json_out.substr(0, sl));
         if (!is_dir(dir) || access(dir.c_str(), W_OK) != 0)
             fail(PROG, "--json: cannot write '" + json_out + "': folder '" + dir + "' " + (is_dir(dir) ? "is not writable" : "does not exist"));
+        // written by a rename over --json: one naming an input would replace it
+        std::vector<std::string> inputs = {model, lora, vocab, data_bin};
+        inputs.insert(inputs.end(), data.begin(), data.end());
+        if (const std::string e = oomb::tools::output_is_input_error("--json", json_out, inputs); !e.empty()) fail(PROG, e);
     }
     threads = threads_default(threads);
     if (!is_file(model)) fail(PROG, "-m: " + not_a_file(model));

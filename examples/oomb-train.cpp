@@ -31,6 +31,7 @@
 #include "tokenizer.h"
 
 #include <nlohmann/json.hpp>
+#include "../gguf-tools/tool-cli.h"  // output_is_input_error
 
 #include <algorithm>
 #include <cerrno>
@@ -564,7 +565,16 @@ int main(int argc, char ** argv) {
     try {
         TrainCommand cmd;
         if (const int rc = parse_train_options(argc, argv, &cmd); rc >= 0) return rc;
-        if (cmd.verify) return cmd.o.dump_logits.empty() ? dump_grads(cmd.o) : dump_logits(cmd.o);
+        if (cmd.verify) {
+            // the dump is renamed over its path at the end: one naming an input would replace it
+            const bool grads = cmd.o.dump_logits.empty();
+            if (const std::string e = oomb::tools::output_is_input_error(grads ? "--dump-grads" : "--dump-logits",
+                                                                         grads ? cmd.o.dump_grads : cmd.o.dump_logits,
+                                                                         {cmd.o.tokens, cmd.o.model});
+                !e.empty())
+                fail(PROG, e);
+            return grads ? dump_grads(cmd.o) : dump_logits(cmd.o);
+        }
         return train_main(cmd.o, cmd.default_run, cmd.eval_every_given);
     } catch (const std::exception & e) {
         fail(PROG, e.what());

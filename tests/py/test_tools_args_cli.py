@@ -1,25 +1,38 @@
 #!/usr/bin/env python3
-"""Arguments of the bench programs and the embedding example (a tester's list; each checked to fail
-before its fix):
+"""Arguments of the bench programs, the embedding example and the outputs of oomb-train / oomb-eval
+(a tester's list; each checked to fail before its fix):
 
   - oomb-bench-train / oomb-bench-memory: --reps 0 or -1 (was a segfault: the median of no steps),
     --ctx 0 or 1, --page 0, --chunk 0 (were SIGABRT after a message) and --threads past the CPU
     backend's cap are errors naming the option, exit 1; an unknown option exits 1 as in every other
     tool (was CLI11's 109);
   - oomb-embed-example: steps / threads that are not whole numbers ("1e3" was read as 1, "5abc" as
-    5) or threads past the cap (99999 aborted) are errors, exit 1.
+    5) or threads past the cap (99999 aborted) are errors, exit 1;
+  - oomb-train --dump-grads / --dump-logits and oomb-eval --json naming an input (--tokens, -m,
+    --data-bin; also through a symbolic link) are refused, and the input is left as it was (it was
+    replaced by the output, exit 0).
 
-Environment (set by CTest): OOMB_BIN_DIR. Exit 0 pass, 1 failure, 77 skipped.
+Environment (set by CTest): OOMB_BIN_DIR, OOMB_FIXTURES_DEFAULT. Exit 0 pass, 1 failure, 77 skipped.
 """
+import hashlib
 import os
+import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_data import BIN, Checks, need_tools, run_tool  # noqa: E402
+from train_data import BIN, Checks, make_bin, need_fixture, need_tools, run_tool  # noqa: E402
 
-BENCH_TRAIN, BENCH_MEM, EMBED = (os.path.join(BIN, t) for t in ("oomb-bench-train", "oomb-bench-memory", "oomb-embed-example"))
-need_tools(BENCH_TRAIN, BENCH_MEM, EMBED)
+BENCH_TRAIN, BENCH_MEM, EMBED, TRAIN, EVAL, CONVERT = (
+    os.path.join(BIN, t) for t in ("oomb-bench-train", "oomb-bench-memory", "oomb-embed-example", "oomb-train", "oomb-eval",
+                                   "oomb-convert-hf"))
+need_tools(BENCH_TRAIN, BENCH_MEM, EMBED, TRAIN, EVAL, CONVERT)
 C = Checks()
+
+
+def sha(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
 def bench_cases():
@@ -52,9 +65,44 @@ def embed_cases():
                 f"oomb-embed-example {' '.join(args)}: exit 1 naming the argument (rc {rc}: {e.strip()[-200:]})")
 
 
+def output_is_input_cases(tmp):
+    micro = need_fixture("qwen2-micro")
+    model = os.path.join(tmp, "micro.gguf")
+    rc, o, e = run_tool([CONVERT, micro, "-o", model])
+    if rc != 0:
+        C.check(False, f"oomb-convert-hf qwen2-micro: {e.strip()[-200:]}")
+        return
+    tokens = os.path.join(tmp, "tokens.safetensors")
+    shutil.copyfile(os.path.join(micro, "reference-short.safetensors"), tokens)
+    link = os.path.join(tmp, "tokens-link.safetensors")
+    os.symlink(tokens, link)
+    before, model_before = sha(tokens), sha(model)
+    verify = [TRAIN, "-m", model, "--tokens", tokens, "--chunk", "16", "--page", "8", "--threads", "2"]
+    for opt, out in (("--dump-grads", tokens), ("--dump-grads", link), ("--dump-logits", tokens), ("--dump-grads", model)):
+        rc, o, e = run_tool(verify + [opt, out])
+        C.check(rc == 1 and f"{opt} {out} is the input" in e,
+                f"oomb-train {opt} {os.path.basename(out)} (an input) refused: rc {rc} {e.strip()[-200:]}")
+    C.check(sha(tokens) == before and sha(model) == model_before, "oomb-train: the inputs are unchanged")
+    rc, o, e = run_tool(verify + ["--dump-grads", os.path.join(tmp, "grads.safetensors")])
+    C.check(rc == 0, f"oomb-train --dump-grads to another file runs ({e.strip()[-200:]})")
+
+    ids = os.path.join(tmp, "ids.bin")
+    make_bin(ids, 300, 4096)
+    ids_before = sha(ids)
+    ev = [EVAL, "-m", model, "--data-bin", ids, "--ctx", "64", "--chunk", "32", "--page", "16", "--threads", "2"]
+    for out in (ids, model):
+        rc, o, e = run_tool(ev + ["--json", out])
+        C.check(rc == 1 and f"--json {out} is the input" in e, f"oomb-eval --json {os.path.basename(out)} (an input) refused: rc {rc} {e.strip()[-200:]}")
+    C.check(sha(ids) == ids_before and sha(model) == model_before, "oomb-eval: the inputs are unchanged")
+    rc, o, e = run_tool(ev + ["--json", os.path.join(tmp, "eval.json")])
+    C.check(rc == 0 and os.path.exists(os.path.join(tmp, "eval.json")), f"oomb-eval --json to another file runs ({e.strip()[-200:]})")
+
+
 def main():
     bench_cases()
     embed_cases()
+    with tempfile.TemporaryDirectory(prefix="oomb-py-tools-args-") as tmp:
+        output_is_input_cases(tmp)
     C.finish()
 
 
