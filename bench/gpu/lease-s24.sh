@@ -8,12 +8,13 @@
 #                of 32K, 6 steps, new; HF + SDPA; old = OLD below; new again); 7B --trainable linear sparse 64 at 128K
 #                (issue 13); 7B dense 128K new and old (the cuBLASLt rule changes its epilogue products)
 #   start h200q  h200 without the tests and the old 7B dense step (little device time left)
+#   start h200r  the ratio (new, HF, old) and the 7B sparse step only
 #   start h100   the tests, the 0.5B new / old twice, Qwen2.5-3B sparse 64 at 128K new / old, a profiled 0.5B run
 #   start first  what the session's first H100 call ran (binaries of c5a2e6e): the tests, a sweep of the head-dim-64
 #                attention settings at one chunk of 32K (sweep64), the 0.5B, profiled, and with OOMB_CUDA_LT_TUNE=2
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
 #   fixtures     test-cuda-qwen2 against the HF fixtures (carry build-carry alone; after the background run is done)
-usage="usage: $0 start h200|h200q|h100|first | wait [S] | fixtures"
+usage="usage: $0 start h200|h200q|h200r|h100|first | wait [S] | fixtures"
 case ${1:-} in start|wait|fixtures) ;; *) echo "$usage"; exit 2 ;; esac
 OUT0=${OUT:-out}
 export OUT=/tmp/keep/res   # R of lease-lib.sh: kept on the machine between calls, tarred into $OUT0 each call
@@ -51,6 +52,9 @@ h200)
     s7b new
     r7b new
     r7b old \$OLD ;;
+h200r)  # less still: the ratio and the 7B sparse step
+    r05n new 6; hf; r05n old 6 \$OLD
+    s7b new ;;
 h200q)  # little device time left: the same without the tests (run on an H100 with these binaries) and the old 7B
     r05n new 6; hf; r05n old 6 \$OLD; r05n new2 6
     s7b new
