@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cctype>
 #include <string>
+#include <cerrno>
 #include <cstdio>
 #include <unordered_map>
 #include <unordered_set>
@@ -933,11 +934,23 @@ oomb_backend_t oomb_backend_cuda_init(int device) {
     }
     auto * c = new oomb_cuda_ctx();
     c->device = device;
-    if (const char * s = getenv("OOMB_CUDA_SYNC")) c->sync_each = atoi(s) != 0;
-    if (const char * s = getenv("OOMB_CUDA_PROFILE")) {
-        c->profile_level = atoi(s);
-        c->profile = c->profile_level != 0;
-    }
+    // OOMB_CUDA_SYNC, OOMB_CUDA_PROFILE: numbers (0 off); anything else is said on stderr and read as 0 (a typo
+    // does not pass silently, nor does it take the backend away: the run goes on without the option)
+    auto env_number = [](const char * name) -> long {
+        const char * s = getenv(name);
+        if (!s || !*s) return 0;
+        char * end = nullptr;
+        errno = 0;
+        const long v = strtol(s, &end, 10);
+        if (errno != 0 || *end != '\0') {
+            fprintf(stderr, "oomb: cuda: %s=%s is not a number (0: off); taken as 0\n", name, s);
+            return 0;
+        }
+        return v;
+    };
+    c->sync_each = env_number("OOMB_CUDA_SYNC") != 0;
+    c->profile_level = (int) env_number("OOMB_CUDA_PROFILE");
+    c->profile = c->profile_level != 0;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy_out_stream, cudaStreamNonBlocking));

@@ -271,6 +271,16 @@ TEST_F(CudaBackend, ProfileReset) {
     const char * old = getenv("OOMB_CUDA_PROFILE");
     if (!old || atoi(old) == 0) EXPECT_FALSE(oomb_backend_profile_reset(cu));  // the fixture's backend does not profile
     const std::string saved = old ? old : "";
+    {  // a value that is not a number: said on stderr, read as 0 (no profile), the backend still made
+        setenv("OOMB_CUDA_PROFILE", "1x", 1);
+        ::testing::internal::CaptureStderr();
+        oomb_backend_t nb = oomb_backend_cuda_init(0);
+        const std::string said = ::testing::internal::GetCapturedStderr();
+        ASSERT_NE(nb, nullptr);
+        EXPECT_NE(said.find("OOMB_CUDA_PROFILE=1x is not a number"), std::string::npos) << said;
+        EXPECT_FALSE(oomb_backend_profile_reset(nb));
+        oomb_backend_free(nb);
+    }
     setenv("OOMB_CUDA_PROFILE", "1", 1);
     oomb_backend_t pb = oomb_backend_cuda_init(0);
     if (old) setenv("OOMB_CUDA_PROFILE", saved.c_str(), 1);
