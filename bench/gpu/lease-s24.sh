@@ -52,7 +52,8 @@ h200)
     s7b new
     r7b new
     r7b old \$OLD ;;
-h200r)  # less still: the ratio and the 7B sparse step
+h200r)  # less still: test-cuda-backend (its new cases), the ratio and the 7B sparse step
+    tests test-cuda-backend:150
     r05n new 6; hf; r05n old 6 \$OLD
     s7b new ;;
 h200q)  # little device time left: the same without the tests (run on an H100 with these binaries) and the old 7B
