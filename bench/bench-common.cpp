@@ -59,8 +59,8 @@ std::string step_options_error(int64_t ctx, int64_t chunk, int page, int threads
     if (ctx < 2) return bad("--ctx", ctx, ">= 2 (one token has no next token to predict)");
     if (chunk < 1) return bad("--chunk", chunk, ">= 1");
     if (page < 1 || page > ctx) return bad("--page", page, "from 1 to --ctx (" + std::to_string(ctx) + ")");
-    if (threads < 1 || threads > OOMB_CPU_MAX_THREADS)
-        return bad("--threads", threads, "from 1 to " + std::to_string(OOMB_CPU_MAX_THREADS));
+    if (threads < 0 || threads > OOMB_CPU_MAX_THREADS)  // 0: every core (oomb_backend_cpu_init's default)
+        return bad("--threads", threads, "from 0 (every core) to " + std::to_string(OOMB_CPU_MAX_THREADS));
     return "";
 }
 

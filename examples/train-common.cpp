@@ -191,15 +191,23 @@ bool make_dirs(const std::string & p, std::string * err) {
 
 namespace {
 
-// A folder walk's record of what it has read, by device + inode (what a path resolves to): a file reached
-// twice through symbolic links (a link to a file, a link to a folder, a link back up that loops) is read
-// once, at its first path in sorted order, and a folder is entered once (which also ends a loop).
+// A folder walk: each folder entered once by device + inode (a link to a folder read already, or back up
+// into a loop, is skipped with a note); every regular file with its device + inode and whether its own name is
+// a symbolic link. list_files then keeps, of the files that pass its extension filter, each real file (hard
+// links too: two names someone made on purpose) and drops a symbolic link to a file kept already, so text
+// reached twice through links is read once. (The filter comes first: a link named train.jsonl to an
+// extensionless blob, as the Hugging Face cache lays them out, is the one to keep.)
+struct WalkFile {
+    std::string path;
+    std::pair<dev_t, ino_t> id;
+    bool link;
+};
 struct WalkSeen {
-    std::map<std::pair<dev_t, ino_t>, std::string> files, dirs;  // -> the path first read / entered
-    std::vector<std::string> notes;                               // what was skipped, and why
+    std::map<std::pair<dev_t, ino_t>, std::string> dirs;  // -> the path first entered
+    std::vector<std::string> notes;                        // what was skipped, and why
 };
 
-void walk(const std::string & dir, std::vector<std::string> * out, WalkSeen * seen) {
+void walk(const std::string & dir, std::vector<WalkFile> * out, WalkSeen * seen) {
     DIR * d = opendir(dir.c_str());
     if (!d) return;
     std::vector<std::string> names;
@@ -211,8 +219,9 @@ void walk(const std::string & dir, std::vector<std::string> * out, WalkSeen * se
     std::sort(names.begin(), names.end());
     for (const auto & n : names) {
         const std::string p = dir + "/" + n;
-        struct stat st;
+        struct stat st, lst;
         if (stat(p.c_str(), &st) != 0) continue;  // a dangling link
+        const bool link = lstat(p.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode);
         const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
         if (S_ISDIR(st.st_mode)) {
             auto [it, fresh] = seen->dirs.emplace(id, p);
@@ -223,12 +232,7 @@ void walk(const std::string & dir, std::vector<std::string> * out, WalkSeen * se
             }
             walk(p, out, seen);
         } else if (S_ISREG(st.st_mode)) {
-            auto [it, fresh] = seen->files.emplace(id, p);
-            if (!fresh) {
-                seen->notes.push_back("skipping '" + p + "': the same file as '" + it->second + "' (reached again through a link), read once");
-                continue;
-            }
-            out->push_back(p);
+            out->push_back({p, id, link});
         }
     }
 }
@@ -263,28 +267,44 @@ bool list_files(const std::string & path, std::vector<std::string> * out, std::s
         if (err) *err = not_a_file_or_folder(path);
         return false;
     }
-    std::vector<std::string> all;
+    std::vector<WalkFile> all;
     WalkSeen seen;
     struct stat st;
     if (stat(path.c_str(), &st) == 0) seen.dirs.emplace(std::make_pair(st.st_dev, st.st_ino), path);
     walk(path, &all, &seen);
-    for (const std::string & n : seen.notes) printf("note: %s\n", n.c_str());
-    if (!seen.notes.empty()) fflush(stdout);
     if (all.empty()) {
+        for (const std::string & n : seen.notes) printf("note: %s\n", n.c_str());
         if (err) *err = "folder '" + path + "' holds no file";
         return false;
     }
     std::string names;  // the accepted extensions, for messages
     for (const auto & e : folder_exts) names += (names.empty() ? "" : " or ") + e;
-    const size_t n0 = out->size();
+    std::vector<const WalkFile *> accepted;
     for (const auto & f : all) {
         bool ok = folder_exts.empty();
-        for (const auto & e : folder_exts) ok |= f.size() > e.size() && ends_with(f, e);
-        if (ok) out->push_back(f);
-        else if (skipped) skipped->push_back(f);
+        for (const auto & e : folder_exts) ok |= f.path.size() > e.size() && ends_with(f.path, e);
+        if (ok) accepted.push_back(&f);
+        else if (skipped) skipped->push_back(f.path);
     }
+    // per file (device + inode): its real names, or else its first link, in sorted order
+    std::map<std::pair<dev_t, ino_t>, std::pair<bool, std::string>> kept;  // -> (a real name seen, the path kept)
+    for (const WalkFile * f : accepted) {
+        auto [it, fresh] = kept.emplace(f->id, std::make_pair(!f->link, f->path));
+        if (!fresh && !f->link && !it->second.first) it->second = {true, f->path};
+    }
+    const size_t n0 = out->size();
+    for (const WalkFile * f : accepted) {
+        const auto & k = kept.at(f->id);
+        if (!f->link || (!k.first && k.second == f->path)) {
+            out->push_back(f->path);
+        } else {
+            seen.notes.push_back("skipping '" + f->path + "': the same file as '" + k.second + "' (reached again through a link), read once");
+        }
+    }
+    for (const std::string & n : seen.notes) printf("note: %s\n", n.c_str());
+    if (!seen.notes.empty()) fflush(stdout);
     if (out->size() == n0) {
-        if (err) *err = "folder '" + path + "' holds no " + names + " file (" + std::to_string(all.size()) + " other file(s), e.g. '" + all[0] + "')";
+        if (err) *err = "folder '" + path + "' holds no " + names + " file (" + std::to_string(all.size()) + " other file(s), e.g. '" + all[0].path + "')";
         return false;
     }
     return true;

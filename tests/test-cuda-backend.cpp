@@ -272,7 +272,8 @@ TEST_F(CudaBackend, ProfileReset) {
     if (!old || atoi(old) == 0) EXPECT_FALSE(oomb_backend_profile_reset(cu));  // the fixture's backend does not profile
     const std::string saved = old ? old : "";
     {  // a value that is not a number: said on stderr, read as 0 (no profile), the backend still made
-        setenv("OOMB_CUDA_PROFILE", "1x", 1);
+        oombtest::ScopedEnv env({"OOMB_CUDA_PROFILE"});  // put back on every way out
+        env.set("OOMB_CUDA_PROFILE", "1x");
         ::testing::internal::CaptureStderr();
         oomb_backend_t nb = oomb_backend_cuda_init(0);
         const std::string said = ::testing::internal::GetCapturedStderr();

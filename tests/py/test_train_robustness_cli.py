@@ -146,6 +146,32 @@ def main():
                                                 f"as without them ({n_plain}) (rc {rc}) {tail(e)}")
         C.check("note: skipping folder '" in o and "a/back" in o and "the same file as" in o,
                 f"the skipped links are noted: {[l for l in o.splitlines() if 'skipping' in l]}")
+        # a hard link is a second name someone made (e.g. to weight a file twice): read under both names
+        hard = os.path.join(tmp, "hard")
+        os.makedirs(hard)
+        with open(os.path.join(hard, "a.txt"), "w") as f:
+            f.write(text(400, 1))
+        rc, o, e = run_tool([TRAIN] + tiny + ["--data", hard, "--out", os.path.join(tmp, "o-hard1")])
+        n_one = data_tokens(o)
+        os.link(os.path.join(hard, "a.txt"), os.path.join(hard, "b.txt"))
+        rc, o, e = run_tool([TRAIN] + tiny + ["--data", hard, "--out", os.path.join(tmp, "o-hard2")])
+        n_two = data_tokens(o)
+        C.check(rc == 0 and n_one and n_two == 2 * n_one and "skipping" not in o,
+                f"--data folder with a hard link: both names read ({n_two} tokens against {n_one} for one) (rc {rc}) {tail(e)}")
+        # the Hugging Face cache's layout: snapshots/<rev>/train.jsonl a link to an extensionless blob that sorts
+        # first; the extension filter decides before the links, so train.jsonl is read (chat data)
+        hub = os.path.join(tmp, "hub")
+        os.makedirs(os.path.join(hub, "blobs"))
+        os.makedirs(os.path.join(hub, "snapshots", "r1"))
+        with open(os.path.join(hub, "blobs", "0a1b2c"), "w") as f:
+            for i in range(40):
+                f.write(json.dumps({"messages": [{"role": "user", "content": "question %d" % i},
+                                                 {"role": "assistant", "content": "answer %d" % i}]}) + "\n")
+        os.symlink("../../blobs/0a1b2c", os.path.join(hub, "snapshots", "r1", "train.jsonl"))
+        rc, o, e = run_tool([TRAIN, "--preset", "tiny", "--vocab", VOCAB, "--data-format", "chat", "--data", hub, "--ctx", "32",
+                             "--chunk", "32", "--page", "16", "--steps", "1", "--threads", "2", "--eval-every", "0", "--eval-split", "0",
+                             "--save-every", "-1", "--out", os.path.join(tmp, "o-hub")])
+        C.check(rc == 0 and "holds no" not in e, f"--data on a Hugging Face cache layout (a .jsonl link to a blob) trains (rc {rc}) {tail(e)}")
 
         # bytes that are not text after the first 8 KiB
         head = text(2000, 3).encode()[:10000]
