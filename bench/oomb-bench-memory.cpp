@@ -28,7 +28,7 @@ int main(int argc, char ** argv) {
     int page = 64, threads = 2;
     app.add_option("--ctx", ctx, "tokens in the sequence");
     app.add_option("--chunk", chunk, "tokens per chunk");
-    app.add_option("--page", page, "tokens per KV page");
+    app.add_option("--page", page, "tokens per KV page (default 64, or --ctx when shorter)");
     app.add_option("-t,--threads", threads, "CPU threads");
     int64_t resident = -1;
     int block = 16;
@@ -37,6 +37,7 @@ int main(int argc, char ** argv) {
     std::string kv_grad = "f32";
     app.add_option("--kv-grad-type", kv_grad, "KV-gradient pages: f32 or bf16 (stochastic rounding)")->check(CLI::IsMember({"f32", "bf16"}));
     OOMB_TOOL_PARSE(app, argc, argv);  // a bad option: exit 1, as every tool
+    if (!app.count("--page") && ctx >= 1 && ctx < page) page = (int) ctx;  // the default fits a short --ctx
     if (const std::string bad = bench::step_options_error(ctx, chunk, page, threads); !bad.empty()) {
         fprintf(stderr, "oomb-bench-memory: error: %s\n", bad.c_str());
         return 1;

@@ -37,13 +37,14 @@ int main(int argc, char ** argv) {
     bool time_fwd = false;
     app.add_option("--ctx", ctx, "tokens in the sequence (batch 1)");
     app.add_option("--chunk", chunk, "tokens per chunk (default: the whole sequence)");
-    app.add_option("--page", page, "tokens per KV page");
+    app.add_option("--page", page, "tokens per KV page (default 64, or --ctx when shorter)");
     app.add_option("-t,--threads", threads, "CPU threads");
     app.add_option("--reps", reps, "timed steps");
     app.add_option("--warmup", warmup, "untimed steps first");
     app.add_flag("--time-forward", time_fwd, "also time the stage-1 forward alone");
     OOMB_TOOL_PARSE(app, argc, argv);  // a bad option: exit 1, as every tool
     if (!app.count("--chunk")) chunk = ctx;
+    if (!app.count("--page") && ctx >= 1 && ctx < page) page = (int) ctx;  // the default fits a short --ctx
     std::string bad = bench::step_options_error(ctx, chunk, page, threads);
     if (bad.empty() && reps < 1) bad = "--reps " + std::to_string(reps) + " is out of range: it must be >= 1 (the median of no steps)";
     if (bad.empty() && warmup < 0) bad = "--warmup " + std::to_string(warmup) + " is out of range: it must be >= 0";

@@ -59,8 +59,9 @@ bool profile_first_step() {
     if (!e || !*e) return false;
     long long v = 0;
     const char * end = e + strlen(e);
-    const auto r = std::from_chars(e, end, v);
-    if (r.ec != std::errc() || r.ptr != end)
+    const char * b = *e == '+' && e[1] != '-' ? e + 1 : e;  // "+1" as strtol reads it (the OOMB_CUDA_* variables); from_chars takes no '+'
+    const auto r = std::from_chars(b, end, v);
+    if (b == end || r.ec != std::errc() || r.ptr != end)
         fail(PROG, std::string("OOMB_PROFILE_FIRST_STEP=") + e + ": expected a number (0: off, 1: keep the first step in the profile)");
     return v != 0;
 }

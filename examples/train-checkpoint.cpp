@@ -190,6 +190,22 @@ void lock_output_folder(const std::string & out) {
     // fd stays open (and locked) for the run's lifetime.
 }
 
+// As tensor_bytes for an optimizer moment, refusing a NaN or infinite value (which --resume would refuse: a save
+// must not write a checkpoint that cannot be resumed). Errors name the tensor, the value and its element index.
+static TensorChunkFill moment_bytes(const oomb_tensor * t) {
+    return [t](void * dst, uint64_t off, size_t n, std::string * err) {
+        oomb_tensor_get(t, dst, (size_t) off, n);
+        const size_t es = t->type == OOMB_TYPE_BF16 ? 2 : 4;
+        if (const int64_t bad = first_non_finite((const uint8_t *) dst, n, es); bad >= 0) {
+            *err = std::string("optimizer tensor '") + t->name + "' holds a non-finite value (" +
+                   non_finite_name((const uint8_t *) dst + (size_t) bad * es, es) + " at element " +
+                   std::to_string((int64_t) (off / es) + bad) + "): the optimizer state diverged (try a lower --lr)";
+            return GGUF_ERR_ARG;
+        }
+        return GGUF_OK;
+    };
+}
+
 bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string & vocab_src, oomb_optimizer_t opt, const Sampler & s,
                      uint64_t data_hash, const TrainProgress & p, std::string * err) {
     const std::string m_name = checkpoint_model_name(o);
@@ -233,7 +249,7 @@ bool save_checkpoint(const Options & o, const Qwen2Model & m, const std::string 
     for (int i = 0; i < oomb_opt_n_state(opt); i++) {
         const oomb_tensor * t = oomb_opt_state(opt, i);
         const SafetensorsDtype dt = t->type == OOMB_TYPE_BF16 ? SafetensorsDtype::BF16 : SafetensorsDtype::F32;
-        if (w.add_stream(t->name, dt, torch_shape(t), tensor_bytes(t), err) != GGUF_OK) return false;
+        if (w.add_stream(t->name, dt, torch_shape(t), moment_bytes(t), err) != GGUF_OK) return false;
     }
     w.set_metadata("format", STATE_FORMAT);
     w.set_metadata("step", std::to_string(p.step));

@@ -57,9 +57,14 @@ inline void fill_normal(uint64_t seed, float std, float * out, int64_t n) {
         const float v = (float) (int32_t) (uint32_t) (r >> 32) * (1.0f / 2147483648.0f);
         const float s = u * u + v * v;
         if (s >= 1.0f || s == 0.0f) continue;
-        const float f = std::sqrt(-2.0f * std::log(s) / s) * std;
-        out[i++] = u * f;
-        if (i < n) out[i++] = v * f;
+        const float r1 = std::sqrt(-2.0f * std::log(s) / s), f = r1 * std;
+        if (std::isfinite(f)) {
+            out[i++] = u * f;
+            if (i < n) out[i++] = v * f;
+        } else {  // a huge std (r1 reaches ~1.4e9 for the smallest s): scale after u, v (|u r1| <= kInitNormalMaxZ)
+            out[i++] = (u * r1) * std;
+            if (i < n) out[i++] = (v * r1) * std;
+        }
     }
 }
 

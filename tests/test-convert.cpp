@@ -551,17 +551,24 @@ TEST(Init, ThreadsCostOnlyWhatTheModelNeeds) {
     const long kb = peak_rss_kb(init + "-t 1024");
     ASSERT_GT(kb, 0) << "oomb-gguf-init -t 1024 failed";
     EXPECT_LT(kb, 200 * 1024) << "peak RSS " << kb << " KiB for a 40 KB model";
-    std::string log, err;
-    ASSERT_EQ(run(init + "-t 4 --init-std 7000 --outtype f16", &log), 0) << log;  // 7000 * 9.28 < 65504
-    GGUFReader r;
-    ASSERT_EQ(r.open(out, &err), GGUF_OK) << err;
-    size_t n = 0;
-    for (auto& t : r.tensors()) {
-        std::vector<float> v;
-        ASSERT_EQ(r.read_tensor_f32(t.name, &v, &err), GGUF_OK) << err;
-        for (float x : v) n += !std::isfinite(x);
+    // the largest stds the range check lets through: 7000 * 9.28 < 65504 (f16); 3.6e37 * 9.28 < 3.39e38 (f32 and bf16:
+    // the sampler's factor sqrt(-2 ln s / s) reaches ~1e9 for a small s, and was multiplied by the std first, so
+    // stds above ~1e35 overflowed to inf in the generator and failed while writing)
+    for (const char* a : {"--init-std 7000 --outtype f16", "--init-std 3.6e37 --outtype f32", "--init-std 3.6e37 --outtype bf16",
+                          "--init-std 1e36 --outtype f32"}) {
+        std::string log, err;
+        ASSERT_EQ(run(init + "-t 4 " + a, &log), 0) << a << ": " << log;
+        GGUFReader r;
+        ASSERT_EQ(r.open(out, &err), GGUF_OK) << err;
+        size_t n = 0, big = 0;
+        for (auto& t : r.tensors()) {
+            std::vector<float> v;
+            ASSERT_EQ(r.read_tensor_f32(t.name, &v, &err), GGUF_OK) << err;
+            for (float x : v) n += !std::isfinite(x), big += std::fabs(x) > 1e30f;
+        }
+        EXPECT_EQ(n, 0u) << a;
+        if (std::string(a).find("e3") != std::string::npos) EXPECT_GT(big, 1000u) << a << ": the std was applied";
     }
-    EXPECT_EQ(n, 0u);
 }
 
 // The free space of the output's file system is checked before the data is written (a

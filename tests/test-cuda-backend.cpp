@@ -523,6 +523,51 @@ TEST_F(CudaBackend, FusedSumIntoProducts) {
 // (the residual: A in new bytes); the product first (A in the product's bytes); a bias vector; a graph
 // input as X (unchanged after); a computing node between the product and the add (not fused); the product
 // read twice (not fused); a batched product (not fused); OOMB_CUDA_FUSE_EPI=0 (not fused).
+// out = scale(bias_form ? mul_mat(a, b) + bias : x + mul_mat(a, b), 1) on backend be, a [K, M], b [K, N], x [M, N],
+// bias [M] set from the given values (the shapes of the epilogue cases below): built, allocated and freed in one place.
+struct EpiGraph {
+    oomb_context * pc = nullptr, * gc = nullptr;
+    oomb_buffer_t buf = nullptr;
+    oomb_gallocr_t ga = nullptr;
+    oomb_cgraph * g = nullptr;
+    oomb_tensor * out = nullptr;
+    // false (with a gtest failure) where the buffers or the graph's allocation fail
+    bool build(oomb_backend_t be, int K, int M, int N, const std::vector<float> & av, const std::vector<float> & bv,
+               const std::vector<float> & xv, const std::vector<float> & biasv, bool bias_form) {
+        pc = oomb_init({0, true});
+        oomb_tensor * a = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M), * b = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, N);
+        oomb_tensor * x = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, M, N), * bias = oomb_new_tensor_1d(pc, OOMB_TYPE_F32, M);
+        buf = oomb_backend_alloc_ctx_tensors(pc, be);
+        EXPECT_NE(buf, nullptr);
+        if (!buf) return false;
+        oomb_tensor_set(a, av.data(), 0, av.size() * 4);
+        oomb_tensor_set(b, bv.data(), 0, bv.size() * 4);
+        oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
+        oomb_tensor_set(bias, biasv.data(), 0, biasv.size() * 4);
+        gc = oomb_init({0, true});
+        g = oomb_new_graph(gc);
+        oomb_tensor * prod = oomb_mul_mat(gc, a, b);
+        out = oomb_scale(gc, bias_form ? oomb_add(gc, prod, bias) : oomb_add(gc, x, prod), 1.0f);
+        oomb_set_output(out);
+        oomb_build_forward_expand(g, out);
+        ga = oomb_gallocr_new(be);
+        const bool ok = oomb_gallocr_alloc_graph(ga, g);
+        EXPECT_TRUE(ok);
+        return ok;
+    }
+    std::vector<float> result() const {
+        std::vector<float> v((size_t) oomb_nelements(out));
+        oomb_tensor_get(out, v.data(), 0, v.size() * 4);
+        return v;
+    }
+    ~EpiGraph() {
+        if (ga) oomb_gallocr_free(ga);
+        if (gc) oomb_free(gc);
+        if (buf) oomb_buffer_free(buf);
+        if (pc) oomb_free(pc);
+    }
+};
+
 TEST_F(CudaBackend, FusedEpilogues) {
 #ifdef OOMB_USE_CUDA
     enum Mode { RESIDUAL, PRODUCT_FIRST, BIAS, BIAS_MISALIGNED, X_INPUT, NODE_BETWEEN, M_READ_TWICE, BATCHED, TURNED_OFF, N_MODES };
@@ -646,36 +691,16 @@ TEST_F(CudaBackend, FusedEpilogues) {
                 EpiEnv env(run < 2);
                 if (run == 0) rule_env.set("OOMB_CUDA_LT_RULE", "0");
                 else rule_env.unset("OOMB_CUDA_LT_RULE");
-                oomb_context * pc = oomb_init({0, true});
-                oomb_tensor * a = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M), * b = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, N);
-                oomb_tensor * x = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, M, N), * bias = oomb_new_tensor_1d(pc, OOMB_TYPE_F32, M);
-                oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(pc, cu);
-                ASSERT_NE(buf, nullptr);
-                oomb_tensor_set(a, av.data(), 0, av.size() * 4);
-                oomb_tensor_set(b, bv.data(), 0, bv.size() * 4);
-                oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
-                oomb_tensor_set(bias, biasv.data(), 0, biasv.size() * 4);
-                oomb_context * gc = oomb_init({0, true});
-                oomb_cgraph * g = oomb_new_graph(gc);
-                oomb_tensor * p = oomb_mul_mat(gc, a, b);
-                oomb_tensor * out = oomb_scale(gc, bias_form ? oomb_add(gc, p, bias) : oomb_add(gc, x, p), 1.0f);
-                oomb_set_output(out);
-                oomb_build_forward_expand(g, out);
-                oomb_gallocr_t ga = oomb_gallocr_new(cu);
-                ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+                EpiGraph eg;
+                ASSERT_TRUE(eg.build(cu, K, M, N, av, bv, xv, biasv, bias_form));
                 const int64_t before = oomb_cuda_debug_fused_epi_count(cu);
-                ASSERT_EQ(oomb_backend_graph_compute(cu, g), OOMB_STATUS_OK) << oomb_backend_last_error(cu);
+                ASSERT_EQ(oomb_backend_graph_compute(cu, eg.g), OOMB_STATUS_OK) << oomb_backend_last_error(cu);
                 fused[run] = oomb_cuda_debug_fused_epi_count(cu) - before;
-                res[run].resize((size_t) M * N);
-                oomb_tensor_get(out, res[run].data(), 0, res[run].size() * 4);
+                res[run] = eg.result();
                 if (run == 1 && !bias_form) {  // the variable is read for each product: a bad value fails the compute
                     rule_env.set("OOMB_CUDA_LT_RULE", "maybe");
-                    EXPECT_OOMB_ERROR(oomb_backend_graph_compute(cu, g), "OOMB_CUDA_LT_RULE=maybe: expected 0 or 1");
+                    EXPECT_OOMB_ERROR(oomb_backend_graph_compute(cu, eg.g), "OOMB_CUDA_LT_RULE=maybe: expected 0 or 1");
                 }
-                oomb_gallocr_free(ga);
-                oomb_free(gc);
-                oomb_buffer_free(buf);
-                oomb_free(pc);
             }
             EXPECT_EQ(fused[0], 1);
             EXPECT_EQ(fused[1], 1);
@@ -707,34 +732,14 @@ TEST_F(CudaBackend, FusedEpilogues) {
             int64_t fused[2] = {0, 0};
             for (int on = 1; on >= 0; on--) {
                 EpiEnv env(on == 1);
-                oomb_context * pc = oomb_init({0, true});
-                oomb_tensor * a = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, M), * b = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, K, N);
-                oomb_tensor * x = oomb_new_tensor_2d(pc, OOMB_TYPE_F32, M, N), * bias = oomb_new_tensor_1d(pc, OOMB_TYPE_F32, M);
-                oomb_buffer_t buf = oomb_backend_alloc_ctx_tensors(pc, cu);
-                ASSERT_NE(buf, nullptr);
-                oomb_tensor_set(a, av.data(), 0, av.size() * 4);
-                oomb_tensor_set(b, bv.data(), 0, bv.size() * 4);
-                oomb_tensor_set(x, xv.data(), 0, xv.size() * 4);
-                oomb_tensor_set(bias, biasv.data(), 0, biasv.size() * 4);
-                oomb_context * gc = oomb_init({0, true});
-                oomb_cgraph * g = oomb_new_graph(gc);
-                oomb_tensor * p = oomb_mul_mat(gc, a, b);
-                oomb_tensor * out = oomb_scale(gc, bias_form ? oomb_add(gc, p, bias) : oomb_add(gc, x, p), 1.0f);
-                oomb_set_output(out);
-                oomb_build_forward_expand(g, out);
-                oomb_gallocr_t ga = oomb_gallocr_new(cu);
-                ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
+                EpiGraph eg;
+                ASSERT_TRUE(eg.build(cu, K, M, N, av, bv, xv, biasv, bias_form));
                 for (int rep = 0; rep < 2; rep++) {  // the second run uses the kept plan
                     const int64_t before = oomb_cuda_debug_fused_epi_count(cu);
-                    ASSERT_EQ(oomb_backend_graph_compute(cu, g), OOMB_STATUS_OK) << oomb_backend_last_error(cu);
+                    ASSERT_EQ(oomb_backend_graph_compute(cu, eg.g), OOMB_STATUS_OK) << oomb_backend_last_error(cu);
                     fused[on] += oomb_cuda_debug_fused_epi_count(cu) - before;
                 }
-                res[on].resize((size_t) M * N);
-                oomb_tensor_get(out, res[on].data(), 0, res[on].size() * 4);
-                oomb_gallocr_free(ga);
-                oomb_free(gc);
-                oomb_buffer_free(buf);
-                oomb_free(pc);
+                res[on] = eg.result();
             }
             EXPECT_EQ(fused[1], 2);
             EXPECT_EQ(fused[0], 0);

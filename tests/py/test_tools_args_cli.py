@@ -5,7 +5,7 @@
   - oomb-bench-train / oomb-bench-memory: --reps 0 or -1 (was a segfault: the median of no steps),
     --ctx 0 or 1, --page 0, --chunk 0 (were SIGABRT after a message) and --threads past the CPU
     backend's cap are errors naming the option, exit 1; an unknown option exits 1 as in every other
-    tool (was CLI11's 109);
+    tool (was CLI11's 109); --ctx 32 without --page runs with page 32 (the default 64 was refused);
   - oomb-embed-example: steps / threads that are not whole numbers ("1e3" was read as 1, "5abc" as
     5) or threads past the cap (99999 aborted) are errors, exit 1;
   - oomb-train --dump-grads / --dump-logits and oomb-eval --json naming an input (--tokens, -m,
@@ -52,6 +52,10 @@ def bench_cases():
         for args, msg in cases:
             rc, o, e = run_tool([tool] + args, timeout=300)
             C.check(rc == 1 and f"{name}: error: {msg}" in e, f"{name} {' '.join(args)}: exit 1 naming the option (rc {rc}: {e.strip()[-200:]})")
+        # no --page with a --ctx under the default 64: the default is --ctx (was refused: --page 64 is out of range)
+        rc, o, e = run_tool([tool, "--ctx", "32", "--chunk", "16", "--threads", "2"] + extra, timeout=300)
+        C.check(rc == 0 and '"page": 32' in o.replace('"page":32', '"page": 32'),
+                f"{name} --ctx 32 without --page runs with page 32 (rc {rc}: {o.strip()[-200:]} {e.strip()[-200:]})")
         rc, o, e = run_tool([tool, "--bogus"])
         C.check(rc == 1 and "--bogus" in e, f"{name} --bogus: exit 1 as the other tools (rc {rc})")
 

@@ -18,7 +18,7 @@
     --resume of a LoRA folder without --trainable lora points at adapter.gguf / --trainable lora;
     --resume --preset tiny on a checkpoint of another model is a model mismatch; a chat run on a
     model without a tokenizer does not advise --data-bin;
-  - OOMB_PROFILE_FIRST_STEP=abc is an error naming the variable.
+  - OOMB_PROFILE_FIRST_STEP=abc, +, +-1, 1x are errors naming the variable; +1 and 0 are accepted.
 
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT. Exit 0 pass, 1 failure, 77 skipped.
 """
@@ -231,11 +231,16 @@ def main():
         rc, o, e = run_tool([TRAIN, "-m", micro, "--data-format", "chat", "--data", chat, "--ctx", "32", "--out", os.path.join(tmp, "o-chat")])
         C.check(rc == 1 and "--vocab" in e and "--data-bin" not in e, f"chat run, model without tokenizer: no --data-bin advice (rc {rc}) {tail(e)}")
 
-        # OOMB_PROFILE_FIRST_STEP must be a number
-        env = dict(os.environ, OOMB_PROFILE_FIRST_STEP="abc")
-        r = subprocess.run([TRAIN] + base + ["--steps", "1", "--out", os.path.join(tmp, "o-prof")], capture_output=True, text=True, env=env)
-        C.check(r.returncode == 1 and "OOMB_PROFILE_FIRST_STEP=abc" in r.stderr and "step 1" not in r.stdout,
-                f"OOMB_PROFILE_FIRST_STEP=abc: an error naming it, before any step (rc {r.returncode}) {tail(r.stderr)}")
+        # OOMB_PROFILE_FIRST_STEP must be a number ("+1" as the strtol-read OOMB_CUDA_* variables take it)
+        for val, ok in (("abc", False), ("+", False), ("+-1", False), ("1x", False), ("+1", True), ("0", True)):
+            env = dict(os.environ, OOMB_PROFILE_FIRST_STEP=val)
+            r = subprocess.run([TRAIN] + base + ["--steps", "1", "--save-every", "-1", "--out", os.path.join(tmp, "o-prof")],
+                               capture_output=True, text=True, env=env)
+            if ok:
+                C.check(r.returncode == 0, f"OOMB_PROFILE_FIRST_STEP={val}: accepted (rc {r.returncode}) {tail(r.stderr)}")
+            else:
+                C.check(r.returncode == 1 and f"OOMB_PROFILE_FIRST_STEP={val}:" in r.stderr and "step 1" not in r.stdout,
+                        f"OOMB_PROFILE_FIRST_STEP={val}: an error naming it, before any step (rc {r.returncode}) {tail(r.stderr)}")
     C.finish()
 
 
