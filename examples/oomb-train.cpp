@@ -42,6 +42,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <sys/stat.h>
 
 using namespace oomb;
 using namespace oomb::train;
@@ -165,6 +166,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + o.out + "/" + ckpt_name + " not found)");
     }
     if (!make_dirs(o.out, &err)) fail(PROG, err);
+    data_exclude_folder(o.out);  // an --out inside a --data folder is not read as data
     lock_output_folder(o.out);
     remove_stale_temp_files(o.out);
 
@@ -377,6 +379,8 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     if (!o.resume && is_file(ckpt_state)) {
         printf("note: %s already holds a checkpoint; this fresh run replaces it at its first save (--resume continues it)\n", o.out.c_str());
     }
+    if (struct stat ls; stat(T.path("train.jsonl").c_str(), &ls) == 0 && !S_ISREG(ls.st_mode))  // a FIFO would block the open
+        fail(PROG, "cannot write the run's log: " + not_a_file(T.path("train.jsonl")));
     T.jsonl = fopen(T.path("train.jsonl").c_str(), o.resume ? "a" : "w");
     if (!T.jsonl) fail(PROG, "cannot write " + T.path("train.jsonl") + ": " + strerror(errno));
 

@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <fstream>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace oomb {
@@ -419,7 +420,9 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
     if (get_int("n_seqs", 0, I64) != n_seqs) fail(PROG, "--resume: the number of sequences differs from the checkpoint's");
     if (!sampler->restore(n_seqs, get_int("epoch", 0, I64), get_int("seq_pos", 0, I64), get("rng_epoch_start")))
         fail(PROG, "--resume: bad data position / RNG state in " + ckpt_state);
-    // The log keeps the entries up to the checkpoint.
+    // The log keeps the entries up to the checkpoint (one that is not a regular file is an error, not a blocked read).
+    if (struct stat ls; stat(path(o, "train.jsonl").c_str(), &ls) == 0 && !S_ISREG(ls.st_mode))
+        fail(PROG, "--resume: " + not_a_file(path(o, "train.jsonl")) + " (the run's log; remove it or move it away)");
     std::ifstream in(path(o, "train.jsonl"));
     std::string line, kept;
     while (std::getline(in, line)) {

@@ -1,4 +1,5 @@
 #include "train-common.h"
+#include "gguf.h"  // file_kind_name
 
 #include <algorithm>
 #include <charconv>
@@ -207,6 +208,18 @@ struct WalkSeen {
     std::vector<std::string> notes;                        // what was skipped, and why
 };
 
+// Folders the walk leaves out (data_exclude_folder): the run's --out, whose log and checkpoints are not training data
+std::vector<std::string> g_excluded_folders;
+
+// the excluded folder that dir is (by device + inode), or ""
+std::string excluded_folder(const struct stat & st) {
+    for (const std::string & x : g_excluded_folders) {
+        struct stat xs;
+        if (stat(x.c_str(), &xs) == 0 && xs.st_dev == st.st_dev && xs.st_ino == st.st_ino) return x;
+    }
+    return "";
+}
+
 void walk(const std::string & dir, std::vector<WalkFile> * out, WalkSeen * seen) {
     DIR * d = opendir(dir.c_str());
     if (!d) return;
@@ -224,6 +237,10 @@ void walk(const std::string & dir, std::vector<WalkFile> * out, WalkSeen * seen)
         const bool link = lstat(p.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode);
         const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
         if (S_ISDIR(st.st_mode)) {
+            if (const std::string x = excluded_folder(st); !x.empty()) {
+                seen->notes.push_back("skipping folder '" + p + "': the run's output folder (--out " + x + "), not training data");
+                continue;
+            }
             auto [it, fresh] = seen->dirs.emplace(id, p);
             if (!fresh) {
                 seen->notes.push_back("skipping folder '" + p + "': the same folder as '" + it->second +
@@ -249,16 +266,15 @@ std::string not_a_file(const std::string & p) {
     return S_ISDIR(st.st_mode) ? "'" + p + "' is a folder, not a file" : "'" + p + "' is not a regular file (" + file_kind(st.st_mode) + ")";
 }
 
-std::string file_kind(unsigned mode) {
-    return S_ISREG(mode) ? "a regular file" : S_ISDIR(mode) ? "a folder" : S_ISCHR(mode) ? "a character device" : S_ISBLK(mode) ? "a block device"
-           : S_ISFIFO(mode) ? "a FIFO" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
-}
+std::string file_kind(unsigned mode) { return oomb::file_kind_name(mode); }
 
 std::string not_a_file_or_folder(const std::string & p) {
     struct stat st;
     if (stat(p.c_str(), &st) != 0) return "'" + p + "': no such file or folder";
     return "'" + p + "' is not a regular file or folder (" + file_kind(st.st_mode) + ")";
 }
+
+void data_exclude_folder(const std::string & dir) { g_excluded_folders.push_back(dir); }
 
 bool list_files(const std::string & path, std::vector<std::string> * out, std::string * err, const std::vector<std::string> & folder_exts,
                 std::vector<std::string> * skipped) {
@@ -270,7 +286,14 @@ bool list_files(const std::string & path, std::vector<std::string> * out, std::s
     std::vector<WalkFile> all;
     WalkSeen seen;
     struct stat st;
-    if (stat(path.c_str(), &st) == 0) seen.dirs.emplace(std::make_pair(st.st_dev, st.st_ino), path);
+    if (stat(path.c_str(), &st) == 0) {
+        if (const std::string x = excluded_folder(st); !x.empty()) {
+            if (err) *err = "folder '" + path + "' is the run's output folder (--out " + x + "): its log and checkpoints are not training data; " +
+                            "give the data another folder, or --out another one";
+            return false;
+        }
+        seen.dirs.emplace(std::make_pair(st.st_dev, st.st_ino), path);
+    }
     walk(path, &all, &seen);
     if (all.empty()) {
         for (const std::string & n : seen.notes) printf("note: %s\n", n.c_str());

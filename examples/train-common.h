@@ -69,6 +69,11 @@ bool make_dirs(const std::string & p, std::string * err);
 // *skipped (when given), and a folder with none of them is an error naming the extensions.
 bool list_files(const std::string & path, std::vector<std::string> * out, std::string * err,
                 const std::vector<std::string> & folder_exts = {}, std::vector<std::string> * skipped = nullptr);
+// Leaves folder dir (compared by device + inode when listed; it need not exist yet) out of list_files' folder walks,
+// with a note, and makes listing it itself an error: oomb-train's --out, so that a run whose output folder lies
+// inside its --data folder does not read its own log (train.jsonl) as text, which changed the data (and its hash,
+// so --resume refused) from one run to the next.
+void data_exclude_folder(const std::string & dir);
 // Reads a whole file; files ending in ".gz" are decompressed (zlib).
 bool read_text_file(const std::string & path, std::string * out, std::string * err);
 

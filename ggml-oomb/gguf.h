@@ -114,6 +114,12 @@ gguf_status gguf_convert(uint32_t src_type, const void* src, uint32_t dst_type, 
 // never written. The one check of oomb-export and oomb-train's checkpoints.
 bool gguf_check_finite_as(const float* x, int64_t n, int64_t index_base, uint32_t dst_type, std::string* err);
 
+// What a file system entry of st_mode `mode` is, for errors about a path that should be a regular file:
+// "a regular file", "a folder", "a FIFO", "a socket", "a character device", "a block device" (or "not a
+// regular file"). The readers (GGUFReader, SafetensorsFile) open with O_NONBLOCK and refuse anything but
+// a regular file with it, so a FIFO given as a model or state file is an error, not a blocked open.
+const char* file_kind_name(unsigned mode);
+
 // ---------------------------------------------------------------------------------------------
 // A metadata value: a scalar, a string, or an array (of scalars, of strings, or of arrays).
 class GGUFValue {

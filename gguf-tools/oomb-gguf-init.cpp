@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     install_temp_file_cleanup(); // Ctrl-C / SIGTERM: remove OUT.tmp.<pid>, keep the previous OUT
     CLI::App app{"Write a randomly initialised Qwen2 model (llama.cpp GGUF layout), streamed to disk."};
     std::string preset, vocab, out, outtype = "bf16";
-    uint64_t seed = 42;
+    int64_t seed_arg = 42;  // signed: "-1" is refused below, not wrapped to 2^64 - 1
     float init_std = 0.02f;
     int threads = (int)std::max(1u, std::thread::hardware_concurrency());
     Qwen2Config d;  // the options given (0: not given)
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     app.add_flag("--untied", untied, "write a separate output.weight");
     app.add_option("--vocab", vocab, "GGUF file whose tokenizer is copied in (e.g. models/qwen2.5-vocab.gguf)");
     app.add_option("-o,--output", out, "output GGUF file (written atomically)")->required();
-    app.add_option("--seed", seed, "random seed (default 42)");
+    app.add_option("--seed", seed_arg, "random seed, >= 0 (default 42)");
     CLI::Option* o_std = app.add_option("--init-std", init_std, "standard deviation of weights (default 0.02, HF initializer_range)");
     app.add_option("--outtype", outtype, "tensor type of 2-D weights: f32, f16 or bf16 (default bf16)")
         ->check(CLI::IsMember({"f32", "f16", "bf16"}));
@@ -70,6 +70,8 @@ int main(int argc, char** argv) {
         fprintf(stderr, "oomb-gguf-init: error: %s\n", m.c_str());
         return 1;
     };
+    if (seed_arg < 0) return fail("--seed " + std::to_string(seed_arg) + " is out of range: it must be >= 0");
+    const uint64_t seed = (uint64_t)seed_arg;
     // checked before any work (else the whole model is written into OUT.tmp.<pid> and only the rename fails)
     if (const std::string e = output_path_error(out); !e.empty()) return fail(e);
     // Each option given is checked on its own, so that the message names it.
@@ -136,10 +138,13 @@ int main(int argc, char** argv) {
     char std_str[32];
     snprintf(std_str, sizeof std_str, "%g", (double)init_std);
     if ((double)init_std * kInitNormalMaxZ > type_max) {
+        // the suggestion rounded down to the 6 digits shown (with a margin for the float it is read into), so that it passes
+        const double bound = type_max / kInitNormalMaxZ * (1 - 1e-6), unit = std::pow(10.0, std::floor(std::log10(bound)) - 5);
+        const double suggest = std::floor(bound / unit) * unit;
         char b[320];
         snprintf(b, sizeof b, "--init-std %s is too large for --outtype %s: weights up to %.2f x %s = %.6g can be drawn, beyond "
                               "%s's largest value %.6g (use at most %.6g)", std_str, outtype.c_str(), (double)kInitNormalMaxZ, std_str,
-                 init_std * (double)kInitNormalMaxZ, outtype.c_str(), type_max, type_max / kInitNormalMaxZ);
+                 init_std * (double)kInitNormalMaxZ, outtype.c_str(), type_max, suggest);
         return fail(b);
     }
     GGUFWriter w;

@@ -521,12 +521,22 @@ TEST(Init, RejectsBadOptions) {
         {"--vocab-size 256 --ffn 96 --layers 1 --hidden 6 --heads 2", "--hidden / --heads = 3 must be even"},
         {"--preset qwen2.5-0.5b --heads 7", "--heads 7 is not a multiple of --kv-heads 2"},
         {"--layers 2", "missing: --vocab-size --hidden --ffn --heads"},
+        {ok + "--seed -1", "--seed"},  // was wrapped to 2^64 - 1
     };
     for (auto& c : cases) {
         EXPECT_EQ(run(init + c.first, &log), 1) << c.first << ": " << log;
         EXPECT_NE(log.find(std::string("oomb-gguf-init: error: ")), std::string::npos) << c.first << ": " << log;
         EXPECT_NE(log.find(c.second), std::string::npos) << c.first << ": " << log;
         EXPECT_NE(access(out.c_str(), F_OK), 0) << c.first << ": wrote " << out;
+    }
+    // the largest --init-std the error suggests is accepted (f32's was printed rounded up: 3.66684e+37, refused)
+    for (const char* t : {"f16", "bf16", "f32"}) {
+        EXPECT_EQ(run(init + ok + "--init-std 1e38 --outtype " + t, &log), 1) << log;
+        const size_t at = log.find("(use at most ");
+        ASSERT_NE(at, std::string::npos) << log;
+        const std::string most = log.substr(at + 13, log.find(')', at) - at - 13);
+        EXPECT_EQ(run(init + ok + "--init-std " + most + " --outtype " + t, &log), 0) << t << " --init-std " << most << ": " << log;
+        unlink(out.c_str());
     }
     // The converter applies the same checks to config.json.
     const std::string dir = tmp_dir() + "/synthetic-bad-config";

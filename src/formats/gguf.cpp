@@ -384,6 +384,11 @@ gguf_status gguf_convert(uint32_t src_type, const void* src_v, uint32_t dst_type
     return GGUF_OK;
 }
 
+const char* file_kind_name(unsigned mode) {
+    return S_ISREG(mode) ? "a regular file" : S_ISDIR(mode) ? "a folder" : S_ISCHR(mode) ? "a character device"
+           : S_ISBLK(mode) ? "a block device" : S_ISFIFO(mode) ? "a FIFO" : S_ISSOCK(mode) ? "a socket" : "not a regular file";
+}
+
 bool gguf_check_finite_as(const float* x, int64_t n, int64_t index_base, uint32_t dst_type, std::string* err) {
     for (int64_t i = 0; i < n; i++) {
         const float v = x[i];
@@ -643,7 +648,9 @@ void GGUFReader::close() {
 gguf_status GGUFReader::open(const std::string& path, std::string* err, const GGUFReadOptions& opt) {
     close();
     path_ = path;
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO returns at once (the check below refuses it) instead of waiting for a
+    // writer; a regular file ignores the flag
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         set_err(err, path + ": cannot open: " + strerror(errno));
         return GGUF_ERR_IO;
@@ -655,7 +662,7 @@ gguf_status GGUFReader::open(const std::string& path, std::string* err, const GG
         return GGUF_ERR_IO;
     }
     if (!S_ISREG(st.st_mode)) {
-        set_err(err, path + (S_ISDIR(st.st_mode) ? ": is a directory, not a GGUF file" : ": not a regular file"));
+        set_err(err, path + (S_ISDIR(st.st_mode) ? ": is a directory, not a GGUF file" : std::string(": not a regular file (") + file_kind_name(st.st_mode) + ")"));
         ::close(fd);
         return GGUF_ERR_IO;
     }

@@ -171,12 +171,13 @@ gguf_status SafetensorsFile::open(const std::string& path, std::string* err) {
         close();
         return s;
     };
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO is refused below instead of blocking the open (a regular file ignores the flag)
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return fail(GGUF_ERR_IO, std::string("cannot open: ") + strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         ::close(fd);
-        return fail(GGUF_ERR_IO, "not a regular file");
+        return fail(GGUF_ERR_IO, std::string("not a regular file (") + file_kind_name(st.st_mode) + ")");
     }
     const size_t size = (size_t)st.st_size;
     if (size < 8) {

@@ -10,13 +10,17 @@
     5) or threads past the cap (99999 aborted) are errors, exit 1;
   - oomb-train --dump-grads / --dump-logits and oomb-eval --json naming an input (--tokens, -m,
     --data-bin; also through a symbolic link) are refused, and the input is left as it was (it was
-    replaced by the output, exit 0).
+    replaced by the output, exit 0);
+  - a FIFO as oomb-gguf-dump's file, oomb-export's -m / --lora, oomb-gguf-init's --vocab, oomb-tokenize's -m, the bench
+    programs' -m, oomb-eval's -m, oomb-train's --tokens, or as --out/train.jsonl (fresh and --resume): exit 1 naming
+    the FIFO (the opens waited for a writer forever).
 
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_FIXTURES_DEFAULT. Exit 0 pass, 1 failure, 77 skipped.
 """
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -26,7 +30,8 @@ from train_data import BIN, Checks, make_bin, need_fixture, need_tools, run_tool
 BENCH_TRAIN, BENCH_MEM, EMBED, TRAIN, EVAL, CONVERT = (
     os.path.join(BIN, t) for t in ("oomb-bench-train", "oomb-bench-memory", "oomb-embed-example", "oomb-train", "oomb-eval",
                                    "oomb-convert-hf"))
-need_tools(BENCH_TRAIN, BENCH_MEM, EMBED, TRAIN, EVAL, CONVERT)
+need_tools(BENCH_TRAIN, BENCH_MEM, EMBED, TRAIN, EVAL, CONVERT,
+           *(os.path.join(BIN, t) for t in ("oomb-gguf-dump", "oomb-export", "oomb-gguf-init", "oomb-tokenize")))
 C = Checks()
 
 
@@ -102,11 +107,62 @@ def output_is_input_cases(tmp):
     C.check(rc == 0 and os.path.exists(os.path.join(tmp, "eval.json")), f"oomb-eval --json to another file runs ({e.strip()[-200:]})")
 
 
+def fifo_cases(tmp):
+    """A FIFO given as a model, vocabulary, adapter, token or log file: an error naming it (exit 1), not an open that
+    waits for a writer forever (the format readers opened without O_NONBLOCK)."""
+    model = os.path.join(tmp, "micro.gguf")
+    if not os.path.exists(model):
+        return
+    fifo = os.path.join(tmp, "fifo")
+    os.mkfifo(fifo)
+    tok = os.path.join(tmp, "t.txt")
+    with open(tok, "w") as f:
+        f.write("hello world\n")
+    init = [os.path.join(BIN, "oomb-gguf-init"), "--vocab-size", "256", "--hidden", "64", "--ffn", "96", "--layers", "1", "--heads", "2",
+            "-o", os.path.join(tmp, "i.gguf")]
+    cases = [
+        ([os.path.join(BIN, "oomb-gguf-dump"), fifo], "a FIFO"),
+        ([os.path.join(BIN, "oomb-export"), "-m", fifo, "--out-type", "f32", "-o", os.path.join(tmp, "e.gguf")], "a FIFO"),
+        ([os.path.join(BIN, "oomb-export"), "-m", model, "--lora", fifo, "--out-type", "f32", "-o", os.path.join(tmp, "e.gguf")], "a FIFO"),
+        (init + ["--vocab", fifo], "a FIFO"),
+        ([os.path.join(BIN, "oomb-tokenize"), "-m", fifo, "-f", tok], "a FIFO"),
+        ([BENCH_TRAIN, "-m", fifo, "--ctx", "32"], "a FIFO"),
+        ([BENCH_MEM, "-m", fifo, "--ctx", "32"], "a FIFO"),
+        ([EVAL, "-m", fifo, "--data", tok], "FIFO"),
+        ([TRAIN, "-m", model, "--tokens", fifo, "--dump-grads", os.path.join(tmp, "g.safetensors")], "a FIFO"),
+    ]
+    for args, want in cases:
+        name = " ".join(os.path.basename(a) if a.startswith(tmp) or a.startswith(BIN) else a for a in args)
+        try:
+            rc, o, e = run_tool(args, timeout=60)
+        except subprocess.TimeoutExpired:
+            C.check(False, f"{name}: blocked on the FIFO (killed after 60 s)")
+            continue
+        C.check(rc == 1 and want in e, f"{name}: exit 1 naming the FIFO (rc {rc}: {e.strip()[-200:]})")
+    # the run's log train.jsonl as a FIFO in --out: an error, before the run (fresh and --resume)
+    out = os.path.join(tmp, "fifo-out")
+    ids = os.path.join(tmp, "ids.bin")
+    run = [TRAIN, "-m", model, "--data-bin", ids, "--ctx", "32", "--chunk", "16", "--page", "8", "--steps", "2", "--threads", "2",
+           "--eval-every", "0", "--out", out]
+    rc, o, e = run_tool(run + ["--stop-after", "1"])  # a checkpoint at step 1 to resume
+    C.check(rc == 0, f"oomb-train: a checkpoint at step 1 (rc {rc}: {e.strip()[-200:]})")
+    os.unlink(os.path.join(out, "train.jsonl"))
+    os.mkfifo(os.path.join(out, "train.jsonl"))
+    for extra in ([], ["--resume"]):
+        try:
+            rc, o, e = run_tool(run + extra, timeout=60)
+        except subprocess.TimeoutExpired:
+            C.check(False, f"oomb-train {' '.join(extra)} with --out/train.jsonl a FIFO: blocked (killed after 60 s)")
+            continue
+        C.check(rc == 1 and "a FIFO" in e, f"oomb-train {' '.join(extra)} with --out/train.jsonl a FIFO: exit 1 naming it (rc {rc}: {e.strip()[-200:]})")
+
+
 def main():
     bench_cases()
     embed_cases()
     with tempfile.TemporaryDirectory(prefix="oomb-py-tools-args-") as tmp:
         output_is_input_cases(tmp)
+        fifo_cases(tmp)
     C.finish()
 
 
