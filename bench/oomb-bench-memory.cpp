@@ -38,7 +38,11 @@ int main(int argc, char ** argv) {
     app.add_option("--kv-grad-type", kv_grad, "KV-gradient pages: f32 or bf16 (stochastic rounding)")->check(CLI::IsMember({"f32", "bf16"}));
     OOMB_TOOL_PARSE(app, argc, argv);  // a bad option: exit 1, as every tool
     if (!app.count("--page") && ctx >= 1 && ctx < page) page = (int) ctx;  // the default fits a short --ctx
-    if (const std::string bad = bench::step_options_error(ctx, chunk, page, threads); !bad.empty()) {
+    std::string bad = bench::step_options_error(ctx, chunk, page, threads);
+    if (bad.empty() && resident < -1)
+        bad = "--resident-pages " + std::to_string(resident) + " is out of range: it must be >= 0, or -1 (all resident)";
+    if (bad.empty() && block < 1) bad = "--offload-block " + std::to_string(block) + " is out of range: it must be >= 1";
+    if (!bad.empty()) {
         fprintf(stderr, "oomb-bench-memory: error: %s\n", bad.c_str());
         return 1;
     }

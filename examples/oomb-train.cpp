@@ -155,6 +155,9 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     // ---- output folder
     const bool lora = o.trainable == "lora";
     const std::string ckpt_name = checkpoint_model_name(o);  // adapter.gguf with --trainable lora, else model.gguf
+    if (struct stat os; stat(o.out.c_str(), &os) == 0 && !S_ISDIR(os.st_mode))
+        fail(PROG, "--out '" + o.out + "' is " + file_kind(os.st_mode) + ", not a folder: --out names the folder for train.jsonl, "
+                   "the checkpoints and loss.png");
     if (o.resume && !is_file(o.out + "/" + ckpt_name)) {
         // the other kind of checkpoint there: say which option continues it (not just that the file is missing)
         if (!lora && is_file(o.out + "/adapter.gguf"))
@@ -247,10 +250,11 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
             if (!M.lora->first_missing().empty())
                 fail(PROG, "--resume: " + ckpt_model + " is a partial adapter (" + M.lora->first_missing() + " has no pair, other layers' have one); "
                                "--resume continues the complete adapters oomb-train writes");
+            auto num = [](double v) { char b[32]; snprintf(b, sizeof b, "%g", v); return std::string(b); };  // 32, not 32.000000
             if (fc.rank != lc.rank || fc.alpha != lc.alpha || fc.targets != lc.targets)
-                fail(PROG, "--resume: " + ckpt_model + " is an adapter of rank " + std::to_string(fc.rank) + ", alpha " + std::to_string(fc.alpha) +
+                fail(PROG, "--resume: " + ckpt_model + " is an adapter of rank " + std::to_string(fc.rank) + ", alpha " + num(fc.alpha) +
                                ", targets " + lora_targets_string(fc.targets) + "; this run asks for rank " + std::to_string(lc.rank) + ", alpha " +
-                               std::to_string(lc.alpha) + ", targets " + lora_targets_string(lc.targets) + " (--lora-rank, --lora-alpha, --lora-targets)");
+                               num(lc.alpha) + ", targets " + lora_targets_string(lc.targets) + " (--lora-rank, --lora-alpha, --lora-targets)");
         } else {
             if (!lora_attach(M, lc, &err)) fail(PROG, err);
             lora_init_peft(*M.lora, o.seed, lora_init_of(o));
@@ -573,6 +577,11 @@ int main(int argc, char ** argv) {
         if (cmd.verify) {
             // the dump is renamed over its path at the end: one naming an input would replace it
             const bool grads = cmd.o.dump_logits.empty();
+            // a folder (or a path ending in '/') fails before the model runs, not at the rename after it
+            if (const std::string e = oomb::tools::output_path_error(grads ? cmd.o.dump_grads : cmd.o.dump_logits,
+                                                                     grads ? "--dump-grads" : "--dump-logits");
+                !e.empty())
+                fail(PROG, e);
             if (const std::string e = oomb::tools::output_is_input_error(grads ? "--dump-grads" : "--dump-logits",
                                                                          grads ? cmd.o.dump_grads : cmd.o.dump_logits,
                                                                          {cmd.o.tokens, cmd.o.model});

@@ -75,6 +75,18 @@ int64_t first_non_finite(const uint8_t * p, size_t n, size_t es) {
     return -1;
 }
 
+// Index of the first negative value (sign bit set, not -0) among the n / es values (f32 or bf16, as first_non_finite) at
+// p; -1 when none. Adam's second moments are sums of squares: a negative one is damage (and its square root a NaN).
+int64_t first_negative(const uint8_t * p, size_t n, size_t es) {
+    for (size_t i = 0; i + es <= n; i += es) {
+        uint32_t u = 0;
+        if (es == 4) memcpy(&u, p + i, 4);
+        else { uint16_t h; memcpy(&h, p + i, 2); u = (uint32_t) h << 16; }
+        if ((u >> 31) && (u & 0x7fffffffu)) return (int64_t) (i / es);
+    }
+    return -1;
+}
+
 // "NaN", "inf" or "-inf" for the non-finite value at p (f32 or bf16, as first_non_finite)
 const char * non_finite_name(const uint8_t * p, size_t es) {
     uint32_t u = 0;
@@ -406,6 +418,12 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
                 fail(PROG, std::string("--resume: optimizer tensor '") + t->name + "' in " + ckpt_state + " holds a non-finite value (" +
                                non_finite_name(st->data + (size_t) at * es, es) + " at element " + std::to_string(at) +
                                "): the state is damaged; resume from another checkpoint or start afresh");
+            }
+            if (ends_with(t->name, ".adam_v")) {
+                if (const int64_t neg = first_negative(st->data + off, len, es); neg >= 0)
+                    fail(PROG, std::string("--resume: optimizer tensor '") + t->name + "' in " + ckpt_state +
+                                   " holds a negative second moment (element " + std::to_string((int64_t) (off / es) + neg) +
+                                   "): the state is damaged; resume from another checkpoint or start afresh");
             }
             oomb_tensor_set(t, st->data + off, off, len);
             sf.release(st->data + off, len);

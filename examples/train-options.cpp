@@ -95,7 +95,7 @@ void add_train_cli_options(CLI::App & app, Options & o) {
                                                "(into pieces of --ctx tokens) or skip (counted)")->capture_default_str();
     app.add_flag("--skip-bad-lines", o.skip_bad_lines, "chat: skip bad JSONL lines (counted, the first 10 printed) instead of stopping");
     app.add_option("--eval-split", o.eval_split, "percent of the data held out when no --eval-data")->capture_default_str();
-    app.add_option("--eval-every", o.eval_every, "evaluate every N steps (0: never; always at the last step)")->capture_default_str();
+    app.add_option("--eval-every", o.eval_every, "evaluate every N steps and at the last step (0: never)")->capture_default_str();
     app.add_option("--eval-seqs", o.eval_seqs, "held-out sequences of --ctx tokens per evaluation")->capture_default_str();
     app.add_option("--ctx", o.ctx, "tokens per training sequence")->capture_default_str();
     app.add_option("--chunk", o.chunk, "tokens per chunk (capped to --ctx)")->capture_default_str();
@@ -200,7 +200,7 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         if (given("--stop-after")) need(o.stop_after >= 1, "--stop-after", o.stop_after, ">= 1");
         if (given("--stop-after") && o.save_every < 0)
             fail(PROG, "--stop-after stops with a checkpoint to resume from, which --save-every -1 never writes: drop one of them");
-        need(o.eval_every >= 0, "--eval-every", o.eval_every, ">= 0 (0: only at the last step)");
+        need(o.eval_every >= 0, "--eval-every", o.eval_every, ">= 0 (0: never)");
         need(o.eval_seqs >= 0, "--eval-seqs", o.eval_seqs, ">= 0");
         need(o.eval_split >= 0 && o.eval_split < 100, "--eval-split", o.eval_split, "in [0, 100) (percent)");
         need(o.log_every >= 1, "--log-every", o.log_every, ">= 1");

@@ -30,12 +30,13 @@ inline void remove_orphan_outputs(const char * prog, const std::string & out_pat
                 p.substr(p.rfind(".tmp.") + 5).c_str());
 }
 
-// "" when out_path can name the output file, else why not (empty, ending in '/', an existing folder).
-inline std::string output_path_error(const std::string & out_path) {
-    if (out_path.empty()) return "-o/--output is empty";
-    if (out_path.back() == '/') return "-o/--output " + out_path + " ends in '/': give the output file's path, not a folder";
+// "" when out_path can name the output file, else why not (empty, ending in '/', an existing folder); opt names the
+// option in the message.
+inline std::string output_path_error(const std::string & out_path, const std::string & opt = "-o/--output") {
+    if (out_path.empty()) return opt + " is empty";
+    if (out_path.back() == '/') return opt + " " + out_path + " ends in '/': give the output file's path, not a folder";
     if (struct stat st; stat(out_path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-        return "-o/--output " + out_path + " is a directory: give the output file's path";
+        return opt + " " + out_path + " is a directory: give the output file's path";
     return "";
 }
 

@@ -54,6 +54,9 @@ def bench_cases():
             cases += [(["--ctx", "64", "--reps", "0"], "--reps 0 is out of range"),
                       (["--ctx", "64", "--reps", "-1"], "--reps -1 is out of range"),
                       (["--ctx", "64", "--warmup", "-1"], "--warmup -1 is out of range")]
+        else:
+            cases += [(["--ctx", "64", "--resident-pages", "-2"], "--resident-pages -2 is out of range"),
+                      (["--ctx", "64", "--offload-block", "0"], "--offload-block 0 is out of range")]
         for args, msg in cases:
             rc, o, e = run_tool([tool] + args, timeout=300)
             C.check(rc == 1 and f"{name}: error: {msg}" in e, f"{name} {' '.join(args)}: exit 1 naming the option (rc {rc}: {e.strip()[-200:]})")

@@ -7,7 +7,8 @@
     checkpoint stays as it was (bytes equal) and is named as kept; --out-type f32 with an infinite
     learning rate (non-finite weights after the step) fails the same way instead of saving them;
   - --resume refuses optimizer moments with a NaN (state.safetensors edited): exit 1 naming
-    token_embd.weight.adam_m, before any step;
+    token_embd.weight.adam_m, before any step; the same for a negative adam_v;
+  - --out naming a file and --dump-grads naming a folder are errors before any work;
   - --data FOLDER reads each file once: a symbolic link loop (L/a/back -> L), a link to a folder
     read already (latest -> v2) and a link to a file read already (docs-link.txt -> v2/docs.txt)
     are skipped with a note; the token count equals that of the folder without the links;
@@ -126,6 +127,23 @@ def main():
         C.check(rc == 1 and "token_embd.weight.adam_m" in e and "NaN" in e and "element 5" in e and "step 4" not in o,
                 f"--resume with a NaN in adam_m: exit 1 naming the tensor before any step (rc {rc}) {tail(e)}")
         C.check(open(os.path.join(out, "model.gguf"), "rb").read() == model_before, "the checkpoint is left as it was")
+        # a negative second moment (adam_v is a sum of squares) is refused the same way (was accepted: NaN weights after the step)
+        with open(st, "r+b") as f:
+            f.seek(off + 4 * 5)
+            f.write(struct.pack("<f", 0.0) if dt == "F32" else b"\x00\x00")
+        off_v, dt_v = st_tensor_offset(st, "token_embd.weight.adam_v")
+        with open(st, "r+b") as f:
+            f.seek(off_v + (4 if dt_v == "F32" else 2) * 7)
+            f.write(struct.pack("<f", -1e-3) if dt_v == "F32" else b"\x83\xba")
+        rc, o, e = run_tool([TRAIN] + common + ["--resume", "--save-every", "1"])
+        C.check(rc == 1 and "token_embd.weight.adam_v" in e and "negative second moment" in e and "element 7" in e and "step 4" not in o,
+                f"--resume with a negative adam_v: exit 1 naming the tensor before any step (rc {rc}) {tail(e)}")
+        # --out naming a file, and --dump-grads naming a folder: errors before any work
+        rc, o, e = run_tool([TRAIN] + base + ["--steps", "1", "--out", ids])
+        C.check(rc == 1 and "is a regular file, not a folder" in e, f"--out a file: an error naming it (rc {rc}) {tail(e)}")
+        tokens = os.path.join(need_fixture("qwen2-micro"), "reference-short.safetensors")
+        rc, o, e = run_tool([TRAIN, "-m", micro, "--tokens", tokens, "--chunk", "16", "--page", "8", "--threads", "2", "--dump-grads", tmp])
+        C.check(rc == 1 and "--dump-grads " + tmp + " is a directory" in e, f"--dump-grads a folder: refused up front (rc {rc}) {tail(e)}")
 
         # symbolic links in a --data folder: each file read once, loops not re-entered, a note
         tiny = ["--preset", "tiny", "--vocab", VOCAB, "--ctx", "32", "--chunk", "32", "--page", "16", "--steps", "1", "--threads", "2",
