@@ -41,8 +41,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <csignal>
 #include <memory>
 #include <sys/stat.h>
+#include <unistd.h>
 
 using namespace oomb;
 using namespace oomb::train;
@@ -51,6 +53,52 @@ using json = nlohmann::json;
 namespace {
 
 const char * PROG = TRAIN_PROG;
+
+// ---- a graceful stop: the first SIGINT / SIGTERM / SIGHUP lets the step end, saves a checkpoint (as at the run's end)
+// and exits with 128 + the signal's number; a second one stops at once (the temporary files of a save in progress
+// removed, then the signal's default action, as install_temp_file_cleanup's handler does). A scheduler's SIGTERM
+// (preemption) or a Ctrl-C then loses no steps; --resume continues. Signals ignored at start (nohup) stay ignored.
+volatile sig_atomic_t g_stop_signal = 0;
+
+void stop_handler(int sig) {
+    if (g_stop_signal) {
+        remove_temp_files();
+        signal(sig, SIG_DFL);
+        raise(sig);  // pending until this handler returns (the signal is blocked in it), then the default action
+        return;
+    }
+    g_stop_signal = sig;
+    static const char msg[] = "\noomb-train: stopping after this step with a checkpoint (--resume continues it; signal again to stop now)\n";
+    const ssize_t r = write(2, msg, sizeof msg - 1);
+    (void) r;
+}
+
+// The signals whose disposition was the default at start (record_default_signals, before install_temp_file_cleanup
+// replaces it): install_stop_handler takes over those, at the training loop's start. Before it (loading, tokenizing)
+// and in --dump-grads runs, a signal stops the program at once, as it would have.
+bool g_default_signal[3] = {false, false, false};
+const int kStopSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+
+void record_default_signals() {
+    for (int i = 0; i < 3; i++) {
+        struct sigaction old;
+        g_default_signal[i] = sigaction(kStopSignals[i], nullptr, &old) == 0 && !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL;
+    }
+}
+
+void install_stop_handler() {
+    for (int i = 0; i < 3; i++) {
+        const int sig = kStopSignals[i];
+        if (!g_default_signal[i]) continue;
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = stop_handler;
+        sigemptyset(&sa.sa_mask);
+        for (int s : kStopSignals) sigaddset(&sa.sa_mask, s);
+        sa.sa_flags = SA_RESTART;
+        sigaction(sig, &sa, nullptr);
+    }
+}
 
 // OOMB_PROFILE_FIRST_STEP=1: a profile (OOMB_CUDA_PROFILE) keeps the first step's one-time costs (a number, 0
 // off; unset or empty: off). Anything else is an error naming the variable, read before the first step: a
@@ -433,6 +481,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     };
     const int64_t stop_at = o.stop_after > 0 ? std::min<int64_t>(o.stop_after, o.steps) : o.steps;
     const bool offloaded = oomb_kv_cache_host_nbytes(T.tr->kv_cache()) > 0;
+    install_stop_handler();  // from here a first SIGINT / SIGTERM / SIGHUP ends the step and saves it
     while (T.step < stop_at) {
         const auto t0 = std::chrono::steady_clock::now();
         const oomb_kv_stream_stats off0 = oomb_kv_stream_totals();
@@ -527,9 +576,10 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
                    fmt_bytes((double) T.tr->arena_bytes()).c_str(), (dev + off_line).c_str());
             fflush(stdout);
         }
-        if (!T.data.eval_off.empty() && o.eval_every > 0 && (T.step % o.eval_every == 0 || T.step == o.steps)) evaluate();
-        const bool at_end = T.step == stop_at;
-        if ((o.save_every > 0 && T.step % o.save_every == 0) || (at_end && o.save_every >= 0)) {
+        // a stop signal (g_stop_signal): no evaluation; the step is saved as at the run's end
+        if (!g_stop_signal && !T.data.eval_off.empty() && o.eval_every > 0 && (T.step % o.eval_every == 0 || T.step == o.steps))
+            evaluate();
+        auto save_step = [&]() {
             if (T.bad_run > 0) {
                 printf("checkpoint: skipped at step %" PRId64 " (the last step was not finite)\n", T.step);
             } else {
@@ -547,6 +597,16 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
             }
             T.plot();
             fflush(stdout);
+        };
+        const bool at_end = T.step == stop_at;
+        if ((o.save_every > 0 && T.step % o.save_every == 0) || (at_end && o.save_every >= 0)) save_step();
+        if (const int sig = g_stop_signal; sig && !at_end) {  // (also one that came during the evaluation or the save)
+            if (o.save_every >= 0 && last_good_ckpt != T.step) save_step();
+            T.plot();
+            printf("stopped by %s after step %" PRId64 "/%d%s\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP", T.step,
+                   o.steps, last_good_ckpt == T.step ? ": --resume continues from this checkpoint" : " (--save-every -1: no checkpoint)");
+            fflush(stdout);
+            return 128 + sig;
         }
     }
     // summary
@@ -570,6 +630,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
 
 int main(int argc, char ** argv) {
     install_error_handler(PROG, 1);
+    record_default_signals();  // before install_temp_file_cleanup: the training loop's stop handler takes these over
     install_temp_file_cleanup();  // Ctrl-C / SIGTERM during a checkpoint save leaves no temporary file
     try {
         TrainCommand cmd;

@@ -21,6 +21,8 @@
     --resume of a LoRA folder without --trainable lora points at adapter.gguf / --trainable lora;
     --resume --preset tiny on a checkpoint of another model is a model mismatch; a chat run on a
     model without a tokenizer does not advise --data-bin;
+  - SIGTERM / SIGINT during training: the step ends, is saved, and the run exits 143 / 130 naming the signal and the
+    step; --resume continues from it; a second SIGINT stops at once (killed by it) and leaves no temporary file;
   - OOMB_PROFILE_FIRST_STEP=abc, +, +-1, 1x are errors naming the variable; +1 and 0 are accepted.
 
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT. Exit 0 pass, 1 failure, 77 skipped.
@@ -28,10 +30,12 @@ Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT
 import json
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_data import BIN, SRC, Checks, make_bin, make_llama, need_fixture, need_modules, need_tools, run_tool  # noqa: E402
@@ -73,6 +77,29 @@ def data_tokens(out):
         if line.startswith("data: "):
             return int(line.split()[1])
     return None
+
+
+def signal_after_steps(args, steps, sigs, delay=0.0):
+    """Runs args, sends each of sigs (0.3 s apart) `delay` seconds after `steps` step lines were printed; (rc, stdout,
+    stderr, the last step printed)."""
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen, last, out = 0, 0, []
+    for line in p.stdout:
+        out.append(line)
+        if line.startswith("step "):
+            seen += 1
+            last = int(line.split()[1].split("/")[0])
+            if seen >= steps:
+                break
+    time.sleep(delay)
+    for i, sig in enumerate(sigs):
+        if i:
+            time.sleep(0.3)
+        p.send_signal(sig)
+    o, e = p.communicate(timeout=120)
+    o = "".join(out) + o
+    steps_done = [int(line.split()[1].split("/")[0]) for line in o.splitlines() if line.startswith("step ")]
+    return p.returncode, o, e, (steps_done[-1] if steps_done else last)
 
 
 def main():
@@ -266,6 +293,23 @@ def main():
             f.write(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n")
         rc, o, e = run_tool([TRAIN, "-m", micro, "--data-format", "chat", "--data", chat, "--ctx", "32", "--out", os.path.join(tmp, "o-chat")])
         C.check(rc == 1 and "--vocab" in e and "--data-bin" not in e, f"chat run, model without tokenizer: no --data-bin advice (rc {rc}) {tail(e)}")
+
+        # a stop signal: the first ends the step, saves it and exits 128 + signal; --resume continues; a second stops at once
+        sig_out = os.path.join(tmp, "sig")
+        long_run = [TRAIN] + base + ["--steps", "100000", "--log-every", "1", "--out", sig_out]
+        for sig, want_rc in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+            shutil.rmtree(sig_out, ignore_errors=True)
+            rc, o, e, n = signal_after_steps(long_run, 3, [sig])
+            C.check(rc == want_rc and f"stopped by {sig.name} after step {n}/100000: --resume continues" in o and
+                    f"checkpoint: step {n} ->" in o, f"{sig.name} after step {n}: exit {want_rc} with a checkpoint (rc {rc}) {tail(o)} {tail(e)}")
+        rc, o, e = run_tool([TRAIN] + base + ["--steps", str(n + 2), "--out", sig_out, "--resume"])
+        C.check(rc == 0 and f"resume: from step {n} " in o and f"step {n + 2}/{n + 2}" in o,
+                f"--resume after the stop continues from step {n} (rc {rc}) {tail(o)} {tail(e)}")
+        shutil.rmtree(sig_out, ignore_errors=True)
+        slow = [a if a != "128" else "8192" for a in long_run]  # --ctx 8192: steps of ~10 s, so both signals land in step 2
+        rc, o, e, n = signal_after_steps(slow, 1, [signal.SIGINT, signal.SIGINT], delay=0.5)
+        C.check(rc == -signal.SIGINT and not [f for f in os.listdir(sig_out) if ".tmp." in f or ".saving" in f],
+                f"a second SIGINT stops at once, no temporary file left (rc {rc}) {tail(e)}")
 
         # OOMB_PROFILE_FIRST_STEP must be a number ("+1" as the strtol-read OOMB_CUDA_* variables take it)
         for val, ok in (("abc", False), ("+", False), ("+-1", False), ("1x", False), ("+1", True), ("0", True)):
