@@ -206,6 +206,9 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     if (struct stat os; stat(o.out.c_str(), &os) == 0 && !S_ISDIR(os.st_mode))
         fail(PROG, "--out '" + o.out + "' is " + file_kind(os.st_mode) + ", not a folder: --out names the folder for train.jsonl, "
                    "the checkpoints and loss.png");
+    // the run's log there as a FIFO (or a folder): an error now, not a blocked open (or a failure) after loading
+    if (struct stat ls; stat((o.out + "/train.jsonl").c_str(), &ls) == 0 && !S_ISREG(ls.st_mode))
+        fail(PROG, "--out: the run's log " + not_a_file(o.out + "/train.jsonl") + "; remove it or give another --out");
     if (o.resume && !is_file(o.out + "/" + ckpt_name)) {
         // the other kind of checkpoint there: say which option continues it (not just that the file is missing)
         if (!lora && is_file(o.out + "/adapter.gguf"))
@@ -431,8 +434,6 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     if (!o.resume && is_file(ckpt_state)) {
         printf("note: %s already holds a checkpoint; this fresh run replaces it at its first save (--resume continues it)\n", o.out.c_str());
     }
-    if (struct stat ls; stat(T.path("train.jsonl").c_str(), &ls) == 0 && !S_ISREG(ls.st_mode))  // a FIFO would block the open
-        fail(PROG, "cannot write the run's log: " + not_a_file(T.path("train.jsonl")));
     T.jsonl = fopen(T.path("train.jsonl").c_str(), o.resume ? "a" : "w");
     if (!T.jsonl) fail(PROG, "cannot write " + T.path("train.jsonl") + ": " + strerror(errno));
 

@@ -204,13 +204,14 @@ void lock_output_folder(const std::string & out) {
 }
 
 // As tensor_bytes for an optimizer moment, refusing a NaN or infinite value (which --resume would refuse: a save
-// must not write a checkpoint that cannot be resumed). Errors name the tensor, the value and its element index.
+// must not write a checkpoint that cannot be resumed). Errors name the value and its element index (the writer adds the
+// file and the tensor).
 static TensorChunkFill moment_bytes(const oomb_tensor * t) {
     return [t](void * dst, uint64_t off, size_t n, std::string * err) {
         oomb_tensor_get(t, dst, (size_t) off, n);
         const size_t es = t->type == OOMB_TYPE_BF16 ? 2 : 4;
         if (const int64_t bad = first_non_finite((const uint8_t *) dst, n, es); bad >= 0) {
-            *err = std::string("optimizer tensor '") + t->name + "' holds a non-finite value (" +
+            *err = std::string("a non-finite optimizer moment (") +
                    non_finite_name((const uint8_t *) dst + (size_t) bad * es, es) + " at element " +
                    std::to_string((int64_t) (off / es) + bad) + "): the optimizer state diverged (try a lower --lr)";
             return GGUF_ERR_ARG;
@@ -438,9 +439,7 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
     if (get_int("n_seqs", 0, I64) != n_seqs) fail(PROG, "--resume: the number of sequences differs from the checkpoint's");
     if (!sampler->restore(n_seqs, get_int("epoch", 0, I64), get_int("seq_pos", 0, I64), get("rng_epoch_start")))
         fail(PROG, "--resume: bad data position / RNG state in " + ckpt_state);
-    // The log keeps the entries up to the checkpoint (one that is not a regular file is an error, not a blocked read).
-    if (struct stat ls; stat(path(o, "train.jsonl").c_str(), &ls) == 0 && !S_ISREG(ls.st_mode))
-        fail(PROG, "--resume: " + not_a_file(path(o, "train.jsonl")) + " (the run's log; remove it or move it away)");
+    // The log keeps the entries up to the checkpoint (oomb-train refused a train.jsonl that is not a regular file already).
     std::ifstream in(path(o, "train.jsonl"));
     std::string line, kept;
     while (std::getline(in, line)) {

@@ -1,5 +1,6 @@
 #include "train-common.h"
 #include "gguf.h"  // file_kind_name
+#include "../gguf-tools/tool-cli.h"  // add_strict_value_checks
 
 #include <algorithm>
 #include <charconv>
@@ -73,33 +74,7 @@ int threads_default(int n) {
 }
 
 int parse_command_line(CLI::App & app, int argc, char ** argv, const char * prog, const CLI::App * sibling) {
-    // Every option value is checked as a string before CLI11 converts it: an empty value is an
-    // error (not "the default"), and a whole-number option takes only a whole number in the range
-    // of its type (CLI11 would saturate 1e20 or wrap -1 into an unsigned option).
-    for (CLI::Option * opt : app.get_options()) {
-        if (opt->get_type_size() == 0) continue;  // a flag
-        const std::string tn = opt->get_type_name();
-        opt->check(CLI::Validator(
-            [tn](std::string & v) -> std::string {
-                if (v.empty()) return "an empty value";
-                if (tn == "INT" || tn == "UINT") {
-                    const char * b = v.data(), * e = v.data() + v.size();
-                    bool ok;
-                    if (tn == "UINT") {
-                        uint64_t x;
-                        const auto r = std::from_chars(b, e, x);
-                        ok = r.ec == std::errc() && r.ptr == e;
-                    } else {
-                        int64_t x;
-                        const auto r = std::from_chars(b, e, x);
-                        ok = r.ec == std::errc() && r.ptr == e;
-                    }
-                    if (!ok) return "'" + v + "' is not a whole number" + (tn == "UINT" ? " >= 0" : "") + " in range";
-                }
-                return "";
-            },
-            "", "strict"));
-    }
+    oomb::tools::add_strict_value_checks(app);  // empty values, whole numbers out of their type's range (gguf-tools/tool-cli.h)
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp & e) {
@@ -239,6 +214,10 @@ void walk(const std::string & dir, std::vector<WalkFile> * out, WalkSeen * seen)
         if (S_ISDIR(st.st_mode)) {
             if (const std::string x = excluded_folder(st); !x.empty()) {
                 seen->notes.push_back("skipping folder '" + p + "': the run's output folder (--out " + x + "), not training data");
+                continue;
+            }
+            if (is_file(p + "/.lock") && is_file(p + "/train.jsonl")) {  // another oomb-train run's --out (a sweep's runs side by side)
+                seen->notes.push_back("skipping folder '" + p + "': an oomb-train output folder (.lock, train.jsonl), not training data");
                 continue;
             }
             auto [it, fresh] = seen->dirs.emplace(id, p);

@@ -72,7 +72,8 @@ bool list_files(const std::string & path, std::vector<std::string> * out, std::s
 // Leaves folder dir (compared by device + inode when listed; it need not exist yet) out of list_files' folder walks,
 // with a note, and makes listing it itself an error: oomb-train's --out, so that a run whose output folder lies
 // inside its --data folder does not read its own log (train.jsonl) as text, which changed the data (and its hash,
-// so --resume refused) from one run to the next.
+// so --resume refused) from one run to the next. The walks also skip, with a note, any folder holding both .lock
+// and train.jsonl: another oomb-train run's output folder.
 void data_exclude_folder(const std::string & dir);
 // Reads a whole file; files ending in ".gz" are decompressed (zlib).
 bool read_text_file(const std::string & path, std::string * out, std::string * err);

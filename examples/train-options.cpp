@@ -95,7 +95,7 @@ void add_train_cli_options(CLI::App & app, Options & o) {
                                                "(into pieces of --ctx tokens) or skip (counted)")->capture_default_str();
     app.add_flag("--skip-bad-lines", o.skip_bad_lines, "chat: skip bad JSONL lines (counted, the first 10 printed) instead of stopping");
     app.add_option("--eval-split", o.eval_split, "percent of the data held out when no --eval-data")->capture_default_str();
-    app.add_option("--eval-every", o.eval_every, "evaluate every N steps and at the last step (0: never)")->capture_default_str();
+    app.add_option("--eval-every", o.eval_every, "evaluate every N steps and at the last step, and before the first step of a run from -m (0: never)")->capture_default_str();
     app.add_option("--eval-seqs", o.eval_seqs, "held-out sequences of --ctx tokens per evaluation")->capture_default_str();
     app.add_option("--ctx", o.ctx, "tokens per training sequence")->capture_default_str();
     app.add_option("--chunk", o.chunk, "tokens per chunk (capped to --ctx)")->capture_default_str();

@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     install_temp_file_cleanup(); // Ctrl-C / SIGTERM: remove OUT.tmp.<pid>, keep the previous OUT
     CLI::App app{"Write a randomly initialised Qwen2 model (llama.cpp GGUF layout), streamed to disk."};
     std::string preset, vocab, out, outtype = "bf16";
-    int64_t seed_arg = 42;  // signed: "-1" is refused below, not wrapped to 2^64 - 1
+    uint64_t seed = 42;  // "-1" is refused by OOMB_TOOL_PARSE's checks (it was wrapped to 2^64 - 1)
     float init_std = 0.02f;
     int threads = (int)std::max(1u, std::thread::hardware_concurrency());
     Qwen2Config d;  // the options given (0: not given)
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     app.add_flag("--untied", untied, "write a separate output.weight");
     app.add_option("--vocab", vocab, "GGUF file whose tokenizer is copied in (e.g. models/qwen2.5-vocab.gguf)");
     app.add_option("-o,--output", out, "output GGUF file (written atomically)")->required();
-    app.add_option("--seed", seed_arg, "random seed, >= 0 (default 42)");
+    app.add_option("--seed", seed, "random seed, >= 0 (default 42)");
     CLI::Option* o_std = app.add_option("--init-std", init_std, "standard deviation of weights (default 0.02, HF initializer_range)");
     app.add_option("--outtype", outtype, "tensor type of 2-D weights: f32, f16 or bf16 (default bf16)")
         ->check(CLI::IsMember({"f32", "f16", "bf16"}));
@@ -70,8 +70,6 @@ int main(int argc, char** argv) {
         fprintf(stderr, "oomb-gguf-init: error: %s\n", m.c_str());
         return 1;
     };
-    if (seed_arg < 0) return fail("--seed " + std::to_string(seed_arg) + " is out of range: it must be >= 0");
-    const uint64_t seed = (uint64_t)seed_arg;
     // checked before any work (else the whole model is written into OUT.tmp.<pid> and only the rename fails)
     if (const std::string e = output_path_error(out); !e.empty()) return fail(e);
     // Each option given is checked on its own, so that the message names it.

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
+#include <charconv>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -75,6 +76,37 @@ inline std::string disk_space_error(const std::string & out_path, uint64_t bytes
     return b;
 }
 
+// Checks every option value of app as a string before CLI11 converts it: an empty value is an error (not "the
+// default"), and a whole-number option takes only a decimal whole number in the range of its type (CLI11 would
+// saturate 1e20 or 2^63 into an int64, wrap -1 into an unsigned option, and read 0x10 as hex). Call it after the
+// options are added, before parsing (OOMB_TOOL_PARSE and oomb-train's parser do).
+inline void add_strict_value_checks(CLI::App & app) {
+    for (CLI::Option * opt : app.get_options()) {
+        if (opt->get_type_size() == 0) continue;  // a flag
+        const std::string tn = opt->get_type_name();
+        opt->check(CLI::Validator(
+            [tn](std::string & v) -> std::string {
+                if (v.empty()) return "an empty value";
+                if (tn == "INT" || tn == "UINT") {
+                    const char * b = v.data(), * e = v.data() + v.size();
+                    bool ok;
+                    if (tn == "UINT") {
+                        uint64_t x;
+                        const auto r = std::from_chars(b, e, x);
+                        ok = r.ec == std::errc() && r.ptr == e;
+                    } else {
+                        int64_t x;
+                        const auto r = std::from_chars(b, e, x);
+                        ok = r.ec == std::errc() && r.ptr == e;
+                    }
+                    if (!ok) return "'" + v + "' is not a whole number" + (tn == "UINT" ? " >= 0" : "") + " in range";
+                }
+                return "";
+            },
+            "", "strict"));
+    }
+}
+
 // The exit status of a failed parse (CLI11's message printed): 0 for --help, else 1. CLI11 checks
 // the required options before the unexpected arguments, so a misspelt option (--ouput) would be
 // reported as "--output is required": the unexpected arguments are named first.
@@ -89,6 +121,7 @@ inline int parse_error_exit(const CLI::App & app, const CLI::ParseError & e) {
 
 #define OOMB_TOOL_PARSE(app, argc, argv)                           \
     do {                                                           \
+        oomb::tools::add_strict_value_checks(app);                 \
         try {                                                      \
             (app).parse((argc), (argv));                           \
         } catch (const CLI::ParseError & e_) {                     \

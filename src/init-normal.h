@@ -61,7 +61,7 @@ inline void fill_normal(uint64_t seed, float std, float * out, int64_t n) {
         if (std::isfinite(f)) {
             out[i++] = u * f;
             if (i < n) out[i++] = v * f;
-        } else {  // a huge std (r1 reaches ~1.4e9 for the smallest s): scale after u, v (|u r1| <= kInitNormalMaxZ)
+        } else {  // a huge std (r1 reaches 2e10 at the smallest s, 2^-62): scale after u, v (|u r1| <= kInitNormalMaxZ)
             out[i++] = (u * r1) * std;
             if (i < n) out[i++] = (v * r1) * std;
         }

@@ -521,7 +521,6 @@ TEST(Init, RejectsBadOptions) {
         {"--vocab-size 256 --ffn 96 --layers 1 --hidden 6 --heads 2", "--hidden / --heads = 3 must be even"},
         {"--preset qwen2.5-0.5b --heads 7", "--heads 7 is not a multiple of --kv-heads 2"},
         {"--layers 2", "missing: --vocab-size --hidden --ffn --heads"},
-        {ok + "--seed -1", "--seed"},  // was wrapped to 2^64 - 1
     };
     for (auto& c : cases) {
         EXPECT_EQ(run(init + c.first, &log), 1) << c.first << ": " << log;
@@ -529,6 +528,16 @@ TEST(Init, RejectsBadOptions) {
         EXPECT_NE(log.find(c.second), std::string::npos) << c.first << ": " << log;
         EXPECT_NE(access(out.c_str(), F_OK), 0) << c.first << ": wrote " << out;
     }
+    // whole-number options take decimal whole numbers in their type's range (OOMB_TOOL_PARSE's checks): --seed -1 was
+    // wrapped to 2^64 - 1, 0x10 read as hex
+    for (const char* a : {"--seed -1", "--seed 0x10", "--seed 18446744073709551616", "--layers 1e3"}) {
+        EXPECT_EQ(run(init + ok + a, &log), 1) << a << ": " << log;
+        EXPECT_TRUE(log.find("is not a whole number") != std::string::npos || log.find("an empty value") != std::string::npos)
+            << a << ": " << log;
+        EXPECT_NE(access(out.c_str(), F_OK), 0) << a << ": wrote " << out;
+    }
+    EXPECT_EQ(run(init + ok + "--seed 18446744073709551615", &log), 0) << log;  // 2^64 - 1 is a seed
+    unlink(out.c_str());
     // the largest --init-std the error suggests is accepted (f32's was printed rounded up: 3.66684e+37, refused)
     for (const char* t : {"f16", "bf16", "f32"}) {
         EXPECT_EQ(run(init + ok + "--init-std 1e38 --outtype " + t, &log), 1) << log;
@@ -562,8 +571,8 @@ TEST(Init, ThreadsCostOnlyWhatTheModelNeeds) {
     ASSERT_GT(kb, 0) << "oomb-gguf-init -t 1024 failed";
     EXPECT_LT(kb, 200 * 1024) << "peak RSS " << kb << " KiB for a 40 KB model";
     // the largest stds the range check lets through: 7000 * 9.28 < 65504 (f16); 3.6e37 * 9.28 < 3.39e38 (f32 and bf16:
-    // the sampler's factor sqrt(-2 ln s / s) reaches ~1e9 for a small s, and was multiplied by the std first, so
-    // stds above ~1e35 overflowed to inf in the generator and failed while writing)
+    // the sampler's factor sqrt(-2 ln s / s) is ~1e3 for the smallest s among this model's samples (2e10 at worst), and
+    // was multiplied by the std first, so stds above ~1e35 overflowed to inf in the generator and failed while writing)
     for (const char* a : {"--init-std 7000 --outtype f16", "--init-std 3.6e37 --outtype f32", "--init-std 3.6e37 --outtype bf16",
                           "--init-std 1e36 --outtype f32"}) {
         std::string log, err;

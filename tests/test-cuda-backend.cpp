@@ -516,13 +516,6 @@ TEST_F(CudaBackend, FusedSumIntoProducts) {
 #endif
 }
 
-// An add of a product and a tensor that stays live, or of a product and a bias vector, runs as the
-// product's GEMM writing the add's bytes (cuBLASLt: C apart from D, or the bias epilogue; backend-cuda.cu,
-// fuse_epilogues). Sums against the host in double (bf16 operands: 1e-2 of the largest value), rows that do
-// and do not divide the GEMM tiles (48, 45), and the number of products run so. Cases: X read after the add
-// (the residual: A in new bytes); the product first (A in the product's bytes); a bias vector; a graph
-// input as X (unchanged after); a computing node between the product and the add (not fused); the product
-// read twice (not fused); a batched product (not fused); OOMB_CUDA_FUSE_EPI=0 (not fused).
 // out = scale(bias_form ? mul_mat(a, b) + bias : x + mul_mat(a, b), 1) on backend be, a [K, M], b [K, N], x [M, N],
 // bias [M] set from the given values (the shapes of the epilogue cases below): built, allocated and freed in one place.
 struct EpiGraph {
@@ -568,6 +561,13 @@ struct EpiGraph {
     }
 };
 
+// An add of a product and a tensor that stays live, or of a product and a bias vector, runs as the
+// product's GEMM writing the add's bytes (cuBLASLt: C apart from D, or the bias epilogue; backend-cuda.cu,
+// fuse_epilogues). Sums against the host in double (bf16 operands: 1e-2 of the largest value), rows that do
+// and do not divide the GEMM tiles (48, 45), and the number of products run so. Cases: X read after the add
+// (the residual: A in new bytes); the product first (A in the product's bytes); a bias vector; a graph
+// input as X (unchanged after); a computing node between the product and the add (not fused); the product
+// read twice (not fused); a batched product (not fused); OOMB_CUDA_FUSE_EPI=0 (not fused).
 TEST_F(CudaBackend, FusedEpilogues) {
 #ifdef OOMB_USE_CUDA
     enum Mode { RESIDUAL, PRODUCT_FIRST, BIAS, BIAS_MISALIGNED, X_INPUT, NODE_BETWEEN, M_READ_TWICE, BATCHED, TURNED_OFF, N_MODES };

@@ -175,7 +175,12 @@ gguf_status SafetensorsFile::open(const std::string& path, std::string* err) {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return fail(GGUF_ERR_IO, std::string("cannot open: ") + strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        const int e = errno;
+        ::close(fd);
+        return fail(GGUF_ERR_IO, std::string("cannot stat: ") + strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
         ::close(fd);
         return fail(GGUF_ERR_IO, std::string("not a regular file (") + file_kind_name(st.st_mode) + ")");
     }
@@ -305,6 +310,10 @@ gguf_status SafetensorsModel::open(const std::string& path, std::string* err) {
     std::map<std::string, std::string> weight_map; // tensor -> shard file
     std::vector<std::string> shards;
     if (!index_path.empty()) {
+        if (struct stat ist; stat(index_path.c_str(), &ist) == 0 && !S_ISREG(ist.st_mode)) {  // a FIFO would block fopen
+            set_err(err, index_path + ": not a regular file (" + file_kind_name(ist.st_mode) + ")");
+            return GGUF_ERR_IO;
+        }
         FILE* f = fopen(index_path.c_str(), "rb");
         if (!f) { set_err(err, index_path + ": cannot open: " + strerror(errno)); return GGUF_ERR_IO; }
         std::string text;

@@ -303,7 +303,7 @@ def main():
             c.check(rc == 1 and want in e and not os.path.exists(o),
                     f"oomb-export {' '.join(os.path.basename(x) for x in args)}: exit 1 naming '{os.path.basename(want)}' ({e.strip()[-200:]})")
         # an output path that cannot be the file: refused before any work, nothing left behind
-        for out, want in ((tmp, "is a directory"), ("", "-o/--output is empty")):
+        for out, want in ((tmp, "is a directory"), ("", "--output: an empty value")):
             rc, _, e = run_tool([EXPORT, "-m", base, "--out-type", "q8_0", "-o", out])
             c.check(rc == 1 and want in e and "->" not in e and not glob.glob(os.path.join(tmp, ".tmp*")),
                     f"oomb-export -o '{out}': exit 1, '{want}', before converting ({e.strip()[-200:]})")

@@ -12,8 +12,9 @@
   - --data FOLDER reads each file once: a symbolic link loop (L/a/back -> L), a link to a folder
     read already (latest -> v2) and a link to a file read already (docs-link.txt -> v2/docs.txt)
     are skipped with a note; the token count equals that of the folder without the links;
-  - --out inside the --data folder: the output folder is skipped with a note (the run's train.jsonl was read as text on
-    --resume, so the data hash differed and --resume refused); --data equal to --out is an error;
+  - --out inside the --data folder: the run's output folder and another run's (.lock + train.jsonl) are skipped with a
+    note (a train.jsonl was read as text on --resume, so the data hash differed and --resume refused); --data equal to
+    --out is an error;
   - a NUL byte or invalid UTF-8 after the first 8 KiB of a text file: an explicit file is an error
     naming the file and the offset; in a folder the file is skipped with a note naming the offset;
   - messages: an int64 --tokens id of 2^40 is named by its value; a safetensors shape whose byte
@@ -185,19 +186,22 @@ def main():
         rc, o, e = run_tool([TRAIN] + tiny + ["--data", plain, "--out", os.path.join(tmp, "o-plain")])
         n_plain = data_tokens(o)
         C.check(rc == 0 and n_plain, f"--data folder without links (rc {rc}, {n_plain} tokens) {tail(e)}")
-        # --out inside the --data folder: the run's own folder (train.jsonl) is not read as data, so --resume finds the same
-        # data (was: the data hash differed and --resume refused); --out equal to --data is an error naming both
+        # --out inside the --data folder: the run's own folder (train.jsonl) and another run's (a sweep side by side: .lock +
+        # train.jsonl) are not read as data, so --resume finds the same data (was: the data hash differed and --resume
+        # refused); --out equal to --data is an error naming both
         own = os.path.join(tmp, "own")
         shutil.copytree(plain, own)
-        run = [TRAIN] + tiny[:-2] + ["--data", own, "--out", os.path.join(own, "run"), "--save-every", "1"]  # tiny less --save-every -1
+        run = [TRAIN] + tiny[:-2] + ["--data", own, "--save-every", "1"]  # tiny less its --save-every -1
         i = run.index("--steps")
         del run[i:i + 2]  # tiny's --steps 1
-        rc, o, e = run_tool(run + ["--steps", "2", "--stop-after", "1"])
-        n_own = data_tokens(o)
-        C.check(rc == 0 and n_own == n_plain, f"--out inside --data: the run reads the data only ({n_own} vs {n_plain} tokens, rc {rc}) {tail(e)}")
-        rc, o, e = run_tool(run + ["--steps", "2", "--resume"])
+        rc, o, e = run_tool(run + ["--out", os.path.join(own, "runA"), "--steps", "3", "--stop-after", "1"])
+        C.check(rc == 0 and data_tokens(o) == n_plain, f"--out inside --data: run A (rc {rc}, {data_tokens(o)} vs {n_plain} tokens) {tail(e)}")
+        rc, o, e = run_tool(run + ["--out", os.path.join(own, "runB"), "--steps", "3", "--stop-after", "1"])
+        C.check(rc == 0 and data_tokens(o) == n_plain and "an oomb-train output folder" in o,
+                f"--out inside --data: run B leaves run A's folder out ({data_tokens(o)} vs {n_plain} tokens, rc {rc}) {tail(o)} {tail(e)}")
+        rc, o, e = run_tool(run + ["--out", os.path.join(own, "runA"), "--steps", "3", "--resume"])
         C.check(rc == 0 and "the run's output folder" in o and data_tokens(o) == n_plain and "resume: from step 1" in o,
-                f"--out inside --data: --resume finds the same data, the folder skipped with a note (rc {rc}) {tail(o)} {tail(e)}")
+                f"--out inside --data: --resume of run A finds the same data (rc {rc}) {tail(o)} {tail(e)}")
         rc, o, e = run_tool([TRAIN] + tiny + ["--data", own, "--out", own])
         C.check(rc == 1 and "is the run's output folder" in e, f"--data equal to --out: an error naming it (rc {rc}) {tail(e)}")
         os.symlink(plain, os.path.join(plain, "a", "back"))
