@@ -217,7 +217,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         if (lora && is_file(o.out + "/model.gguf"))
             fail(PROG, "--resume: '" + o.out + "' holds a full model's checkpoint (" + o.out + "/model.gguf), not a LoRA adapter "
                        "(adapter.gguf): continue it with the --trainable it was trained with (all or linear), not lora");
-        fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + o.out + "/" + ckpt_name + " not found)");
+        fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + not_a_file(o.out + "/" + ckpt_name) + ")");
     }
     if (!make_dirs(o.out, &err)) fail(PROG, err);
     data_exclude_folder(o.out);  // an --out inside a --data folder is not read as data
@@ -242,7 +242,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         fail(PROG, o.out + " already holds a checkpoint, which --save-every -1 would leave beside this run's log; use another "
                        "--out, or remove " + ckpt_name + " and state.safetensors there");
     if (o.resume && !lora) {
-        if (!is_file(ckpt_model)) fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + ckpt_model + " not found)");
+        if (!is_file(ckpt_model)) fail(PROG, "--resume: no checkpoint in '" + o.out + "' (" + not_a_file(ckpt_model) + ")");
         T.model = model_load_gguf(ckpt_model, T.be, compute_type(T.be), &err);
         if (!T.model) fail(PROG, "--resume: " + err);
         // the checkpoint continues the model the options name: one of another shape (another --preset or -m) is a

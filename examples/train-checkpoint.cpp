@@ -324,7 +324,7 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
             if (rename(pending.c_str(), ckpt_state.c_str()) != 0) fail(PROG, "--resume: cannot rename " + pending);
             printf("resume: completed an interrupted save (%s -> %s)\n", pending.c_str(), ckpt_state.c_str());
         } else if (!is_file(ckpt_state)) {
-            fail(PROG, "--resume: " + ckpt_state + " not found");
+            fail(PROG, "--resume: " + not_a_file(ckpt_state));
         } else if (!e1.empty()) {
             fail(PROG, "--resume: " + e1);
         } else {

@@ -158,6 +158,12 @@ def fifo_cases(tmp):
             C.check(False, f"oomb-train {' '.join(extra)} with --out/train.jsonl a FIFO: blocked (killed after 60 s)")
             continue
         C.check(rc == 1 and "a FIFO" in e, f"oomb-train {' '.join(extra)} with --out/train.jsonl a FIFO: exit 1 naming it (rc {rc}: {e.strip()[-200:]})")
+    # model.gguf as a FIFO on --resume: named as such (was "not found")
+    os.unlink(os.path.join(out, "train.jsonl"))
+    os.unlink(os.path.join(out, "model.gguf"))
+    os.mkfifo(os.path.join(out, "model.gguf"))
+    rc, o, e = run_tool(run + ["--resume"], timeout=60)
+    C.check(rc == 1 and "model.gguf' is not a regular file (a FIFO)" in e, f"oomb-train --resume with model.gguf a FIFO: named (rc {rc}: {e.strip()[-200:]})")
 
 
 def main():
