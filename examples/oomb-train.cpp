@@ -604,8 +604,11 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         if (const int sig = g_stop_signal; sig && !at_end) {  // (also one that came during the evaluation or the save)
             if (o.save_every >= 0 && last_good_ckpt != T.step) save_step();
             T.plot();
+            const std::string why = last_good_ckpt == T.step ? ": --resume continues from this checkpoint"
+                                    : o.save_every < 0        ? " (--save-every -1: no checkpoint)"
+                                                              : " (the step was not finite, so not saved; " + kept_checkpoint() + ")";
             printf("stopped by %s after step %" PRId64 "/%d%s\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP", T.step,
-                   o.steps, last_good_ckpt == T.step ? ": --resume continues from this checkpoint" : " (--save-every -1: no checkpoint)");
+                   o.steps, why.c_str());
             fflush(stdout);
             return 128 + sig;
         }
