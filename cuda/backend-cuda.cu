@@ -831,13 +831,14 @@ void cuda_free_backend(oomb_backend_t b) {
 // it counts both ways, slot by slot: an upper bound (at production sizes the tiled dlogits slot adds at
 // most 128 MiB to the fused pass's block; a streamed graph, never fused, is over-counted by up to the
 // fused block less the tiles, ~0.9 GiB at V = 152K and chunk 2048).
-size_t cuda_graph_scratch(oomb_backend_t, const oomb_cgraph * g) {
+size_t cuda_graph_scratch(oomb_backend_t b, const oomb_cgraph * g) {
+    const oomb_cuda_ctx & c = *ctx_of(b);
     size_t slot[5] = {0, 0, 0, 0, 0};
     const bool fuse = !g->is_view && !env_flag_off("OOMB_CUDA_FUSE") && !env_flag_off("OOMB_CUDA_FUSE_LCE");
     std::unordered_set<const oomb_tensor *> nodes(g->nodes.begin(), g->nodes.end());
     auto count = [&](const oomb_tensor * t, const oomb_tensor * F) {
         size_t b[5];
-        oomb_cuda_linear_ce_scratch(t, F, b);
+        oomb_cuda_linear_ce_scratch(c, t, F, b);
         for (int i = 0; i < 5; i++) slot[i] = std::max(slot[i], b[i]);
     };
     for (const oomb_tensor * t : g->nodes) {
@@ -872,6 +873,14 @@ bool cuda_profile_reset(oomb_backend_t b) {
     return true;
 }
 
+// oomb_backend_set_linear_cross_entropy_block: the fused pass's logits block cap (0: the default)
+bool cuda_set_lce_block(oomb_backend_t b, size_t bytes) {
+    oomb_cuda_ctx * c = ctx_of(b);
+    c->lce_block_bytes = bytes;
+    c->lce_bytes_fit = 0;  // a new cap: try its size again
+    return true;
+}
+
 const oomb_backend_i k_cuda_iface = {
     /* name          */ cuda_name,
     /* is_host       */ cuda_is_host,
@@ -899,6 +908,7 @@ const oomb_backend_i k_cuda_iface = {
     /* event_elapsed_ms */ cuda_event_elapsed_ms,
     /* graph_scratch */ cuda_graph_scratch,
     /* profile_reset */ cuda_profile_reset,
+    /* set_lce_block */ cuda_set_lce_block,
 };
 
 } // namespace

@@ -159,6 +159,7 @@ struct oomb_cuda_ctx {
     int64_t n_fused_lce = 0;
     int64_t last_lce_rows = 0;
     size_t lce_bytes_fit = 0;     // logits block of the last pass whose first choice did not fit (0: none)
+    size_t lce_block_bytes = 0;   // the fused pass's logits block cap (oomb_backend_set_linear_cross_entropy_block; 0: 1.25 GiB)
     bool lce_rows_noted = false;  // the note that the logits block was made smaller, printed once
 
     bf16_copy bf16_copies[N_BF16_COPIES];

@@ -400,7 +400,7 @@ void oomb_cuda_linear_ce_back(oomb_cuda_ctx & c, oomb_tensor * dst, const oomb_t
 
 bool oomb_cuda_linear_ce_fusable(const oomb_tensor * w) { return w_in_place(w); }
 
-void oomb_cuda_linear_ce_scratch(const oomb_tensor * node, const oomb_tensor * fused_fwd, size_t bytes[5]) {
+void oomb_cuda_linear_ce_scratch(const oomb_cuda_ctx & c, const oomb_tensor * node, const oomb_tensor * fused_fwd, size_t bytes[5]) {
     const oomb_tensor * w = node->src[0], * x = node->src[1];
     const size_t E = (size_t) w->ne[0], V = (size_t) w->ne[1], N = (size_t) oomb_nrows(x);
     for (int i = 0; i < 5; i++) bytes[i] = 0;
@@ -408,7 +408,7 @@ void oomb_cuda_linear_ce_scratch(const oomb_tensor * node, const oomb_tensor * f
     static_assert(SLOT_C == SLOT_X + 1 && SLOT_W == SLOT_X + 2 && SLOT_G == SLOT_X + 3 && SLOT_S == SLOT_X + 4, "bytes[] follows the slots");
     lce_slot_sizes z;
     if (fused_fwd) {  // as oomb_cuda_linear_ce_fused (before any fallback to smaller blocks)
-        const int64_t R = oomb_cuda_linear_ce_fused_rows((int64_t) V, (int64_t) N, lce_fused_tile(fused_fwd, node));
+        const int64_t R = oomb_cuda_linear_ce_fused_rows((int64_t) V, (int64_t) N, lce_fused_tile(fused_fwd, node), c.lce_block_bytes);
         z = lce_slot_bytes(E, N, V, (size_t) R, true, false, true);
     } else {  // as take_scratch
         const size_t vt = (size_t) oomb_linear_cross_entropy_tile((int64_t) V, (int64_t) N, node->op_params[1]);
@@ -417,13 +417,13 @@ void oomb_cuda_linear_ce_scratch(const oomb_tensor * node, const oomb_tensor * f
     for (int i = 0; i < 5; i++) bytes[i] = z.b[i];
 }
 
-int64_t oomb_cuda_linear_ce_fused_rows(int64_t V, int64_t N, int64_t tile) {
+int64_t oomb_cuda_linear_ce_fused_rows(int64_t V, int64_t N, int64_t tile, size_t block_bytes) {
     if (V <= 0 || N <= 0) return 0;
     int64_t r = 0;
     if (const char * e = getenv("OOMB_LCE_ROWS")) r = atoll(e);
     if (r <= 0) {
-        // [V, rows] f32 of at most 1.25 GiB, or of the tiled path's [tile, N] when a tile was set
-        int64_t cap = ((int64_t) 5 << 28) / (int64_t) sizeof(float);
+        // [V, rows] f32 of at most block_bytes (0: 1.25 GiB), or of the tiled path's [tile, N] when a tile was set
+        int64_t cap = (int64_t) ((block_bytes ? block_bytes : k_lce_block_default) / sizeof(float));
         if (tile > 0) cap = std::min(cap, std::min(tile, V) * N);
         r = std::max<int64_t>(1, cap / V);
     }
@@ -455,11 +455,11 @@ void oomb_cuda_linear_ce_fused(oomb_cuda_ctx & c, oomb_tensor * fwd, oomb_tensor
     const int64_t tile = lce_fused_tile(fwd, back);
     // scratch: x in bf16, the [V, R] f32 logits of a row block (its dlogits in place), the row state
     const size_t N = (size_t) d.N, E = (size_t) d.E;
-    const int64_t R0 = oomb_cuda_linear_ce_fused_rows(d.V, d.N, tile);
+    const int64_t R0 = oomb_cuda_linear_ce_fused_rows(d.V, d.N, tile, c.lce_block_bytes);
     const lce_slot_sizes z = lce_slot_bytes(E, N, (size_t) d.V, (size_t) R0, true, false, true);
     __nv_bfloat16 * xb = (__nv_bfloat16 *) c.scratch(SLOT_X, z.b[SLOT_X - SLOT_X]);
     char * st = (char *) c.scratch(SLOT_S, z.b[SLOT_S - SLOT_X]);
-    // the logits block (z's SLOT_C at R0): where the device has no room for R rows (up to 1.25 GiB), twice
+    // the logits block (z's SLOT_C at R0): where the device has no room for R rows (up to c.lce_block_bytes), twice
     // the blocks of half the rows, down to one row, rather than a failed step (the same result: dw sums the blocks)
     int64_t R = R0;
     auto block_bytes = [&](int64_t rows) { return lce_slot_bytes(E, N, (size_t) d.V, (size_t) rows, true, false, true).b[SLOT_C - SLOT_X]; };

@@ -46,9 +46,12 @@ bool oomb_cuda_linear_ce_fusable(const oomb_tensor * w);
 // the logits block, w's converted rows, dlogits, the row state), as its launch will make them: node a
 // linear_cross_entropy or a linear_cross_entropy_back run apart, or (fused_fwd its forward) the backward of
 // a fused pair. For oomb_backend_graph_scratch.
-void oomb_cuda_linear_ce_scratch(const oomb_tensor * node, const oomb_tensor * fused_fwd, size_t bytes[5]);
+void oomb_cuda_linear_ce_scratch(const oomb_cuda_ctx & c, const oomb_tensor * node, const oomb_tensor * fused_fwd, size_t bytes[5]);
+// The fused pass's default logits block: 1.25 GiB of f32 (oomb_backend_set_linear_cross_entropy_block raises it).
+constexpr size_t k_lce_block_default = (size_t) 5 << 28;
 // Rows per block of the fused pass for V classes and N rows: the most whose [V, rows] f32 logits
-// fit 1.25 GiB, or, with tile > 0 (a vocabulary tile set on the op or OOMB_LCE_TILE), the tiled
-// path's [min(tile, V), N] (at least one row); OOMB_LCE_ROWS > 0 instead, for tests; at most N, then
-// evened out over the blocks (7B: V 152,064 holds 2,206 rows: a chunk of 2,048 in one block).
-int64_t oomb_cuda_linear_ce_fused_rows(int64_t V, int64_t N, int64_t tile);
+// fit block_bytes (0: k_lce_block_default, 1.25 GiB), or, with tile > 0 (a vocabulary tile set on the op
+// or OOMB_LCE_TILE), the tiled path's [min(tile, V), N] (at least one row); OOMB_LCE_ROWS > 0 instead,
+// for tests; at most N, then evened out over the blocks (7B: V 152,064 holds 2,206 rows in 1.25 GiB: a
+// chunk of 2,048 in one block).
+int64_t oomb_cuda_linear_ce_fused_rows(int64_t V, int64_t N, int64_t tile, size_t block_bytes);

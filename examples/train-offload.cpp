@@ -6,6 +6,7 @@
 #include "train-common.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 #include <vector>
 #include <cinttypes>
@@ -95,20 +96,23 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     const bool has_dev = oomb_backend_memory(be, &used0, &total);
     // the chunk arena: plan the graphs of one chunk once (stage 2's and stage 1's when chunked)
     size_t arena = 0, scratch = 0;  // scratch: the backend's beside the arena (the LM head's logits block on CUDA)
-    {
-        ChunkParams probe = *tp;
-        probe.max_tokens = std::min(tp->chunk, tp->max_tokens) + (chunked ? 1 : 0);
-        probe.cache_attn = false;
-        probe.resident_pages = -1;
-        ChunkDriver d(model_chunk_builder(m), probe);
-        const int64_t T = std::min(tp->chunk, tp->max_tokens);
-        if (!tp->with_grad) arena = d.planned_bytes(T, ChunkKind::Loss);
-        else if (chunked) arena = d.planned_bytes(T, ChunkKind::Backward) + d.planned_bytes(T, ChunkKind::Fill);
-        else arena = d.planned_bytes(T, ChunkKind::BackwardStore);
-        if (!tp->with_grad) scratch = d.backend_scratch_bytes(T, ChunkKind::Loss);
-        else if (chunked) scratch = std::max(d.backend_scratch_bytes(T, ChunkKind::Backward), d.backend_scratch_bytes(T, ChunkKind::Fill));
-        else scratch = d.backend_scratch_bytes(T, ChunkKind::BackwardStore);
-    }
+    ChunkParams probe = *tp;
+    probe.max_tokens = std::min(tp->chunk, tp->max_tokens) + (chunked ? 1 : 0);
+    probe.cache_attn = false;
+    probe.resident_pages = -1;
+    ChunkDriver probe_driver(model_chunk_builder(m), probe);
+    const int64_t T_chunk = std::min(tp->chunk, tp->max_tokens);
+    auto backend_scratch = [&]() -> size_t {
+        ChunkDriver & d = probe_driver;
+        if (!tp->with_grad) return d.backend_scratch_bytes(T_chunk, ChunkKind::Loss);
+        if (chunked) return std::max(d.backend_scratch_bytes(T_chunk, ChunkKind::Backward), d.backend_scratch_bytes(T_chunk, ChunkKind::Fill));
+        return d.backend_scratch_bytes(T_chunk, ChunkKind::BackwardStore);
+    };
+    if (!tp->with_grad) arena = probe_driver.planned_bytes(T_chunk, ChunkKind::Loss);
+    else if (chunked) arena = probe_driver.planned_bytes(T_chunk, ChunkKind::Backward) + probe_driver.planned_bytes(T_chunk, ChunkKind::Fill);
+    else arena = probe_driver.planned_bytes(T_chunk, ChunkKind::BackwardStore);
+    oomb_backend_set_linear_cross_entropy_block(be, 0);  // the default block for the plan of the KV cache
+    scratch = backend_scratch();
     const double attn_cache = tp->cache_attn && tp->with_grad && chunked
                                   ? (double) oomb_paged_attn_cache_row(c.head_dim, c.n_head, tp->cache_attn_type) *
                                         (double) oomb_type_size(tp->cache_attn_type) * (double) tp->max_tokens * (double) c.n_layer
@@ -199,6 +203,24 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     const double host_kv = tiered ? page_bytes * (double) (n_pages - R) +
                                         (tp->with_grad ? (double) std::max(used.block_pages, used.chunk_pages) * page_elems / (double) c.n_layer * grad_es : 0.0)
                                   : 0.0;
+    const double sparse_dev = summaries + (tiered ? sparse_tables : 0.0);
+    // The LM head's logits block (the fused forward + backward pass; CUDA): 1.25 GiB by default, counted
+    // above before the KV cache's budget. Where the device has room left after all of it, margin kept,
+    // up to 4x that: fewer row blocks, each of whose dW products reads and writes the whole f32 [E, V]
+    // gradient (0.5B, one chunk of 32K, H100: 15 blocks -> 4, the LM head's backward 68.3 -> 58.8 ms per
+    // step, +0.9 % tok/s; bench/NOTES.md "Session 25"). Not taken from the KV cache: a streamed cache
+    // or a run at the edge keeps the default.
+    if (has_dev && tp->with_grad) {
+        const double need0 = (double) used0 + (double) arena + (double) scratch + attn_cache + dev_kv + sparse_dev;
+        const double room = (double) total - need0 - margin;
+        const double def = 1.25 * (double) (1ull << 30), most = 4.0 * def, step = (double) (256ull << 20);
+        const double cap = std::floor(std::min(most, def + room) / step) * step;
+        if (cap > def && oomb_backend_set_linear_cross_entropy_block(be, (size_t) cap)) {
+            const size_t s2 = backend_scratch();
+            if ((double) s2 > (double) scratch + room) oomb_backend_set_linear_cross_entropy_block(be, 0);  // (rounding up of the slots)
+            else scratch = s2;
+        }
+    }
     const std::string dev = oomb_backend_name(be);
     printf("memory plan (%s%s): %s %s | chunk arena %s (chunk %" PRId64 ")%s%s\n", dev.c_str(),
            has_dev ? (", " + fmt_bytes((double) total)).c_str() : "", !tp->with_grad ? "weights" : optimizer ? "weights, gradients and optimizer state" : "weights and gradients",
@@ -213,7 +235,6 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
         printf("%" PRId64 " resident + %" PRId64 " slots on the device (%s), %" PRId64 " streamed from %s host memory (%s; offload %s, blocks of %d pages)\n",
                R, used_slots, fmt_bytes(dev_kv).c_str(), n_pages - R, has_dev ? "pinned" : "plain", fmt_bytes(host_kv).c_str(),
                oo.mode.c_str(), used.block_pages);
-    const double sparse_dev = summaries + (tiered ? sparse_tables : 0.0);
     if (tp->sparse.pages > 0)
         printf("             sparse attention (top %d pages, %s): page summaries %s%s on the device%s\n", tp->sparse.pages,
                tp->sparse.score == OOMB_SPARSE_SCORE_QUEST ? "quest" : "mean", fmt_bytes(summaries).c_str(),

@@ -95,11 +95,22 @@ bool oomb_backend_memory(oomb_backend_t backend, size_t * used, size_t * total);
 /// Bytes of device scratch the backend will hold to compute `graph`, beyond the graph's own tensors:
 /// the kernels' temporaries, which a backend keeps between graphs (CUDA: per-slot buffers that only
 /// grow), so a memory plan adds them to the arenas. Counts the large ones only (CUDA: the
-/// linear_cross_entropy passes' logits blocks, the LM head's [V, rows] f32 of up to 1.25 GiB, and their
+/// linear_cross_entropy passes' logits blocks, the LM head's [V, rows] f32 of up to 1.25 GiB (or the cap
+/// oomb_backend_set_linear_cross_entropy_block set), and their
 /// row state; a forward / backward pair counted both fused and apart, an upper bound); other kernels'
 /// scratch (tens of MiB) is not counted. 0 for a backend without device
 /// memory (CPU) or a NULL graph. Shapes only: the graph need not be allocated.
 size_t oomb_backend_graph_scratch(oomb_backend_t backend, const struct oomb_cgraph * graph);
+/// Caps the device scratch of the LM head's fused forward + backward pass (CUDA: the [V, rows] f32
+/// logits of one block of rows; default 1.25 GiB): bytes > 0 sets the cap, 0 restores the default.
+/// Fewer, larger row blocks are faster (each block's dW product reads and writes the whole f32 [E, V]
+/// gradient; the 0.5B at one chunk of 32K on an H100: 15 blocks 68.3 ms, 4 blocks of 8,192 rows 58.8 ms
+/// per step, bench/NOTES.md), so a memory plan that has the room left after everything else raises it
+/// (oomb-train: examples/train-offload.cpp, up to 5 GiB); oomb_backend_graph_scratch counts with the cap
+/// set. A block that does not fit at run time still falls back to smaller ones. Takes effect from the
+/// next graph_compute; results differ only in rounding (dW sums its blocks in f32). Returns false
+/// (nothing set) for a backend without such a block (CPU) or NULL.
+bool oomb_backend_set_linear_cross_entropy_block(oomb_backend_t backend, size_t bytes);
 /// Forgets the per-op GPU times gathered so far by a profiling backend (CUDA under OOMB_CUDA_PROFILE), so
 /// that the profile printed when the backend is freed covers only what runs after this call (oomb-train
 /// calls it after its first step: the first use of a kernel loads its module, cuBLAS picks and plans its

@@ -38,6 +38,9 @@ bool oomb_backend_memory(oomb_backend_t backend, size_t * used, size_t * total) 
 bool oomb_backend_profile_reset(oomb_backend_t backend) {
     return backend && backend->iface->profile_reset && backend->iface->profile_reset(backend);
 }
+bool oomb_backend_set_linear_cross_entropy_block(oomb_backend_t backend, size_t bytes) {
+    return backend && backend->iface->set_lce_block && backend->iface->set_lce_block(backend, bytes);
+}
 size_t oomb_backend_graph_scratch(oomb_backend_t backend, const struct oomb_cgraph * graph) {
     if (!backend || !graph || !backend->iface->graph_scratch) return 0;
     return backend->iface->graph_scratch(backend, graph);

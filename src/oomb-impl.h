@@ -70,6 +70,8 @@ struct oomb_backend_i {
     size_t (*graph_scratch)(oomb_backend_t b, const oomb_cgraph * g);  // oomb_backend_graph_scratch
     // --- v4 (NULL: nothing to do) ---
     bool   (*profile_reset)(oomb_backend_t b);  // oomb_backend_profile_reset
+    // --- v5 (NULL: no such block) ---
+    bool   (*set_lce_block)(oomb_backend_t b, size_t bytes);  // oomb_backend_set_linear_cross_entropy_block
 };
 
 struct oomb_buffer_type {

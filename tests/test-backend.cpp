@@ -228,6 +228,9 @@ TEST_F(Backend, HugeAllocationFailsAndNullHandlesAreErrors) {
         EXPECT_EQ(oomb_backend_graph_scratch(be, nullptr), 0u);
         EXPECT_EQ(oomb_backend_graph_scratch(nullptr, g), 0u);
     }
+    // no LM-head logits block to size on the CPU, nor without a backend
+    EXPECT_FALSE(oomb_backend_set_linear_cross_entropy_block(be, (size_t) 1 << 30));
+    EXPECT_FALSE(oomb_backend_set_linear_cross_entropy_block(nullptr, 0));
     // no profile to reset on the CPU, nor without a backend
     EXPECT_FALSE(oomb_backend_profile_reset(be));
     EXPECT_FALSE(oomb_backend_profile_reset(nullptr));

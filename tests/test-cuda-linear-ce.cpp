@@ -262,25 +262,30 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
             }
             oomb_gallocr_t ga = oomb_gallocr_new(cu);
             ASSERT_TRUE(oomb_gallocr_alloc_graph(ga, g));
-            // rows: one block of N (the default), blocks of 7, and "oom": the device has no room for the
-            // logits of more than 10 rows (a scratch limit), so the pass halves its blocks 33 -> 17 -> 9
-            for (const char * rows : {"", "7", "oom"}) {
-                const bool oom = strcmp(rows, "oom") == 0;
+            // rows: one block of N (the default), blocks of 7, "oom": the device has no room for the
+            // logits of more than 10 rows (a scratch limit), so the pass halves its blocks 33 -> 17 -> 9, and
+            // "cap": the backend's block cap set to 12 rows' logits (oomb_backend_set_linear_cross_entropy_block,
+            // what a memory plan raises): 3 blocks of 11, in the scratch estimate as in the pass
+            for (const char * rows : {"", "7", "oom", "cap"}) {
+                const bool oom = strcmp(rows, "oom") == 0, cap = strcmp(rows, "cap") == 0;
                 // the default (fused), OOMB_CUDA_FUSE=0 (no fusion at all), OOMB_CUDA_FUSE_LCE=0 (not this one)
                 for (const int setting : {0, 1, 2}) {
                     if (setting == 1) env.set("OOMB_CUDA_FUSE", "0"); else env.unset("OOMB_CUDA_FUSE");
                     if (setting == 2) env.set("OOMB_CUDA_FUSE_LCE", "0"); else env.unset("OOMB_CUDA_FUSE_LCE");
-                    if (*rows && !oom) env.set("OOMB_LCE_ROWS", rows); else env.unset("OOMB_LCE_ROWS");
+                    if (*rows && !oom && !cap) env.set("OOMB_LCE_ROWS", rows); else env.unset("OOMB_LCE_ROWS");
 #ifdef OOMB_USE_CUDA
                     const bool real = !harness_on_cpu();
-                    if (oom && !real) continue;  // no CUDA scratch to limit
+                    if ((oom || cap) && !real) continue;  // no CUDA scratch to limit
+                    if (cap) {
+                        ASSERT_TRUE(oomb_backend_set_linear_cross_entropy_block(cu, (size_t) (V * 12) * sizeof(float)));
+                    }
                     const int64_t before = real ? oomb_cuda_debug_fused_lce_count(cu) : 0;
                     const int64_t before_acc = real ? oomb_cuda_debug_fused_count(cu) : 0;
                     // only where the pass is fused: the separate ops' vocabulary tiles would not fit either
                     const bool fused = setting == 0 && (mode == 0 || mode == 2);
                     if (real && oom && fused) oomb_cuda_debug_set_scratch_limit(cu, (size_t) (V * 10) * sizeof(float));
 #else
-                    if (oom) continue;  // no CUDA scratch to limit
+                    if (oom || cap) continue;  // no CUDA scratch to limit
 #endif
                     // poison the results: a pass that skips a block or the forward shows
                     std::vector<float> junk((size_t) oomb_nelements(back), NAN);
@@ -305,9 +310,10 @@ TEST_F(CudaOps, LinearCrossEntropyForwardAndBackwardFused) {
                         else EXPECT_GE(scratch_est, scratch_used) << "mode " << mode << " setting " << setting;
                         EXPECT_GT(scratch_used, 0u);
                         oomb_cuda_debug_set_scratch_limit(cu, 0);
+                        EXPECT_TRUE(oomb_backend_set_linear_cross_entropy_block(cu, 0));  // the default again
                         EXPECT_EQ(oomb_cuda_debug_fused_lce_count(cu) - before, fused ? 1 : 0)
                             << "V " << V << " rows '" << rows << "' setting " << setting << " mode " << mode;
-                        if (fused) EXPECT_EQ(oomb_cuda_debug_last_lce_rows(cu), oom ? 9 : *rows ? 7 : N) << "rows per block, '" << rows << "'";
+                        if (fused) EXPECT_EQ(oomb_cuda_debug_last_lce_rows(cu), oom ? 9 : cap ? 11 : *rows ? 7 : N) << "rows per block, '" << rows << "'";
                         EXPECT_EQ(oomb_cuda_debug_fused_count(cu) - before_acc, setting == 0 && with_acc ? 1 : 0) << "dw into the gradient";
                     }
 #endif
