@@ -152,12 +152,12 @@ __device__ __forceinline__ void bwd_issue_sdp_rs(float (&st)[32], float (&dpt)[3
 
 // In place: st (S^T) -> P^T = exp2(S^T c - L), 0 where masked; dpt (dP^T) -> dS^T = P^T (dP^T -
 // delta) scale. cL, cDl, cRp: the row tile's lse, delta, positions; kq: the thread's first key (its
-// second: kq + 8); need_mask: some key of the tile lies past some row's position (or LISTS: a row's
-// page bits apply, hist); see / kpi: LISTS row bits (BwdListsTile::row_bits) and the keys' page indices.
-template <bool LISTS>
-__device__ __forceinline__ void bwd_softmax(float (&st)[32], float (&dpt)[32], const BwdArgs & a, const float * cL, const float * cDl,
-                                            const int * cRp, int kq, bool need_mask, bool hist, const uint32_t * see, const int (&kpi)[2],
-                                            int lane) {
+// second: kq + 8); MASK: some key of the tile lies past some row's position (or LISTS: a row's page
+// bits apply, hist); see / kpi: LISTS row bits (BwdListsTile::row_bits) and the keys' page indices.
+// The MASK = false copy (most row tiles of a key tile) has no compares, selects or position reads.
+template <bool LISTS, bool MASK>
+__device__ __forceinline__ void bwd_softmax_t(float (&st)[32], float (&dpt)[32], const BwdArgs & a, const float * cL, const float * cDl,
+                                              const int * cRp, int kq, bool hist, const uint32_t * see, const int (&kpi)[2], int lane) {
 #if OOMB_PA_ABLATION == 2
     return;  // ablation (bench/attention/ablate.sh): no softmax
 #endif
@@ -165,20 +165,29 @@ __device__ __forceinline__ void bwd_softmax(float (&st)[32], float (&dpt)[32], c
     for (int i = 0; i < 32; i++) {
         const int nb = i >> 2, e = i & 3;
         const int qc = nb * 8 + (lane & 3) * 2 + (e & 1);
-        const int kp = kq + ((e >> 1) << 3);
 #if OOMB_PA_ABLATION == 1
         float p = st[i] * a.c - cL[qc];  // ablation: no exp2
 #else
         float p = ex2(st[i] * a.c - cL[qc]);
 #endif
-        if constexpr (LISTS) {
-            if (need_mask && (kp > cRp[qc] || (hist && !((see[qc] >> kpi[e >> 1]) & 1u)))) p = 0.0f;
-        } else {
-            if (need_mask && kp > cRp[qc]) p = 0.0f;
+        if constexpr (MASK) {
+            const int kp = kq + ((e >> 1) << 3);
+            if constexpr (LISTS) {
+                if (kp > cRp[qc] || (hist && !((see[qc] >> kpi[e >> 1]) & 1u))) p = 0.0f;
+            } else {
+                if (kp > cRp[qc]) p = 0.0f;
+            }
         }
         st[i] = p;
         dpt[i] = p * (dpt[i] - cDl[qc]) * a.scale;
     }
+}
+template <bool LISTS>
+__device__ __forceinline__ void bwd_softmax(float (&st)[32], float (&dpt)[32], const BwdArgs & a, const float * cL, const float * cDl,
+                                            const int * cRp, int kq, bool need_mask, bool hist, const uint32_t * see, const int (&kpi)[2],
+                                            int lane) {
+    if (need_mask) bwd_softmax_t<LISTS, true>(st, dpt, a, cL, cDl, cRp, kq, hist, see, kpi, lane);
+    else bwd_softmax_t<LISTS, false>(st, dpt, a, cL, cDl, cRp, kq, hist, see, kpi, lane);
 }
 
 // An accumulator of 64 keys x 64 rows as the bf16 A fragments of four k16 steps (rows as K)
@@ -705,13 +714,17 @@ __device__ __forceinline__ void fwd_issue_pv(float (&o)[D / 2], const uint32_t (
 }
 
 // Online softmax of one key tile (keys k0 .. k0 + BN - 1) for a warpgroup's 64 rows, without o:
-// s = S (raw products) in, scaled by c (scale * log2 e) and masked (keys > lim[hf] of the thread's
-// row hf get -inf when need_mask), P = exp2(s - m) out in place; m, l: running max and sum (log2
-// units), updated; corr[hf] = exp2(m_old - m_new), the factor o must be rescaled by before O += P V.
+// s = S (raw products) in, masked (keys > lim[hf] of the thread's row hf get -inf when MASK), P =
+// exp2(c s - m) out in place (c = scale * log2 e > 0: the launcher runs the wgmma forwards only then,
+// fwd_wgmma); m, l: running max and sum (log2 units), updated; corr[hf] = exp2(m_old - m_new), the
+// factor o must be rescaled by before O += P V. As FlashAttention-3: the row max over the raw products
+// (c > 0: max(c s) = c max(s), rounding being monotone) and one FFMA per element into the exp2, instead
+// of scaling every product first; the mask's compares and selects only in the tiles that need them
+// (the others, all but a row tile's last one or two, take the MASK = false copy).
 // Writes only s and the row statistics: it may run while an O += P V is in flight.
-template <int BN>
-__device__ __forceinline__ void fwd_softmax_p(float (&s)[BN / 2], float (&m)[2], float (&l)[2], const int (&lim)[2], int k0, bool need_mask,
-                                              float c, int lane, float (&corr)[2]) {
+template <int BN, bool MASK>
+__device__ __forceinline__ void fwd_softmax_p_t(float (&s)[BN / 2], float (&m)[2], float (&l)[2], const int (&lim)[2], int k0, float c,
+                                                int lane, float (&corr)[2]) {
 #if OOMB_PA_ABLATION == 7
     corr[0] = corr[1] = 1.0f;  // ablation (bench/attention/ablate.sh): no softmax in the forward
     return;
@@ -723,18 +736,18 @@ __device__ __forceinline__ void fwd_softmax_p(float (&s)[BN / 2], float (&m)[2],
         for (int nb = 0; nb < BN / 8; nb++) {
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                float v = s[4 * nb + hf * 2 + j] * c;
-                if (need_mask) {
+                float v = s[4 * nb + hf * 2 + j];
+                if constexpr (MASK) {
                     const int kp = k0 + nb * 8 + (lane & 3) * 2 + j;
                     if (kp > lim[hf]) v = -INFINITY;
+                    s[4 * nb + hf * 2 + j] = v;
                 }
-                s[4 * nb + hf * 2 + j] = v;
                 mx = fmaxf(mx, v);
             }
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(m[hf], mx);
+        const float mnew = fmaxf(m[hf], mx * c);
         const float muse = mnew == -INFINITY ? 0.0f : mnew;
         corr[hf] = ex2(m[hf] - muse);
         m[hf] = mnew;
@@ -744,9 +757,9 @@ __device__ __forceinline__ void fwd_softmax_p(float (&s)[BN / 2], float (&m)[2],
 #pragma unroll
             for (int j = 0; j < 2; j++) {
 #if OOMB_PA_ABLATION == 6
-                const float p = s[4 * nb + hf * 2 + j] - muse;  // ablation: no exp2 in the forward
+                const float p = fmaf(s[4 * nb + hf * 2 + j], c, -muse);  // ablation: no exp2 in the forward
 #else
-                const float p = ex2(s[4 * nb + hf * 2 + j] - muse);
+                const float p = ex2(fmaf(s[4 * nb + hf * 2 + j], c, -muse));
 #endif
                 s[4 * nb + hf * 2 + j] = p;
                 rs += p;
@@ -754,6 +767,12 @@ __device__ __forceinline__ void fwd_softmax_p(float (&s)[BN / 2], float (&m)[2],
         }
         l[hf] = l[hf] * corr[hf] + rs;
     }
+}
+template <int BN>
+__device__ __forceinline__ void fwd_softmax_p(float (&s)[BN / 2], float (&m)[2], float (&l)[2], const int (&lim)[2], int k0, bool need_mask,
+                                              float c, int lane, float (&corr)[2]) {
+    if (need_mask) fwd_softmax_p_t<BN, true>(s, m, l, lim, k0, c, lane, corr);
+    else fwd_softmax_p_t<BN, false>(s, m, l, lim, k0, c, lane, corr);
 }
 
 // P (s after fwd_softmax_p) as bf16 A fragments for O += P V.

@@ -176,7 +176,11 @@ bool wgmma_available() {
     }
     return avail == 1;
 }
-bool fwd_wgmma(int D, int P) { return (D == 64 || D == 128) && P % FwdW<128, false>::BN == 0 && (cfg().wgmma & 1) && wgmma_available(); }
+// (scale > 0: their softmax takes the row max over the raw products, fwd_softmax_p; a zero, negative or NaN
+// scale runs the mma.sync kernels)
+bool fwd_wgmma(int D, int P, float scale = 1.0f) {
+    return (D == 64 || D == 128) && P % FwdW<128, false>::BN == 0 && scale > 0.0f && (cfg().wgmma & 1) && wgmma_available();
+}
 bool bwd_wgmma(int D) { return (D == 64 || D == 128) && (cfg().wgmma & 2) && wgmma_available(); }
 
 // Can the tensor-core kernels run on these operands?
@@ -418,7 +422,7 @@ void launch_fwd(cudaStream_t stream, const FwdArgs & a, int Hkv) {
 // registers, D=64 222, no spills.
 template <int MODE>
 void fwd_fast_lists(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
-    if (fwd_wgmma(D, a.P)) {
+    if (fwd_wgmma(D, a.P, a.c)) {
         if (fwd_ws<MODE, true>(stream, a, D, Hkv)) return;
         // one CTA per SM at head dim 64 (config.occ64 ignored: capped at 128 registers the LISTS
         // variant spills 212 bytes, ptxas)
@@ -439,7 +443,7 @@ void fwd_fast(cudaStream_t stream, const FwdArgs & a, int D, int Hkv) {
         fwd_fast_lists<MODE>(stream, a, D, Hkv);
         return;
     }
-    if (fwd_wgmma(D, a.P)) {
+    if (fwd_wgmma(D, a.P, a.c)) {
         if (fwd_ws<MODE, false>(stream, a, D, Hkv)) return;
         if (D == 128) launch_fwd_wgmma<128, MODE, false, 1>(stream, a, Hkv);
         else if (fwd_pipe(D)) launch_fwd_wgmma<64, MODE, true, 1>(stream, a, Hkv);
@@ -781,7 +785,7 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
         PaLists L{};
         FwdArgs a = fwd_args(G, A.q, A.k_pages, A.v_pages, A.scale);
         // the warp-specialised forward's key split (dense and range schedules): its partial results
-        const bool ws = !lists && fwd_wgmma(G.D, G.P) && cfg().fwd_ws != 0;
+        const bool ws = !lists && fwd_wgmma(G.D, G.P, A.scale) && cfg().fwd_ws != 0;
         const bool wg3 = G.D == 64 && cfg().fwd_ws == 1 && fwd_wg3(a, G.Hkv);  // (three consumer warpgroups: no split)
         const int fsplit = ws && !wg3 ? fwd_kv_split((int64_t) G.T * G.G, 128, G.Hkv) : 1;
         // a share's partial output and LSEs; the stride padded to 64 floats: n_out + n_lse is odd where H T
@@ -829,7 +833,7 @@ void oomb_cuda_paged_attn(oomb_cuda_ctx & c, oomb_tensor * dst) {
             oomb_cuda_pa_merge_packed(stream, out, part + z * part_stride, G.D, n_lse);
             PA_LAUNCH_CHECK();
         }
-        record_family(0, fwd_wgmma(G.D, G.P) ? "wgmma" : "mma");
+        record_family(0, fwd_wgmma(G.D, G.P, A.scale) ? "wgmma" : "mma");
     } else {
         GenArgs a = gen_args(G, A.q, A.k_pages, A.v_pages, A.scale, A.schedule);
         a.out = out;
