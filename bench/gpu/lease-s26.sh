@@ -4,8 +4,12 @@
 #                raises the LM head's block to up to 5 GiB where there is room) and old (OOMB_LCE_ROWS=2185: the 1.25 GiB default's
 #                15 blocks), alternating, with HF + SDPA between; then Nsight Compute on the attention kernels (ncu-attn.sh)
 #   start h100   the same without HF (it does not fit the 80 GB card)
+#   start sm     the forward / backward softmax change (FFMA into exp2, no mask work in unmasked tiles): test-cuda-paged-attn; the
+#                attention bench old / new alternating (oomb-bench-attn-old: the kernels before) on the 7B layer (32K chunk 4096, 128K
+#                chunk 2048, sparse 64 at 128K chunk 2048) and the 0.5B layer (one chunk of 32K); the 0.5B step old / new (oomb-train-old)
+#   start sm2    test-cuda-paged-attn-numerics and test-cuda-sparse (a second call: the carry's 64 MiB)
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
-usage="usage: $0 start h200|h100 | wait [S]"
+usage="usage: $0 start h200|h100|sm|sm2 | wait [S]"
 case ${1:-} in start|wait) ;; *) echo "$usage"; exit 2 ;; esac
 OUT0=${OUT:-out}
 export OUT=/tmp/keep/res
@@ -20,6 +24,36 @@ source bench/gpu/ncu-attn.sh
 export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
 rand_ids
 log start
+abat() {  # abat LABEL ARGS...: oomb-bench-attn old then new, twice
+    local lab=\$1; shift
+    for v in old new old new; do
+        bin=\$B/oomb-bench-attn; [ \$v = old ] && bin=\$B/oomb-bench-attn-old
+        f=\$R/attn-\$lab-\$v-\$SECONDS.log
+        timeout 150 \$bin "\$@" --reps 3 > \$f 2>&1
+        echo "attn \$lab \$v rc=\$? \$(grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' \$f | tr '\\n' ' ')"
+    done
+}
+r05old() {  # the 0.5B one chunk with the binaries before the change
+    local lab=\$1 st=\$2
+    rm -rf /tmp/r05
+    timeout 200 \$B/oomb-train-old --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps \$st --warmup 1 \
+      --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > \$R/05b-32k-1chunk-\$lab.log 2>&1
+    echo "0.5b 32K one chunk \$lab rc=\$? tok/s: \$(grep -oE '[0-9]+ tok/s' \$R/05b-32k-1chunk-\$lab.log | head -\$st | tail -n +2 | awk '{print \$1}' | tr '\\n' ' ')"
+}
+case $2 in
+sm)
+    tests test-cuda-paged-attn:300
+    abat 7b32k --seq 32768 --chunk 4096
+    abat 7b128k --seq 131072 --chunk 2048
+    abat 05b32k --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64
+    abat 7bsp64 --seq 131072 --chunk 2048 --sparse 64
+    r05old old 6; r05n new 6; r05old old2 6; r05n new2 6
+    log end; exit ;;
+sm2)
+    tar -xJf .devcarry/gpu-bins.tar.xz -C \$B && cat .devcarry/bins-commit.txt
+    tests test-cuda-paged-attn-numerics:300 test-cuda-sparse:300
+    log end; exit ;;
+esac
 tests test-cuda-linear-ce:200
 case $2 in
 h200) r05n new 6; grep -E "memory plan" \$R/05b-32k-1chunk-new.log; hf; r05n old 6 \$OLD; r05n new2 6; r05n old2 6 \$OLD ;;
