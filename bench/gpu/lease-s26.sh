@@ -8,8 +8,11 @@
 #                attention bench old / new alternating (oomb-bench-attn-old: the kernels before) on the 7B layer (32K chunk 4096, 128K
 #                chunk 2048, sparse 64 at 128K chunk 2048) and the 0.5B layer (one chunk of 32K); the 0.5B step old / new (oomb-train-old)
 #   start sm2    test-cuda-paged-attn-numerics and test-cuda-sparse (a second call: the carry's 64 MiB)
+#   start h2s    on the H200 (needs_h200: the 7B steps), binaries of the softmax change: test-cuda-paged-attn-numerics and
+#                test-cuda-sparse; the 0.5B one chunk of 32K beside HF + SDPA; 7B --trainable linear dense 128K and sparse 64 at
+#                128K; the attention table beside SDPA flash and cuDNN (bench_attn.py: 7B at 8K / 32K / 128K, 0.5B at 32K)
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
-usage="usage: $0 start h200|h100|sm|sm2 | wait [S]"
+usage="usage: $0 start h200|h100|sm|sm2|h2s | wait [S]"
 case ${1:-} in start|wait) ;; *) echo "$usage"; exit 2 ;; esac
 OUT0=${OUT:-out}
 export OUT=/tmp/keep/res
@@ -40,7 +43,19 @@ r05old() {  # the 0.5B one chunk with the binaries before the change
       --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > \$R/05b-32k-1chunk-\$lab.log 2>&1
     echo "0.5b 32K one chunk \$lab rc=\$? tok/s: \$(grep -oE '[0-9]+ tok/s' \$R/05b-32k-1chunk-\$lab.log | head -\$st | tail -n +2 | awk '{print \$1}' | tr '\\n' ' ')"
 }
+attn() {  # bench_attn.py: ours beside SDPA flash and cuDNN, the 7B layer at 8K / 32K / 128K, then the 0.5B layer at 32K
+    PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention/bench_attn.py --bin \$B/oomb-bench-attn --out \$R/attn7b 2>&1 | grep -v "^running" | tail -12
+    PYTHONUNBUFFERED=1 timeout 200 python3 bench/attention/bench_attn.py --bin \$B/oomb-bench-attn --seqs 32768 --heads 14 --kv-heads 2 --dim 64 \
+        --out \$R/attn05b 2>&1 | grep -v "^running" | tail -6
+}
 case $2 in
+h2s)
+    tests test-cuda-paged-attn-numerics:300 test-cuda-sparse:300
+    r05n new 6; hf; r05n new2 6
+    r7b new
+    s7b new
+    attn
+    log end; exit ;;
 sm)
     tests test-cuda-paged-attn:300
     abat 7b32k --seq 32768 --chunk 4096
