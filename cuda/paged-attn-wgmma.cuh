@@ -786,8 +786,11 @@ template <int BN> __device__ __forceinline__ void fwd_pack_p(const float (&s)[BN
     }
 }
 
-// o (a warpgroup's 64 x D accumulator) rescaled by corr of its rows (hf = 0, 1).
+// o (a warpgroup's 64 x D accumulator) rescaled by corr of its rows (hf = 0, 1). Skipped by a warp whose
+// rows' maxima all stayed (corr exactly 1: o * 1 = o), as most tiles of a long history are (the row max
+// settles early); a warp-uniform branch, taken with no wgmma in flight.
 template <int D> __device__ __forceinline__ void fwd_rescale_o(float (&o)[D / 2], const float (&corr)[2]) {
+    if (__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) return;
 #pragma unroll
     for (int nb = 0; nb < D / 8; nb++) {
 #pragma unroll

@@ -8,9 +8,9 @@
 #                attention bench old / new alternating (oomb-bench-attn-old: the kernels before) on the 7B layer (32K chunk 4096, 128K
 #                chunk 2048, sparse 64 at 128K chunk 2048) and the 0.5B layer (one chunk of 32K); the 0.5B step old / new (oomb-train-old)
 #   start sm2    test-cuda-paged-attn-numerics and test-cuda-sparse (a second call: the carry's 64 MiB)
-#   start h2s    on the H200 (needs_h200: the 7B steps), binaries of the softmax change: test-cuda-paged-attn-numerics and
-#                test-cuda-sparse; the 0.5B one chunk of 32K beside HF + SDPA; 7B --trainable linear dense 128K and sparse 64 at
-#                128K; the attention table beside SDPA flash and cuDNN (bench_attn.py: 7B at 8K / 32K / 128K, 0.5B at 32K)
+#   start h2s    on the H200 (needs_h200: the 7B steps), binaries of the softmax change: test-cuda-paged-attn; the 0.5B one chunk of 32K beside HF + SDPA; 7B --trainable linear dense 128K and sparse 64 at
+#                128K; the attention table beside SDPA flash and cuDNN (bench_attn.py: 7B at 8K / 32K / 128K, 0.5B at 32K); the o
+#                rescale skip against oomb-bench-attn-e9 (the kernels of e9ca806)
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
 usage="usage: $0 start h200|h100|sm|sm2|h2s | wait [S]"
 case ${1:-} in start|wait) ;; *) echo "$usage"; exit 2 ;; esac
@@ -30,7 +30,7 @@ log start
 abat() {  # abat LABEL ARGS...: oomb-bench-attn old then new, twice
     local lab=\$1; shift
     for v in old new old new; do
-        bin=\$B/oomb-bench-attn; [ \$v = old ] && bin=\$B/oomb-bench-attn-old
+        bin=\$B/oomb-bench-attn; [ \$v = old ] && bin=\$B/\${OLDBENCH:-oomb-bench-attn-old}
         f=\$R/attn-\$lab-\$v-\$SECONDS.log
         timeout 150 \$bin "\$@" --reps 3 > \$f 2>&1
         echo "attn \$lab \$v rc=\$? \$(grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' \$f | tr '\\n' ' ')"
@@ -50,11 +50,14 @@ attn() {  # bench_attn.py: ours beside SDPA flash and cuDNN, the 7B layer at 8K 
 }
 case $2 in
 h2s)
-    tests test-cuda-paged-attn-numerics:300 test-cuda-sparse:300
+    tests test-cuda-paged-attn:300
     r05n new 6; hf; r05n new2 6
     r7b new
     s7b new
     attn
+    # the rescale skip alone: against the binaries of e9ca806 (the softmax change without it)
+    OLDBENCH=oomb-bench-attn-e9 abat 7b32k-skip --seq 32768 --chunk 4096
+    OLDBENCH=oomb-bench-attn-e9 abat 05b32k-skip --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64
     log end; exit ;;
 sm)
     tests test-cuda-paged-attn:300
