@@ -84,7 +84,9 @@ void oomb_cuda_paged_attn_set_config(const oomb_paged_attn_config * cfg);
 /// Whether the Hopper wgmma kernels run the forward (backward = 0) or the backward (1) of paged
 /// attention with bf16 pools of this head dim and page size on the current device: an sm_90a build
 /// on a compute capability 9.0 GPU, head dim 64 or 128 (the forward: a page size multiple of 128),
-/// not turned off by the configuration (wgmma bits).
+/// not turned off by the configuration (wgmma bits). A forward call also needs a positive scale (the
+/// wgmma softmax takes the row max over the raw products); one with a zero, negative or NaN scale runs
+/// the mma.sync kernels.
 bool oomb_cuda_paged_attn_uses_wgmma(int head_dim, int page_size, int backward);
 
 /// The kernel family that ran the last forward (backward = 0) or backward (1) of this process

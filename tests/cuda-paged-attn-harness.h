@@ -89,6 +89,7 @@ struct Case {
     int range_last = -1;   // RANGE, LISTS_RANGE: last page (exclusive; -1: past the chunk's last page)
     bool poison_tail = false;  // the pools' slots past the last position and the spare pages hold NaN (no kernel may
                                // weigh them: 0 * NaN is NaN)
+    float scale_mul = 1.0f;    // the attention scale is scale_mul / sqrt(D) (<= 0: the forward runs the mma.sync kernels)
 };
 
 inline std::string case_name(const Case & c) {
@@ -98,6 +99,7 @@ inline std::string case_name(const Case & c) {
                                                : c.sched == OOMB_SCHEDULE_LISTS ? "_lists"
                                                : c.sched == OOMB_SCHEDULE_LISTS_RANGE ? "_lists_range" : "");
     if (c.poison_tail) snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "_nan_tail");
+    if (c.scale_mul != 1.0f) snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "_scale%gx", (double) c.scale_mul);
     if (oomb_schedule_has_lists(c.sched) && c.lists_mode) snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%d", c.lists_mode);
     if (c.range_first >= 0 || c.range_last >= 0)
         snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "_win%d_%d", c.range_first, c.range_last);
@@ -123,6 +125,8 @@ inline std::string expected_family(const Case & c, int backward) {
     const bool fast = !cf.generic && c.type == OOMB_TYPE_BF16 && (c.D == 64 || c.D == 128) && c.P % 64 == 0 &&
                       (c.sched != OOMB_SCHEDULE_LISTS_RANGE || cf.lists_range_fast);
     if (!fast) return "generic";
+    // the wgmma forwards take the row max over the raw products: a positive scale only
+    if (!backward && !(c.scale_mul > 0.0f)) return "mma";
     return oomb_cuda_paged_attn_uses_wgmma(c.D, c.P, backward) ? "wgmma" : "mma";
 }
 

@@ -34,7 +34,7 @@ void run_case(const Case & c, uint32_t seed) {
     const int n_need = (n_pos + c.P - 1) / c.P;
     const int n_logical = n_need + 2;   // unmapped tail
     const int n_pages = n_need + 3;     // spare physical pages
-    const float scale = 1.0f / std::sqrt((float) c.D);
+    const float scale = c.scale_mul / std::sqrt((float) c.D);
 
     // ---- CPU tensors with random data ----
     oomb_context * hc = oomb_init({0, false});
@@ -469,6 +469,26 @@ TEST(CudaPagedAttn, Bf16Pools) {
         {64, 64, 4, 4, 37, 5000, B, 1, true},
     };
     uint32_t seed = 1234;
+    for (const Case & c : cases) run_case(c, seed++);
+#endif
+}
+
+// A zero or negative attention scale (legal: oomb_paged_attn takes any): the wgmma forwards, whose softmax
+// takes the row max over the raw products (exact for a positive scale only), hand it to the mma.sync
+// kernels (the family check), the backward stays on wgmma; both against the CPU.
+TEST(CudaPagedAttn, Bf16PoolsNonPositiveScale) {
+    SKIP_WITHOUT_GPU();
+#ifdef OOMB_USE_CUDA
+    const oomb_type B = OOMB_TYPE_BF16;
+    Case cases[] = {
+        {128, 128, 28, 4, 37, 1000, B, 1, false},
+        {64, 128, 14, 2, 256, 300, B, 0, false},
+        {128, 128, 4, 4, 1, 5000, B, 1, false},
+    };
+    cases[0].scale_mul = -1.0f;
+    cases[1].scale_mul = -0.5f;
+    cases[2].scale_mul = 0.0f;
+    uint32_t seed = 777;
     for (const Case & c : cases) run_case(c, seed++);
 #endif
 }
