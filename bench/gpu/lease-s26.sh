@@ -50,14 +50,15 @@ attn() {  # bench_attn.py: ours beside SDPA flash and cuDNN, the 7B layer at 8K 
 }
 case $2 in
 h2s)
-    tests test-cuda-paged-attn:300
-    r05n new 6; hf; r05n new2 6
+    r05n new 6; hf
     r7b new
     s7b new
     attn
     # the rescale skip alone: against the binaries of e9ca806 (the softmax change without it)
     OLDBENCH=oomb-bench-attn-e9 abat 7b32k-skip --seq 32768 --chunk 4096
     OLDBENCH=oomb-bench-attn-e9 abat 05b32k-skip --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64
+    tests test-cuda-paged-attn:300
+    r05n new2 6
     log end; exit ;;
 sm)
     tests test-cuda-paged-attn:300
