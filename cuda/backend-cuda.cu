@@ -830,7 +830,7 @@ void cuda_free_backend(oomb_backend_t b) {
 // dloss of the forward's bytes, a graph computed in oomb_graph_view parts as a streamed KV cache does), so
 // it counts both ways, slot by slot: an upper bound (at production sizes the tiled dlogits slot adds at
 // most 128 MiB to the fused pass's block; a streamed graph, never fused, is over-counted by up to the
-// fused block less the tiles, ~0.9 GiB at V = 152K and chunk 2048).
+// fused block less the tiles: ~0.9 GiB at V = 152K and chunk 2048 with the default 1.25 GiB cap, more with a raised one).
 size_t cuda_graph_scratch(oomb_backend_t b, const oomb_cgraph * g) {
     const oomb_cuda_ctx & c = *ctx_of(b);
     size_t slot[5] = {0, 0, 0, 0, 0};

@@ -6,6 +6,7 @@
 #include "train-common.h"
 
 #include <algorithm>
+#include <memory>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -100,17 +101,17 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     probe.max_tokens = std::min(tp->chunk, tp->max_tokens) + (chunked ? 1 : 0);
     probe.cache_attn = false;
     probe.resident_pages = -1;
-    ChunkDriver probe_driver(model_chunk_builder(m), probe);
+    auto probe_driver = std::make_unique<ChunkDriver>(model_chunk_builder(m), probe);  // (freed once the plan has its figures)
     const int64_t T_chunk = std::min(tp->chunk, tp->max_tokens);
     auto backend_scratch = [&]() -> size_t {
-        ChunkDriver & d = probe_driver;
+        ChunkDriver & d = *probe_driver;
         if (!tp->with_grad) return d.backend_scratch_bytes(T_chunk, ChunkKind::Loss);
         if (chunked) return std::max(d.backend_scratch_bytes(T_chunk, ChunkKind::Backward), d.backend_scratch_bytes(T_chunk, ChunkKind::Fill));
         return d.backend_scratch_bytes(T_chunk, ChunkKind::BackwardStore);
     };
-    if (!tp->with_grad) arena = probe_driver.planned_bytes(T_chunk, ChunkKind::Loss);
-    else if (chunked) arena = probe_driver.planned_bytes(T_chunk, ChunkKind::Backward) + probe_driver.planned_bytes(T_chunk, ChunkKind::Fill);
-    else arena = probe_driver.planned_bytes(T_chunk, ChunkKind::BackwardStore);
+    if (!tp->with_grad) arena = probe_driver->planned_bytes(T_chunk, ChunkKind::Loss);
+    else if (chunked) arena = probe_driver->planned_bytes(T_chunk, ChunkKind::Backward) + probe_driver->planned_bytes(T_chunk, ChunkKind::Fill);
+    else arena = probe_driver->planned_bytes(T_chunk, ChunkKind::BackwardStore);
     oomb_backend_set_linear_cross_entropy_block(be, 0);  // the default block for the plan of the KV cache
     scratch = backend_scratch();
     const double attn_cache = tp->cache_attn && tp->with_grad && chunked
@@ -208,11 +209,13 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     // above before the KV cache's budget. Where the device has room left after all of it, margin kept,
     // up to 4x that: fewer row blocks, each of whose dW products reads and writes the whole f32 [E, V]
     // gradient (0.5B, one chunk of 32K, H100: 15 blocks -> 4, the LM head's backward 68.3 -> 58.8 ms per
-    // step, +0.9 % tok/s; bench/NOTES.md "Session 25"). Not taken from the KV cache: a streamed cache
-    // or a run at the edge keeps the default.
-    if (has_dev && tp->with_grad) {
+    // step, +0.6 % tok/s; bench/NOTES.md "Sessions 25, 26"). Not taken from the KV cache: a streamed
+    // cache (whose graphs never fuse the pass), a run with --gpu-kv-budget (the user's share of the
+    // device) and a run at the edge keep the default; 1 GiB beyond the margin stays free for the
+    // kernels' uncounted workspaces (paged attention's, ~1 GiB at 7B and 32K).
+    if (has_dev && tp->with_grad && !tiered && !budget_given) {
         const double need0 = (double) used0 + (double) arena + (double) scratch + attn_cache + dev_kv + sparse_dev;
-        const double room = (double) total - need0 - margin;
+        const double room = (double) total - need0 - margin - (double) (1ull << 30);
         const double def = 1.25 * (double) (1ull << 30), most = 4.0 * def, step = (double) (256ull << 20);
         const double cap = std::floor(std::min(most, def + room) / step) * step;
         if (cap > def && oomb_backend_set_linear_cross_entropy_block(be, (size_t) cap)) {
@@ -221,6 +224,7 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
             else scratch = s2;
         }
     }
+    probe_driver.reset();
     const std::string dev = oomb_backend_name(be);
     printf("memory plan (%s%s): %s %s | chunk arena %s (chunk %" PRId64 ")%s%s\n", dev.c_str(),
            has_dev ? (", " + fmt_bytes((double) total)).c_str() : "", !tp->with_grad ? "weights" : optimizer ? "weights, gradients and optimizer state" : "weights and gradients",

@@ -98,7 +98,7 @@ bool oomb_backend_memory(oomb_backend_t backend, size_t * used, size_t * total);
 /// linear_cross_entropy passes' logits blocks, the LM head's [V, rows] f32 of up to 1.25 GiB (or the cap
 /// oomb_backend_set_linear_cross_entropy_block set), and their
 /// row state; a forward / backward pair counted both fused and apart, an upper bound); other kernels'
-/// scratch (tens of MiB) is not counted. 0 for a backend without device
+/// scratch (tens of MiB to ~1 GiB: paged attention's workspace at 7B and 32K) is not counted. 0 for a backend without device
 /// memory (CPU) or a NULL graph. Shapes only: the graph need not be allocated.
 size_t oomb_backend_graph_scratch(oomb_backend_t backend, const struct oomb_cgraph * graph);
 /// Caps the device scratch of the LM head's fused forward + backward pass (CUDA: the [V, rows] f32

@@ -484,12 +484,17 @@ TEST(CudaPagedAttn, Bf16PoolsNonPositiveScale) {
         {128, 128, 28, 4, 37, 1000, B, 1, false},
         {64, 128, 14, 2, 256, 300, B, 0, false},
         {128, 128, 4, 4, 1, 5000, B, 1, false},
+        {128, 128, 28, 4, 256, 5000, B, 1, false, OOMB_SCHEDULE_LISTS},
+        {64, 128, 14, 2, 37, 3000, B, 0, false, OOMB_SCHEDULE_RANGE},
+        {128, 128, 28, 4, 256, 9000, B, 1, false},  // (a long history: the wgmma forward would split its keys)
     };
-    cases[0].scale_mul = -1.0f;
-    cases[1].scale_mul = -0.5f;
-    cases[2].scale_mul = 0.0f;
+    const float muls[] = {-1.0f, -0.5f, 0.0f, -1.0f, 0.0f, -0.25f};
     uint32_t seed = 777;
-    for (const Case & c : cases) run_case(c, seed++);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        cases[i].scale_mul = muls[i];
+        run_case(cases[i], seed++);
+        EXPECT_EQ(oomb_cuda_paged_attn_last_fwd_split(), 1) << case_name(cases[i]) << ": the mma.sync forward does not split its keys";
+    }
 #endif
 }
 
