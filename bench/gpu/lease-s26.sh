@@ -11,9 +11,10 @@
 #   start h2s    on the H200 (needs_h200: the 7B steps), binaries of the softmax change: test-cuda-paged-attn; the 0.5B one chunk of 32K beside HF + SDPA; 7B --trainable linear dense 128K and sparse 64 at
 #                128K; the attention table beside SDPA flash and cuDNN (bench_attn.py: 7B at 8K / 32K / 128K, 0.5B at 32K); the o
 #                rescale skip against oomb-bench-attn-e9 (the kernels of e9ca806)
-#   start h1s    h2s's H100 part (tests, the rescale skip's A/B, the attention table, the 0.5B step); h2q its H200 part
+#   start h1s    h2s's H100 part (tests, the rescale skip's A/B, the attention table, the 0.5B step); h2q its H200 part;
+#                h2r the tests, the ratio, the 7B steps and the skip's A/B at 7B 32K
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
-usage="usage: $0 start h200|h100|sm|sm2|h2s|h1s|h2q | wait [S]"
+usage="usage: $0 start h200|h100|sm|sm2|h2s|h1s|h2q|h2r | wait [S]"
 case ${1:-} in start|wait) ;; *) echo "$usage"; exit 2 ;; esac
 OUT0=${OUT:-out}
 export OUT=/tmp/keep/res
@@ -56,6 +57,13 @@ h1s)  # the H100 part of h2s (the H200 refused): the tests, the rescale skip's A
     OLDBENCH=oomb-bench-attn-e9 abat 05b32k-skip --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64
     attn
     r05n new 6
+    log end; exit ;;
+h2r)  # on the H200 with little device time: the tests, the ratio, the 7B steps, the rescale skip's A/B
+    tests test-cuda-paged-attn:300
+    r05n new 6; hf
+    r7b new
+    s7b new
+    OLDBENCH=oomb-bench-attn-e9 abat 7b32k-skip --seq 32768 --chunk 4096
     log end; exit ;;
 h2q)  # the H200 part: the ratio against HF and the 7B steps
     r05n new 6; hf
