@@ -12,9 +12,9 @@
 #                128K; the attention table beside SDPA flash and cuDNN (bench_attn.py: 7B at 8K / 32K / 128K, 0.5B at 32K); the o
 #                rescale skip against oomb-bench-attn-e9 (the kernels of e9ca806)
 #   start h1s    h2s's H100 part (tests, the rescale skip's A/B, the attention table, the 0.5B step); h2q its H200 part;
-#                h2r the tests, the ratio, the 7B steps and the skip's A/B at 7B 32K
+#                h2r the tests, the ratio, the 7B steps and the skip's A/B at 7B 32K; h1t the tests and the skip's A/B
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
-usage="usage: $0 start h200|h100|sm|sm2|h2s|h1s|h2q|h2r | wait [S]"
+usage="usage: $0 start h200|h100|sm|sm2|h2s|h1s|h2q|h2r|h1t | wait [S]"
 case ${1:-} in start|wait) ;; *) echo "$usage"; exit 2 ;; esac
 OUT0=${OUT:-out}
 export OUT=/tmp/keep/res
@@ -57,6 +57,11 @@ h1s)  # the H100 part of h2s (the H200 refused): the tests, the rescale skip's A
     OLDBENCH=oomb-bench-attn-e9 abat 05b32k-skip --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64
     attn
     r05n new 6
+    log end; exit ;;
+h1t)  # the H100 with little device time: the tests and the rescale skip's A/B
+    tests test-cuda-paged-attn:300
+    OLDBENCH=oomb-bench-attn-e9 abat 7b32k-skip --seq 32768 --chunk 4096
+    OLDBENCH=oomb-bench-attn-e9 abat 05b32k-skip --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64
     log end; exit ;;
 h2r)  # on the H200 with little device time: the tests, the ratio, the 7B steps, the rescale skip's A/B
     tests test-cuda-paged-attn:300
