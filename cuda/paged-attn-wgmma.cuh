@@ -786,13 +786,17 @@ template <int BN> __device__ __forceinline__ void fwd_pack_p(const float (&s)[BN
     }
 }
 
-// o (a warpgroup's 64 x D accumulator) rescaled by corr of its rows (hf = 0, 1). Skipped by a warp whose
-// rows' maxima all stayed (corr exactly 1: o * 1 = o, NaN and signed zeros included), as most tiles of a
-// long history are (the row max settles early); a warp-uniform branch, taken with no wgmma writing o in
-// flight (the PIPE kernel may have the next S in flight, whose accumulator is not o). (Ablation 7 sets
-// corr = 1, so there it skips the rescale too.)
+// o (a warpgroup's 64 x D accumulator) rescaled by corr of its rows (hf = 0, 1). At head dim 128, skipped
+// by a warp whose rows' maxima all stayed (corr exactly 1: o * 1 = o, NaN and signed zeros included), as
+// most tiles of a long history are (the row max settles early); a warp-uniform branch, taken with no wgmma
+// writing o in flight (the PIPE kernel may have the next S in flight, whose accumulator is not o). H100,
+// forward TFLOP/s with / without the skip: 7B layer at 32K 645 / 634 against 620 / 605; 0.5B layer (head
+// dim 64: 32 multiplies to save) 442 / 439 against 450 / 447, so not there (bench/NOTES.md "Session 26").
+// (Ablation 7 sets corr = 1, so there it skips the rescale too.)
 template <int D> __device__ __forceinline__ void fwd_rescale_o(float (&o)[D / 2], const float (&corr)[2]) {
-    if (__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) return;
+    if constexpr (D == 128) {
+        if (__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f)) return;
+    }
 #pragma unroll
     for (int nb = 0; nb < D / 8; nb++) {
 #pragma unroll
