@@ -72,9 +72,8 @@ h2r)  # on the H200 with little device time: the tests, the ratio, the 7B steps,
     log end; exit ;;
 h2q)  # the H200 part: the ratio against HF and the 7B steps
     r05n new 6; hf
-    r7b new
     s7b new
-    r05n new2 6
+    r7b new
     log end; exit ;;
 h2s)
     r05n new 6; hf
