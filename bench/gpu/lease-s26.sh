@@ -12,9 +12,10 @@
 #                128K; the attention table beside SDPA flash and cuDNN (bench_attn.py: 7B at 8K / 32K / 128K, 0.5B at 32K); the o
 #                rescale skip against oomb-bench-attn-e9 (the kernels of e9ca806)
 #   start h1s    h2s's H100 part (tests, the rescale skip's A/B, the attention table, the 0.5B step); h2q its H200 part;
-#                h2r the tests, the ratio, the 7B steps and the skip's A/B at 7B 32K; h1t the tests and the skip's A/B
+#                h2r the tests, the ratio, the 7B steps and the skip's A/B at 7B 32K; h1t the tests and the skip's A/B;
+#                h2m the ratio and the 7B sparse step only
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
-usage="usage: $0 start h200|h100|sm|sm2|h2s|h1s|h2q|h2r|h1t | wait [S]"
+usage="usage: $0 start h200|h100|sm|sm2|h2s|h1s|h2q|h2r|h1t|h2m | wait [S]"
 case ${1:-} in start|wait) ;; *) echo "$usage"; exit 2 ;; esac
 OUT0=${OUT:-out}
 export OUT=/tmp/keep/res
@@ -69,6 +70,10 @@ h2r)  # on the H200 with little device time: the tests, the ratio, the 7B steps,
     r7b new
     s7b new
     OLDBENCH=oomb-bench-attn-e9 abat 7b32k-skip --seq 32768 --chunk 4096
+    log end; exit ;;
+h2m)  # the H200 with very little device time: the ratio against HF and the 7B sparse step
+    r05n new 6; hf
+    s7b new
     log end; exit ;;
 h2q)  # the H200 part: the ratio against HF and the 7B steps
     r05n new 6; hf
