@@ -99,6 +99,25 @@ TEST(Isa, PagedAttnVariantFollowsEnvironment) {
         if (r == this_run) printf("paged attention: the %s kernels ran (OOMB_PAGED_ISA=%s)\n", v.c_str(), e ? e : "<unset>");
 }
 
+// An OOMB_PAGED_ISA value that names no variant is named on stderr (once) and runs the best variant.
+TEST(Isa, UnknownPagedIsaIsNamed) {
+    const char * e = getenv("OOMB_PAGED_ISA");
+    const std::string saved = e ? e : "";
+    unsetenv("OOMB_PAGED_ISA");
+    const std::vector<float> best = paged_forward();
+    setenv("OOMB_PAGED_ISA", "avx-512", 1);
+    testing::internal::CaptureStderr();
+    const std::vector<float> r = paged_forward();
+    const std::vector<float> r2 = paged_forward();  // (the same value again: no second line)
+    const std::string err = testing::internal::GetCapturedStderr();
+    if (e) setenv("OOMB_PAGED_ISA", saved.c_str(), 1);
+    else unsetenv("OOMB_PAGED_ISA");
+    EXPECT_NE(err.find("OOMB_PAGED_ISA='avx-512' is not base, avx2 or avx512"), std::string::npos) << err;
+    EXPECT_EQ(err.find("OOMB_PAGED_ISA", err.find("OOMB_PAGED_ISA") + 1), std::string::npos) << "named once: " << err;
+    EXPECT_EQ(r, best);
+    EXPECT_EQ(r2, best);
+}
+
 TEST(Isa, OpenBlasCoreFollowsEnvironment) {
     const char * core = openblas_get_corename();
     ASSERT_NE(core, nullptr);

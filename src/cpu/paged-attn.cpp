@@ -35,10 +35,12 @@
 #include <atomic>
 #include <cinttypes>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -186,10 +188,20 @@ constexpr int VW = 16;
 #endif
 
 // The best variant this CPU runs; OOMB_PAGED_ISA=base|avx2|avx512 asks for a lower one (tests of
-// every path; read at every call, so a test can switch). A variant the CPU lacks is never used.
+// every path; read at every call, so a test can switch). A variant the CPU lacks is never used. Any
+// other value is named on stderr (once per value) and ignored: the best variant runs.
 const TileKernels & kernels() {
     const char * force = getenv("OOMB_PAGED_ISA");
     const std::string f = force ? force : "";
+    if (!f.empty() && f != "base" && f != "avx2" && f != "avx512") {
+        static std::mutex mu;
+        static std::string warned;
+        std::lock_guard<std::mutex> lock(mu);
+        if (warned != f) {
+            warned = f;
+            fprintf(stderr, "oomb: OOMB_PAGED_ISA='%s' is not base, avx2 or avx512: ignored (the best variant this CPU runs)\n", f.c_str());
+        }
+    }
     if (f == "base") return isa_base::kernels;
 #ifdef OOMB_PAGED_X86
     static const bool has_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
