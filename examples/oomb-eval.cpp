@@ -79,6 +79,7 @@ int main(int argc, char ** argv) {
     SparseOptions sparse;
     add_sparse_options(app, sparse, false);
     if (const int rc = parse_command_line(app, argc, argv, PROG, &train_option_table()); rc >= 0) return rc;
+    (void) oomb_linear_cross_entropy_tile_request(0);  // a bad OOMB_LCE_TILE fails here (naming it), not in the first window
     check_chunk_options(PROG, app, ctx, chunk, page, threads, rope_theta);
     check_offload_options(PROG, app, offload);
     check_sparse_options(PROG, app, sparse);

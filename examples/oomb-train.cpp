@@ -639,6 +639,7 @@ int main(int argc, char ** argv) {
     try {
         TrainCommand cmd;
         if (const int rc = parse_train_options(argc, argv, &cmd); rc >= 0) return rc;
+        (void) oomb_linear_cross_entropy_tile_request(0);  // a bad OOMB_LCE_TILE fails here (naming it), not in step 1
         if (cmd.verify) {
             // the dump is renamed over its path at the end: one naming an input would replace it
             const bool grads = cmd.o.dump_logits.empty();

@@ -25,6 +25,7 @@
   - SIGTERM / SIGINT during training: the step ends, is saved, and the run exits 143 / 130 naming the signal and the
     step; --resume continues from it; a second SIGINT stops at once (killed by it) and leaves no temporary file;
   - OOMB_PROFILE_FIRST_STEP=abc, +, +-1, 1x are errors naming the variable; +1 and 0 are accepted.
+  - OOMB_LCE_TILE=abc is an error naming the variable before the memory plan.
 
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT. Exit 0 pass, 1 failure, 77 skipped.
 """
@@ -325,6 +326,12 @@ def main():
             else:
                 C.check(r.returncode == 1 and f"OOMB_PROFILE_FIRST_STEP={val}:" in r.stderr and "step 1" not in r.stdout,
                         f"OOMB_PROFILE_FIRST_STEP={val}: an error naming it, before any step (rc {r.returncode}) {tail(r.stderr)}")
+        # OOMB_LCE_TILE (the LM head's vocabulary tile) is checked before the model loads, not in step 1
+        env = dict(os.environ, OOMB_LCE_TILE="abc")
+        r = subprocess.run([TRAIN] + base + ["--steps", "1", "--save-every", "-1", "--out", os.path.join(tmp, "o-lce")],
+                           capture_output=True, text=True, env=env)
+        C.check(r.returncode == 1 and "OOMB_LCE_TILE = 'abc'" in r.stderr and "step 1" not in r.stdout and "memory plan" not in r.stdout,
+                f"OOMB_LCE_TILE=abc: an error naming it, before the plan (rc {r.returncode}) {tail(r.stdout)} {tail(r.stderr)}")
     C.finish()
 
 
