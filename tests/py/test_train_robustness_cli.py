@@ -26,6 +26,7 @@
     step; --resume continues from it; a second SIGINT stops at once (killed by it) and leaves no temporary file;
   - OOMB_PROFILE_FIRST_STEP=abc, +, +-1, 1x are errors naming the variable; +1 and 0 are accepted.
   - OOMB_LCE_TILE=abc is an error naming the variable before the memory plan.
+  - --eval-data naming the training data prints a warning and the run goes on.
 
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT. Exit 0 pass, 1 failure, 77 skipped.
 """
@@ -326,6 +327,11 @@ def main():
             else:
                 C.check(r.returncode == 1 and f"OOMB_PROFILE_FIRST_STEP={val}:" in r.stderr and "step 1" not in r.stdout,
                         f"OOMB_PROFILE_FIRST_STEP={val}: an error naming it, before any step (rc {r.returncode}) {tail(r.stderr)}")
+        # --eval-data that is the training data: a warning naming both, and the run goes on
+        r = subprocess.run([TRAIN] + base + ["--steps", "1", "--save-every", "-1", "--eval-data", ids, "--out", os.path.join(tmp, "o-evsame")],
+                           capture_output=True, text=True)
+        C.check(r.returncode == 0 and f"warning: --eval-data {ids} is the training data {ids}" in r.stdout,
+                f"--eval-data equal to --data-bin: a warning, the run goes on (rc {r.returncode}) {tail(r.stdout)} {tail(r.stderr)}")
         # OOMB_LCE_TILE (the LM head's vocabulary tile) is checked before the model loads, not in step 1
         env = dict(os.environ, OOMB_LCE_TILE="abc")
         r = subprocess.run([TRAIN] + base + ["--steps", "1", "--save-every", "-1", "--out", os.path.join(tmp, "o-lce")],
