@@ -432,7 +432,12 @@ void resume_checkpoint(const Options & o, const Qwen2Model & m, oomb_optimizer_t
     }
     const int64_t I64 = std::numeric_limits<int64_t>::max();
     p->step = get_int("step", 0, std::numeric_limits<int>::max());
-    oomb_opt_set_n_steps(opt, get_int("opt_steps", 0, I64));
+    const int64_t opt_steps = get_int("opt_steps", 0, I64);
+    // every update is a step (a skipped non-finite step is a step without one): more updates than steps is a damaged state
+    if (opt_steps > p->step)
+        fail(PROG, "--resume: metadata 'opt_steps' (" + std::to_string(opt_steps) + ") exceeds 'step' (" + std::to_string(p->step) + ") in " +
+                       ckpt_state + ": the state is damaged; resume from another checkpoint or start afresh");
+    oomb_opt_set_n_steps(opt, opt_steps);
     p->bad_run = (int) get_int("bad_steps", 0, std::numeric_limits<int>::max());
     p->tokens_seen = get_int("tokens_seen", 0, I64);
     p->elapsed_s = get_seconds("elapsed_s");

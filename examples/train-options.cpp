@@ -195,6 +195,14 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
         need(std::isfinite(o.adam_eps) && o.adam_eps > 0, "--adam-eps", o.adam_eps, "a finite number > 0");
         need(o.warmup >= 0, "--warmup", o.warmup, ">= 0");
         need(std::isfinite(o.weight_decay) && o.weight_decay >= 0, "--weight-decay", o.weight_decay, "a finite number >= 0");
+        // decoupled decay scales each weight by 1 - lr x weight decay per step: at 1 or more it zeroes or flips the weights
+        // (a given --weight-decay; the default's with an absurd --lr is left to the run's non-finite-loss stop)
+        if (given("--weight-decay")) {
+            char inv[32];
+            snprintf(inv, sizeof inv, "%.6g", 1.0 / o.lr);
+            need(o.lr * o.weight_decay < 1, "--weight-decay", o.weight_decay,
+                 std::string("below 1 / --lr (") + inv + "): each step multiplies the weights by 1 - lr x weight decay");
+        }
         need(std::isfinite(o.grad_clip) && o.grad_clip >= 0, "--grad-clip", o.grad_clip, ">= 0 (0: off)");
         need(o.save_every >= -1, "--save-every", o.save_every, ">= -1 (0: only at the end, -1: never)");
         if (given("--stop-after")) need(o.stop_after >= 1, "--stop-after", o.stop_after, ">= 1");

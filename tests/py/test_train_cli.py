@@ -351,7 +351,7 @@ def test_training(tmp):
             h += b" " * (-len(h) % 8)
             open(f, "wb").write(len(h).to_bytes(8, "little") + h + raw[8 + n:])
             return D
-        for key, value in [("step", "abc"), ("step", "-3"), ("step", "1e20"), ("epoch", "-1"), ("opt_steps", "-7"),
+        for key, value in [("step", "abc"), ("step", "-3"), ("step", "1e20"), ("epoch", "-1"), ("opt_steps", "-7"), ("opt_steps", "99999"),
                            ("elapsed_s", "nan"), ("tokens_seen", "abc"), ("config", "[1,2]")]:
             rc, o, e = run(cs + ["--out", with_meta(key, value), "--resume", "--steps", "9"])
             check(rc == 1 and f"'{key}'" in e or (key == "config" and rc == 1 and "bad config metadata" in e),
@@ -602,7 +602,7 @@ def test_input_checks(tmp):
     table = [("--rope-theta", v) for v in ("-5", "0", "nan", "inf")] + \
         [("--adam-beta1", v) for v in ("-0.1", "1", "nan")] + [("--adam-beta2", v) for v in ("1.5", "1")] + \
         [("--adam-eps", "0"), ("--adam-eps", "-1e-8"), ("--warmup", "-1"), ("--min-lr", "-1e-5"), ("--min-lr", "1"),
-         ("--lr", "0"), ("--lr", "-1"), ("--lr", "inf"), ("--lr", "nan"), ("--weight-decay", "-0.1"), ("--grad-clip", "-1"),
+         ("--lr", "0"), ("--lr", "-1"), ("--lr", "inf"), ("--lr", "nan"), ("--weight-decay", "-0.1"), ("--weight-decay", "1e6"), ("--grad-clip", "-1"),
          ("--threads", "0"), ("--threads", "-2"), ("--save-every", "-2"), ("--stop-after", "0"), ("--eval-every", "-1"),
          ("--eval-seqs", "-1"), ("--eval-split", "100"), ("--eval-split", "-1"), ("--log-every", "0"),
          ("--max-bad-steps", "0"), ("--page", "2000000000"), ("--opt-state", "f16")]
