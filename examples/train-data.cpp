@@ -8,7 +8,6 @@
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 
 namespace oomb {
 namespace train {
@@ -23,29 +22,6 @@ void check_data_paths(const Options & o) {
     for (const auto & p : o.eval_data)
         if (!is_file(p) && !is_dir(p)) fail(PROG, "--eval-data: " + not_a_file_or_folder(p));
     if (!o.data_bin.empty() && !is_file(o.data_bin)) fail(PROG, "--data-bin: " + not_a_file(o.data_bin));
-    // held-out data that is also training data (the same file, or a file inside a --data folder): allowed, but the
-    // held-out loss then measures text the model trains on
-    auto canon = [](const std::string & p) {
-        char * r = realpath(p.c_str(), nullptr);
-        std::string c = r ? r : p;
-        free(r);
-        return c;
-    };
-    std::vector<std::pair<std::string, std::string>> train;  // (canonical path, as given)
-    for (const auto & p : o.data) train.push_back({canon(p), p});
-    if (!o.data_bin.empty()) train.push_back({canon(o.data_bin), o.data_bin});
-    for (const auto & e : o.eval_data) {
-        const std::string ce = canon(e);
-        for (const auto & [ct, given] : train) {
-            const bool same = ce == ct, inside = !same && ce.size() > ct.size() && ce.compare(0, ct.size(), ct) == 0 && ce[ct.size()] == '/';
-            const bool holds = !same && ct.size() > ce.size() && ct.compare(0, ce.size(), ce) == 0 && ct[ce.size()] == '/';
-            if (same || inside || holds) {
-                printf("warning: --eval-data %s %s the training data %s: the held-out loss is measured on text the model trains on\n",
-                       e.c_str(), same ? "is" : inside ? "lies inside" : "holds", given.c_str());
-                break;
-            }
-        }
-    }
 }
 
 ChatSequences chat_sequences(const Options & o, const std::vector<std::string> & paths, const char * opt, const Tokenizer & tok,

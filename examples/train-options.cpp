@@ -333,14 +333,16 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
     if (given("--warmup") && o.warmup > o.steps)
         fprintf(stderr, "%s: warning: --warmup %d is more than --steps %d: the learning rate never reaches --lr %g (warmup rises "
                         "linearly over %d steps)\n", PROG, o.warmup, o.steps, o.lr, o.warmup);
-    {  // the same file or folder twice, or one inside another given folder: read twice, i.e. weighted twice
+    {  // the same file or folder twice, or one inside another given folder: read twice, i.e. weighted twice; and
+       // held-out data that is also training data (the held-out loss then measures text the model trains on)
         namespace fs = std::filesystem;
-        std::vector<fs::path> canon(o.data.size());
-        for (size_t i = 0; i < o.data.size(); i++) {
+        auto canonical = [](const std::string & p) {
             std::error_code ec;  // a missing path: reported by the data reader, not here
-            canon[i] = fs::weakly_canonical(o.data[i], ec);
-            if (ec) canon[i].clear();
-        }
+            fs::path c = fs::weakly_canonical(p, ec);
+            return ec ? fs::path() : c;
+        };
+        std::vector<fs::path> canon(o.data.size());
+        for (size_t i = 0; i < o.data.size(); i++) canon[i] = canonical(o.data[i]);
         auto inside = [](const fs::path & a, const fs::path & dir) {  // a == dir, or a below dir, by whole components
             auto d = dir.begin(), x = a.begin();
             for (; d != dir.end() && !d->empty(); ++d, ++x)
@@ -356,6 +358,21 @@ int parse_train_options(int argc, char ** argv, TrainCommand * cmd) {
                         (j_in_i && !same ? o.data[j] : o.data[i]).c_str(),
                         same ? "names the same file or folder as" : "lies inside",
                         (j_in_i && !same ? o.data[i] : o.data[j]).c_str());
+                break;
+            }
+        }
+        std::vector<std::pair<fs::path, std::string>> train;  // (canonical, as given): the --data paths and --data-bin
+        for (size_t i = 0; i < o.data.size(); i++) train.push_back({canon[i], o.data[i]});
+        if (!o.data_bin.empty()) train.push_back({canonical(o.data_bin), o.data_bin});
+        for (const auto & e : o.eval_data) {
+            const fs::path ce = canonical(e);
+            if (ce.empty()) continue;
+            for (const auto & [ct, given_path] : train) {
+                if (ct.empty()) continue;
+                const bool same = ce == ct, e_in_t = inside(ce, ct), t_in_e = inside(ct, ce);
+                if (!same && !e_in_t && !t_in_e) continue;
+                fprintf(stderr, "%s: warning: --eval-data %s %s the training data %s: the held-out loss is measured on text the model "
+                                "trains on\n", PROG, e.c_str(), same ? "is" : e_in_t ? "lies inside" : "holds", given_path.c_str());
                 break;
             }
         }

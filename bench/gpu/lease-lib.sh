@@ -94,12 +94,29 @@ lease_head() {
     esac
     [ -x $B/oomb-train ] || unpack || exit 1
 }
-r05n() {  # r05n LABEL STEPS [ENV...]: the 0.5B one-chunk run of 32K for STEPS steps (prints the tok/s of steps 2..)
+r05n() {  # r05n LABEL STEPS [ENV...]: the 0.5B one-chunk run of 32K for STEPS steps (prints the tok/s of steps 2..);
+           # TRAIN_BIN: another oomb-train (an A/B against older binaries)
     local lab=$1 st=$2; shift 2
     rm -rf /tmp/r05
-    env "$@" timeout 200 $B/oomb-train --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps $st --warmup 1 \
+    env "$@" timeout 200 ${TRAIN_BIN:-$B/oomb-train} --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps $st --warmup 1 \
       --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $R/05b-32k-1chunk-$lab.log 2>&1
     echo "0.5b 32K one chunk $lab rc=$? tok/s: $(grep -oE '[0-9]+ tok/s' $R/05b-32k-1chunk-$lab.log | head -$st | tail -n +2 | awk '{print $1}' | tr '\n' ' ')"
 }
 # hf: HF + SDPA on the same 0.5B one-chunk 32K run (.devcarry/hf_baseline.py), its JSON line in R
 hf() { PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json; }
+# attn: bench_attn.py, ours beside SDPA flash and cuDNN: the 7B layer at 8K / 32K / 128K, then the 0.5B layer at 32K (tables in R)
+attn() {
+    PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --out $R/attn7b 2>&1 | grep -v "^running" | tail -12
+    PYTHONUNBUFFERED=1 timeout 200 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --seqs 32768 --heads 14 --kv-heads 2 --dim 64 \
+        --out $R/attn05b 2>&1 | grep -v "^running" | tail -6
+}
+# abat LABEL ARGS...: oomb-bench-attn old (OLDBENCH in B, default oomb-bench-attn-old) then new, twice, one process per run
+abat() {
+    local lab=$1 v bin f; shift
+    for v in old new old new; do
+        bin=$B/oomb-bench-attn; [ $v = old ] && bin=$B/${OLDBENCH:-oomb-bench-attn-old}
+        f=$R/attn-$lab-$v-$SECONDS.log
+        timeout 150 $bin "$@" --reps 3 > $f 2>&1
+        echo "attn $lab $v rc=$? $(grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' $f | tr '\n' ' ')"
+    done
+}

@@ -38,11 +38,6 @@ sweep64() {
         echo "sweep64 \$lab rc=\$? \$(grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' $R/sweep64-\$lab.log | tr '\n' ' ')"
     done
 }
-attn() {  # bench_attn.py: ours beside SDPA flash and cuDNN, the 7B layer at 8K / 32K / 128K, then the 0.5B layer at 32K
-    PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --out $R/attn7b 2>&1 | grep -v "^running" | tail -12
-    PYTHONUNBUFFERED=1 timeout 200 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --seqs 32768 --heads 14 --kv-heads 2 --dim 64 \
-        --out $R/attn05b 2>&1 | grep -v "^running" | tail -6
-}
 rand_ids
 log start
 case $2 in

@@ -30,27 +30,6 @@ source bench/gpu/ncu-attn.sh
 export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
 rand_ids
 log start
-abat() {  # abat LABEL ARGS...: oomb-bench-attn old then new, twice
-    local lab=\$1; shift
-    for v in old new old new; do
-        bin=\$B/oomb-bench-attn; [ \$v = old ] && bin=\$B/\${OLDBENCH:-oomb-bench-attn-old}
-        f=\$R/attn-\$lab-\$v-\$SECONDS.log
-        timeout 150 \$bin "\$@" --reps 3 > \$f 2>&1
-        echo "attn \$lab \$v rc=\$? \$(grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' \$f | tr '\\n' ' ')"
-    done
-}
-r05old() {  # the 0.5B one chunk with the binaries before the change
-    local lab=\$1 st=\$2
-    rm -rf /tmp/r05
-    timeout 200 \$B/oomb-train-old --preset qwen2.5-0.5b --device cuda --ctx 32768 --chunk 32768 --page 128 --steps \$st --warmup 1 \
-      --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > \$R/05b-32k-1chunk-\$lab.log 2>&1
-    echo "0.5b 32K one chunk \$lab rc=\$? tok/s: \$(grep -oE '[0-9]+ tok/s' \$R/05b-32k-1chunk-\$lab.log | head -\$st | tail -n +2 | awk '{print \$1}' | tr '\\n' ' ')"
-}
-attn() {  # bench_attn.py: ours beside SDPA flash and cuDNN, the 7B layer at 8K / 32K / 128K, then the 0.5B layer at 32K
-    PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention/bench_attn.py --bin \$B/oomb-bench-attn --out \$R/attn7b 2>&1 | grep -v "^running" | tail -12
-    PYTHONUNBUFFERED=1 timeout 200 python3 bench/attention/bench_attn.py --bin \$B/oomb-bench-attn --seqs 32768 --heads 14 --kv-heads 2 --dim 64 \
-        --out \$R/attn05b 2>&1 | grep -v "^running" | tail -6
-}
 case $2 in
 h1s)  # the H100 part of h2s (the H200 refused): the tests, the rescale skip's A/B, the attention table, the 0.5B step
     tests test-cuda-paged-attn:300
@@ -97,7 +76,7 @@ sm)
     abat 7b128k --seq 131072 --chunk 2048
     abat 05b32k --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64
     abat 7bsp64 --seq 131072 --chunk 2048 --sparse 64
-    r05old old 6; r05n new 6; r05old old2 6; r05n new2 6
+    TRAIN_BIN=\$B/oomb-train-old r05n old 6; r05n new 6; TRAIN_BIN=\$B/oomb-train-old r05n old2 6; r05n new2 6
     log end; exit ;;
 sm2)
     tar -xJf .devcarry/gpu-bins.tar.xz -C \$B && cat .devcarry/bins-commit.txt

@@ -330,7 +330,7 @@ def main():
         # --eval-data that is the training data: a warning naming both, and the run goes on
         r = subprocess.run([TRAIN] + base + ["--steps", "1", "--save-every", "-1", "--eval-data", ids, "--out", os.path.join(tmp, "o-evsame")],
                            capture_output=True, text=True)
-        C.check(r.returncode == 0 and f"warning: --eval-data {ids} is the training data {ids}" in r.stdout,
+        C.check(r.returncode == 0 and f"warning: --eval-data {ids} is the training data {ids}" in r.stderr,
                 f"--eval-data equal to --data-bin: a warning, the run goes on (rc {r.returncode}) {tail(r.stdout)} {tail(r.stderr)}")
         # OOMB_LCE_TILE (the LM head's vocabulary tile) is checked before the model loads, not in step 1
         env = dict(os.environ, OOMB_LCE_TILE="abc")
