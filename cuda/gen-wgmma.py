@@ -37,6 +37,12 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t smem_addr, uint32_t lbo,
     return (uint64_t) ((smem_addr & 0x3FFFF) >> 4) | ((uint64_t) ((lbo >> 4) & 0x3FFF) << 16) |
            ((uint64_t) ((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
 }
+// The descriptor of smem_addr + bytes from d = desc_sw128(smem_addr, ...): one add to the start field
+// (bytes a multiple of 16; shared addresses stay below 256 KB, so the 14-bit field does not carry),
+// where desc_sw128 would mask, shift and assemble again at every k step.
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) {
+    return ((d >> 32) << 32) | (uint32_t) ((uint32_t) d + (bytes >> 4));
+}
 
 #ifdef OOMB_WGMMA
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }

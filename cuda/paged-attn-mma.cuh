@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) pa_fwd_kernel(const FwdArgs a) 
 // ---------------------------------------------------------------------------------------------
 
 struct BwdArgs {
-    const bf16 * qb; const bf16 * dob;        // [Hkv][TGp][D], rows R = t * G + hh
+    const bf16 * qb; const bf16 * dob;        // [Hkv][TGp][D], rows R = t * G + hh (wgmma kernels: per 64-row tile swizzled, pa_prep_kernel swz)
     const float * lse; const float * delta;   // [Hkv][TGp]
     const int * rowpos;                       // [TGp] (-1 for padding rows)
     const int * rt_max; const int * rt_min;   // [n_rt] per tile of BM rows
@@ -764,10 +764,13 @@ __global__ void pa_meta_kernel(const int32_t * pos, int T, int G, int TGp, int B
 // it) and delta = sum_d bf16(dout[d]) * out[d] of every row (dout rounded to bf16 as the backward
 // kernel's dP uses it, as the MODE_LSE epilogue does). One thread per (row, 8 dims): the NCH
 // threads of a row are consecutive lanes of one warp (NCH divides 32) and sum delta with shuffles.
+// swz (the wgmma backward kernels): q / dout stored per tile of 64 rows in the layout the kernels'
+// shared memory holds ([D/64 halves][64 rows][64] with the 128-byte swizzle, paged-attn-wgmma.cuh
+// sw128), so that a row tile is one contiguous copy (a bulk copy, no per-thread addresses).
 template <int D>
 __global__ void pa_prep_kernel(const float * q, int64_t q_s1, int64_t q_s2, const float * dout, int64_t do_s1, int64_t do_s2,
                                int T, int H, int G, int Hkv, int TGp, bf16 * qb, bf16 * dob, float * lse, float * delta,
-                               const float * out_s, const float * lse_s) {
+                               const float * out_s, const float * lse_s, int swz) {
     constexpr int NCH = D / 8;
     static_assert(32 % NCH == 0, "a row's threads must lie in one warp");
     const int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x;
@@ -811,8 +814,13 @@ __global__ void pa_prep_kernel(const float * q, int64_t q_s1, int64_t q_s2, cons
         lse[gr] = 0.0f;
         delta[gr] = 0.0f;
     }
-    *(uint4 *) (qb + gr * D + ch * 8) = vq;
-    *(uint4 *) (dob + gr * D + ch * 8) = vd;
+    int64_t dst = gr * D + ch * 8;
+    if (swz) {
+        const int r = R % 64;  // (TGp is a multiple of 64: tiles start at R % 64 == 0 in every head)
+        dst = (gr - r) * D + (ch >> 3) * (64 * 64) + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
+    }
+    *(uint4 *) (qb + dst) = vq;
+    *(uint4 *) (dob + dst) = vd;
 }
 
 } // namespace

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "paged-attn-mma.cuh"
+#include "sm90.cuh"
 #include "wgmma.cuh"
 
 namespace {
@@ -76,23 +77,45 @@ template <int D> __device__ __forceinline__ void bwd_load_kv(const BwdArgs & a, 
     }
 }
 
-// Row tile j of KV head g into one buffer: q and dO (bf16 [D/64][BM][64], swizzled), lse, delta and
-// the row positions ([BM] each), by cp.async, not committed.
+// Row tile j of KV head g into one buffer: q and dO (bf16 [D/64][BM][64], swizzled: in global memory
+// already in this layout, pa_prep_kernel swz, so a flat copy), lse, delta and the row positions ([BM]
+// each), by cp.async, not committed. (pa_bwd_pipe_kernel: bwd_bulk_rows.)
 template <int D>
 __device__ __forceinline__ void bwd_load_rows(const BwdArgs & a, int g, int j, bf16 * sq, bf16 * sdo, float * L, float * Dl, int * Rp, int tid) {
-    constexpr int BM = BwdW<D>::BM, NCH = D / 8;
+    constexpr int BM = BwdW<D>::BM;
     const int64_t rbase = (int64_t) g * a.TGp + (int64_t) j * BM;
     const bf16 * q = a.qb + rbase * D;
     const bf16 * d = a.dob + rbase * D;
-    for (int idx = tid; idx < BM * NCH; idx += BwdW<D>::NT) {
-        const int row = idx / NCH, ch = idx % NCH;
-        cp_async16(smem_u32(sq + sw128<BM>(row, ch)), q + row * D + ch * 8, 16);
-        cp_async16(smem_u32(sdo + sw128<BM>(row, ch)), d + row * D + ch * 8, 16);
+#pragma unroll
+    for (int idx = tid; idx < BM * D / 8; idx += BwdW<D>::NT) {
+        cp_async16(smem_u32(sq + idx * 8), q + idx * 8, 16);
+        cp_async16(smem_u32(sdo + idx * 8), d + idx * 8, 16);
     }
     if (tid < BM / 4) cp_async16(smem_u32(L + tid * 4), a.lse + rbase + tid * 4, 16);
     else if (tid < BM / 2) cp_async16(smem_u32(Dl + (tid - BM / 4) * 4), a.delta + rbase + (tid - BM / 4) * 4, 16);
     else if (tid < 3 * BM / 4) cp_async16(smem_u32(Rp + (tid - BM / 2) * 4), a.rowpos + (int64_t) j * BM + (tid - BM / 2) * 4, 16);
 }
+
+#ifdef OOMB_WGMMA
+// Row tile j of KV head g into buffer (aq, ado, L, Dl, Rp) as bwd_load_rows, by one thread: five bulk
+// copies (q and dO: BM * D bf16 each, contiguous in pa_prep_kernel's swizzled layout; lse, delta, row
+// positions: BM * 4 bytes each) completing on the buffer's mbarrier bar, which this arms with their
+// bytes (bwd_rows_bytes).
+template <int D> constexpr uint32_t bwd_rows_bytes() { return 2 * BwdW<D>::tile_q + 3 * BwdW<D>::BM * 4; }
+template <int D>
+__device__ __forceinline__ void bwd_bulk_rows(const BwdArgs & a, int g, int j, uint32_t aq, uint32_t ado, uint32_t L, uint32_t Dl, uint32_t Rp,
+                                              uint32_t bar) {
+    using namespace oomb_sm90;
+    constexpr int BM = BwdW<D>::BM;
+    const int64_t rbase = (int64_t) g * a.TGp + (int64_t) j * BM;
+    mbar_arrive_expect_tx(bar, bwd_rows_bytes<D>());
+    bulk_load(aq, a.qb + rbase * D, BwdW<D>::tile_q, bar);
+    bulk_load(ado, a.dob + rbase * D, BwdW<D>::tile_q, bar);
+    bulk_load(L, a.lse + rbase, BM * 4, bar);
+    bulk_load(Dl, a.delta + rbase, BM * 4, bar);
+    bulk_load(Rp, a.rowpos + (int64_t) j * BM, BM * 4, bar);
+}
+#endif
 
 // S^T = K Q^T into st and dP^T = V dO^T into dpt for warpgroup wg's 64 keys (A = its keys, B = the
 // 64 rows, K = D; both K-major), issued and committed as one wgmma group.
@@ -101,13 +124,15 @@ __device__ __forceinline__ void bwd_issue_sdp(float (&st)[32], float (&dpt)[32],
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
     constexpr int BN = BwdW<D>::BN, BM = BwdW<D>::BM;
+    const uint64_t dK = desc_sw128(aK + wg * (64 * 128), 16, 1024), dV = desc_sw128(aV + wg * (64 * 128), 16, 1024);
+    const uint64_t dQ = desc_sw128(cQ, 16, 1024), ddO = desc_sw128(cdO, 16, 1024);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
-        const uint32_t ka = (kk >> 2) * (BN * 128) + wg * (64 * 128) + (kk & 3) * 32;
+        const uint32_t ka = (kk >> 2) * (BN * 128) + (kk & 3) * 32;
         const uint32_t kb = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-        mma_ss_n64<0, 0>(st, desc_sw128(aK + ka, 16, 1024), desc_sw128(cQ + kb, 16, 1024), kk > 0);
-        mma_ss_n64<0, 0>(dpt, desc_sw128(aV + ka, 16, 1024), desc_sw128(cdO + kb, 16, 1024), kk > 0);
+        mma_ss_n64<0, 0>(st, desc_add(dK, ka), desc_add(dQ, kb), kk > 0);
+        mma_ss_n64<0, 0>(dpt, desc_add(dV, ka), desc_add(ddO, kb), kk > 0);
     }
     wgmma_commit();
 #endif
@@ -139,12 +164,13 @@ __device__ __forceinline__ void bwd_issue_sdp_rs(float (&st)[32], float (&dpt)[3
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
     constexpr int BM = BwdW<D>::BM;
+    const uint64_t dQ = desc_sw128(cQ, 16, 1024), ddO = desc_sw128(cdO, 16, 1024);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
         const uint32_t kb = (kk >> 2) * (BM * 128) + (kk & 3) * 32;
-        mma_rs_n64<0>(st, kf[kk], desc_sw128(cQ + kb, 16, 1024), kk > 0);
-        mma_rs_n64<0>(dpt, vf[kk], desc_sw128(cdO + kb, 16, 1024), kk > 0);
+        mma_rs_n64<0>(st, kf[kk], desc_add(dQ, kb), kk > 0);
+        mma_rs_n64<0>(dpt, vf[kk], desc_add(ddO, kb), kk > 0);
     }
     wgmma_commit();
 #endif
@@ -213,11 +239,12 @@ __device__ __forceinline__ void bwd_issue_dkdv(float (&dk)[D / 2], float (&dv)[D
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
     constexpr int BM = BwdW<D>::BM;
+    const uint64_t dQ = desc_sw128(cQ, BM * 128, 1024), ddO = desc_sw128(cdO, BM * 128, 1024);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BM / 16; kk++) {
-        mma_rs_nd<D>(dv, pa[kk], desc_sw128(cdO + kk * 2048, BM * 128, 1024), 1);
-        mma_rs_nd<D>(dk, da[kk], desc_sw128(cQ + kk * 2048, BM * 128, 1024), 1);
+        mma_rs_nd<D>(dv, pa[kk], desc_add(ddO, kk * 2048), 1);
+        mma_rs_nd<D>(dk, da[kk], desc_add(dQ, kk * 2048), 1);
     }
     wgmma_commit();
 #endif
@@ -247,11 +274,12 @@ template <int D> __device__ __forceinline__ void bwd_issue_dq(float (&dqa)[D / 4
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
     constexpr int BN = BwdW<D>::BN;
-    wgmma_fence();
     const uint32_t kq = D == 128 ? wg * BwdW<D>::tile_kv / 2 : wg * 64;
+    const uint64_t ddS = desc_sw128(adS, BN * 128, 1024), dK = desc_sw128(aK + kq, BN * 128, 1024);
+    wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) {
-        const uint64_t dA = desc_sw128(adS + kk * 2048, BN * 128, 1024), dB = desc_sw128(aK + kq + kk * 2048, BN * 128, 1024);
+        const uint64_t dA = desc_add(ddS, kk * 2048), dB = desc_add(dK, kk * 2048);
         if constexpr (D == 128) mma_ss_n64<1, 1>(dqa, dA, dB, kk > 0);
         else mma_ss_n32<1, 1>(dqa, dA, dB, kk > 0);
     }
@@ -403,7 +431,7 @@ __global__ void __launch_bounds__(256, MINB) pa_bwd_wgmma_kernel(const BwdArgs a
     const int k0 = blk.kt * BN;
     if (k0 > maxp) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = tid >> 7;               // warpgroup: keys 64 wg .. 64 wg + 63 of the tile
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // warpgroup: keys 64 wg .. 64 wg + 63 of the tile (lane 0's: seen warp-uniform)
     BwdListsTile lt;
     __shared__ uint32_t sSee[LISTS ? BM : 1];  // LISTS: row bits of the current row tile (lt.row_bits)
     __shared__ uint32_t sQm[LISTS ? 2 * BwdListsTile::QM_WORDS : 1];  // LISTS: query-tile masks (lt.qmasks)
@@ -538,7 +566,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     const int k0 = blk.kt * BN;
     if (k0 > maxp) return;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = tid >> 7;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // (from lane 0: the compiler sees it warp-uniform, so descriptors stay in uniform registers)
     const int krow0 = warp * 16;
     BwdListsTile lt{};  // (set by begin under LISTS; {}: the lambdas below capture it)
     __shared__ uint32_t sSee[LISTS ? 2 * BM : 1];  // LISTS: row bits, one slot per dS^T buffer
@@ -558,24 +586,38 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
     };
     int j = next_rt(blk.z);
     if (j >= a.n_rt) return;  // no row tile of this split attends the keys: no gradient to add
+    // row tiles by bulk copies from thread 0, each buffer's completing on its mbarrier (rows_bar; the
+    // parity a thread waits for next on buffer b: bit b of rows_ph)
+    __shared__ alignas(8) uint64_t sBar[3];
+    const uint32_t rows_bar = smem_u32(sBar);
+    uint32_t rows_ph = 0;
     auto load_rows = [&](int jj, int b) {
-        bwd_load_rows<D>(a, g, jj, sQ + b * BM * D, sdO + b * BM * D, sL + b * BM, sDl + b * BM, sRp + b * BM, tid);
+        if (tid == 0)
+            bwd_bulk_rows<D>(a, g, jj, aQ + b * W::tile_q, adO + b * W::tile_q, smem_u32(sL + b * BM), smem_u32(sDl + b * BM),
+                             smem_u32(sRp + b * BM), rows_bar + 8 * b);
     };
+    auto wait_rows = [&](int b) {
+        oomb_sm90::mbar_wait(rows_bar + 8 * b, (rows_ph >> b) & 1u);
+        rows_ph ^= 1u << b;
+    };
+    if (tid == 0) {
+        for (int b = 0; b < 3; b++) oomb_sm90::mbar_init(rows_bar + 8 * b, 1);
+        oomb_sm90::fence_mbar_init();
+    }
 
     bwd_load_kv<D>(a, g, k0, maxp, sK, sV, tid);
     cp_async_commit();
     int jn = next_rt(j + zs);
     load_rows(j, 0);
-    cp_async_commit();
     if (jn < a.n_rt) load_rows(jn, 1);
-    cp_async_commit();
     if constexpr (LISTS) {
         lt.qmasks(a, tid, NT, sQm);  // (its barriers and searches under the copies)
         if (lt.page_bits(a, j)) lt.row_bits(a, j, BM, tid, NT, sSee);
     }
-    cp_async_wait<1>();   // K, V, row tile j
+    cp_async_wait<0>();   // K, V
     fence_proxy_async();
     __syncthreads();
+    wait_rows(0);         // row tile j
 
     float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -619,14 +661,12 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
         if constexpr (LISTS && !LAST) {
             if (lt.page_bits(a, jn)) lt.row_bits(a, jn, BM, tid, NT, sSee + (bs ^ 1) * BM);  // its slot's readers (tile jp) passed the last barrier
         }
-        cp_async_wait<0>();   // row tile jn (this thread's copies)
-        fence_proxy_async();  // dS^T and the copies, read by wgmma
-        __syncthreads();      // both warpgroups' dS^T; every copy of row tile jn
+        fence_proxy_async();  // dS^T, read by wgmma (and this thread's reads of the row buffers before the bulk writes below)
+        __syncthreads();      // both warpgroups' dS^T
         if constexpr (!LAST) {
-            // jn2 into the buffer of the previous row tile, whose readers (S/dP, dV/dK(jp)) retired
-            // in both warpgroups before they issued S/dP(j)
+            // jn2 into the buffer of the previous row tile, whose readers (S/dP, dV/dK(jp), the
+            // softmax's lse / delta / positions) retired in both warpgroups before the barrier
             if (jn2 < a.n_rt) load_rows(jn2, bq == 0 ? 2 : bq - 1);
-            cp_async_commit();
         }
         const uint32_t cdS = adS + bs * W::tile_ds;
         const int bqn = bq == 2 ? 0 : bq + 1;
@@ -634,6 +674,7 @@ __global__ void __launch_bounds__(256, 1) pa_bwd_pipe_kernel(const BwdArgs a) {
             bwd_issue_dq<D>(dqa, cdS, aK, wg);
         } else {
             wgmma_wait<0>();   // dV/dK(j): pa, da free
+            wait_rows(bqn);    // row tile jn landed
             issue_sdp(st, dpt, aQ + bqn * W::tile_q, adO + bqn * W::tile_q);
             bwd_issue_dq<D>(dqa, cdS, aK, wg);
             wgmma_wait<1>();   // S/dP(j + 1)
@@ -695,10 +736,10 @@ template <int D, int BM, int BN>
 __device__ __forceinline__ void fwd_issue_s(float (&s)[BN / 2], uint32_t aQ, int wq, uint32_t cK) {
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
+    const uint64_t dQ = desc_sw128(aQ + wq * (64 * 128), 16, 1024), dK = desc_sw128(cK, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
-        mma_ss_n128<0, 0>(s, desc_sw128(aQ + (kk >> 2) * (BM * 128) + wq * (64 * 128) + (kk & 3) * 32, 16, 1024),
-                          desc_sw128(cK + (kk >> 2) * (BN * 128) + (kk & 3) * 32, 16, 1024), kk > 0);
+        mma_ss_n128<0, 0>(s, desc_add(dQ, (kk >> 2) * (BM * 128) + (kk & 3) * 32), desc_add(dK, (kk >> 2) * (BN * 128) + (kk & 3) * 32), kk > 0);
 #endif
 }
 
@@ -708,8 +749,9 @@ template <int D, int BN>
 __device__ __forceinline__ void fwd_issue_pv(float (&o)[D / 2], const uint32_t (&pa)[BN / 16][4], uint32_t cV) {
 #ifdef OOMB_WGMMA
     using namespace oomb_wgmma;
+    const uint64_t dV = desc_sw128(cV, BN * 128, 1024);
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) mma_rs_nd<D>(o, pa[kk], desc_sw128(cV + kk * 2048, BN * 128, 1024), 1);
+    for (int kk = 0; kk < BN / 16; kk++) mma_rs_nd<D>(o, pa[kk], desc_add(dV, kk * 2048), 1);
 #endif
 }
 
@@ -905,7 +947,7 @@ __global__ void __launch_bounds__(256, MINB) pa_fwd_wgmma_kernel(const FwdArgs a
     const int TG = a.T * a.G;
     const int r0 = rt * BM;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int wg = tid >> 7;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // (lane 0's: seen warp-uniform, descriptors in uniform registers)
 
     if (tid < 2) sMax[tid] = -1;
     if (tid == 0) sMin = INT_MAX;

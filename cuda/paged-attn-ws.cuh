@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1)
     const int rt = gridDim.x - 1 - blockIdx.x;  // heaviest tiles (largest positions) first
     const int TG = a.T * a.G;
     const int r0 = rt * BM;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = tid >> 7;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);  // (wg from lane 0: seen warp-uniform)
 
     if (tid == 0) {
         sMax = -1;

@@ -929,11 +929,11 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             if (G.D == 128)
                 pa_prep_kernel<128><<<blocks, 256, 0, stream>>>((const float *) A.q->data, A.q->nb[1] / 4, A.q->nb[2] / 4, (const float *) A.dout->data,
                                                                A.dout->nb[1] / 4, A.dout->nb[2] / 4, G.T, G.H, G.G, G.Hkv, TGp, qb, dob, lse, delta,
-                                                               os, ls);
+                                                               os, ls, wg ? 1 : 0);
             else
                 pa_prep_kernel<64><<<blocks, 256, 0, stream>>>((const float *) A.q->data, A.q->nb[1] / 4, A.q->nb[2] / 4, (const float *) A.dout->data,
                                                               A.dout->nb[1] / 4, A.dout->nb[2] / 4, G.T, G.H, G.G, G.Hkv, TGp, qb, dob, lse, delta,
-                                                              os, ls);
+                                                              os, ls, wg ? 1 : 0);
             PA_LAUNCH_CHECK();
         }
         // log-sum-exp and delta (forward recomputation), only without saved statistics

@@ -42,6 +42,13 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void * tmap, uin
         "l"((uint64_t) tmap), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
         : "memory");
 }
+// Bulk copy (non-tensor TMA): `bytes` (a multiple of 16) from global src to shared dst (both 16-byte
+// aligned), completing its bytes on bar.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void * src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"((uint64_t) src),
+                 "r"(bytes), "r"(bar)
+                 : "memory");
+}
 __device__ __forceinline__ void prefetch_tmap(const void * tmap) { asm volatile("prefetch.tensormap [%0];\n" ::"l"((uint64_t) tmap) : "memory"); }
 // Named barriers 1..15 (0 is __syncthreads): bar_sync waits until n threads (a multiple of 32) have
 // arrived, counting itself; bar_arrive counts without waiting.
