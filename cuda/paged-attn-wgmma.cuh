@@ -522,7 +522,9 @@ template <bool B> struct BwdLast { static constexpr bool value = B; };
 // The backward with the row tiles overlapped (config.bwd_pipe): the products and work split of
 // pa_bwd_wgmma_kernel, ordered so that the tensor cores wait for neither a second block barrier,
 // nor the dQ atomics, nor a load, and row tile j + 1's softmax runs while dQ(j) computes:
-//   - q / dO in three buffers: row tile j + 2 loads while tile j computes (one barrier of slack);
+//   - q / dO in three buffers: row tile j + 2 loads while tile j computes (one barrier of slack), by
+//     bulk copies from thread 0 (bwd_bulk_rows; q / dO stored per tile in shared memory's layout by
+//     pa_prep_kernel), each buffer completing on its own mbarrier, so no consumer thread computes addresses;
 //     dS^T in two, so that tile j + 1's dS^T does not overwrite what dQ(j) still reads;
 //   - one block barrier per row tile: both warpgroups' dS^T stored, the next tile's loads landed;
 //   - after it, once dV / dK(j) have retired (their P^T / dS^T register operands free: registers
