@@ -8,8 +8,10 @@
 #   start t2     (build-carry) test-cuda-paged-attn-numerics, test-cuda-sparse; the 0.5B step old / new
 #   start h2     (H200, needs_h200: the 7B steps) the 0.5B one chunk of 32K beside HF + SDPA; 7B --trainable linear sparse
 #                64 and dense at 128K; the attention table beside SDPA flash and cuDNN
+#   start src    Nsight Compute's source counters on the backward (ncu_src pa_bwd_pipe_kernel, 7B layer 32K) and their summary
+#   start h2s    h2, then src
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
-usage="usage: $0 start ab|t2|h2 | wait [S]"
+usage="usage: $0 start ab|t2|h2|src|h2s | wait [S]"
 case ${1:-} in start|wait) ;; *) echo "$usage"; exit 2 ;; esac
 OUT0=${OUT:-out}
 export OUT=/tmp/keep/res
@@ -19,6 +21,8 @@ cat > $K/run.sh <<EOF2
 cd $PWD
 export OUT=$R
 source bench/gpu/lease-lib.sh
+source bench/gpu/ncu-attn.sh
+src() { ncu_src pa_bwd_pipe_kernel; python3 bench/attention/sass_stalls.py \$R/ncu-src-pa_bwd_pipe_kernel.csv 45 | tee \$R/stalls-bwd.txt | tail -50; }
 export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
 rand_ids
 log start
@@ -33,11 +37,13 @@ t2)
     tar -xJf build-carry/gpu-bins.tar.xz -C \$B && cat build-carry/bins-commit.txt
     tests test-cuda-paged-attn-numerics:300 test-cuda-sparse:300
     TRAIN_BIN=\$B/oomb-train-old r05n old 6; r05n new 6; TRAIN_BIN=\$B/oomb-train-old r05n old2 6; r05n new2 6 ;;
-h2)
+h2|h2s)
     r05n new 6; hf
     s7b new
     r7b new
-    attn ;;
+    attn
+    [ $2 = h2s ] && src ;;
+src) src ;;
 esac
 log end
 EOF2
