@@ -8,7 +8,7 @@
 #   start t2     (build-carry) test-cuda-paged-attn-numerics, test-cuda-sparse; the 0.5B step old / new
 #   start h2     (H200, needs_h200: the 7B steps) the 0.5B one chunk of 32K beside HF + SDPA; 7B --trainable linear sparse
 #                64 and dense at 128K; the attention table beside SDPA flash and cuDNN
-#   start src    Nsight Compute's source counters on the backward (ncu_src pa_bwd_pipe_kernel, 7B layer 32K) and their summary
+#   start src    Nsight Compute's source counters on the backward (ncu_src: the 7B layer at 32K, and sparse 64 at 128K chunk 2048)
 #   start h2s    h2, then src
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
 usage="usage: $0 start ab|t2|h2|src|h2s | wait [S]"
@@ -22,7 +22,7 @@ cd $PWD
 export OUT=$R
 source bench/gpu/lease-lib.sh
 source bench/gpu/ncu-attn.sh
-src() { ncu_src pa_bwd_pipe_kernel; python3 bench/attention/sass_stalls.py \$R/ncu-src-pa_bwd_pipe_kernel.csv 45 | tee \$R/stalls-bwd.txt | tail -50; }
+src() { ncu_src bwd7b32k pa_bwd_pipe_kernel; ncu_src bwdsp64 pa_bwd_pipe_kernel --seq 131072 --chunk 2048 --sparse 64; }
 export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD
 rand_ids
 log start

@@ -31,18 +31,20 @@ ncu_attn() {
     ncu -i $R/ncu-cudnn.ncu-rep --page raw --csv > $R/ncu-cudnn.csv 2>&1
     grep -E "^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Registers Per" $R/ncu-cudnn.txt | head -30
 }
-# ncu_src KERNEL [SEQ] [BENCH ARGS...]: one launch of KERNEL (a regex) on the 7B layer (32K, chunk 4096 unless given) with
-# the source counters (warp-state samples per SASS instruction): $R/ncu-src-KERNEL.csv (the source page, SASS) and .txt
-# (WarpStateStats), to read where the warps wait (bench/attention/sass_stalls.py summarises the csv).
+# ncu_src TAG KERNEL [BENCH ARGS...]: one launch of KERNEL (a regex; the first: in the bench's warm-up the backwards run from
+# the last chunk, so the backward's first launch has the most history) of oomb-bench-attn with ARGS (default the 7B layer at
+# 32K, chunk 4096) under the source counters (warp-state samples per SASS instruction): $R/ncu-src-TAG.csv (the source page,
+# SASS) and .txt (WarpStateStats, SchedulerStats); bench/attention/sass_stalls.py summarises the csv.
 ncu_src() {
-    local k=$1 S=${2:-32768}; shift; [ $# -gt 0 ] && shift
+    local tag=$1 k=$2; shift 2
+    [ $# -gt 0 ] || set -- --seq 32768 --chunk 4096
     command -v ncu > /dev/null || { echo "no ncu on this machine"; return 1; }
     timeout 240 ncu --clock-control none --section WarpStateStats --section SourceCounters --section SchedulerStats --import-source no \
-        -k regex:$k --launch-skip 0 --launch-count 1 -o $R/ncu-src-$k -f \
-        $B/oomb-bench-attn --seq $S --chunk 4096 --reps 1 "$@" > $R/ncu-src-$k.run.txt 2>&1
-    echo "ncu src $k rc=$?"
-    ncu -i $R/ncu-src-$k.ncu-rep --page details > $R/ncu-src-$k.txt 2>&1
-    ncu -i $R/ncu-src-$k.ncu-rep --page source --csv --print-source sass > $R/ncu-src-$k.csv 2>&1
-    head -c 600 $R/ncu-src-$k.csv; echo
-    grep -E "Stall|Warp Cycles|Issued Warp|No Eligible|Active Warps" $R/ncu-src-$k.txt | head -20
+        -k regex:$k --launch-skip 0 --launch-count 1 -o $R/ncu-src-$tag -f \
+        $B/oomb-bench-attn "$@" --reps 1 > $R/ncu-src-$tag.run.txt 2>&1
+    echo "ncu src $tag rc=$?"
+    ncu -i $R/ncu-src-$tag.ncu-rep --page details > $R/ncu-src-$tag.txt 2>&1
+    ncu -i $R/ncu-src-$tag.ncu-rep --page source --csv --print-source sass > $R/ncu-src-$tag.csv 2>&1
+    grep -E "Stall|Warp Cycles|Issued Warp|No Eligible|Active Warps" $R/ncu-src-$tag.txt | head -20
+    python3 bench/attention/sass_stalls.py $R/ncu-src-$tag.csv 45 > $R/stalls-$tag.txt 2>&1; tail -48 $R/stalls-$tag.txt
 }
