@@ -145,6 +145,21 @@ int main(int argc, char** argv) {
                  init_std * (double)kInitNormalMaxZ, outtype.c_str(), type_max, suggest);
         return fail(b);
     }
+    // ... and not all zero: a std so small that kInitNormalMaxZ standard deviations round to zero in the
+    // output type writes an all-zero model (every weight); one below the type's smallest normal value
+    // writes subnormal weights (fewer significant bits): a warning.
+    const double type_min_sub = wtype == GGUF_TENSOR_F16 ? 5.960464477539063e-08 : wtype == GGUF_TENSOR_BF16 ? 9.183549615799121e-41 : 1.401298464324817e-45;
+    const double type_min_normal = wtype == GGUF_TENSOR_F16 ? 6.103515625e-05 : 1.1754943508222875e-38;  // (bf16 and f32 share it)
+    if ((double)init_std * kInitNormalMaxZ < type_min_sub / 2) {
+        char b[320];
+        snprintf(b, sizeof b, "--init-std %s is too small for --outtype %s: every weight (at most %.2f x %s) would round to zero, below "
+                              "%s's smallest value %.6g (use at least %.6g, or a wider --outtype)", std_str, outtype.c_str(),
+                 (double)kInitNormalMaxZ, std_str, outtype.c_str(), type_min_sub, type_min_normal);
+        return fail(b);
+    }
+    if ((double)init_std < type_min_normal)
+        fprintf(stderr, "oomb-gguf-init: warning: --init-std %s is below %s's smallest normal value %.6g: most weights are stored as subnormal "
+                        "numbers (fewer significant bits) or zero\n", std_str, outtype.c_str(), type_min_normal);
     GGUFWriter w;
     w.set_string("general.architecture", QWEN2_ARCH);
     w.set_string("general.type", "model");

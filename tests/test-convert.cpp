@@ -508,6 +508,9 @@ TEST(Init, RejectsBadOptions) {
         {ok + "--init-std 30000 --outtype f16", "--init-std 30000 is too large for --outtype f16"},
         {ok + "--init-std 1e38 --outtype f32", "--init-std 1e+38 is too large for --outtype f32"},
         {ok + "--init-std 1e38 --outtype bf16", "--init-std 1e+38 is too large for --outtype bf16"},
+        // ... and weights that would all round to zero (were written as an all-zero model, exit 0)
+        {ok + "--init-std 1e-9 --outtype f16", "--init-std 1e-09 is too small for --outtype f16"},
+        {ok + "--init-std 1e-44 --outtype bf16", "is too small for --outtype bf16"},  // (printed as the float it is read into)
         {ok + "--kv-heads 0", "--kv-heads"},
         {ok + "--ctx 0", "--ctx"},
         {"--vocab-size 256 --ffn 96 --layers 1 --hidden 0 --heads 2", "--hidden"},
@@ -537,6 +540,10 @@ TEST(Init, RejectsBadOptions) {
         EXPECT_NE(access(out.c_str(), F_OK), 0) << a << ": wrote " << out;
     }
     EXPECT_EQ(run(init + ok + "--seed 18446744073709551615", &log), 0) << log;  // 2^64 - 1 is a seed
+    unlink(out.c_str());
+    // a std below the type's smallest normal value: written, with a warning (subnormal weights)
+    EXPECT_EQ(run(init + ok + "--init-std 1e-5 --outtype f16", &log), 0) << log;
+    EXPECT_NE(log.find("warning: --init-std 1e-05 is below f16's smallest normal value"), std::string::npos) << log;
     unlink(out.c_str());
     // the largest --init-std the error suggests is accepted (f32's was printed rounded up: 3.66684e+37, refused)
     for (const char* t : {"f16", "bf16", "f32"}) {
