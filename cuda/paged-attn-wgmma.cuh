@@ -526,7 +526,7 @@ template <bool B> struct BwdLast { static constexpr bool value = B; };
 //     bulk copies from thread 0 (bwd_bulk_rows; q / dO stored per tile in shared memory's layout by
 //     pa_prep_kernel), each buffer completing on its own mbarrier, so no consumer thread computes addresses;
 //     dS^T in two, so that tile j + 1's dS^T does not overwrite what dQ(j) still reads;
-//   - one block barrier per row tile: both warpgroups' dS^T stored, the next tile's loads landed;
+//   - one block barrier per row tile: both warpgroups' dS^T stored (the next tile's loads: its mbarrier);
 //   - after it, once dV / dK(j) have retired (their P^T / dS^T register operands free: registers
 //     hold one more accumulator set, not two), S^T / dP^T(j + 1) and then dQ(j) are issued; the
 //     next step's softmax needs only the first, so it runs under dQ(j), and dQ(j)'s atomics follow
