@@ -70,8 +70,9 @@ size_t host_available() {
 
 } // namespace
 
-size_t lm_head_block_cap(double total, double need, double margin, double def) {
+size_t lm_head_block_cap(double total, double need, double margin, double def, double * room_out) {
     const double room = total - need - margin - (double) (1ull << 30), step = (double) (256ull << 20);
+    if (room_out) *room_out = room;
     if (!(room > 0) || !(def > 0)) return 0;
     const double cap = std::floor(std::min(4.0 * def, def + room) / step) * step;
     return cap > def ? (size_t) cap : 0;
@@ -222,8 +223,8 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
     // kernels' uncounted workspaces (paged attention's, ~1 GiB at 7B and 32K).
     if (has_dev && tp->with_grad && !tiered && !budget_given) {
         const double need0 = (double) used0 + (double) arena + (double) scratch + attn_cache + dev_kv + sparse_dev;
-        const double room = (double) total - need0 - margin - (double) (1ull << 30);
-        const size_t cap = lm_head_block_cap((double) total, need0, margin, 1.25 * (double) (1ull << 30));
+        double room = 0;
+        const size_t cap = lm_head_block_cap((double) total, need0, margin, 1.25 * (double) (1ull << 30), &room);
         if (cap > 0 && oomb_backend_set_linear_cross_entropy_block(be, cap)) {
             const size_t s2 = backend_scratch();
             if ((double) s2 > (double) scratch + room) oomb_backend_set_linear_cross_entropy_block(be, 0);  // (rounding up of the slots)

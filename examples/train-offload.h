@@ -30,8 +30,9 @@ void check_offload_options(const char * prog, const CLI::App & app, const Offloa
 /// raises the default `def` to where the device has room: total - need - margin - 1 GiB (kept free
 /// for the kernels' uncounted workspaces) added to def, at most 4 def, rounded down to 256 MiB. need:
 /// the device bytes the plan holds with the default block (weights, arena, scratch, KV cache, ...).
-/// 0: keep the default (no whole 256 MiB step beyond it). bench/NOTES.md "Session 26".
-size_t lm_head_block_cap(double total, double need, double margin, double def);
+/// 0: keep the default (no whole 256 MiB step beyond it). room (optional): that room, in bytes (< 0:
+/// none). bench/NOTES.md "Session 26".
+size_t lm_head_block_cap(double total, double need, double margin, double def, double * room = nullptr);
 
 /// Decides the KV cache's tiers (tp->resident_pages, tp->stream_block_pages) from the options, the
 /// model's KV shape and the device's free memory (after the weights, gradients and optimizer state

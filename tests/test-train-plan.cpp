@@ -20,7 +20,9 @@ TEST(TrainPlan, LmHeadBlockRaisedToFourTimesWithRoom) {
 TEST(TrainPlan, LmHeadBlockRoundedDownTo256MiB) {
     // room beyond need + margin + 1 GiB: 700 MiB -> def + 512 MiB
     const double total = 80 * GiB, margin = 3 * GiB, need = total - margin - 1 * GiB - 700 * MiB;
-    EXPECT_EQ(lm_head_block_cap(total, need, margin, DEF), (size_t) (DEF + 512 * MiB));
+    double room = 0;
+    EXPECT_EQ(lm_head_block_cap(total, need, margin, DEF, &room), (size_t) (DEF + 512 * MiB));
+    EXPECT_DOUBLE_EQ(room, 700 * MiB);  // the room the caller checks the new scratch against
     // exactly one step of room: raised by one step
     EXPECT_EQ(lm_head_block_cap(total, total - margin - 1 * GiB - 256 * MiB, margin, DEF), (size_t) (DEF + 256 * MiB));
 }
