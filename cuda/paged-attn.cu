@@ -881,6 +881,7 @@ void oomb_cuda_paged_attn_back(oomb_cuda_ctx & c, oomb_tensor * dst) {
             oomb_error("paged_attn_back (cuda): the forward's saved out is not 16-byte aligned, and a block of a split backward cannot "
                        "recompute the whole rows' statistics");
         const bool wg = bwd_wgmma(G.D);
+        static_assert(BwdW<128>::BM == 64 && BwdW<64>::BM == 64, "pa_prep_kernel's swizzled q / dO tiles (swz) are of 64 rows");
         const bool lists = fast_lists(A.schedule);
         // the page-list kernels: 64 rows per step on both families (the defaults)
         const int BM = wg || lists ? BwdW<128>::BM : bwd_bm(G.D);
