@@ -102,8 +102,8 @@ r05n() {  # r05n LABEL STEPS [ENV...]: the 0.5B one-chunk run of 32K for STEPS s
       --eval-every 0 --eval-split 1 --save-every -1 --data-bin /tmp/rand.bin --trainable all -o /tmp/r05 > $R/05b-32k-1chunk-$lab.log 2>&1
     echo "0.5b 32K one chunk $lab rc=$? tok/s: $(grep -oE '[0-9]+ tok/s' $R/05b-32k-1chunk-$lab.log | head -$st | tail -n +2 | awk '{print $1}' | tr '\n' ' ')"
 }
-# hf: HF + SDPA on the same 0.5B one-chunk 32K run (.devcarry/hf_baseline.py), its JSON line in R
-hf() { PYTHONUNBUFFERED=1 timeout 170 python3 .devcarry/hf_baseline.py qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json; }
+# hf: HF + SDPA on the same 0.5B one-chunk 32K run (HF_PY, default .devcarry/hf_baseline.py), its JSON line in R
+hf() { PYTHONUNBUFFERED=1 timeout 170 python3 ${HF_PY:-.devcarry/hf_baseline.py} qwen2.5-0.5b full 32768 3 2>/dev/null | tail -1 | tee $R/hf-05b-32k.json; }
 # attn: bench_attn.py, ours beside SDPA flash and cuDNN: the 7B layer at 8K / 32K / 128K, then the 0.5B layer at 32K (tables in R)
 attn() {
     PYTHONUNBUFFERED=1 timeout 300 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --out $R/attn7b 2>&1 | grep -v "^running" | tail -12
