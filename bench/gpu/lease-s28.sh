@@ -8,13 +8,14 @@
 #                steps) the 0.5B one chunk of 32K beside HF + SDPA; 7B --trainable linear sparse 64 and dense at 128K;
 #                the attention table beside SDPA flash and cuDNN
 #   start h2e    h2 without the attention table (build-carry: oomb-train alone is enough)
+#   start e05    the 0.5B one chunk of 32K beside HF + SDPA alone (build-carry; any card)
 #   wait [S]     waits up to S seconds (default 540) for the background run, prints its output
-usage="usage: $0 start ab|h2|h2e | wait [S]"
+usage="usage: $0 start ab|h2|h2e|e05 | wait [S]"
 case ${1:-} in start|wait) ;; *) echo "$usage"; exit 2 ;; esac
 OUT0=${OUT:-out}
 export OUT=/tmp/keep/res
 source "$(dirname "$0")/lease-lib.sh"
-if [ "${1:-}" = start ] && [ "${2:-}" = h2 -o "${2:-}" = h2e ]; then
+if [ "${1:-}" = start ] && [ "${2:-}" = h2 -o "${2:-}" = h2e -o "${2:-}" = e05 ]; then
     tar -xJf build-carry/gpu-bins.tar.xz -C $B && cat build-carry/bins-commit.txt || exit 1
 fi
 lease_head s28 "$@"
@@ -53,6 +54,8 @@ ab)
         f=\$R/attn-sp\$sp.log; timeout 150 \$B/oomb-bench-attn --seq 131072 --chunk 2048 --sparse \$sp --reps 3 > \$f 2>&1
         echo "attn sparse \$sp rc=\$? \$(grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' \$f | tr '\n' ' ')"
     done ;;
+e05)  # the 0.5B one chunk of 32K beside HF + SDPA alone (any card)
+    r05n new 6; hf ;;
 h2e)  # the end-to-end figures only, in order of need (a short budget)
     r05n new 6; hf
     s7b new
