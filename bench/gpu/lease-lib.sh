@@ -110,13 +110,19 @@ attn() {
     PYTHONUNBUFFERED=1 timeout 200 python3 bench/attention/bench_attn.py --bin $B/oomb-bench-attn --seqs 32768 --heads 14 --kv-heads 2 --dim 64 \
         --out $R/attn05b 2>&1 | grep -v "^running" | tail -6
 }
-# abat LABEL ARGS...: oomb-bench-attn old (OLDBENCH in B, default oomb-bench-attn-old) then new, twice, one process per run
+# abat LABEL ARGS...: oomb-bench-attn old (OLDBENCH in B, default oomb-bench-attn-old) then new, twice, one process per run.
+# ABAT_ENV="VAR=value ...": a third variant, x (the new binary with those settings), after each new; limited to 60 s (a
+# hang shows at once), and once it timed out ($K/x-hung) its later runs are skipped.
 abat() {
-    local lab=$1 v bin f; shift
-    for v in old new old new; do
+    local lab=$1 v bin f e rc vs="old new old new"; shift
+    [ -n "${ABAT_ENV:-}" ] && vs="old new x old new x"
+    for v in $vs; do
         bin=$B/oomb-bench-attn; [ $v = old ] && bin=$B/${OLDBENCH:-oomb-bench-attn-old}
+        e=""; [ $v = x ] && e="$ABAT_ENV"
+        if [ $v = x ] && [ -f $K/x-hung ]; then echo "attn $lab x skipped (hung before)"; continue; fi
         f=$R/attn-$lab-$v-$SECONDS.log
-        timeout 150 $bin "$@" --reps 3 > $f 2>&1
-        echo "attn $lab $v rc=$? $(grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' $f | tr '\n' ' ')"
+        env $e timeout $([ $v = x ] && echo 60 || echo 150) $bin "$@" --reps 3 > $f 2>&1
+        rc=$?; [ $v = x ] && [ $rc = 124 ] && touch $K/x-hung
+        echo "attn $lab $v rc=$rc $(grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' $f | tr '\n' ' ')"
     done
 }

@@ -3,7 +3,8 @@
 # ahead, the page-list search a bitmap word at a time; bench/NOTES.md "Session 27"), and what is owed to an H200.
 #   start ab     (carry .devcarry: oomb-bench-attn of branch pp (meta's kernels, the ping-pong backward behind
 #                OOMB_PAGED_ATTN_BWDPP=1), oomb-bench-attn-old of main's kernels, test-cuda-paged-attn, test-cuda-sparse)
-#                the sparse-64 A/B, the dense A/B/pp, the two tests, then the 0.5B layer and 128K; sparse 128 / 256 / 512 (new only)
+#                the sparse-64 A/B, the dense A/B/x (x: the ping-pong backward, abat ABAT_ENV; the call of 22:04 named
+#                its logs "pp"), the two tests, then the 0.5B layer and 128K; sparse 128 / 256 / 512 (new only)
 #   start h2     (carry build-carry: oomb-train and oomb-bench-attn, hf_baseline.py; H200 with needs_h200 for the 7B
 #                steps) the 0.5B one chunk of 32K beside HF + SDPA; 7B --trainable linear sparse 64 and dense at 128K;
 #                the attention table beside SDPA flash and cuDNN
@@ -23,33 +24,21 @@ cat > $K/run.sh <<EOF2
 cd $PWD
 export OUT=$R
 source bench/gpu/lease-lib.sh
-# abpp LABEL ARGS...: oomb-bench-attn old (main's kernels), new (meta), pp (new with the ping-pong backward,
-# OOMB_PAGED_ATTN_BWDPP=1, 60 s limit: a hang shows at once), twice, one process per run
-abpp() {
-    local lab=\$1 v bin f e; shift
-    for v in old new pp old new pp; do
-        bin=\$B/oomb-bench-attn; [ \$v = old ] && bin=\$B/oomb-bench-attn-old
-        e=""; [ \$v = pp ] && e="OOMB_PAGED_ATTN_BWDPP=1"
-        f=\$R/attn-\$lab-\$v-\$SECONDS.log
-        if [ \$v = pp ] && [ -f \$K/pp-hung ]; then echo "attn \$lab pp skipped (hung before)"; continue; fi
-        env \$e timeout \$([ \$v = pp ] && echo 60 || echo 150) \$bin "\$@" --reps 3 > \$f 2>&1
-        rc=\$?; [ \$v = pp ] && [ \$rc = 124 ] && touch \$K/pp-hung
-        echo "attn \$lab \$v rc=\$rc \$(grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' \$f | tr '\n' ' ')"
-    done
-}
 export OOMB_BIN_DIR=$B OOMB_SOURCE_DIR=$PWD HF_PY=$PWD/build-carry/hf_baseline.py
 rand_ids
 log start
 case $2 in
 ab)
     abat 7bsp64 --seq 131072 --chunk 2048 --sparse 64
-    abpp 7b32k --seq 32768 --chunk 4096
+    export ABAT_ENV=OOMB_PAGED_ATTN_BWDPP=1  # (the third variant, x: the ping-pong backward)
+    abat 7b32k --seq 32768 --chunk 4096
     # (the ping-pong kernel's cases are in Bf16PoolsKernelChoice: left out if its bench run hung)
-    [ -f \$K/pp-hung ] && export GTEST_FILTER=-CudaPagedAttn.Bf16PoolsKernelChoice
+    [ -f \$K/x-hung ] && export GTEST_FILTER=-CudaPagedAttn.Bf16PoolsKernelChoice
     tests test-cuda-paged-attn:300 test-cuda-sparse:200
     unset GTEST_FILTER
-    abpp 05b32k --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64
-    abpp 7b128k --seq 131072 --chunk 2048
+    abat 05b32k --seq 32768 --chunk 32768 --heads 14 --kv-heads 2 --dim 64
+    abat 7b128k --seq 131072 --chunk 2048
+    unset ABAT_ENV
     for sp in 128 256 512; do  # the page-list backward against the pages per query tile (per-block overhead: ~14 row tiles a block at 64)
         f=\$R/attn-sp\$sp.log; timeout 150 \$B/oomb-bench-attn --seq 131072 --chunk 2048 --sparse \$sp --reps 3 > \$f 2>&1
         echo "attn sparse \$sp rc=\$? \$(grep -oE '"(fwd|bwd|fwdbwd)_tflops": [0-9.]+' \$f | tr '\n' ' ')"
