@@ -105,6 +105,8 @@ std::string hex64(uint64_t h);
 
 // Resident memory of this process (from /proc/self/statm), bytes; 0 when unavailable.
 size_t rss_bytes();
+/// MemAvailable of /proc/meminfo in bytes, else the physical memory; 0 when unknown (train-offload.cpp).
+size_t host_available();
 
 std::string fmt_bytes(double b);        // "1.23 GiB"
 // " | GPU <in use> of <total>" (fmt_bytes) of a backend with device memory (oomb_backend_memory),

@@ -53,8 +53,6 @@ void check_offload_options(const char * prog, const CLI::App & app, const Offloa
     if (o.block_pages < 0) fail(prog, "--offload-block must be >= 0 (0: automatic), got " + std::to_string(o.block_pages));
 }
 
-namespace {
-
 // MemAvailable of /proc/meminfo (bytes), else the physical memory; 0 when unknown.
 size_t host_available() {
     std::ifstream f("/proc/meminfo");
@@ -67,6 +65,8 @@ size_t host_available() {
     const long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     return pages > 0 && psz > 0 ? (size_t) pages * (size_t) psz : 0;
 }
+
+namespace {
 
 } // namespace
 

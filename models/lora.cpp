@@ -194,6 +194,17 @@ bool lora_config_valid(const LoraConfig & c, std::string * err) {
     return true;
 }
 
+int64_t lora_param_count(const Qwen2Model & m, const LoraConfig & c) {
+    int64_t n = 0;
+    for (int64_t l = 0; l < m.cfg.n_layer; l++)
+        for (int t = 0; t < kLoraTargets; t++) {
+            if (!(c.targets & (1u << t))) continue;
+            const oomb_tensor * w = base_weight(m.layers[(size_t) l], kTargets[t].slot);
+            n += c.rank * (w->ne[0] + w->ne[1]);
+        }
+    return n;
+}
+
 bool lora_attach(Qwen2Model & m, const LoraConfig & c, std::string * err) {
     if (!lora_config_valid(c, err)) return false;
     auto a = make_adapter(m, c, err);

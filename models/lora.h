@@ -99,6 +99,10 @@ struct LoraAdapter {
 /// kLoraAllTargets. False with a message naming the option (--lora-rank, --lora-alpha, --lora-targets).
 bool lora_config_valid(const LoraConfig & c, std::string * err);
 
+/// Parameters an adapter of configuration c on m would have (rank x (n_in + n_out) per adapted projection), computed
+/// without allocating: for a memory check before lora_attach.
+int64_t lora_param_count(const Qwen2Model & m, const LoraConfig & c);
+
 /// Gives m an adapter of configuration c (m.lora, replacing any), A and B zero, in m's backend.
 /// False + *err for an invalid c or memory that cannot be allocated.
 bool lora_attach(Qwen2Model & m, const LoraConfig & c, std::string * err);

@@ -584,6 +584,12 @@ def test_input_checks(tmp):
         rc, o, e = run(tiny + ["--data", f, "--out", os.path.join(d, "o-bin")])
         check(rc == 1 and "not a text file" in e and f in e, f"explicit binary file {os.path.basename(f)}: error ({e.strip()[-200:]})")
 
+    # 2b. a LoRA rank whose adapter, gradients and optimizer state cannot fit the host: refused before anything is
+    # allocated (it used to fill the machine until the kernel killed the process)
+    rc, o, e = run(tiny + ["--data", os.path.join(only, "a.txt"), "--device", "cpu", "--trainable", "lora", "--lora-rank", "2147483647",
+                           "--out", os.path.join(d, "o-rank")])
+    check(rc == 1 and "--lora-rank 2147483647" in e and "available" in e, f"an adapter larger than the host's memory: a clear error ({rc}: {e.strip()[-300:]})")
+
     # 3. temporary files of killed saves are removed at start when their process is gone
     st = os.path.join(d, "stale")
     os.makedirs(st)
