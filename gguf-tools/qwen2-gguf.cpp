@@ -86,16 +86,27 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
     if (!get_int(c, "num_key_value_heads", &d->n_head_kv)) d->n_head_kv = d->n_head;
     if (!get_int(c, "max_position_embeddings", &d->n_ctx_train)) d->n_ctx_train = 32768;
     *has_rope_theta = false;
-    auto theta = [&](const json& src) {
-        if (!src.contains("rope_theta") || !src["rope_theta"].is_number()) return;
+    // a key present with a value that is not a number is an error naming it (it used to be dropped: the model then
+    // ran with another RoPE base or norm epsilon than it was trained with); null stands for unset, as in transformers
+    auto present = [](const json& src, const char* key) { return src.contains(key) && !src[key].is_null(); };
+    auto not_number = [&](const json& src, const char* key, const std::string& where) {
+        if (!present(src, key) || src[key].is_number()) return false;
+        *err = path + ": '" + where + key + "' is not a number (" + src[key].dump() + ")";
+        return true;
+    };
+    auto theta = [&](const json& src, const std::string& where) {
+        if (not_number(src, "rope_theta", where)) return false;
+        if (!present(src, "rope_theta")) return true;
         d->rope_theta = (float)src["rope_theta"].get<double>();
         *has_rope_theta = true;
+        return true;
     };
-    if (c.contains("rope_theta") && c["rope_theta"].is_number()) {                  // transformers 4
-        theta(c);
+    if (present(c, "rope_theta")) {                                                 // transformers 4
+        if (!theta(c, "")) return false;
     } else if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) { // transformers 5
         const json& rp = c["rope_parameters"];
-        theta(rp.contains("full_attention") && rp["full_attention"].is_object() ? rp["full_attention"] : rp);
+        const bool full = rp.contains("full_attention") && rp["full_attention"].is_object();
+        if (!theta(full ? rp["full_attention"] : rp, full ? "rope_parameters.full_attention." : "rope_parameters.")) return false;
     }
     // RoPE scaling and sliding-window attention change the model's function: refused, never dropped
     // (except Llama 3.x's llama3 scaling, which becomes rope_freqs.weight, as in llama.cpp)
@@ -119,7 +130,8 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
         *err = path + ": use_sliding_window is true: sliding-window attention is not supported (full causal attention only)";
         return false;
     }
-    if (c.contains("rms_norm_eps") && c["rms_norm_eps"].is_number()) d->rms_eps = (float)c["rms_norm_eps"].get<double>();
+    if (not_number(c, "rms_norm_eps", "")) return false;
+    if (present(c, "rms_norm_eps")) d->rms_eps = (float)c["rms_norm_eps"].get<double>();
     d->tied = c.value("tie_word_embeddings", false);
     if (name_or_path) {
         auto it = c.find("_name_or_path");

@@ -566,6 +566,27 @@ TEST(Init, RejectsBadOptions) {
         EXPECT_NE(log.find(c.first), std::string::npos) << log;
         EXPECT_NE(access(out.c_str(), F_OK), 0);
     }
+    // a value that is not a number is named (it used to be dropped: another RoPE base or epsilon, silently), top level and
+    // inside transformers 5's rope_parameters; null is unset (the default), as in transformers
+    for (const char* key : {"rms_norm_eps", "rope_theta", "rope_parameters"}) {
+        nlohmann::json cfg = good;
+        if (std::string(key) == "rope_parameters") {
+            cfg.erase("rope_theta");
+            cfg[key] = {{"rope_type", "default"}, {"rope_theta", "abc"}};
+        } else {
+            cfg[key] = "abc";
+        }
+        write_all(dir + "/config.json", cfg.dump());
+        EXPECT_EQ(run(tool("oomb-convert-hf") + " " + dir + " -o " + out, &log), 1) << key << ": " << log;
+        EXPECT_NE(log.find("is not a number"), std::string::npos) << log;
+        EXPECT_NE(log.find(std::string(key) == "rope_parameters" ? "rope_parameters.rope_theta" : key), std::string::npos) << log;
+        EXPECT_NE(access(out.c_str(), F_OK), 0);
+    }
+    nlohmann::json cfg = good;
+    cfg["rms_norm_eps"] = nullptr;
+    write_all(dir + "/config.json", cfg.dump());
+    EXPECT_EQ(run(tool("oomb-convert-hf") + " " + dir + " -o " + out, &log), 0) << "null: unset, the default: " << log;
+    unlink(out.c_str());
 }
 
 // -t up to the cap: no more chunk buffers than the model has chunks (was: 2 MB per thread, 10 GB
