@@ -167,11 +167,17 @@ public:
         return n ? s / (double) n : NAN;
     }
 
+    // an output (train.jsonl, loss.png) that could not be written: said when it happens, and the run's exit status is 1
+    bool output_failed = false;
+
     void log_json(const json & j) {
         if (!jsonl) return;
         const std::string s = j.dump();
-        fprintf(jsonl, "%s\n", s.c_str());
-        fflush(jsonl);
+        if (fprintf(jsonl, "%s\n", s.c_str()) < 0 || fflush(jsonl) != 0) {
+            if (!output_failed) print_error(PROG, "cannot write " + path("train.jsonl") + ": " + strerror(errno));
+            output_failed = true;
+            clearerr(jsonl);
+        }
     }
 
     void plot() {
@@ -181,7 +187,10 @@ public:
         char title[256];
         snprintf(title, sizeof(title), "oomb-train: %s, ctx %" PRId64 ", chunk %" PRId64,
                  o.model.empty() ? ("preset " + o.preset).c_str() : o.model.c_str(), o.ctx, o.chunk);
-        if (!write_loss_png(path("loss.png"), tr_pts, ev_pts, title, &err)) print_error(PROG, "loss plot: " + err);
+        if (!write_loss_png(path("loss.png"), tr_pts, ev_pts, title, &err)) {
+            print_error(PROG, "loss plot: " + err);
+            output_failed = true;
+        }
     }
 
     bool save(std::string * err) const {
@@ -636,6 +645,10 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         print_error(PROG, "the run ended with " + std::to_string(T.bad_run) + " consecutive step(s) with a non-finite loss or gradient "
                           "(updates skipped; try a lower --lr); " + kept_checkpoint());
         return 2;
+    }
+    if (T.output_failed) {
+        print_error(PROG, "the training finished, but " + T.path("train.jsonl") + " or " + T.path("loss.png") + " could not be written (above)");
+        return 1;
     }
     return 0;
 }

@@ -737,18 +737,15 @@ bool write_loss_png(const std::string & path, const std::vector<CurvePoint> & tr
         img.text(lx + 40, ly + 24, "eval loss", black);
     }
 
-    const std::string tmp = path + ".tmp." + std::to_string(getpid());
-    if (!stbi_write_png(tmp.c_str(), W, H, 3, img.px.data(), W * 3)) {
-        if (err) *err = "cannot write '" + tmp + "'";
-        unlink(tmp.c_str());
+    // encoded in memory, then written with every write checked (stbi_write_png ignores fwrite's errors: a full disk
+    // left a truncated file and reported success)
+    std::string png;
+    auto append = [](void * ctx, void * data, int size) { ((std::string *) ctx)->append((const char *) data, (size_t) size); };
+    if (!stbi_write_png_to_func(append, &png, W, H, 3, img.px.data(), W * 3)) {
+        if (err) *err = "cannot encode the PNG image";
         return false;
     }
-    if (rename(tmp.c_str(), path.c_str()) != 0) {
-        if (err) *err = "cannot rename '" + tmp + "' to '" + path + "': " + strerror(errno);
-        unlink(tmp.c_str());
-        return false;
-    }
-    return true;
+    return write_file_atomic(path, png, err);
 }
 
 bool write_file_atomic(const std::string & path, const std::string & data, std::string * err) {

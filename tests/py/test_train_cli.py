@@ -590,6 +590,20 @@ def test_input_checks(tmp):
                            "--out", os.path.join(d, "o-rank")])
     check(rc == 1 and "--lora-rank 2147483647" in e and "available" in e, f"an adapter larger than the host's memory: a clear error ({rc}: {e.strip()[-300:]})")
 
+    # 2c. outputs that cannot be written (a full disk; here a 4 KB file-size limit, SIGXFSZ ignored, so every write
+    # past it fails as on a full disk): train.jsonl and loss.png named, exit 1 (was: empty or truncated files, exit 0)
+    import resource, signal
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    out_full = os.path.join(d, "o-full")
+    p = subprocess.run(tiny + ["--data", os.path.join(only, "a.txt"), "--device", "cpu", "--steps", "40", "--save-every", "-1",
+                               "--eval-every", "0", "--out", out_full], capture_output=True, text=True, timeout=300, preexec_fn=small_files)
+    check(p.returncode == 1 and "cannot write " + os.path.join(out_full, "train.jsonl") in p.stderr and "loss plot: cannot write" in p.stderr,
+          f"outputs that cannot be written: named, exit 1 ({p.returncode}: {p.stderr.strip()[-400:]})")
+
     # 3. temporary files of killed saves are removed at start when their process is gone
     st = os.path.join(d, "stale")
     os.makedirs(st)
