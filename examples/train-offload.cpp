@@ -66,10 +66,6 @@ size_t host_available() {
     return pages > 0 && psz > 0 ? (size_t) pages * (size_t) psz : 0;
 }
 
-namespace {
-
-} // namespace
-
 size_t lm_head_block_cap(double total, double need, double margin, double def, double * room_out) {
     const double room = total - need - margin - (double) (1ull << 30), step = (double) (256ull << 20);
     if (room_out) *room_out = room;
