@@ -303,15 +303,19 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     if (lora) {
         // the adapter: PEFT's initialisation (B = 0: the run starts at the base model), or the checkpoint's
         const LoraConfig lc = lora_config_of(o);
-        // the adapter, its gradients and two f32 Adam moments on the host (a CPU run), checked before any of it is allocated:
-        // a rank typed wrong (16000 for 16) would otherwise fill the machine and be killed by the kernel minutes later
-        if (std::string(oomb_backend_name(T.be)) == "CPU") {
+        // the adapter, its gradients and two f32 Adam moments, checked against the backend's free memory (the host's on
+        // CPU) before any of it is allocated: a rank typed wrong (16000 for 16) would otherwise fill a CPU machine until
+        // the kernel kills the process
+        {
+            size_t used = 0, total = 0;
+            const bool dev = oomb_backend_memory(T.be, &used, &total);
+            const double avail = dev ? (double) total - (double) used : (double) host_available();
             const double need = 16.0 * (double) lora_param_count(M, lc);
-            const size_t avail = host_available();
-            if (avail > 0 && need > 0.9 * (double) avail)
-                fail(PROG, "--lora-rank " + std::to_string(lc.rank) + ": the adapter with its gradients and optimizer state needs " +
-                               fmt_bytes(need) + ", the machine has " + fmt_bytes((double) avail) + " available: use a smaller --lora-rank (at most about " +
-                               std::to_string(std::max<int64_t>(1, (int64_t) ((double) lc.rank * 0.9 * (double) avail / need))) + " fits)");
+            if (avail > 0 && need > 0.9 * avail)
+                fail(PROG, "--lora-rank " + std::to_string(lc.rank) + ": the adapter with its gradients and optimizer state needs " + fmt_bytes(need) +
+                               ", " + (dev ? std::string(oomb_backend_name(T.be)) + " has " : std::string("the machine has ")) + fmt_bytes(avail) +
+                               " available: use a smaller --lora-rank (at most about " +
+                               std::to_string(std::max<int64_t>(1, (int64_t) ((double) lc.rank * 0.9 * avail / need))) + " fits)");
         }
         if (o.resume) {
             if (!lora_load_gguf(M, ckpt_model, &err)) fail(PROG, "--resume: " + err);
