@@ -58,6 +58,7 @@ const char * PROG = TRAIN_PROG;
 // and exits with 128 + the signal's number; a second one stops at once (the temporary files of a save in progress
 // removed, then the signal's default action, as install_temp_file_cleanup's handler does). A scheduler's SIGTERM
 // (preemption) or a Ctrl-C then loses no steps; --resume continues. Signals ignored at start (nohup) stay ignored.
+// With --save-every -1 (no checkpoint to write) the handler is not installed: a signal stops the run at once.
 volatile sig_atomic_t g_stop_signal = 0;
 
 void stop_handler(int sig) {
@@ -503,9 +504,21 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         return last_good_ckpt >= 0 ? "the last good checkpoint (step " + std::to_string(last_good_ckpt) + ") in " + o.out + "/ is kept"
                                    : std::string("no checkpoint was written");
     };
+    // the cause named when the steps are non-finite: a weight that holds a NaN / inf (skipped updates leave the weights as
+    // they were, so when every step of the run was bad it is the input model's), else the learning rate
+    auto bad_steps_cause = [&](int64_t n_run) {
+        const std::string w = non_finite_weight(M);
+        if (w.empty()) return std::string("try a lower --lr");
+        return "the weight " + w + " is not finite" +
+               (T.bad_run >= n_run ? std::string(" in the model this run started from (") + (o.resume ? "the checkpoint" : "-m") +
+                                         "): that file is damaged, a learning rate does not fix it"
+                                   : std::string(" after an update (try a lower --lr)"));
+    };
     const int64_t stop_at = o.stop_after > 0 ? std::min<int64_t>(o.stop_after, o.steps) : o.steps;
     const bool offloaded = oomb_kv_cache_host_nbytes(T.tr->kv_cache()) > 0;
-    install_stop_handler();  // from here a first SIGINT / SIGTERM / SIGHUP ends the step and saves it
+    // from here a first SIGINT / SIGTERM / SIGHUP ends the step and saves it; with --save-every -1 nothing would be saved,
+    // so a signal stops the run at once (train.jsonl is flushed each step), not minutes later at the step's end
+    if (o.save_every >= 0) install_stop_handler();
     while (T.step < stop_at) {
         const auto t0 = std::chrono::steady_clock::now();
         const oomb_kv_stream_stats off0 = oomb_kv_stream_totals();
@@ -586,8 +599,8 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
                     PROG, T.step + 1);
         if (T.bad_run >= o.max_bad_steps) {
             T.plot();
-            print_error(PROG, "stopping: " + std::to_string(T.bad_run) + " consecutive steps with a non-finite loss or gradient (try a lower --lr); " +
-                                  kept_checkpoint());
+            print_error(PROG, "stopping: " + std::to_string(T.bad_run) + " consecutive steps with a non-finite loss or gradient (" +
+                                  bad_steps_cause(steps_run) + "); " + kept_checkpoint());
             return 2;
         }
         if (o.log_every > 0 && (T.step % o.log_every == 0 || T.step == 1 || T.step == stop_at)) {
@@ -628,7 +641,6 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
             if (o.save_every >= 0 && last_good_ckpt != T.step) save_step();
             T.plot();
             const std::string why = last_good_ckpt == T.step ? ": --resume continues from this checkpoint"
-                                    : o.save_every < 0        ? " (--save-every -1: no checkpoint)"
                                                               : " (the step was not finite, so not saved; " + kept_checkpoint() + ")";
             printf("stopped by %s after step %" PRId64 "/%d%s\n", sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP", T.step,
                    o.steps, why.c_str());
@@ -647,7 +659,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
            T.path("loss.png").c_str());
     if (T.bad_run > 0) {  // the last steps were skipped: the weights at the end give a non-finite loss, so no final checkpoint
         print_error(PROG, "the run ended with " + std::to_string(T.bad_run) + " consecutive step(s) with a non-finite loss or gradient "
-                          "(updates skipped; try a lower --lr); " + kept_checkpoint());
+                          "(updates skipped; " + bad_steps_cause(steps_run) + "); " + kept_checkpoint());
         return 2;
     }
     if (T.output_failed) {

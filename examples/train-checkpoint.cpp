@@ -75,6 +75,16 @@ int64_t first_non_finite(const uint8_t * p, size_t n, size_t es) {
     return -1;
 }
 
+// As first_non_finite for f16 values (the exponent's five bits all ones); n: bytes.
+int64_t first_non_finite_f16(const uint8_t * p, size_t n) {
+    for (size_t i = 0; i + 2 <= n; i += 2) {
+        uint16_t u;
+        memcpy(&u, p + i, 2);
+        if ((u & 0x7c00u) == 0x7c00u) return (int64_t) (i / 2);
+    }
+    return -1;
+}
+
 // Index of the first negative value (sign bit set, not -0) among the n / es values (f32 or bf16, as first_non_finite) at
 // p; -1 when none. Adam's second moments are sums of squares: a negative one is damage (and its square root a NaN).
 int64_t first_negative(const uint8_t * p, size_t n, size_t es) {
@@ -201,6 +211,28 @@ void lock_output_folder(const std::string & out) {
     const std::string me = std::to_string((long) getpid()) + "\n";
     if (ftruncate(fd, 0) != 0 || pwrite(fd, me.data(), me.size(), 0) != (ssize_t) me.size()) { /* the pid is informative only */ }
     // fd stays open (and locked) for the run's lifetime.
+}
+
+std::string non_finite_weight(const Qwen2Model & m) {
+    std::vector<const oomb_tensor *> ts(m.params.begin(), m.params.end());
+    if (m.lora) ts.insert(ts.end(), m.lora->params.begin(), m.lora->params.end());
+    std::vector<uint8_t> buf(16u << 20);
+    for (const oomb_tensor * t : ts) {
+        if (t->type != OOMB_TYPE_F32 && t->type != OOMB_TYPE_BF16 && t->type != OOMB_TYPE_F16) continue;
+        const size_t es = oomb_type_size(t->type), nb = oomb_nbytes(t);
+        for (size_t off = 0; off < nb; off += buf.size()) {
+            const size_t n = std::min(buf.size(), nb - off);
+            oomb_tensor_get(t, buf.data(), off, n);
+            const int64_t bad = t->type == OOMB_TYPE_F16 ? first_non_finite_f16(buf.data(), n) : first_non_finite(buf.data(), n, es);
+            if (bad < 0) continue;
+            float v = 0;
+            if (t->type == OOMB_TYPE_F16) gguf_convert(GGUF_TENSOR_F16, buf.data() + (size_t) bad * 2, GGUF_TENSOR_F32, &v, 1, nullptr);
+            const char * what = t->type == OOMB_TYPE_F16 ? (std::isnan(v) ? "NaN" : v < 0 ? "-inf" : "inf")
+                                                         : non_finite_name(buf.data() + (size_t) bad * es, es);
+            return std::string("'") + t->name + "' (" + what + " at element " + std::to_string((int64_t) (off / es) + bad) + ")";
+        }
+    }
+    return "";
 }
 
 // As tensor_bytes for an optimizer moment, refusing a NaN or infinite value (which --resume would refuse: a save

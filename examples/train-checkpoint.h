@@ -48,6 +48,11 @@ std::vector<int64_t> torch_shape(const oomb_tensor * t);
 /// at --resume. GGUF_TENSOR_F32 (and any type equal to a tensor's own): the raw bytes.
 uint64_t weights_hash(const Qwen2Model & m, gguf_tensor_type saved = GGUF_TENSOR_F32);
 
+/// The first weight of m (its LoRA adapter's too) holding a NaN or an infinity, as "'NAME' (NaN at element I)"; "" when
+/// every f32 / bf16 / f16 weight is finite (a block-quantized frozen base is not read). Read in 16 MiB pieces: a
+/// diagnosis for a run whose steps are all non-finite (a damaged input model, not a learning rate), not a per-step check.
+std::string non_finite_weight(const Qwen2Model & m);
+
 /// With --trainable lora: a fingerprint (hex) of the frozen base, stored in the state file and
 /// compared at --resume, so that an adapter does not continue on another base (another file, another
 /// quantization of the same model, another random --preset / block --base-type). For -m: the tensor

@@ -752,7 +752,7 @@ bool write_file_atomic(const std::string & path, const std::string & data, std::
     const std::string tmp = path + ".tmp." + std::to_string(getpid());
     const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
-        if (err) *err = "cannot create '" + tmp + "': " + strerror(errno);
+        if (err) *err = temp_file_create_error(path, tmp, errno);
         return false;
     }
     size_t off = 0;

@@ -147,7 +147,7 @@ void add_train_cli_options(CLI::App & app, Options & o) {
     app.add_option("--device", o.device, "cpu or cuda")->capture_default_str();
     app.add_option("--rope-theta", o.rope_theta, "override the RoPE base (context extension)");
     app.add_option("-o,--out", o.out, "output folder: train.jsonl, loss.png, model.gguf (lora: adapter.gguf), state.safetensors")->capture_default_str();
-    app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end; -1: never, e.g. benchmarks)")->capture_default_str();
+    app.add_option("--save-every", o.save_every, "checkpoint every N steps (0: only at the end; -1: never, e.g. benchmarks, and Ctrl-C stops at once)")->capture_default_str();
     app.add_flag("--resume", o.resume, "continue from OUT/model.gguf (lora: OUT/adapter.gguf) + OUT/state.safetensors (same command line otherwise)");
     app.add_option("--seed", o.seed, "seed of the initialisation and of the data order")->capture_default_str();
     app.add_option("--log-every", o.log_every, "progress line every N steps")->capture_default_str();

@@ -447,6 +447,10 @@ void remove_temp_files();
 // long). Unregister once the file is renamed or removed. Thread-safe.
 int temp_file_register(const std::string& path);
 void temp_file_unregister(int id);
+// The error for an output `path` whose temporary file `tmp` (path.tmp.<pid>) could not be created, errno `errnum`: names
+// the output and, when its folder is missing or not a folder, that folder (the temporary file's name means nothing to a
+// user); else the output, the temporary file and strerror. One wording for every writer (GGUF, safetensors, PNG, JSON).
+std::string temp_file_create_error(const std::string& path, const std::string& tmp, int errnum);
 // A process killed by SIGKILL (or a crash) runs no handler: its `<base>.tmp.<pid>` stays. Removes,
 // in folder `dir` ("" or "."; the current one), every "<base>.tmp.<pid>" of the given base names
 // (file names, no folder) whose process <pid> no longer exists; files of this process and of a

@@ -115,10 +115,11 @@ int main(int argc, char** argv) {
     GGUFWriter w;
     Qwen2Config dims;
     bool has_rope_theta = false;
+    bool tie_given = false;  // config.json gives tie_word_embeddings
     std::string name_or_path;
     std::vector<float> rope_freqs;  // Llama 3.x: rope_freqs.weight, computed from the config
     if (has_config) {
-        if (!read_hf_config(dir + "/config.json", &dims, &has_rope_theta, &name_or_path, &rope_freqs, &err)) return fail(err);
+        if (!read_hf_config(dir + "/config.json", &dims, &has_rope_theta, &name_or_path, &rope_freqs, &err, &tie_given)) return fail(err);
     } else if (!vocab_only) {
         return fail(dir + ": no config.json (needed unless --vocab-only)");
     }
@@ -178,6 +179,11 @@ int main(int argc, char** argv) {
                     " (fix num_hidden_layers to the number of layers in the checkpoint)");
     }
     if (!dims.tied && !by_gguf.count("output.weight")) {
+        // config.json says the head is its own tensor: a missing lm_head.weight is a missing file or
+        // shard, not a tied model (reusing the embeddings would be another model, silently)
+        if (tie_given)
+            return fail(dir + ": config.json sets tie_word_embeddings to false but the checkpoint has no lm_head.weight "
+                        "(a missing shard?); set tie_word_embeddings to true if the output layer is the embeddings");
         fprintf(stderr, "oomb-convert-hf: note: no lm_head.weight; the output layer reuses token_embd.weight\n");
         dims.tied = true;
     }

@@ -72,8 +72,8 @@ int main(int argc, char** argv) {
     bool as_json = false, data = false;
     size_t max_elems = 8;
     app.add_option("FILE", path, "GGUF file")->required();
-    app.add_flag("--json", as_json, "print JSON (metadata values in full)");
-    app.add_flag("--data", data, "with --json: include each tensor's values as f32");
+    CLI::Option* json_opt = app.add_flag("--json", as_json, "print JSON (metadata values in full)");
+    app.add_flag("--data", data, "with --json: include each tensor's values as f32")->needs(json_opt);  // (not ignored)
     app.add_option("--max-elems", max_elems, "array elements shown per metadata value (text output)");
     OOMB_TOOL_PARSE(app, argc, argv);
 

@@ -69,8 +69,9 @@ int main(int argc, char** argv) {
     int threads = 1;
     app.add_option("-m,--model", model, "GGUF file with tokenizer.ggml.* metadata (model or vocab-only)")->required();
     app.add_option("-f,--file", file, "input file ('-' for stdin): text, or ids with --decode")->required();
-    app.add_flag("--decode", decode, "read space-separated ids and write their exact text bytes");
-    app.add_flag("--jsonl", jsonl, "input holds one JSON string or {\"text\": ...} object per line; print one line of ids per line");
+    CLI::Option* decode_opt = app.add_flag("--decode", decode, "read space-separated ids and write their exact text bytes");
+    app.add_flag("--jsonl", jsonl, "input holds one JSON string or {\"text\": ...} object per line; print one line of ids per line")
+        ->excludes(decode_opt);  // --decode reads ids, not JSON lines: never one of them ignored silently
     app.add_flag("--no-special", no_special, "tokenize added/special token text as plain text");
     app.add_flag("--stats", stats, "print bytes, tokens and encoding speed (MB/s) to stderr");
     app.add_option("-t,--threads", threads, "with --jsonl: encode lines on this many threads (default 1)")

@@ -59,8 +59,9 @@ static bool get_int(const json& c, const char* key, int64_t* out) {
 }
 
 bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_theta, std::string* name_or_path,
-                    std::vector<float>* rope_freqs, std::string* err) {
+                    std::vector<float>* rope_freqs, std::string* err, bool* tie_given) {
     rope_freqs->clear();
+    if (tie_given) *tie_given = false;
     json c;
     if (!read_json(path, &c, err)) return false;
     if (!c.is_object()) { *err = path + ": not a JSON object"; return false; }
@@ -133,6 +134,7 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
     if (not_number(c, "rms_norm_eps", "")) return false;
     if (present(c, "rms_norm_eps")) d->rms_eps = (float)c["rms_norm_eps"].get<double>();
     d->tied = c.value("tie_word_embeddings", false);
+    if (tie_given) *tie_given = c.contains("tie_word_embeddings") && c["tie_word_embeddings"].is_boolean();
     if (name_or_path) {
         auto it = c.find("_name_or_path");
         *name_or_path = it != c.end() && it->is_string() ? it->get<std::string>() : "";

@@ -26,8 +26,10 @@ uint32_t llama_file_type(uint32_t ggml_type);
 // [head_dim / 2], llama3_rope_freq_factors of head_dim and rope_theta, 10000 when absent, as
 // llama.cpp's converter computes them); *rope_freqs is emptied otherwise.
 // *has_rope_theta: whether the file gives rope_theta (else qwen2.rope.freq_base is not written).
+// *tie_given (may be null): whether the file gives tie_word_embeddings (c->tied is its value, false
+// when absent).
 bool read_hf_config(const std::string& path, Qwen2Config* c, bool* has_rope_theta, std::string* name_or_path,
-                    std::vector<float>* rope_freqs, std::string* err);
+                    std::vector<float>* rope_freqs, std::string* err, bool* tie_given = nullptr);
 
 // Converts the HF tokenizer in `dir` (tokenizer.json, tokenizer_config.json and, if present,
 // config.json) into tokenizer.ggml.* keys following llama.cpp's convert_hf_to_gguf.py for

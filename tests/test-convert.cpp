@@ -589,6 +589,33 @@ TEST(Init, RejectsBadOptions) {
     unlink(out.c_str());
 }
 
+// config.json's tie_word_embeddings false with no lm_head.weight in the checkpoint is a missing tensor (a lost shard), an
+// error naming both (it used to become a tied model with a note: another output layer); without the key, a checkpoint
+// with no lm_head.weight is tied, as before (transformers' own default ties).
+TEST(Convert, UntiedConfigWithoutLmHeadIsAnError) {
+    REQUIRE_TOOLS();
+    const std::string dir = tmp_dir() + "/synthetic-untied-no-head", out = tmp_dir() + "/untied-no-head.gguf";
+    write_synthetic(dir, 64, 8, 16, 2, 1, true);  // no lm_head.weight
+    nlohmann::json cfg = nlohmann::json::parse(read_all(dir + "/config.json"));
+    std::string log, err;
+    cfg["tie_word_embeddings"] = false;
+    write_all(dir + "/config.json", cfg.dump());
+    EXPECT_EQ(run(tool("oomb-convert-hf") + " " + dir + " -o " + out, &log), 1) << log;
+    EXPECT_NE(log.find("tie_word_embeddings"), std::string::npos) << log;
+    EXPECT_NE(log.find("lm_head.weight"), std::string::npos) << log;
+    EXPECT_NE(access(out.c_str(), F_OK), 0);
+    for (const bool drop : {true, false}) {  // no key: tied with a note; true: tied
+        if (drop) cfg.erase("tie_word_embeddings");
+        else cfg["tie_word_embeddings"] = true;
+        write_all(dir + "/config.json", cfg.dump());
+        ASSERT_EQ(run(tool("oomb-convert-hf") + " " + dir + " -o " + out, &log), 0) << log;
+        GGUFReader r;
+        ASSERT_EQ(r.open(out, &err), GGUF_OK) << err;
+        EXPECT_EQ(r.find_tensor("output.weight"), nullptr);
+        unlink(out.c_str());
+    }
+}
+
 // -t up to the cap: no more chunk buffers than the model has chunks (was: 2 MB per thread, 10 GB
 // for -t 5000); the largest --init-std an f16 file takes gives finite weights.
 TEST(Init, ThreadsCostOnlyWhatTheModelNeeds) {
@@ -775,6 +802,30 @@ TEST(Tools, TokenizeRejectsBadInput) {
     EXPECT_EQ(out.find("absurd"), std::string::npos) << out;
     EXPECT_NE(run(tool("oomb-gguf-dump") + " " + cut, &out), 0) << out;
     EXPECT_NE(out.find("file is truncated"), std::string::npos) << out;
+}
+
+// Options that another one makes meaningless are refused, not ignored (--decode reads ids, not JSON lines; --data only
+// adds to --json's output); an output in a missing folder names that folder, not the writer's temporary file.
+TEST(Tools, ConflictingOptionsAndMissingOutputFolder) {
+    REQUIRE_TOOLS();
+    const std::string vocab = oombtest::source_dir() + "/models/qwen2.5-vocab.gguf";
+    const std::string ids = tmp_dir() + "/conflict-ids.txt";
+    write_all(ids, "9707 5\n");
+    std::string out;
+    EXPECT_EQ(run(tool("oomb-tokenize") + " -m " + vocab + " -f " + ids + " --decode --jsonl", &out), 1) << out;
+    EXPECT_NE(out.find("--jsonl"), std::string::npos) << out;
+    EXPECT_NE(out.find("--decode"), std::string::npos) << out;
+    EXPECT_EQ(run(tool("oomb-gguf-dump") + " " + vocab + " --data", &out), 1) << out;
+    EXPECT_NE(out.find("--json"), std::string::npos) << out;
+    EXPECT_EQ(run(tool("oomb-gguf-dump") + " " + vocab + " --data --json > /dev/null", &out), 0) << out;
+    const std::string missing = tmp_dir() + "/no-such-folder";
+    EXPECT_EQ(run(tool("oomb-gguf-init") + " -o " + missing + "/x.gguf --vocab-size 256 --ffn 96 --layers 1 --hidden 64 --heads 2",
+                  &out), 1) << out;
+    EXPECT_NE(out.find("its folder " + missing + " does not exist"), std::string::npos) << out;
+    EXPECT_EQ(out.find(".tmp."), std::string::npos) << out;
+    EXPECT_EQ(run(tool("oomb-gguf-init") + " -o " + ids + "/x.gguf --vocab-size 256 --ffn 96 --layers 1 --hidden 64 --heads 2",
+                  &out), 1) << out;
+    EXPECT_NE(out.find(ids + " is not a folder"), std::string::npos) << out;
 }
 
 TEST(Safetensors, RoundTripDtypesAndConversions) {

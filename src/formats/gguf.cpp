@@ -1118,7 +1118,7 @@ gguf_status GGUFWriter::open(const std::string& path, std::string* err) {
         const int e = errno;
         temp_file_unregister(tmp_id_);
         tmp_id_ = -1;
-        set_err(err, tmp_path_ + ": cannot create: " + strerror(e));
+        set_err(err, temp_file_create_error(path, tmp_path_, e));
         return GGUF_ERR_IO;
     }
     file_ = f;

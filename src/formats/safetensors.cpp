@@ -432,7 +432,7 @@ gguf_status SafetensorsWriter::write(const std::string& path, std::string* err) 
         ~Registered() { temp_file_unregister(id); }
     } reg{temp_file_register(tmp)};
     FILE* f = fopen(tmp.c_str(), "wb");
-    if (!f) { set_err(err, tmp + ": cannot create: " + strerror(errno)); return GGUF_ERR_IO; }
+    if (!f) { set_err(err, temp_file_create_error(path, tmp, errno)); return GGUF_ERR_IO; }
     const uint64_t hlen = hs.size();
     bool ok = fwrite(&hlen, 8, 1, f) == 1 && fwrite(hs.data(), 1, hs.size(), f) == hs.size();
     std::string fill_err;

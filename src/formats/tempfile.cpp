@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace oomb {
@@ -61,6 +62,17 @@ extern "C" void cleanup_handler(int sig) {
 }
 
 } // namespace
+
+std::string temp_file_create_error(const std::string& path, const std::string& tmp, int errnum) {
+    const size_t sl = path.rfind('/');
+    const std::string dir = sl == std::string::npos ? "." : sl == 0 ? "/" : path.substr(0, sl);
+    struct stat st;
+    if (errnum == ENOENT && stat(dir.c_str(), &st) != 0)
+        return "cannot create " + path + ": its folder " + dir + " does not exist (create it first)";
+    if (errnum == ENOTDIR || (stat(dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)))
+        return "cannot create " + path + ": " + dir + " is not a folder";
+    return "cannot create " + path + " (its temporary file " + tmp + "): " + strerror(errnum);
+}
 
 int temp_file_register(const std::string& path) {
     std::string abs = path;

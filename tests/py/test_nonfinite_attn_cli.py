@@ -10,7 +10,8 @@ finite 0: `oomb-eval` printed a finite mean NLL (8.04 vs 8.06 for the clean mode
     and with `--sparse-pages 2 --offload on --gpu-kv-budget 0` (the streamed blocks merged
     through their LSE);
   - `oomb-train --dump-grads` writes a NaN loss (dense and sparse + offload), and a training run
-    skips the non-finite steps and stops with exit code 2 after three of them;
+    skips the non-finite steps and stops with exit code 2 after three of them, naming the weight that holds
+    the NaN and the input model (not "try a lower --lr"), as does a run that ends on non-finite steps;
   - the clean model still gives a finite NLL with the same options (control).
 
 CTest sets the environment (train_data.py: the tool, source and fixture folders). Exit codes: 0
@@ -83,6 +84,14 @@ def main():
                                  "--sparse-pages", "2", "--offload", "on", "--gpu-kv-budget", "0"])
         check(rc == 2 and "3 consecutive steps with a non-finite loss" in err,
               f"training with NaN K weights (sparse + offload): stops with exit 2 after 3 non-finite steps (got {rc}: {err.strip()[-200:]})")
+        # the stop names the damaged weight and the input model, not the learning rate (was: "try a lower --lr")
+        check("'blk.1.attn_k.weight' (NaN at element 0)" in err and "-m" in err and "lower --lr" not in err,
+              f"the stop names blk.1.attn_k.weight's NaN in -m, not --lr ({err.strip()[-300:]})")
+        # a run that ends (--steps 2 < --max-bad-steps) with non-finite steps names it too
+        rc, out, err = run_tool([TRAIN, "-m", bad, "--data-bin", data, "--ctx", "50", "--chunk", "13", "--page", "3", "--device", "cpu",
+                                 "--threads", "2", "--steps", "2", "--eval-every", "0", "--out", os.path.join(tmp, "run2")])
+        check(rc == 2 and "'blk.1.attn_k.weight' (NaN at element 0)" in err and "lower --lr" not in err,
+              f"a run ending on non-finite steps names the weight (got {rc}: {err.strip()[-300:]})")
     checks.finish()
 
 

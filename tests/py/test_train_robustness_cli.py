@@ -23,7 +23,8 @@
     --resume --preset tiny on a checkpoint of another model is a model mismatch; a chat run on a
     model without a tokenizer does not advise --data-bin;
   - SIGTERM / SIGINT during training: the step ends, is saved, and the run exits 143 / 130 naming the signal and the
-    step; --resume continues from it; a second SIGINT stops at once (killed by it) and leaves no temporary file;
+    step; --resume continues from it; a second SIGINT stops at once (killed by it) and leaves no temporary file; with --save-every -1 the first
+    SIGINT stops at once (no checkpoint claimed);
   - OOMB_PROFILE_FIRST_STEP=abc, +, +-1, 1x are errors naming the variable; +1 and 0 are accepted.
   - OOMB_LCE_TILE=abc is an error naming the variable before the memory plan.
   - --eval-data naming the training data prints a warning and the run goes on.
@@ -316,6 +317,14 @@ def main():
         rc, o, e, n = signal_after_steps(slow, 1, [signal.SIGINT, signal.SIGINT], delay=0.5)
         C.check(rc == -signal.SIGINT and not [f for f in os.listdir(sig_out) if ".tmp." in f or ".saving" in f],
                 f"a second SIGINT stops at once, no temporary file left (rc {rc}) {tail(e)}")
+
+        # --save-every -1 writes no checkpoint, so a first SIGINT stops at once (was: "stopping after this step with a
+        # checkpoint", untrue, and a wait for the whole step)
+        shutil.rmtree(sig_out, ignore_errors=True)
+        rc, o, e, n = signal_after_steps(slow + ["--save-every", "-1"], 1, [signal.SIGINT], delay=0.5)
+        C.check(rc == -signal.SIGINT and "with a checkpoint" not in e and "stopped by" not in o and
+                not os.path.exists(os.path.join(sig_out, "state.safetensors")),
+                f"--save-every -1: a SIGINT stops at once, no checkpoint claimed (rc {rc}) {tail(o)} {tail(e)}")
 
         # OOMB_PROFILE_FIRST_STEP must be a number ("+1" as the strtol-read OOMB_CUDA_* variables take it)
         for val, ok in (("abc", False), ("+", False), ("+-1", False), ("1x", False), ("+1", True), ("0", True)):
