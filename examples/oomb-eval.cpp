@@ -221,5 +221,5 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "%s: error: the mean NLL is not finite (non-finite weights or an overflow in the model?)\n", PROG);
         return 2;
     }
-    return 0;
+    return tools::finish_stdout(PROG);  // (the result lines above lost to a full disk or a closed pipe: exit 1)
 }

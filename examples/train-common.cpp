@@ -106,7 +106,10 @@ void print_error(const char * prog, const std::string & msg) {
 
 void fail(const char * prog, const std::string & msg, int code) {
     print_error(prog, msg);
-    exit(code);
+    // _exit after the streams are flushed, not exit: exit runs the libraries' teardown, and OpenBLAS's joins worker
+    // threads that may be stuck retrying an allocation that failed (under ulimit -v: a hang instead of this error)
+    fflush(nullptr);
+    _exit(code);
 }
 
 std::string exe_dir() {
@@ -748,28 +751,56 @@ bool write_loss_png(const std::string & path, const std::vector<CurvePoint> & tr
     return write_file_atomic(path, png, err);
 }
 
-bool write_file_atomic(const std::string & path, const std::string & data, std::string * err) {
+bool write_file_atomic(const std::string & path_in, const std::string & data, std::string * err) {
+    std::string path;  // (a symbolic link: the file it names is replaced)
+    bool special = false;
+    if (const std::string e = output_target(path_in, true, &path, &special); !e.empty()) {
+        if (err) *err = e;
+        return false;
+    }
+    auto write_all = [&](int fd, const std::string & name) {
+        for (size_t off = 0; off < data.size();) {
+            const ssize_t n = write(fd, data.data() + off, data.size() - off);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                if (err) *err = "cannot write " + name + ": " + strerror(n < 0 ? errno : ENOSPC);
+                return false;
+            }
+            off += (size_t) n;
+        }
+        return true;
+    };
+    if (special) {  // a device (/dev/stdout) or a FIFO: written in place (a rename would replace the node)
+        const int fd = open(path.c_str(), O_WRONLY);
+        if (fd < 0) {
+            if (err) *err = "cannot write " + path_in + ": " + strerror(errno);
+            return false;
+        }
+        const bool ok = write_all(fd, path_in);
+        close(fd);
+        return ok;
+    }
     const std::string tmp = path + ".tmp." + std::to_string(getpid());
     const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
         if (err) *err = temp_file_create_error(path, tmp, errno);
         return false;
     }
-    size_t off = 0;
-    while (off < data.size()) {
-        const ssize_t n = write(fd, data.data() + off, data.size() - off);
-        if (n <= 0) {
-            if (err) *err = "cannot write '" + tmp + "': " + strerror(errno);
-            close(fd);
-            unlink(tmp.c_str());
-            return false;
-        }
-        off += (size_t) n;
+    bool ok = write_all(fd, path);
+    if (ok && fsync(fd) != 0 && errno != EINVAL) {  // (EINVAL: a file system without fsync)
+        if (err) *err = "cannot write " + path + ": " + strerror(errno);
+        ok = false;
     }
-    fsync(fd);
-    close(fd);
+    if (close(fd) != 0 && ok) {
+        if (err) *err = "cannot write " + path + ": " + strerror(errno);
+        ok = false;
+    }
+    if (!ok) {
+        unlink(tmp.c_str());
+        return false;
+    }
     if (rename(tmp.c_str(), path.c_str()) != 0) {
-        if (err) *err = "cannot rename '" + tmp + "' to '" + path + "': " + strerror(errno);
+        if (err) *err = "cannot write " + path + " (renaming its temporary file " + tmp + "): " + strerror(errno);
         unlink(tmp.c_str());
         return false;
     }

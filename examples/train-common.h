@@ -107,6 +107,9 @@ std::string hex64(uint64_t h);
 size_t rss_bytes();
 /// MemAvailable of /proc/meminfo in bytes, else the physical memory; 0 when unknown (train-offload.cpp).
 size_t host_available();
+/// Bytes of address space this process may still map under RLIMIT_AS (ulimit -v): the limit less VmSize; SIZE_MAX
+/// without a limit.
+size_t address_space_left();
 
 std::string fmt_bytes(double b);        // "1.23 GiB"
 // " | GPU <in use> of <total>" (fmt_bytes) of a backend with device memory (oomb_backend_memory),

@@ -13,6 +13,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
+#include <sys/resource.h>
 #include <unistd.h>
 
 namespace oomb {
@@ -64,6 +65,18 @@ size_t host_available() {
     }
     const long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     return pages > 0 && psz > 0 ? (size_t) pages * (size_t) psz : 0;
+}
+
+size_t address_space_left() {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return SIZE_MAX;
+    std::ifstream f("/proc/self/status");
+    std::string key;
+    size_t vm_kb = 0;
+    for (std::string line; std::getline(f, line);)
+        if (line.rfind("VmSize:", 0) == 0) { vm_kb = (size_t) std::strtoull(line.c_str() + 7, nullptr, 10); break; }
+    const size_t vm = vm_kb * 1024;
+    return (size_t) rl.rlim_cur > vm ? (size_t) rl.rlim_cur - vm : 0;
 }
 
 size_t lm_head_block_cap(double total, double need, double margin, double def, double * room_out) {
@@ -260,7 +273,26 @@ void plan_memory(const char * prog, const OffloadOptions & oo, oomb_backend_t be
                            "a smaller --chunk (the arena: " + fmt_bytes((double) arena) + "), a shorter --ctx, or --opt-state bf16");
         }
     }
-    if (host_kv > 0) {
+    if (!has_dev) {
+        // The CPU: the arena, the KV cache and the sparse tables are host memory allocated after this plan (the weights,
+        // gradients and optimizer state already are); OpenBLAS reserves a buffer (~128 MiB of address space) for each
+        // thread that runs a product, at its first. A run that cannot fit stops here with its figures, not in an allocation
+        // minutes in, nor, under an address-space limit (ulimit -v), in OpenBLAS's allocation loop, which retries forever.
+        // One buffer is counted (a floor: a run refused here cannot run; larger products may take more threads' buffers).
+        const double need = (double) arena + (double) scratch + attn_cache + dev_kv + host_kv + summaries + sparse_tables;
+        const size_t avail = host_available(), as_left = address_space_left();
+        const double blas = 128.0 * (double) (1 << 20);
+        if (avail > 0 && need > (double) avail)
+            fail(prog, "the run needs " + fmt_bytes(need) + " more host memory (chunk arena " + fmt_bytes((double) arena) + ", KV cache " +
+                           fmt_bytes(dev_kv + host_kv) + "), the machine has " + fmt_bytes((double) avail) +
+                           " available: try a smaller --chunk, a shorter --ctx, or --opt-state bf16");
+        if (as_left != SIZE_MAX && need + blas > (double) as_left)
+            fail(prog, "the run needs " + fmt_bytes(need + blas) + " more address space (chunk arena " + fmt_bytes((double) arena) +
+                           ", KV cache " + fmt_bytes(dev_kv + host_kv) + ", OpenBLAS's buffers ~" + fmt_bytes(blas) +
+                           "), the address-space limit (ulimit -v) leaves " + fmt_bytes((double) as_left) +
+                           ": raise the limit, or try a smaller --chunk or a shorter --ctx");
+    }
+    if (host_kv > 0 && has_dev) {
         const size_t avail = host_available();
         if (avail > 0 && host_kv > 0.9 * (double) avail)
             fail(prog, "the streamed KV pages need " + fmt_bytes(host_kv) + " of " + (has_dev ? "pinned " : "") + "host memory, " +

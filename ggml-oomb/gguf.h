@@ -447,6 +447,12 @@ void remove_temp_files();
 // long). Unregister once the file is renamed or removed. Thread-safe.
 int temp_file_register(const std::string& path);
 void temp_file_unregister(int id);
+// Where an atomic writer (temporary file, then rename) puts the output `path`: *target is the file a symbolic link
+// names (links followed, so the link stays and the file it names is replaced; a dangling link's target is created),
+// else path. *special: the target exists and is not a regular file (a device such as /dev/null or /dev/stdout, a
+// FIFO, a socket), which a rename would replace. Returns "" or the error naming the output: a folder; with
+// allow_special false, also a special file (the GGUF and safetensors writers; write_file_atomic writes into one in place).
+std::string output_target(const std::string& path, bool allow_special, std::string* target, bool* special);
 // The error for an output `path` whose temporary file `tmp` (path.tmp.<pid>) could not be created, errno `errnum`: names
 // the output and, when its folder is missing or not a folder, that folder (the temporary file's name means nothing to a
 // user); else the output, the temporary file and strerror. One wording for every writer (GGUF, safetensors, PNG, JSON).

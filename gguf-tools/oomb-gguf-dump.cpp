@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
     app.add_option("FILE", path, "GGUF file")->required();
     CLI::Option* json_opt = app.add_flag("--json", as_json, "print JSON (metadata values in full)");
     app.add_flag("--data", data, "with --json: include each tensor's values as f32")->needs(json_opt);  // (not ignored)
-    app.add_option("--max-elems", max_elems, "array elements shown per metadata value (text output)");
+    app.add_option("--max-elems", max_elems, "array elements shown per metadata value (text output)")->check(CLI::Range((size_t) 1, (size_t) 1 << 40));
     OOMB_TOOL_PARSE(app, argc, argv);
 
     GGUFReader r;
@@ -124,7 +124,7 @@ int main(int argc, char** argv) {
         j["tensors"] = ts;
         const std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
         fwrite(s.data(), 1, s.size(), stdout);
-        return 0;
+        return tools::finish_stdout("oomb-gguf-dump");
     }
 
     uint64_t total = 0;
@@ -154,5 +154,5 @@ int main(int argc, char** argv) {
         printf("  %5zu  %-*s  %-24s %-24s %-8s %14" PRIu64 " %14" PRIu64 "%s\n", i, (int)nw, t.name.c_str(), sh.c_str(),
                ne.c_str(), tn ? tn : "?", t.nbytes, t.offset, gguf_tensor_type_supported(t.type) ? "" : "  (unsupported)");
     }
-    return 0;
+    return tools::finish_stdout("oomb-gguf-dump");
 }

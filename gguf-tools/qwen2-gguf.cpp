@@ -58,8 +58,8 @@ static bool get_int(const json& c, const char* key, int64_t* out) {
     return true;
 }
 
-bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_theta, std::string* name_or_path,
-                    std::vector<float>* rope_freqs, std::string* err, bool* tie_given) {
+static bool read_hf_config_checked(const std::string& path, Qwen2Config* d, bool* has_rope_theta, std::string* name_or_path,
+                                   std::vector<float>* rope_freqs, std::string* err, bool* tie_given) {
     rope_freqs->clear();
     if (tie_given) *tie_given = false;
     json c;
@@ -67,7 +67,18 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
     if (!c.is_object()) { *err = path + ": not a JSON object"; return false; }
     // Multimodal wrappers keep the language model under text_config.
     if (c.contains("text_config") && c["text_config"].is_object() && !c.contains("hidden_size")) c = c["text_config"];
-    std::string mt = c.value("model_type", std::string());
+    // a flag or a name present with another JSON type is an error naming it (json::value would throw); null is unset
+    auto typed = [&](const char* key, bool (json::*is)() const noexcept, const char* what) {
+        if (!c.contains(key) || c[key].is_null() || (c[key].*is)()) return true;
+        *err = path + ": '" + key + "' is not " + what + " (" + c[key].dump() + ")";
+        return false;
+    };
+    for (const char* b : {"tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias"})
+        if (!typed(b, &json::is_boolean, "a boolean")) return false;
+    for (const char* t : {"model_type", "_name_or_path"})
+        if (!typed(t, &json::is_string, "a string")) return false;
+    auto flag = [&](const char* key) { return c.contains(key) && c[key].is_boolean() && c[key].get<bool>(); };
+    std::string mt = c.contains("model_type") && c["model_type"].is_string() ? c["model_type"].get<std::string>() : std::string();
     if (mt.empty()) mt = QWEN2_ARCH;
     if (!decoder_arch_from_name(mt, &d->arch)) {
         *err = path + ": model_type is '" + mt + "'; only qwen2 and llama checkpoints are supported";
@@ -77,7 +88,7 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
     if (llama) {
         // the model has no q/k/v/o or MLP biases
         for (const char* b : {"attention_bias", "mlp_bias"})
-            if (c.value(b, false)) { *err = path + ": " + b + " is true; Llama checkpoints with biases are not supported"; return false; }
+            if (flag(b)) { *err = path + ": " + b + " is true; Llama checkpoints with biases are not supported"; return false; }
     }
     struct Req { const char* key; int64_t* dst; };
     Req req[] = {{"vocab_size", &d->n_vocab}, {"hidden_size", &d->n_embd}, {"intermediate_size", &d->n_ff},
@@ -127,13 +138,13 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
                (llama ? "plain RoPE or Llama 3.x's llama3 frequency factors only" : "plain RoPE only") + ")";
         return false;
     }
-    if (c.value("use_sliding_window", false)) {
+    if (flag("use_sliding_window")) {
         *err = path + ": use_sliding_window is true: sliding-window attention is not supported (full causal attention only)";
         return false;
     }
     if (not_number(c, "rms_norm_eps", "")) return false;
     if (present(c, "rms_norm_eps")) d->rms_eps = (float)c["rms_norm_eps"].get<double>();
-    d->tied = c.value("tie_word_embeddings", false);
+    d->tied = flag("tie_word_embeddings");
     if (tie_given) *tie_given = c.contains("tie_word_embeddings") && c["tie_word_embeddings"].is_boolean();
     if (name_or_path) {
         auto it = c.find("_name_or_path");
@@ -164,6 +175,17 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
 }
 
 // llama.cpp's TextModel.does_token_look_special().
+// (a JSON value of an unexpected type that no check above names: an error naming the file, never an abort)
+bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_theta, std::string* name_or_path,
+                    std::vector<float>* rope_freqs, std::string* err, bool* tie_given) {
+    try {
+        return read_hf_config_checked(path, d, has_rope_theta, name_or_path, rope_freqs, err, tie_given);
+    } catch (const json::exception& e) {
+        *err = path + ": unexpected JSON: " + e.what();
+        return false;
+    }
+}
+
 static bool looks_special(const std::string& t) {
     auto starts = [&](const char* p) { return t.compare(0, strlen(p), p) == 0; };
     auto ends = [&](const char* p) { size_t n = strlen(p); return t.size() >= n && t.compare(t.size() - n, n, p) == 0; };
@@ -174,7 +196,16 @@ static bool looks_special(const std::string& t) {
     return false;
 }
 
+static bool write_hf_tokenizer_checked(const std::string& dir, int64_t n_rows, GGUFWriter& w, int64_t* n_tokens, std::string* err);
 bool write_hf_tokenizer(const std::string& dir, int64_t n_rows, GGUFWriter& w, int64_t* n_tokens, std::string* err) {
+    try {
+        return write_hf_tokenizer_checked(dir, n_rows, w, n_tokens, err);
+    } catch (const json::exception& e) {  // a value of an unexpected type in tokenizer.json / tokenizer_config.json
+        *err = dir + ": tokenizer files: unexpected JSON: " + e.what();
+        return false;
+    }
+}
+static bool write_hf_tokenizer_checked(const std::string& dir, int64_t n_rows, GGUFWriter& w, int64_t* n_tokens, std::string* err) {
     json tok, cfg, conf;
     if (!read_json(dir + "/tokenizer.json", &tok, err)) return false;
     const bool has_cfg = is_file(dir + "/tokenizer_config.json");
@@ -327,8 +358,27 @@ bool write_hf_tokenizer(const std::string& dir, int64_t n_rows, GGUFWriter& w, i
             if (e != cfg.end() && e->is_boolean())
                 w.set_bool(std::string("tokenizer.ggml.add_") + k.first + "_token", e->get<bool>());
         }
+        // the chat template: a string, or HF's named templates (a list of {"name", "template"}) as llama.cpp's
+        // converter writes them: "default" as tokenizer.chat_template, the others as tokenizer.chat_template.NAME
         auto ct = cfg.find("chat_template");
-        if (ct != cfg.end() && ct->is_string()) w.set_string("tokenizer.chat_template", ct->get<std::string>());
+        if (ct != cfg.end() && ct->is_string()) {
+            w.set_string("tokenizer.chat_template", ct->get<std::string>());
+        } else if (ct != cfg.end() && ct->is_array()) {
+            for (const json& e : *ct) {
+                if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("template") || !e["template"].is_string()) {
+                    *err = dir + "/tokenizer_config.json: chat_template is a list whose entry " + e.dump().substr(0, 120) +
+                           " is not {\"name\": string, \"template\": string}";
+                    return false;
+                }
+                const std::string name = e["name"].get<std::string>();
+                w.set_string(name == "default" ? std::string("tokenizer.chat_template") : "tokenizer.chat_template." + name,
+                             e["template"].get<std::string>());
+            }
+        } else if (ct != cfg.end() && !ct->is_null()) {
+            *err = dir + "/tokenizer_config.json: chat_template is neither a string nor a list of named templates (" +
+                   ct->dump().substr(0, 120) + ")";
+            return false;
+        }
     }
     if (n_tokens) *n_tokens = n;
     return true;

@@ -11,7 +11,9 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -74,6 +76,16 @@ inline std::string disk_space_error(const std::string & out_path, uint64_t bytes
     snprintf(b, sizeof b, "%s needs %.2f GB but its file system (%s) has %.2f GB free", out_path.c_str(), bytes / 1e9,
              dir.c_str(), avail / 1e9);
     return b;
+}
+
+// The exit status of a tool whose result went to stdout: 0 when everything printed reached it, else 1 with
+// "PROG: error: cannot write output: REASON" (a full disk, a closed pipe, a file-size limit: the output is
+// incomplete, which an exit status of 0 would hide).
+inline int finish_stdout(const char * prog) {
+    if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
+    const int e = errno;
+    fprintf(stderr, "%s: error: cannot write output: %s\n", prog, e ? strerror(e) : "write error");
+    return 1;
 }
 
 // Checks every option value of app as a string before CLI11 converts it: an empty value is an error (not "the

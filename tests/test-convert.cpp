@@ -804,6 +804,52 @@ TEST(Tools, TokenizeRejectsBadInput) {
     EXPECT_NE(out.find("file is truncated"), std::string::npos) << out;
 }
 
+// config.json values of another JSON type than the key's (review s29: json::value threw and the converter aborted, exit
+// 134) are errors naming the key; tokenizer_config.json's chat_template as HF's list of named templates is written as
+// llama.cpp's converter writes it (was: dropped silently), and any other form is an error.
+TEST(Convert, ConfigTypesAndNamedChatTemplates) {
+    REQUIRE_TOOLS();
+    const std::string dir = tmp_dir() + "/synthetic-types", out = tmp_dir() + "/types.gguf";
+    write_synthetic(dir, 64, 8, 16, 2, 1, false);
+    const nlohmann::json good = nlohmann::json::parse(read_all(dir + "/config.json"));
+    std::string log, err;
+    const std::pair<const char*, nlohmann::json> bad[] = {{"tie_word_embeddings", "true"}, {"tie_word_embeddings", 1},
+                                                          {"use_sliding_window", "no"}, {"model_type", 5}};
+    for (const auto& b : bad) {
+        nlohmann::json cfg = good;
+        cfg[b.first] = b.second;
+        write_all(dir + "/config.json", cfg.dump());
+        EXPECT_EQ(run(tool("oomb-convert-hf") + " " + dir + " -o " + out, &log), 1) << b.first << ": " << log;
+        EXPECT_NE(log.find(std::string("'") + b.first + "' is not a"), std::string::npos) << log;
+        EXPECT_EQ(log.find("terminate"), std::string::npos) << log;
+        EXPECT_NE(access(out.c_str(), F_OK), 0);
+    }
+    write_all(dir + "/config.json", good.dump());
+    // the tokenizer with a list of named chat templates
+    const std::string tok = tmp_dir() + "/named-templates";
+    mkdir(tok.c_str(), 0755);
+    write_all(tok + "/tokenizer.json", read_all(oombtest::fixture_path("qwen-tokenizer/tokenizer.json")));
+    nlohmann::json tc = nlohmann::json::parse(read_all(oombtest::fixture_path("qwen-tokenizer/tokenizer_config.json")));
+    tc["chat_template"] = {{{"name", "default"}, {"template", "{{ messages }}"}}, {{"name", "tool_use"}, {"template", "{{ tools }}"}}};
+    write_all(tok + "/tokenizer_config.json", tc.dump());
+    ASSERT_EQ(run(tool("oomb-convert-hf") + " --vocab-only " + tok + " -o " + out, &log), 0) << log;
+    GGUFReader r;
+    ASSERT_EQ(r.open(out, &err), GGUF_OK) << err;
+    std::string v;
+    ASSERT_EQ(r.get_string("tokenizer.chat_template", &v, &err), GGUF_OK) << err;
+    EXPECT_EQ(v, "{{ messages }}");
+    ASSERT_EQ(r.get_string("tokenizer.chat_template.tool_use", &v, &err), GGUF_OK) << err;
+    EXPECT_EQ(v, "{{ tools }}");
+    unlink(out.c_str());
+    for (const nlohmann::json& ct : {nlohmann::json(5), nlohmann::json::array({{{"name", "default"}}})}) {
+        tc["chat_template"] = ct;
+        write_all(tok + "/tokenizer_config.json", tc.dump());
+        EXPECT_EQ(run(tool("oomb-convert-hf") + " --vocab-only " + tok + " -o " + out, &log), 1) << ct.dump() << ": " << log;
+        EXPECT_NE(log.find("chat_template"), std::string::npos) << log;
+        EXPECT_NE(access(out.c_str(), F_OK), 0);
+    }
+}
+
 // Options that another one makes meaningless are refused, not ignored (--decode reads ids, not JSON lines; --data only
 // adds to --json's output); an output in a missing folder names that folder, not the writer's temporary file.
 TEST(Tools, ConflictingOptionsAndMissingOutputFolder) {
@@ -818,6 +864,13 @@ TEST(Tools, ConflictingOptionsAndMissingOutputFolder) {
     EXPECT_EQ(run(tool("oomb-gguf-dump") + " " + vocab + " --data", &out), 1) << out;
     EXPECT_NE(out.find("--json"), std::string::npos) << out;
     EXPECT_EQ(run(tool("oomb-gguf-dump") + " " + vocab + " --data --json > /dev/null", &out), 0) << out;
+    // output that cannot be written is an error (was: exit 0 with the output cut short)
+    if (access("/dev/full", W_OK) == 0) {
+        for (const char* a : {"", " --json"}) {
+            EXPECT_EQ(run("(" + tool("oomb-gguf-dump") + " " + vocab + a + " > /dev/full)", &out), 1) << a << ": " << out;
+            EXPECT_NE(out.find("cannot write output"), std::string::npos) << out;
+        }
+    }
     const std::string missing = tmp_dir() + "/no-such-folder";
     EXPECT_EQ(run(tool("oomb-gguf-init") + " -o " + missing + "/x.gguf --vocab-size 256 --ffn 96 --layers 1 --hidden 64 --heads 2",
                   &out), 1) << out;

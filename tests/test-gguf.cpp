@@ -684,6 +684,64 @@ void check_signal_during_write(int sig, const std::function<bool(const std::stri
     unlink(path.c_str());
 }
 
+// The output's path as users give it (review s29): a symbolic link is followed (the file it names is replaced, the link
+// stays; was: the link replaced by a regular file), a FIFO or device is refused up front (was: replaced by the rename),
+// a directory is named before anything is written, and write errors name the output, not its temporary file.
+TEST(GGUF, WriterOutputsThroughLinksAndSpecialFiles) {
+    std::string err;
+    auto write_one = [&](const std::string & path) {
+        GGUFWriter w;
+        w.set_u32("k", 7);
+        if (w.open(path, &err) != GGUF_OK) return false;
+        return w.finish(&err) == GGUF_OK;
+    };
+    const std::string target = tmp_path("link-target.gguf"), link = tmp_path("link.gguf");
+    write_all(target, "old");
+    unlink(link.c_str());
+    ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+    ASSERT_TRUE(write_one(link)) << err;
+    struct stat ls;
+    ASSERT_EQ(lstat(link.c_str(), &ls), 0);
+    EXPECT_TRUE(S_ISLNK(ls.st_mode)) << "the link stays a link";
+    GGUFReader r;
+    ASSERT_EQ(r.open(target, &err), GGUF_OK) << "the link's target holds the new file: " << err;
+    // a dangling link: its target is created
+    const std::string dangling = tmp_path("dangling.gguf"), made = tmp_path("dangling-target.gguf");
+    unlink(dangling.c_str());
+    unlink(made.c_str());
+    ASSERT_EQ(symlink(made.c_str(), dangling.c_str()), 0);
+    ASSERT_TRUE(write_one(dangling)) << err;
+    EXPECT_EQ(access(made.c_str(), F_OK), 0);
+    // a FIFO: refused, left as it is
+    const std::string fifo = tmp_path("out.fifo");
+    unlink(fifo.c_str());
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    EXPECT_FALSE(write_one(fifo));
+    EXPECT_NE(err.find("is not a regular file"), std::string::npos) << err;
+    struct stat fs;
+    ASSERT_EQ(lstat(fifo.c_str(), &fs), 0);
+    EXPECT_TRUE(S_ISFIFO(fs.st_mode));
+    EXPECT_FALSE(write_one("/dev/null"));
+    EXPECT_NE(err.find("/dev/null is not a regular file"), std::string::npos) << err;
+    // a directory: named at open
+    EXPECT_FALSE(write_one(target.substr(0, target.rfind('/'))));
+    EXPECT_NE(err.find("is a directory"), std::string::npos) << err;
+    // safetensors: the same rules
+    SafetensorsWriter sw;
+    const float v[2] = {1, 2};
+    ASSERT_EQ(sw.add("t", SafetensorsDtype::F32, {2}, v, &err), GGUF_OK) << err;
+    EXPECT_EQ(sw.write(fifo, &err), GGUF_ERR_IO);
+    EXPECT_NE(err.find("is not a regular file"), std::string::npos) << err;
+    ASSERT_EQ(sw.write(link, &err), GGUF_OK) << err;
+    ASSERT_EQ(lstat(link.c_str(), &ls), 0);
+    EXPECT_TRUE(S_ISLNK(ls.st_mode));
+    unlink(fifo.c_str());
+    unlink(link.c_str());
+    unlink(target.c_str());
+    unlink(dangling.c_str());
+    unlink(made.c_str());
+}
+
 TEST(GGUF, SignalDuringWriteRemovesTemporaryFile) {
     for (int sig : {SIGINT, SIGTERM}) {
         SCOPED_TRACE("signal " + std::to_string(sig));

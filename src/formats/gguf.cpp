@@ -1088,7 +1088,7 @@ void GGUFWriter::layout() {
 
 gguf_status GGUFWriter::put(const void* p, size_t n, std::string* err) {
     if (n && fwrite(p, 1, n, (FILE*)file_) != n) {
-        set_err(err, tmp_path_ + ": write failed: " + strerror(errno));
+        set_err(err, "cannot write " + path_ + ": " + strerror(errno));
         return GGUF_ERR_IO;
     }
     written_ += n;
@@ -1110,15 +1110,21 @@ gguf_status GGUFWriter::pad_to(uint64_t multiple, std::string* err) {
 
 gguf_status GGUFWriter::open(const std::string& path, std::string* err) {
     if (opened_) { set_err(err, path + ": writer already open"); return GGUF_ERR_ARG; }
-    path_ = path;
-    tmp_path_ = path + ".tmp." + std::to_string(getpid());
+    std::string target;
+    bool special = false;
+    if (const std::string e = output_target(path, false, &target, &special); !e.empty()) {
+        set_err(err, e);
+        return GGUF_ERR_IO;
+    }
+    path_ = target;  // (a symbolic link: the file it names is replaced)
+    tmp_path_ = target + ".tmp." + std::to_string(getpid());
     tmp_id_ = temp_file_register(tmp_path_); // before it exists: a signal may come at any time
     FILE* f = fopen(tmp_path_.c_str(), "wb");
     if (!f) {
         const int e = errno;
         temp_file_unregister(tmp_id_);
         tmp_id_ = -1;
-        set_err(err, temp_file_create_error(path, tmp_path_, e));
+        set_err(err, temp_file_create_error(target, tmp_path_, e));
         return GGUF_ERR_IO;
     }
     file_ = f;
@@ -1251,13 +1257,13 @@ gguf_status GGUFWriter::finish(std::string* err) {
     }
     FILE* f = (FILE*)file_;
     if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        set_err(err, tmp_path_ + ": flush failed: " + strerror(errno));
+        set_err(err, "cannot write " + path_ + ": " + strerror(errno));
         abort();
         return GGUF_ERR_IO;
     }
     if (fclose(f) != 0) {
         file_ = nullptr;
-        set_err(err, tmp_path_ + ": close failed: " + strerror(errno));
+        set_err(err, "cannot write " + path_ + " (closing it): " + strerror(errno));
         abort();
         return GGUF_ERR_IO;
     }

@@ -411,7 +411,7 @@ gguf_status SafetensorsWriter::add_copy(const std::string& name, SafetensorsDtyp
     return GGUF_OK;
 }
 
-gguf_status SafetensorsWriter::write(const std::string& path, std::string* err) const {
+gguf_status SafetensorsWriter::write(const std::string& path_in, std::string* err) const {
     nlohmann::json h = nlohmann::json::object();
     if (!metadata_.empty()) {
         nlohmann::json m = nlohmann::json::object();
@@ -425,6 +425,13 @@ gguf_status SafetensorsWriter::write(const std::string& path, std::string* err) 
     }
     std::string hs = h.dump();
     while ((8 + hs.size()) % 8 != 0) hs += ' '; // data aligned to 8 bytes, as the reference writer
+    std::string target;  // (a symbolic link: the file it names is replaced)
+    bool special = false;
+    if (const std::string e = output_target(path_in, false, &target, &special); !e.empty()) {
+        set_err(err, e);
+        return GGUF_ERR_IO;
+    }
+    const std::string& path = target;
     const std::string tmp = path + ".tmp." + std::to_string(getpid());
     // Removed by install_temp_file_cleanup()'s handler if a signal stops us while it exists.
     struct Registered {
@@ -456,7 +463,7 @@ gguf_status SafetensorsWriter::write(const std::string& path, std::string* err) 
     ok = (fclose(f) == 0) && ok;
     if (!ok) {
         unlink(tmp.c_str());
-        set_err(err, fill_failed ? tmp + ": " + fill_err : tmp + ": write failed: " + strerror(saved));
+        set_err(err, fill_failed ? path + ": " + fill_err : "cannot write " + path + ": " + strerror(saved));
         return fill_failed ? fill_status : GGUF_ERR_IO;
     }
     if (rename(tmp.c_str(), path.c_str()) != 0) {

@@ -63,6 +63,40 @@ extern "C" void cleanup_handler(int sig) {
 
 } // namespace
 
+std::string output_target(const std::string& path, bool allow_special, std::string* target, bool* special) {
+    *target = path;
+    *special = false;
+    struct stat st, ls;
+    const bool is_link = lstat(path.c_str(), &ls) == 0 && S_ISLNK(ls.st_mode);
+    if (stat(path.c_str(), &st) == 0) {  // exists (links followed)
+        if (S_ISDIR(st.st_mode)) return path + " is a directory: give the output file's path";
+        if (!S_ISREG(st.st_mode)) {  // written through path itself (/proc/self/fd/1 and the like are no file names)
+            *special = true;
+            return allow_special ? "" : path + " is not a regular file (a device, FIFO or socket): write the output to a file";
+        }
+        if (is_link) {
+            char buf[PATH_MAX];
+            if (realpath(path.c_str(), buf)) *target = buf;
+        }
+        return "";
+    }
+    // a dangling link: the file it names is created
+    std::string p = path;
+    for (int hops = 0; hops < 40 && lstat(p.c_str(), &ls) == 0 && S_ISLNK(ls.st_mode); hops++) {
+        char buf[PATH_MAX];
+        const ssize_t n = readlink(p.c_str(), buf, sizeof buf - 1);
+        if (n <= 0) break;
+        std::string t(buf, (size_t) n);
+        if (t[0] != '/') {
+            const size_t sl = p.rfind('/');
+            if (sl != std::string::npos) t = p.substr(0, sl + 1) + t;
+        }
+        p = t;
+    }
+    *target = p;
+    return "";
+}
+
 std::string temp_file_create_error(const std::string& path, const std::string& tmp, int errnum) {
     const size_t sl = path.rfind('/');
     const std::string dir = sl == std::string::npos ? "." : sl == 0 ? "/" : path.substr(0, sl);

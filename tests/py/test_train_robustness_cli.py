@@ -27,6 +27,8 @@
     SIGINT stops at once (no checkpoint claimed);
   - OOMB_PROFILE_FIRST_STEP=abc, +, +-1, 1x are errors naming the variable; +1 and 0 are accepted.
   - OOMB_LCE_TILE=abc is an error naming the variable before the memory plan.
+  - under ulimit -v 100000 the run ends with an error (the memory plan's, naming the address-space limit, where the
+    process gets that far; was: a hang in OpenBLAS), or SKIPPED where the build's libraries do not load under it.
   - --eval-data naming the training data prints a warning and the run goes on.
 
 Environment (set by CTest): OOMB_BIN_DIR, OOMB_SOURCE_DIR, OOMB_FIXTURES_DEFAULT. Exit 0 pass, 1 failure, 77 skipped.
@@ -325,6 +327,22 @@ def main():
         C.check(rc == -signal.SIGINT and "with a checkpoint" not in e and "stopped by" not in o and
                 not os.path.exists(os.path.join(sig_out, "state.safetensors")),
                 f"--save-every -1: a SIGINT stops at once, no checkpoint claimed (rc {rc}) {tail(o)} {tail(e)}")
+
+        # under an address-space limit (ulimit -v) too small for the run: the plan refuses it naming the limit, before
+        # OpenBLAS's first product (which retries its failed buffer allocation forever: a hang), and the error's exit is
+        # not held up by OpenBLAS's teardown. A CUDA build cannot even load its libraries under such a limit: SKIPPED then.
+        # (97 MiB: below the run's ~133 MiB with OpenBLAS's buffer, so any machine's process refuses it or fails earlier.)
+        import resource
+        lim = 100000 * 1024
+        r = subprocess.run([TRAIN] + base + ["--steps", "1", "--save-every", "-1", "--out", os.path.join(tmp, "o-as")], capture_output=True,
+                           text=True, timeout=120, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (lim, lim)))
+        if "error while loading shared libraries" in r.stderr:
+            print("[  SKIPPED ] ulimit -v 100000: this build's libraries do not load under the limit (a CUDA build)")
+        else:
+            C.check(r.returncode == 1 and "error:" in r.stderr and "step 1" not in r.stdout,
+                    f"ulimit -v 100000: an error, not a hang (rc {r.returncode}) {tail(r.stdout)} {tail(r.stderr)}")
+            if "address-space limit (ulimit -v)" not in r.stderr:
+                print(f"note: ulimit -v 100000: failed before the memory plan on this machine: {tail(r.stderr)}")
 
         # OOMB_PROFILE_FIRST_STEP must be a number ("+1" as the strtol-read OOMB_CUDA_* variables take it)
         for val, ok in (("abc", False), ("+", False), ("+-1", False), ("1x", False), ("+1", True), ("0", True)):
