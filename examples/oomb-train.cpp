@@ -219,6 +219,15 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     // the run's log there as a FIFO (or a folder): an error now, not a blocked open (or a failure) after loading
     if (struct stat ls; stat((o.out + "/train.jsonl").c_str(), &ls) == 0 && !S_ISREG(ls.st_mode))
         fail(PROG, "--out: the run's log " + not_a_file(o.out + "/train.jsonl") + "; remove it or give another --out");
+    // the checkpoint's files and the curve there as folders (or FIFOs, devices): an error now, not at the first save after
+    // the training it would lose
+    for (const std::string f : {ckpt_name, std::string("state.safetensors"), std::string("loss.png"), std::string("adapter_model.safetensors"),
+                                std::string("adapter_config.json")}) {
+        if (f.rfind("adapter_", 0) == 0 && !lora) continue;
+        if (struct stat ls; stat((o.out + "/" + f).c_str(), &ls) == 0 && !S_ISREG(ls.st_mode))
+            fail(PROG, "--out: " + not_a_file(o.out + "/" + f) + ", where the run writes its " + (f == "loss.png" ? "loss curve" : "checkpoint") +
+                           "; remove it or give another --out");
+    }
     if (o.resume && !is_file(o.out + "/" + ckpt_name)) {
         // the other kind of checkpoint there: say which option continues it (not just that the file is missing)
         if (!lora && is_file(o.out + "/adapter.gguf"))

@@ -439,7 +439,9 @@ private:
 //
 // install_temp_file_cleanup() installs the handler only for signals whose disposition is the
 // default: ignored signals (nohup) and the program's own handlers are left alone; such a handler
-// may call remove_temp_files() (async-signal-safe) before it ends the process. Idempotent.
+// may call remove_temp_files() (async-signal-safe) before it ends the process. Idempotent. It also ignores SIGXFSZ
+// (where at its default): a file-size limit then fails the write (EFBIG), which the writers report and clean up after,
+// instead of killing the process mid-write.
 void install_temp_file_cleanup();
 void remove_temp_files();
 // Registers a temporary file (a relative path is made absolute) for removal on a signal; returns

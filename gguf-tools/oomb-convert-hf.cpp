@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
     // block_count), as are unknown tensors; rotary_emb.inv_freq buffers are dropped.
     std::map<std::string, const SafetensorsTensor*> by_gguf;
     std::vector<std::string> beyond; // tensors of layers >= n_layer
+    const SafetensorsTensor* tied_head = nullptr;  // lm_head.weight skipped for tie_word_embeddings
     int64_t max_layer = -1;
     for (const SafetensorsTensor* t : st.tensors()) {
         const int64_t layer = hf_layer_index(t->name);
@@ -166,6 +167,7 @@ int main(int argc, char** argv) {
         if (g.empty()) return fail("cannot map tensor '" + t->name + "' to a llama.cpp " + decoder_arch_name(dims.arch) + " name");
         if (g == "output.weight" && dims.tied) {
             fprintf(stderr, "oomb-convert-hf: note: tie_word_embeddings is set; skipping lm_head.weight\n");
+            tied_head = t;
             continue;
         }
         by_gguf[g] = t;
@@ -177,6 +179,16 @@ int main(int argc, char** argv) {
         return fail("config.json has num_hidden_layers = " + std::to_string(dims.n_layer) + " but the checkpoint has " +
                     "tensors of layer(s) up to " + std::to_string(max_layer) + ": " + list +
                     " (fix num_hidden_layers to the number of layers in the checkpoint)");
+    }
+    // tied, as transformers ties it (the embeddings are the head), but the checkpoint's own head is another matrix: the
+    // converted model differs from what that file holds, so say so (a config edited by hand, a fine-tune that untied it)
+    if (tied_head && by_gguf.count("token_embd.weight")) {
+        const SafetensorsTensor* e = by_gguf["token_embd.weight"];
+        if (e->dtype != tied_head->dtype || e->shape != tied_head->shape || e->nbytes != tied_head->nbytes ||
+            memcmp(e->data, tied_head->data, e->nbytes) != 0)
+            fprintf(stderr, "oomb-convert-hf: warning: lm_head.weight differs from model.embed_tokens.weight, but config.json sets "
+                            "tie_word_embeddings: the output layer is the embeddings (as transformers loads it); set "
+                            "tie_word_embeddings to false to keep lm_head.weight\n");
     }
     if (!dims.tied && !by_gguf.count("output.weight")) {
         // config.json says the head is its own tensor: a missing lm_head.weight is a missing file or

@@ -3,7 +3,8 @@
 //   oomb-tokenize -m MODEL.gguf -f TEXT_FILE           ids of the file's exact bytes, space separated
 //   oomb-tokenize -m MODEL.gguf -f IDS_FILE --decode   the exact bytes of space separated ids
 //   oomb-tokenize -m MODEL.gguf -f CASES.jsonl --jsonl one line of ids per JSON line ({"text": ...}
-//                                                      objects or JSON strings), for batch checks
+//                                                      objects or JSON strings; a blank line gives an empty
+//                                                      one), for batch checks
 // Added/special tokens written in the text (<|im_start|>, ...) are matched as whole tokens, as HF
 // does, unless --no-special is given. --stats reports the encoding speed on stderr (the time
 // spent encoding only, not loading or printing); --threads N encodes --jsonl lines in parallel.
@@ -70,12 +71,14 @@ int main(int argc, char** argv) {
     app.add_option("-m,--model", model, "GGUF file with tokenizer.ggml.* metadata (model or vocab-only)")->required();
     app.add_option("-f,--file", file, "input file ('-' for stdin): text, or ids with --decode")->required();
     CLI::Option* decode_opt = app.add_flag("--decode", decode, "read space-separated ids and write their exact text bytes");
-    app.add_flag("--jsonl", jsonl, "input holds one JSON string or {\"text\": ...} object per line; print one line of ids per line")
+    CLI::Option* jsonl_opt = app.add_flag("--jsonl", jsonl, "input holds one JSON string or {\"text\": ...} object per line (a blank "
+                                                            "line: an empty one); print one line of ids per line")
         ->excludes(decode_opt);  // --decode reads ids, not JSON lines: never one of them ignored silently
     app.add_flag("--no-special", no_special, "tokenize added/special token text as plain text");
     app.add_flag("--stats", stats, "print bytes, tokens and encoding speed (MB/s) to stderr");
     app.add_option("-t,--threads", threads, "with --jsonl: encode lines on this many threads (default 1)")
-        ->check(CLI::Range(1, OOMB_CPU_MAX_THREADS));  // the CPU backend's cap, as the other tools
+        ->check(CLI::Range(1, OOMB_CPU_MAX_THREADS))  // the CPU backend's cap, as the other tools
+        ->needs(jsonl_opt);                           // (one text is encoded on one thread: not ignored silently)
     OOMB_TOOL_PARSE(app, argc, argv);
 
     auto fail = [](const std::string& m) {
@@ -123,7 +126,10 @@ int main(int argc, char** argv) {
             const std::string line = input.substr(start, nl - start);
             start = nl + 1;
             line_no++;
-            if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+            if (line.find_first_not_of(" \t\r") == std::string::npos) {  // an empty line of ids: output line N is input line N
+                texts.emplace_back();
+                continue;
+            }
             nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
             if (j.is_string()) texts.push_back(j.get<std::string>());
             else if (j.is_object() && j.contains("text") && j["text"].is_string()) texts.push_back(j["text"].get<std::string>());

@@ -115,6 +115,16 @@ static bool read_hf_config_checked(const std::string& path, Qwen2Config* d, bool
     };
     if (present(c, "rope_theta")) {                                                 // transformers 4
         if (!theta(c, "")) return false;
+        // both spellings with different values: which one a loader takes is not for the converter to guess
+        if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
+            const json& rp = c["rope_parameters"];
+            const json& src = rp.contains("full_attention") && rp["full_attention"].is_object() ? rp["full_attention"] : rp;
+            if (present(src, "rope_theta") && src["rope_theta"].is_number() && (float) src["rope_theta"].get<double>() != d->rope_theta) {
+                *err = path + ": 'rope_theta' (" + c["rope_theta"].dump() + ") and 'rope_parameters' rope_theta (" + src["rope_theta"].dump() +
+                       ") differ: keep the one the model was trained with";
+                return false;
+            }
+        }
     } else if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) { // transformers 5
         const json& rp = c["rope_parameters"];
         const bool full = rp.contains("full_attention") && rp["full_attention"].is_object();

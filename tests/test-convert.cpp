@@ -9,6 +9,8 @@
 #include "test-common.h"
 
 #include <gtest/gtest.h>
+
+#include <dirent.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -824,6 +826,30 @@ TEST(Convert, ConfigTypesAndNamedChatTemplates) {
         EXPECT_EQ(log.find("terminate"), std::string::npos) << log;
         EXPECT_NE(access(out.c_str(), F_OK), 0);
     }
+    // rope_theta in both spellings with different values: an error naming both (equal values: accepted)
+    for (const double rp : {1e6, 10000.0}) {
+        nlohmann::json cfg = good;
+        cfg["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", rp}};
+        write_all(dir + "/config.json", cfg.dump());
+        const int rc = run(tool("oomb-convert-hf") + " " + dir + " -o " + out, &log);
+        if (rp != 10000.0) {
+            EXPECT_EQ(rc, 1) << log;
+            EXPECT_NE(log.find("differ"), std::string::npos) << log;
+        } else {
+            EXPECT_EQ(rc, 0) << log;
+        }
+        unlink(out.c_str());
+    }
+    // tie_word_embeddings true over a checkpoint whose lm_head.weight is another matrix: converted tied (as transformers
+    // loads it), with a warning (was: a note only; the model's output layer changed silently)
+    {
+        nlohmann::json cfg = good;
+        cfg["tie_word_embeddings"] = true;
+        write_all(dir + "/config.json", cfg.dump());
+        ASSERT_EQ(run(tool("oomb-convert-hf") + " " + dir + " -o " + out, &log), 0) << log;
+        EXPECT_NE(log.find("warning: lm_head.weight differs from model.embed_tokens.weight"), std::string::npos) << log;
+        unlink(out.c_str());
+    }
     write_all(dir + "/config.json", good.dump());
     // the tokenizer with a list of named chat templates
     const std::string tok = tmp_dir() + "/named-templates";
@@ -861,6 +887,13 @@ TEST(Tools, ConflictingOptionsAndMissingOutputFolder) {
     EXPECT_EQ(run(tool("oomb-tokenize") + " -m " + vocab + " -f " + ids + " --decode --jsonl", &out), 1) << out;
     EXPECT_NE(out.find("--jsonl"), std::string::npos) << out;
     EXPECT_NE(out.find("--decode"), std::string::npos) << out;
+    EXPECT_EQ(run(tool("oomb-tokenize") + " -m " + vocab + " -f " + ids + " -t 2", &out), 1) << out;  // -t encodes --jsonl lines only
+    EXPECT_NE(out.find("--jsonl"), std::string::npos) << out;
+    // --jsonl: a blank line gives an empty line of ids, so output line N is input line N (was: skipped)
+    const std::string jl = tmp_dir() + "/blank.jsonl";
+    write_all(jl, "\"a\"\n\n\"b\"\n");
+    EXPECT_EQ(run(tool("oomb-tokenize") + " -m " + vocab + " -f " + jl + " --jsonl -t 2", &out), 0) << out;
+    EXPECT_EQ(out, "64\n\n65\n");
     EXPECT_EQ(run(tool("oomb-gguf-dump") + " " + vocab + " --data", &out), 1) << out;
     EXPECT_NE(out.find("--json"), std::string::npos) << out;
     EXPECT_EQ(run(tool("oomb-gguf-dump") + " " + vocab + " --data --json > /dev/null", &out), 0) << out;
@@ -870,6 +903,19 @@ TEST(Tools, ConflictingOptionsAndMissingOutputFolder) {
             EXPECT_EQ(run("(" + tool("oomb-gguf-dump") + " " + vocab + a + " > /dev/full)", &out), 1) << a << ": " << out;
             EXPECT_NE(out.find("cannot write output"), std::string::npos) << out;
         }
+    }
+    // a file-size limit (ulimit -f, SIGXFSZ at its default): an error naming the output and no temporary file left (was:
+    // killed by SIGXFSZ mid-write, exit 153, its OUT.tmp.<pid> left behind)
+    {
+        const std::string fdir = tmp_dir() + "/fsize";
+        mkdir(fdir.c_str(), 0755);
+        EXPECT_EQ(run("(trap - XFSZ; ulimit -f 100; " + tool("oomb-convert-hf") + " " + oombtest::fixture_path("qwen2-micro") + " -o " + fdir +
+                          "/m.gguf)", &out), 1) << out;
+        EXPECT_NE(out.find("cannot write " + fdir + "/m.gguf: File too large"), std::string::npos) << out;
+        DIR* d = opendir(fdir.c_str());
+        ASSERT_TRUE(d);
+        while (dirent* e = readdir(d)) EXPECT_EQ(std::string(e->d_name).find(".tmp."), std::string::npos) << e->d_name;
+        closedir(d);
     }
     const std::string missing = tmp_dir() + "/no-such-folder";
     EXPECT_EQ(run(tool("oomb-gguf-init") + " -o " + missing + "/x.gguf --vocab-size 256 --ffn 96 --layers 1 --hidden 64 --heads 2",

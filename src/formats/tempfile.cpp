@@ -174,6 +174,11 @@ void install_temp_file_cleanup() {
         sa.sa_flags = SA_RESTART;
         sigaction(sig, &sa, nullptr);
     }
+    // A file-size limit (ulimit -f) reached: SIGXFSZ's default action kills the process in the middle of a write,
+    // leaving its temporary files and no message. Ignored (where it is at its default), the write fails with EFBIG
+    // instead, which the writers report ("cannot write OUT: File too large") and clean up after.
+    struct sigaction old;
+    if (sigaction(SIGXFSZ, nullptr, &old) == 0 && !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL) signal(SIGXFSZ, SIG_IGN);
 }
 
 } // namespace oomb

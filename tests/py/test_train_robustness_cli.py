@@ -27,6 +27,7 @@
     SIGINT stops at once (no checkpoint claimed);
   - OOMB_PROFILE_FIRST_STEP=abc, +, +-1, 1x are errors naming the variable; +1 and 0 are accepted.
   - OOMB_LCE_TILE=abc is an error naming the variable before the memory plan.
+  - --out/model.gguf, state.safetensors or loss.png a folder: refused before training.
   - under ulimit -v 100000 the run ends with an error (the memory plan's, naming the address-space limit, where the
     process gets that far; was: a hang in OpenBLAS), or SKIPPED where the build's libraries do not load under it.
   - --eval-data naming the training data prints a warning and the run goes on.
@@ -327,6 +328,14 @@ def main():
         C.check(rc == -signal.SIGINT and "with a checkpoint" not in e and "stopped by" not in o and
                 not os.path.exists(os.path.join(sig_out, "state.safetensors")),
                 f"--save-every -1: a SIGINT stops at once, no checkpoint claimed (rc {rc}) {tail(o)} {tail(e)}")
+
+        # a checkpoint file of --out that is a folder: refused before training (was: found at the first save, after it)
+        for f in ("model.gguf", "state.safetensors", "loss.png"):
+            o_dir = os.path.join(tmp, "o-dirs-" + f.split(".")[0])
+            os.makedirs(os.path.join(o_dir, f), exist_ok=True)
+            r = subprocess.run([TRAIN] + base + ["--steps", "1", "--out", o_dir], capture_output=True, text=True, timeout=120)
+            C.check(r.returncode == 1 and f"{f}' is a folder, not a file" in r.stderr and "step 1" not in r.stdout,
+                    f"--out/{f} a folder: refused before training (rc {r.returncode}) {tail(r.stdout)} {tail(r.stderr)}")
 
         # under an address-space limit (ulimit -v) too small for the run: the plan refuses it naming the limit, before
         # OpenBLAS's first product (which retries its failed buffer allocation forever: a hang), and the error's exit is
