@@ -269,10 +269,13 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
         Qwen2Config want;
         std::string named, e;
         if (!o.model.empty()) {
+            // (a -m that cannot be read is an error, as without --resume: not a "changed" note and a run that ignores it)
+            if (!is_file(o.model)) fail(PROG, "-m: " + not_a_file(o.model));
             GGUFReader r;
             std::string an;
             DecoderArch arch;
-            if (r.open(o.model, &e) == GGUF_OK && r.get_string("general.architecture", &an, &e) == GGUF_OK && decoder_arch_from_name(an, &arch) &&
+            if (r.open(o.model, &e) != GGUF_OK) fail(PROG, "-m: " + e);
+            if (r.get_string("general.architecture", &an, &e) == GGUF_OK && decoder_arch_from_name(an, &arch) &&
                 decoder_read_config(r, arch, &want, &e) == GGUF_OK)
                 named = "-m " + o.model;
         } else if (o.preset_given && qwen2_preset(o.preset, &want)) {

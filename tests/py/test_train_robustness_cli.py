@@ -315,6 +315,11 @@ def main():
         rc, o, e = run_tool([TRAIN] + base + ["--steps", str(n + 2), "--out", sig_out, "--resume"])
         C.check(rc == 0 and f"resume: from step {n} " in o and f"step {n + 2}/{n + 2}" in o,
                 f"--resume after the stop continues from step {n} (rc {rc}) {tail(o)} {tail(e)}")
+        # --resume with a -m that does not exist: an error (was: a "changed" note, and the run went on without it)
+        missing_m = [a if a != micro else os.path.join(tmp, "nope.gguf") for a in base]
+        rc, o, e = run_tool([TRAIN] + missing_m + ["--steps", str(n + 3), "--out", sig_out, "--resume"])
+        C.check(rc == 1 and "-m:" in e and "nope.gguf" in e and "step " not in o,
+                f"--resume -m nope.gguf: an error naming it (rc {rc}) {tail(o)} {tail(e)}")
         shutil.rmtree(sig_out, ignore_errors=True)
         slow = [a if a != "128" else "8192" for a in long_run]  # --ctx 8192: steps of ~10 s, so both signals land in step 2
         rc, o, e, n = signal_after_steps(slow, 1, [signal.SIGINT, signal.SIGINT], delay=0.5)
