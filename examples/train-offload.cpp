@@ -71,7 +71,6 @@ size_t address_space_left() {
     struct rlimit rl;
     if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return SIZE_MAX;
     std::ifstream f("/proc/self/status");
-    std::string key;
     size_t vm_kb = 0;
     for (std::string line; std::getline(f, line);)
         if (line.rfind("VmSize:", 0) == 0) { vm_kb = (size_t) std::strtoull(line.c_str() + 7, nullptr, 10); break; }

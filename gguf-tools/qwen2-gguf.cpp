@@ -75,8 +75,7 @@ static bool read_hf_config_checked(const std::string& path, Qwen2Config* d, bool
     };
     for (const char* b : {"tie_word_embeddings", "use_sliding_window", "attention_bias", "mlp_bias"})
         if (!typed(b, &json::is_boolean, "a boolean")) return false;
-    for (const char* t : {"model_type", "_name_or_path"})
-        if (!typed(t, &json::is_string, "a string")) return false;
+    if (!typed("model_type", &json::is_string, "a string")) return false;  // (_name_or_path, only the file's name: not checked)
     auto flag = [&](const char* key) { return c.contains(key) && c[key].is_boolean() && c[key].get<bool>(); };
     std::string mt = c.contains("model_type") && c["model_type"].is_string() ? c["model_type"].get<std::string>() : std::string();
     if (mt.empty()) mt = QWEN2_ARCH;
@@ -184,7 +183,6 @@ static bool read_hf_config_checked(const std::string& path, Qwen2Config* d, bool
     return true;
 }
 
-// llama.cpp's TextModel.does_token_look_special().
 // (a JSON value of an unexpected type that no check above names: an error naming the file, never an abort)
 bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_theta, std::string* name_or_path,
                     std::vector<float>* rope_freqs, std::string* err, bool* tie_given) {
@@ -196,6 +194,7 @@ bool read_hf_config(const std::string& path, Qwen2Config* d, bool* has_rope_thet
     }
 }
 
+// llama.cpp's TextModel.does_token_look_special().
 static bool looks_special(const std::string& t) {
     auto starts = [&](const char* p) { return t.compare(0, strlen(p), p) == 0; };
     auto ends = [&](const char* p) { size_t n = strlen(p); return t.size() >= n && t.compare(t.size() - n, n, p) == 0; };
