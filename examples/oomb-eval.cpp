@@ -85,7 +85,8 @@ int main(int argc, char ** argv) {
     check_sparse_options(PROG, app, sparse);
     check_progress_option(PROG, progress_every);
     if (app.count("--max-tokens")) need_in_range(PROG, max_tokens >= 1, "--max-tokens", (double) max_tokens, ">= 1");
-    if (data.empty() == data_bin.empty()) fail(PROG, "give --data FILE (text) or --data-bin FILE (ids)");
+    if (data.empty() == data_bin.empty())
+        fail(PROG, data.empty() ? "give --data FILE (text) or --data-bin FILE (ids)" : "give --data FILE (text) or --data-bin FILE (ids), not both");
     if (base_type != "keep" && base_type != "bf16" && base_type != "f32")
         fail(PROG, "--base-type must be keep, bf16 or f32, got '" + base_type + "'");
     if (!json_out.empty()) {   // fail before evaluating when the result could not be written

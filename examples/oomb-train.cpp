@@ -188,11 +188,13 @@ public:
         char title[256];
         snprintf(title, sizeof(title), "oomb-train: %s, ctx %" PRId64 ", chunk %" PRId64,
                  o.model.empty() ? ("preset " + o.preset).c_str() : o.model.c_str(), o.ctx, o.chunk);
-        if (!write_loss_png(path("loss.png"), tr_pts, ev_pts, title, &err)) {
-            print_error(PROG, "loss plot: " + err);
-            output_failed = true;
+        plot_ok = write_loss_png(path("loss.png"), tr_pts, ev_pts, title, &err);
+        if (!plot_ok) {
+            if (!plot_failed) print_error(PROG, "loss plot: " + err);  // (said once: the curve is drawn again at every save)
+            plot_failed = output_failed = true;
         }
     }
+    bool plot_ok = false, plot_failed = false;  // the last drawing written; any failed
 
     bool save(std::string * err) const {
         const TrainProgress p{step, bad_run, tokens_seen, elapsed_prev + run_seconds()};
@@ -668,7 +670,7 @@ int train_main(const Options & o, bool default_run, bool app_eval_every_given) {
     printf("done: %" PRId64 " steps in %s (%.0f tok/s mean), train loss %.4f -> %.4f; log %s, curve %s\n", T.step,
            fmt_duration(T.elapsed_prev + T.run_seconds()).c_str(),
            (double) steps_run * o.seqs_per_step * o.ctx / std::max(1e-9, step_time_sum), first, last, T.path("train.jsonl").c_str(),
-           T.path("loss.png").c_str());
+           T.plot_ok ? T.path("loss.png").c_str() : "not written (above)");
     if (T.bad_run > 0) {  // the last steps were skipped: the weights at the end give a non-finite loss, so no final checkpoint
         print_error(PROG, "the run ended with " + std::to_string(T.bad_run) + " consecutive step(s) with a non-finite loss or gradient "
                           "(updates skipped; " + bad_steps_cause(steps_run) + "); " + kept_checkpoint());

@@ -603,6 +603,9 @@ def test_input_checks(tmp):
                                "--eval-every", "0", "--out", out_full], capture_output=True, text=True, timeout=300, preexec_fn=small_files)
     check(p.returncode == 1 and "cannot write " + os.path.join(out_full, "train.jsonl") in p.stderr and "loss plot: cannot write" in p.stderr,
           f"outputs that cannot be written: named, exit 1 ({p.returncode}: {p.stderr.strip()[-400:]})")
+    # the plot's error said once (it is drawn again at the end), and the summary does not name a curve it could not write
+    check(p.stderr.count("loss plot:") == 1 and "curve not written (above)" in p.stdout,
+          f"the plot's error once, the summary without the curve ({p.stderr.count('loss plot:')}: {p.stdout.strip()[-200:]})")
 
     # 3. temporary files of killed saves are removed at start when their process is gone
     st = os.path.join(d, "stale")
