@@ -56,9 +56,10 @@ void sync_peft_files(const Options & o, const Qwen2Model & m, const std::string 
     printf("resume: %s %s: rewrote it and adapter_config.json from %s\n", st.c_str(), why.c_str(), path(o, "adapter.gguf").c_str());
 }
 
-// Index of the first NaN or infinite value among the n / es values (f32 when es is 4, bf16 when 2) at p; -1 when all are
-// finite. The exponent bits decide (all ones), so nothing is converted.
-int64_t first_non_finite(const uint8_t * p, size_t n, size_t es) {
+// Index of the first NaN or infinite value among the n / es values (f32 when es is 4, bf16 when 2, f16 when 2 and f16) at
+// p; -1 when all are finite. The exponent bits decide (all ones), so nothing is converted.
+int64_t first_non_finite(const uint8_t * p, size_t n, size_t es, bool f16 = false) {
+    const uint16_t exp16 = f16 ? 0x7c00u : 0x7f80u;
     for (size_t i = 0; i + es <= n; i += es) {
         bool bad;
         if (es == 4) {
@@ -68,19 +69,9 @@ int64_t first_non_finite(const uint8_t * p, size_t n, size_t es) {
         } else {
             uint16_t u;
             memcpy(&u, p + i, 2);
-            bad = (u & 0x7f80u) == 0x7f80u;
+            bad = (u & exp16) == exp16;
         }
         if (bad) return (int64_t) (i / es);
-    }
-    return -1;
-}
-
-// As first_non_finite for f16 values (the exponent's five bits all ones); n: bytes.
-int64_t first_non_finite_f16(const uint8_t * p, size_t n) {
-    for (size_t i = 0; i + 2 <= n; i += 2) {
-        uint16_t u;
-        memcpy(&u, p + i, 2);
-        if ((u & 0x7c00u) == 0x7c00u) return (int64_t) (i / 2);
     }
     return -1;
 }
@@ -97,12 +88,12 @@ int64_t first_negative(const uint8_t * p, size_t n, size_t es) {
     return -1;
 }
 
-// "NaN", "inf" or "-inf" for the non-finite value at p (f32 or bf16, as first_non_finite)
-const char * non_finite_name(const uint8_t * p, size_t es) {
+// "NaN", "inf" or "-inf" for the non-finite value at p (f32, bf16 or f16, as first_non_finite)
+const char * non_finite_name(const uint8_t * p, size_t es, bool f16 = false) {
     uint32_t u = 0;
     if (es == 4) memcpy(&u, p, 4);
     else { uint16_t h; memcpy(&h, p, 2); u = (uint32_t) h << 16; }
-    return (u & 0x007fffffu) ? "NaN" : (u >> 31) ? "-inf" : "inf";
+    return (u & (f16 ? 0x03ff0000u : 0x007fffffu)) ? "NaN" : (u >> 31) ? "-inf" : "inf";
 }
 
 } // namespace
@@ -223,12 +214,10 @@ std::string non_finite_weight(const Qwen2Model & m) {
         for (size_t off = 0; off < nb; off += buf.size()) {
             const size_t n = std::min(buf.size(), nb - off);
             oomb_tensor_get(t, buf.data(), off, n);
-            const int64_t bad = t->type == OOMB_TYPE_F16 ? first_non_finite_f16(buf.data(), n) : first_non_finite(buf.data(), n, es);
+            const bool f16 = t->type == OOMB_TYPE_F16;
+            const int64_t bad = first_non_finite(buf.data(), n, es, f16);
             if (bad < 0) continue;
-            float v = 0;
-            if (t->type == OOMB_TYPE_F16) gguf_convert(GGUF_TENSOR_F16, buf.data() + (size_t) bad * 2, GGUF_TENSOR_F32, &v, 1, nullptr);
-            const char * what = t->type == OOMB_TYPE_F16 ? (std::isnan(v) ? "NaN" : v < 0 ? "-inf" : "inf")
-                                                         : non_finite_name(buf.data() + (size_t) bad * es, es);
+            const char * what = non_finite_name(buf.data() + (size_t) bad * es, es, f16);
             return std::string("'") + t->name + "' (" + what + " at element " + std::to_string((int64_t) (off / es) + bad) + ")";
         }
     }
